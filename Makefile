@@ -1,0 +1,44 @@
+# orcasim: `make run` and `make test` work on a fresh clone with only Python 3.11.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch is pinned here only because this pin is a small CPU build on our machines;
+# pyproject keeps `torch>=2.3` open so users keep their own CUDA build.
+TORCH_PIN ?= torch==2.13.0
+SCENARIO ?= scenarios/quickstart.yaml
+
+.PHONY: setup run test lint check bench calibrate clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev,calibrate]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/orcasim run $(SCENARIO) --force
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+check: $(STAMP)
+	$(BIN)/orcasim check
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine.py
+
+calibrate: $(STAMP)
+	$(BIN)/python -m calibrate profile --model tiny --device cpu --grid default --out profiles/cpu-tiny.csv
+	$(BIN)/python -m calibrate fit profiles/cpu-tiny.csv --out cost_models/cpu-tiny.yaml
+	$(BIN)/python -m calibrate replay scenarios/calibrated/cpu_tiny.yaml --model tiny --device cpu
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,76 @@
+"""Shared pieces of validated configuration: the strict base model and error formatting.
+
+Every scenario object derives from :class:`Strict`: frozen, and an unknown key is an
+error that names the key and the nearest valid one, because a typo must never be
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+
+class ScenarioError(ValueError):
+    """A user-facing configuration error: one line, naming the key, the value and the expectation."""
+
+
+class Strict(BaseModel):
+    """Frozen pydantic model that rejects unknown keys with a 'did you mean' hint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        valid = set(cls.model_fields)
+        for key in data:
+            if key not in valid:
+                raise ValueError(f"unknown key '{key}'{_suggestion(str(key), valid)}")
+        return data
+
+
+def _suggestion(key: str, valid: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return f"; valid keys are: {', '.join(sorted(valid))}"
+
+
+def format_validation_error(err: ValidationError, source: str, data: Any = None) -> str:
+    """Turn a pydantic error into one line per problem: `source: dotted.key: value: expectation`."""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = _dotted(e["loc"], data)
+        msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        value = e.get("input")
+        shown = "" if isinstance(value, dict | list) or value is None else f" = {value!r}"
+        lines.append(f"{source}: {loc}{shown}: {msg}")
+    return "; ".join(lines)
+
+
+def _dotted(loc: tuple[Any, ...], data: Any) -> str:
+    out, node = "", data
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+            continue  # pydantic inserts the tag of a tagged union into the location
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "function-" in str(part) or "[" in str(part):
+            continue  # pydantic's internal names for validators
+        else:
+            out += ("." if out else "") + str(part)
+        node = _child(node, part)
+    return out or "(top level)"
+
+
+def _child(node: Any, part: Any) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None

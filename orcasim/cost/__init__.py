@@ -1,0 +1,23 @@
+"""Cost models: the time of one iteration for a batch (see `orcasim.cost.base.Batch`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.linear import LinearCost, LinearCostConfig
+
+CostConfig = Annotated[LinearCostConfig, Field(discriminator="kind")]
+
+
+def build_cost_model(cfg: CostConfig) -> CostModel:
+    """Explicit factory: one line per cost kind."""
+    match cfg:
+        case LinearCostConfig():
+            return LinearCost(cfg)
+    raise AssertionError(f"unhandled cost config {cfg!r}")
+
+
+__all__ = ["Batch", "CostConfig", "CostModel", "build_cost_model"]

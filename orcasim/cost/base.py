@@ -1,0 +1,62 @@
+"""The contract between schedulers and cost models.
+
+A scheduler describes one iteration as a `Batch`: for each request in it, how many new
+(query) tokens it processes and how many KV tokens its attention reads. Selective
+batching (Orca section 4.2) makes this the whole story: token-wise operators see the
+flattened sum of query tokens, attention sees each request on its own.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One iteration's work.
+
+    query_tokens[i]:   new tokens request i processes now (prompt length, a chunk, or 1).
+    context_tokens[i]: KV tokens request i's attention reads, cached ones plus the new ones.
+    """
+
+    query_tokens: np.ndarray  # int64 (B,)
+    context_tokens: np.ndarray  # int64 (B,)
+
+    @property
+    def size(self) -> int:
+        return len(self.query_tokens)
+
+    @property
+    def total_query_tokens(self) -> int:
+        return int(self.query_tokens.sum())
+
+    @property
+    def total_context_tokens(self) -> int:
+        return int(self.context_tokens.sum())
+
+
+class CostModel(ABC):
+    """Maps a batch to the wall time of one iteration, in seconds."""
+
+    @abstractmethod
+    def iteration_time_s(self, batch: Batch) -> float:
+        """Duration of one iteration that processes `batch`."""
+
+    def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """Durations of `num_steps` pure-decode iterations of the same requests.
+
+        Step j (0-based) has one query token per request and context `context_tokens + j`.
+        The default evaluates each step; models with a closed form override it. The fast
+        engine relies on this agreeing with `iteration_time_s` step by step.
+        """
+        ones = np.ones_like(context_tokens)
+        return np.array(
+            [self.iteration_time_s(Batch(ones, context_tokens + j)) for j in range(num_steps)]
+        )
+
+    def out_of_range_count(self) -> int:
+        """How many evaluations fell outside the model's measured or fitted range."""
+        return 0

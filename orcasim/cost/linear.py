@@ -1,0 +1,40 @@
+"""The linear cost model: a fixed cost, a cost per processed token, a cost per KV token read."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import NonNegativeFloat
+
+from orcasim.config import Strict
+from orcasim.cost.base import Batch, CostModel
+
+
+class LinearCostConfig(Strict):
+    """time = base_s + per_token_s * Σ query tokens + per_context_token_s * Σ context tokens."""
+
+    kind: Literal["linear"]
+    base_s: NonNegativeFloat
+    per_token_s: NonNegativeFloat = 0.0
+    per_context_token_s: NonNegativeFloat = 0.0
+
+
+class LinearCost(CostModel):
+    def __init__(self, cfg: LinearCostConfig) -> None:
+        self.base_s = cfg.base_s
+        self.per_token_s = cfg.per_token_s
+        self.per_context_token_s = cfg.per_context_token_s
+
+    def iteration_time_s(self, batch: Batch) -> float:
+        return (
+            self.base_s
+            + self.per_token_s * batch.total_query_tokens
+            + self.per_context_token_s * batch.total_context_tokens
+        )
+
+    def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        size = len(context_tokens)
+        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
+        # Each step adds one context token per request: an arithmetic series.
+        return first + self.per_context_token_s * size * np.arange(num_steps)

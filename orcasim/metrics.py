@@ -1,0 +1,100 @@
+"""Per-request frames and the summary: pure functions over arrays and DataFrames."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from orcasim.recorder import Recorder
+from orcasim.requests import Requests
+
+LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token", "queue_delay_s")
+PERCENTILES = (50, 90, 99)
+
+
+def requests_frame(requests: Requests, rec: Recorder) -> pd.DataFrame:
+    """One flat row per request, in the documented schema."""
+    output = requests.output_tokens
+    e2e = rec.finish_s - requests.arrival_s
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # TPOT: the mean gap between output tokens after the first; undefined for one token.
+        tpot = np.where(output > 1, (rec.finish_s - rec.first_token_s) / (output - 1), np.nan)
+    return pd.DataFrame({
+        "id": np.arange(len(requests), dtype=np.int64),
+        "arrival_s": requests.arrival_s,
+        "first_scheduled_s": rec.first_scheduled_s,
+        "first_token_s": rec.first_token_s,
+        "finish_s": rec.finish_s,
+        "prompt_tokens": requests.prompt_tokens,
+        "output_tokens": output,
+        "queue_delay_s": rec.first_scheduled_s - requests.arrival_s,
+        "ttft_s": rec.first_token_s - requests.arrival_s,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "normalized_latency_s_per_token": e2e / output,
+    })
+
+
+def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) -> dict[str, float]:
+    """Summary metrics of one system; requests arriving before `warmup_s` are dropped."""
+    done = reqs[(reqs["arrival_s"] >= warmup_s) & reqs["finish_s"].notna()]
+    it = iters[iters["start_s"] >= warmup_s]
+    start_s = max(warmup_s, float(reqs["arrival_s"].min())) if len(reqs) else 0.0
+    duration_s = float(done["finish_s"].max()) - start_s if len(done) else 0.0
+    out: dict[str, float] = {
+        "requests_completed": float(len(done)),
+        "duration_s": duration_s,
+        "throughput_rps": len(done) / duration_s if duration_s > 0 else 0.0,
+        "throughput_tokens_per_s": float(done["output_tokens"].sum()) / duration_s
+        if duration_s > 0 else 0.0,
+    }
+    for m in LATENCY_METRICS:
+        out.update(_distribution(done[m].dropna().to_numpy(), m))
+    out.update(_iteration_stats(it))
+    out.update(littles_law(done))
+    return out
+
+
+def _distribution(values: np.ndarray, name: str) -> dict[str, float]:
+    if len(values) == 0:
+        return {f"{name}_mean": float("nan"), **{f"{name}_p{p}": float("nan") for p in PERCENTILES}}
+    out = {f"{name}_mean": float(values.mean())}
+    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=True):
+        out[f"{name}_p{p}"] = float(v)
+    return out
+
+
+def _iteration_stats(it: pd.DataFrame) -> dict[str, float]:
+    """Batch size per iteration; KV reservation weighted by the time it was held."""
+    n = it["num_iterations"].to_numpy(dtype=np.float64)
+    dur = it["duration_s"].to_numpy()
+    kv = it["kv_reserved_tokens"].to_numpy(dtype=np.float64)
+    total_iters, total_s = n.sum(), dur.sum()
+    return {
+        "iterations": float(total_iters),
+        "batch_size_mean": float((it["batch_size"] * n).sum() / total_iters) if total_iters else 0.0,
+        "kv_reserved_tokens_mean": float((kv * dur).sum() / total_s) if total_s > 0 else 0.0,
+        "kv_reserved_tokens_max": float(kv.max()) if len(kv) else 0.0,
+    }
+
+
+def littles_law(done: pd.DataFrame) -> dict[str, float]:
+    """Little's law, L = lambda * W, over the window from the first to the last arrival.
+
+    L is the time-average number of requests in the system, integrated from each
+    request's [arrival, finish] interval clipped to the window; lambda is the arrival
+    rate in the window and W the mean sojourn time of those arrivals. Edge effects make
+    the two differ by O(W / window), so long runs agree closely.
+    """
+    if len(done) < 2:
+        return {"little_L": float("nan"), "little_lambda_W": float("nan"), "little_rel_error": float("nan")}
+    a = done["arrival_s"].to_numpy()
+    f = done["finish_s"].to_numpy()
+    t0, t1 = float(a.min()), float(a.max())
+    span = t1 - t0
+    if span <= 0:
+        return {"little_L": float("nan"), "little_lambda_W": float("nan"), "little_rel_error": float("nan")}
+    in_system_s = np.clip(np.minimum(f, t1) - np.maximum(a, t0), 0.0, None).sum()
+    L = in_system_s / span
+    lam_W = (len(a) / span) * float((f - a).mean())
+    return {"little_L": L, "little_lambda_W": lam_W, "little_rel_error": abs(L - lam_W) / lam_W}

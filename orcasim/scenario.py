@@ -1,0 +1,143 @@
+"""The scenario file: YAML in, a frozen and validated `Scenario` out.
+
+Loading errors are `ScenarioError`s with one line that names the key, the value and
+what was expected. `--set a.b[1].c=value` overrides use the same dotted paths.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+
+from orcasim.config import ScenarioError, Strict, format_validation_error
+from orcasim.cost import CostConfig
+from orcasim.schedulers import SchedulerConfig
+from orcasim.workload import WorkloadConfig
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class SystemConfig(Strict):
+    """One serving system to compare. `cost` overrides the scenario's cost model."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    scheduler: SchedulerConfig
+    cost: CostConfig | None = None
+
+
+class EngineConfig(Strict):
+    mode: Literal["reference"] = "reference"
+
+
+class Scenario(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    seed: int = 0
+    workload: WorkloadConfig
+    cost: CostConfig
+    kv_capacity_tokens: PositiveInt
+    systems: list[SystemConfig] = Field(min_length=1)
+    warmup_s: NonNegativeFloat = 0.0
+    engine: EngineConfig = EngineConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [s.name for s in self.systems]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"system names must be unique; repeated: {', '.join(dupes)}")
+        if self.workload.max_tokens > self.kv_capacity_tokens:
+            raise ValueError(
+                f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
+                f"{self.kv_capacity_tokens}: no request could ever be admitted"
+            )
+        return self
+
+    def system_cost(self, system: SystemConfig) -> CostConfig:
+        return system.cost if system.cost is not None else self.cost
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read, override and validate a scenario file. Raises ScenarioError on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a mapping of scenario keys at the top level")
+    for item in overrides:
+        apply_override(data, item)
+    return scenario_from_dict(data, str(path))
+
+
+def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(e, source, data)) from None
+
+
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def parse_dotted(path: str) -> list[str | int]:
+    """`systems[1].scheduler.max_batch_size` -> ['systems', 1, 'scheduler', 'max_batch_size']."""
+    parts: list[str | int] = []
+    for name, index in _PATH_PART.findall(path):
+        parts.append(int(index) if index else name)
+    if not parts:
+        raise ScenarioError(f"override path '{path}' is empty")
+    return parts
+
+
+def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set a value at a dotted path, creating mappings on the way; errors name the path."""
+    parts = parse_dotted(path)
+    node: Any = data
+    for part in parts[:-1]:
+        node = _descend(node, part, path)
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ScenarioError(f"override '{path}': index [{last}] does not exist")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ScenarioError(f"override '{path}': '{last}' is not inside a mapping")
+
+
+def _descend(node: Any, part: str | int, path: str) -> Any:
+    if isinstance(part, int):
+        if not isinstance(node, list) or part >= len(node):
+            raise ScenarioError(f"override '{path}': index [{part}] does not exist")
+        return node[part]
+    if not isinstance(node, dict):
+        raise ScenarioError(f"override '{path}': '{part}' is not inside a mapping")
+    return node.setdefault(part, {})
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `dotted.path=value` override; the value is parsed as YAML (so 4 is a number)."""
+    if "=" not in item:
+        raise ScenarioError(f"override '{item}': expected KEY=VALUE, e.g. workload.arrival.rate_per_s=4")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ScenarioError(f"override '{item}': value '{raw}' is not valid YAML") from None
+    set_dotted(data, key.strip(), value)
+
+
+def scenario_to_yaml(scenario: Scenario) -> str:
+    return yaml.safe_dump(scenario.model_dump(mode="json", exclude_none=True), sort_keys=False)

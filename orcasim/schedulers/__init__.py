@@ -1,0 +1,30 @@
+"""Schedulers: pure state machines that pick each iteration's batch. One file per kind."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from orcasim.requests import Requests
+from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
+from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from orcasim.schedulers.request_level import RequestLevelConfig, RequestLevelScheduler
+
+SchedulerConfig = Annotated[
+    RequestLevelConfig | IterationLevelConfig,
+    Field(discriminator="kind"),
+]
+
+
+def build_scheduler(cfg: SchedulerConfig, requests: Requests, kv_capacity_tokens: int) -> Scheduler:
+    """Explicit factory: one line per scheduler kind."""
+    match cfg:
+        case RequestLevelConfig():
+            return RequestLevelScheduler(cfg, requests, kv_capacity_tokens)
+        case IterationLevelConfig():
+            return IterationLevelScheduler(cfg, requests, kv_capacity_tokens)
+    raise AssertionError(f"unhandled scheduler config {cfg!r}")
+
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "StepResult", "build_scheduler"]

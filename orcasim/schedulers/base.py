@@ -1,0 +1,102 @@
+"""The scheduler contract: a pure state machine driven by the engine.
+
+Lifecycle of a request inside a scheduler (vLLM v1's vocabulary: there is no prefill or
+decode phase, only `computed` tokens against `known` tokens):
+
+    add_request(id)      -> waiting
+    schedule(now_s)      -> picked into a batch (admitted: KV reserved); tokens to compute
+    update_from_output() -> computed += new tokens; if all known tokens are computed, one
+                            output token is emitted; when `output_tokens` are emitted it
+                            finishes, frees its KV, and never appears again.
+
+The engine owns time. `schedule` receives the engine's current time only so that a
+scheduler with a batching delay (Triton's max_queue_delay) can decide; none reads a clock.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orcasim.cost.base import Batch
+from orcasim.requests import Requests
+
+EMPTY_IDS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """One iteration's plan: which requests compute how many tokens, and what it costs.
+
+    `batch` is what the cost model sees; it can differ from the logical work (a static
+    batch pads finished members). `wake_at_s` is set only on an empty plan: the time at
+    which the scheduler wants to be asked again even if nothing arrives.
+    """
+
+    req_ids: np.ndarray  # int64 (B,) requests that make progress
+    num_new_tokens: np.ndarray  # int64 (B,) tokens each computes
+    batch: Batch
+    kv_reserved_tokens: int
+    wake_at_s: float | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.batch.size == 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What became visible to users at the end of an iteration."""
+
+    first_token_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
+    finished_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
+
+
+def empty_output(kv_reserved_tokens: int, wake_at_s: float | None = None) -> SchedulerOutput:
+    empty = np.zeros(0, dtype=np.int64)
+    return SchedulerOutput(empty, empty, Batch(empty, empty), kv_reserved_tokens, wake_at_s)
+
+
+class Scheduler(ABC):
+    """Common state: request table, token progress, the FCFS waiting queue and KV capacity."""
+
+    def __init__(self, requests: Requests, kv_capacity_tokens: int) -> None:
+        self.requests = requests
+        self.kv_capacity_tokens = kv_capacity_tokens
+        n = len(requests)
+        self.computed = np.zeros(n, dtype=np.int64)  # tokens whose KV exists
+        self.generated = np.zeros(n, dtype=np.int64)  # output tokens emitted
+        self.waiting: list[int] = []  # FCFS queue of request ids
+        self._waiting_head = 0  # index of the queue's head, so that popping is O(1)
+
+    def add_request(self, req_id: int) -> None:
+        self.waiting.append(req_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) - self._waiting_head
+
+    def _peek_waiting(self) -> int | None:
+        return self.waiting[self._waiting_head] if self.num_waiting else None
+
+    def _pop_waiting(self) -> int:
+        req = self.waiting[self._waiting_head]
+        self._waiting_head += 1
+        if self._waiting_head > 4096 and self._waiting_head * 2 > len(self.waiting):
+            del self.waiting[: self._waiting_head]  # compact now and then
+            self._waiting_head = 0
+        return req
+
+    @abstractmethod
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        """Plan the next iteration; an empty plan means nothing can run now."""
+
+    @abstractmethod
+    def update_from_output(self, out: SchedulerOutput) -> StepResult:
+        """Apply a finished iteration's progress and report first tokens and completions."""
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        """True while any added request has not finished."""

@@ -1,0 +1,99 @@
+"""Request-level batching: the FasterTransformer / Triton baseline of the Orca paper.
+
+When no batch is running, it forms one of up to `max_batch_size` queued requests, FCFS
+(each reserving `max_tokens` of KV, as a static batch allocates for the longest
+sequence). The batch runs its prefill, then decode iterations until its longest member
+finishes; nobody joins or leaves in between, and every member's tokens reach the user
+when the batch ends. With `padding` (the default, as in FasterTransformer) every member
+is costed as if it had the batch's longest prompt and ran to the batch's longest output.
+`max_queue_delay_s` waits for a fuller batch, like Triton's dynamic batcher.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import NonNegativeFloat, PositiveInt
+
+from orcasim.config import Strict
+from orcasim.cost.base import Batch
+from orcasim.requests import Requests
+from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult, empty_output
+
+
+class RequestLevelConfig(Strict):
+    kind: Literal["request_level"]
+    max_batch_size: PositiveInt
+    max_queue_delay_s: NonNegativeFloat = 0.0
+    padding: bool = True
+
+
+class RequestLevelScheduler(Scheduler):
+    def __init__(self, cfg: RequestLevelConfig, requests: Requests, kv_capacity_tokens: int):
+        super().__init__(requests, kv_capacity_tokens)
+        self.cfg = cfg
+        self.members = np.zeros(0, dtype=np.int64)  # the running static batch
+        self.step = 0  # iterations the batch has completed
+        self.reserved_tokens = 0
+
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        if len(self.members) == 0:
+            wake_at_s = self._form_batch(now_s)
+            if len(self.members) == 0:
+                return empty_output(0, wake_at_s)
+        return self._plan()
+
+    def _form_batch(self, now_s: float) -> float | None:
+        head = self._peek_waiting()
+        if head is None:
+            return None
+        deadline_s = float(self.requests.arrival_s[head]) + self.cfg.max_queue_delay_s
+        if self.num_waiting < self.cfg.max_batch_size and now_s < deadline_s:
+            return deadline_s  # Triton-style: wait for a fuller batch until the deadline
+        members: list[int] = []
+        while len(members) < self.cfg.max_batch_size and self.num_waiting:
+            need = int(self.requests.max_tokens[self._peek_waiting()])
+            if self.reserved_tokens + need > self.kv_capacity_tokens:
+                break
+            members.append(self._pop_waiting())
+            self.reserved_tokens += need
+        self.members = np.array(members, dtype=np.int64)
+        self.step = 0
+        return None
+
+    def _plan(self) -> SchedulerOutput:
+        ids = self.members
+        prompt = self.requests.prompt_tokens[ids]
+        output = self.requests.output_tokens[ids]
+        if self.cfg.padding:
+            prompt = np.full_like(prompt, prompt.max())
+            output = np.full_like(output, output.max())
+        active = self.step < output  # unpadded members drop out of the cost when done
+        if self.step == 0:
+            query, context = prompt, prompt
+        else:
+            query, context = np.ones_like(prompt), prompt + self.step
+        batch = Batch(query[active], context[active])
+        real_new = np.where(self.step == 0, self.requests.prompt_tokens[ids], 1)
+        progressing = self.step < self.requests.output_tokens[ids]
+        real_new = np.where(progressing, real_new, 0)
+        return SchedulerOutput(ids, real_new, batch, self.reserved_tokens)
+
+    def update_from_output(self, out: SchedulerOutput) -> StepResult:
+        ids = self.members
+        outputs = self.requests.output_tokens[ids]
+        progressing = self.step < outputs
+        self.computed[ids] += out.num_new_tokens
+        self.generated[ids] += progressing
+        self.step += 1
+        if self.step < outputs.max():
+            return StepResult()
+        # The batch ends: every member's tokens reach the user now.
+        assert np.array_equal(self.generated[ids], outputs)
+        self.members = np.zeros(0, dtype=np.int64)
+        self.reserved_tokens = 0
+        return StepResult(ids, ids)
+
+    def has_unfinished(self) -> bool:
+        return len(self.members) > 0 or self.num_waiting > 0

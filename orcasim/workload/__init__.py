@@ -1,0 +1,65 @@
+"""Workloads: arrival processes, length distributions and traces, turned into a `Requests` table."""
+
+from __future__ import annotations
+
+from typing import Self
+
+import numpy as np
+from pydantic import PositiveInt, model_validator
+
+from orcasim.config import Strict
+from orcasim.requests import Requests
+from orcasim.workload.arrivals import Arrival, TraceArrival
+from orcasim.workload.lengths import LengthDist
+from orcasim.workload.traces import read_trace
+
+
+class WorkloadConfig(Strict):
+    """The offered load. With a trace arrival the trace supplies the lengths."""
+
+    num_requests: PositiveInt | None = None
+    arrival: Arrival
+    prompt_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    max_tokens: PositiveInt
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if isinstance(self.arrival, TraceArrival):
+            for key in ("prompt_tokens", "output_tokens"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} must not be set: a trace supplies the lengths")
+            return self
+        missing = [k for k in ("num_requests", "prompt_tokens", "output_tokens") if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)} (required unless arrival.kind is trace)")
+        return self
+
+
+def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests:
+    """Draw (or read) the requests. Raises ValueError if a request exceeds `max_tokens`."""
+    if isinstance(cfg.arrival, TraceArrival):
+        arrival_s, prompt, output = read_trace(
+            cfg.arrival.path, cfg.arrival.format, cfg.arrival.max_requests or cfg.num_requests
+        )
+        arrival_s = arrival_s / cfg.arrival.speedup
+    else:
+        assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
+        n = cfg.num_requests
+        arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
+        prompt = cfg.prompt_tokens.sample(rng, n)
+        output = cfg.output_tokens.sample(rng, n)
+    _check_fits(prompt + output, cfg.max_tokens)
+    max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
+    return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens)
+
+
+def _check_fits(total_tokens: np.ndarray, max_tokens: int) -> None:
+    over = np.flatnonzero(total_tokens > max_tokens)
+    if len(over):
+        i = int(over[0])
+        raise ValueError(
+            f"workload.max_tokens = {max_tokens} is below request {i}'s prompt + output "
+            f"= {int(total_tokens[i])} tokens ({len(over)} request(s) exceed it); "
+            f"expected max_tokens >= {int(total_tokens.max())}"
+        )

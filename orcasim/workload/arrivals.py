@@ -1,0 +1,75 @@
+"""Arrival processes. Each one knows its theoretical mean rate (`mean_rate_per_s`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field, PositiveFloat, PositiveInt
+
+from orcasim.config import Strict
+
+
+class PoissonArrival(Strict):
+    """Exponential inter-arrival gaps (no cap on the gap, unlike Vidur's generator)."""
+
+    kind: Literal["poisson"]
+    rate_per_s: PositiveFloat
+
+    def mean_rate_per_s(self) -> float:
+        return self.rate_per_s
+
+    def gaps_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.exponential(1.0 / self.rate_per_s, size=n)
+
+
+class GammaArrival(Strict):
+    """Gamma inter-arrival gaps with coefficient of variation `cv` (cv > 1 is bursty).
+
+    Shape k = 1/cv^2 and scale = 1/(rate * k), so the mean gap is 1/rate and the
+    gap's standard deviation is cv/rate.
+    """
+
+    kind: Literal["gamma"]
+    rate_per_s: PositiveFloat
+    cv: PositiveFloat
+
+    def mean_rate_per_s(self) -> float:
+        return self.rate_per_s
+
+    def gaps_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        shape = 1.0 / self.cv**2
+        return rng.gamma(shape, 1.0 / (self.rate_per_s * shape), size=n)
+
+
+class ConstantArrival(Strict):
+    """Evenly spaced arrivals, 1/rate apart (a D arrival process)."""
+
+    kind: Literal["constant"]
+    rate_per_s: PositiveFloat
+
+    def mean_rate_per_s(self) -> float:
+        return self.rate_per_s
+
+    def gaps_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, 1.0 / self.rate_per_s)
+
+
+class TraceArrival(Strict):
+    """Arrivals and lengths replayed from a file (see `orcasim.workload.traces`).
+
+    `speedup` divides every arrival time (2.0 replays the trace twice as fast).
+    """
+
+    kind: Literal["trace"]
+    path: str
+    format: Literal["auto", "orcasim", "azure", "mooncake"] = "auto"
+    max_requests: PositiveInt | None = None
+    speedup: PositiveFloat = 1.0
+
+
+GeneratedArrival = PoissonArrival | GammaArrival | ConstantArrival
+Arrival = Annotated[
+    PoissonArrival | GammaArrival | ConstantArrival | TraceArrival,
+    Field(discriminator="kind"),
+]

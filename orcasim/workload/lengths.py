@@ -1,0 +1,128 @@
+"""Token-length distributions. Each one knows its theoretical mean (`mean_tokens`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from orcasim.config import Strict
+from orcasim.paths import resolve_data_path
+
+
+class ConstantLength(Strict):
+    kind: Literal["constant"]
+    value: PositiveInt
+
+    def mean_tokens(self) -> float:
+        return float(self.value)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+class UniformLength(Strict):
+    """Integer uniform on [low, high], both inclusive."""
+
+    kind: Literal["uniform"]
+    low: PositiveInt
+    high: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        return self
+
+    def mean_tokens(self) -> float:
+        return (self.low + self.high) / 2.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
+
+
+class LognormalLength(Strict):
+    """Lognormal with the given mean (tokens) and log-space sigma, rounded and clipped to [1, max].
+
+    `mean_tokens` is the mean after rounding and clipping, computed exactly over the
+    integer support, so that it is the theory a sample mean converges to.
+    """
+
+    kind: Literal["lognormal"]
+    mean: PositiveFloat
+    sigma: PositiveFloat
+    max: PositiveInt
+
+    def _mu(self) -> float:
+        # E[X] = exp(mu + sigma^2 / 2) for the unclipped lognormal.
+        return math.log(self.mean) - self.sigma**2 / 2.0
+
+    def mean_tokens(self) -> float:
+        k = np.arange(1, self.max + 1, dtype=np.float64)
+        upper = np.append(_lognorm_cdf(k[:-1] + 0.5, self._mu(), self.sigma), 1.0)
+        lower = np.insert(upper[:-1], 0, 0.0)
+        return float(np.sum(k * (upper - lower)))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = rng.lognormal(self._mu(), self.sigma, size=n)
+        return np.clip(np.rint(x), 1, self.max).astype(np.int64)
+
+
+def _lognorm_cdf(x: np.ndarray, mu: float, sigma: float) -> np.ndarray:
+    z = (np.log(x) - mu) / (sigma * math.sqrt(2.0))
+    return 0.5 * (1.0 + np.vectorize(math.erf)(z))
+
+
+class EmpiricalLength(Strict):
+    """Resampled with replacement from one column of a CSV file of lengths."""
+
+    kind: Literal["empirical"]
+    path: str
+    column: str
+
+    def values(self) -> np.ndarray:
+        return load_length_column(self.path, self.column)
+
+    def mean_tokens(self) -> float:
+        return float(self.values().mean())
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.choice(self.values(), size=n, replace=True)
+
+
+LengthDist = Annotated[
+    ConstantLength | UniformLength | LognormalLength | EmpiricalLength,
+    Field(discriminator="kind"),
+]
+
+_COLUMN_CACHE: dict[tuple[str, str], np.ndarray] = {}
+
+
+def load_length_column(path: str, column: str) -> np.ndarray:
+    """Read one positive integer column of a CSV; errors name the file, column and line."""
+    import pandas as pd
+
+    resolved = resolve_data_path(path)
+    key = (str(resolved), column)
+    if key not in _COLUMN_CACHE:
+        header = pd.read_csv(resolved, nrows=0).columns
+        if column not in header:
+            raise ValueError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
+        values = pd.read_csv(resolved, usecols=[column])[column]
+        _COLUMN_CACHE[key] = _positive_ints(values.to_numpy(), Path(path).name, column)
+    return _COLUMN_CACHE[key]
+
+
+def _positive_ints(values: np.ndarray, name: str, column: str) -> np.ndarray:
+    as_float = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(as_float) | (as_float < 1) | (as_float != np.floor(as_float))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        # +2: one for the header line, one because file lines count from 1.
+        raise ValueError(
+            f"{name} line {row + 2}: column '{column}' = {values[row]!r}, expected an integer >= 1"
+        )
+    return as_float.astype(np.int64)
