@@ -1,17 +1,31 @@
 """The SimPy engine: it owns the clock, feeds arrivals to a scheduler and times iterations.
 
-Reference mode runs one iteration per SimPy timeout. The loop:
+Both modes share one loop:
 
     admit every arrival at or before now
     plan = scheduler.schedule(now)
     if the plan is empty: sleep until the next arrival (or the scheduler's wake-up time)
-    else: sleep for cost(plan.batch), then scheduler.update_from_output(plan), and record
+    else: run the plan (and, in fast mode, the decode run that follows it), then record
+
+`reference` mode runs one iteration per SimPy timeout: it is the specification.
+`fast` mode asks the scheduler how many pure-decode iterations follow the plan with the
+same requests (`Scheduler.decode_run`), prices them at once (`CostModel.decode_steps_s`)
+and sleeps once. The jump is cut at the first iteration boundary at or after the next
+arrival if the scheduler could admit it (`Scheduler.admits_arrival`), exactly where the
+reference loop would admit it, and at `row_breaks_s` (the warm-up) so that no recorded
+row straddles one. Boundaries are the same running sums (`np.cumsum` adds in order, as
+SimPy does), so both modes see the same clock.
+
+Arrivals come from `ArrivalSource`, a queue the loop polls; a closed-loop workload would
+push follow-up requests into it from `Recorder` completions without touching the loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import math
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import simpy
@@ -19,7 +33,9 @@ import simpy
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
-from orcasim.schedulers.base import Scheduler
+from orcasim.schedulers.base import Scheduler, SchedulerOutput
+
+EngineMode = Literal["fast", "reference"]
 
 
 @dataclass
@@ -30,16 +46,49 @@ class EngineRun:
     end_s: float
 
 
+class ArrivalSource:
+    """The requests not yet given to the scheduler, in arrival (= id) order."""
+
+    def __init__(self, arrival_s: np.ndarray) -> None:
+        self.arrival_s = arrival_s
+        self._times = arrival_s.tolist()  # Python floats: cheap scalar reads in the loop
+        self.next_index = 0
+
+    def pending(self) -> bool:
+        return self.next_index < len(self._times)
+
+    def next_time_s(self) -> float:
+        return self._times[self.next_index]
+
+    def take_until(self, now_s: float, up_to_index: int = -1) -> range:
+        """Ids that arrived by `now_s` (and at least those up to `up_to_index`)."""
+        times, i = self._times, self.next_index
+        while i < len(times) and (i <= up_to_index or times[i] <= now_s):
+            i += 1
+        taken = range(self.next_index, i)
+        self.next_index = i
+        return taken
+
+    def count_until(self, time_s: float) -> int:
+        """Index one past the last arrival at or before `time_s`."""
+        return int(np.searchsorted(self.arrival_s, time_s, side="right"))
+
+
 class Engine:
     """Drives one scheduler over one request table with one cost model."""
 
-    def __init__(self, requests: Requests, scheduler: Scheduler, cost: CostModel) -> None:
+    def __init__(
+        self, requests: Requests, scheduler: Scheduler, cost: CostModel,
+        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (),
+    ) -> None:
         self.requests = requests
         self.scheduler = scheduler
         self.cost = cost
+        self.mode = mode
+        self.row_breaks_s = sorted(row_breaks_s)
         self.env = simpy.Environment()
         self.recorder = Recorder(len(requests))
-        self._next_arrival = 0  # index of the first request not yet given to the scheduler
+        self.arrivals = ArrivalSource(requests.arrival_s)
 
     def run(self) -> EngineRun:
         self.env.process(self._loop())
@@ -49,41 +98,101 @@ class Engine:
         return EngineRun(self.recorder, float(self.env.now))
 
     def _admit_arrivals(self, up_to_index: int = -1) -> None:
-        """Give the scheduler every request that has arrived (and at least up to `up_to_index`)."""
-        arrival_s, n = self.requests.arrival_s, len(self.requests)
-        i = self._next_arrival
-        while i < n and (i <= up_to_index or arrival_s[i] <= self.env.now):
-            self.scheduler.add_request(i)
-            i += 1
-        self._next_arrival = i
+        for req_id in self.arrivals.take_until(self.env.now, up_to_index):
+            self.scheduler.add_request(req_id)
 
     def _loop(self) -> Generator[simpy.Event, None, None]:
+        run_plan = self._run_fast if self.mode == "fast" else self._run_one
         while True:
             self._admit_arrivals()
             plan = self.scheduler.schedule(self.env.now)
-            if plan.is_empty:
-                wake = self._idle_until(plan.wake_at_s)
-                if wake is None:
-                    return
-                target_s, arrival_index = wake
-                yield self.env.timeout(max(0.0, target_s - self.env.now))
-                # Admit by index too: now + (t - now) can miss t by one ulp.
-                self._admit_arrivals(arrival_index)
+            if not plan.is_empty:
+                yield from run_plan(plan)
                 continue
-            start_s = self.env.now
-            duration_s = self.cost.iteration_time_s(plan.batch)
-            yield self.env.timeout(duration_s)
-            result = self.scheduler.update_from_output(plan)
-            self.recorder.record_iteration(start_s, duration_s, 1, plan, self.scheduler.num_waiting)
-            self.recorder.record_progress(plan.req_ids, start_s, result, self.env.now)
+            wake = self._idle_until(plan.wake_at_s)
+            if wake is None:
+                return
+            target_s, arrival_index = wake
+            yield self.env.timeout(max(0.0, target_s - self.env.now))
+            # Admit by index too: now + (t - now) can miss t by one ulp.
+            self._admit_arrivals(arrival_index)
+
+    def _run_one(self, plan: SchedulerOutput) -> Generator[simpy.Event, None, None]:
+        """Reference mode: exactly one iteration."""
+        start_s = self.env.now
+        duration_s = self.cost.iteration_time_s(plan.batch)
+        yield self.env.timeout(duration_s)
+        result = self.scheduler.update_from_output(plan)
+        self.recorder.record_iteration(start_s, duration_s, plan, self.scheduler.num_waiting)
+        self.recorder.record_progress(plan.req_ids, start_s, result, self.env.now)
+
+    def _run_fast(self, plan: SchedulerOutput) -> Generator[simpy.Event, None, None]:
+        """Fast mode: the plan's iteration and as much of its decode run as is exact."""
+        run = self.scheduler.decode_run(plan)
+        if run is None:
+            yield from self._run_one(plan)
+            return
+        start_s = self.env.now
+        steps_s = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
+        durations_s = np.concatenate(([start_s, self.cost.iteration_time_s(plan.batch)], steps_s))
+        ends_s = np.cumsum(durations_s)[1:]  # ends_s[j]: end of iteration j (0: the plan)
+        n = self._jump_length(start_s, ends_s)
+        end_s = float(ends_s[n - 1])
+        yield self.env.timeout(_delay_to(start_s, end_s))
+        waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s[: n - 1])
+        first, last = self.scheduler.advance(plan, n)
+        self.recorder.record_jump(start_s, end_s, n, plan, run, waiting)
+        self.recorder.record_progress(plan.req_ids, start_s, first, float(ends_s[0]))
+        self.recorder.record_progress(plan.req_ids, start_s, last, end_s)
+
+    def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
+        """Iterations to run: up to the boundary at which something must be looked at."""
+        n = len(ends_s)
+        cuts = [b for b in self.row_breaks_s if start_s < b <= ends_s[-2]]
+        if self.arrivals.pending():
+            t = self.arrivals.next_time_s()
+            if t <= ends_s[-2] and self.scheduler.admits_arrival(self.arrivals.next_index):
+                cuts.append(t)
+        for t in cuts:
+            # The first boundary at or after t: the reference loop looks again there.
+            n = min(n, int(np.searchsorted(ends_s, t, side="left")) + 1)
+        return n
+
+    def _late_waiting(self, inner_ends_s: np.ndarray) -> int:
+        """Waiting-count summed over a jump's later iterations, for arrivals inside it.
+
+        Such arrivals were not admissible; the reference loop would have queued each at
+        the first boundary at or after it. They are queued after the jump (same order,
+        no `schedule` in between, so the same state) and counted here as if on time.
+        """
+        if len(inner_ends_s) == 0:
+            return 0
+        first, stop = self.arrivals.next_index, self.arrivals.count_until(float(inner_ends_s[-1]))
+        if stop <= first:
+            return 0
+        times_s = self.arrivals.arrival_s[first:stop]
+        boundary = np.searchsorted(inner_ends_s, times_s, side="left")
+        return int((len(inner_ends_s) - boundary).sum())
 
     def _idle_until(self, wake_at_s: float | None) -> tuple[float, int] | None:
         """Next time to look again, and the index of the arrival it admits (-1 for none)."""
-        has_arrival = self._next_arrival < len(self.requests)
-        arrival_s = float(self.requests.arrival_s[self._next_arrival]) if has_arrival else None
+        arrival_s = self.arrivals.next_time_s() if self.arrivals.pending() else None
         if arrival_s is not None and (wake_at_s is None or arrival_s <= wake_at_s):
-            return arrival_s, self._next_arrival
+            return arrival_s, self.arrivals.next_index
         if wake_at_s is not None:
             return wake_at_s, -1
         assert not self.scheduler.has_unfinished(), "scheduler idle with unfinished requests"
         return None
+
+
+def _delay_to(now_s: float, target_s: float) -> float:
+    """A delay d with now_s + d == target_s exactly, so SimPy's clock lands on the boundary."""
+    delay_s = target_s - now_s
+    for _ in range(_MAX_NUDGES):
+        if now_s + delay_s == target_s:
+            return delay_s
+        delay_s = math.nextafter(delay_s, math.inf if now_s + delay_s < target_s else -math.inf)
+    raise AssertionError(f"no delay lands {now_s!r} on {target_s!r}")
+
+
+_MAX_NUDGES = 64  # each nudge is one ulp of the delay; a handful always suffices

@@ -1,22 +1,35 @@
-"""Per-request timestamps (numpy arrays) and per-iteration rows, collected by the engine."""
+"""Per-request timestamps and per-iteration rows, collected by the engine.
+
+Per-request data are numpy arrays indexed by request id. Rows are appended to typed
+`array.array` columns (8 bytes a value, no Python object per row), so a million-request
+run keeps its rows in tens of megabytes.
+
+A row covers `num_iterations` consecutive iterations of the same requests (one in
+reference mode; a whole jump in fast mode). `batch_size` and `kv_reserved_tokens` are
+the same in each of them; `duration_s`, `tokens`, `context_tokens` and `num_waiting`
+are summed over them, so a one-iteration row holds that iteration's values and every
+summary (iteration-weighted or time-weighted mean) is the same in both modes.
+"""
 
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 import pandas as pd
 
-from orcasim.schedulers.base import SchedulerOutput, StepResult
+from orcasim.schedulers.base import DecodeRun, SchedulerOutput, StepResult
 
-ITERATION_COLUMNS = [
-    "start_s",
-    "duration_s",
-    "num_iterations",
-    "batch_size",
-    "tokens",
-    "context_tokens",
-    "kv_reserved_tokens",
-    "num_waiting",
-]
+ITERATION_COLUMNS = (
+    ("start_s", "d"),
+    ("duration_s", "d"),
+    ("num_iterations", "q"),
+    ("batch_size", "q"),
+    ("tokens", "q"),
+    ("context_tokens", "q"),
+    ("kv_reserved_tokens", "q"),
+    ("num_waiting", "q"),
+)
 
 
 class Recorder:
@@ -26,18 +39,37 @@ class Recorder:
         self.first_scheduled_s = np.full(num_requests, np.nan)
         self.first_token_s = np.full(num_requests, np.nan)
         self.finish_s = np.full(num_requests, np.nan)
-        self._rows: list[tuple[float, float, int, int, int, int, int, int]] = []
+        self._columns = {name: array(code) for name, code in ITERATION_COLUMNS}
+        self._appenders = [self._columns[name].append for name, _ in ITERATION_COLUMNS]
+
+    def _append(self, *row: float) -> None:
+        for append, value in zip(self._appenders, row, strict=True):
+            append(value)
 
     def record_iteration(
-        self, start_s: float, duration_s: float, num_iterations: int, plan: SchedulerOutput,
-        num_waiting: int,
+        self, start_s: float, duration_s: float, plan: SchedulerOutput, num_waiting: int
     ) -> None:
+        """One iteration that ran `plan`."""
         batch = plan.batch
-        self._rows.append((
-            start_s, duration_s, num_iterations, len(plan.req_ids),
-            batch.total_query_tokens, batch.total_context_tokens,
-            plan.kv_reserved_tokens, num_waiting,
-        ))
+        self._append(
+            start_s, duration_s, 1, len(plan.req_ids), batch.total_query_tokens,
+            batch.total_context_tokens, plan.kv_reserved_tokens, num_waiting,
+        )
+
+    def record_jump(
+        self, start_s: float, end_s: float, num_iterations: int, plan: SchedulerOutput,
+        run: DecodeRun, num_waiting_sum: int,
+    ) -> None:
+        """`plan`'s iteration then the first `num_iterations - 1` steps of `run`, as one row."""
+        steps, size = num_iterations - 1, len(run.context_tokens)
+        # Decode step j reads context_tokens + j: an arithmetic series over the steps.
+        run_context = steps * int(run.context_tokens.sum()) + size * steps * (steps - 1) // 2
+        batch = plan.batch
+        self._append(
+            start_s, end_s - start_s, num_iterations, len(plan.req_ids),
+            batch.total_query_tokens + steps * size, batch.total_context_tokens + run_context,
+            plan.kv_reserved_tokens, num_waiting_sum,
+        )
 
     def record_progress(
         self, scheduled: np.ndarray, start_s: float, result: StepResult, end_s: float
@@ -49,4 +81,8 @@ class Recorder:
         self.finish_s[result.finished_ids] = end_s
 
     def iterations_frame(self) -> pd.DataFrame:
-        return pd.DataFrame.from_records(self._rows, columns=ITERATION_COLUMNS)
+        return pd.DataFrame({
+            # A copy, so that the columns stay appendable (a view would pin their buffers).
+            name: np.array(self._columns[name], dtype=np.float64 if code == "d" else np.int64)
+            for name, code in ITERATION_COLUMNS
+        })

@@ -59,7 +59,10 @@ def make_requests(scenario: Scenario) -> Requests:
 def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
     scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
     cost = build_cost_model(scenario.system_cost(system))
-    run = Engine(requests, scheduler, cost).run()
+    engine = Engine(
+        requests, scheduler, cost, scenario.engine.mode, row_breaks_s=(scenario.warmup_s,)
+    )
+    run = engine.run()
     reqs = requests_frame(requests, run.recorder)
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)

@@ -35,6 +35,7 @@ class LinearCost(CostModel):
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         size = len(context_tokens)
-        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
-        # Each step adds one context token per request: an arithmetic series.
-        return first + self.per_context_token_s * size * np.arange(num_steps)
+        # Each step adds one context token per request: an arithmetic series. Summing the
+        # integer context first and adding in iteration_time_s's order keeps it bit-exact.
+        context = int(context_tokens.sum()) + size * np.arange(num_steps, dtype=np.int64)
+        return self.base_s + self.per_token_s * size + self.per_context_token_s * context

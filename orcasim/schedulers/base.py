@@ -54,6 +54,21 @@ class StepResult:
     finished_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Pure-decode iterations that follow a plan with the same requests, if nothing arrives.
+
+    Step j (0-based) gives each request one query token and reads `context_tokens + j`
+    KV tokens: exactly the batch `CostModel.decode_steps_s(context_tokens, n)` prices.
+    """
+
+    num_steps: int
+    context_tokens: np.ndarray  # int64 (B,) context of the first decode step
+
+
+NO_RESULT = StepResult()
+
+
 def empty_output(kv_reserved_tokens: int, wake_at_s: float | None = None) -> SchedulerOutput:
     empty = np.zeros(0, dtype=np.int64)
     return SchedulerOutput(empty, empty, Batch(empty, empty), kv_reserved_tokens, wake_at_s)
@@ -100,3 +115,32 @@ class Scheduler(ABC):
     @abstractmethod
     def has_unfinished(self) -> bool:
         """True while any added request has not finished."""
+
+    # Fast-forward hooks (used by the engine's fast mode). The defaults make a scheduler
+    # step one iteration at a time, which is trivially exact; overriding them is optional.
+
+    def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
+        """The pure-decode run that follows `plan` with no membership change, if any.
+
+        Promise: if nothing is added, the next `num_steps` plans have `plan`'s requests,
+        one token each, nobody finishes before the run's last step and no waiting request
+        is admitted. Called after `schedule` returned `plan`, before its update.
+        """
+        return None
+
+    def admits_arrival(self, req_id: int) -> bool:
+        """Could `req_id` (or any later arrival), added now, join before the run ends?
+
+        The engine asks only about the next arrival, so a scheduler may answer False
+        only if no later arrival could join either (true of FCFS). True is always safe.
+        """
+        return True
+
+    def advance(self, plan: SchedulerOutput, num_iterations: int) -> tuple[StepResult, StepResult]:
+        """Apply `plan` and then `num_iterations - 1` steps of its decode run at once.
+
+        Returns what became visible at the end of the first iteration and at the end of
+        the last one; a decode run may report nothing in between.
+        """
+        assert num_iterations == 1, "a scheduler without a decode run advances one iteration"
+        return self.update_from_output(plan), NO_RESULT

@@ -17,7 +17,7 @@ from pydantic import PositiveInt
 from orcasim.config import Strict
 from orcasim.cost.base import Batch
 from orcasim.requests import Requests
-from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
+from orcasim.schedulers.base import NO_RESULT, DecodeRun, Scheduler, SchedulerOutput, StepResult
 
 
 class IterationLevelConfig(Strict):
@@ -73,3 +73,47 @@ class IterationLevelScheduler(Scheduler):
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
+
+    # Fast-forward hooks (see Scheduler). Between admissions and completions the running
+    # set only decodes, and a fixed per-request reservation keeps the head of the queue
+    # blocked, so the next change is the first completion or an admissible arrival.
+
+    def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
+        if not _owns_hooks(self):
+            return None
+        ids = plan.req_ids
+        # Tokens each still owes after this plan's iteration; the smallest ends the run.
+        steps = int((self.requests.output_tokens[ids] - self.generated[ids]).min()) - 1
+        if steps <= 0:
+            return None
+        return DecodeRun(steps, plan.batch.context_tokens + 1)
+
+    def admits_arrival(self, req_id: int) -> bool:
+        # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too.
+        return (
+            self.num_waiting == 0
+            and len(self.running) < self.max_batch_size
+            and self.reserved_tokens + int(self._reservation[req_id]) <= self.kv_capacity_tokens
+        )
+
+    def advance(self, plan: SchedulerOutput, num_iterations: int) -> tuple[StepResult, StepResult]:
+        if num_iterations == 1:
+            return self.update_from_output(plan), NO_RESULT
+        ids = plan.req_ids
+        before = self.generated[ids]
+        self.computed[ids] += plan.num_new_tokens + (num_iterations - 1)
+        after = before + num_iterations
+        self.generated[ids] = after
+        done = ids[after == self.requests.output_tokens[ids]]
+        if len(done):
+            self._release(done)
+        return StepResult(first_token_ids=ids[before == 0]), StepResult(finished_ids=done)
+
+
+def _owns_hooks(s: IterationLevelScheduler) -> bool:
+    """The hooks predict this class's schedule/update; a subclass changing them opts out."""
+    cls = type(s)
+    return (
+        cls.schedule is IterationLevelScheduler.schedule
+        and cls.update_from_output is IterationLevelScheduler.update_from_output
+    )

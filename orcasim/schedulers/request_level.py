@@ -19,7 +19,14 @@ from pydantic import NonNegativeFloat, PositiveInt
 from orcasim.config import Strict
 from orcasim.cost.base import Batch
 from orcasim.requests import Requests
-from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult, empty_output
+from orcasim.schedulers.base import (
+    NO_RESULT,
+    DecodeRun,
+    Scheduler,
+    SchedulerOutput,
+    StepResult,
+    empty_output,
+)
 
 
 class RequestLevelConfig(Strict):
@@ -62,13 +69,19 @@ class RequestLevelScheduler(Scheduler):
         self.step = 0
         return None
 
-    def _plan(self) -> SchedulerOutput:
+    def _costed_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output lengths of the members as the cost model sees them."""
         ids = self.members
         prompt = self.requests.prompt_tokens[ids]
         output = self.requests.output_tokens[ids]
         if self.cfg.padding:
             prompt = np.full_like(prompt, prompt.max())
             output = np.full_like(output, output.max())
+        return prompt, output
+
+    def _plan(self) -> SchedulerOutput:
+        ids = self.members
+        prompt, output = self._costed_lengths()
         active = self.step < output  # unpadded members drop out of the cost when done
         if self.step == 0:
             query, context = prompt, prompt
@@ -97,3 +110,37 @@ class RequestLevelScheduler(Scheduler):
 
     def has_unfinished(self) -> bool:
         return len(self.members) > 0 or self.num_waiting > 0
+
+    # Fast-forward hooks (see Scheduler). A static batch admits nobody, and between two
+    # steps at which a costed member drops out every step is the same pure decode.
+
+    def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
+        prompt, output = self._costed_lengths()
+        first = self.step + 1  # the run's first step
+        later = output[output > first]
+        if len(later) == 0:
+            return None  # the batch ends with this plan
+        active = first < output
+        return DecodeRun(int(later.min()) - first, prompt[active] + first)
+
+    def admits_arrival(self, req_id: int) -> bool:
+        return len(self.members) == 0
+
+    def advance(self, plan: SchedulerOutput, num_iterations: int) -> tuple[StepResult, StepResult]:
+        if num_iterations == 1:
+            return self.update_from_output(plan), NO_RESULT
+        ids = self.members
+        outputs = self.requests.output_tokens[ids]
+        end = self.step + num_iterations
+        # Real tokens over steps [step, end): the plan's own, then one per step still owed.
+        self.computed[ids] += plan.num_new_tokens + np.clip(
+            np.minimum(outputs, end) - (self.step + 1), 0, None
+        )
+        self.generated[ids] += np.clip(np.minimum(outputs, end) - self.step, 0, None)
+        self.step = end
+        if end < outputs.max():
+            return NO_RESULT, NO_RESULT
+        assert end == outputs.max() and np.array_equal(self.generated[ids], outputs)
+        self.members = np.zeros(0, dtype=np.int64)
+        self.reserved_tokens = 0
+        return NO_RESULT, StepResult(ids, ids)
