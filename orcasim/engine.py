@@ -13,8 +13,12 @@ same requests (`Scheduler.decode_run`), prices them at once (`CostModel.decode_s
 and sleeps once. The jump is cut at the first iteration boundary at or after the next
 arrival if the scheduler could admit it (`Scheduler.admits_arrival`), exactly where the
 reference loop would admit it, and at `row_breaks_s` (the warm-up) so that no recorded
-row straddles one. Boundaries are the same running sums (`np.cumsum` adds in order, as
-SimPy does), so both modes see the same clock.
+row straddles one.
+
+The engine keeps the simulated time itself (`now_s`), as a running sum of iteration
+durations; `np.cumsum` adds in the same order, so both modes see the same boundaries.
+SimPy sequences the events; its `env.now` can differ from `now_s` by an ulp, because
+`now + (t - now)` need not round to `t`.
 
 Arrivals come from `ArrivalSource`, a queue the loop polls; a closed-loop workload would
 push follow-up requests into it from `Recorder` completions without touching the loop.
@@ -22,7 +26,6 @@ push follow-up requests into it from `Recorder` completions without touching the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -60,10 +63,10 @@ class ArrivalSource:
     def next_time_s(self) -> float:
         return self._times[self.next_index]
 
-    def take_until(self, now_s: float, up_to_index: int = -1) -> range:
-        """Ids that arrived by `now_s` (and at least those up to `up_to_index`)."""
+    def take_until(self, now_s: float) -> range:
+        """Ids that arrived by `now_s`."""
         times, i = self._times, self.next_index
-        while i < len(times) and (i <= up_to_index or times[i] <= now_s):
+        while i < len(times) and times[i] <= now_s:
             i += 1
         taken = range(self.next_index, i)
         self.next_index = i
@@ -87,6 +90,7 @@ class Engine:
         self.mode = mode
         self.row_breaks_s = sorted(row_breaks_s)
         self.env = simpy.Environment()
+        self.now_s = 0.0
         self.recorder = Recorder(len(requests))
         self.arrivals = ArrivalSource(requests.arrival_s)
 
@@ -95,36 +99,37 @@ class Engine:
         self.env.run()
         unfinished = int(np.isnan(self.recorder.finish_s).sum())
         assert unfinished == 0, f"{unfinished} admitted requests never finished"
-        return EngineRun(self.recorder, float(self.env.now))
+        return EngineRun(self.recorder, self.now_s)
 
-    def _admit_arrivals(self, up_to_index: int = -1) -> None:
-        for req_id in self.arrivals.take_until(self.env.now, up_to_index):
+    def _admit_arrivals(self) -> None:
+        for req_id in self.arrivals.take_until(self.now_s):
             self.scheduler.add_request(req_id)
+
+    def _sleep_until(self, target_s: float) -> simpy.Timeout:
+        self.now_s, delay_s = target_s, max(0.0, target_s - self.env.now)
+        return self.env.timeout(delay_s)
 
     def _loop(self) -> Generator[simpy.Event, None, None]:
         run_plan = self._run_fast if self.mode == "fast" else self._run_one
         while True:
             self._admit_arrivals()
-            plan = self.scheduler.schedule(self.env.now)
+            plan = self.scheduler.schedule(self.now_s)
             if not plan.is_empty:
                 yield from run_plan(plan)
                 continue
-            wake = self._idle_until(plan.wake_at_s)
-            if wake is None:
+            wake_s = self._idle_until(plan.wake_at_s)
+            if wake_s is None:
                 return
-            target_s, arrival_index = wake
-            yield self.env.timeout(max(0.0, target_s - self.env.now))
-            # Admit by index too: now + (t - now) can miss t by one ulp.
-            self._admit_arrivals(arrival_index)
+            yield self._sleep_until(wake_s)
 
     def _run_one(self, plan: SchedulerOutput) -> Generator[simpy.Event, None, None]:
         """Reference mode: exactly one iteration."""
-        start_s = self.env.now
+        start_s = self.now_s
         duration_s = self.cost.iteration_time_s(plan.batch)
-        yield self.env.timeout(duration_s)
+        yield self._sleep_until(start_s + duration_s)
         result = self.scheduler.update_from_output(plan)
         self.recorder.record_iteration(start_s, duration_s, plan, self.scheduler.num_waiting)
-        self.recorder.record_progress(plan.req_ids, start_s, result, self.env.now)
+        self.recorder.record_progress(plan.req_ids, start_s, result, self.now_s)
 
     def _run_fast(self, plan: SchedulerOutput) -> Generator[simpy.Event, None, None]:
         """Fast mode: the plan's iteration and as much of its decode run as is exact."""
@@ -132,13 +137,13 @@ class Engine:
         if run is None:
             yield from self._run_one(plan)
             return
-        start_s = self.env.now
+        start_s = self.now_s
         steps_s = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
         durations_s = np.concatenate(([start_s, self.cost.iteration_time_s(plan.batch)], steps_s))
         ends_s = np.cumsum(durations_s)[1:]  # ends_s[j]: end of iteration j (0: the plan)
         n = self._jump_length(start_s, ends_s)
         end_s = float(ends_s[n - 1])
-        yield self.env.timeout(_delay_to(start_s, end_s))
+        yield self._sleep_until(end_s)
         waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s[: n - 1])
         first, last = self.scheduler.advance(plan, n)
         self.recorder.record_jump(start_s, end_s, n, plan, run, waiting)
@@ -174,25 +179,13 @@ class Engine:
         boundary = np.searchsorted(inner_ends_s, times_s, side="left")
         return int((len(inner_ends_s) - boundary).sum())
 
-    def _idle_until(self, wake_at_s: float | None) -> tuple[float, int] | None:
-        """Next time to look again, and the index of the arrival it admits (-1 for none)."""
+    def _idle_until(self, wake_at_s: float | None) -> float | None:
+        """Next time to look again: the next arrival or the scheduler's wake-up time."""
         arrival_s = self.arrivals.next_time_s() if self.arrivals.pending() else None
         if arrival_s is not None and (wake_at_s is None or arrival_s <= wake_at_s):
-            return arrival_s, self.arrivals.next_index
+            return arrival_s
         if wake_at_s is not None:
-            return wake_at_s, -1
+            return wake_at_s
         assert not self.scheduler.has_unfinished(), "scheduler idle with unfinished requests"
         return None
 
-
-def _delay_to(now_s: float, target_s: float) -> float:
-    """A delay d with now_s + d == target_s exactly, so SimPy's clock lands on the boundary."""
-    delay_s = target_s - now_s
-    for _ in range(_MAX_NUDGES):
-        if now_s + delay_s == target_s:
-            return delay_s
-        delay_s = math.nextafter(delay_s, math.inf if now_s + delay_s < target_s else -math.inf)
-    raise AssertionError(f"no delay lands {now_s!r} on {target_s!r}")
-
-
-_MAX_NUDGES = 64  # each nudge is one ulp of the delay; a handful always suffices
