@@ -26,6 +26,7 @@ push follow-up requests into it from `Recorder` completions without touching the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -36,7 +37,7 @@ import simpy
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
-from orcasim.schedulers.base import Scheduler, SchedulerOutput
+from orcasim.schedulers.base import DecodeRun, Scheduler, SchedulerOutput
 
 EngineMode = Literal["fast", "reference"]
 
@@ -110,74 +111,83 @@ class Engine:
         return self.env.timeout(delay_s)
 
     def _loop(self) -> Generator[simpy.Event, None, None]:
-        run_plan = self._run_fast if self.mode == "fast" else self._run_one
+        fast = self.mode == "fast"
         while True:
             self._admit_arrivals()
             plan = self.scheduler.schedule(self.now_s)
-            if not plan.is_empty:
-                yield from run_plan(plan)
+            if plan.is_empty:
+                wake_s = self._idle_until(plan.wake_at_s)
+                if wake_s is None:
+                    return
+                yield self._sleep_until(wake_s)
                 continue
-            wake_s = self._idle_until(plan.wake_at_s)
-            if wake_s is None:
-                return
-            yield self._sleep_until(wake_s)
+            start_s = self.now_s
+            run = self.scheduler.decode_run(plan) if fast else None
+            if run is None:  # one iteration: all of reference mode
+                duration_s = self.cost.iteration_time_s(plan.batch)
+                yield self._sleep_until(start_s + duration_s)
+                self._finish_iteration(plan, start_s, duration_s)
+            else:
+                ends_s = self._iteration_ends(plan, run)
+                n = self._jump_length(start_s, ends_s)
+                yield self._sleep_until(float(ends_s[n - 1]))
+                self._finish_jump(plan, run, start_s, ends_s, n)
 
-    def _run_one(self, plan: SchedulerOutput) -> Generator[simpy.Event, None, None]:
-        """Reference mode: exactly one iteration."""
-        start_s = self.now_s
-        duration_s = self.cost.iteration_time_s(plan.batch)
-        yield self._sleep_until(start_s + duration_s)
+    def _finish_iteration(self, plan: SchedulerOutput, start_s: float, duration_s: float) -> None:
         result = self.scheduler.update_from_output(plan)
         self.recorder.record_iteration(start_s, duration_s, plan, self.scheduler.num_waiting)
-        self.recorder.record_progress(plan.req_ids, start_s, result, self.now_s)
+        self.recorder.record_scheduled(plan.req_ids, start_s)
+        self.recorder.record_result(result, self.now_s)
 
-    def _run_fast(self, plan: SchedulerOutput) -> Generator[simpy.Event, None, None]:
-        """Fast mode: the plan's iteration and as much of its decode run as is exact."""
-        run = self.scheduler.decode_run(plan)
-        if run is None:
-            yield from self._run_one(plan)
-            return
-        start_s = self.now_s
-        steps_s = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
-        durations_s = np.concatenate(([start_s, self.cost.iteration_time_s(plan.batch)], steps_s))
-        ends_s = np.cumsum(durations_s)[1:]  # ends_s[j]: end of iteration j (0: the plan)
-        n = self._jump_length(start_s, ends_s)
-        end_s = float(ends_s[n - 1])
-        yield self._sleep_until(end_s)
-        waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s[: n - 1])
-        first, last = self.scheduler.advance(plan, n)
-        self.recorder.record_jump(start_s, end_s, n, plan, run, waiting)
-        self.recorder.record_progress(plan.req_ids, start_s, first, float(ends_s[0]))
-        self.recorder.record_progress(plan.req_ids, start_s, last, end_s)
+    def _finish_jump(
+        self, plan: SchedulerOutput, run: DecodeRun, start_s: float, ends_s: np.ndarray, n: int
+    ) -> None:
+        """Apply the plan's iteration and `n - 1` steps of its run, which ended at now_s."""
+        waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s, n)
+        first, last = self.scheduler.advance(plan, run, n)
+        self.recorder.record_jump(start_s, self.now_s, n, plan, run, waiting)
+        self.recorder.record_scheduled(plan.req_ids, start_s)
+        self.recorder.record_result(first, float(ends_s[0]))
+        self.recorder.record_result(last, self.now_s)
+
+    def _iteration_ends(self, plan: SchedulerOutput, run: DecodeRun) -> np.ndarray:
+        """End times of the plan's iteration (index 0) and of each step of its run."""
+        ends_s = np.empty(run.num_steps + 2)
+        ends_s[0] = self.now_s
+        ends_s[1] = self.cost.iteration_time_s(plan.batch)
+        ends_s[2:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
+        # Running sums in order: the same float additions as one timeout per iteration.
+        return np.cumsum(ends_s, out=ends_s)[1:]
 
     def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
         """Iterations to run: up to the boundary at which something must be looked at."""
-        n = len(ends_s)
-        cuts = [b for b in self.row_breaks_s if start_s < b <= ends_s[-2]]
+        last_inner_s = float(ends_s[-2])  # boundaries before the run's last end
+        cut_s = math.inf
+        for b in self.row_breaks_s:
+            if start_s < b <= last_inner_s:
+                cut_s = min(cut_s, b)
         if self.arrivals.pending():
             t = self.arrivals.next_time_s()
-            if t <= ends_s[-2] and self.scheduler.admits_arrival(self.arrivals.next_index):
-                cuts.append(t)
-        for t in cuts:
-            # The first boundary at or after t: the reference loop looks again there.
-            n = min(n, int(np.searchsorted(ends_s, t, side="left")) + 1)
-        return n
+            if t <= last_inner_s and t < cut_s and self.scheduler.admits_arrival(self.arrivals.next_index):
+                cut_s = t
+        if cut_s == math.inf:
+            return len(ends_s)
+        # The first boundary at or after the cut: the reference loop looks again there.
+        return int(np.searchsorted(ends_s, cut_s, side="left")) + 1
 
-    def _late_waiting(self, inner_ends_s: np.ndarray) -> int:
+    def _late_waiting(self, ends_s: np.ndarray, n: int) -> int:
         """Waiting-count summed over a jump's later iterations, for arrivals inside it.
 
         Such arrivals were not admissible; the reference loop would have queued each at
         the first boundary at or after it. They are queued after the jump (same order,
         no `schedule` in between, so the same state) and counted here as if on time.
         """
-        if len(inner_ends_s) == 0:
+        if n == 1 or not self.arrivals.pending() or self.arrivals.next_time_s() > ends_s[n - 2]:
             return 0
-        first, stop = self.arrivals.next_index, self.arrivals.count_until(float(inner_ends_s[-1]))
-        if stop <= first:
-            return 0
-        times_s = self.arrivals.arrival_s[first:stop]
-        boundary = np.searchsorted(inner_ends_s, times_s, side="left")
-        return int((len(inner_ends_s) - boundary).sum())
+        inner_ends_s = ends_s[: n - 1]
+        first, stop = self.arrivals.next_index, self.arrivals.count_until(float(ends_s[n - 2]))
+        boundary = np.searchsorted(inner_ends_s, self.arrivals.arrival_s[first:stop], side="left")
+        return int((n - 1 - boundary).sum())
 
     def _idle_until(self, wake_at_s: float | None) -> float | None:
         """Next time to look again: the next arrival or the scheduler's wake-up time."""

@@ -13,6 +13,7 @@ summary (iteration-weighted or time-weighted mean) is the same in both modes.
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
@@ -52,8 +53,8 @@ class Recorder:
         """One iteration that ran `plan`."""
         batch = plan.batch
         self._append(
-            start_s, duration_s, 1, len(plan.req_ids), batch.total_query_tokens,
-            batch.total_context_tokens, plan.kv_reserved_tokens, num_waiting,
+            start_s, duration_s, 1, len(plan.req_ids), _total(batch.query_tokens),
+            _total(batch.context_tokens), plan.kv_reserved_tokens, num_waiting,
         )
 
     def record_jump(
@@ -61,24 +62,30 @@ class Recorder:
         run: DecodeRun, num_waiting_sum: int,
     ) -> None:
         """`plan`'s iteration then the first `num_iterations - 1` steps of `run`, as one row."""
-        steps, size = num_iterations - 1, len(run.context_tokens)
+        steps, size = num_iterations - 1, run.size
         # Decode step j reads context_tokens + j: an arithmetic series over the steps.
-        run_context = steps * int(run.context_tokens.sum()) + size * steps * (steps - 1) // 2
+        run_context = steps * _total(run.context_tokens) + size * steps * (steps - 1) // 2
         batch = plan.batch
         self._append(
             start_s, end_s - start_s, num_iterations, len(plan.req_ids),
-            batch.total_query_tokens + steps * size, batch.total_context_tokens + run_context,
+            _total(batch.query_tokens) + steps * size, _total(batch.context_tokens) + run_context,
             plan.kv_reserved_tokens, num_waiting_sum,
         )
 
-    def record_progress(
-        self, scheduled: np.ndarray, start_s: float, result: StepResult, end_s: float
-    ) -> None:
+    def record_scheduled(self, scheduled: np.ndarray, start_s: float) -> None:
+        """Requests in a batch starting at `start_s`; the first time counts."""
         unset = scheduled[np.isnan(self.first_scheduled_s[scheduled])]
-        self.first_scheduled_s[unset] = start_s
-        self.first_token_s[result.first_token_ids] = end_s
-        assert np.all(np.isnan(self.finish_s[result.finished_ids])), "a request finished twice"
-        self.finish_s[result.finished_ids] = end_s
+        if len(unset):
+            self.first_scheduled_s[unset] = start_s
+
+    def record_result(self, result: StepResult, end_s: float) -> None:
+        """First tokens and completions that became visible at `end_s`."""
+        if len(result.first_token_ids):
+            self.first_token_s[result.first_token_ids] = end_s
+        done = result.finished_ids
+        if len(done):
+            assert all(map(math.isnan, self.finish_s[done].tolist())), "a request finished twice"
+            self.finish_s[done] = end_s
 
     def iterations_frame(self) -> pd.DataFrame:
         return pd.DataFrame({
@@ -86,3 +93,8 @@ class Recorder:
             name: np.array(self._columns[name], dtype=np.float64 if code == "d" else np.int64)
             for name, code in ITERATION_COLUMNS
         })
+
+
+def _total(tokens: np.ndarray) -> int:
+    """Sum of a batch-sized int array; the builtin over a list beats a numpy reduction here."""
+    return sum(tokens.tolist())

@@ -37,5 +37,9 @@ class LinearCost(CostModel):
         size = len(context_tokens)
         # Each step adds one context token per request: an arithmetic series. Summing the
         # integer context first and adding in iteration_time_s's order keeps it bit-exact.
-        context = int(context_tokens.sum()) + size * np.arange(num_steps, dtype=np.int64)
-        return self.base_s + self.per_token_s * size + self.per_context_token_s * context
+        first = sum(context_tokens.tolist())  # builtin: cheaper at batch sizes
+        context = (
+            np.arange(first, first + size * num_steps, size, dtype=np.int64)
+            if size else np.full(num_steps, first, dtype=np.int64)
+        )
+        return (self.base_s + self.per_token_s * size) + self.per_context_token_s * context

@@ -65,6 +65,10 @@ class DecodeRun:
     num_steps: int
     context_tokens: np.ndarray  # int64 (B,) context of the first decode step
 
+    @property
+    def size(self) -> int:
+        return len(self.context_tokens)
+
 
 NO_RESULT = StepResult()
 
@@ -120,11 +124,12 @@ class Scheduler(ABC):
     # step one iteration at a time, which is trivially exact; overriding them is optional.
 
     def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
-        """The pure-decode run that follows `plan` with no membership change, if any.
+        """The pure-decode run that follows `plan` if nothing is added, or None.
 
-        Promise: if nothing is added, the next `num_steps` plans have `plan`'s requests,
-        one token each, nobody finishes before the run's last step and no waiting request
-        is admitted. Called after `schedule` returned `plan`, before its update.
+        Promise: the next `num_steps` iterations after `plan`'s own are the run's steps
+        (priced as `DecodeRun` says), with `plan.req_ids` and `kv_reserved_tokens`
+        unchanged, nobody admitted, and nothing visible before the last step. Called
+        after `schedule` returned `plan`, before the plan is applied.
         """
         return None
 
@@ -136,11 +141,13 @@ class Scheduler(ABC):
         """
         return True
 
-    def advance(self, plan: SchedulerOutput, num_iterations: int) -> tuple[StepResult, StepResult]:
-        """Apply `plan` and then `num_iterations - 1` steps of its decode run at once.
+    def advance(
+        self, plan: SchedulerOutput, run: DecodeRun | None, num_iterations: int
+    ) -> tuple[StepResult, StepResult]:
+        """Apply `plan`, then the first `num_iterations - 1` steps of `run`, at once.
 
         Returns what became visible at the end of the first iteration and at the end of
-        the last one; a decode run may report nothing in between.
+        the last one (a run shows nothing in between). The default handles one iteration.
         """
         assert num_iterations == 1, "a scheduler without a decode run advances one iteration"
         return self.update_from_output(plan), NO_RESULT

@@ -9,6 +9,7 @@ leaves right after its last token, freeing its reservation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -82,11 +83,13 @@ class IterationLevelScheduler(Scheduler):
         if not _owns_hooks(self):
             return None
         ids = plan.req_ids
-        # Tokens each still owes after this plan's iteration; the smallest ends the run.
-        steps = int((self.requests.output_tokens[ids] - self.generated[ids]).min()) - 1
+        generated = self.generated[ids]
+        owed = self.requests.output_tokens[ids] - generated
+        # Each owes one token to this plan's iteration; the smallest debt ends the run.
+        steps = min(owed.tolist()) - 1  # a list: cheaper than numpy's min at batch sizes
         if steps <= 0:
             return None
-        return DecodeRun(steps, plan.batch.context_tokens + 1)
+        return _OrcaRun(steps, plan.batch.context_tokens + 1, generated, owed)
 
     def admits_arrival(self, req_id: int) -> bool:
         # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too.
@@ -96,18 +99,28 @@ class IterationLevelScheduler(Scheduler):
             and self.reserved_tokens + int(self._reservation[req_id]) <= self.kv_capacity_tokens
         )
 
-    def advance(self, plan: SchedulerOutput, num_iterations: int) -> tuple[StepResult, StepResult]:
+    def advance(
+        self, plan: SchedulerOutput, run: DecodeRun | None, num_iterations: int
+    ) -> tuple[StepResult, StepResult]:
         if num_iterations == 1:
             return self.update_from_output(plan), NO_RESULT
-        ids = plan.req_ids
-        before = self.generated[ids]
-        self.computed[ids] += plan.num_new_tokens + (num_iterations - 1)
-        after = before + num_iterations
-        self.generated[ids] = after
-        done = ids[after == self.requests.output_tokens[ids]]
-        if len(done):
-            self._release(done)
-        return StepResult(first_token_ids=ids[before == 0]), StepResult(finished_ids=done)
+        assert isinstance(run, _OrcaRun) and num_iterations <= run.num_steps + 1
+        ids, before = plan.req_ids, run.generated_before
+        # The plan computes every known token (its context); each decode step one more.
+        self.computed[ids] = plan.batch.context_tokens + (num_iterations - 1)
+        self.generated[ids] = before + num_iterations
+        first = StepResult(first_token_ids=ids[before == 0])
+        if num_iterations <= run.num_steps:
+            return first, NO_RESULT  # cut short: nobody finishes
+        done = ids[run.owed == num_iterations]
+        self._release(done)
+        return first, StepResult(finished_ids=done)
+
+
+@dataclass(frozen=True, slots=True)
+class _OrcaRun(DecodeRun):
+    generated_before: np.ndarray  # int64 (B,) output tokens before the plan's iteration
+    owed: np.ndarray  # int64 (B,) output tokens still to emit, counting the plan's
 
 
 def _owns_hooks(s: IterationLevelScheduler) -> bool:

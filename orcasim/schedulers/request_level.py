@@ -126,7 +126,9 @@ class RequestLevelScheduler(Scheduler):
     def admits_arrival(self, req_id: int) -> bool:
         return len(self.members) == 0
 
-    def advance(self, plan: SchedulerOutput, num_iterations: int) -> tuple[StepResult, StepResult]:
+    def advance(
+        self, plan: SchedulerOutput, run: DecodeRun | None, num_iterations: int
+    ) -> tuple[StepResult, StepResult]:
         if num_iterations == 1:
             return self.update_from_output(plan), NO_RESULT
         ids = self.members
