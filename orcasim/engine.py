@@ -157,7 +157,7 @@ class Engine:
         ends_s[1] = self.cost.iteration_time_s(plan.batch)
         ends_s[2:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
         # Running sums in order: the same float additions as one timeout per iteration.
-        return np.cumsum(ends_s, out=ends_s)[1:]
+        return ends_s.cumsum(out=ends_s)[1:]
 
     def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
         """Iterations to run: up to the boundary at which something must be looked at."""
@@ -173,7 +173,7 @@ class Engine:
         if cut_s == math.inf:
             return len(ends_s)
         # The first boundary at or after the cut: the reference loop looks again there.
-        return int(np.searchsorted(ends_s, cut_s, side="left")) + 1
+        return int(ends_s.searchsorted(cut_s, side="left")) + 1
 
     def _late_waiting(self, ends_s: np.ndarray, n: int) -> int:
         """Waiting-count summed over a jump's later iterations, for arrivals inside it.

@@ -1,8 +1,8 @@
 """Per-request timestamps and per-iteration rows, collected by the engine.
 
-Per-request data are numpy arrays indexed by request id. Rows are appended to typed
-`array.array` columns (8 bytes a value, no Python object per row), so a million-request
-run keeps its rows in tens of megabytes.
+Per-request data are numpy arrays indexed by request id. Rows are buffered as tuples
+and packed every `ROW_CHUNK` rows into one float64 block (8 bytes a value, no Python
+object per row), so a million-request run keeps its rows in tens of megabytes.
 
 A row covers `num_iterations` consecutive iterations of the same requests (one in
 reference mode; a whole jump in fast mode). `batch_size` and `kv_reserved_tokens` are
@@ -14,7 +14,6 @@ summary (iteration-weighted or time-weighted mean) is the same in both modes.
 from __future__ import annotations
 
 import math
-from array import array
 
 import numpy as np
 import pandas as pd
@@ -22,15 +21,19 @@ import pandas as pd
 from orcasim.schedulers.base import DecodeRun, SchedulerOutput, StepResult
 
 ITERATION_COLUMNS = (
-    ("start_s", "d"),
-    ("duration_s", "d"),
-    ("num_iterations", "q"),
-    ("batch_size", "q"),
-    ("tokens", "q"),
-    ("context_tokens", "q"),
-    ("kv_reserved_tokens", "q"),
-    ("num_waiting", "q"),
+    "start_s",
+    "duration_s",
+    "num_iterations",
+    "batch_size",
+    "tokens",
+    "context_tokens",
+    "kv_reserved_tokens",
+    "num_waiting",
 )
+FLOAT_COLUMNS = ("start_s", "duration_s")  # the others are integer counts
+ROW_CHUNK = 4096
+# Counts are stored as float64 in the blocks: exact below 2**53.
+MAX_EXACT_COUNT = 2**53
 
 
 class Recorder:
@@ -40,12 +43,18 @@ class Recorder:
         self.first_scheduled_s = np.full(num_requests, np.nan)
         self.first_token_s = np.full(num_requests, np.nan)
         self.finish_s = np.full(num_requests, np.nan)
-        self._columns = {name: array(code) for name, code in ITERATION_COLUMNS}
-        self._appenders = [self._columns[name].append for name, _ in ITERATION_COLUMNS]
+        self._pending: list[tuple[float, ...]] = []
+        self._blocks: list[np.ndarray] = []  # float64 (ROW_CHUNK, columns) each
 
     def _append(self, *row: float) -> None:
-        for append, value in zip(self._appenders, row, strict=True):
-            append(value)
+        self._pending.append(row)
+        if len(self._pending) >= ROW_CHUNK:
+            self._pack()
+
+    def _pack(self) -> None:
+        if self._pending:
+            self._blocks.append(np.array(self._pending, dtype=np.float64))
+            self._pending = []
 
     def record_iteration(
         self, start_s: float, duration_s: float, plan: SchedulerOutput, num_waiting: int
@@ -88,12 +97,13 @@ class Recorder:
             self.finish_s[done] = end_s
 
     def iterations_frame(self) -> pd.DataFrame:
+        self._pack()
+        rows = np.concatenate(self._blocks) if self._blocks else np.zeros((0, len(ITERATION_COLUMNS)))
+        assert not len(rows) or rows[:, 2:].max() < MAX_EXACT_COUNT, "a count lost precision"
         return pd.DataFrame({
-            # A copy, so that the columns stay appendable (a view would pin their buffers).
-            name: np.array(self._columns[name], dtype=np.float64 if code == "d" else np.int64)
-            for name, code in ITERATION_COLUMNS
+            name: rows[:, i] if name in FLOAT_COLUMNS else rows[:, i].astype(np.int64)
+            for i, name in enumerate(ITERATION_COLUMNS)
         })
-
 
 def _total(tokens: np.ndarray) -> int:
     """Sum of a batch-sized int array; the builtin over a list beats a numpy reduction here."""

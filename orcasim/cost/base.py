@@ -29,13 +29,14 @@ class Batch:
     def size(self) -> int:
         return len(self.query_tokens)
 
+    # The builtin sum over a list beats a numpy reduction at batch sizes (hot in the engine).
     @property
     def total_query_tokens(self) -> int:
-        return int(self.query_tokens.sum())
+        return sum(self.query_tokens.tolist())
 
     @property
     def total_context_tokens(self) -> int:
-        return int(self.context_tokens.sum())
+        return sum(self.context_tokens.tolist())
 
 
 class CostModel(ABC):

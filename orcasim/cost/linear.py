@@ -38,8 +38,10 @@ class LinearCost(CostModel):
         # Each step adds one context token per request: an arithmetic series. Summing the
         # integer context first and adding in iteration_time_s's order keeps it bit-exact.
         first = sum(context_tokens.tolist())  # builtin: cheaper at batch sizes
-        context = (
-            np.arange(first, first + size * num_steps, size, dtype=np.int64)
-            if size else np.full(num_steps, first, dtype=np.int64)
+        # Integer-valued floats (exact below 2**53), so this is iteration_time_s's arithmetic.
+        context = np.arange(first, first + size * num_steps, size, dtype=np.float64) if size else (
+            np.full(num_steps, float(first))
         )
-        return (self.base_s + self.per_token_s * size) + self.per_context_token_s * context
+        context *= self.per_context_token_s
+        context += self.base_s + self.per_token_s * size
+        return context

@@ -54,7 +54,7 @@ class StepResult:
     finished_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per jump, and frozen __init__ is slow
 class DecodeRun:
     """Pure-decode iterations that follow a plan with the same requests, if nothing arrives.
 

@@ -117,7 +117,7 @@ class IterationLevelScheduler(Scheduler):
         return first, StepResult(finished_ids=done)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _OrcaRun(DecodeRun):
     generated_before: np.ndarray  # int64 (B,) output tokens before the plan's iteration
     owed: np.ndarray  # int64 (B,) output tokens still to emit, counting the plan's
