@@ -1,0 +1,201 @@
+"""Speed and memory of the engine itself: `python benchmarks/engine.py` (or `make bench`).
+
+Workload: ShareGPT lengths (prompt and output resampled from the Llama-2 tokenised trace),
+Poisson arrivals at 85% of each system's capacity, Llama-2-7B on one A100-80GB,
+`max_batch_size: 64`, iteration-level (Orca) and request-level schedulers, 10k / 100k /
+1M requests. Capacity is measured, not assumed: the completion rate of a saturated run
+(every request arriving at once) in fast mode.
+
+Each case runs in its own process, so that its peak RSS is its own. The timed region is
+what a user waits for: drawing the requests, simulating, building the per-request frame
+and the summary, and writing the summary to disk. Short cases report the median of a
+few repeats; at 10k requests reference mode runs in the same process for the ratio.
+CPU seconds are reported beside wall seconds because a shared machine's load inflates
+wall time; the load averages before and after go into the JSON.
+Prints a table and writes benchmarks/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results" / "engine.json"
+SIZES = (10_000, 100_000, 1_000_000)
+SCHEDULERS = ("iteration_level", "request_level")
+LOAD_FRACTION = 0.85
+CAPACITY_REQUESTS = 4_000  # requests in the saturated run that measures capacity
+REPEATS = {10_000: 5, 100_000: 3, 1_000_000: 1}
+REFERENCE_REPEATS = 3
+MAX_BATCH_SIZE = 64
+
+TRACE = "traces/sharegpt_lengths_llama2.csv"
+# Prompt and output are resampled independently, so a request may pair the longest
+# prompt (8,141) with the longest output (1,024): max_tokens must cover the sum.
+MAX_TOKENS = 9_216
+# Llama-2-7B in bf16 on one A100-80GB: (80 GiB - 13.5 GB of weights) x 0.9 usable,
+# over 2 (K, V) x 32 layers x 4096 x 2 bytes = 512 KiB of KV per token.
+KV_CAPACITY_TOKENS = 120_000
+
+# The single switch: "auto" uses the roofline model when this checkout has it.
+COST_KIND = "auto"
+# Linear stand-in for Llama-2-7B on A100-80GB (roofline arithmetic, our estimates):
+#   base_s: 13.5 GB of weights read once per iteration at 80% of 2,039 GB/s = 8.3 ms;
+#   per_token_s: 2 x 6.7 GFLOP per token at 60% of 312 TFLOP/s (bf16) = 72 us;
+#   per_context_token_s: 512 KiB of KV read per context token at 1.63 TB/s = 0.32 us.
+LINEAR_COST = {"kind": "linear", "base_s": 8.3e-3, "per_token_s": 7.2e-5,
+               "per_context_token_s": 3.2e-7}
+ROOFLINE_KEYS = {"cost": {"kind": "roofline"}, "model": "llama-2-7b",
+                 "hardware": {"gpu": "a100-80gb"}}
+
+
+def scenario_dict(scheduler: str, num_requests: int, rate_per_s: float, mode: str,
+                  cost_keys: dict[str, Any]) -> dict[str, Any]:
+    lengths = {"kind": "empirical", "path": TRACE}
+    return {
+        "name": f"bench-{scheduler}", "seed": 0,
+        "workload": {
+            "num_requests": num_requests,
+            "arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+            "prompt_tokens": {**lengths, "column": "num_prefill_tokens"},
+            "output_tokens": {**lengths, "column": "num_decode_tokens"},
+            "max_tokens": MAX_TOKENS,
+        },
+        "kv_capacity_tokens": KV_CAPACITY_TOKENS,
+        "systems": [{"name": scheduler,
+                     "scheduler": {"kind": scheduler, "max_batch_size": MAX_BATCH_SIZE}}],
+        "engine": {"mode": mode},
+        **cost_keys,
+    }
+
+
+def choose_cost() -> tuple[str, dict[str, Any]]:
+    """The roofline keys if they validate here, else the documented linear stand-in."""
+    if COST_KIND in ("auto", "roofline"):
+        from orcasim.config import ScenarioError
+        from orcasim.scenario import scenario_from_dict
+
+        try:
+            scenario_from_dict(scenario_dict(SCHEDULERS[0], 1, 1.0, "fast", ROOFLINE_KEYS))
+            return "roofline", ROOFLINE_KEYS
+        except ScenarioError:
+            if COST_KIND == "roofline":
+                raise
+            print("roofline cost not available in this checkout: using the linear stand-in")
+    return "linear", {"cost": LINEAR_COST}
+
+
+def simulate_once(data: dict[str, Any]) -> tuple[float, float, float]:
+    """Wall and CPU seconds of one end-to-end run with the summary written; simulated seconds."""
+    from orcasim.run import run_scenario
+    from orcasim.scenario import scenario_from_dict
+
+    scenario = scenario_from_dict(data)
+    start_wall_s, start_cpu_s = time.perf_counter(), time.process_time()
+    result = run_scenario(scenario)
+    system = result.systems[data["systems"][0]["name"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "summary.json").write_text(json.dumps(system.summary))
+    wall_s, cpu_s = time.perf_counter() - start_wall_s, time.process_time() - start_cpu_s
+    return wall_s, cpu_s, float(system.requests["finish_s"].max())
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one case (fast, and reference when asked) in this process."""
+    out: dict[str, Any] = {}
+    for mode, repeats in (("fast", spec["repeats"]), ("reference", spec["reference_repeats"])):
+        if repeats == 0:
+            continue
+        data = scenario_dict(spec["scheduler"], spec["num_requests"], spec["rate_per_s"], mode,
+                             spec["cost_keys"])
+        runs = [simulate_once(data) for _ in range(repeats)]
+        out[f"{mode}_wall_s"] = statistics.median(r[0] for r in runs)
+        out[f"{mode}_cpu_s"] = statistics.median(r[1] for r in runs)
+        out["simulated_s"] = runs[0][2]
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return out
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def capacity_rps(scheduler: str, cost_keys: dict[str, Any]) -> float:
+    """Completion rate when every request arrives at once (a saturated system)."""
+    from orcasim.run import run_scenario
+    from orcasim.scenario import scenario_from_dict
+
+    data = scenario_dict(scheduler, CAPACITY_REQUESTS, 1.0e6, "fast", cost_keys)
+    return float(run_scenario(scenario_from_dict(data)).systems[scheduler].summary["throughput_rps"])
+
+
+def benchmark(sizes: tuple[int, ...]) -> dict[str, Any]:
+    cost_name, cost_keys = choose_cost()
+    print(HEADER)
+    load_before = os.getloadavg()
+    rows = []
+    for scheduler in SCHEDULERS:
+        rate = LOAD_FRACTION * capacity_rps(scheduler, cost_keys)
+        for n in sizes:
+            spec = {"scheduler": scheduler, "num_requests": n, "rate_per_s": rate,
+                    "cost_keys": cost_keys, "repeats": REPEATS.get(n, 1),
+                    "reference_repeats": REFERENCE_REPEATS if n == min(sizes) else 0}
+            row = {"scheduler": scheduler, "num_requests": n, "rate_per_s": rate,
+                   **run_child(spec)}
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return {"cost": cost_name, "cost_keys": cost_keys, "load_fraction": LOAD_FRACTION,
+            "max_batch_size": MAX_BATCH_SIZE, "kv_capacity_tokens": KV_CAPACITY_TOKENS,
+            "machine": machine(), "load_average_before_after": [load_before, os.getloadavg()],
+            "results": rows}
+
+
+def machine() -> dict[str, Any]:
+    import numpy
+    import simpy
+
+    return {"platform": platform.platform(), "processor": platform.processor(),
+            "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "numpy": numpy.__version__, "simpy": simpy.__version__}
+
+
+HEADER = (f"{'scheduler':<16}{'requests':>10}{'wall s':>9}{'cpu s':>8}{'sim req/wall-s':>16}"
+          f"{'sim s/wall-s':>14}{'peak RSS MB':>13}{'ref/fast':>10}")
+
+
+def format_row(row: dict[str, Any]) -> str:
+    wall_s = row["fast_wall_s"]
+    ratio = f"{row['reference_wall_s'] / wall_s:.1f}x" if "reference_wall_s" in row else ""
+    return (f"{row['scheduler']:<16}{row['num_requests']:>10,}{wall_s:>9.2f}{row['fast_cpu_s']:>8.2f}"
+            f"{row['num_requests'] / wall_s:>16,.0f}{row['simulated_s'] / wall_s:>14,.0f}"
+            f"{row['peak_rss_bytes'] / 2**20:>13,.0f}{ratio:>10}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    report = benchmark(tuple(args.sizes))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"cost model: {report['cost']}; wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
