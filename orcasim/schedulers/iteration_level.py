@@ -9,6 +9,7 @@ leaves right after its last token, freeing its reservation.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,7 +19,14 @@ from pydantic import PositiveInt
 from orcasim.config import Strict
 from orcasim.cost.base import Batch
 from orcasim.requests import Requests
-from orcasim.schedulers.base import NO_RESULT, DecodeRun, Scheduler, SchedulerOutput, StepResult
+from orcasim.schedulers.base import (
+    EMPTY_IDS,
+    NO_RESULT,
+    DecodeRun,
+    Scheduler,
+    SchedulerOutput,
+    StepResult,
+)
 
 
 class IterationLevelConfig(Strict):
@@ -80,7 +88,7 @@ class IterationLevelScheduler(Scheduler):
     # blocked, so the next change is the first completion or an admissible arrival.
 
     def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
-        if not _owns_hooks(self):
+        if not _owns_hooks(type(self)):
             return None
         ids = plan.req_ids
         generated = self.generated[ids]
@@ -89,7 +97,8 @@ class IterationLevelScheduler(Scheduler):
         steps = min(owed.tolist()) - 1  # a list: cheaper than numpy's min at batch sizes
         if steps <= 0:
             return None
-        return _OrcaRun(steps, plan.batch.context_tokens + 1, generated, owed)
+        has_newcomers = 0 in generated.tolist()
+        return _OrcaRun(steps, plan.batch.context_tokens + 1, generated, owed, has_newcomers)
 
     def admits_arrival(self, req_id: int) -> bool:
         # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too.
@@ -109,23 +118,24 @@ class IterationLevelScheduler(Scheduler):
         # The plan computes every known token (its context); each decode step one more.
         self.computed[ids] = plan.batch.context_tokens + (num_iterations - 1)
         self.generated[ids] = before + num_iterations
-        first = StepResult(first_token_ids=ids[before == 0])
+        first = StepResult(ids[before == 0]) if run.has_newcomers else NO_RESULT
         if num_iterations <= run.num_steps:
             return first, NO_RESULT  # cut short: nobody finishes
         done = ids[run.owed == num_iterations]
         self._release(done)
-        return first, StepResult(finished_ids=done)
+        return first, StepResult(EMPTY_IDS, done)
 
 
 @dataclass(slots=True)
 class _OrcaRun(DecodeRun):
     generated_before: np.ndarray  # int64 (B,) output tokens before the plan's iteration
     owed: np.ndarray  # int64 (B,) output tokens still to emit, counting the plan's
+    has_newcomers: bool  # whether the plan holds a first iteration (a prompt)
 
 
-def _owns_hooks(s: IterationLevelScheduler) -> bool:
+@functools.cache
+def _owns_hooks(cls: type[IterationLevelScheduler]) -> bool:
     """The hooks predict this class's schedule/update; a subclass changing them opts out."""
-    cls = type(s)
     return (
         cls.schedule is IterationLevelScheduler.schedule
         and cls.update_from_output is IterationLevelScheduler.update_from_output
