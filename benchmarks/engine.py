@@ -36,7 +36,7 @@ SCHEDULERS = ("iteration_level", "request_level")
 LOAD_FRACTION = 0.85
 CAPACITY_REQUESTS = 4_000  # requests in the saturated run that measures capacity
 REPEATS = {10_000: 5, 100_000: 3, 1_000_000: 1}
-REFERENCE_REPEATS = 3
+REFERENCE_REPEATS = 1  # reference mode at 10k takes tens of seconds: not short
 MAX_BATCH_SIZE = 64
 
 TRACE = "traces/sharegpt_lengths_llama2.csv"

@@ -101,11 +101,16 @@ class IterationLevelScheduler(Scheduler):
         return _OrcaRun(steps, plan.batch.context_tokens + 1, generated, owed, has_newcomers)
 
     def admits_arrival(self, req_id: int) -> bool:
-        # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too.
+        # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too. A
+        # request larger than the whole cache may be turned away instead of queued, and
+        # then a later one could join: say yes (always safe) rather than reason about it.
+        need = int(self._reservation[req_id])
+        if need > self.kv_capacity_tokens:
+            return True
         return (
             self.num_waiting == 0
             and len(self.running) < self.max_batch_size
-            and self.reserved_tokens + int(self._reservation[req_id]) <= self.kv_capacity_tokens
+            and self.reserved_tokens + need <= self.kv_capacity_tokens
         )
 
     def advance(
