@@ -20,8 +20,10 @@ durations; `np.add.accumulate` adds in the same order, so both modes see the sam
 SimPy sequences the events; its `env.now` can differ from `now_s` by an ulp, because
 `now + (t - now)` need not round to `t`.
 
-Arrivals come from `ArrivalSource`, a queue the loop polls; a closed-loop workload would
-push follow-up requests into it from `Recorder` completions without touching the loop.
+Arrivals come from `ArrivalSource`, which the loop polls. A jump's completions all fall
+on its last boundary, so a follow-up request made from one (a closed-loop workload)
+arrives at or after the next time the loop looks: a source that accepts such pushes, in
+time order, keeps fast mode exact without changing the loop.
 """
 
 from __future__ import annotations
@@ -167,8 +169,8 @@ class Engine:
             if start_s < b <= last_inner_s:
                 cut_s = min(cut_s, b)
         if self.arrivals.pending():
-            t = self.arrivals.next_time_s()
-            if t <= last_inner_s and t < cut_s and self.scheduler.admits_arrival(self.arrivals.next_index):
+            t, req_id = self.arrivals.next_time_s(), self.arrivals.next_index
+            if t <= last_inner_s and t < cut_s and self.scheduler.admits_arrival(req_id):
                 cut_s = t
         if cut_s == math.inf:
             return len(ends_s)

@@ -98,12 +98,15 @@ class Recorder:
 
     def iterations_frame(self) -> pd.DataFrame:
         self._pack()
-        rows = np.concatenate(self._blocks) if self._blocks else np.zeros((0, len(ITERATION_COLUMNS)))
-        assert not len(rows) or rows[:, 2:].max() < MAX_EXACT_COUNT, "a count lost precision"
-        return pd.DataFrame({
-            name: rows[:, i] if name in FLOAT_COLUMNS else rows[:, i].astype(np.int64)
-            for i, name in enumerate(ITERATION_COLUMNS)
-        })
+        blocks = self._blocks or [np.zeros((0, len(ITERATION_COLUMNS)))]
+        columns = {}
+        for i, name in enumerate(ITERATION_COLUMNS):  # column by column: no 2-D copy
+            values = np.concatenate([block[:, i] for block in blocks])
+            if name not in FLOAT_COLUMNS:
+                assert not len(values) or values.max() < MAX_EXACT_COUNT, f"{name} lost precision"
+                values = values.astype(np.int64)
+            columns[name] = values
+        return pd.DataFrame(columns, copy=False)
 
 def _total(tokens: np.ndarray) -> int:
     """Sum of a batch-sized int array; the builtin over a list beats a numpy reduction here."""
