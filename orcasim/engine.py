@@ -13,7 +13,9 @@ same requests (`Scheduler.decode_run`), prices them at once (`CostModel.decode_s
 and sleeps once. The jump is cut at the first iteration boundary at or after the next
 arrival if the scheduler could admit it (`Scheduler.admits_arrival`), exactly where the
 reference loop would admit it, and at `row_breaks_s` (the warm-up) so that no recorded
-row straddles one.
+row straddles one. When a run ends in completions, nothing has arrived and nobody waits,
+the rest of the batch decodes on: `Scheduler.continue_run` gives that run without a new
+`schedule` call, and the engine jumps over it the same way.
 
 The engine keeps the simulated time itself (`now_s`), as a running sum of iteration
 durations; `np.add.accumulate` adds in the same order, so both modes see the same boundaries.
@@ -130,10 +132,29 @@ class Engine:
                 yield self._sleep_until(start_s + duration_s)
                 self._finish_iteration(plan, start_s, duration_s)
             else:
-                ends_s = self._iteration_ends(plan, run)
+                ends_s = self._run_ends(run, plan)
                 n = self._jump_length(start_s, ends_s)
                 yield self._sleep_until(float(ends_s[n - 1]))
                 self._finish_jump(plan, run, start_s, ends_s, n)
+                if n == len(ends_s):  # the run ended in completions: the rest may go on
+                    yield from self._continue()
+
+    def _continue(self) -> Generator[simpy.Event, None, None]:
+        """Jumps over runs that follow completions when nobody can join (no `schedule`)."""
+        while not (self.arrivals.pending() and self.arrivals.next_time_s() <= self.now_s):
+            run = self.scheduler.continue_run()
+            if run is None:
+                return
+            start_s = self.now_s
+            ends_s = self._run_ends(run)
+            n = self._jump_length(start_s, ends_s)
+            yield self._sleep_until(float(ends_s[n - 1]))
+            waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s, n)
+            result = self.scheduler.advance_run(run, n)
+            self.recorder.record_run(start_s, self.now_s, n, run, waiting)
+            self.recorder.record_result(result, self.now_s)
+            if n < len(ends_s):
+                return
 
     def _finish_iteration(self, plan: SchedulerOutput, start_s: float, duration_s: float) -> None:
         result = self.scheduler.update_from_output(plan)
@@ -152,17 +173,21 @@ class Engine:
         self.recorder.record_result(first, float(ends_s[0]))
         self.recorder.record_result(last, self.now_s)
 
-    def _iteration_ends(self, plan: SchedulerOutput, run: DecodeRun) -> np.ndarray:
-        """End times of the plan's iteration (index 0) and of each step of its run."""
-        ends_s = np.empty(run.num_steps + 2)
+    def _run_ends(self, run: DecodeRun, plan: SchedulerOutput | None = None) -> np.ndarray:
+        """End times of the plan's iteration (if any, index 0) and of each step of the run."""
+        head = 1 if plan is None else 2
+        ends_s = np.empty(run.num_steps + head)
         ends_s[0] = self.now_s
-        ends_s[1] = self.cost.iteration_time_s(plan.batch)
-        ends_s[2:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
+        if plan is not None:
+            ends_s[1] = self.cost.iteration_time_s(plan.batch)
+        ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
         # Running sums in order: the same float additions as one timeout per iteration.
         return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
 
     def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
         """Iterations to run: up to the boundary at which something must be looked at."""
+        if len(ends_s) == 1:
+            return 1
         last_inner_s = float(ends_s[-2])  # boundaries before the run's last end
         cut_s = math.inf
         for b in self.row_breaks_s:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from orcasim.schedulers.base import DecodeRun, SchedulerOutput, StepResult
+from orcasim.schedulers.base import ContinuedRun, DecodeRun, SchedulerOutput, StepResult
 
 ITERATION_COLUMNS = (
     "start_s",
@@ -71,14 +71,23 @@ class Recorder:
         run: DecodeRun, num_waiting_sum: int,
     ) -> None:
         """`plan`'s iteration then the first `num_iterations - 1` steps of `run`, as one row."""
-        steps, size = num_iterations - 1, run.size
-        # Decode step j reads context_tokens + j: an arithmetic series over the steps.
-        run_context = steps * _total(run.context_tokens) + size * steps * (steps - 1) // 2
+        steps = num_iterations - 1
         batch = plan.batch
         self._append(
             start_s, end_s - start_s, num_iterations, len(plan.req_ids),
-            _total(batch.query_tokens) + steps * size, _total(batch.context_tokens) + run_context,
+            _total(batch.query_tokens) + steps * run.size,
+            _total(batch.context_tokens) + _run_context(run, steps),
             plan.kv_reserved_tokens, num_waiting_sum,
+        )
+
+    def record_run(
+        self, start_s: float, end_s: float, num_steps: int, run: ContinuedRun,
+        num_waiting_sum: int,
+    ) -> None:
+        """The first `num_steps` steps of a continued run, as one row."""
+        self._append(
+            start_s, end_s - start_s, num_steps, len(run.req_ids), num_steps * run.size,
+            _run_context(run, num_steps), run.kv_reserved_tokens, num_waiting_sum,
         )
 
     def record_scheduled(self, scheduled: np.ndarray, start_s: float) -> None:
@@ -107,6 +116,11 @@ class Recorder:
                 values = values.astype(np.int64)
             columns[name] = values
         return pd.DataFrame(columns, copy=False)
+
+def _run_context(run: DecodeRun, steps: int) -> int:
+    """KV tokens read by a run's first `steps` steps: step j reads context_tokens + j."""
+    return steps * _total(run.context_tokens) + run.size * steps * (steps - 1) // 2
+
 
 def _total(tokens: np.ndarray) -> int:
     """Sum of a batch-sized int array; the builtin over a list beats a numpy reduction here."""

@@ -101,7 +101,9 @@ def test_arrival_inside_a_jump_joins_at_the_next_boundary() -> None:
     reqs, _, _ = simulate(case, "fast")
     assert reqs["first_scheduled_s"].tolist() == [0.0, 3.0]
     assert reqs["finish_s"].tolist() == [10.0, 6.0]
+    # Rows: request 0 alone; both until request 1 finishes; request 0 continues alone.
     assert iters["num_iterations"].tolist() == [3, 3, 4]
+    assert iters["batch_size"].tolist() == [1, 2, 1]
 
 
 def test_blocked_arrivals_do_not_cut_a_jump() -> None:

@@ -70,6 +70,14 @@ class DecodeRun:
         return len(self.context_tokens)
 
 
+@dataclass(slots=True)
+class ContinuedRun(DecodeRun):
+    """A decode run with no plan before it: the batch left after a run's completions."""
+
+    req_ids: np.ndarray  # int64 (B,) the requests decoding
+    kv_reserved_tokens: int
+
+
 NO_RESULT = StepResult()
 
 
@@ -151,3 +159,16 @@ class Scheduler(ABC):
         """
         assert num_iterations == 1, "a scheduler without a decode run advances one iteration"
         return self.update_from_output(plan), NO_RESULT
+
+    def continue_run(self) -> ContinuedRun | None:
+        """After a run that ended in completions: the run the next plans would form.
+
+        Only if nothing can be admitted (the engine has checked that nothing arrived):
+        the remaining requests decode on, so no `schedule` call is needed to know it.
+        None (the default) sends the engine back through `schedule`.
+        """
+        return None
+
+    def advance_run(self, run: ContinuedRun, num_steps: int) -> StepResult:
+        """Apply the first `num_steps` steps of a `continue_run`; what became visible at the end."""
+        raise NotImplementedError("only schedulers whose continue_run returns a run")

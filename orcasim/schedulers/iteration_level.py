@@ -22,6 +22,7 @@ from orcasim.requests import Requests
 from orcasim.schedulers.base import (
     EMPTY_IDS,
     NO_RESULT,
+    ContinuedRun,
     DecodeRun,
     Scheduler,
     SchedulerOutput,
@@ -131,11 +132,41 @@ class IterationLevelScheduler(Scheduler):
         return first, StepResult(EMPTY_IDS, done)
 
 
+    def continue_run(self) -> ContinuedRun | None:
+        if self.num_waiting or not self.running or not _owns_hooks(type(self)):
+            return None
+        ids = np.array(self.running, dtype=np.int64)
+        generated = self.generated[ids]
+        owed = self.requests.output_tokens[ids] - generated
+        context = self.requests.prompt_tokens[ids] + generated  # the known tokens
+        return _OrcaContinuedRun(
+            min(owed.tolist()), context, ids, self.reserved_tokens, generated, owed
+        )
+
+    def advance_run(self, run: ContinuedRun, num_steps: int) -> StepResult:
+        assert isinstance(run, _OrcaContinuedRun) and num_steps <= run.num_steps
+        ids = run.req_ids
+        # Step j computes the token at position context + j - 1 of each request.
+        self.computed[ids] = run.context_tokens + (num_steps - 1)
+        self.generated[ids] = run.generated_before + num_steps
+        if num_steps < run.num_steps:
+            return NO_RESULT
+        done = ids[run.owed == num_steps]
+        self._release(done)
+        return StepResult(EMPTY_IDS, done)
+
+
 @dataclass(slots=True)
 class _OrcaRun(DecodeRun):
     generated_before: np.ndarray  # int64 (B,) output tokens before the plan's iteration
     owed: np.ndarray  # int64 (B,) output tokens still to emit, counting the plan's
     has_newcomers: bool  # whether the plan holds a first iteration (a prompt)
+
+
+@dataclass(slots=True)
+class _OrcaContinuedRun(ContinuedRun):
+    generated_before: np.ndarray  # int64 (B,)
+    owed: np.ndarray  # int64 (B,) output tokens still to emit
 
 
 @functools.cache
