@@ -137,3 +137,19 @@ def test_static_batch_is_one_jump_per_change(padding: bool) -> None:
     iters = assert_same_run(_case([0.0, 0.0, 0.0], [4, 8, 2], [5, 9, 2], scheduler))
     # Padded: one jump for the whole batch; unpadded: the costed set shrinks at steps 2 and 5.
     assert iters["num_iterations"].tolist() == ([9] if padding else [2, 3, 4])
+
+
+def test_linear_cost_is_bit_exact() -> None:
+    # The linear model's decode steps repeat iteration_time_s's arithmetic, and boundaries
+    # are running sums in the same order, so the timestamps are identical, not just close.
+    rng = np.random.default_rng(5)
+    n = 300
+    requests = Requests(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 200, n),
+                        rng.integers(1, 100, n), np.full(n, 300, dtype=np.int64))
+    cost = LinearCostConfig(kind="linear", base_s=0.0123, per_token_s=3.3e-5,
+                            per_context_token_s=7.1e-7)
+    case = dict(requests=requests, scheduler=ORCA, cost=cost, kv_capacity_tokens=1500,
+                warmup_s=1.0)
+    fast, ref = simulate(case, "fast")[0], simulate(case, "reference")[0]
+    for col in TIMESTAMPS:
+        assert np.array_equal(fast[col].to_numpy(), ref[col].to_numpy()), col
