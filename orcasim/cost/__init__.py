@@ -7,9 +7,14 @@ from typing import Annotated
 from pydantic import Field
 
 from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.fitted import FittedCostConfig, build_fitted_cost
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 
-CostConfig = Annotated[LinearCostConfig, Field(discriminator="kind")]
+CostConfig = Annotated[
+    LinearCostConfig
+    | FittedCostConfig,
+    Field(discriminator="kind"),
+]
 
 
 def build_cost_model(cfg: CostConfig) -> CostModel:
@@ -17,6 +22,8 @@ def build_cost_model(cfg: CostConfig) -> CostModel:
     match cfg:
         case LinearCostConfig():
             return LinearCost(cfg)
+        case FittedCostConfig():
+            return build_fitted_cost(cfg)
     raise AssertionError(f"unhandled cost config {cfg!r}")
 
 

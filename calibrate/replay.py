@@ -1,0 +1,165 @@
+"""The replay check: serve a scenario's workload for real, simulate it, and compare.
+
+The real serving loop drives the real model on the wall clock with orcasim's own
+iteration-level scheduler (a pure state machine, so the policy is literally the same):
+requests join when their arrival time has passed, Orca admission is FCFS, every iteration
+is one selective-batched `run_iteration` plus greedy sampling. It records into orcasim's
+`Recorder`, so its rows have the schema of `orcasim.metrics.requests_frame`.
+
+A measured iteration runs from just before `schedule()` to just after the bookkeeping of
+its output, so the loop's own overhead is inside the iterations the cost model must
+explain. The real run is repeated to measure its noise: simulation error is judged against
+the real-versus-real difference, never against zero.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate.model import Sequence, Transformer
+from orcasim.cost import build_cost_model
+from orcasim.engine import Engine
+from orcasim.metrics import requests_frame, summarize
+from orcasim.recorder import Recorder
+from orcasim.requests import Requests
+from orcasim.run import data_dir, make_requests, run_scenario
+from orcasim.scenario import Scenario, SystemConfig
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig
+
+# Metrics compared: (name in the table, summary key or an iterations-frame aggregate).
+COMPARED = ("e2e_s_mean", "e2e_s_p50", "e2e_s_p90", "ttft_s_mean", "ttft_s_p50", "ttft_s_p90",
+            "total_iteration_s", "iterations")
+SPIN_S = 0.002  # sleep until this close to an arrival, then spin: sleep overshoots by ~0.1 ms
+
+
+@dataclass
+class Served:
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+
+
+@dataclass
+class ReplayResult:
+    """The fidelity report (JSON-ready), its metric table, and the per-request rows."""
+
+    report: dict[str, object]
+    table: pd.DataFrame
+    real_requests: list[pd.DataFrame]
+    sim_requests: pd.DataFrame
+
+
+def orca_system(scenario: Scenario) -> SystemConfig:
+    for system in scenario.systems:
+        if isinstance(system.scheduler, IterationLevelConfig):
+            return system
+    raise ValueError(f"scenario {scenario.name!r}: replay needs a system with an iteration_level scheduler")
+
+
+def wait_until(t0: float, target_s: float) -> None:
+    while (left := target_s - (time.perf_counter() - t0)) > 0:
+        if left > SPIN_S:
+            time.sleep(left - SPIN_S)
+
+
+def serve(model: Transformer, scenario: Scenario, system: SystemConfig, requests: Requests,
+          rng: np.random.Generator) -> Served:
+    """Serve `requests` for real, in wall-clock time starting now. GC is paused meanwhile."""
+    scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
+    rec = Recorder(len(requests))
+    prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist() for p in requests.prompt_tokens]
+    seqs: dict[int, Sequence] = {}
+    arrival_s, n, admitted = requests.arrival_s, len(requests), 0
+    gc.collect()
+    gc.disable()
+    t0 = time.perf_counter()
+    try:
+        while True:
+            now_s = time.perf_counter() - t0
+            while admitted < n and arrival_s[admitted] <= now_s:
+                scheduler.add_request(admitted)
+                admitted += 1
+            plan = scheduler.schedule(now_s)
+            if plan.is_empty:
+                if admitted == n:
+                    break
+                wait_until(t0, float(arrival_s[admitted]))
+                continue
+            batch = []
+            for i, k in zip(plan.req_ids.tolist(), plan.num_new_tokens.tolist(), strict=True):
+                if i not in seqs:
+                    seqs[i] = model.new_sequence(prompts[i], int(requests.max_tokens[i]))
+                batch.append((seqs[i], k))
+            for (seq, _), token in zip(batch, model.decode_greedy(batch), strict=True):
+                seq.token_ids.append(token)
+            result = scheduler.update_from_output(plan)
+            for i in result.finished_ids.tolist():
+                del seqs[i]  # frees its KV cache
+            end_s = time.perf_counter() - t0
+            rec.record_iteration(now_s, end_s - now_s, 1, plan, scheduler.num_waiting)
+            rec.record_progress(plan.req_ids, now_s, result, end_s)
+    finally:
+        gc.enable()
+    assert not scheduler.has_unfinished()
+    return Served(requests_frame(requests, rec), rec.iterations_frame())
+
+
+def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:
+    """First calls allocate kernels and caches; keep them out of the measured run."""
+    for _ in range(rounds):
+        seqs = [model.new_sequence([1] * (prompt_tokens + 2), prompt_tokens + 2) for _ in range(4)]
+        model.decode_greedy([(s, prompt_tokens) for s in seqs])
+        model.decode_greedy([(s, 1) for s in seqs])
+
+
+def metrics_of(reqs: pd.DataFrame, iters: pd.DataFrame) -> dict[str, float]:
+    s = summarize(reqs, iters)
+    s["total_iteration_s"] = float(iters["duration_s"].sum())
+    return {k: float(s[k]) for k in COMPARED}
+
+
+def capacity_rps(scenario: Scenario, system: SystemConfig, requests: Requests) -> float:
+    """Saturation throughput under the fitted cost: every request arrives at time zero."""
+    burst = Requests(np.zeros(len(requests)), requests.prompt_tokens, requests.output_tokens,
+                     requests.max_tokens)
+    scheduler = build_scheduler(system.scheduler, burst, scenario.kv_capacity_tokens)
+    run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system))).run()
+    return len(requests) / run.end_s
+
+
+def fidelity_table(real: list[dict[str, float]], sim: dict[str, float]) -> pd.DataFrame:
+    """Per metric: both real runs, their mean, the simulation, and the two relative errors."""
+    t = pd.DataFrame({"real_1": real[0], "real_2": real[1], "sim": sim})
+    t["real_mean"] = (t["real_1"] + t["real_2"]) / 2
+    t["real_vs_real"] = (t["real_1"] - t["real_2"]).abs() / t["real_mean"]
+    t["sim_vs_real"] = (t["sim"] - t["real_mean"]).abs() / t["real_mean"]
+    return t
+
+
+def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0) -> ReplayResult:
+    """Serve twice for real, simulate once; returns the fidelity report (a JSON-ready dict)."""
+    system = orca_system(scenario)
+    one = scenario.model_copy(update={"systems": [system]})
+    with data_dir(base_dir):
+        requests = make_requests(one)
+        capacity = capacity_rps(one, system, requests)
+    warm_up(model, int(np.median(requests.prompt_tokens)))
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
+    served = [serve(model, one, system, requests, rng) for rng in rngs]
+    sim = run_scenario(one, base_dir=base_dir).systems[system.name]
+    table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
+                           metrics_of(sim.requests, sim.iterations))
+    offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
+    report = {
+        "scenario": scenario.name, "system": system.name, "requests": len(requests),
+        "offered_rps": offered, "capacity_rps_simulated": capacity, "load": offered / capacity,
+        "cost_out_of_range": sim.summary["cost_out_of_range"],
+        "metrics": table.to_dict(orient="index"),
+    }
+    return ReplayResult(report, table, [s.requests for s in served], sim.requests)
