@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     _model_options(rep)
     rep.add_argument("--cost", type=Path, help="fitted cost YAML to simulate with (default: the scenario's)")
     rep.add_argument("--out", type=Path, help="results folder (default results/calibrate/<scenario name>)")
+    rep.add_argument("--load", type=float, help="rescale arrivals to this fraction of the fitted capacity")
     rep.set_defaults(func=cmd_replay)
     return p
 
@@ -50,14 +51,16 @@ def parser() -> argparse.ArgumentParser:
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: see README, multi-threaded timings are bimodal "
+                        "on a small shared machine)")
     p.add_argument("--seed", type=int, default=0)
 
 
 def _setup_torch(args: argparse.Namespace) -> None:
     import torch
 
-    if args.threads:
+    if args.device == "cpu":
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device = cuda: no CUDA device is available")
@@ -108,7 +111,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         scenario = scenario.model_copy(update={"cost": cost})
     max_tokens = scenario.workload.max_tokens
     model = build_model(model_args(args.model), args.device, args.seed, max_positions=max_tokens + 1)
-    result = replay(model, scenario, args.scenario.resolve().parent, args.seed)
+    result = replay(model, scenario, args.scenario.resolve().parent, args.seed, args.load)
     out = args.out or Path("results/calibrate") / scenario.name
     write_replay(out, result)
     print(result.table.to_string(float_format=lambda v: f"{v:.4g}"))

@@ -40,7 +40,8 @@ class Grid:
     chunk_offset: tuple[int, ...]
     mixed_decode_batch: tuple[int, ...]
     mixed_prompt: tuple[int, ...]
-    repeats: int
+    repeats: int  # timed runs per shape and round
+    rounds: int
     warmup: int
 
 
@@ -54,7 +55,8 @@ GRIDS = {
         chunk_offset=(64, 256, 512),
         mixed_decode_batch=(1, 2, 4, 8, 16),
         mixed_prompt=(8, 32, 64, 128, 256, 512),
-        repeats=9,
+        repeats=5,
+        rounds=3,
         warmup=2,
     ),
     "ci": Grid(
@@ -66,7 +68,8 @@ GRIDS = {
         chunk_offset=(128,),
         mixed_decode_batch=(2, 8, 16),
         mixed_prompt=(16, 64, 128),
-        repeats=5,
+        repeats=3,
+        rounds=2,
         warmup=1,
     ),
 }
@@ -143,27 +146,34 @@ def flops_and_bytes(args: ModelArgs, shape: Shape, dtype_bytes: int) -> tuple[fl
 
 def profile_rows(model: Transformer, grid: Grid, max_tokens: int, layer_scale: float,
                  rng: np.random.Generator, progress: Callable[[str], None]) -> pd.DataFrame:
-    """One row per grid shape, in random order (drift on a shared machine spreads evenly)."""
+    """One row per grid shape. The grid is walked `rounds` times, each in a new random order,
+    so that a burst of load from another process on a shared machine hits a shape in one
+    round only, and the median over all rounds' runs discards it."""
     shapes = grid_shapes(grid, max_tokens)
-    order = rng.permutation(len(shapes))
+    times: list[list[float]] = [[] for _ in shapes]
+    for r in range(grid.rounds):
+        for i in rng.permutation(len(shapes)):
+            times[i] += time_iteration(model, make_batch(model, shapes[i][1], rng), grid)
+        progress(f"round {r + 1}/{grid.rounds}: {len(shapes)} shapes")
     dtype_bytes = model.lm_head.weight.element_size()
-    rows = []
-    for n, i in enumerate(order):
-        kind, shape = shapes[i]
-        times = time_iteration(model, make_batch(model, shape, rng), grid)
-        median_s = statistics.median(times)
-        flops, bytes_moved = flops_and_bytes(model.args, shape, dtype_bytes)
-        inputs = batch_inputs(np.array(shape[0]), np.array(shape[1]))
-        rows.append({
-            "kind": kind, **{k: int(v) for k, v in inputs.items()},
-            "time_s": median_s * layer_scale, "measured_s": median_s,
-            "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
-            "repeats": len(times), "flop_per_s": flops / median_s, "bytes_per_s": bytes_moved / median_s,
-            "query_tokens": " ".join(map(str, shape[0])), "context_tokens": " ".join(map(str, shape[1])),
-        })
-        if n % 25 == 0:
-            progress(f"{n + 1}/{len(shapes)} {kind} {median_s * 1e3:.2f} ms")
-    return pd.DataFrame(rows)
+    return pd.DataFrame([
+        profile_row(model.args, kind, shape, t, layer_scale, dtype_bytes)
+        for (kind, shape), t in zip(shapes, times, strict=True)
+    ])
+
+
+def profile_row(args: ModelArgs, kind: str, shape: Shape, times: list[float], layer_scale: float,
+                dtype_bytes: int) -> dict[str, object]:
+    median_s = statistics.median(times)
+    flops, bytes_moved = flops_and_bytes(args, shape, dtype_bytes)
+    inputs = batch_inputs(np.array(shape[0]), np.array(shape[1]))
+    return {
+        "kind": kind, **{k: int(v) for k, v in inputs.items()},
+        "time_s": median_s * layer_scale, "measured_s": median_s,
+        "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
+        "repeats": len(times), "flop_per_s": flops / median_s, "bytes_per_s": bytes_moved / median_s,
+        "query_tokens": " ".join(map(str, shape[0])), "context_tokens": " ".join(map(str, shape[1])),
+    }
 
 
 def header_lines(model_name: str, args: ModelArgs, full_layers: int, device: str,

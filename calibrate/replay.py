@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.model import Sequence, Transformer
-from orcasim.cost import build_cost_model
+from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.recorder import Recorder
@@ -32,6 +32,7 @@ from orcasim.run import data_dir, make_requests, run_scenario
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
+from orcasim.workload.arrivals import TraceArrival
 
 # Metrics compared: (name in the table, summary key or an iterations-frame aggregate).
 COMPARED = ("e2e_s_mean", "e2e_s_p50", "e2e_s_p90", "ttft_s_mean", "ttft_s_p50", "ttft_s_p90",
@@ -43,6 +44,7 @@ SPIN_S = 0.002  # sleep until this close to an arrival, then spin: sleep oversho
 class Served:
     requests: pd.DataFrame
     iterations: pd.DataFrame
+    batches: list[Batch]  # what each real iteration computed, to cost it afterwards
 
 
 @dataclass
@@ -75,6 +77,7 @@ def serve(model: Transformer, scenario: Scenario, system: SystemConfig, requests
     rec = Recorder(len(requests))
     prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist() for p in requests.prompt_tokens]
     seqs: dict[int, Sequence] = {}
+    batches: list[Batch] = []
     arrival_s, n, admitted = requests.arrival_s, len(requests), 0
     gc.collect()
     gc.disable()
@@ -103,11 +106,12 @@ def serve(model: Transformer, scenario: Scenario, system: SystemConfig, requests
                 del seqs[i]  # frees its KV cache
             end_s = time.perf_counter() - t0
             rec.record_iteration(now_s, end_s - now_s, 1, plan, scheduler.num_waiting)
+            batches.append(plan.batch)
             rec.record_progress(plan.req_ids, now_s, result, end_s)
     finally:
         gc.enable()
     assert not scheduler.has_unfinished()
-    return Served(requests_frame(requests, rec), rec.iterations_frame())
+    return Served(requests_frame(requests, rec), rec.iterations_frame(), batches)
 
 
 def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:
@@ -133,6 +137,13 @@ def capacity_rps(scenario: Scenario, system: SystemConfig, requests: Requests) -
     return len(requests) / run.end_s
 
 
+def iteration_errors(served: Served, cost: CostModel) -> np.ndarray:
+    """Relative error of the cost model on each real iteration, batch by batch (no queueing)."""
+    predicted = np.array([cost.iteration_time_s(b) for b in served.batches])
+    real = served.iterations["duration_s"].to_numpy()
+    return (predicted - real) / real
+
+
 def fidelity_table(real: list[dict[str, float]], sim: dict[str, float]) -> pd.DataFrame:
     """Per metric: both real runs, their mean, the simulation, and the two relative errors."""
     t = pd.DataFrame({"real_1": real[0], "real_2": real[1], "sim": sim})
@@ -142,24 +153,53 @@ def fidelity_table(real: list[dict[str, float]], sim: dict[str, float]) -> pd.Da
     return t
 
 
-def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0) -> ReplayResult:
-    """Serve twice for real, simulate once; returns the fidelity report (a JSON-ready dict)."""
+def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float) -> Scenario:
+    """The scenario with its arrival rate scaled so the offered load is `load` × capacity.
+
+    Same seed, so the same gaps, all divided by one factor (exponential and gamma gaps
+    scale with 1/rate); a trace arrival is sped up instead.
+    """
+    factor = load * capacity * float(requests.arrival_s[-1]) / len(requests)
+    arrival = scenario.workload.arrival
+    if isinstance(arrival, TraceArrival):
+        arrival = arrival.model_copy(update={"speedup": arrival.speedup * factor})
+    else:
+        arrival = arrival.model_copy(update={"rate_per_s": arrival.rate_per_s * factor})
+    workload = scenario.workload.model_copy(update={"arrival": arrival})
+    return scenario.model_copy(update={"workload": workload})
+
+
+def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0,
+           load: float | None = None) -> ReplayResult:
+    """Serve twice for real, simulate once, and compare. With `load`, the arrival rate is first
+    rescaled to that fraction of the capacity the fitted cost model predicts."""
     system = orca_system(scenario)
     one = scenario.model_copy(update={"systems": [system]})
     with data_dir(base_dir):
         requests = make_requests(one)
         capacity = capacity_rps(one, system, requests)
+        if load is not None:
+            one = at_load(one, requests, capacity, load)
+            requests = make_requests(one)
     warm_up(model, int(np.median(requests.prompt_tokens)))
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
     served = [serve(model, one, system, requests, rng) for rng in rngs]
     sim = run_scenario(one, base_dir=base_dir).systems[system.name]
     table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
                            metrics_of(sim.requests, sim.iterations))
+    with data_dir(base_dir):
+        cost = build_cost_model(one.system_cost(system))
+    per_iteration = np.concatenate([iteration_errors(s, cost) for s in served])
     offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
     report = {
         "scenario": scenario.name, "system": system.name, "requests": len(requests),
         "offered_rps": offered, "capacity_rps_simulated": capacity, "load": offered / capacity,
         "cost_out_of_range": sim.summary["cost_out_of_range"],
+        "real_busy_fraction": [float(s.iterations["duration_s"].sum() / s.requests["finish_s"].max())
+                               for s in served],
+        "iteration_rel_error": {"median": float(np.median(per_iteration)),
+                                "median_abs": float(np.median(np.abs(per_iteration))),
+                                "p90_abs": float(np.percentile(np.abs(per_iteration), 90))},
         "metrics": table.to_dict(orient="index"),
     }
     return ReplayResult(report, table, [s.requests for s in served], sim.requests)
