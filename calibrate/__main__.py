@@ -28,7 +28,6 @@ def parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="time real iterations over a grid; write a CSV")
     _model_options(prof)
     prof.add_argument("--grid", choices=("default", "ci"), default="default")
-    prof.add_argument("--layers", type=int, help="profile this many layers; times are scaled to the full count")
     prof.add_argument("--max-tokens", type=int, default=1024, help="largest context in the grid")
     prof.add_argument("--out", type=Path, required=True)
     prof.set_defaults(func=cmd_profile)
@@ -50,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny")
+    p.add_argument("--layers", type=int, help="build only this many layers (profile times are scaled "
+                                               "to the full count)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: see README, multi-threaded timings are bimodal "
@@ -110,7 +111,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
         cost = FittedCostConfig(kind="fitted", path=str(args.cost.resolve()))
         scenario = scenario.model_copy(update={"cost": cost})
     max_tokens = scenario.workload.max_tokens
-    model = build_model(model_args(args.model), args.device, args.seed, max_positions=max_tokens + 1)
+    model = build_model(model_args(args.model, args.layers), args.device, args.seed,
+                        max_positions=max_tokens + 1)
     result = replay(model, scenario, args.scenario.resolve().parent, args.seed, args.load)
     out = args.out or Path("results/calibrate") / scenario.name
     write_replay(out, result)

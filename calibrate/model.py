@@ -213,14 +213,15 @@ class Transformer(nn.Module):
         return self.run_iteration(batch).argmax(dim=-1).tolist()
 
 
-def build_model(args: ModelArgs, device: str, seed: int = 0, max_positions: int = 4096) -> Transformer:
-    """Random weights (std 0.02, as GPT-2) in fp32 on CPU and bf16 on CUDA."""
+def build_model(args: ModelArgs, device: str, seed: int = 0, max_positions: int = 4096,
+                dtype: torch.dtype | None = None) -> Transformer:
+    """Random weights (std 0.02, as GPT-2); fp32 on CPU and bf16 on CUDA unless `dtype` says."""
     model = Transformer(args, max_positions)
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         if p.dim() > 1:
             nn.init.normal_(p, std=0.02, generator=gen)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
     model = model.to(device=device, dtype=dtype).eval()
     model.rope = model.rope.float()  # angles stay fp32 whatever the weights' dtype
     return model

@@ -61,8 +61,8 @@ GRIDS = {
     ),
     "ci": Grid(
         decode_batch=(1, 2, 4, 8, 16),
-        decode_context=(8, 64, 256),
-        prefill_len=(4, 16, 64, 128, 256),
+        decode_context=(8, 64, 256, 384),
+        prefill_len=(4, 16, 64, 128, 256, 384),
         prompts_per_batch=(1, 3),
         chunk=(32, 128),
         chunk_offset=(128,),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -11,19 +13,23 @@ from hypothesis import strategies as st  # noqa: E402
 
 from calibrate.model import Transformer, build_model, model_args  # noqa: E402
 
-ATOL = 1e-5  # fp32: batching changes summation order (matmul tiling), nothing else
+# calibrate/gpu_check.sh runs this file on CUDA too (still fp32, so the bound means the same).
+DEVICE = os.environ.get("CALIBRATE_TEST_DEVICE", "cpu")
+# fp32: batching changes only the summation order (matmul tiling, attention kernels).
+ATOL = 1e-5 if DEVICE == "cpu" else 1e-4
 RTOL = 1e-4
 MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    return build_model(model_args("tiny"), "cpu", seed=0, max_positions=MAX_TOKENS)
+    return build_model(model_args("tiny"), DEVICE, seed=0, max_positions=MAX_TOKENS,
+                       dtype=torch.float32)
 
 
 def prompt(seed: int, n: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 1024, (n,), generator=g).tolist()
+    return torch.randint(0, 1024, (n,), generator=g).tolist()  # token ids, not tensors on DEVICE
 
 
 def alone(model: Transformer, tokens: list[int]) -> torch.Tensor:
