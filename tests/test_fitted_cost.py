@@ -75,6 +75,13 @@ def test_decode_steps_match_iterations(cost_file: Path) -> None:
     assert cost.out_of_range_count() == slow_cost.out_of_range_count() == 400 - 313
 
 
+def test_decode_steps_count_a_batch_too_large(cost_file: Path) -> None:
+    cost = build(cost_file)
+    with pytest.warns(RuntimeWarning):
+        cost.decode_steps_s(np.full(20, 10, dtype=np.int64), 7)  # 20 requests > 16: every step
+    assert cost.out_of_range_count() == 7
+
+
 def test_bad_files(tmp_path: Path, cost_file: Path) -> None:
     with pytest.raises(ScenarioError, match="not found"):
         build(tmp_path / "missing.yaml")

@@ -120,18 +120,16 @@ class FittedCost(CostModel):
         return low <= value <= high
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
-        # Only sum_context_decode (and max_context) grow: by B and 1 per step.
-        ones = np.ones_like(context_tokens)
-        first = self.iteration_time_s(Batch(ones, context_tokens))
+        # Step j has the same tokens and requests; Σ context grows by B·j, max context by j.
         size = len(context_tokens)
+        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
         steps = np.arange(num_steps)
-        if num_steps > 1:
-            sum_ctx = float(context_tokens.sum()) + size * steps[1:]
-            max_ctx = float(context_tokens.max()) + steps[1:]
-            bad = ~(self._inside_array("sum_context_decode", sum_ctx)
-                    & self._inside_array("max_context", max_ctx))
-            bad |= not self._inside("tokens", size) or not self._inside("num_requests", size)
-            self._oor.add(int(bad.sum()), f"a decode step of {size} requests")
+        later = steps[1:]
+        shape_fits = self._inside("tokens", size) and self._inside("num_requests", size)
+        fits = (np.full(len(later), shape_fits)
+                & self._inside_array("sum_context_decode", context_tokens.sum() + size * later)
+                & self._inside_array("max_context", context_tokens.max() + later))
+        self._oor.add(int((~fits).sum()), f"a decode step of {size} requests")
         return first + self.coef[BASE_TERMS.index("sum_context_decode")] * size * steps
 
     def _inside_array(self, key: str, values: np.ndarray) -> np.ndarray:
