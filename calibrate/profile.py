@@ -106,8 +106,10 @@ def make_batch(model: Transformer, shape: Shape, rng: np.random.Generator) -> li
     return batch
 
 
-def time_iteration(model: Transformer, batch: list[tuple[Sequence, int]], grid: Grid) -> list[float]:
-    """Seconds per run of one serving step on the same batch (warm-up runs dropped)."""
+def time_iteration(model: Transformer, batch: list[tuple[Sequence, int]], grid: Grid) -> list[tuple[float, float]]:
+    """(wall, thread CPU) seconds per run of one serving step on the same batch, warm-up
+    runs dropped. With one torch thread, CPU time < wall time means another process had
+    the core: it is recorded so that a contended profile shows itself."""
     starts = [seq.num_computed for seq, _ in batch]
     sync = torch.cuda.synchronize if model.lm_head.weight.is_cuda else (lambda: None)
     times = []
@@ -117,11 +119,11 @@ def time_iteration(model: Transformer, batch: list[tuple[Sequence, int]], grid: 
             for seq, start in zip((s for s, _ in batch), starts, strict=True):
                 seq.num_computed = start
             sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             model.decode_greedy(batch)  # includes the argmax and copy back, as serving does
             sync()
             if i >= grid.warmup:
-                times.append(time.perf_counter() - t0)
+                times.append((time.perf_counter() - t0, time.thread_time() - c0))
     finally:
         gc.enable()
     return times
@@ -150,7 +152,7 @@ def profile_rows(model: Transformer, grid: Grid, max_tokens: int, layer_scale: f
     so that a burst of load from another process on a shared machine hits a shape in one
     round only, and the median over all rounds' runs discards it."""
     shapes = grid_shapes(grid, max_tokens)
-    times: list[list[float]] = [[] for _ in shapes]
+    times: list[list[tuple[float, float]]] = [[] for _ in shapes]
     for r in range(grid.rounds):
         for i in rng.permutation(len(shapes)):
             times[i] += time_iteration(model, make_batch(model, shapes[i][1], rng), grid)
@@ -162,14 +164,16 @@ def profile_rows(model: Transformer, grid: Grid, max_tokens: int, layer_scale: f
     ])
 
 
-def profile_row(args: ModelArgs, kind: str, shape: Shape, times: list[float], layer_scale: float,
-                dtype_bytes: int) -> dict[str, object]:
+def profile_row(args: ModelArgs, kind: str, shape: Shape, runs: list[tuple[float, float]],
+                layer_scale: float, dtype_bytes: int) -> dict[str, object]:
+    times = [wall for wall, _ in runs]
     median_s = statistics.median(times)
     flops, bytes_moved = flops_and_bytes(args, shape, dtype_bytes)
     inputs = batch_inputs(np.array(shape[0]), np.array(shape[1]))
     return {
         "kind": kind, **{k: int(v) for k, v in inputs.items()},
         "time_s": median_s * layer_scale, "measured_s": median_s,
+        "cpu_s": statistics.median(cpu for _, cpu in runs),
         "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
         "repeats": len(times), "flop_per_s": flops / median_s, "bytes_per_s": bytes_moved / median_s,
         "query_tokens": " ".join(map(str, shape[0])), "context_tokens": " ".join(map(str, shape[1])),

@@ -45,6 +45,7 @@ class Served:
     requests: pd.DataFrame
     iterations: pd.DataFrame
     batches: list[Batch]  # what each real iteration computed, to cost it afterwards
+    cpu_s: float  # the serving thread's CPU time: well below the busy time means contention
 
 
 @dataclass
@@ -81,7 +82,7 @@ def serve(model: Transformer, scenario: Scenario, system: SystemConfig, requests
     arrival_s, n, admitted = requests.arrival_s, len(requests), 0
     gc.collect()
     gc.disable()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.thread_time()
     try:
         while True:
             now_s = time.perf_counter() - t0
@@ -111,7 +112,8 @@ def serve(model: Transformer, scenario: Scenario, system: SystemConfig, requests
     finally:
         gc.enable()
     assert not scheduler.has_unfinished()
-    return Served(requests_frame(requests, rec), rec.iterations_frame(), batches)
+    return Served(requests_frame(requests, rec), rec.iterations_frame(), batches,
+                  time.thread_time() - cpu0)
 
 
 def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:
@@ -197,6 +199,8 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
         "cost_out_of_range": sim.summary["cost_out_of_range"],
         "real_busy_fraction": [float(s.iterations["duration_s"].sum() / s.requests["finish_s"].max())
                                for s in served],
+        # CPU time over busy time of the serving thread; near 1 unless others held the core.
+        "real_cpu_share": [s.cpu_s / float(s.iterations["duration_s"].sum()) for s in served],
         "iteration_rel_error": {"median": float(np.median(per_iteration)),
                                 "median_abs": float(np.median(np.abs(per_iteration))),
                                 "p90_abs": float(np.percentile(np.abs(per_iteration), 90))},
