@@ -30,7 +30,7 @@ from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.run import data_dir, make_requests, run_scenario
 from orcasim.scenario import Scenario, SystemConfig
-from orcasim.schedulers import build_scheduler
+from orcasim.schedulers import SchedulerOutput, build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.workload.arrivals import TraceArrival
 
@@ -45,7 +45,7 @@ class Served:
     requests: pd.DataFrame
     iterations: pd.DataFrame
     batches: list[Batch]  # what each real iteration computed, to cost it afterwards
-    cpu_s: float  # the serving thread's CPU time: well below the busy time means contention
+    cpu_s: float  # the serving thread's CPU time in iterations: below their wall time = contention
 
 
 @dataclass
@@ -71,49 +71,63 @@ def wait_until(t0: float, target_s: float) -> None:
             time.sleep(left - SPIN_S)
 
 
-def serve(model: Transformer, scenario: Scenario, system: SystemConfig, requests: Requests,
-          rng: np.random.Generator) -> Served:
-    """Serve `requests` for real, in wall-clock time starting now. GC is paused meanwhile."""
-    scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
-    rec = Recorder(len(requests))
-    prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist() for p in requests.prompt_tokens]
-    seqs: dict[int, Sequence] = {}
-    batches: list[Batch] = []
-    arrival_s, n, admitted = requests.arrival_s, len(requests), 0
-    gc.collect()
-    gc.disable()
-    t0, cpu0 = time.perf_counter(), time.thread_time()
-    try:
-        while True:
-            now_s = time.perf_counter() - t0
-            while admitted < n and arrival_s[admitted] <= now_s:
-                scheduler.add_request(admitted)
-                admitted += 1
-            plan = scheduler.schedule(now_s)
-            if plan.is_empty:
-                if admitted == n:
+class RealServer:
+    """Serves a request table on the wall clock with the real model; one `step` per iteration."""
+
+    def __init__(self, model: Transformer, scenario: Scenario, system: SystemConfig,
+                 requests: Requests, rng: np.random.Generator) -> None:
+        self.model, self.requests = model, requests
+        self.scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
+        self.recorder = Recorder(len(requests))
+        self.prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist()
+                        for p in requests.prompt_tokens]
+        self.seqs: dict[int, Sequence] = {}
+        self.batches: list[Batch] = []
+        self.cpu_s = 0.0
+
+    def step(self, plan: SchedulerOutput, start_s: float, t0: float) -> None:
+        """Run one planned iteration, feed its tokens back, and record it."""
+        cpu0 = time.thread_time()
+        batch = []
+        for i, k in zip(plan.req_ids.tolist(), plan.num_new_tokens.tolist(), strict=True):
+            if i not in self.seqs:
+                self.seqs[i] = self.model.new_sequence(self.prompts[i], int(self.requests.max_tokens[i]))
+            batch.append((self.seqs[i], k))
+        for (seq, _), token in zip(batch, self.model.decode_greedy(batch), strict=True):
+            seq.token_ids.append(token)
+        result = self.scheduler.update_from_output(plan)
+        for i in result.finished_ids.tolist():
+            del self.seqs[i]  # frees its KV cache
+        end_s = time.perf_counter() - t0
+        self.cpu_s += time.thread_time() - cpu0
+        self.recorder.record_iteration(start_s, end_s - start_s, 1, plan, self.scheduler.num_waiting)
+        self.recorder.record_progress(plan.req_ids, start_s, result, end_s)
+        self.batches.append(plan.batch)
+
+    def run(self) -> Served:
+        """Serve every request, starting now. GC is paused meanwhile, as in the profiler."""
+        arrival_s, n, admitted = self.requests.arrival_s, len(self.requests), 0
+        gc.collect()
+        gc.disable()
+        t0 = time.perf_counter()
+        try:
+            while True:
+                now_s = time.perf_counter() - t0
+                while admitted < n and arrival_s[admitted] <= now_s:
+                    self.scheduler.add_request(admitted)
+                    admitted += 1
+                plan = self.scheduler.schedule(now_s)
+                if not plan.is_empty:
+                    self.step(plan, now_s, t0)
+                elif admitted < n:
+                    wait_until(t0, float(arrival_s[admitted]))
+                else:
                     break
-                wait_until(t0, float(arrival_s[admitted]))
-                continue
-            batch = []
-            for i, k in zip(plan.req_ids.tolist(), plan.num_new_tokens.tolist(), strict=True):
-                if i not in seqs:
-                    seqs[i] = model.new_sequence(prompts[i], int(requests.max_tokens[i]))
-                batch.append((seqs[i], k))
-            for (seq, _), token in zip(batch, model.decode_greedy(batch), strict=True):
-                seq.token_ids.append(token)
-            result = scheduler.update_from_output(plan)
-            for i in result.finished_ids.tolist():
-                del seqs[i]  # frees its KV cache
-            end_s = time.perf_counter() - t0
-            rec.record_iteration(now_s, end_s - now_s, 1, plan, scheduler.num_waiting)
-            batches.append(plan.batch)
-            rec.record_progress(plan.req_ids, now_s, result, end_s)
-    finally:
-        gc.enable()
-    assert not scheduler.has_unfinished()
-    return Served(requests_frame(requests, rec), rec.iterations_frame(), batches,
-                  time.thread_time() - cpu0)
+        finally:
+            gc.enable()
+        assert not self.scheduler.has_unfinished()
+        rec = self.recorder
+        return Served(requests_frame(self.requests, rec), rec.iterations_frame(), self.batches, self.cpu_s)
 
 
 def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:
@@ -185,7 +199,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
             requests = make_requests(one)
     warm_up(model, int(np.median(requests.prompt_tokens)))
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
-    served = [serve(model, one, system, requests, rng) for rng in rngs]
+    served = [RealServer(model, one, system, requests, rng).run() for rng in rngs]
     sim = run_scenario(one, base_dir=base_dir).systems[system.name]
     table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
                            metrics_of(sim.requests, sim.iterations))

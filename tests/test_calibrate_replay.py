@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE_TOLERANCE = 0.25
 NOISE_MULTIPLE = 2.0
 LOAD = 0.55  # of the capacity the fitted model predicts: busy, but not saturated
+# Below this share of CPU time in its iterations, the serving thread was mostly waiting for
+# another process: the real runs then measure the neighbours, and there is nothing to judge.
+MIN_CPU_SHARE = 0.75
 SCENARIO = """\
 name: replay_ci
 seed: 5
@@ -49,6 +52,9 @@ def test_profile_fit_replay_within_noise(tmp_path: Path) -> None:
                  "--load", str(LOAD), "--out", str(out)]) == 0
     report = json.loads((out / "fidelity.json").read_text())
     assert (out / "fidelity.png").stat().st_size > 0
+    if min(report["real_cpu_share"]) < MIN_CPU_SHARE:
+        pytest.skip(f"machine contended: serving thread got {report['real_cpu_share']} of its "
+                    f"iterations' wall time on a CPU (< {MIN_CPU_SHARE})")
     for metric in ("e2e_s_mean", "total_iteration_s"):
         m = report["metrics"][metric]
         bound = max(BASE_TOLERANCE, NOISE_MULTIPLE * m["real_vs_real"])
