@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--cost", type=Path, help="fitted cost YAML to simulate with (default: the scenario's)")
     rep.add_argument("--out", type=Path, help="results folder (default results/calibrate/<scenario name>)")
     rep.add_argument("--load", type=float, help="rescale arrivals to this fraction of the fitted capacity")
+    rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario field, as `orcasim run --set`")
     rep.set_defaults(func=cmd_replay)
     return p
 
@@ -106,7 +108,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     from orcasim.scenario import load_scenario
 
     _setup_torch(args)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, args.set)
     if args.cost:
         cost = FittedCostConfig(kind="fitted", path=str(args.cost.resolve()))
         scenario = scenario.model_copy(update={"cost": cost})

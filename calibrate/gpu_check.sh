@@ -17,8 +17,10 @@ DEST="${OUT:-results/gpu_check}/$DEVICE"
 PY="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}"
 if [[ "$DEVICE" == "cuda" ]]; then
   MODEL=gpt3-13b LAYERS=4 GRID=default MAX_TOKENS=2048 SCENARIO=scenarios/calibrated/gpu_gpt3_13b.yaml
+  REQUESTS=300
 else
   MODEL=tiny LAYERS=2 GRID=ci MAX_TOKENS=384 SCENARIO=scenarios/calibrated/cpu_tiny.yaml
+  REQUESTS=40
 fi
 mkdir -p "$DEST"
 step() { echo "== $* ($(date -u +%H:%M:%S))"; }
@@ -37,5 +39,6 @@ step "fit"
 
 step "replay $SCENARIO"
 "$PY" -m calibrate replay "$SCENARIO" --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" \
-  --cost "$DEST/cost_model_measured.yaml" --load 0.55 --out "$DEST/replay"
+  --cost "$DEST/cost_model_measured.yaml" --load 0.55 --set "workload.num_requests=$REQUESTS" \
+  --out "$DEST/replay"
 step "done: $DEST"

@@ -8,6 +8,9 @@ is set by the noise measured in the same test rather than by hope.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,16 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "not found" in capsys.readouterr().err
     assert main(["profile", "--model", "nope", "--out", str(tmp_path / "p.csv")]) == 2
     assert "expected one of" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_path(tmp_path: Path) -> None:
+    """calibrate/gpu_check.sh is run on a lent GPU in one try: its CPU path proves the steps."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    dest = tmp_path / "cpu"
+    for name in ("profile.csv", "cost_model.yaml", "cost_model_measured.yaml", "replay/fidelity.json"):
+        assert (dest / name).stat().st_size > 0, name
+    assert json.loads((dest / "replay" / "fidelity.json").read_text())["requests"] == 40
