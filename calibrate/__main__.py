@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--cost", type=Path, help="fitted cost YAML to simulate with (default: the scenario's)")
     rep.add_argument("--out", type=Path, help="results folder (default results/calibrate/<scenario name>)")
     rep.add_argument("--load", type=float, help="rescale arrivals to this fraction of the fitted capacity")
+    rep.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                     help="cpu: advance time by each real iteration's CPU time (for a shared machine)")
     rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario field, as `orcasim run --set`")
     rep.set_defaults(func=cmd_replay)
@@ -115,7 +117,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     max_tokens = scenario.workload.max_tokens
     model = build_model(model_args(args.model, args.layers), args.device, args.seed,
                         max_positions=max_tokens + 1)
-    result = replay(model, scenario, args.scenario.resolve().parent, args.seed, args.load)
+    result = replay(model, scenario, args.scenario.resolve().parent, args.seed, args.load, args.clock)
     out = args.out or Path("results/calibrate") / scenario.name
     write_replay(out, result)
     print(result.table.to_string(float_format=lambda v: f"{v:.4g}"))

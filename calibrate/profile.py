@@ -183,7 +183,7 @@ def profile_row(args: ModelArgs, kind: str, shape: Shape, runs: list[tuple[float
 def header_lines(model_name: str, args: ModelArgs, full_layers: int, device: str,
                  dtype: torch.dtype, grid_name: str) -> list[str]:
     """Provenance, written as `# key: value` lines above the CSV."""
-    device_name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else cpu_name()
     return [
         f"model: {model_name}",
         f"layers_profiled: {args.n_layers}",
@@ -195,8 +195,20 @@ def header_lines(model_name: str, args: ModelArgs, full_layers: int, device: str
         f"threads: {torch.get_num_threads()}",
         f"grid: {grid_name}",
         f"date: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}",
-        "time_s: median_s scaled by layers_full / layers_profiled; measured_s: unscaled",
+        "time_s: median wall time scaled by layers_full / layers_profiled; measured_s: unscaled",
+        "cpu_s: median CPU time of the timing thread (with one thread: the time without contention)",
     ]
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo where there is one (Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def write_profile(path: Path, header: list[str], rows: pd.DataFrame) -> None:

@@ -30,7 +30,7 @@ from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.run import data_dir, make_requests, run_scenario
 from orcasim.scenario import Scenario, SystemConfig
-from orcasim.schedulers import SchedulerOutput, build_scheduler
+from orcasim.schedulers import SchedulerOutput, StepResult, build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.workload.arrivals import TraceArrival
 
@@ -45,7 +45,7 @@ class Served:
     requests: pd.DataFrame
     iterations: pd.DataFrame
     batches: list[Batch]  # what each real iteration computed, to cost it afterwards
-    cpu_s: float  # the serving thread's CPU time in iterations: below their wall time = contention
+    cpu_share: float  # CPU time / wall time over the iterations: well below 1 = contention
 
 
 @dataclass
@@ -72,22 +72,29 @@ def wait_until(t0: float, target_s: float) -> None:
 
 
 class RealServer:
-    """Serves a request table on the wall clock with the real model; one `step` per iteration."""
+    """Serves a request table with the real model, one `step` per iteration.
+
+    `clock="wall"` is real serving: arrivals and iterations on the wall clock. `clock="cpu"`
+    runs the same real iterations but advances a virtual clock by each iteration's CPU time
+    (one torch thread), jumping to the next arrival when idle: on a shared machine it
+    measures the model's own cost without the time other processes held the core.
+    """
 
     def __init__(self, model: Transformer, scenario: Scenario, system: SystemConfig,
-                 requests: Requests, rng: np.random.Generator) -> None:
-        self.model, self.requests = model, requests
+                 requests: Requests, rng: np.random.Generator, clock: str = "wall") -> None:
+        if clock not in ("wall", "cpu"):
+            raise ValueError(f"--clock = {clock!r}: expected wall or cpu")
+        self.model, self.requests, self.clock = model, requests, clock
         self.scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
         self.recorder = Recorder(len(requests))
         self.prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist()
                         for p in requests.prompt_tokens]
         self.seqs: dict[int, Sequence] = {}
         self.batches: list[Batch] = []
-        self.cpu_s = 0.0
+        self.wall_s = self.cpu_s = 0.0  # totals over iterations, to expose contention
 
-    def step(self, plan: SchedulerOutput, start_s: float, t0: float) -> None:
-        """Run one planned iteration, feed its tokens back, and record it."""
-        cpu0 = time.thread_time()
+    def step(self, plan: SchedulerOutput) -> StepResult:
+        """Run one planned iteration on the model and feed its tokens back."""
         batch = []
         for i, k in zip(plan.req_ids.tolist(), plan.num_new_tokens.tolist(), strict=True):
             if i not in self.seqs:
@@ -98,36 +105,43 @@ class RealServer:
         result = self.scheduler.update_from_output(plan)
         for i in result.finished_ids.tolist():
             del self.seqs[i]  # frees its KV cache
-        end_s = time.perf_counter() - t0
-        self.cpu_s += time.thread_time() - cpu0
-        self.recorder.record_iteration(start_s, end_s - start_s, 1, plan, self.scheduler.num_waiting)
-        self.recorder.record_progress(plan.req_ids, start_s, result, end_s)
         self.batches.append(plan.batch)
+        return result
 
     def run(self) -> Served:
         """Serve every request, starting now. GC is paused meanwhile, as in the profiler."""
         arrival_s, n, admitted = self.requests.arrival_s, len(self.requests), 0
         gc.collect()
         gc.disable()
-        t0 = time.perf_counter()
+        t0, now_s = time.perf_counter(), 0.0
         try:
             while True:
-                now_s = time.perf_counter() - t0
+                wall0, cpu0 = time.perf_counter(), time.thread_time()
+                now_s = wall0 - t0 if self.clock == "wall" else now_s
                 while admitted < n and arrival_s[admitted] <= now_s:
                     self.scheduler.add_request(admitted)
                     admitted += 1
                 plan = self.scheduler.schedule(now_s)
-                if not plan.is_empty:
-                    self.step(plan, now_s, t0)
-                elif admitted < n:
-                    wait_until(t0, float(arrival_s[admitted]))
-                else:
+                if plan.is_empty and admitted == n:
                     break
+                if plan.is_empty:
+                    if self.clock == "wall":
+                        wait_until(t0, float(arrival_s[admitted]))
+                    now_s = max(now_s, float(arrival_s[admitted]))
+                    continue
+                result = self.step(plan)
+                wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
+                self.wall_s, self.cpu_s = self.wall_s + wall_s, self.cpu_s + cpu_s
+                end_s = now_s + (wall_s if self.clock == "wall" else cpu_s)
+                self.recorder.record_iteration(now_s, end_s - now_s, 1, plan, self.scheduler.num_waiting)
+                self.recorder.record_progress(plan.req_ids, now_s, result, end_s)
+                now_s = end_s
         finally:
             gc.enable()
         assert not self.scheduler.has_unfinished()
         rec = self.recorder
-        return Served(requests_frame(self.requests, rec), rec.iterations_frame(), self.batches, self.cpu_s)
+        return Served(requests_frame(self.requests, rec), rec.iterations_frame(), self.batches,
+                      self.cpu_s / self.wall_s)
 
 
 def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:
@@ -186,7 +200,7 @@ def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float
 
 
 def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0,
-           load: float | None = None) -> ReplayResult:
+           load: float | None = None, clock: str = "wall") -> ReplayResult:
     """Serve twice for real, simulate once, and compare. With `load`, the arrival rate is first
     rescaled to that fraction of the capacity the fitted cost model predicts."""
     system = orca_system(scenario)
@@ -199,7 +213,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
             requests = make_requests(one)
     warm_up(model, int(np.median(requests.prompt_tokens)))
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
-    served = [RealServer(model, one, system, requests, rng).run() for rng in rngs]
+    served = [RealServer(model, one, system, requests, rng, clock).run() for rng in rngs]
     sim = run_scenario(one, base_dir=base_dir).systems[system.name]
     table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
                            metrics_of(sim.requests, sim.iterations))
@@ -214,7 +228,8 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
         "real_busy_fraction": [float(s.iterations["duration_s"].sum() / s.requests["finish_s"].max())
                                for s in served],
         # CPU time over busy time of the serving thread; near 1 unless others held the core.
-        "real_cpu_share": [s.cpu_s / float(s.iterations["duration_s"].sum()) for s in served],
+        "real_cpu_share": [s.cpu_share for s in served],
+        "clock": clock,
         "iteration_rel_error": {"median": float(np.median(per_iteration)),
                                 "median_abs": float(np.median(np.abs(per_iteration))),
                                 "p90_abs": float(np.percentile(np.abs(per_iteration), 90))},
