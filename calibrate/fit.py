@@ -97,6 +97,6 @@ def write_cost_model(path: Path, doc: dict[str, Any], profile_path: Path,
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
         "# Written by `python -m calibrate fit`; loaded by `cost: {kind: fitted, path: ...}`.\n"
-        + yaml.safe_dump(doc, sort_keys=False)
+        + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
     )
     tmp.replace(path)
