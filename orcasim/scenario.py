@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
@@ -57,6 +64,12 @@ class Scenario(Strict):
     warmup_s: NonNegativeFloat = 0.0
     engine: EngineConfig = EngineConfig()
     sweep: SweepConfig | None = None
+    _kv_capacity_derived: bool = PrivateAttr(default=False)
+
+    @property
+    def kv_capacity_derived(self) -> bool:
+        """True when kv_capacity_tokens came from model and hardware, not from the file."""
+        return self._kv_capacity_derived
 
     def deployment(self) -> Deployment | None:
         if self.model is None or self.hardware is None:
@@ -72,6 +85,7 @@ class Scenario(Strict):
             if deployment is None:
                 raise ValueError("kv_capacity_tokens is required unless 'model' and 'hardware' are given")
             self.__dict__["kv_capacity_tokens"] = deployment.kv_capacity_tokens  # frozen: set once, here
+            self._kv_capacity_derived = True
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -33,7 +33,7 @@ def sweep_points(scenario: Scenario) -> list[tuple[Any, Scenario]]:
     if scenario.sweep is None:
         raise ValueError(f"scenario '{scenario.name}' has no 'sweep' block")
     # A derived KV capacity is re-derived at every point (the point may change the hardware).
-    derived = {"kv_capacity_tokens"} if "kv_capacity_tokens" not in scenario.model_fields_set else set()
+    derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
     base = scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep", *derived})
     points = []
     for value in scenario.sweep.values:

@@ -85,8 +85,12 @@ class ProfileCost(CostModel):
     def out_of_range_count(self) -> int:
         return self._out_of_range
 
-    def _look(self, name: str, table: Table1D | SlicedTable2D, *query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _look(
+        self, name: str, table: Table1D | SlicedTable2D, *query: np.ndarray, relevant: np.ndarray | bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Look up `query`; flag (and warn once per table about) relevant points out of range."""
         values, outside = table(*query)
+        outside = outside & relevant
         if outside.any() and name not in self._warned:
             self._warned.add(name)
             warnings.warn(
@@ -126,12 +130,16 @@ class ProfileCost(CostModel):
             return self.model.num_layers * self.roofline.attention_per_layer_s(query, context), np.zeros(query.shape[:-1], bool)
         decoding = query == 1
         n_decode = decoding.sum(axis=-1)
-        mean_kv = np.where(n_decode > 0, (context * decoding).sum(axis=-1) / np.maximum(n_decode, 1), 0.0)
-        decode, out_d = self._look("attention decode", self.decode_attention, np.maximum(n_decode, 1), mean_kv)
-        decode, out_d = np.where(n_decode > 0, decode, 0.0), out_d & (n_decode > 0)
-        prefill, out_p = self._look("attention prefill", self.prefill_attention, context - query, query)
+        mean_kv = (context * decoding).sum(axis=-1) / np.maximum(n_decode, 1)
+        decode, out_d = self._look(
+            "attention decode", self.decode_attention, np.maximum(n_decode, 1), mean_kv, relevant=n_decode > 0
+        )
+        decode = np.where(n_decode > 0, decode, 0.0)
+        prefill, out_p = self._look(
+            "attention prefill", self.prefill_attention, context - query, query, relevant=~decoding
+        )
         prefill = np.where(decoding, 0.0, prefill).sum(axis=-1)
-        out_p = (out_p & ~decoding).any(axis=-1)
+        out_p = out_p.any(axis=-1)
         return self.model.num_layers * (decode + prefill), out_d | out_p
 
     def iteration_time_s(self, batch: Batch) -> float:
