@@ -50,9 +50,12 @@ def test_throughput_under_bound_is_the_best_point_within_it() -> None:
     frame = pd.DataFrame({
         "system": ["a", "a", "a", "b"], "value": [1, 2, 3, 1],
         "throughput_rps": [1.0, 2.0, 2.5, 0.5], "normalized_latency_s_per_token_p50": [0.1, 0.15, 0.3, 0.5],
+        "offered_rps": [1.0, 2.0, 3.0, 0.5],
     })
     best = throughput_under_bound(frame, 0.2)
     assert best["a"] == 2.0 and pd.isna(best["b"])
+    overloaded = frame.assign(offered_rps=[1.0, 4.0, 3.0, 0.5])  # at 2.0 it falls behind a 4.0 load
+    assert throughput_under_bound(overloaded, 0.2)["a"] == 1.0
 
 
 @pytest.mark.slow
