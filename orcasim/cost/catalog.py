@@ -92,9 +92,8 @@ class ModelSpec(Strict):
         """Forward FLOPs for one token attending to `context_tokens` keys.
 
         2 FLOPs per weight of every matmul (layers and the LM head), plus 4 * layers *
-        context * (heads * head_dim) for QK^T and AV: the forward half of PaLM's
-        6N + 12LHQT (Chowdhery et al. 2022, Appendix B), which Kaplan et al. 2020 Table 1
-        also gives as 2N + 2 n_layer n_ctx d_attn per matmul of the two.
+        context * (heads * head_dim) for QK^T and AV: the forward third of PaLM's
+        6N + 12LHQT per token (Chowdhery et al. 2022, Appendix B).
         """
         matmul_params = self.num_layers * self.layer_params() + self.vocab_size * self.hidden_size
         attention = 4 * self.num_layers * context_tokens * self.num_heads * self.head_dim
