@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,3 +126,14 @@ def test_hardware_cost_without_model_is_an_error(base_dict: dict[str, Any]) -> N
     base_dict["cost"] = {"kind": "linear", "base_s": 0.01}
     with pytest.raises(ScenarioError, match="kv_capacity_tokens is required"):
         scenario_from_dict(base_dict)
+
+
+def test_cli_reports_an_unknown_model_on_one_line(tmp_path: Path) -> None:
+    from tests.test_cli import orcasim
+
+    text = Path("scenarios/orca_paper/gpt3_13b.yaml").read_text().replace("model: gpt3-13b", "model: gpt3-13")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    p = orcasim("validate", str(bad))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "unknown model 'gpt3-13'" in p.stderr and "gpt3-175b" in p.stderr

@@ -125,3 +125,18 @@ def test_a_table_of_another_model_is_refused() -> None:
     dep8 = Deployment(model=model_spec("llama2-70b"), hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=16))
     with pytest.raises(ScenarioError, match="num_tensor_parallel_workers = 16"):
         ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100), dep8)
+
+
+@pytest.mark.slow
+def test_profile_scenario_runs_and_counts_out_of_range_iterations() -> None:
+    from orcasim import run_scenario
+    from orcasim.scenario import load_scenario
+
+    sc = load_scenario("scenarios/profile_llama2_70b.yaml", ["workload.num_requests=30"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # request-level pads 16 prompts past the 4096-token table
+        result = run_scenario(sc)
+    summary = result.summary_frame()
+    assert summary.loc["request-level", "cost_out_of_range"] > 0
+    assert summary.loc["orca-roofline", "cost_out_of_range"] == 0
+    assert (summary["requests_completed"] == 30).all()
