@@ -24,7 +24,7 @@ from pydantic import NonNegativeFloat, model_validator
 
 from orcasim.config import Strict
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.catalog import Deployment
+from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
 from orcasim.cost.profile_tables import (
@@ -63,16 +63,7 @@ class ProfileCost(CostModel):
         self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
         self.roofline = Roofline(cfg.roofline, deployment)
         self.token_ops, self.embedding = mlp_table(cfg.mlp_csv, self.model, self.tp)
-        self.decode_attention: SlicedTable2D | None = None
-        self.prefill_attention: SlicedTable2D | None = None
-        if cfg.attention_csv:
-            self.decode_attention, self.prefill_attention = vidur_attention(
-                cfg.attention_csv, self.model, self.tp
-            )
-        elif cfg.aiconfigurator_dir:
-            self.decode_attention, self.prefill_attention = aiconfigurator_attention(
-                cfg.aiconfigurator_dir, self.model, self.tp
-            )
+        self.decode_attention, self.prefill_attention = _attention_tables(cfg, self.model, self.tp)
         crosses_nodes = hw.num_gpus > hw.gpu.gpus_per_node
         self.all_reduce = network_table(cfg.all_reduce_csv, "all_reduce", self.tp, hw) if cfg.all_reduce_csv else None
         self.send_recv = (
@@ -127,7 +118,8 @@ class ProfileCost(CostModel):
     def _attention(self, query: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Attention of all layers for a (..., B) grid of requests: (seconds, outside)."""
         if self.decode_attention is None or self.prefill_attention is None:
-            return self.model.num_layers * self.roofline.attention_per_layer_s(query, context), np.zeros(query.shape[:-1], bool)
+            roofline_s = self.roofline.attention_per_layer_s(query, context)
+            return self.model.num_layers * roofline_s, np.zeros(query.shape[:-1], dtype=bool)
         decoding = query == 1
         n_decode = decoding.sum(axis=-1)
         mean_kv = (context * decoding).sum(axis=-1) / np.maximum(n_decode, 1)
@@ -161,3 +153,13 @@ class ProfileCost(CostModel):
         self._out_of_range += int((out_a | bool(out_f)).sum())
         return fixed + attention
 
+
+def _attention_tables(
+    cfg: ProfileCostConfig, model: ModelSpec, tp: int
+) -> tuple[SlicedTable2D | None, SlicedTable2D | None]:
+    """(decode, prefill) attention tables from the configured source; (None, None): roofline."""
+    if cfg.attention_csv:
+        return vidur_attention(cfg.attention_csv, model, tp)
+    if cfg.aiconfigurator_dir:
+        return aiconfigurator_attention(cfg.aiconfigurator_dir, model, tp)
+    return None, None
