@@ -163,7 +163,7 @@ def capacity_rps(scenario: Scenario, system: SystemConfig, requests: Requests) -
     burst = Requests(np.zeros(len(requests)), requests.prompt_tokens, requests.output_tokens,
                      requests.max_tokens)
     scheduler = build_scheduler(system.scheduler, burst, scenario.kv_capacity_tokens)
-    run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system))).run()
+    run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system), scenario.deployment())).run()
     return len(requests) / run.end_s
 
 
@@ -218,7 +218,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
     table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
                            metrics_of(sim.requests, sim.iterations))
     with data_dir(base_dir):
-        cost = build_cost_model(one.system_cost(system))
+        cost = build_cost_model(one.system_cost(system), one.deployment())
     per_iteration = np.concatenate([iteration_errors(s, cost) for s in served])
     offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
     report = {
