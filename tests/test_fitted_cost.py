@@ -147,3 +147,13 @@ def test_distserve_needs_model_and_tp() -> None:
         distserve(model="opt-7b")
     with pytest.raises(ScenarioError, match="tensor_parallel = 3"):
         distserve(tensor_parallel=3)
+
+
+def test_calibrated_scenario_runs() -> None:
+    import orcasim
+
+    result = orcasim.run_scenario(ROOT / "scenarios" / "calibrated" / "cpu_tiny.yaml",
+                                  ("workload.num_requests=30",))
+    orca = result.systems["orca"].summary
+    assert orca["requests_completed"] == 30
+    assert orca["cost_out_of_range"] == 0

@@ -12,6 +12,9 @@ forward pass, so it pays the prefill formula for its prompts (or chunks: Σ q·c
 Σ len²) plus only the marginal decode terms (b·Σ context + c·batch) of its decode
 requests. That rule is orcasim's assumption, not DistServe's.
 
+DistServe's estimator divides by the pipeline degree and, for prefill, adds a constant
+marked TODO there; orcasim models one pipeline stage and leaves that constant out.
+
 The range check: the batch's KV tokens must fit the GPU's KV capacity that DistServe
 reports (`max_num_tokens.csv`, pipeline degree 1); beyond it the profile says nothing.
 """
