@@ -50,12 +50,12 @@ class Grid(Strict):
         for path, values in self.parameters.items():
             parse_dotted(path)
             if not values:
-                raise ValueError(f"grid.parameters.{path}: needs at least one value")
+                raise ValueError(f"parameters.{path}: needs at least one value")
             if parse_dotted(path)[0] == "seed":
-                raise ValueError("grid.parameters.seed: use `replications` for independent seeds")
+                raise ValueError("parameters.seed: use `replications` for independent seeds")
         lengths = {len(v) for v in self.parameters.values()}
         if self.mode == "zip" and len(lengths) > 1:
-            raise ValueError(f"grid.mode = zip needs value lists of one length; got {sorted(lengths)}")
+            raise ValueError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
         return self
 
 
