@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import matplotlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-matplotlib.use("Agg")  # headless: figures are written to files or shown by notebooks
+import numpy as np
+import pandas as pd
 
-import re  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+# Figures are built as plain `Figure` objects, never through pyplot, so nothing here picks
+# or switches a backend: files render with Agg and notebooks show them inline.
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
-from orcasim.run import RunResult  # noqa: E402
+from orcasim.run import RunResult
 
 CDF_METRICS = {
     "ttft_s": "time to first token (s)",

@@ -96,13 +96,11 @@ def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
 
 
 def save_figure(fig: Figure, path: Path, svg: bool = False) -> list[Path]:
-    """Write `fig` as PNG at `path` (and beside it as SVG) and release it."""
-    import matplotlib.pyplot as plt
-
+    """Write `fig` as PNG at `path` (and beside it as SVG). Figures made without pyplot
+    need no closing: they are freed with their last reference."""
     paths = [path] + ([path.with_suffix(".svg")] if svg else [])
     for p in paths:
         fig.savefig(p, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return paths
 
 
