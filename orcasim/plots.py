@@ -12,7 +12,7 @@ import pandas as pd
 # Figures are built as plain `Figure` objects, never through pyplot, so nothing here picks
 # or switches a backend: files render with Agg and notebooks show them inline.
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from orcasim.run import RunResult
 
@@ -22,6 +22,9 @@ CDF_METRICS = {
     "e2e_s": "end-to-end latency (s)",
     "normalized_latency_s_per_token": "normalized latency (s/token)",
 }
+
+# Ratio of largest to smallest value beyond which a CDF's x axis is drawn in log scale.
+LOG_SPAN = 100.0
 
 
 def latency_cdfs(requests: pd.DataFrame) -> Figure:
@@ -33,10 +36,17 @@ def latency_cdfs(requests: pd.DataFrame) -> Figure:
             values = np.sort(rows[metric].dropna().to_numpy())
             if len(values):
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=str(system))
-        ax.set_xlabel(label)
+        values = requests[metric].dropna().to_numpy()
+        if len(values) and values.min() > 0 and values.max() / values.min() > LOG_SPAN:
+            ax.set_xscale("log")  # systems decades apart: a linear axis squashes one of them
+            ax.set_xlabel(f"{label}, log scale")
+        else:
+            ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(loc="lower right")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    # Outside the panels: inside, a legend hides some curve in one of the four.
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
     fig.suptitle("Latency distributions per system")
     return fig
 
@@ -83,7 +93,8 @@ def timelines(
             ax.plot(mids_s, binned_time_average(rows, column, edges_s), label=str(system), linewidth=1.0)
         ax.set_ylabel(TIMELINE_COLUMNS.get(column, column))
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
     axes[-1].set_xlabel("simulated time (s)")
     fig.suptitle(f"Time averages over {end_s / num_bins:.3g} s windows")
     return fig
@@ -99,6 +110,16 @@ SWEEP_METRICS = {
     "ttft_s_p50": "median TTFT (s)",
     "e2e_s_p90": "p90 end-to-end latency (s)",
     "throughput_rps": "achieved throughput (req/s)",
+}
+METRIC_LABELS = {
+    **SWEEP_METRICS,
+    "e2e_s_p50": "median end-to-end latency (s)",
+    "tpot_s_p50": "median time per output token (s)",
+    "queue_delay_s_p50": "median queueing delay (s)",
+    "batch_size_mean": "mean batch size (requests)",
+    "kv_reserved_tokens_mean": "mean KV reserved (tokens)",
+    "kv_reserved_tokens_max": "max KV reserved (tokens)",
+    "throughput_tokens_per_s": "output throughput (tokens/s)",
 }
 BAND_PERCENTILES = (10, 90)
 
@@ -169,11 +190,13 @@ def latency_vs_throughput(
         ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")
     if log_y:
         ax.set_yscale("log")
-        # Plain numbers read better than 4x10^-2 on a span of less than a decade.
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.04 reads better than 4x10^-2
+        ax.yaxis.set_major_formatter(plain)
+        low, high = ax.get_ylim()
+        # Minor labels help within a decade and crowd the axis beyond one.
+        ax.yaxis.set_minor_formatter(plain if high / low < 10 else NullFormatter())
     ax.set_xlabel(SWEEP_METRICS["throughput_rps"])
-    ax.set_ylabel(SWEEP_METRICS.get(metric, metric))
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     ax.set_title("Latency against throughput")
@@ -193,7 +216,7 @@ def percentile_bands(
             ax.plot(q.index, q[0.5], label=line.label, **line.style)
             ax.fill_between(q.index, q.iloc[:, 1], q.iloc[:, 2], alpha=0.15, color=line.style["color"])
         ax.set_xlabel(x.rsplit(".", 1)[-1])
-        ax.set_ylabel(SWEEP_METRICS.get(metric, metric))
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     for ax in axes[len(metrics):]:
         ax.set_visible(False)

@@ -40,3 +40,16 @@ def test_not_a_results_folder_is_exit_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["compare", str(tmp_path), str(tmp_path)])
     assert res.exit_code == 2
     assert "summary.json" in res.output
+
+
+def test_sweep_folders_compare_point_by_point(tmp_path: Path) -> None:
+    from conftest import write_sweep
+
+    from orcasim.sweeps import load_sweep, run_sweep
+
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [2.0]")
+    run_sweep(load_sweep(path), tmp_path / "out", workers=1, progress=False)
+    metrics = load_metrics(tmp_path / "out")
+    assert list(metrics) == ["p0000-r00/request-level", "p0000-r00/orca"]
+    assert "workload.arrival.rate_per_s" not in metrics["p0000-r00/orca"]
+    assert (deltas(metrics, metrics)["rel_change"] == 0).all()
