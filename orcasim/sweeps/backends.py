@@ -53,13 +53,18 @@ def _local(tasks: Sequence[Task], workers: int) -> Iterator[Outcome]:
         return
     # spawn, not fork: the parent may hold threads (the progress bar), and fork copies locks.
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx)
+    try:
         futures = {pool.submit(run_task, t): t for t in tasks}
         for future in as_completed(futures):
             try:
                 yield future.result()
             except Exception as e:  # noqa: BLE001 - a worker died (e.g. out of memory)
                 yield Outcome.failed(futures[future], e)
+    finally:
+        # On Ctrl-C drop the queued tasks instead of running them all first (the default of
+        # `with`); finished ones are already written, so --resume starts from there.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _ray(tasks: Sequence[Task], workers: int | None, address: str | None) -> Iterator[Outcome]:
