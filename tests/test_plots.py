@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import TINY_SCENARIO
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
@@ -92,3 +94,23 @@ def test_plot_command_writes_png_and_svg(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     names = sorted(p.name for p in out.glob("*.*g"))
     assert names == ["latency_cdf.png", "latency_cdf.svg", "timelines.png", "timelines.svg"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.01, 3.0), st.integers(0, 32)),
+                min_size=1, max_size=20),
+       st.integers(1, 50))
+def test_binned_time_average_preserves_the_integral(
+    rows: list[tuple[float, float, int]], num_bins: int
+) -> None:
+    # Rows back to back after their gaps, as the engine records them.
+    start, table = 0.0, []
+    for gap_s, duration_s, batch in rows:
+        start += gap_s
+        table.append((start, duration_s, batch))
+        start += duration_s
+    frame = iterations(table)
+    edges = np.linspace(0.0, start, num_bins + 1)
+    avg = binned_time_average(frame, "batch_size", edges)
+    area = float((frame["batch_size"] * frame["duration_s"]).sum())
+    assert float((avg * np.diff(edges)).sum()) == pytest.approx(area, rel=1e-9)
