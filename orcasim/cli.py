@@ -87,7 +87,7 @@ def run(
         fail(error_text(e))
     summary = {n: r.summary for n, r in result.systems.items()}
     console.print(summary_table(summary, f"{sc.name}: {len(result.systems)} systems"))
-    console.print(f"results written to {out_dir}/")
+    typer.echo(f"results written to {out_dir}/")
 
 
 @app.command()

@@ -1,44 +1,43 @@
-"""Shared fixtures: a tiny scenario and sweep files written into a temporary folder."""
+"""Shared test helpers: small scenarios built in code, so tests do not depend on YAML files."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import copy
+from typing import Any
 
 import pytest
 
-TINY_SCENARIO = """\
-name: tiny
-seed: 3
-workload:
-  num_requests: 60
-  arrival: {kind: poisson, rate_per_s: 4.0}
-  prompt_tokens: {kind: uniform, low: 16, high: 256}
-  output_tokens: {kind: uniform, low: 1, high: 32}
-  max_tokens: 320
-cost: {kind: linear, base_s: 0.010, per_token_s: 2.0e-5, per_context_token_s: 1.0e-7}
-kv_capacity_tokens: 20000
-systems:
-  - {name: request-level, scheduler: {kind: request_level, max_batch_size: 4}}
-  - {name: orca, scheduler: {kind: iteration_level, max_batch_size: 4}}
-"""
+from orcasim.scenario import Scenario, scenario_from_dict
+
+BASE: dict[str, Any] = {
+    "name": "test",
+    "seed": 7,
+    "workload": {
+        "num_requests": 300,
+        "arrival": {"kind": "poisson", "rate_per_s": 4.0},
+        "prompt_tokens": {"kind": "uniform", "low": 8, "high": 64},
+        "output_tokens": {"kind": "uniform", "low": 1, "high": 32},
+        "max_tokens": 96,
+    },
+    "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6},
+    "kv_capacity_tokens": 2000,
+    "systems": [
+        {"name": "request-level", "scheduler": {"kind": "request_level", "max_batch_size": 4}},
+        {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
+    ],
+}
 
 
-def write_sweep(folder: Path, grid: str, replications: int = 1, name: str = "tiny_sweep") -> Path:
-    """A sweep file over the tiny scenario; `grid` is the YAML body of `grid:`."""
-    (folder / "tiny.yaml").write_text(TINY_SCENARIO)
-    path = folder / f"{name}.yaml"
-    body = "\n".join("  " + line for line in grid.strip().splitlines())
-    path.write_text(f"name: {name}\nbase: tiny.yaml\nreplications: {replications}\nseed: 5\n"
-                    f"grid:\n{body}\n")
-    return path
+def make_scenario(**changes: Any) -> Scenario:
+    """BASE with dotted-path changes, e.g. make_scenario(**{"workload.num_requests": 10})."""
+    from orcasim.scenario import set_dotted
+
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        set_dotted(data, path, value)
+    return scenario_from_dict(data)
 
 
 @pytest.fixture
-def grid_4x3(tmp_path: Path) -> Path:
-    """The issue's 4 x 3 sweep: four loads against three Orca batch sizes."""
-    return write_sweep(tmp_path, """
-mode: product
-parameters:
-  workload.arrival.rate_per_s: [1.0, 2.0, 4.0, 8.0]
-  systems[1].scheduler.max_batch_size: [2, 4, 8]
-""")
+def base_dict() -> dict[str, Any]:
+    return copy.deepcopy(BASE)

@@ -43,7 +43,7 @@ def test_not_a_results_folder_is_exit_2(tmp_path: Path) -> None:
 
 
 def test_sweep_folders_compare_point_by_point(tmp_path: Path) -> None:
-    from conftest import write_sweep
+    from sweep_files import write_sweep
 
     from orcasim.sweeps import load_sweep, run_sweep
 

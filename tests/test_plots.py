@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import TINY_SCENARIO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib.figure import Figure
+from sweep_files import TINY_SCENARIO
 from typer.testing import CliRunner
 
 from orcasim.cli import app

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from sweep_files import write_grid_4x3
 
 from orcasim.sweeps import load_sweep, run_sweep
 
@@ -15,7 +16,8 @@ RAY_WORKERS = 2
 
 
 @pytest.mark.slow
-def test_ray_4x3_matches_local(tmp_path: Path, grid_4x3: Path) -> None:
+def test_ray_4x3_matches_local(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     sweep = load_sweep(grid_4x3)
     local = run_sweep(sweep, tmp_path / "local", backend="local", workers=2, progress=False)
     on_ray = run_sweep(sweep, tmp_path / "ray", backend="ray", workers=RAY_WORKERS, progress=False)

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import write_sweep
+from sweep_files import write_grid_4x3, write_sweep
 from typer.testing import CliRunner
 
 from orcasim.cli import app
 from orcasim.sweeps import load_sweep, run_sweep, run_sweep_in_memory
 
 
-def test_table_is_tidy(tmp_path: Path, grid_4x3: Path) -> None:
+def test_table_is_tidy(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     result = run_sweep(load_sweep(grid_4x3), tmp_path / "out", workers=1, progress=False)
     t = result.table
     assert len(t) == 12 * 2  # 12 points x 2 systems x 1 replication
@@ -35,7 +36,8 @@ def test_process_pool_matches_in_process(tmp_path: Path) -> None:
     assert serial.groupby("point")["seed"].nunique().eq(2).all()
 
 
-def test_resume_runs_only_unfinished_points(tmp_path: Path, grid_4x3: Path) -> None:
+def test_resume_runs_only_unfinished_points(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     out = tmp_path / "out"
     full = run_sweep(load_sweep(grid_4x3), out, workers=1, progress=False).table
     shutil.rmtree(out / "points" / "p0003-r00")
@@ -45,7 +47,8 @@ def test_resume_runs_only_unfinished_points(tmp_path: Path, grid_4x3: Path) -> N
     pd.testing.assert_frame_equal(resumed.table, full)
 
 
-def test_resume_refuses_a_different_sweep(tmp_path: Path, grid_4x3: Path) -> None:
+def test_resume_refuses_a_different_sweep(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     out = tmp_path / "out"
     run_sweep(load_sweep(grid_4x3), out, workers=1, progress=False)
     other = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [5.0]", name="other")
@@ -81,7 +84,8 @@ def test_cli_exits_nonzero_naming_failed_points(tmp_path: Path) -> None:
     assert "p0001-r00" in res.output
 
 
-def test_cli_bad_backend_is_exit_2(grid_4x3: Path, tmp_path: Path) -> None:
+def test_cli_bad_backend_is_exit_2(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     res = CliRunner().invoke(app, ["sweep", str(grid_4x3), "--backend", "dask", "--out",
                                    str(tmp_path / "out")])
     assert res.exit_code == 2

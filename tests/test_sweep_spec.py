@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import write_sweep
+from sweep_files import write_grid_4x3, write_sweep
 
 from orcasim.config import ScenarioError
 from orcasim.sweeps import load_sweep
 
 
-def test_product_grid_has_every_combination(grid_4x3: Path) -> None:
+def test_product_grid_has_every_combination(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     sweep = load_sweep(grid_4x3)
     points = sweep.points()
     assert len(points) == 12
@@ -34,7 +35,8 @@ parameters:
     assert [t.id for t in sweep.tasks()] == [f"p{p:04d}-r{r:02d}" for p in range(2) for r in range(3)]
 
 
-def test_task_scenario_applies_parameters_and_seed(grid_4x3: Path) -> None:
+def test_task_scenario_applies_parameters_and_seed(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
     task = load_sweep(grid_4x3).tasks()[5]
     sc = task.scenario()
     assert sc.workload.arrival.rate_per_s == task.params["workload.arrival.rate_per_s"]
