@@ -14,6 +14,7 @@ from orcasim.cost import build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
+from orcasim.pipeline import pipeline_engine
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig, load_scenario
 from orcasim.schedulers import build_scheduler
@@ -57,9 +58,13 @@ def make_requests(scenario: Scenario) -> Requests:
 
 
 def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
-    scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
-    cost = build_cost_model(scenario.system_cost(system))
-    run = Engine(requests, scheduler, cost).run()
+    assert scenario.kv_capacity_tokens is not None
+    cost = build_cost_model(scenario.system_cost(system), scenario.deployment())
+    # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
+    engine = pipeline_engine(scenario, system, requests, cost) or Engine(
+        requests, build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens), cost
+    )
+    run = engine.run()
     reqs = requests_frame(requests, run.recorder)
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)
