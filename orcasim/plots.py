@@ -184,7 +184,10 @@ def latency_vs_throughput(
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     for line in sweep_lines(table, (load,) if load else ()):
-        med = line.rows.groupby("point")[["throughput_rps", metric]].median().sort_values("throughput_rps")
+        # In load order: at saturation throughput stalls and sorting by it would zigzag.
+        by = load or "point"
+        med = line.rows.groupby(by)[["throughput_rps", metric]].median()
+        med = med.sort_index() if load else med.sort_values("throughput_rps")
         ax.plot(med["throughput_rps"], med[metric], label=line.label, **line.style)
     if slo is not None:
         ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")

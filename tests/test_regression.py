@@ -39,7 +39,7 @@ def test_every_scheduler_and_cost_kind_is_covered() -> None:
         used_costs.add(sc["cost"]["kind"])
         for system in sc["systems"]:
             used_schedulers.add(system["scheduler"]["kind"])
-            used_costs.add(system.get("cost", sc["cost"])["kind"])
+            used_costs.add((system.get("cost") or sc["cost"])["kind"])
     assert kinds(SchedulerConfig) <= used_schedulers
     assert kinds(CostConfig) <= used_costs
 

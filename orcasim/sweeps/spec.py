@@ -143,8 +143,12 @@ def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
     """Resolve the base scenario; the first task's scenario is validated too, so a
     mistyped parameter path fails here, before any work starts."""
     base_path = base_path.resolve()
-    # The validated dump holds every default, so each swept path already exists in it.
-    base = load_scenario(base_path, spec.set).model_dump(mode="json", exclude_none=True)
+    scenario = load_scenario(base_path, spec.set)
+    # The validated dump holds every default, so each swept path already exists in it. A
+    # derived KV capacity is left out so that each point derives its own (it may change the
+    # hardware), and a scenario's own one-parameter `sweep:` block is replaced by this grid.
+    derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
+    base = scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep", *derived})
     sweep = Sweep(spec, base, base_path.parent)
     sweep.tasks()[0].scenario()
     return sweep
