@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -196,14 +197,21 @@ def latency_vs_throughput(
         plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.04 reads better than 4x10^-2
         ax.yaxis.set_major_formatter(plain)
         low, high = ax.get_ylim()
-        # Minor labels help within a decade and crowd the axis beyond one.
-        ax.yaxis.set_minor_formatter(plain if high / low < 10 else NullFormatter())
+        # Minor labels help within a decade; over a few, label only 2x and 5x; beyond, none.
+        span = high / low
+        minor = plain if span < 10 else FuncFormatter(_two_and_five) if span < 1000 else NullFormatter()
+        ax.yaxis.set_minor_formatter(minor)
     ax.set_xlabel(SWEEP_METRICS["throughput_rps"])
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     ax.set_title("Latency against throughput")
     return fig
+
+
+def _two_and_five(value: float, _pos: int) -> str:
+    leading = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if leading in (2, 5) else ""
 
 
 def percentile_bands(
