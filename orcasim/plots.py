@@ -123,6 +123,12 @@ METRIC_LABELS = {
     "throughput_tokens_per_s": "output throughput (tokens/s)",
 }
 BAND_PERCENTILES = (10, 90)
+# Axis labels of common swept fields, by the last part of their dotted path.
+PARAMETER_LABELS = {
+    "rate_per_s": "offered load (req/s)",
+    "max_batch_size": "max batch size (requests)",
+    "kv_capacity_tokens": "KV capacity (tokens)",
+}
 
 
 LINE_STYLES = ("-", "--", ":", "-.")
@@ -226,7 +232,7 @@ def percentile_bands(
             q = line.rows.groupby(x)[metric].quantile([0.5, *(p / 100 for p in BAND_PERCENTILES)]).unstack()
             ax.plot(q.index, q[0.5], label=line.label, **line.style)
             ax.fill_between(q.index, q.iloc[:, 1], q.iloc[:, 2], alpha=0.15, color=line.style["color"])
-        ax.set_xlabel(x.rsplit(".", 1)[-1])
+        ax.set_xlabel(PARAMETER_LABELS.get(x.rsplit(".", 1)[-1], x))
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     for ax in axes[len(metrics):]:
