@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from calibrate.replay import ReplayResult
-from orcasim.results import _json_safe, save_figure, write_atomically
+from orcasim.results import json_safe, save_figure, write_atomically
 
 
 def fidelity_figure(table: pd.DataFrame, title: str) -> Figure:
@@ -29,7 +29,7 @@ def fidelity_figure(table: pd.DataFrame, title: str) -> Figure:
 def write_replay(out_dir: Path, result: ReplayResult) -> Path:
     """fidelity.json, fidelity.png and the per-request rows, replacing `out_dir` atomically."""
     def fill(tmp: Path) -> None:
-        (tmp / "fidelity.json").write_text(json.dumps(_json_safe(result.report), indent=2) + "\n")
+        (tmp / "fidelity.json").write_text(json.dumps(json_safe(result.report), indent=2) + "\n")
         for i, frame in enumerate(result.real_requests, start=1):
             frame.to_csv(tmp / f"real_requests_{i}.csv", index=False)
         result.sim_requests.to_csv(tmp / "sim_requests.csv", index=False)
