@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     fit.add_argument("profile", type=Path)
     fit.add_argument("--out", type=Path, required=True)
     fit.add_argument("--knots", default="64,256", help="token counts where the slope may change")
-    fit.add_argument("--target", choices=("time_s", "measured_s", "cpu_s"), default="time_s")
+    fit.add_argument("--target", choices=("time_s", "measured_s", "cpu_s", "device_s"), default="time_s")
     fit.set_defaults(func=cmd_fit)
     rep = sub.add_parser("replay", help="serve a scenario for real twice, simulate it, compare")
     rep.add_argument("scenario", type=Path)

@@ -178,7 +178,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = nn.LayerNorm(args.d_model)
         self.lm_head = nn.Linear(args.d_model, args.vocab_size, bias=False)
-        self.register_buffer("rope", rope_table(args, max_positions, torch.device("cpu")),
+        self.register_buffer("rope", rope_table(args, max_positions, self.embed.weight.device),
                              persistent=False)
 
     def new_sequence(self, token_ids: list[int], max_tokens: int) -> Sequence:
@@ -216,12 +216,13 @@ class Transformer(nn.Module):
 def build_model(args: ModelArgs, device: str, seed: int = 0, max_positions: int = 4096,
                 dtype: torch.dtype | None = None) -> Transformer:
     """Random weights (std 0.02, as GPT-2); fp32 on CPU and bf16 on CUDA unless `dtype` says."""
-    model = Transformer(args, max_positions)
-    gen = torch.Generator().manual_seed(seed)
+    with torch.device(device):  # build in place: a 13B-wide layer stack is slow to init on a CPU
+        model = Transformer(args, max_positions)
+    gen = torch.Generator(device=device).manual_seed(seed)
     for p in model.parameters():
         if p.dim() > 1:
             nn.init.normal_(p, std=0.02, generator=gen)
     dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to(dtype=dtype).eval()
     model.rope = model.rope.float()  # angles stay fp32 whatever the weights' dtype
     return model

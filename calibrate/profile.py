@@ -106,24 +106,33 @@ def make_batch(model: Transformer, shape: Shape, rng: np.random.Generator) -> li
     return batch
 
 
-def time_iteration(model: Transformer, batch: list[tuple[Sequence, int]], grid: Grid) -> list[tuple[float, float]]:
-    """(wall, thread CPU) seconds per run of one serving step on the same batch, warm-up
-    runs dropped. With one torch thread, CPU time < wall time means another process had
-    the core: it is recorded so that a contended profile shows itself."""
+def time_iteration(model: Transformer, batch: list[tuple[Sequence, int]],
+                   grid: Grid) -> list[tuple[float, float, float]]:
+    """(wall, thread CPU, device) seconds per run of one serving step on the same batch,
+    warm-up runs dropped. Wall time (with synchronisation) is what serving pays, launch
+    overhead included; CUDA events give the device's share (NaN on CPU). With one torch
+    thread, CPU time < wall time means another process had the core."""
     starts = [seq.num_computed for seq, _ in batch]
-    sync = torch.cuda.synchronize if model.lm_head.weight.is_cuda else (lambda: None)
+    cuda = model.lm_head.weight.is_cuda
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else []
     times = []
     gc.disable()
     try:
         for i in range(grid.warmup + grid.repeats):
             for seq, start in zip((s for s, _ in batch), starts, strict=True):
                 seq.num_computed = start
-            sync()
+            if cuda:
+                torch.cuda.synchronize()
+                events[0].record()
             t0, c0 = time.perf_counter(), time.thread_time()
             model.decode_greedy(batch)  # includes the argmax and copy back, as serving does
-            sync()
+            if cuda:
+                events[1].record()
+                torch.cuda.synchronize()
+            wall_s, cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+            device_s = events[0].elapsed_time(events[1]) / 1e3 if cuda else float("nan")
             if i >= grid.warmup:
-                times.append((time.perf_counter() - t0, time.thread_time() - c0))
+                times.append((wall_s, cpu_s, device_s))
     finally:
         gc.enable()
     return times
@@ -152,7 +161,7 @@ def profile_rows(model: Transformer, grid: Grid, max_tokens: int, layer_scale: f
     so that a burst of load from another process on a shared machine hits a shape in one
     round only, and the median over all rounds' runs discards it."""
     shapes = grid_shapes(grid, max_tokens)
-    times: list[list[tuple[float, float]]] = [[] for _ in shapes]
+    times: list[list[tuple[float, float, float]]] = [[] for _ in shapes]
     for r in range(grid.rounds):
         for i in rng.permutation(len(shapes)):
             times[i] += time_iteration(model, make_batch(model, shapes[i][1], rng), grid)
@@ -164,16 +173,17 @@ def profile_rows(model: Transformer, grid: Grid, max_tokens: int, layer_scale: f
     ])
 
 
-def profile_row(args: ModelArgs, kind: str, shape: Shape, runs: list[tuple[float, float]],
+def profile_row(args: ModelArgs, kind: str, shape: Shape, runs: list[tuple[float, float, float]],
                 layer_scale: float, dtype_bytes: int) -> dict[str, object]:
-    times = [wall for wall, _ in runs]
+    times = [run[0] for run in runs]
     median_s = statistics.median(times)
     flops, bytes_moved = flops_and_bytes(args, shape, dtype_bytes)
     inputs = batch_inputs(np.array(shape[0]), np.array(shape[1]))
     return {
         "kind": kind, **{k: int(v) for k, v in inputs.items()},
         "time_s": median_s * layer_scale, "measured_s": median_s,
-        "cpu_s": statistics.median(cpu for _, cpu in runs),
+        "cpu_s": statistics.median(run[1] for run in runs),
+        "device_s": statistics.median(run[2] for run in runs),
         "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
         "repeats": len(times), "flop_per_s": flops / median_s, "bytes_per_s": bytes_moved / median_s,
         "query_tokens": " ".join(map(str, shape[0])), "context_tokens": " ".join(map(str, shape[1])),
@@ -197,6 +207,7 @@ def header_lines(model_name: str, args: ModelArgs, full_layers: int, device: str
         f"date: {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}",
         "time_s: median wall time scaled by layers_full / layers_profiled; measured_s: unscaled",
         "cpu_s: median CPU time of the timing thread (with one thread: the time without contention)",
+        "device_s: median CUDA-event time of the step on the device (empty on CPU)",
     ]
 
 
