@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,12 @@ def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> 
     scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
     cost = build_cost_model(scenario.system_cost(system))
     run = Engine(requests, scheduler, cost).run()
-    reqs = requests_frame(requests, run.recorder)
+    if len(run.rejected_ids):
+        warnings.warn(
+            f"{system.name}: {len(run.rejected_ids)} request(s) can never fit in KV memory "
+            f"and were rejected (first: request {int(run.rejected_ids[0])})", stacklevel=2,
+        )
+    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())

@@ -49,11 +49,6 @@ class Scenario(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"system names must be unique; repeated: {', '.join(dupes)}")
-        if self.workload.max_tokens > self.kv_capacity_tokens:
-            raise ValueError(
-                f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
-                f"{self.kv_capacity_tokens}: no request could ever be admitted"
-            )
         return self
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
