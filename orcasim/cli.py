@@ -1,0 +1,114 @@
+"""The `orcasim` command. Bad input is one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orcasim.config import ScenarioError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Discrete-event simulator of LLM serving: request-level vs iteration-level (Orca).",
+)
+console = Console()
+USER_ERRORS = (ScenarioError, ValueError, FileNotFoundError, FileExistsError, KeyError)
+EXIT_BAD_INPUT = 2
+
+TABLE_METRICS = {
+    "throughput_rps": "req/s",
+    "ttft_s_p50": "TTFT p50 (s)",
+    "e2e_s_p50": "e2e p50 (s)",
+    "e2e_s_p90": "e2e p90 (s)",
+    "normalized_latency_s_per_token_p50": "norm. lat. p50 (s/tok)",
+    "normalized_latency_s_per_token_p90": "norm. lat. p90 (s/tok)",
+    "queue_delay_s_p50": "queue p50 (s)",
+    "batch_size_mean": "batch mean",
+}
+
+ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a field: --set workload.arrival.rate_per_s=4"),
+]
+
+
+def fail(message: str) -> None:
+    """Report a user error on one line and exit with code 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def error_text(e: Exception) -> str:
+    # KeyError's str() adds quotes around the message.
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
+def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
+    """Metrics as rows and systems as columns, so that many systems still fit a terminal."""
+    table = Table(title=title)
+    table.add_column("metric", style="bold")
+    for system in summary:
+        table.add_column(system, justify="right")
+    for key, label in TABLE_METRICS.items():
+        table.add_row(label, *(f"{m.get(key, float('nan')):.4g}" for m in summary.values()))
+    return table
+
+
+@app.command()
+def run(
+    scenario: ScenarioArg,
+    out: Annotated[Path | None, typer.Option(help="Results folder (default results/<name>).")] = None,
+    set_: SetOpt = None,
+    force: Annotated[bool, typer.Option(help="Overwrite existing results.")] = False,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+) -> None:
+    """Run every system of SCENARIO on the same requests and write results/<name>/."""
+    from orcasim.results import default_results_dir, write_run
+    from orcasim.run import run_scenario
+    from orcasim.scenario import load_scenario
+
+    try:
+        sc = load_scenario(scenario, set_ or [])
+        out_dir = out or default_results_dir(sc.name)
+        if out_dir.exists() and not force:
+            fail(f"{out_dir} already exists; pass --force to overwrite it")
+        result = run_scenario(sc, base_dir=scenario.resolve().parent)
+        write_run(result, out_dir, force=force, plots=plots)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    summary = {n: r.summary for n, r in result.systems.items()}
+    console.print(summary_table(summary, f"{sc.name}: {len(result.systems)} systems"))
+    typer.echo(f"results written to {out_dir}/")
+
+
+@app.command()
+def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
+    """Check SCENARIO (and the files it names) without running it."""
+    from orcasim.run import data_dir, make_requests
+    from orcasim.scenario import load_scenario
+
+    try:
+        sc = load_scenario(scenario, set_ or [])
+        with data_dir(scenario.resolve().parent):
+            requests = make_requests(sc)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

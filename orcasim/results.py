@@ -1,0 +1,96 @@
+"""The results/ layout, written atomically: a run's folder appears whole or not at all.
+
+    results/<name>/
+        summary.json            {system: {metric: value}}
+        summary.csv             one row per system
+        scenario.yaml           the resolved scenario (after --set overrides)
+        <system>/requests.parquet
+        <system>/iterations.parquet
+        *.png                   plots
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from orcasim.run import RunResult
+from orcasim.scenario import scenario_to_yaml
+
+
+class ResultsExistError(FileExistsError):
+    """The output folder exists and the caller did not ask to overwrite it."""
+
+
+def default_results_dir(scenario_name: str, root: Path = Path("results")) -> Path:
+    return root / scenario_name
+
+
+def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = False) -> Path:
+    """Let `fill` write into a fresh temporary folder, then move it to `out_dir` in one rename.
+
+    An existing `out_dir` is replaced only with `force`; it is moved aside before the
+    rename and removed after, so a crash never leaves a half-written folder behind.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        fill(tmp)
+        old = None
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / "previous")
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def write_run(result: RunResult, out_dir: Path, force: bool = False, plots: bool = True) -> Path:
+    """Write a run's summary, frames, scenario and plots into `out_dir` atomically."""
+    return write_atomically(out_dir, lambda tmp: _fill_run(result, tmp, plots), force)
+
+
+def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
+    summary = {name: r.summary for name, r in result.systems.items()}
+    (tmp / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    result.summary_frame().rename_axis("system").to_csv(tmp / "summary.csv")
+    (tmp / "scenario.yaml").write_text(scenario_to_yaml(result.scenario))
+    for name, r in result.systems.items():
+        (tmp / name).mkdir()
+        r.requests.to_parquet(tmp / name / "requests.parquet", index=False)
+        r.iterations.to_parquet(tmp / name / "iterations.parquet", index=False)
+    if plots:
+        from orcasim.plots import run_figures
+
+        for stem, fig in run_figures(result).items():
+            save_figure(fig, tmp / f"{stem}.png")
+
+
+def save_figure(fig: Figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _json_safe(obj: object) -> object:
+    """NaN is not JSON: write it as null."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -1,0 +1,43 @@
+"""Shared test helpers: small scenarios built in code, so tests do not depend on YAML files."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from orcasim.scenario import Scenario, scenario_from_dict
+
+BASE: dict[str, Any] = {
+    "name": "test",
+    "seed": 7,
+    "workload": {
+        "num_requests": 300,
+        "arrival": {"kind": "poisson", "rate_per_s": 4.0},
+        "prompt_tokens": {"kind": "uniform", "low": 8, "high": 64},
+        "output_tokens": {"kind": "uniform", "low": 1, "high": 32},
+        "max_tokens": 96,
+    },
+    "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6},
+    "kv_capacity_tokens": 2000,
+    "systems": [
+        {"name": "request-level", "scheduler": {"kind": "request_level", "max_batch_size": 4}},
+        {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
+    ],
+}
+
+
+def make_scenario(**changes: Any) -> Scenario:
+    """BASE with dotted-path changes, e.g. make_scenario(**{"workload.num_requests": 10})."""
+    from orcasim.scenario import set_dotted
+
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        set_dotted(data, path, value)
+    return scenario_from_dict(data)
+
+
+@pytest.fixture
+def base_dict() -> dict[str, Any]:
+    return copy.deepcopy(BASE)

@@ -1,0 +1,77 @@
+"""The command line: results layout, overwrite protection, --set/--out, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+QUICK = ["--set", "workload.num_requests=200"]
+
+
+def orcasim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orcasim.cli", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_run_writes_results_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    p = orcasim("run", "scenarios/quickstart.yaml", "--out", str(out), *QUICK)
+    assert p.returncode == 0, p.stderr
+    assert "norm. lat. p50" in p.stdout and "orca" in p.stdout  # the comparison table
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"request-level", "orca"}
+    assert summary["orca"]["requests_completed"] == 200
+    for f in ("summary.csv", "scenario.yaml", "latency_cdf.png", "batch_size.png",
+              "orca/requests.parquet", "orca/iterations.parquet"):
+        assert (out / f).is_file(), f
+    assert len(pd.read_parquet(out / "orca" / "requests.parquet")) == 200
+    assert "num_requests: 200" in (out / "scenario.yaml").read_text()
+
+    again = orcasim("run", "scenarios/quickstart.yaml", "--out", str(out), *QUICK)
+    assert again.returncode == 2 and "--force" in again.stderr
+    forced = orcasim("run", "scenarios/quickstart.yaml", "--out", str(out), "--force", *QUICK,
+                     "--set", "seed=5", "--no-plots")
+    assert forced.returncode == 0, forced.stderr
+    assert "seed: 5" in (out / "scenario.yaml").read_text()
+    assert not list(tmp_path.glob(".run.*")), "temporary folders left behind"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "workload.arrival.rate_per_s=-2"], "workload.arrival.rate_per_s = -2"),
+    (["--set", "workload.max_tokens=100"], "workload.max_tokens = 100 is below request"),
+    (["--set", "workload.arival.rate_per_s=2"], "did you mean 'arrival'"),
+    (["--set", "workload.arrival={kind: trace, path: missing.csv}",
+      "--set", "workload.prompt_tokens=null", "--set", "workload.output_tokens=null"],
+     "file 'missing.csv' not found"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
+    p = orcasim("validate", "scenarios/quickstart.yaml", *args)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_bad_trace_row_is_named(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,3\n1,10,-3\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(Path("scenarios/quickstart.yaml").read_text().replace(
+        "arrival: {kind: poisson, rate_per_s: 2.0}", "arrival: {kind: trace, path: t.csv}")
+        .replace("  num_requests: 2000\n", "")
+        .replace("  prompt_tokens: {kind: uniform, low: 32, high: 512}\n", "")
+        .replace("  output_tokens: {kind: uniform, low: 1, high: 128}\n", ""))
+    p = orcasim("validate", str(scenario))
+    assert p.returncode == 2 and "t.csv line 3: output_tokens = '-3'" in p.stderr, p.stderr
+
+
+def test_malformed_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n  oops: [\n")
+    for target in (str(bad), str(tmp_path / "nope.yaml")):
+        p = orcasim("run", target)
+        assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.startswith("error:")

@@ -1,0 +1,80 @@
+"""End-to-end runs: determinism, the paper's qualitative claims C1/C2, and the frames' schema."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim import run_scenario
+from orcasim.scenario import load_scenario
+from tests.conftest import make_scenario
+
+# Orca's C1/C2 at moderate load: "well below" means at most this fraction of request-level.
+C1_NORMALIZED_LATENCY_RATIO = 0.8
+C2_QUEUE_DELAY_RATIO = 0.2
+
+REQUEST_COLUMNS = [
+    "id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens",
+    "output_tokens", "queue_delay_s", "ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token",
+]
+
+
+def test_same_seed_gives_identical_results() -> None:
+    a, b = run_scenario(make_scenario()), run_scenario(make_scenario())
+    for name in a.systems:
+        pd.testing.assert_frame_equal(a.systems[name].requests, b.systems[name].requests)
+        pd.testing.assert_frame_equal(a.systems[name].iterations, b.systems[name].iterations)
+        assert a.systems[name].summary == pytest.approx(b.systems[name].summary, nan_ok=True)
+    c = run_scenario(make_scenario(seed=8))
+    assert not np.array_equal(c.systems["orca"].requests["arrival_s"],
+                              a.systems["orca"].requests["arrival_s"])
+
+
+def test_systems_see_the_same_requests() -> None:
+    r = run_scenario(make_scenario())
+    a, b = (r.systems[n].requests for n in ("request-level", "orca"))
+    pd.testing.assert_frame_equal(a[["arrival_s", "prompt_tokens", "output_tokens"]],
+                                  b[["arrival_s", "prompt_tokens", "output_tokens"]])
+
+
+def test_request_rows_are_consistent() -> None:
+    r = run_scenario(make_scenario()).systems
+    for res in r.values():
+        df = res.requests
+        assert list(df.columns) == REQUEST_COLUMNS
+        assert df["finish_s"].notna().all()
+        assert (df["first_scheduled_s"] >= df["arrival_s"]).all()
+        assert (df["first_token_s"] > df["first_scheduled_s"]).all()
+        assert (df["finish_s"] >= df["first_token_s"]).all()
+        assert res.summary["requests_completed"] == len(df)
+    rl = r["request-level"].requests
+    # Static batches deliver every token when the batch ends.
+    assert (rl["first_token_s"] == rl["finish_s"]).all()
+
+
+def test_iteration_rows_account_for_all_tokens() -> None:
+    sc = make_scenario()
+    res = run_scenario(sc).systems["orca"]
+    reqs = res.requests
+    # Orca computes each prompt once and one token per later iteration: p + (o - 1) per request.
+    expected = int((reqs["prompt_tokens"] + reqs["output_tokens"] - 1).sum())
+    assert int(res.iterations["tokens"].sum()) == expected
+
+
+@pytest.mark.validation
+def test_paper_claims_c1_c2_on_default_scenario() -> None:
+    """Iteration-level median normalized latency and queue delay are well below request-level."""
+    sc = load_scenario("scenarios/quickstart.yaml")
+    s = run_scenario(sc).summary_frame()
+    rl, orca = s.loc["request-level"], s.loc["orca"]
+    assert orca["normalized_latency_s_per_token_p50"] < (
+        C1_NORMALIZED_LATENCY_RATIO * rl["normalized_latency_s_per_token_p50"])
+    assert orca["queue_delay_s_p50"] < C2_QUEUE_DELAY_RATIO * rl["queue_delay_s_p50"]
+
+
+def test_warmup_drops_early_requests() -> None:
+    sc = make_scenario(warmup_s=20.0)
+    res = run_scenario(sc).systems["orca"]
+    kept = int((res.requests["arrival_s"] >= 20.0).sum())
+    assert res.summary["requests_completed"] == kept < len(res.requests)

@@ -1,0 +1,83 @@
+"""Scenario validation: typos are named with a suggestion; bad values name key, value, expectation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.scenario import apply_override, load_scenario, parse_dotted, scenario_from_dict
+from orcasim.workload import generate_requests
+
+
+def test_quickstart_loads() -> None:
+    sc = load_scenario("scenarios/quickstart.yaml")
+    assert sc.name == "quickstart" and [s.name for s in sc.systems] == ["request-level", "orca"]
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("workload.arival", {"kind": "poisson"}, "unknown key 'arival'; did you mean 'arrival'"),
+    ("systems[1].scheduler.max_batch_sze", 3, "did you mean 'max_batch_size'"),
+    ("kv_capacity", 5, "did you mean 'kv_capacity_tokens'"),
+    ("workload.arrival.rate_per_s", -1, "workload.arrival.rate_per_s = -1: Input should be greater than 0"),
+    ("workload.prompt_tokens", {"kind": "uniform", "low": 9, "high": 3}, "low (9) must be <= high (3)"),
+    ("workload.arrival.kind", "weibull", "does not match any of the expected tags"),
+    ("cost.base_s", "fast", "cost.base_s = 'fast'"),
+    ("systems[1].name", "request-level", "repeated: request-level"),
+    ("workload.max_tokens", 5000, "exceeds kv_capacity_tokens"),
+])
+def test_bad_values_are_named(base_dict: dict[str, Any], path: str, value: Any, message: str) -> None:
+    apply_override(base_dict, f"{path}={value!r}" if isinstance(value, str) else f"{path}={value}")
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        scenario_from_dict(base_dict)
+
+
+def test_max_tokens_below_a_request_is_rejected(base_dict: dict[str, Any]) -> None:
+    import numpy as np
+
+    base_dict["workload"]["max_tokens"] = 50
+    sc = scenario_from_dict(base_dict)
+    with pytest.raises(ValueError, match="workload.max_tokens = 50 is below request"):
+        generate_requests(sc.workload, np.random.default_rng(0))
+
+
+def test_trace_workload_needs_no_lengths_and_rejects_them(base_dict: dict[str, Any]) -> None:
+    base_dict["workload"]["arrival"] = {"kind": "trace", "path": "x.csv"}
+    with pytest.raises(ScenarioError, match="must not be set: a trace supplies the lengths"):
+        scenario_from_dict(base_dict)
+    for key in ("prompt_tokens", "output_tokens", "num_requests"):
+        del base_dict["workload"][key]
+    assert scenario_from_dict(base_dict).workload.num_requests is None
+
+
+def test_generated_workload_needs_lengths(base_dict: dict[str, Any]) -> None:
+    del base_dict["workload"]["prompt_tokens"]
+    with pytest.raises(ScenarioError, match="missing prompt_tokens"):
+        scenario_from_dict(base_dict)
+
+
+def test_malformed_yaml_names_the_line(tmp_path) -> None:  # noqa: ANN001
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: x\nworkload: [1, 2\n")
+    with pytest.raises(ScenarioError, match="malformed YAML"):
+        load_scenario(f)
+
+
+def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
+    apply_override(base_dict, "systems[1].scheduler.max_batch_size=16")
+    apply_override(base_dict, "workload.arrival.rate_per_s=2.5")
+    sc = scenario_from_dict(base_dict)
+    assert sc.systems[1].scheduler.max_batch_size == 16
+    assert sc.workload.arrival.rate_per_s == 2.5
+    assert parse_dotted("a.b[2].c") == ["a", "b", 2, "c"]
+    with pytest.raises(ScenarioError, match="expected KEY=VALUE"):
+        apply_override(base_dict, "workload.max_tokens")
+    with pytest.raises(ScenarioError, match=r"index \[5\] does not exist"):
+        apply_override(base_dict, "systems[5].name=x")
+
+
+def test_scenario_is_frozen(base_dict: dict[str, Any]) -> None:
+    sc = scenario_from_dict(base_dict)
+    with pytest.raises(Exception, match="frozen"):
+        sc.seed = 3  # type: ignore[misc]
