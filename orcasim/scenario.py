@@ -15,7 +15,7 @@ from pydantic import Field, NonNegativeFloat, PositiveInt, ValidationError, mode
 
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig
-from orcasim.schedulers import SchedulerConfig
+from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.workload import WorkloadConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -49,6 +49,13 @@ class Scenario(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"system names must be unique; repeated: {', '.join(dupes)}")
+        blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
+        if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
+            raise ValueError(
+                f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
+                f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
+                "so no request could ever be admitted"
+            )
         return self
 
     def system_cost(self, system: SystemConfig) -> CostConfig:

@@ -203,3 +203,19 @@ def test_unknown_reservation_policy_is_a_one_line_error():
     }
     with pytest.raises(ScenarioError, match=r"kv_reservation = 'pow3'.*'max', 'pow2' or 'oracle'"):
         scenario_from_dict(data)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("kv_capacity_tokens=17089", "block_size_tokens = 16 does not divide kv_capacity_tokens = 17089"),
+    ("systems[3].scheduler.max_num_batched_tokens=1024", "max_num_batched_tokens = 1024 is below"),
+])
+def test_memory_settings_are_checked_by_validate(override: str, message: str) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "orcasim.cli", "validate", "scenarios/memory/opt13b_a100_sharegpt.yaml",
+         "--set", override], capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

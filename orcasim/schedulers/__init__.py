@@ -33,4 +33,15 @@ def build_scheduler(cfg: SchedulerConfig, requests: Requests, kv_capacity_tokens
     raise AssertionError(f"unhandled scheduler config {cfg!r}")
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "StepResult", "build_scheduler"]
+def reserves_max_tokens(cfg: SchedulerConfig) -> bool:
+    """True if the scheduler reserves each request's `max_tokens` of KV at admission."""
+    match cfg:
+        case RequestLevelConfig():
+            return True
+        case IterationLevelConfig():
+            return cfg.kv_reservation == "max"
+    return False
+
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput", "StepResult", "build_scheduler",
+           "reserves_max_tokens"]
