@@ -18,7 +18,7 @@ block back once its owner is freed) are asserted and property-tested.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from orcasim.requests import Requests
 
 ReservationPolicy = Literal["max", "pow2", "oracle"]
 NO_OWNER = -1
+TokenCount = TypeVar("TokenCount", int, np.ndarray)
 
 
 def next_power_of_two(tokens: np.ndarray) -> np.ndarray:
@@ -46,8 +47,8 @@ def reservation_tokens(requests: Requests, policy: ReservationPolicy) -> np.ndar
     raise AssertionError(f"unhandled reservation policy {policy!r}")
 
 
-def blocks_for(tokens: int, block_size_tokens: int) -> int:
-    """Blocks that hold `tokens` tokens: the ceiling of tokens / block size."""
+def blocks_for(tokens: TokenCount, block_size_tokens: int) -> TokenCount:
+    """Blocks that hold `tokens` tokens (a count or an array): the ceiling of tokens / block size."""
     return -(-tokens // block_size_tokens)
 
 

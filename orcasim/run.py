@@ -67,6 +67,7 @@ def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> 
             f"and were rejected (first: request {int(run.rejected_ids[0])})", stacklevel=2,
         )
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
+    reqs["preemptions"] = scheduler.preemptions_per_request
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())

@@ -187,6 +187,9 @@ def test_memory_schedulers_are_selectable_in_yaml_and_run():
     summary = result.summary_frame()
     assert summary["requests_completed"].tolist() == [40.0, 40.0, 40.0]
     assert (summary["kv_utilization_mean"] <= 1.0).all()
+    for res in result.systems.values():  # per-request counts add up to the per-step ones
+        assert res.requests["preemptions"].sum() == res.summary["preemptions"]
+    assert summary.loc["vllm", "preemptions"] > 0  # 2,048 tokens of KV: this load must evict
 
 
 def test_unknown_reservation_policy_is_a_one_line_error():

@@ -82,6 +82,7 @@ class Scheduler(ABC):
         self.waiting: list[int] = []  # FCFS queue of request ids
         self._waiting_head = 0  # index of the queue's head, so that popping is O(1)
         self.rejected_ids: list[int] = []  # requests that could never fit, in arrival order
+        self.preemptions_per_request = np.zeros(n, dtype=np.int64)  # evictions, where any
 
     def add_request(self, req_id: int) -> None:
         """Queue a request, or reject it now (a value, not an error) if it can never fit."""

@@ -106,6 +106,9 @@ class PagedScheduler(Scheduler):
         self.token_budget = token_budget
         num_blocks = num_blocks_for_capacity(kv_capacity_tokens, cfg.block_size_tokens)
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens)
+        # Peak KV: every token but the last generated one, whose KV is never computed.
+        self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
+        self._fits_alone = blocks_for(self._peak_tokens, cfg.block_size_tokens) <= num_blocks
         self.watermark_blocks = int(cfg.watermark * num_blocks)
         block_bytes = cfg.kv_bytes_per_token * cfg.block_size_tokens
         self.swap_capacity_blocks = cfg.swap_space_bytes // block_bytes
@@ -116,30 +119,24 @@ class PagedScheduler(Scheduler):
         self.swapped: list[int] = []  # heap of ids whose KV is in CPU memory
         self.cpu_blocks = np.zeros(n, dtype=np.int64)
         self.peak_computed = np.zeros(n, dtype=np.int64)  # to tell recomputation from progress
-        self.preemptions_per_request = np.zeros(n, dtype=np.int64)
         self.preemptions_total = 0
         self.recomputed_tokens_total = 0
 
     def _check_budget(self) -> None:
         """Without chunking the longest (re)prefill must fit one step's token budget."""
-        ok = [i for i in range(len(self.requests)) if not self.never_fits(i)]
-        if not ok:
-            return
         # After a recompute preemption a request prefills prompt + generated tokens at once.
-        longest = self.requests.prompt_tokens[ok] + self.requests.output_tokens[ok] - 1
-        i = int(np.argmax(longest))
-        if longest[i] > self.token_budget:
+        longest = np.where(self._fits_alone, self._peak_tokens, 0)
+        i = int(np.argmax(longest)) if len(longest) else 0
+        if len(longest) and longest[i] > self.token_budget:
             raise ValueError(
                 f"scheduler.max_num_batched_tokens = {self.token_budget} is below request "
-                f"{ok[i]}'s prompt + output - 1 = {int(longest[i])} tokens, which it must "
+                f"{i}'s prompt + output - 1 = {int(longest[i])} tokens, which it must "
                 f"prefill in one step without chunking; expected >= {int(longest[i])} "
                 "(or use kind: chunked)"
             )
 
     def never_fits(self, req_id: int) -> bool:
-        # Peak KV: every token but the last generated one, whose KV is never computed.
-        peak_tokens = int(self.requests.prompt_tokens[req_id] + self.requests.output_tokens[req_id]) - 1
-        return blocks_for(peak_tokens, self.cfg.block_size_tokens) > self.allocator.num_blocks
+        return not bool(self._fits_alone[req_id])
 
     def known_tokens(self, req_id: int) -> int:
         return int(self.requests.prompt_tokens[req_id] + self.generated[req_id])
