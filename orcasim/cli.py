@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from orcasim.config import ScenarioError
+
+if TYPE_CHECKING:
+    from orcasim.scenario import Scenario
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -78,6 +81,8 @@ def run(
         out_dir = out or default_results_dir(sc.name)
         if out_dir.exists() and not force:
             fail(f"{out_dir} already exists; pass --force to overwrite it")
+        if sc.sweep is not None:
+            return _run_sweep(sc, scenario, out_dir, force, plots)
         result = run_scenario(sc, base_dir=scenario.resolve().parent)
         write_run(result, out_dir, force=force, plots=plots)
     except USER_ERRORS as e:
@@ -85,6 +90,16 @@ def run(
     summary = {n: r.summary for n, r in result.systems.items()}
     console.print(summary_table(summary, f"{sc.name}: {len(result.systems)} systems"))
     typer.echo(f"results written to {out_dir}/")
+
+
+def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool) -> None:
+    """A scenario with `sweep:` runs every point and writes sweep.csv and the figure."""
+    from orcasim.sweep import X_METRIC, Y_METRIC, run_sweep, write_sweep
+
+    frame = run_sweep(sc, base_dir=path.resolve().parent)
+    write_sweep(frame, sc, out_dir, force=force, plots=plots)
+    typer.echo(frame[["system", "value", X_METRIC, Y_METRIC]].to_string(index=False))
+    typer.echo(f"sweep of {len(frame)} rows written to {out_dir}/")
 
 
 @app.command()

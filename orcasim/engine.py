@@ -11,7 +11,7 @@ Reference mode runs one iteration per SimPy timeout. The loop:
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -28,7 +28,8 @@ class EngineRun:
 
     recorder: Recorder
     end_s: float
-    rejected_ids: np.ndarray  # int64: requests the scheduler could never fit, so never ran
+    # Requests the scheduler could never fit (int64), which never ran.
+    rejected_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class Engine:
