@@ -89,10 +89,13 @@ def test_budget_and_max_num_seqs_limit_each_step():
 
 def test_block_size_that_does_not_divide_capacity_is_an_error():
     with pytest.raises(ValueError, match=r"block_size_tokens = 16 does not divide "
-                                         r"kv_capacity_tokens = 100; expected .* 96 or 112"):
+                                         r"kv_capacity_tokens = 100 \(whole blocks would lose 4 "
+                                         r"tokens\); expected .* 96 or 112"):
         _paged(make_requests([4], [4]), capacity=100)
     with pytest.raises(ValueError, match="at least 16"):
         _paged(make_requests([4], [4]), capacity=8)
+    # A derived capacity loses a sliver (12 of 15,004 tokens) to whole blocks: accepted.
+    assert _paged(make_requests([4], [4]), capacity=15_004).allocator.num_blocks == 937
 
 
 def test_budget_below_the_longest_prefill_is_an_error():
@@ -209,7 +212,7 @@ def test_unknown_reservation_policy_is_a_one_line_error():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("kv_capacity_tokens=17089", "block_size_tokens = 16 does not divide kv_capacity_tokens = 17089"),
+    ("systems[3].scheduler.block_size_tokens=4096", "block_size_tokens = 4096 does not divide"),
     ("systems[3].scheduler.max_num_batched_tokens=1024", "max_num_batched_tokens = 1024 is below"),
 ])
 def test_memory_settings_are_checked_by_validate(override: str, message: str) -> None:

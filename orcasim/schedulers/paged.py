@@ -43,6 +43,7 @@ from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
 
 OPT_13B_KV_BYTES_PER_TOKEN = 2 * 40 * 5120 * 2  # K and V, layers, hidden size, fp16 bytes
 VLLM_SWAP_SPACE_BYTES = 4 * 2**30  # vLLM's default CPU swap space per GPU
+MAX_LOST_CAPACITY_FRACTION = 0.01  # KV left over after whole blocks, silently unused
 PCIE4_X16_BYTES_PER_S = 25e9  # achievable host<->device copy rate of PCIe 4.0 x16 (32 GB/s peak)
 
 
@@ -76,16 +77,20 @@ class _Plan:
 
 
 def num_blocks_for_capacity(kv_capacity_tokens: int, block_size_tokens: int) -> int:
-    """Blocks in the pool; the block size must divide the capacity (no silently lost tail)."""
-    if block_size_tokens > kv_capacity_tokens or kv_capacity_tokens % block_size_tokens:
-        lower = kv_capacity_tokens // block_size_tokens * block_size_tokens
+    """Whole blocks in the pool. A capacity derived from model and hardware is rarely a
+    multiple of the block size, so the tail is dropped, but only if it is a sliver."""
+    num_blocks = kv_capacity_tokens // block_size_tokens
+    lost_tokens = kv_capacity_tokens - num_blocks * block_size_tokens
+    if num_blocks == 0 or lost_tokens > MAX_LOST_CAPACITY_FRACTION * kv_capacity_tokens:
+        lower = num_blocks * block_size_tokens
         hint = f"a multiple such as {lower} or {lower + block_size_tokens}" if lower else \
             f"at least {block_size_tokens}"
         raise ValueError(
             f"scheduler.block_size_tokens = {block_size_tokens} does not divide "
-            f"kv_capacity_tokens = {kv_capacity_tokens}; expected kv_capacity_tokens {hint}"
+            f"kv_capacity_tokens = {kv_capacity_tokens} (whole blocks would lose {lost_tokens} "
+            f"tokens); expected kv_capacity_tokens {hint}, or a smaller block"
         )
-    return kv_capacity_tokens // block_size_tokens
+    return num_blocks
 
 
 class PagedScheduler(Scheduler):
@@ -240,7 +245,8 @@ class PagedScheduler(Scheduler):
         used = int(self.computed[self.running].sum() + num_new.sum())
         allocated = self.allocator.allocated_tokens
         assert plan.budget_tokens >= 0 and len(ids) <= self.cfg.max_num_seqs
-        assert used <= allocated <= self.kv_capacity_tokens
+        assert used <= allocated <= self.allocator.num_blocks * self.cfg.block_size_tokens
+        assert self.allocator.num_blocks * self.cfg.block_size_tokens <= self.kv_capacity_tokens
         assert self.swapped_blocks <= self.swap_capacity_blocks
         self.recomputed_tokens_total += plan.recomputed_tokens
         return SchedulerOutput(
