@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,calibrate]"
+	$(BIN)/pip install -q -e ".[dev,calibrate,cluster]"
 	touch $(STAMP)
 
 setup: $(STAMP)
