@@ -109,11 +109,14 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
     from orcasim.run import data_dir, make_requests
     from orcasim.scenario import load_scenario
+    from orcasim.schedulers import build_scheduler
 
     try:
         sc = load_scenario(scenario, set_ or [])
         with data_dir(scenario.resolve().parent):
             requests = make_requests(sc)
+        for system in sc.systems:  # constructors check settings against the requests
+            build_scheduler(system.scheduler, requests, sc.kv_capacity_tokens)
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")

@@ -11,7 +11,7 @@ Reference mode runs one iteration per SimPy timeout. The loop:
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -28,6 +28,8 @@ class EngineRun:
 
     recorder: Recorder
     end_s: float
+    # Requests the scheduler could never fit (int64), which never ran.
+    rejected_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class Engine:
@@ -44,9 +46,11 @@ class Engine:
     def run(self) -> EngineRun:
         self.env.process(self._loop())
         self.env.run()
-        unfinished = int(np.isnan(self.recorder.finish_s).sum())
+        rejected = np.asarray(self.scheduler.rejected_ids, dtype=np.int64)
+        assert np.all(np.isnan(self.recorder.finish_s[rejected])), "a rejected request finished"
+        unfinished = int(np.isnan(self.recorder.finish_s).sum()) - len(rejected)
         assert unfinished == 0, f"{unfinished} admitted requests never finished"
-        return EngineRun(self.recorder, float(self.env.now))
+        return EngineRun(self.recorder, float(self.env.now), rejected)
 
     def _admit_arrivals(self, up_to_index: int = -1) -> None:
         """Give the scheduler every request that has arrived (and at least up to `up_to_index`)."""
@@ -71,7 +75,7 @@ class Engine:
                 self._admit_arrivals(arrival_index)
                 continue
             start_s = self.env.now
-            duration_s = self.cost.iteration_time_s(plan.batch)
+            duration_s = self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
             yield self.env.timeout(duration_s)
             result = self.scheduler.update_from_output(plan)
             self.recorder.record_iteration(start_s, duration_s, 1, plan, self.scheduler.num_waiting)

@@ -16,6 +16,9 @@ ITERATION_COLUMNS = [
     "context_tokens",
     "kv_reserved_tokens",
     "num_waiting",
+    "kv_used_tokens",
+    "preemptions",
+    "recomputed_tokens",
 ]
 
 
@@ -26,7 +29,7 @@ class Recorder:
         self.first_scheduled_s = np.full(num_requests, np.nan)
         self.first_token_s = np.full(num_requests, np.nan)
         self.finish_s = np.full(num_requests, np.nan)
-        self._rows: list[tuple[float, float, int, int, int, int, int, int]] = []
+        self._rows: list[tuple[float, float, int, int, int, int, int, int, float, int, int]] = []
 
     def record_iteration(
         self, start_s: float, duration_s: float, num_iterations: int, plan: SchedulerOutput,
@@ -37,6 +40,8 @@ class Recorder:
             start_s, duration_s, num_iterations, len(plan.req_ids),
             batch.total_query_tokens, batch.total_context_tokens,
             plan.kv_reserved_tokens, num_waiting,
+            np.nan if plan.kv_used_tokens is None else float(plan.kv_used_tokens),
+            plan.preemptions, plan.recomputed_tokens,
         ))
 
     def record_progress(

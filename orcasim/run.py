@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,14 @@ def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> 
         requests, build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens), cost
     )
     run = engine.run()
-    reqs = requests_frame(requests, run.recorder)
+    rejected = np.asarray(engine.scheduler.rejected_ids, dtype=np.int64)
+    if len(rejected):
+        warnings.warn(
+            f"{system.name}: {len(rejected)} request(s) can never fit in KV memory "
+            f"and were rejected (first: request {int(rejected[0])})", stacklevel=2,
+        )
+    reqs = requests_frame(requests, run.recorder, rejected)
+    reqs["preemptions"] = engine.scheduler.preemptions_per_request
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())

@@ -23,7 +23,7 @@ from pydantic import (
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef
-from orcasim.schedulers import SchedulerConfig
+from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.workload import WorkloadConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -95,10 +95,12 @@ class Scenario(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"system names must be unique; repeated: {', '.join(dupes)}")
-        if self.workload.max_tokens > self.kv_capacity_tokens:
+        blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
+        if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
             raise ValueError(
                 f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
-                f"{self.kv_capacity_tokens}: no request could ever be admitted"
+                f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
+                "so no request could ever be admitted"
             )
         return self
 
