@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,calibrate]"
+	$(BIN)/pip install -q -e ".[dev,calibrate,cluster]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -35,10 +35,11 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
 
+# Profile the tiny model on this CPU, fit, and replay a real serving run against the simulation.
 calibrate: $(STAMP)
 	$(BIN)/python -m calibrate profile --model tiny --device cpu --grid default --out profiles/cpu-tiny.csv
 	$(BIN)/python -m calibrate fit profiles/cpu-tiny.csv --out cost_models/cpu-tiny.yaml
-	$(BIN)/python -m calibrate replay scenarios/calibrated/cpu_tiny.yaml --model tiny --device cpu
+	$(BIN)/python -m calibrate replay scenarios/calibrated/cpu_tiny.yaml --model tiny --device cpu --load 0.55
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

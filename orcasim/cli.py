@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from orcasim.config import ScenarioError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from orcasim.scenario import Scenario
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -78,6 +83,8 @@ def run(
         out_dir = out or default_results_dir(sc.name)
         if out_dir.exists() and not force:
             fail(f"{out_dir} already exists; pass --force to overwrite it")
+        if sc.sweep is not None:
+            return _run_sweep(sc, scenario, out_dir, force, plots)
         result = run_scenario(sc, base_dir=scenario.resolve().parent)
         write_run(result, out_dir, force=force, plots=plots)
     except USER_ERRORS as e:
@@ -87,19 +94,128 @@ def run(
     typer.echo(f"results written to {out_dir}/")
 
 
+def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool) -> None:
+    """A scenario with `sweep:` runs every point and writes sweep.csv and the figure."""
+    from orcasim.sweep import X_METRIC, Y_METRIC, run_sweep, write_sweep
+
+    frame = run_sweep(sc, base_dir=path.resolve().parent)
+    write_sweep(frame, sc, out_dir, force=force, plots=plots)
+    typer.echo(frame[["system", "value", X_METRIC, Y_METRIC]].to_string(index=False))
+    typer.echo(f"sweep of {len(frame)} rows written to {out_dir}/")
+
+
 @app.command()
 def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
     from orcasim.run import data_dir, make_requests
     from orcasim.scenario import load_scenario
+    from orcasim.schedulers import build_scheduler
 
     try:
         sc = load_scenario(scenario, set_ or [])
         with data_dir(scenario.resolve().parent):
             requests = make_requests(sc)
+        for system in sc.systems:  # constructors check settings against the requests
+            build_scheduler(system.scheduler, requests, sc.kv_capacity_tokens)
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")
+
+
+def frame_table(frame: pd.DataFrame, title: str) -> Table:
+    """A DataFrame as a rich table; floats in 4 significant digits."""
+    table = Table(title=title)
+    for column in frame.columns:
+        table.add_column(str(column), justify="left" if frame[column].dtype == object else "right")
+    for row in frame.itertuples(index=False):
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    return table
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep YAML file (base scenario + grid).")],
+    out: Annotated[Path | None, typer.Option(help="Results folder (default results/<name>).")] = None,
+    backend: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
+    workers: Annotated[int | None, typer.Option(help="Parallel tasks (default: core count).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. auto.")] = None,
+    resume: Annotated[bool, typer.Option(help="Keep finished points, run the rest.")] = False,
+    force: Annotated[bool, typer.Option(help="Delete existing results first.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Run every point of a sweep; write sweep.parquet/csv, one row per (point, system, replication)."""
+    from orcasim.results import default_results_dir
+    from orcasim.sweeps import load_sweep, run_sweep
+
+    try:
+        sw = load_sweep(spec)
+        out_dir = out or default_results_dir(sw.spec.name)
+        result = run_sweep(sw, out_dir, backend, workers, address, resume, force, progress)  # type: ignore[arg-type]
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    console.print(f"{result.ran} tasks run, {result.skipped} already done; "
+                  f"{len(result.table)} rows in {out_dir}/sweep.parquet")
+    if result.failed:
+        typer.echo(f"{len(result.failed)} failed points (see {out_dir}/failures.csv):", err=True)
+        for o in result.failed:
+            typer.echo(f"  {o.id} {o.params}: {o.error}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="Results folder A (run, sweep or baseline).")],
+    run_b: Annotated[Path, typer.Argument(help="Results folder B.")],
+    all_: Annotated[bool, typer.Option("--all", help="Show unchanged metrics too.")] = False,
+) -> None:
+    """Print metric deltas from RUN_A to RUN_B."""
+    from orcasim.compare import deltas, load_metrics
+
+    try:
+        frame = deltas(load_metrics(run_a), load_metrics(run_b))
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    shown = frame if all_ else frame[frame["rel_change"] != 0]
+    console.print(frame_table(shown, f"{run_a} -> {run_b}: {len(shown)} of {len(frame)} metrics"))
+
+
+@app.command()
+def plot(
+    results_dir: Annotated[Path, typer.Argument(help="A run or sweep results folder.")],
+    svg: Annotated[bool, typer.Option(help="Also write SVG.")] = False,
+    slo: Annotated[float | None, typer.Option(help="SLO line on the latency figure.")] = None,
+) -> None:
+    """Write every figure of RESULTS_DIR into it as PNG (and SVG)."""
+    from orcasim.render import write_plots
+
+    try:
+        paths = write_plots(results_dir, svg=svg, slo=slo)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    for p in paths:
+        typer.echo(str(p))
+
+
+@app.command()
+def check(
+    update: Annotated[bool, typer.Option(help="Rewrite the baselines from this run.")] = False,
+    scenarios: Annotated[Path, typer.Option(help="Regression scenarios.")] = Path("scenarios/regression"),
+    baselines: Annotated[Path, typer.Option(help="Baseline metrics.")] = Path("results/baselines"),
+) -> None:
+    """Rerun the regression scenarios; exit 1 if any metric moved from its baseline."""
+    from orcasim.regression import check as run_check
+
+    try:
+        moved = run_check(scenarios, baselines, update)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    if update:
+        typer.echo(f"baselines rewritten in {baselines}/")
+    elif len(moved):
+        console.print(frame_table(moved, f"{len(moved)} metrics moved from {baselines}/"))
+        raise typer.Exit(1)
+    else:
+        typer.echo(f"all regression metrics match {baselines}/")
 
 
 def main() -> None:

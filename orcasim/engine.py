@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -52,6 +52,8 @@ class EngineRun:
 
     recorder: Recorder
     end_s: float
+    # Requests the scheduler could never fit (int64), which never ran.
+    rejected_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class ArrivalSource:
@@ -102,9 +104,11 @@ class Engine:
     def run(self) -> EngineRun:
         self.env.process(self._loop())
         self.env.run()
-        unfinished = int(np.isnan(self.recorder.finish_s).sum())
+        rejected = np.asarray(self.scheduler.rejected_ids, dtype=np.int64)
+        assert np.all(np.isnan(self.recorder.finish_s[rejected])), "a rejected request finished"
+        unfinished = int(np.isnan(self.recorder.finish_s).sum()) - len(rejected)
         assert unfinished == 0, f"{unfinished} admitted requests never finished"
-        return EngineRun(self.recorder, self.now_s)
+        return EngineRun(self.recorder, self.now_s, rejected)
 
     def _admit_arrivals(self) -> None:
         for req_id in self.arrivals.take_until(self.now_s):
@@ -128,7 +132,7 @@ class Engine:
             start_s = self.now_s
             run = self.scheduler.decode_run(plan) if fast else None
             if run is None:  # one iteration: all of reference mode
-                duration_s = self.cost.iteration_time_s(plan.batch)
+                duration_s = self._plan_time_s(plan)
                 yield self._sleep_until(start_s + duration_s)
                 self._finish_iteration(plan, start_s, duration_s)
             else:
@@ -151,16 +155,15 @@ class Engine:
             yield self._sleep_until(float(ends_s[n - 1]))
             waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s, n)
             result = self.scheduler.advance_run(run, n)
-            self.recorder.record_run(start_s, self.now_s, n, run, waiting)
+            self.recorder.record_run(start_s, ends_s[:n], run, waiting)
             self.recorder.record_result(result, self.now_s)
             if n < len(ends_s):
                 return
 
     def _finish_iteration(self, plan: SchedulerOutput, start_s: float, duration_s: float) -> None:
         result = self.scheduler.update_from_output(plan)
-        self.recorder.record_iteration(start_s, duration_s, plan, self.scheduler.num_waiting)
-        self.recorder.record_scheduled(plan.req_ids, start_s)
-        self.recorder.record_result(result, self.now_s)
+        self.recorder.record_iteration(start_s, duration_s, 1, plan, self.scheduler.num_waiting)
+        self.recorder.record_progress(plan.req_ids, start_s, result, self.now_s)
 
     def _finish_jump(
         self, plan: SchedulerOutput, run: DecodeRun, start_s: float, ends_s: np.ndarray, n: int
@@ -168,7 +171,7 @@ class Engine:
         """Apply the plan's iteration and `n - 1` steps of its run, which ended at now_s."""
         waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s, n)
         first, last = self.scheduler.advance(plan, run, n)
-        self.recorder.record_jump(start_s, self.now_s, n, plan, run, waiting)
+        self.recorder.record_jump(start_s, ends_s[:n], plan, run, waiting)
         self.recorder.record_scheduled(plan.req_ids, start_s)
         self.recorder.record_result(first, float(ends_s[0]))
         self.recorder.record_result(last, self.now_s)
@@ -179,10 +182,14 @@ class Engine:
         ends_s = np.empty(run.num_steps + head)
         ends_s[0] = self.now_s
         if plan is not None:
-            ends_s[1] = self.cost.iteration_time_s(plan.batch)
+            ends_s[1] = self._plan_time_s(plan)
         ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
         # Running sums in order: the same float additions as one timeout per iteration.
         return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
+
+    def _plan_time_s(self, plan: SchedulerOutput) -> float:
+        """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
+        return self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
 
     def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
         """Iterations to run: up to the boundary at which something must be looked at."""

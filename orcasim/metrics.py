@@ -12,8 +12,13 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token"
 PERCENTILES = (50, 90, 99)
 
 
-def requests_frame(requests: Requests, rec: Recorder) -> pd.DataFrame:
+def requests_frame(
+    requests: Requests, rec: Recorder, rejected_ids: np.ndarray | None = None
+) -> pd.DataFrame:
     """One flat row per request, in the documented schema."""
+    rejected = np.zeros(len(requests), dtype=bool)
+    if rejected_ids is not None:
+        rejected[rejected_ids] = True
     output = requests.output_tokens
     e2e = rec.finish_s - requests.arrival_s
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -32,6 +37,7 @@ def requests_frame(requests: Requests, rec: Recorder) -> pd.DataFrame:
         "tpot_s": tpot,
         "e2e_s": e2e,
         "normalized_latency_s_per_token": e2e / output,
+        "rejected": rejected,
     })
 
 
@@ -43,6 +49,8 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) ->
     duration_s = float(done["finish_s"].max()) - start_s if len(done) else 0.0
     out: dict[str, float] = {
         "requests_completed": float(len(done)),
+        "requests_rejected": float(reqs.loc[reqs["arrival_s"] >= warmup_s, "rejected"].sum())
+        if "rejected" in reqs else 0.0,
         "duration_s": duration_s,
         "throughput_rps": len(done) / duration_s if duration_s > 0 else 0.0,
         "throughput_tokens_per_s": float(done["output_tokens"].sum()) / duration_s
@@ -51,6 +59,7 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) ->
     for m in LATENCY_METRICS:
         out.update(_distribution(done[m].dropna().to_numpy(), m))
     out.update(_iteration_stats(it))
+    out.update(kv_memory_stats(it))
     out.update(littles_law(done))
     return out
 
@@ -75,6 +84,25 @@ def _iteration_stats(it: pd.DataFrame) -> dict[str, float]:
         "batch_size_mean": float((it["batch_size"] * n).sum() / total_iters) if total_iters else 0.0,
         "kv_reserved_tokens_mean": float((kv * dur).sum() / total_s) if total_s > 0 else 0.0,
         "kv_reserved_tokens_max": float(kv.max()) if len(kv) else 0.0,
+    }
+
+
+def kv_memory_stats(it: pd.DataFrame) -> dict[str, float]:
+    """KV holding real tokens over KV allocated, both weighted by time; eviction totals.
+
+    `kv_utilization_mean` is a ratio of time integrals, the share of allocated KV-seconds
+    that held token state (the vLLM paper's Figure 2 measure); NaN where a scheduler does
+    not report `kv_used_tokens`.
+    """
+    dur = it["duration_s"].to_numpy()
+    used = it["kv_used_tokens"].to_numpy(dtype=np.float64) if "kv_used_tokens" in it else None
+    allocated_s = float((it["kv_reserved_tokens"].to_numpy(dtype=np.float64) * dur).sum())
+    tracked = used is not None and len(used) > 0 and not np.isnan(used).any() and allocated_s > 0
+    return {
+        "kv_utilization_mean": float((used * dur).sum()) / allocated_s if tracked else float("nan"),
+        "preemptions": float(it["preemptions"].sum()) if "preemptions" in it else 0.0,
+        "recomputed_tokens": float(it["recomputed_tokens"].sum()) if "recomputed_tokens" in it
+        else 0.0,
     }
 
 

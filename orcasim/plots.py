@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import matplotlib
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-matplotlib.use("Agg")  # headless: figures are written to files or shown by notebooks
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+# Figures are built as plain `Figure` objects, never through pyplot, so nothing here picks
+# or switches a backend: files render with Agg and notebooks show them inline.
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from orcasim.run import RunResult  # noqa: E402
+from orcasim.run import RunResult
 
 CDF_METRICS = {
     "ttft_s": "time to first token (s)",
@@ -18,6 +23,9 @@ CDF_METRICS = {
     "e2e_s": "end-to-end latency (s)",
     "normalized_latency_s_per_token": "normalized latency (s/token)",
 }
+
+# Ratio of largest to smallest value beyond which a CDF's x axis is drawn in log scale.
+LOG_SPAN = 100.0
 
 
 def latency_cdfs(requests: pd.DataFrame) -> Figure:
@@ -29,32 +37,230 @@ def latency_cdfs(requests: pd.DataFrame) -> Figure:
             values = np.sort(rows[metric].dropna().to_numpy())
             if len(values):
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=str(system))
-        ax.set_xlabel(label)
+        values = requests[metric].dropna().to_numpy()
+        if len(values) and values.min() > 0 and values.max() / values.min() > LOG_SPAN:
+            ax.set_xscale("log")  # systems decades apart: a linear axis squashes one of them
+            ax.set_xlabel(f"{label}, log scale")
+        else:
+            ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(loc="lower right")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    # Outside the panels: inside, a legend hides some curve in one of the four.
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
     fig.suptitle("Latency distributions per system")
     return fig
 
 
-def batch_size_timeline(iterations: pd.DataFrame, max_points: int = 4000) -> Figure:
-    """Batch size over simulated time; `iterations` has a `system` column."""
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    ax = fig.subplots()
-    for system, rows in iterations.groupby("system", sort=False):
-        step = max(1, len(rows) // max_points)  # thin long runs so the plot stays readable
-        ax.step(rows["start_s"].to_numpy()[::step], rows["batch_size"].to_numpy()[::step],
-                where="post", label=str(system), alpha=0.8, linewidth=0.8)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("batch size (requests)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right")
-    ax.set_title("Batch size over time")
+TIMELINE_COLUMNS = {
+    "batch_size": "batch size (requests)",
+    "num_waiting": "queue length (requests)",
+    "kv_reserved_tokens": "KV reserved (tokens)",
+}
+
+
+def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarray) -> np.ndarray:
+    """Time average of `column` over each bin [edges_s[i], edges_s[i+1]).
+
+    Each row holds its value for `duration_s` from `start_s`; between rows the server is
+    idle, so the value is 0. The integral of a piecewise-constant signal is piecewise
+    linear, so interpolating it at the bin edges is exact.
+    """
+    start = iterations["start_s"].to_numpy(dtype=np.float64)
+    end = start + iterations["duration_s"].to_numpy(dtype=np.float64)
+    area = iterations[column].to_numpy(dtype=np.float64) * (end - start)
+    before = np.concatenate([[0.0], np.cumsum(area)[:-1]])
+    times = np.column_stack([start, end]).ravel()
+    integral = np.column_stack([before, before + area]).ravel()
+    at_edges = np.interp(edges_s, times, integral, left=0.0, right=integral[-1] if len(integral) else 0.0)
+    return np.diff(at_edges) / np.diff(edges_s)
+
+
+def timelines(
+    iterations: pd.DataFrame, columns: tuple[str, ...] = tuple(TIMELINE_COLUMNS), num_bins: int = 120
+) -> Figure:
+    """Batch size, queue length and KV usage over simulated time, one panel each.
+
+    Raw per-iteration steps of several systems overlap into a blur, so each line is the
+    time average over `num_bins` equal windows. `iterations` has a `system` column.
+    """
+    end_s = float((iterations["start_s"] + iterations["duration_s"]).max()) if len(iterations) else 1.0
+    edges_s = np.linspace(0.0, end_s, num_bins + 1)
+    mids_s = (edges_s[:-1] + edges_s[1:]) / 2
+    fig = Figure(figsize=(11, 1.2 + 2.4 * len(columns)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(columns), 1, sharex=True))
+    for ax, column in zip(axes, columns, strict=True):
+        for system, rows in iterations.groupby("system", sort=False):
+            ax.plot(mids_s, binned_time_average(rows, column, edges_s), label=str(system), linewidth=1.0)
+        ax.set_ylabel(TIMELINE_COLUMNS.get(column, column))
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
+    axes[-1].set_xlabel("simulated time (s)")
+    fig.suptitle(f"Time averages over {end_s / num_bins:.3g} s windows")
     return fig
+
+
+def batch_size_timeline(iterations: pd.DataFrame, num_bins: int = 120) -> Figure:
+    """Batch size alone over simulated time (see `timelines`)."""
+    return timelines(iterations, ("batch_size",), num_bins)
+
+
+SWEEP_METRICS = {
+    "normalized_latency_s_per_token_p50": "median normalized latency (s/token)",
+    "ttft_s_p50": "median TTFT (s)",
+    "e2e_s_p90": "p90 end-to-end latency (s)",
+    "throughput_rps": "achieved throughput (req/s)",
+}
+METRIC_LABELS = {
+    **SWEEP_METRICS,
+    "e2e_s_p50": "median end-to-end latency (s)",
+    "tpot_s_p50": "median time per output token (s)",
+    "queue_delay_s_p50": "median queueing delay (s)",
+    "batch_size_mean": "mean batch size (requests)",
+    "kv_reserved_tokens_mean": "mean KV reserved (tokens)",
+    "kv_reserved_tokens_max": "max KV reserved (tokens)",
+    "throughput_tokens_per_s": "output throughput (tokens/s)",
+}
+BAND_PERCENTILES = (10, 90)
+# Axis labels of common swept fields, by the last part of their dotted path.
+PARAMETER_LABELS = {
+    "rate_per_s": "offered load (req/s)",
+    "max_batch_size": "max batch size (requests)",
+    "kv_capacity_tokens": "KV capacity (tokens)",
+}
+
+
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v")
+_SYSTEM_PATH = re.compile(r"^systems\[(\d+)\]")
+
+
+@dataclass
+class Line:
+    label: str
+    style: dict[str, object]
+    rows: pd.DataFrame
+
+
+def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]:
+    """Split a sweep table into lines: one per system and value of each other swept
+    parameter. A `systems[i]...` parameter splits only system i; the others keep its
+    first value, so unaffected systems are not drawn once per value. Colour marks the
+    system, line style and marker the parameter values."""
+    from orcasim.sweeps.table import param_columns
+
+    params = [c for c in param_columns(table) if c not in exclude]
+    for i, system in enumerate(dict.fromkeys(table["system"])):
+        rows = table[table["system"] == system]
+        own = [c for c in params if not _other_system(c, i)]
+        for c in params:
+            if c not in own:
+                rows = rows[rows[c] == rows[c].iloc[0]]
+        groups = rows.groupby(own, sort=False) if own else [((), rows)]
+        for j, (values, sub) in enumerate(groups):
+            values = values if isinstance(values, tuple) else (values,)
+            label = ", ".join([str(system)] + [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(own, values, strict=True)])
+            style = {"color": f"C{i % 10}", "linestyle": LINE_STYLES[j % len(LINE_STYLES)],
+                     "marker": MARKERS[j % len(MARKERS)], "markersize": 4}
+            yield Line(label, style, sub)
+
+
+def _other_system(column: str, index: int) -> bool:
+    match = _SYSTEM_PATH.match(column)
+    return match is not None and int(match.group(1)) != index
+
+
+def load_parameter(table: pd.DataFrame) -> str | None:
+    """The swept parameter that sets the offered load: the first one naming a rate."""
+    from orcasim.sweeps.table import param_columns
+
+    return next((c for c in param_columns(table) if "rate" in c), None)
+
+
+def latency_vs_throughput(
+    table: pd.DataFrame, metric: str = "normalized_latency_s_per_token_p50",
+    slo: float | None = None, log_y: bool = True,
+) -> Figure:
+    """The Orca figure (OSDI'22, Fig. 10): latency against achieved throughput.
+
+    `table` is a tidy sweep table. Each point is the median over replications; one line
+    per system (and per value of any swept parameter other than the load).
+    """
+    load = load_parameter(table)
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = fig.subplots()
+    for line in sweep_lines(table, (load,) if load else ()):
+        # In load order: at saturation throughput stalls and sorting by it would zigzag.
+        by = load or "point"
+        med = line.rows.groupby(by)[["throughput_rps", metric]].median()
+        med = med.sort_index() if load else med.sort_values("throughput_rps")
+        ax.plot(med["throughput_rps"], med[metric], label=line.label, **line.style)
+    if slo is not None:
+        ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")
+    if log_y:
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.04 reads better than 4x10^-2
+        ax.yaxis.set_major_formatter(plain)
+        low, high = ax.get_ylim()
+        # Minor labels help within a decade; over a few, label only 2x and 5x; beyond, none.
+        span = high / low
+        minor = plain if span < 10 else FuncFormatter(_two_and_five) if span < 1000 else NullFormatter()
+        ax.yaxis.set_minor_formatter(minor)
+    ax.set_xlabel(SWEEP_METRICS["throughput_rps"])
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    ax.set_title("Latency against throughput")
+    return fig
+
+
+def _two_and_five(value: float, _pos: int) -> str:
+    leading = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if leading in (2, 5) else ""
+
+
+def percentile_bands(
+    table: pd.DataFrame, x: str, metrics: tuple[str, ...] = tuple(SWEEP_METRICS)
+) -> Figure:
+    """Metrics against the swept parameter `x`: the median over replications as a line and
+    the 10th-90th percentile across replications as a band, one panel per metric."""
+    fig = Figure(figsize=(11, 3.2 * ((len(metrics) + 1) // 2) + 0.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots((len(metrics) + 1) // 2, 2, squeeze=False)).ravel()
+    for ax, metric in zip(axes, metrics, strict=False):
+        for line in sweep_lines(table, (x,)):
+            q = line.rows.groupby(x)[metric].quantile([0.5, *(p / 100 for p in BAND_PERCENTILES)]).unstack()
+            ax.plot(q.index, q[0.5], label=line.label, **line.style)
+            ax.fill_between(q.index, q.iloc[:, 1], q.iloc[:, 2], alpha=0.15, color=line.style["color"])
+        ax.set_xlabel(PARAMETER_LABELS.get(x.rsplit(".", 1)[-1], x))
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.grid(alpha=0.3)
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize="small")
+    lo, hi = BAND_PERCENTILES
+    fig.suptitle(f"Median over replications, band: p{lo}-p{hi} across replications")
+    return fig
+
+
+def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Figure]:
+    """The standard figures of a sweep, by file stem."""
+    from orcasim.sweeps.table import param_columns
+
+    figures = {"latency_vs_throughput": latency_vs_throughput(table, slo=slo)}
+    for x in param_columns(table):
+        figures[f"bands_{x.rsplit('.', 1)[-1]}"] = percentile_bands(table, x)
+    return figures
+
+
+def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, Figure]:
+    """The standard figures of one run from its frames (each with a `system` column)."""
+    return {"latency_cdf": latency_cdfs(requests), "timelines": timelines(iterations)}
 
 
 def run_figures(result: RunResult) -> dict[str, Figure]:
     """The standard figures of one run, by file stem."""
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
-    return {"latency_cdf": latency_cdfs(reqs), "batch_size": batch_size_timeline(iters)}
+    return frames_figures(reqs, iters)

@@ -6,8 +6,9 @@ object per row), so a million-request run keeps its rows in tens of megabytes.
 
 A row covers `num_iterations` consecutive iterations of the same requests (one in
 reference mode; a whole jump in fast mode). `batch_size` and `kv_reserved_tokens` are
-the same in each of them; `duration_s`, `tokens`, `context_tokens` and `num_waiting`
-are summed over them, so a one-iteration row holds that iteration's values and every
+the same in each of them; `duration_s`, `tokens`, `context_tokens`, `num_waiting`,
+`preemptions` and `recomputed_tokens` are summed over them; `kv_used_tokens` is their
+time-weighted mean. So a one-iteration row holds that iteration's values, and every
 summary (iteration-weighted or time-weighted mean) is the same in both modes.
 """
 
@@ -29,8 +30,11 @@ ITERATION_COLUMNS = (
     "context_tokens",
     "kv_reserved_tokens",
     "num_waiting",
+    "kv_used_tokens",
+    "preemptions",
+    "recomputed_tokens",
 )
-FLOAT_COLUMNS = ("start_s", "duration_s")  # the others are integer counts
+FLOAT_COLUMNS = ("start_s", "duration_s", "kv_used_tokens")  # the others are integer counts
 ROW_CHUNK = 4096
 # Counts are stored as float64 in the blocks: exact below 2**53.
 MAX_EXACT_COUNT = 2**53
@@ -57,38 +61,56 @@ class Recorder:
             self._pending = []
 
     def record_iteration(
-        self, start_s: float, duration_s: float, plan: SchedulerOutput, num_waiting: int
+        self, start_s: float, duration_s: float, num_iterations: int, plan: SchedulerOutput,
+        num_waiting: int,
     ) -> None:
-        """One iteration that ran `plan`."""
+        """One iteration that ran `plan` (`num_iterations` is 1; kept for callers' clarity)."""
+        assert num_iterations == 1, "a multi-iteration row is record_jump's"
         batch = plan.batch
+        used = math.nan if plan.kv_used_tokens is None else float(plan.kv_used_tokens)
         self._append(
             start_s, duration_s, 1, len(plan.req_ids), _total(batch.query_tokens),
-            _total(batch.context_tokens), plan.kv_reserved_tokens, num_waiting,
+            _total(batch.context_tokens), plan.kv_reserved_tokens, num_waiting, used,
+            plan.preemptions, plan.recomputed_tokens,
         )
 
     def record_jump(
-        self, start_s: float, end_s: float, num_iterations: int, plan: SchedulerOutput,
-        run: DecodeRun, num_waiting_sum: int,
+        self, start_s: float, ends_s: np.ndarray, plan: SchedulerOutput, run: DecodeRun,
+        num_waiting_sum: int,
     ) -> None:
-        """`plan`'s iteration then the first `num_iterations - 1` steps of `run`, as one row."""
-        steps = num_iterations - 1
-        batch = plan.batch
+        """`plan`'s iteration, ending at ends_s[0], then a step of `run` per later end."""
+        n, end_s = len(ends_s), float(ends_s[-1])
+        steps, batch = n - 1, plan.batch
+        used = math.nan
+        if plan.kv_used_tokens is not None:  # a decode step holds its context's KV
+            head_s = float(ends_s[0]) - start_s
+            used_s = plan.kv_used_tokens * head_s + _used_s(run, np.diff(ends_s))
+            used = used_s / (end_s - start_s)
         self._append(
-            start_s, end_s - start_s, num_iterations, len(plan.req_ids),
+            start_s, end_s - start_s, n, len(plan.req_ids),
             _total(batch.query_tokens) + steps * run.size,
             _total(batch.context_tokens) + _run_context(run, steps),
-            plan.kv_reserved_tokens, num_waiting_sum,
+            plan.kv_reserved_tokens, num_waiting_sum, used, plan.preemptions,
+            plan.recomputed_tokens,
         )
 
     def record_run(
-        self, start_s: float, end_s: float, num_steps: int, run: ContinuedRun,
-        num_waiting_sum: int,
+        self, start_s: float, ends_s: np.ndarray, run: ContinuedRun, num_waiting_sum: int
     ) -> None:
-        """The first `num_steps` steps of a continued run, as one row."""
+        """A step of a continued run per end in `ends_s`, as one row."""
+        n, end_s = len(ends_s), float(ends_s[-1])
+        used_s = _used_s(run, np.diff(ends_s, prepend=start_s))
         self._append(
-            start_s, end_s - start_s, num_steps, len(run.req_ids), num_steps * run.size,
-            _run_context(run, num_steps), run.kv_reserved_tokens, num_waiting_sum,
+            start_s, end_s - start_s, n, len(run.req_ids), n * run.size, _run_context(run, n),
+            run.kv_reserved_tokens, num_waiting_sum, used_s / (end_s - start_s), 0, 0,
         )
+
+    def record_progress(
+        self, scheduled: np.ndarray, start_s: float, result: StepResult, end_s: float
+    ) -> None:
+        """An iteration that ran `scheduled` from `start_s` to `end_s`, with its result."""
+        self.record_scheduled(scheduled, start_s)
+        self.record_result(result, end_s)
 
     def record_scheduled(self, scheduled: np.ndarray, start_s: float) -> None:
         """Requests in a batch starting at `start_s`; the first time counts."""
@@ -116,6 +138,14 @@ class Recorder:
                 values = values.astype(np.int64)
             columns[name] = values
         return pd.DataFrame(columns, copy=False)
+
+def _used_s(run: DecodeRun, durations_s: np.ndarray) -> float:
+    """KV-token-seconds in use over a run's first steps: step j holds context_tokens + j."""
+    steps = np.arange(len(durations_s), dtype=np.float64)
+    return _total(run.context_tokens) * float(durations_s.sum()) + run.size * float(
+        steps @ durations_s
+    )
+
 
 def _run_context(run: DecodeRun, steps: int) -> int:
     """KV tokens read by a run's first `steps` steps: step j reads context_tokens + j."""

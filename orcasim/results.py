@@ -59,6 +59,21 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     return out_dir
 
 
+def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
+    """Let `write` fill a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(name))
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_run(result: RunResult, out_dir: Path, force: bool = False, plots: bool = True) -> Path:
     """Write a run's summary, frames, scenario and plots into `out_dir` atomically."""
     return write_atomically(out_dir, lambda tmp: _fill_run(result, tmp, plots), force)
@@ -66,7 +81,7 @@ def write_run(result: RunResult, out_dir: Path, force: bool = False, plots: bool
 
 def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
     summary = {name: r.summary for name, r in result.systems.items()}
-    (tmp / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    (tmp / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
     result.summary_frame().rename_axis("system").to_csv(tmp / "summary.csv")
     (tmp / "scenario.yaml").write_text(scenario_to_yaml(result.scenario))
     for name, r in result.systems.items():
@@ -80,17 +95,19 @@ def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
             save_figure(fig, tmp / f"{stem}.png")
 
 
-def save_figure(fig: Figure, path: Path) -> None:
-    import matplotlib.pyplot as plt
+def save_figure(fig: Figure, path: Path, svg: bool = False) -> list[Path]:
+    """Write `fig` as PNG at `path` (and beside it as SVG). Figures made without pyplot
+    need no closing: they are freed with their last reference."""
+    paths = [path] + ([path.with_suffix(".svg")] if svg else [])
+    for p in paths:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    return paths
 
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
-
-def _json_safe(obj: object) -> object:
+def json_safe(obj: object) -> object:
     """NaN is not JSON: write it as null."""
     if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj

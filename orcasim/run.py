@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from orcasim.cost import build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
+from orcasim.pipeline import pipeline_engine
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig, load_scenario
 from orcasim.schedulers import build_scheduler
@@ -57,13 +59,22 @@ def make_requests(scenario: Scenario) -> Requests:
 
 
 def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
-    scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
-    cost = build_cost_model(scenario.system_cost(system))
-    engine = Engine(
-        requests, scheduler, cost, scenario.engine.mode, row_breaks_s=(scenario.warmup_s,)
+    assert scenario.kv_capacity_tokens is not None
+    cost = build_cost_model(scenario.system_cost(system), scenario.deployment())
+    # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
+    engine = pipeline_engine(scenario, system, requests, cost) or Engine(
+        requests, build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens), cost,
+        scenario.engine.mode, row_breaks_s=(scenario.warmup_s,),
     )
     run = engine.run()
-    reqs = requests_frame(requests, run.recorder)
+    rejected = np.asarray(engine.scheduler.rejected_ids, dtype=np.int64)
+    if len(rejected):
+        warnings.warn(
+            f"{system.name}: {len(rejected)} request(s) can never fit in KV memory "
+            f"and were rejected (first: request {int(rejected[0])})", stacklevel=2,
+        )
+    reqs = requests_frame(requests, run.recorder, rejected)
+    reqs["preemptions"] = engine.scheduler.preemptions_per_request
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())

@@ -11,11 +11,19 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from orcasim.config import ScenarioError, Strict, format_validation_error
-from orcasim.cost import CostConfig
-from orcasim.schedulers import SchedulerConfig
+from orcasim.cost import CostConfig, Deployment
+from orcasim.cost.catalog import HardwareConfig, ModelRef
+from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.workload import WorkloadConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -35,26 +43,66 @@ class EngineConfig(Strict):
     mode: Literal["fast", "reference"] = "fast"
 
 
+class SweepConfig(Strict):
+    """Run the scenario once per value of one dotted parameter (see `orcasim.sweep`)."""
+
+    parameter: str
+    values: list[Any] = Field(min_length=1)
+
+
+HARDWARE_COST_KINDS = ("roofline", "profile")
+
+
 class Scenario(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     seed: int = 0
     workload: WorkloadConfig
     cost: CostConfig
-    kv_capacity_tokens: PositiveInt
+    model: ModelRef | None = None
+    hardware: HardwareConfig | None = None
+    # Derived from model and hardware when omitted; never None after validation.
+    kv_capacity_tokens: PositiveInt | None = None
     systems: list[SystemConfig] = Field(min_length=1)
     warmup_s: NonNegativeFloat = 0.0
     engine: EngineConfig = EngineConfig()
+    sweep: SweepConfig | None = None
+    _kv_capacity_derived: bool = PrivateAttr(default=False)
+
+    @property
+    def kv_capacity_derived(self) -> bool:
+        """True when kv_capacity_tokens came from model and hardware, not from the file."""
+        return self._kv_capacity_derived
+
+    def deployment(self) -> Deployment | None:
+        if self.model is None or self.hardware is None:
+            return None
+        return Deployment(model=self.model, hardware=self.hardware)
+
+    def _derive_kv_capacity(self) -> None:
+        kinds = [c.kind for c in (self.cost, *(s.cost for s in self.systems if s.cost)) if c.kind in HARDWARE_COST_KINDS]
+        deployment = self.deployment()
+        if kinds and deployment is None:
+            raise ValueError(f"cost.kind = '{kinds[0]}' needs the keys 'model' and 'hardware'")
+        if self.kv_capacity_tokens is None:
+            if deployment is None:
+                raise ValueError("kv_capacity_tokens is required unless 'model' and 'hardware' are given")
+            self.__dict__["kv_capacity_tokens"] = deployment.kv_capacity_tokens  # frozen: set once, here
+            self._kv_capacity_derived = True
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        self._derive_kv_capacity()
+        assert self.kv_capacity_tokens is not None
         names = [s.name for s in self.systems]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"system names must be unique; repeated: {', '.join(dupes)}")
-        if self.workload.max_tokens > self.kv_capacity_tokens:
+        blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
+        if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
             raise ValueError(
                 f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
-                f"{self.kv_capacity_tokens}: no request could ever be admitted"
+                f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
+                "so no request could ever be admitted"
             )
         return self
 

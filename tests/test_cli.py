@@ -26,7 +26,7 @@ def test_run_writes_results_and_refuses_to_overwrite(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"request-level", "orca"}
     assert summary["orca"]["requests_completed"] == 200
-    for f in ("summary.csv", "scenario.yaml", "latency_cdf.png", "batch_size.png",
+    for f in ("summary.csv", "scenario.yaml", "latency_cdf.png", "timelines.png",
               "orca/requests.parquet", "orca/iterations.parquet"):
         assert (out / f).is_file(), f
     assert len(pd.read_parquet(out / "orca" / "requests.parquet")) == 200

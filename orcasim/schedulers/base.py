@@ -3,7 +3,7 @@
 Lifecycle of a request inside a scheduler (vLLM v1's vocabulary: there is no prefill or
 decode phase, only `computed` tokens against `known` tokens):
 
-    add_request(id)      -> waiting
+    add_request(id)      -> waiting (or rejected at once if it could never fit in KV memory)
     schedule(now_s)      -> picked into a batch (admitted: KV reserved); tokens to compute
     update_from_output() -> computed += new tokens; if all known tokens are computed, one
                             output token is emitted; when `output_tokens` are emitted it
@@ -33,6 +33,13 @@ class SchedulerOutput:
     `batch` is what the cost model sees; it can differ from the logical work (a static
     batch pads finished members). `wake_at_s` is set only on an empty plan: the time at
     which the scheduler wants to be asked again even if nothing arrives.
+
+    Memory accounting: `kv_reserved_tokens` is the KV allocated (reserved slabs or whole
+    blocks); `kv_used_tokens` the part holding real token state once this iteration ends
+    (None where a scheduler does not track it). `preemptions` counts the requests evicted
+    while planning it, `recomputed_tokens` the tokens it computes again after an eviction,
+    and `swap_time_s` is KV copying to or from CPU memory that the engine adds to the
+    iteration's duration.
     """
 
     req_ids: np.ndarray  # int64 (B,) requests that make progress
@@ -40,6 +47,10 @@ class SchedulerOutput:
     batch: Batch
     kv_reserved_tokens: int
     wake_at_s: float | None = None
+    kv_used_tokens: int | None = None
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    swap_time_s: float = 0.0
 
     @property
     def is_empty(self) -> bool:
@@ -72,7 +83,10 @@ class DecodeRun:
 
 @dataclass(slots=True)
 class ContinuedRun(DecodeRun):
-    """A decode run with no plan before it: the batch left after a run's completions."""
+    """A decode run with no plan before it: the batch left after a run's completions.
+
+    Each step holds its context's KV (`kv_used_tokens` in the rows), as a decode plan does.
+    """
 
     req_ids: np.ndarray  # int64 (B,) the requests decoding
     kv_reserved_tokens: int
@@ -97,9 +111,23 @@ class Scheduler(ABC):
         self.generated = np.zeros(n, dtype=np.int64)  # output tokens emitted
         self.waiting: list[int] = []  # FCFS queue of request ids
         self._waiting_head = 0  # index of the queue's head, so that popping is O(1)
+        self.rejected_ids: list[int] = []  # requests that could never fit, in arrival order
+        self.preemptions_per_request = np.zeros(n, dtype=np.int64)  # evictions, where any
 
     def add_request(self, req_id: int) -> None:
+        """Queue a request, or reject it now (a value, not an error) if it can never fit."""
+        if self.never_fits(req_id):
+            self.rejected_ids.append(req_id)
+            return
         self.waiting.append(req_id)
+
+    def never_fits(self, req_id: int) -> bool:
+        """True if the request could not run even alone in an empty KV cache.
+
+        The default assumes a reservation of `max_tokens`; schedulers that reserve
+        otherwise override it. Queuing such a request would stall FCFS forever.
+        """
+        return bool(self.requests.max_tokens[req_id] > self.kv_capacity_tokens)
 
     @property
     def num_waiting(self) -> int:

@@ -18,6 +18,7 @@ from pydantic import PositiveInt
 
 from orcasim.config import Strict
 from orcasim.cost.base import Batch
+from orcasim.memory import ReservationPolicy, reservation_tokens
 from orcasim.requests import Requests
 from orcasim.schedulers.base import (
     EMPTY_IDS,
@@ -31,8 +32,11 @@ from orcasim.schedulers.base import (
 
 
 class IterationLevelConfig(Strict):
+    """`kv_reservation`: the KV each admitted request reserves (see `orcasim.memory`)."""
+
     kind: Literal["iteration_level"]
     max_batch_size: PositiveInt
+    kv_reservation: ReservationPolicy = "max"
 
 
 class IterationLevelScheduler(Scheduler):
@@ -41,14 +45,17 @@ class IterationLevelScheduler(Scheduler):
         self.max_batch_size = cfg.max_batch_size
         self.running: list[int] = []  # admitted, in admission (= arrival) order
         self.reserved_tokens = 0
-        self._reservation = requests.max_tokens  # what Orca reserves per request
+        self._reservation = reservation_tokens(requests, cfg.kv_reservation)
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._admit()
         ids = np.array(self.running, dtype=np.int64)
         known = self.requests.prompt_tokens[ids] + self.generated[ids]
         new_tokens = known - self.computed[ids]
-        out = SchedulerOutput(ids, new_tokens, Batch(new_tokens, known), self.reserved_tokens)
+        out = SchedulerOutput(
+            ids, new_tokens, Batch(new_tokens, known), self.reserved_tokens,
+            kv_used_tokens=int(known.sum()),
+        )
         assert len(ids) <= self.max_batch_size
         assert self.reserved_tokens <= self.kv_capacity_tokens
         return out
@@ -80,6 +87,9 @@ class IterationLevelScheduler(Scheduler):
         self.reserved_tokens -= int(self._reservation[done].sum())
         finished = set(done.tolist())
         self.running = [r for r in self.running if r not in finished]
+
+    def never_fits(self, req_id: int) -> bool:
+        return bool(self._reservation[req_id] > self.kv_capacity_tokens)
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0

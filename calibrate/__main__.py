@@ -1,0 +1,129 @@
+"""`python -m calibrate profile | fit | replay`: measure, fit, and check the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from orcasim.config import ScenarioError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ScenarioError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m calibrate", description=__doc__)
+    sub = p.add_subparsers(required=True)
+    prof = sub.add_parser("profile", help="time real iterations over a grid; write a CSV")
+    _model_options(prof)
+    prof.add_argument("--grid", choices=("default", "ci"), default="default")
+    prof.add_argument("--max-tokens", type=int, default=1024, help="largest context in the grid")
+    prof.add_argument("--out", type=Path, required=True)
+    prof.set_defaults(func=cmd_profile)
+    fit = sub.add_parser("fit", help="fit the cost model to a profile CSV; write a YAML")
+    fit.add_argument("profile", type=Path)
+    fit.add_argument("--out", type=Path, required=True)
+    fit.add_argument("--knots", default="64,256", help="token counts where the slope may change")
+    fit.add_argument("--target", choices=("time_s", "measured_s", "cpu_s", "device_s"), default="time_s")
+    fit.set_defaults(func=cmd_fit)
+    rep = sub.add_parser("replay", help="serve a scenario for real twice, simulate it, compare")
+    rep.add_argument("scenario", type=Path)
+    _model_options(rep)
+    rep.add_argument("--cost", type=Path, help="fitted cost YAML to simulate with (default: the scenario's)")
+    rep.add_argument("--out", type=Path, help="results folder (default results/calibrate/<scenario name>)")
+    rep.add_argument("--load", type=float, help="rescale arrivals to this fraction of the fitted capacity")
+    rep.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                     help="cpu: advance time by each real iteration's CPU time (for a shared machine)")
+    rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario field, as `orcasim run --set`")
+    rep.set_defaults(func=cmd_replay)
+    return p
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--layers", type=int, help="build only this many layers (profile times are scaled "
+                                               "to the full count)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: see README, multi-threaded timings are bimodal "
+                        "on a small shared machine)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _setup_torch(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device = cuda: no CUDA device is available")
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from calibrate.model import build_model, model_args
+    from calibrate.profile import GRIDS, header_lines, profile_rows, write_profile
+
+    _setup_torch(args)
+    full = model_args(args.model)
+    shape = model_args(args.model, args.layers)
+    model = build_model(shape, args.device, args.seed, max_positions=args.max_tokens + 1)
+    rows = profile_rows(model, GRIDS[args.grid], args.max_tokens, full.n_layers / shape.n_layers,
+                        np.random.default_rng(args.seed), lambda m: print(m, file=sys.stderr))
+    dtype = model.lm_head.weight.dtype
+    write_profile(args.out, header_lines(args.model, shape, full.n_layers, args.device, dtype, args.grid), rows)
+    print(f"wrote {len(rows)} rows to {args.out}")
+
+
+def cmd_fit(args: argparse.Namespace) -> None:
+    from calibrate.fit import fit_profile, write_cost_model
+    from calibrate.profile import read_profile
+
+    if not args.profile.is_file():
+        raise FileNotFoundError(f"profile '{args.profile}' not found")
+    knots = [int(k) for k in args.knots.split(",") if k.strip()]
+    header, rows = read_profile(args.profile)
+    doc = fit_profile(rows, knots, target=args.target)
+    write_cost_model(args.out, doc, args.profile, header, args.target)
+    print(yaml.safe_dump({"quality": doc["quality"]}, sort_keys=False), end="")
+    print(f"wrote {args.out}")
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    import json
+
+    from calibrate.model import build_model, model_args
+    from calibrate.replay import replay
+    from calibrate.report import write_replay
+    from orcasim.cost.fitted import FittedCostConfig
+    from orcasim.scenario import load_scenario
+
+    _setup_torch(args)
+    scenario = load_scenario(args.scenario, args.set)
+    if args.cost:
+        cost = FittedCostConfig(kind="fitted", path=str(args.cost.resolve()))
+        scenario = scenario.model_copy(update={"cost": cost})
+    max_tokens = scenario.workload.max_tokens
+    model = build_model(model_args(args.model, args.layers), args.device, args.seed,
+                        max_positions=max_tokens + 1)
+    result = replay(model, scenario, args.scenario.resolve().parent, args.seed, args.load, args.clock)
+    out = args.out or Path("results/calibrate") / scenario.name
+    write_replay(out, result)
+    print(result.table.to_string(float_format=lambda v: f"{v:.4g}"))
+    print(json.dumps({k: v for k, v in result.report.items() if k != "metrics"}))
+    print(f"wrote {out}/fidelity.json and fidelity.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One short check of calibrate/ on a lent GPU (budget: at most 8 minutes), or on the CPU.
+#
+#   calibrate/gpu_check.sh                 # CUDA: GPT-3 13B layer shape, 4 of 40 layers, bf16
+#   calibrate/gpu_check.sh --device cpu    # the same steps on the tiny model and the ci grid
+#
+# Steps: the selective-batching correctness test on the device; a profile (times scaled
+# from the profiled layers to the full depth); two fits (scaled: the cost model to commit;
+# measured: the model of what actually ran); a replay of real serving against the
+# simulation. Everything lands in $OUT (the device tool's output folder) or results/gpu_check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEVICE=cuda
+if [[ "${1:-}" == "--device" ]]; then DEVICE="$2"; fi
+DEST="${OUT:-results/gpu_check}/$DEVICE"
+PY="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}"
+if [[ "$DEVICE" == "cuda" ]]; then
+  MODEL=gpt3-13b LAYERS=4 GRID=default MAX_TOKENS=2048 SCENARIO=scenarios/calibrated/gpu_gpt3_13b.yaml
+  REQUESTS=300
+else
+  MODEL=tiny LAYERS=2 GRID=ci MAX_TOKENS=384 SCENARIO=scenarios/calibrated/cpu_tiny.yaml
+  REQUESTS=40
+fi
+mkdir -p "$DEST"
+step() { echo "== $* ($(date -u +%H:%M:%S))"; }
+
+step "correctness on $DEVICE"
+CALIBRATE_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider tests/test_calibrate_model.py
+if [[ "$DEVICE" == "cuda" ]]; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$DEST/device.txt" || true; fi
+
+step "profile $MODEL ($LAYERS layers) on $DEVICE, grid $GRID"
+"$PY" -m calibrate profile --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --grid "$GRID" \
+  --max-tokens "$MAX_TOKENS" --out "$DEST/profile.csv"
+
+step "fit"
+"$PY" -m calibrate fit "$DEST/profile.csv" --out "$DEST/cost_model.yaml"
+"$PY" -m calibrate fit "$DEST/profile.csv" --target measured_s --out "$DEST/cost_model_measured.yaml"
+
+step "replay $SCENARIO"
+"$PY" -m calibrate replay "$SCENARIO" --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" \
+  --cost "$DEST/cost_model_measured.yaml" --load 0.55 --set "workload.num_requests=$REQUESTS" \
+  --out "$DEST/replay"
+step "done: $DEST"

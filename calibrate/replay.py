@@ -1,0 +1,239 @@
+"""The replay check: serve a scenario's workload for real, simulate it, and compare.
+
+The real serving loop drives the real model on the wall clock with orcasim's own
+iteration-level scheduler (a pure state machine, so the policy is literally the same):
+requests join when their arrival time has passed, Orca admission is FCFS, every iteration
+is one selective-batched `run_iteration` plus greedy sampling. It records into orcasim's
+`Recorder`, so its rows have the schema of `orcasim.metrics.requests_frame`.
+
+A measured iteration runs from just before `schedule()` to just after the bookkeeping of
+its output, so the loop's own overhead is inside the iterations the cost model must
+explain. The real run is repeated to measure its noise: simulation error is judged against
+the real-versus-real difference, never against zero.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate.model import Sequence, Transformer
+from orcasim.cost import Batch, CostModel, build_cost_model
+from orcasim.engine import Engine
+from orcasim.metrics import requests_frame, summarize
+from orcasim.recorder import Recorder
+from orcasim.requests import Requests
+from orcasim.run import data_dir, make_requests, run_scenario
+from orcasim.scenario import Scenario, SystemConfig
+from orcasim.schedulers import SchedulerOutput, StepResult, build_scheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig
+from orcasim.workload.arrivals import TraceArrival
+
+# Metrics compared: (name in the table, summary key or an iterations-frame aggregate).
+COMPARED = ("e2e_s_mean", "e2e_s_p50", "e2e_s_p90", "ttft_s_mean", "ttft_s_p50", "ttft_s_p90",
+            "total_iteration_s", "iterations")
+SPIN_S = 0.002  # sleep until this close to an arrival, then spin: sleep overshoots by ~0.1 ms
+
+
+@dataclass
+class Served:
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    batches: list[Batch]  # what each real iteration computed, to cost it afterwards
+    cpu_share: float  # CPU time / wall time over the iterations: well below 1 = contention
+
+
+@dataclass
+class ReplayResult:
+    """The fidelity report (JSON-ready), its metric table, and the per-request rows."""
+
+    report: dict[str, object]
+    table: pd.DataFrame
+    real_requests: list[pd.DataFrame]
+    sim_requests: pd.DataFrame
+
+
+def orca_system(scenario: Scenario) -> SystemConfig:
+    for system in scenario.systems:
+        if isinstance(system.scheduler, IterationLevelConfig):
+            return system
+    raise ValueError(f"scenario {scenario.name!r}: replay needs a system with an iteration_level scheduler")
+
+
+def wait_until(t0: float, target_s: float) -> None:
+    while (left := target_s - (time.perf_counter() - t0)) > 0:
+        if left > SPIN_S:
+            time.sleep(left - SPIN_S)
+
+
+class RealServer:
+    """Serves a request table with the real model, one `step` per iteration.
+
+    `clock="wall"` is real serving: arrivals and iterations on the wall clock. `clock="cpu"`
+    runs the same real iterations but advances a virtual clock by each iteration's CPU time
+    (one torch thread), jumping to the next arrival when idle: on a shared machine it
+    measures the model's own cost without the time other processes held the core.
+    """
+
+    def __init__(self, model: Transformer, scenario: Scenario, system: SystemConfig,
+                 requests: Requests, rng: np.random.Generator, clock: str = "wall") -> None:
+        if clock not in ("wall", "cpu"):
+            raise ValueError(f"--clock = {clock!r}: expected wall or cpu")
+        self.model, self.requests, self.clock = model, requests, clock
+        self.scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
+        self.recorder = Recorder(len(requests))
+        self.prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist()
+                        for p in requests.prompt_tokens]
+        self.seqs: dict[int, Sequence] = {}
+        self.batches: list[Batch] = []
+        self.wall_s = self.cpu_s = 0.0  # totals over iterations, to expose contention
+
+    def step(self, plan: SchedulerOutput) -> StepResult:
+        """Run one planned iteration on the model and feed its tokens back."""
+        batch = []
+        for i, k in zip(plan.req_ids.tolist(), plan.num_new_tokens.tolist(), strict=True):
+            if i not in self.seqs:
+                self.seqs[i] = self.model.new_sequence(self.prompts[i], int(self.requests.max_tokens[i]))
+            batch.append((self.seqs[i], k))
+        for (seq, _), token in zip(batch, self.model.decode_greedy(batch), strict=True):
+            seq.token_ids.append(token)
+        result = self.scheduler.update_from_output(plan)
+        for i in result.finished_ids.tolist():
+            del self.seqs[i]  # frees its KV cache
+        self.batches.append(plan.batch)
+        return result
+
+    def run(self) -> Served:
+        """Serve every request, starting now. GC is paused meanwhile, as in the profiler."""
+        arrival_s, n, admitted = self.requests.arrival_s, len(self.requests), 0
+        gc.collect()
+        gc.disable()
+        t0, now_s = time.perf_counter(), 0.0
+        try:
+            while True:
+                wall0, cpu0 = time.perf_counter(), time.thread_time()
+                now_s = wall0 - t0 if self.clock == "wall" else now_s
+                while admitted < n and arrival_s[admitted] <= now_s:
+                    self.scheduler.add_request(admitted)
+                    admitted += 1
+                plan = self.scheduler.schedule(now_s)
+                if plan.is_empty and admitted == n:
+                    break
+                if plan.is_empty:
+                    if self.clock == "wall":
+                        wait_until(t0, float(arrival_s[admitted]))
+                    now_s = max(now_s, float(arrival_s[admitted]))
+                    continue
+                result = self.step(plan)
+                wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
+                self.wall_s, self.cpu_s = self.wall_s + wall_s, self.cpu_s + cpu_s
+                end_s = now_s + (wall_s if self.clock == "wall" else cpu_s)
+                self.recorder.record_iteration(now_s, end_s - now_s, 1, plan, self.scheduler.num_waiting)
+                self.recorder.record_progress(plan.req_ids, now_s, result, end_s)
+                now_s = end_s
+        finally:
+            gc.enable()
+        assert not self.scheduler.has_unfinished()
+        rec = self.recorder
+        return Served(requests_frame(self.requests, rec), rec.iterations_frame(), self.batches,
+                      self.cpu_s / self.wall_s)
+
+
+def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:
+    """First calls allocate kernels and caches; keep them out of the measured run."""
+    for _ in range(rounds):
+        seqs = [model.new_sequence([1] * (prompt_tokens + 2), prompt_tokens + 2) for _ in range(4)]
+        model.decode_greedy([(s, prompt_tokens) for s in seqs])
+        model.decode_greedy([(s, 1) for s in seqs])
+
+
+def metrics_of(reqs: pd.DataFrame, iters: pd.DataFrame) -> dict[str, float]:
+    s = summarize(reqs, iters)
+    s["total_iteration_s"] = float(iters["duration_s"].sum())
+    return {k: float(s[k]) for k in COMPARED}
+
+
+def capacity_rps(scenario: Scenario, system: SystemConfig, requests: Requests) -> float:
+    """Saturation throughput under the fitted cost: every request arrives at time zero."""
+    burst = Requests(np.zeros(len(requests)), requests.prompt_tokens, requests.output_tokens,
+                     requests.max_tokens)
+    scheduler = build_scheduler(system.scheduler, burst, scenario.kv_capacity_tokens)
+    run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system), scenario.deployment())).run()
+    return len(requests) / run.end_s
+
+
+def iteration_errors(served: list[Served], cost: CostModel) -> dict[str, float]:
+    """The cost model on the real runs' own batches (no queueing feedback): relative error per
+    iteration, and predicted over real total time."""
+    predicted = np.array([cost.iteration_time_s(b) for s in served for b in s.batches])
+    real = np.concatenate([s.iterations["duration_s"].to_numpy() for s in served])
+    err = (predicted - real) / real
+    return {"median": float(np.median(err)), "median_abs": float(np.median(np.abs(err))),
+            "p90_abs": float(np.percentile(np.abs(err), 90)),
+            "total_ratio": float(predicted.sum() / real.sum())}
+
+
+def fidelity_table(real: list[dict[str, float]], sim: dict[str, float]) -> pd.DataFrame:
+    """Per metric: both real runs, their mean, the simulation, and the two relative errors."""
+    t = pd.DataFrame({"real_1": real[0], "real_2": real[1], "sim": sim})
+    t["real_mean"] = (t["real_1"] + t["real_2"]) / 2
+    t["real_vs_real"] = (t["real_1"] - t["real_2"]).abs() / t["real_mean"]
+    t["sim_vs_real"] = (t["sim"] - t["real_mean"]).abs() / t["real_mean"]
+    return t
+
+
+def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float) -> Scenario:
+    """The scenario with its arrival rate scaled so the offered load is `load` × capacity.
+
+    Same seed, so the same gaps, all divided by one factor (exponential and gamma gaps
+    scale with 1/rate); a trace arrival is sped up instead.
+    """
+    factor = load * capacity * float(requests.arrival_s[-1]) / len(requests)
+    arrival = scenario.workload.arrival
+    if isinstance(arrival, TraceArrival):
+        arrival = arrival.model_copy(update={"speedup": arrival.speedup * factor})
+    else:
+        arrival = arrival.model_copy(update={"rate_per_s": arrival.rate_per_s * factor})
+    workload = scenario.workload.model_copy(update={"arrival": arrival})
+    return scenario.model_copy(update={"workload": workload})
+
+
+def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0,
+           load: float | None = None, clock: str = "wall") -> ReplayResult:
+    """Serve twice for real, simulate once, and compare. With `load`, the arrival rate is first
+    rescaled to that fraction of the capacity the fitted cost model predicts."""
+    system = orca_system(scenario)
+    one = scenario.model_copy(update={"systems": [system]})
+    with data_dir(base_dir):
+        requests = make_requests(one)
+        capacity = capacity_rps(one, system, requests)
+        if load is not None:
+            one = at_load(one, requests, capacity, load)
+            requests = make_requests(one)
+    warm_up(model, int(np.median(requests.prompt_tokens)))
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
+    served = [RealServer(model, one, system, requests, rng, clock).run() for rng in rngs]
+    sim = run_scenario(one, base_dir=base_dir).systems[system.name]
+    table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
+                           metrics_of(sim.requests, sim.iterations))
+    with data_dir(base_dir):
+        cost = build_cost_model(one.system_cost(system), one.deployment())
+    offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
+    report = {
+        "scenario": scenario.name, "system": system.name, "requests": len(requests),
+        "offered_rps": offered, "capacity_rps_simulated": capacity, "load": offered / capacity,
+        "cost_out_of_range": sim.summary["cost_out_of_range"],
+        "real_busy_fraction": [float(s.iterations["duration_s"].sum() / s.requests["finish_s"].max())
+                               for s in served],
+        # CPU time over busy time of the serving thread; near 1 unless others held the core.
+        "real_cpu_share": [s.cpu_share for s in served],
+        "clock": clock,
+        "iteration_rel_error": iteration_errors(served, cost),
+        "metrics": table.to_dict(orient="index"),
+    }
+    return ReplayResult(report, table, [s.requests for s in served], sim.requests)

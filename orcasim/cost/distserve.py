@@ -1,0 +1,99 @@
+"""DistServe's per-iteration latency profiles (Zhong et al., OSDI 2024; LLMServe/DistServe).
+
+The JSON maps model -> tensor-parallel degree -> coefficients in milliseconds, fitted on
+an A100-80GB. DistServe's simulator (`simdistserve/estimators/time_estimator.py`) uses
+
+    prefill_ms = a + b·Σ len + c·Σ len²                 (`prefill`)
+    decode_ms  = a + b·Σ context_tokens + c·batch_size  (`decoding_smallbs` when
+                 batch_size < decoding_large_small_bs_threshold, else `decoding_largebs`)
+
+DistServe never mixes phases in one iteration; Orca does. Here a mixed iteration is one
+forward pass, so it pays the prefill formula for its prompts (or chunks: Σ q·c stands for
+Σ len²) plus only the marginal decode terms (b·Σ context + c·batch) of its decode
+requests. That rule is orcasim's assumption, not DistServe's.
+
+DistServe's estimator divides by the pipeline degree and, for prefill, adds a constant
+marked TODO there; orcasim models one pipeline stage and leaves that constant out.
+
+The range check: the batch's KV tokens must fit the GPU's KV capacity that DistServe
+reports (`max_num_tokens.csv`, pipeline degree 1); beyond it the profile says nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orcasim.config import ScenarioError
+from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.fitted import OutOfRangeCounter
+
+MS = 1e-3
+
+
+class DistServeCost(CostModel):
+    def __init__(self, entry: dict, kv_capacity_tokens: float, source: str) -> None:
+        self.prefill_ms = np.array(entry["prefill"], dtype=np.float64)
+        self.small_ms = np.array(entry["decoding_smallbs"], dtype=np.float64)
+        self.large_ms = np.array(entry["decoding_largebs"], dtype=np.float64)
+        self.threshold = int(entry["decoding_large_small_bs_threshold"])
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self._oor = OutOfRangeCounter(source)
+
+    @classmethod
+    def load(cls, path: Path, model: str | None, tensor_parallel: int | None) -> DistServeCost:
+        where = f"cost.path = {path.name!r}"
+        if model is None or tensor_parallel is None:
+            raise ScenarioError(f"{where}: a DistServe profile needs cost.model and cost.tensor_parallel")
+        doc = json.loads(path.read_text())
+        key = model if model in doc else f"facebook/{model}"
+        if key not in doc:
+            raise ScenarioError(f"cost.model = {model!r}: expected one of {', '.join(doc)}")
+        if str(tensor_parallel) not in doc[key]:
+            raise ScenarioError(
+                f"cost.tensor_parallel = {tensor_parallel}: {key} was profiled at "
+                f"{', '.join(doc[key])}"
+            )
+        capacity = _kv_capacity_tokens(path.parent / "max_num_tokens.csv", key, tensor_parallel)
+        return cls(doc[key][str(tensor_parallel)], capacity, f"{path.name}[{key}, tp={tensor_parallel}]")
+
+    def _decode_coef(self, batch_size: int) -> np.ndarray:
+        return self.small_ms if batch_size < self.threshold else self.large_ms
+
+    def iteration_time_s(self, batch: Batch) -> float:
+        q, c = batch.query_tokens, batch.context_tokens
+        if c.sum() > self.kv_capacity_tokens:
+            self._oor.add(1, f"a batch reading {int(c.sum())} KV tokens")
+        decode = q == 1
+        n_decode = int(decode.sum())
+        a_d, b_d, c_d = self._decode_coef(n_decode)
+        decode_ms = b_d * c[decode].sum() + c_d * n_decode
+        if n_decode == len(q):
+            return float(a_d + decode_ms) * MS
+        a_p, b_p, c_p = self.prefill_ms
+        prefill_ms = a_p + b_p * q[~decode].sum() + c_p * (q[~decode] * c[~decode]).sum()
+        return float(prefill_ms + decode_ms) * MS
+
+    def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        size = len(context_tokens)
+        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
+        steps = np.arange(num_steps)
+        over = float(context_tokens.sum()) + size * steps[1:] > self.kv_capacity_tokens
+        self._oor.add(int(over.sum()), f"a decode step of {size} requests")
+        # Each step adds one context token per request: an arithmetic series.
+        return first + self._decode_coef(size)[1] * size * steps * MS
+
+    def out_of_range_count(self) -> int:
+        return self._oor.count
+
+
+def _kv_capacity_tokens(csv_path: Path, model: str, tensor_parallel: int) -> float:
+    """DistServe's KV capacity for (model, TP, PP=1); infinite if the table lacks the entry."""
+    if not csv_path.is_file():
+        return float("inf")
+    table = pd.read_csv(csv_path)
+    row = table[(table["model"] == model) & (table["tp"] == tensor_parallel) & (table["pp"] == 1)]
+    return float(row["max_num_tokens"].iloc[0]) if len(row) else float("inf")

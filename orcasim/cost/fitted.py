@@ -1,0 +1,167 @@
+"""The `fitted` cost kind: iteration time from a model fitted to measured iterations.
+
+`cost: {kind: fitted, path: cost_models/cpu-tiny.yaml}` loads a file written by
+`python -m calibrate fit`. Its terms are those of Orca's selective batching (section 4.2):
+token-wise operators scale with the flattened token count, attention with each request's
+own context. For a batch with query tokens q_i and context tokens c_i:
+
+    tokens             = Σ q_i
+    num_requests       = B                       (one attention call per request)
+    sum_context_decode = Σ c_i over q_i == 1      (decode attention reads the KV cache)
+    sum_prefill_sq     = Σ q_i·c_i over q_i > 1   (prompt attention; Σ prompt² for whole prompts)
+    tokens_over_K      = max(0, tokens − K)       (piecewise-linear in tokens, one per knot K)
+
+    time_s = coefficients · [1, tokens, num_requests, sum_context_decode, sum_prefill_sq, ...]
+
+A `.json` path instead loads DistServe's profile family (see `orcasim.cost.distserve`).
+Outside the fitted range the model still answers (there is nothing better to say) but it
+counts the evaluation and warns once per instance: it never extrapolates silently.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import PositiveInt
+
+from orcasim.config import ScenarioError, Strict
+from orcasim.cost.base import Batch, CostModel
+from orcasim.paths import resolve_data_path
+
+FORMAT = "orcasim-fitted-cost/v1"
+BASE_TERMS = ("const", "tokens", "num_requests", "sum_context_decode", "sum_prefill_sq")
+RANGE_INPUTS = ("tokens", "num_requests", "sum_context_decode", "sum_prefill_sq", "max_context")
+
+
+class FittedCostConfig(Strict):
+    """A fitted cost file. `model` and `tensor_parallel` pick an entry of a DistServe JSON."""
+
+    kind: Literal["fitted"]
+    path: str
+    model: str | None = None
+    tensor_parallel: PositiveInt | None = None
+
+
+def hinge_name(knot_tokens: int) -> str:
+    return f"tokens_over_{knot_tokens}"
+
+
+def term_names(knots_tokens: list[int]) -> list[str]:
+    return [*BASE_TERMS, *(hinge_name(k) for k in knots_tokens)]
+
+
+def batch_inputs(query_tokens: np.ndarray, context_tokens: np.ndarray) -> dict[str, float]:
+    """The fitted model's inputs for one batch (see the module docstring)."""
+    decode = query_tokens == 1
+    return {
+        "tokens": float(query_tokens.sum()),
+        "num_requests": float(len(query_tokens)),
+        "sum_context_decode": float(context_tokens[decode].sum()),
+        "sum_prefill_sq": float((query_tokens[~decode] * context_tokens[~decode]).sum()),
+        "max_context": float(context_tokens.max()) if len(context_tokens) else 0.0,
+    }
+
+
+def design_matrix(inputs: dict[str, np.ndarray], knots_tokens: list[int]) -> np.ndarray:
+    """Rows of term values (n, len(term_names)) from arrays of inputs, for fitting and predicting."""
+    tokens = np.asarray(inputs["tokens"], dtype=np.float64)
+    cols = [np.ones_like(tokens)] + [np.asarray(inputs[t], dtype=np.float64) for t in BASE_TERMS[1:]]
+    cols += [np.maximum(0.0, tokens - k) for k in knots_tokens]
+    return np.column_stack(cols)
+
+
+class OutOfRangeCounter:
+    """Counts evaluations outside the measured range and warns once per cost-model instance."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.count = 0
+
+    def add(self, n: int, what: str) -> None:
+        if n <= 0:
+            return
+        if self.count == 0:
+            warnings.warn(
+                f"cost model {self.source}: {what} is outside the fitted range; the value is an "
+                "extrapolation (further cases are counted in cost_out_of_range)",
+                RuntimeWarning, stacklevel=3,
+            )
+        self.count += n
+
+
+class FittedCost(CostModel):
+    """Linear in the terms above, loaded from the fitter's YAML."""
+
+    def __init__(self, doc: dict[str, Any], source: str) -> None:
+        self.knots_tokens = [int(k) for k in doc.get("knots_tokens", [])]
+        coef = doc["coefficients_s"]
+        names = term_names(self.knots_tokens)
+        missing = [n for n in names if n not in coef]
+        if missing:
+            raise ScenarioError(f"{source}: coefficients_s lacks {', '.join(missing)}")
+        self.coef = np.array([float(coef[n]) for n in names])
+        self.range = {k: (float(v[0]), float(v[1])) for k, v in doc["range"].items()}
+        self._oor = OutOfRangeCounter(source)
+
+    def iteration_time_s(self, batch: Batch) -> float:
+        inputs = batch_inputs(batch.query_tokens, batch.context_tokens)
+        outside = [k for k in RANGE_INPUTS if not self._inside(k, inputs[k])]
+        if outside:
+            self._oor.add(1, f"{outside[0]} = {inputs[outside[0]]:g}")
+        row = design_matrix({k: np.array([v]) for k, v in inputs.items()}, self.knots_tokens)
+        return float(row[0] @ self.coef)
+
+    def _inside(self, key: str, value: float) -> bool:
+        low, high = self.range.get(key, (-np.inf, np.inf))
+        return low <= value <= high
+
+    def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        # Step j has the same tokens and requests; Σ context grows by B·j, max context by j.
+        size = len(context_tokens)
+        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
+        steps = np.arange(num_steps)
+        later = steps[1:]
+        shape_fits = self._inside("tokens", size) and self._inside("num_requests", size)
+        fits = (np.full(len(later), shape_fits)
+                & self._inside_array("sum_context_decode", context_tokens.sum() + size * later)
+                & self._inside_array("max_context", context_tokens.max() + later))
+        self._oor.add(int((~fits).sum()), f"a decode step of {size} requests")
+        return first + self.coef[BASE_TERMS.index("sum_context_decode")] * size * steps
+
+    def _inside_array(self, key: str, values: np.ndarray) -> np.ndarray:
+        low, high = self.range.get(key, (-np.inf, np.inf))
+        return (values >= low) & (values <= high)
+
+    def out_of_range_count(self) -> int:
+        return self._oor.count
+
+
+def read_fitted_yaml(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ScenarioError(f"cost.path = {str(path)!r}: cannot read a fitted cost model ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ScenarioError(f"cost.path = {str(path)!r}: expected a YAML file with format: {FORMAT}")
+    return doc
+
+
+def build_fitted_cost(cfg: FittedCostConfig) -> CostModel:
+    """Load a fitter YAML, or a DistServe JSON profile (which needs `model` and `tensor_parallel`)."""
+    try:
+        path = resolve_data_path(cfg.path)
+    except FileNotFoundError as e:
+        raise ScenarioError(f"cost.path = {cfg.path!r}: {e}") from None
+    if path.suffix == ".json":
+        from orcasim.cost.distserve import DistServeCost
+
+        return DistServeCost.load(path, cfg.model, cfg.tensor_parallel)
+    if cfg.model is not None or cfg.tensor_parallel is not None:
+        raise ScenarioError(
+            f"cost.path = {cfg.path!r}: model and tensor_parallel apply only to a DistServe .json"
+        )
+    return FittedCost(read_fitted_yaml(path), path.name)

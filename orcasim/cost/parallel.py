@@ -1,0 +1,67 @@
+"""Communication costs of tensor and pipeline parallelism.
+
+Tensor parallelism (Megatron, Shoeybi et al. 2019) all-reduces the layer output twice per
+layer: after the attention output projection and after the MLP down projection, each of
+tokens x hidden x dtype bytes. Pipeline parallelism sends the same activation from one
+stage to the next.
+
+The ring all-reduce moves 2(n-1)/n of the message over each link (a reduce-scatter then an
+all-gather, Patarasuk & Yuan 2009), so its time is latency + 2(n-1)/n * bytes / bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from orcasim.cost.catalog import GpuSpec, HardwareConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One direction of a link: achieved bandwidth and a fixed per-message latency."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+def ring_all_reduce_s(size_bytes: np.ndarray | float, num_ranks: int, link: Link) -> np.ndarray:
+    """Time of a ring all-reduce of `size_bytes` over `num_ranks` (zero for one rank)."""
+    size = np.asarray(size_bytes, dtype=np.float64)
+    if num_ranks <= 1:
+        return np.zeros_like(size)
+    factor = 2.0 * (num_ranks - 1) / num_ranks
+    return link.latency_s + factor * size / link.bandwidth_bytes_per_s
+
+
+def send_recv_s(size_bytes: np.ndarray | float, link: Link) -> np.ndarray:
+    """Time to send `size_bytes` point to point."""
+    return link.latency_s + np.asarray(size_bytes, dtype=np.float64) / link.bandwidth_bytes_per_s
+
+
+def _nvlink(gpu: GpuSpec, efficiency: float, latency_s: float) -> Link:
+    # The datasheet figure counts both directions; a ring step uses one.
+    return Link(gpu.nvlink_bandwidth_bytes_per_s / 2.0 * efficiency, latency_s)
+
+
+def _network(gpu: GpuSpec, efficiency: float, latency_s: float) -> Link:
+    return Link(gpu.node_network_bytes_per_s * efficiency, latency_s)
+
+
+def tensor_parallel_link(hw: HardwareConfig, efficiency: float, latency_s: float) -> Link:
+    """TP groups live inside a node (NVLink) unless they are wider than a node."""
+    if hw.tensor_parallel <= hw.gpu.gpus_per_node:
+        return _nvlink(hw.gpu, efficiency, latency_s)
+    return _network(hw.gpu, efficiency, latency_s)
+
+
+def pipeline_link(hw: HardwareConfig, efficiency: float, latency_s: float) -> Link:
+    """Stage boundaries cross nodes once the deployment spans more than one node.
+
+    Orca places one stage per node (8-way TP inside, stages across nodes), so every
+    boundary crosses; a deployment that fits in a node sends over NVLink.
+    """
+    if hw.num_gpus <= hw.gpu.gpus_per_node:
+        return _nvlink(hw.gpu, efficiency, latency_s)
+    return _network(hw.gpu, efficiency, latency_s)

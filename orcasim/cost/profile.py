@@ -1,0 +1,165 @@
+"""The `profile` cost model: iteration time interpolated from measured operator tables.
+
+Sources (Vidur's formats, microsoft/vidur, MIT; times in ms):
+- `mlp_csv`: per-layer token-batched operators against `num_tokens`, per TP degree.
+- `attention_csv`: decode attention against batch size x KV length (Vidur, like us, keys a
+  decode batch by its mean KV length); prefill attention against chunk size x cached KV.
+  Or `aiconfigurator_dir`: aiconfigurator's generation/context attention parquet tables
+  (ai-dynamo/aiconfigurator, Apache-2.0). Without either, attention comes from `roofline`.
+- `all_reduce_csv` / `send_recv_csv`: collectives against message bytes. Without them, the
+  ring model of `orcasim.cost.parallel`.
+The LM head is not in Vidur's tables and comes from the roofline.
+
+Every lookup outside a table's measured range extrapolates linearly, warns once per table
+and counts the iteration in `out_of_range_count()`: it never extrapolates silently.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import numpy as np
+from pydantic import NonNegativeFloat, model_validator
+
+from orcasim.config import Strict
+from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.catalog import Deployment, ModelSpec
+from orcasim.cost.flops import lm_head_op
+from orcasim.cost.interp import SlicedTable2D, Table1D
+from orcasim.cost.profile_tables import (
+    aiconfigurator_attention,
+    mlp_table,
+    network_table,
+    vidur_attention,
+)
+from orcasim.cost.roofline import Roofline, RooflineCostConfig
+
+
+class ProfileCostConfig(Strict):
+    kind: Literal["profile"]
+    mlp_csv: str
+    attention_csv: str | None = None
+    aiconfigurator_dir: str | None = None
+    all_reduce_csv: str | None = None
+    send_recv_csv: str | None = None
+    iteration_overhead_s: NonNegativeFloat = 0.0
+    # Used for what the tables do not cover (LM head; attention or collectives if absent).
+    roofline: RooflineCostConfig = RooflineCostConfig(kind="roofline")
+
+    @model_validator(mode="after")
+    def _one_attention_source(self) -> ProfileCostConfig:
+        if self.attention_csv and self.aiconfigurator_dir:
+            raise ValueError("give attention_csv or aiconfigurator_dir, not both")
+        return self
+
+
+class ProfileCost(CostModel):
+    """Iteration time = layers x (token ops + attention + 2 all-reduces) + sends + ends."""
+
+    def __init__(self, cfg: ProfileCostConfig, deployment: Deployment) -> None:
+        self.cfg = cfg
+        self.model, hw = deployment.model, deployment.hardware
+        self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
+        self.roofline = Roofline(cfg.roofline, deployment)
+        self.token_ops, self.embedding = mlp_table(cfg.mlp_csv, self.model, self.tp)
+        self.decode_attention, self.prefill_attention = _attention_tables(cfg, self.model, self.tp)
+        crosses_nodes = hw.num_gpus > hw.gpu.gpus_per_node
+        self.all_reduce = network_table(cfg.all_reduce_csv, "all_reduce", self.tp, hw) if cfg.all_reduce_csv else None
+        self.send_recv = (
+            network_table(cfg.send_recv_csv, "send_recv", 2, hw, crosses_nodes) if cfg.send_recv_csv else None
+        )
+        self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
+        self._out_of_range = 0
+        self._warned: set[str] = set()
+
+    def out_of_range_count(self) -> int:
+        return self._out_of_range
+
+    def _look(
+        self, name: str, table: Table1D | SlicedTable2D, *query: np.ndarray, relevant: np.ndarray | bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Look up `query`; flag (and warn once per table about) relevant points out of range."""
+        values, outside = table(*query)
+        outside = outside & relevant
+        if outside.any() and name not in self._warned:
+            self._warned.add(name)
+            warnings.warn(
+                f"profile cost: {name} queried outside its measured range; extrapolating "
+                f"linearly and counting such iterations in cost_out_of_range",
+                stacklevel=3,
+            )
+        return values, outside
+
+    def _token_side(self, num_tokens: np.ndarray, batch_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Everything but attention, for arrays of token and request counts: (seconds, outside)."""
+        layers = self.model.num_layers
+        ops, out = self._look("mlp.csv num_tokens", self.token_ops, num_tokens)
+        emb, _ = self.embedding(num_tokens)
+        comm, comm_out = self._communication(num_tokens)
+        lm_head = self.roofline.op_time_s(lm_head_op(self.model, self.tp), batch_size)
+        total = layers * ops + emb + comm + lm_head + self.cfg.iteration_overhead_s
+        return total, out | comm_out
+
+    def _communication(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """TP all-reduces and PP sends, from the tables when given, else the link model."""
+        size = num_tokens * self.activation_bytes_per_token
+        outside = np.zeros(np.shape(num_tokens), dtype=bool)
+        if self.all_reduce is None or self.tp == 1:
+            total = self.roofline.tp_all_reduce_s(num_tokens)
+        else:
+            per_call, outside = self._look("all_reduce.csv size", self.all_reduce, size)
+            total = 2 * self.model.num_layers * per_call
+        if self.send_recv is None or self.pipeline_stages == 1:
+            return total + self.roofline.pipeline_sends_s(num_tokens), outside
+        per_send, out = self._look("send_recv.csv size", self.send_recv, size)
+        return total + (self.pipeline_stages - 1) * per_send, outside | out
+
+    def _attention(self, query: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Attention of all layers for a (..., B) grid of requests: (seconds, outside)."""
+        if self.decode_attention is None or self.prefill_attention is None:
+            roofline_s = self.roofline.attention_per_layer_s(query, context)
+            return self.model.num_layers * roofline_s, np.zeros(query.shape[:-1], dtype=bool)
+        decoding = query == 1
+        n_decode = decoding.sum(axis=-1)
+        mean_kv = (context * decoding).sum(axis=-1) / np.maximum(n_decode, 1)
+        decode, out_d = self._look(
+            "attention decode", self.decode_attention, np.maximum(n_decode, 1), mean_kv, relevant=n_decode > 0
+        )
+        decode = np.where(n_decode > 0, decode, 0.0)
+        prefill, out_p = self._look(
+            "attention prefill", self.prefill_attention, context - query, query, relevant=~decoding
+        )
+        prefill = np.where(decoding, 0.0, prefill).sum(axis=-1)
+        out_p = out_p.any(axis=-1)
+        return self.model.num_layers * (decode + prefill), out_d | out_p
+
+    def iteration_time_s(self, batch: Batch) -> float:
+        if batch.size == 0:
+            return 0.0
+        tokens = np.array(float(batch.total_query_tokens))
+        fixed, out_f = self._token_side(tokens, np.array(float(batch.size)))
+        attention, out_a = self._attention(batch.query_tokens[None, :], batch.context_tokens[None, :])
+        self._out_of_range += int(bool(out_f) or bool(out_a[0]))
+        return float(fixed + attention[0])
+
+    def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        size = len(context_tokens)
+        if size == 0:
+            return np.zeros(num_steps)
+        contexts = context_tokens[None, :] + np.arange(num_steps)[:, None]
+        fixed, out_f = self._token_side(np.array(float(size)), np.array(float(size)))
+        attention, out_a = self._attention(np.ones_like(contexts), contexts)
+        self._out_of_range += int((out_a | bool(out_f)).sum())
+        return fixed + attention
+
+
+def _attention_tables(
+    cfg: ProfileCostConfig, model: ModelSpec, tp: int
+) -> tuple[SlicedTable2D | None, SlicedTable2D | None]:
+    """(decode, prefill) attention tables from the configured source; (None, None): roofline."""
+    if cfg.attention_csv:
+        return vidur_attention(cfg.attention_csv, model, tp)
+    if cfg.aiconfigurator_dir:
+        return aiconfigurator_attention(cfg.aiconfigurator_dir, model, tp)
+    return None, None

@@ -1,0 +1,155 @@
+"""Pipeline parallelism as Orca runs it: several batches in flight through the stages.
+
+Orca's scheduler (Yu et al., OSDI'22, section 4.4 and Algorithm 1) keeps up to
+`n_workers` = `pipeline_parallel` batches in flight. Selecting the next batch skips every
+request that is already in flight, so while stage k runs batch i, stage k-1 can run batch
+i+1 made of other requests. The request-level baseline (FasterTransformer) does not do
+this: it runs one batch at a time through all stages, which the ordinary `Engine` already
+models when the cost model's iteration time spans every stage.
+
+Timing: a cost model's `iteration_time_s` is the time of one iteration through all stages
+(compute of every layer plus the stage-to-stage sends). Stages are balanced, so each stage
+is busy for iteration_time_s / pipeline_parallel, and batches flow through the stages in
+order (a flow shop): stage k starts a batch when the batch has left stage k-1 and stage k
+has finished the previous batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from orcasim.cost.base import Batch, CostModel
+from orcasim.engine import EngineRun
+from orcasim.recorder import Recorder
+from orcasim.requests import Requests
+from orcasim.scenario import Scenario, SystemConfig
+from orcasim.schedulers.base import SchedulerOutput, StepResult
+from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+
+
+class PipelinedIterationLevelScheduler(IterationLevelScheduler):
+    """Orca's Algorithm 1 with n_workers > 1: a request in flight is never selected again.
+
+    Each batch holds up to `max_batch_size` requests, chosen FCFS among the admitted
+    requests not in flight, then topped up from the queue (KV reservation permitting).
+    """
+
+    def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int):
+        super().__init__(cfg, requests, kv_capacity_tokens)
+        self.in_flight = np.zeros(len(requests), dtype=bool)
+
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        chosen = [r for r in self.running if not self.in_flight[r]][: self.max_batch_size]
+        while len(chosen) < self.max_batch_size:
+            head = self._peek_waiting()
+            if head is None:
+                break
+            need = int(self._reservation[head])
+            if self.reserved_tokens + need > self.kv_capacity_tokens:
+                break  # FCFS: never skip ahead of a request that does not fit
+            self._pop_waiting()
+            self.reserved_tokens += need
+            self.running.append(head)
+            chosen.append(head)
+        ids = np.array(chosen, dtype=np.int64)
+        known = self.requests.prompt_tokens[ids] + self.generated[ids]
+        new_tokens = known - self.computed[ids]
+        self.in_flight[ids] = True
+        assert self.reserved_tokens <= self.kv_capacity_tokens
+        return SchedulerOutput(ids, new_tokens, Batch(new_tokens, known), self.reserved_tokens)
+
+    def update_from_output(self, out: SchedulerOutput) -> StepResult:
+        self.in_flight[out.req_ids] = False
+        return super().update_from_output(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flight:
+    plan: SchedulerOutput
+    start_s: float  # when stage 1 starts it
+    end_s: float  # when the last stage finishes it
+
+
+class PipelineEngine:
+    """Event loop over arrivals and batch completions, with up to `num_stages` batches in flight."""
+
+    def __init__(
+        self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel, num_stages: int
+    ) -> None:
+        self.requests, self.scheduler, self.cost = requests, scheduler, cost
+        self.num_stages = num_stages
+        self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
+        self.recorder = Recorder(len(requests))
+        self.in_flight: deque[_Flight] = deque()
+        self._next_arrival = 0
+        self.now_s = 0.0
+
+    def run(self) -> EngineRun:
+        while self._step():
+            pass
+        unfinished = int(np.isnan(self.recorder.finish_s).sum())
+        assert unfinished == 0, f"{unfinished} admitted requests never finished"
+        return EngineRun(self.recorder, self.now_s)
+
+    def _step(self) -> bool:
+        """Admit, fill the pipeline, then advance to the next event. False when all is done."""
+        self._admit_arrivals()
+        while len(self.in_flight) < self.num_stages:
+            plan = self.scheduler.schedule(self.now_s)
+            if plan.is_empty:
+                break
+            self.in_flight.append(self._launch(plan))
+        done_s = self.in_flight[0].end_s if self.in_flight else np.inf
+        has_arrival = self._next_arrival < len(self.requests)
+        arrival_s = float(self.requests.arrival_s[self._next_arrival]) if has_arrival else np.inf
+        if not self.in_flight and not has_arrival:
+            assert not self.scheduler.has_unfinished(), "scheduler idle with unfinished requests"
+            return False
+        if done_s <= arrival_s:
+            self.now_s = done_s
+            self._complete(self.in_flight.popleft())
+        else:
+            self.now_s = arrival_s
+            self._admit_arrivals(self._next_arrival)  # by index: exact even at equal times
+        return True
+
+    def _launch(self, plan: SchedulerOutput) -> _Flight:
+        stage_s = self.cost.iteration_time_s(plan.batch) / self.num_stages
+        t = self.now_s
+        start_s = t
+        for k in range(self.num_stages):
+            begin = max(t, float(self.stage_free_s[k]))
+            if k == 0:
+                start_s = begin
+            t = begin + stage_s
+            self.stage_free_s[k] = t
+        return _Flight(plan, start_s, t)
+
+    def _complete(self, flight: _Flight) -> None:
+        result = self.scheduler.update_from_output(flight.plan)
+        duration_s = flight.end_s - flight.start_s
+        self.recorder.record_iteration(flight.start_s, duration_s, 1, flight.plan, self.scheduler.num_waiting)
+        self.recorder.record_progress(flight.plan.req_ids, flight.start_s, result, flight.end_s)
+
+    def _admit_arrivals(self, up_to_index: int = -1) -> None:
+        arrival_s, n = self.requests.arrival_s, len(self.requests)
+        i = self._next_arrival
+        while i < n and (i <= up_to_index or arrival_s[i] <= self.now_s):
+            self.scheduler.add_request(i)
+            i += 1
+        self._next_arrival = i
+
+
+def pipeline_engine(
+    scenario: Scenario, system: SystemConfig, requests: Requests, cost: CostModel
+) -> PipelineEngine | None:
+    """The multi-batch engine for an iteration-level system with pipeline_parallel > 1, else None."""
+    stages = scenario.hardware.pipeline_parallel if scenario.hardware else 1
+    if stages == 1 or not isinstance(system.scheduler, IterationLevelConfig):
+        return None
+    assert scenario.kv_capacity_tokens is not None
+    scheduler = PipelinedIterationLevelScheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
+    return PipelineEngine(requests, scheduler, cost, stages)

@@ -1,0 +1,38 @@
+"""`orcasim plot RESULTS_DIR`: read a results folder back and write its figures beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from orcasim.results import save_figure
+
+
+def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run folder's request and iteration frames, each with a `system` column."""
+    systems = list(json.loads((run_dir / "summary.json").read_text()))
+    reqs = [pd.read_parquet(run_dir / s / "requests.parquet").assign(system=s) for s in systems]
+    iters = [pd.read_parquet(run_dir / s / "iterations.parquet").assign(system=s) for s in systems]
+    return pd.concat(reqs, ignore_index=True), pd.concat(iters, ignore_index=True)
+
+
+def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) -> list[Path]:
+    """Write every figure of a run or sweep folder as PNG (and SVG); return the paths."""
+    from orcasim.plots import frames_figures, sweep_figures
+
+    results_dir = Path(results_dir)
+    if (results_dir / "sweep.parquet").exists():
+        table = pd.read_parquet(results_dir / "sweep.parquet")
+        if table.empty:
+            raise ValueError(f"{results_dir}/sweep.parquet has no rows: every point failed")
+        figures = sweep_figures(table, slo=slo)
+    elif (results_dir / "summary.json").exists():
+        figures = frames_figures(*load_run_frames(results_dir))
+    else:
+        raise FileNotFoundError(f"{results_dir}: no summary.json or sweep.parquet (is it a results folder?)")
+    paths: list[Path] = []
+    for stem, fig in figures.items():
+        paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
+    return paths

@@ -1,0 +1,31 @@
+"""Sarathi-Serve's stall-free batching (Agrawal et al., OSDI 2024, section 4).
+
+The paged scheduler of `orcasim.schedulers.paged` with one per-iteration token budget,
+`chunk_size_tokens`. Running requests come first in admission order, so ongoing decodes
+(one token each) are planned before any prefill; prompts, including a prefill redone
+after a recompute preemption, are then split into chunks that fill what is left of the
+budget. A chunk that does not finish a prompt emits no token. Because no iteration
+holds more than `chunk_size_tokens` of new tokens, a long prompt never stalls decodes,
+and no prompt is too long for the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import PositiveInt
+
+from orcasim.requests import Requests
+from orcasim.schedulers.paged import PagedMemoryConfig, PagedScheduler
+
+
+class ChunkedConfig(PagedMemoryConfig):
+    kind: Literal["chunked"]
+    chunk_size_tokens: PositiveInt = 512
+
+
+class ChunkedScheduler(PagedScheduler):
+    chunked_prefill = True
+
+    def __init__(self, cfg: ChunkedConfig, requests: Requests, kv_capacity_tokens: int) -> None:
+        self._setup(cfg, requests, kv_capacity_tokens, cfg.chunk_size_tokens)

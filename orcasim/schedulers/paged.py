@@ -1,0 +1,277 @@
+"""vLLM's scheduler over a paged KV cache (Kwon et al., SOSP 2023, section 4.5).
+
+KV memory is a pool of blocks of `block_size_tokens` (`orcasim.memory.PagedAllocator`);
+a request takes a new block only when its last one fills. Each iteration, in the order
+of vLLM v1's `Scheduler.schedule`:
+
+1. Running requests, in admission order, each get their next tokens. When a block is
+   needed and none is free, the most recently admitted running request is preempted
+   (possibly the one being scheduled) until the block fits.
+2. If nobody was preempted, preempted requests (oldest first) and then waiting ones
+   are admitted FCFS, never skipping the head, while `max_num_seqs`, the token budget
+   and the admission watermark allow. The watermark keeps `watermark` of the blocks
+   free for running requests to grow into; it is waived when nothing runs, so the head
+   can always start.
+
+Preemption by `recompute` drops the victim's KV; on readmission it prefills its prompt
+plus the tokens it already generated, in one step, which emits its next token (no
+output token is counted twice). Preemption by `swap` copies the victim's blocks to CPU
+memory (`swap_space_bytes`) over PCIe at `swap_bandwidth_bytes_per_s`, and back on
+readmission; the copy time is added to the iteration. When CPU space is full, a swap
+falls back to recompute. The defaults of `kv_bytes_per_token` describe OPT-13B in fp16:
+2 (K and V) x 40 layers x 5120 hidden x 2 bytes = 819,200 bytes (vLLM paper, section 3).
+
+Without chunking a request's whole prompt (or, after a recompute preemption, its prompt
+plus generated tokens) runs in one step, so `max_num_batched_tokens` must cover the
+longest such sequence. `orcasim.schedulers.chunked` lifts that limit.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+
+from orcasim.config import Strict
+from orcasim.cost.base import Batch
+from orcasim.memory import PagedAllocator, blocks_for
+from orcasim.requests import Requests
+from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
+
+OPT_13B_KV_BYTES_PER_TOKEN = 2 * 40 * 5120 * 2  # K and V, layers, hidden size, fp16 bytes
+VLLM_SWAP_SPACE_BYTES = 4 * 2**30  # vLLM's default CPU swap space per GPU
+MAX_LOST_CAPACITY_FRACTION = 0.01  # KV left over after whole blocks, silently unused
+PCIE4_X16_BYTES_PER_S = 25e9  # achievable host<->device copy rate of PCIe 4.0 x16 (32 GB/s peak)
+
+
+class PagedMemoryConfig(Strict):
+    """Settings shared by every scheduler over a paged KV cache."""
+
+    max_num_seqs: PositiveInt = 256
+    block_size_tokens: PositiveInt = 16
+    preemption: Literal["recompute", "swap"] = "recompute"
+    watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
+    swap_space_bytes: NonNegativeInt = VLLM_SWAP_SPACE_BYTES
+    swap_bandwidth_bytes_per_s: PositiveFloat = PCIE4_X16_BYTES_PER_S
+    kv_bytes_per_token: PositiveInt = OPT_13B_KV_BYTES_PER_TOKEN
+
+
+class PagedConfig(PagedMemoryConfig):
+    kind: Literal["paged"]
+    max_num_batched_tokens: PositiveInt = 4096
+
+
+@dataclass
+class _Plan:
+    """One iteration being assembled."""
+
+    budget_tokens: int
+    ids: list[int] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    swap_time_s: float = 0.0
+
+
+def num_blocks_for_capacity(kv_capacity_tokens: int, block_size_tokens: int) -> int:
+    """Whole blocks in the pool. A capacity derived from model and hardware is rarely a
+    multiple of the block size, so the tail is dropped, but only if it is a sliver."""
+    num_blocks = kv_capacity_tokens // block_size_tokens
+    lost_tokens = kv_capacity_tokens - num_blocks * block_size_tokens
+    if num_blocks == 0 or lost_tokens > MAX_LOST_CAPACITY_FRACTION * kv_capacity_tokens:
+        lower = num_blocks * block_size_tokens
+        hint = f"a multiple such as {lower} or {lower + block_size_tokens}" if lower else \
+            f"at least {block_size_tokens}"
+        raise ValueError(
+            f"scheduler.block_size_tokens = {block_size_tokens} does not divide "
+            f"kv_capacity_tokens = {kv_capacity_tokens} (whole blocks would lose {lost_tokens} "
+            f"tokens); expected kv_capacity_tokens {hint}, or a smaller block"
+        )
+    return num_blocks
+
+
+class PagedScheduler(Scheduler):
+    """vLLM-style continuous batching over paged KV; `chunked_prefill` is Sarathi's variant."""
+
+    chunked_prefill = False
+
+    def __init__(self, cfg: PagedConfig, requests: Requests, kv_capacity_tokens: int) -> None:
+        self._setup(cfg, requests, kv_capacity_tokens, cfg.max_num_batched_tokens)
+        self._check_budget()
+
+    def _setup(
+        self, cfg: PagedMemoryConfig, requests: Requests, kv_capacity_tokens: int,
+        token_budget: int,
+    ) -> None:
+        super().__init__(requests, kv_capacity_tokens)
+        self.cfg = cfg
+        self.token_budget = token_budget
+        num_blocks = num_blocks_for_capacity(kv_capacity_tokens, cfg.block_size_tokens)
+        self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens)
+        # Peak KV: every token but the last generated one, whose KV is never computed.
+        self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
+        self._fits_alone = blocks_for(self._peak_tokens, cfg.block_size_tokens) <= num_blocks
+        self.watermark_blocks = int(cfg.watermark * num_blocks)
+        block_bytes = cfg.kv_bytes_per_token * cfg.block_size_tokens
+        self.swap_capacity_blocks = cfg.swap_space_bytes // block_bytes
+        self.swapped_blocks = 0  # blocks now held in CPU memory
+        n = len(requests)
+        self.running: list[int] = []  # holds GPU blocks, in admission order
+        self.resumable: list[int] = []  # heap of ids preempted by recompute
+        self.swapped: list[int] = []  # heap of ids whose KV is in CPU memory
+        self.cpu_blocks = np.zeros(n, dtype=np.int64)
+        self.peak_computed = np.zeros(n, dtype=np.int64)  # to tell recomputation from progress
+        self.preemptions_total = 0
+        self.recomputed_tokens_total = 0
+
+    def _check_budget(self) -> None:
+        """Without chunking the longest (re)prefill must fit one step's token budget."""
+        # After a recompute preemption a request prefills prompt + generated tokens at once.
+        longest = np.where(self._fits_alone, self._peak_tokens, 0)
+        i = int(np.argmax(longest)) if len(longest) else 0
+        if len(longest) and longest[i] > self.token_budget:
+            raise ValueError(
+                f"scheduler.max_num_batched_tokens = {self.token_budget} is below request "
+                f"{i}'s prompt + output - 1 = {int(longest[i])} tokens, which it must "
+                f"prefill in one step without chunking; expected >= {int(longest[i])} "
+                "(or use kind: chunked)"
+            )
+
+    def never_fits(self, req_id: int) -> bool:
+        return not bool(self._fits_alone[req_id])
+
+    def known_tokens(self, req_id: int) -> int:
+        return int(self.requests.prompt_tokens[req_id] + self.generated[req_id])
+
+    def _num_new_tokens(self, req_id: int, budget_tokens: int) -> int:
+        """Tokens to compute now: all that are known, or a chunk of them when chunking."""
+        need = self.known_tokens(req_id) - int(self.computed[req_id])
+        if self.chunked_prefill:
+            return min(need, budget_tokens)
+        return need if need <= budget_tokens else 0
+
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        plan = _Plan(self.token_budget)
+        self._schedule_running(plan)
+        if plan.preemptions == 0:
+            self._admit(plan)
+        return self._output(plan)
+
+    def _schedule_running(self, plan: _Plan) -> None:
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            num_new = self._num_new_tokens(req, plan.budget_tokens)
+            if num_new == 0 or not self._make_room(req, num_new, plan):
+                return
+            self._add(plan, req, num_new)
+            i += 1
+
+    def _make_room(self, req: int, num_new: int, plan: _Plan) -> bool:
+        """Grow `req`'s blocks, preempting the newest running requests; False if `req` went."""
+        target_tokens = int(self.computed[req]) + num_new
+        while self.allocator.grow_to(req, target_tokens) is None:
+            victim = self.running.pop()  # newest; everyone before `req` is already planned
+            self._preempt(victim, plan)
+            if victim == req:
+                return False
+        return True
+
+    def _preempt(self, victim: int, plan: _Plan) -> None:
+        blocks = self.allocator.free(victim)
+        self.preemptions_per_request[victim] += 1
+        self.preemptions_total += 1
+        plan.preemptions += 1
+        if self.cfg.preemption == "swap" and self.swapped_blocks + blocks <= self.swap_capacity_blocks:
+            self.cpu_blocks[victim] = blocks
+            self.swapped_blocks += blocks
+            plan.swap_time_s += self._copy_time_s(blocks)
+            heapq.heappush(self.swapped, victim)
+        else:  # recompute (also the fallback when CPU swap space is full)
+            self.computed[victim] = 0
+            heapq.heappush(self.resumable, victim)
+
+    def _copy_time_s(self, blocks: int) -> float:
+        copied_bytes = blocks * self.cfg.block_size_tokens * self.cfg.kv_bytes_per_token
+        return copied_bytes / self.cfg.swap_bandwidth_bytes_per_s
+
+    def _next_candidate(self) -> int | None:
+        """FCFS head: preempted requests (all admitted before any waiting one), oldest first."""
+        heads = [q[0] for q in (self.swapped, self.resumable) if q]
+        return min(heads) if heads else self._peek_waiting()
+
+    def _admit(self, plan: _Plan) -> None:
+        while len(self.running) < self.cfg.max_num_seqs:
+            req = self._next_candidate()
+            if req is None:
+                return
+            num_new = self._num_new_tokens(req, plan.budget_tokens)
+            if num_new == 0:
+                return
+            need = self.allocator.blocks_to_hold(req, int(self.computed[req]) + num_new)
+            reserve = self.watermark_blocks if self.running else 0
+            if need + reserve > self.allocator.num_free_blocks:
+                return  # FCFS: never skip ahead of a request that does not fit
+            assert self.allocator.allocate(req, need) is not None
+            self._take_candidate(req, plan)
+            self.running.append(req)
+            self._add(plan, req, num_new)
+
+    def _take_candidate(self, req: int, plan: _Plan) -> None:
+        if self.swapped and self.swapped[0] == req:
+            heapq.heappop(self.swapped)
+            plan.swap_time_s += self._copy_time_s(int(self.cpu_blocks[req]))
+            self.swapped_blocks -= int(self.cpu_blocks[req])
+            self.cpu_blocks[req] = 0
+        elif self.resumable and self.resumable[0] == req:
+            heapq.heappop(self.resumable)
+        else:
+            assert self._pop_waiting() == req
+
+    def _add(self, plan: _Plan, req: int, num_new: int) -> None:
+        redo = int(self.peak_computed[req] - self.computed[req])
+        plan.recomputed_tokens += min(max(redo, 0), num_new)
+        plan.ids.append(req)
+        plan.num_new.append(num_new)
+        plan.budget_tokens -= num_new
+
+    def _output(self, plan: _Plan) -> SchedulerOutput:
+        ids = np.array(plan.ids, dtype=np.int64)
+        num_new = np.array(plan.num_new, dtype=np.int64)
+        context = self.computed[ids] + num_new
+        used = int(self.computed[self.running].sum() + num_new.sum())
+        allocated = self.allocator.allocated_tokens
+        assert plan.budget_tokens >= 0 and len(ids) <= self.cfg.max_num_seqs
+        assert used <= allocated <= self.allocator.num_blocks * self.cfg.block_size_tokens
+        assert self.allocator.num_blocks * self.cfg.block_size_tokens <= self.kv_capacity_tokens
+        assert self.swapped_blocks <= self.swap_capacity_blocks
+        self.recomputed_tokens_total += plan.recomputed_tokens
+        return SchedulerOutput(
+            ids, num_new, Batch(num_new, context), allocated, kv_used_tokens=used,
+            preemptions=plan.preemptions, recomputed_tokens=plan.recomputed_tokens,
+            swap_time_s=plan.swap_time_s,
+        )
+
+    def update_from_output(self, out: SchedulerOutput) -> StepResult:
+        ids = out.req_ids
+        self.computed[ids] += out.num_new_tokens
+        self.peak_computed[ids] = np.maximum(self.peak_computed[ids], self.computed[ids])
+        known = self.requests.prompt_tokens[ids] + self.generated[ids]
+        assert np.all(self.computed[ids] <= known)
+        # Only a request whose known tokens are all computed emits one; a prompt chunk does not.
+        emitting = ids[self.computed[ids] == known]
+        self.generated[emitting] += 1
+        first = emitting[self.generated[emitting] == 1]
+        done = emitting[self.generated[emitting] == self.requests.output_tokens[emitting]]
+        if len(done):
+            for req in done.tolist():
+                self.allocator.free(req)
+            finished = set(done.tolist())
+            self.running = [r for r in self.running if r not in finished]
+        return StepResult(first, done)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.resumable or self.swapped) or self.num_waiting > 0

@@ -1,0 +1,98 @@
+"""Where tasks run: in this process, a local process pool, or Ray (a local instance or a cluster).
+
+Every backend runs the same `run_task` on the same `Task`s and yields `Outcome`s as they
+finish, so results do not depend on the backend; only the order of arrival does.
+Workers return values and never write files: on a cluster they may not share a disk.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Literal
+
+from orcasim.sweeps.spec import Task
+from orcasim.sweeps.task import Outcome, run_task
+
+Backend = Literal["local", "ray"]
+RAY_POLL_S = 0.25
+
+
+def default_workers() -> int:
+    return os.cpu_count() or 1
+
+
+def check_backend(backend: str, workers: int | None) -> None:
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend = {backend!r}: expected 'local' or 'ray'")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers = {workers}: expected at least 1")
+
+
+def execute(
+    tasks: Sequence[Task], backend: Backend = "local", workers: int | None = None,
+    address: str | None = None,
+) -> Iterator[Outcome]:
+    """Run `tasks` and yield each Outcome as soon as it is done."""
+    check_backend(backend, workers)
+    if not tasks:
+        return
+    match backend:
+        case "local":
+            yield from _local(tasks, workers or default_workers())
+        case "ray":
+            yield from _ray(tasks, workers, address)
+
+
+def _local(tasks: Sequence[Task], workers: int) -> Iterator[Outcome]:
+    if workers == 1 or len(tasks) == 1:
+        for task in tasks:  # no pool: easier to debug, and no start-up cost
+            yield run_task(task)
+        return
+    # spawn, not fork: the parent may hold threads (the progress bar), and fork copies locks.
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx)
+    try:
+        futures = {pool.submit(run_task, t): t for t in tasks}
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as e:  # noqa: BLE001 - a worker died (e.g. out of memory)
+                yield Outcome.failed(futures[future], e)
+    finally:
+        # On Ctrl-C drop the queued tasks instead of running them all first (the default of
+        # `with`); finished ones are already written, so --resume starts from there.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ray(tasks: Sequence[Task], workers: int | None, address: str | None) -> Iterator[Outcome]:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(
+            "--backend ray needs Ray: pip install 'orcasim[cluster]'"
+        ) from None
+    started = not ray.is_initialized()
+    if started:
+        # With no address Ray starts a local instance; with one it joins that cluster.
+        ray.init(address=address, num_cpus=None if address else (workers or default_workers()),
+                 include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
+        pending = {remote.remote(t): t for t in tasks}
+        while pending:
+            # Collect whatever finished in the last moment: one wait per task would be
+            # quadratic in the number of tasks.
+            refs = list(pending)
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=RAY_POLL_S)
+            for ref in done:
+                task = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a worker or node died
+                    yield Outcome.failed(task, e)
+    finally:
+        if started:
+            ray.shutdown()

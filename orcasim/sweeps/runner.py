@@ -1,0 +1,143 @@
+"""Running a sweep into a results folder that survives interruption.
+
+    results/<sweep>/
+        sweep.yaml                  the sweep spec as run
+        plan.json                   every task (id, point, replication, seed, parameters)
+        points/<task id>/outcome.json   written atomically as each task finishes
+        sweep.parquet, sweep.csv    the tidy table: one row per (point, system, replication)
+        failures.csv                the failed tasks and their errors, if any
+
+`--resume` keeps the finished tasks and runs the rest (failed ones included); it refuses a
+folder whose plan differs from the sweep being run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from orcasim.results import ResultsExistError, write_atomically, write_file_atomically
+from orcasim.sweeps.backends import Backend, check_backend, execute
+from orcasim.sweeps.spec import Sweep, Task
+from orcasim.sweeps.table import tidy_table
+from orcasim.sweeps.task import Outcome
+
+OUTCOME_FILE = "outcome.json"
+
+
+@dataclass
+class SweepResult:
+    table: pd.DataFrame
+    failed: list[Outcome]
+    ran: int
+    skipped: int
+
+
+def run_sweep(
+    sweep: Sweep, out_dir: Path, backend: Backend = "local", workers: int | None = None,
+    address: str | None = None, resume: bool = False, force: bool = False, progress: bool = True,
+) -> SweepResult:
+    """Run every unfinished task of `sweep`, writing each outcome as it arrives."""
+    out_dir = Path(out_dir)
+    check_backend(backend, workers)
+    tasks = sweep.tasks()
+    _prepare(sweep, tasks, out_dir, resume, force)
+    todo = [t for t in tasks if not _finished(out_dir, t)]
+    for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
+        write_atomically(out_dir / "points" / outcome.id,
+                         lambda tmp, o=outcome: (tmp / OUTCOME_FILE).write_text(o.to_json()),
+                         force=True)
+    outcomes = [read_outcome(out_dir, t) for t in tasks]
+    failed = [o for o in outcomes if not o.ok]
+    table = tidy_table([o for o in outcomes if o.ok])
+    _write_tables(out_dir, table, failed)
+    return SweepResult(table, failed, ran=len(todo), skipped=len(tasks) - len(todo))
+
+
+def run_sweep_in_memory(
+    sweep: Sweep, backend: Backend = "local", workers: int | None = None,
+    address: str | None = None,
+) -> SweepResult:
+    """Run every task and return the tidy table without writing anything (for notebooks)."""
+    check_backend(backend, workers)
+    outcomes = list(execute(sweep.tasks(), backend, workers, address))
+    ok = [o for o in outcomes if o.ok]
+    return SweepResult(tidy_table(ok), [o for o in outcomes if not o.ok], len(outcomes), 0)
+
+
+def _plan(tasks: list[Task]) -> str:
+    rows = [{"id": t.id, "point": t.point, "replication": t.replication, "seed": t.seed,
+             "params": t.params} for t in tasks]
+    return json.dumps({"base": tasks[0].base, "tasks": rows}, indent=1) + "\n"
+
+
+def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force: bool) -> None:
+    plan = _plan(tasks)
+    plan_file = out_dir / "plan.json"
+    if out_dir.exists():
+        if resume and plan_file.exists():
+            if plan_file.read_text() != plan:
+                raise ValueError(f"{out_dir} holds a different sweep (plan.json differs); "
+                                 "use another --out, or --force to start over")
+            return
+        if force:
+            shutil.rmtree(out_dir)
+        elif not resume:
+            raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it "
+                                    "or --force to start over")
+    spec_yaml = yaml.safe_dump(sweep.spec.model_dump(mode="json"), sort_keys=False)
+    write_file_atomically(out_dir / "sweep.yaml", lambda p: p.write_text(spec_yaml))
+    write_file_atomically(plan_file, lambda p: p.write_text(plan))
+
+
+def _finished(out_dir: Path, task: Task) -> bool:
+    path = out_dir / "points" / task.id / OUTCOME_FILE
+    return path.exists() and Outcome.from_json(path.read_text()).ok
+
+
+def read_outcome(out_dir: Path, task: Task) -> Outcome:
+    path = out_dir / "points" / task.id / OUTCOME_FILE
+    if not path.exists():
+        return Outcome.failed(task, "did not run")
+    return Outcome.from_json(path.read_text())
+
+
+def _write_tables(out_dir: Path, table: pd.DataFrame, failed: list[Outcome]) -> None:
+    write_file_atomically(out_dir / "sweep.parquet", lambda p: table.to_parquet(p, index=False))
+    write_file_atomically(out_dir / "sweep.csv", lambda p: table.to_csv(p, index=False))
+    failures = out_dir / "failures.csv"
+    if failed:
+        frame = pd.DataFrame([{"id": o.id, "point": o.point, "replication": o.replication,
+                               "error": o.error} for o in failed])
+        write_file_atomically(failures, lambda p: frame.to_csv(p, index=False))
+    else:
+        failures.unlink(missing_ok=True)
+
+
+def _with_progress(outcomes: Iterator[Outcome], total: int, show: bool) -> Iterator[Outcome]:
+    """Pass outcomes through while a bar shows tasks done, failures and the ETA."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("[red]{task.fields[failed]} failed"), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=not show) as bar:
+        task_id = bar.add_task("sweep", total=total, failed=0)
+        failed = 0
+        for outcome in outcomes:
+            failed += not outcome.ok
+            bar.update(task_id, advance=1, failed=failed)
+            yield outcome

@@ -1,0 +1,174 @@
+"""The sweep file: a base scenario, a grid of dotted-path parameters, and replications.
+
+    name: rate_x_batch
+    base: ../quickstart.yaml            # relative to this file
+    set: [workload.num_requests=500]    # optional fixed overrides, as with `orcasim run --set`
+    grid:
+      mode: product                     # or zip (all value lists the same length)
+      parameters:
+        workload.arrival.rate_per_s: [1, 2, 4, 8]
+        systems[1].scheduler.max_batch_size: [4, 8, 16]
+    replications: 3
+    seed: 0
+
+A *point* is one parameter combination; a *task* is one point under one replication.
+Replication r uses the same seed at every point (common random numbers), so curves
+across points differ by the parameters, not by sampling noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import numpy as np
+import yaml
+from pydantic import Field, PositiveInt, ValidationError, model_validator
+
+from orcasim.config import ScenarioError, Strict, format_validation_error
+from orcasim.scenario import (
+    NAME_PATTERN,
+    Scenario,
+    load_scenario,
+    parse_dotted,
+    scenario_from_dict,
+    set_dotted,
+)
+
+ParamValue = int | float | str | bool
+
+
+class Grid(Strict):
+    mode: Literal["product", "zip"] = "product"
+    parameters: dict[str, list[ParamValue]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        for path, values in self.parameters.items():
+            parse_dotted(path)
+            if not values:
+                raise ValueError(f"parameters.{path}: needs at least one value")
+            if parse_dotted(path)[0] == "seed":
+                raise ValueError("parameters.seed: use `replications` for independent seeds")
+        lengths = {len(v) for v in self.parameters.values()}
+        if self.mode == "zip" and len(lengths) > 1:
+            raise ValueError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
+        return self
+
+
+class SweepSpec(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    base: str
+    set: list[str] = []
+    grid: Grid
+    replications: PositiveInt = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Task:
+    """One point under one replication: everything a worker needs, as plain picklable data."""
+
+    point: int
+    replication: int
+    seed: int
+    params: dict[str, ParamValue]
+    base: dict[str, Any]
+    base_dir: str
+
+    @property
+    def id(self) -> str:
+        return f"p{self.point:04d}-r{self.replication:02d}"
+
+    def scenario(self) -> Scenario:
+        data = copy.deepcopy(self.base)
+        data["seed"] = self.seed
+        for path, value in self.params.items():
+            set_dotted(data, path, value)
+        return scenario_from_dict(data, f"point {self.id}")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    spec: SweepSpec
+    base: dict[str, Any]
+    base_dir: Path
+
+    def points(self) -> list[dict[str, ParamValue]]:
+        names = list(self.spec.grid.parameters)
+        lists = list(self.spec.grid.parameters.values())
+        combos = itertools.product(*lists) if self.spec.grid.mode == "product" else zip(*lists, strict=True)
+        return [dict(zip(names, combo, strict=True)) for combo in combos]
+
+    def replication_seeds(self) -> list[int]:
+        """Independent seeds, one per replication, spawned from one SeedSequence."""
+        children = np.random.SeedSequence(self.spec.seed).spawn(self.spec.replications)
+        # 63 bits keep the seed a non-negative int64 in the results table.
+        return [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
+
+    def tasks(self) -> list[Task]:
+        seeds = self.replication_seeds()
+        return [
+            Task(p, r, seed, params, self.base, str(self.base_dir))
+            for p, params in enumerate(self.points())
+            for r, seed in enumerate(seeds)
+        ]
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate a sweep file; `base` is relative to the file."""
+    path = Path(path)
+    spec = _parse_spec(path)
+    return build_sweep(spec, path.parent / spec.base)
+
+
+def make_sweep(
+    base: str | Path, parameters: dict[str, list[ParamValue]], mode: str = "product",
+    replications: int = 1, seed: int = 0, name: str = "sweep", overrides: list[str] | None = None,
+) -> Sweep:
+    """The Python form of a sweep file, for notebooks and scripts."""
+    data = {"name": name, "base": str(base), "set": overrides or [], "replications": replications,
+            "seed": seed, "grid": {"mode": mode, "parameters": parameters}}
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(e, "sweep", data)) from None
+    return build_sweep(spec, Path(base))
+
+
+def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
+    """Resolve the base scenario; the first task's scenario is validated too, so a
+    mistyped parameter path fails here, before any work starts."""
+    base_path = base_path.resolve()
+    scenario = load_scenario(base_path, spec.set)
+    # The validated dump holds every default, so each swept path already exists in it. A
+    # derived KV capacity is left out so that each point derives its own (it may change the
+    # hardware), and a scenario's own one-parameter `sweep:` block is replaced by this grid.
+    derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
+    base = scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep", *derived})
+    sweep = Sweep(spec, base, base_path.parent)
+    sweep.tasks()[0].scenario()
+    return sweep
+
+
+def _parse_spec(path: Path) -> SweepSpec:
+    data = _read_yaml(path)
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(e, str(path), data)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: malformed YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a mapping of sweep keys at the top level")
+    return data

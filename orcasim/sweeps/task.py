@@ -1,0 +1,54 @@
+"""Running one task and its outcome: the only code a backend ships to a worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orcasim.sweeps.spec import ParamValue, Task
+
+
+@dataclass
+class Outcome:
+    """What a task produced: per-system summaries, or the error that stopped it."""
+
+    id: str
+    point: int
+    replication: int
+    seed: int
+    params: dict[str, ParamValue]
+    ok: bool
+    systems: dict[str, dict[str, float]] = field(default_factory=dict)
+    error: str = ""
+    wall_s: float = 0.0
+
+    def to_json(self) -> str:
+        # NaN summaries (e.g. TPOT with one-token outputs) round-trip through Python's json.
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Outcome:
+        return cls(**json.loads(text))
+
+    @classmethod
+    def failed(cls, task: Task, error: BaseException | str, wall_s: float = 0.0) -> Outcome:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return cls(task.id, task.point, task.replication, task.seed, task.params, False,
+                   error=text.splitlines()[0] if text else "unknown error", wall_s=wall_s)
+
+
+def run_task(task: Task) -> Outcome:
+    """Run one task. Any exception becomes a failed Outcome: a bad point never kills a sweep."""
+    from orcasim.run import run_scenario
+
+    start = time.perf_counter()
+    try:
+        result = run_scenario(task.scenario(), base_dir=Path(task.base_dir))
+    except Exception as e:  # noqa: BLE001 - recorded per point, reported at the end
+        return Outcome.failed(task, e, time.perf_counter() - start)
+    systems: dict[str, dict[str, Any]] = {n: r.summary for n, r in result.systems.items()}
+    return Outcome(task.id, task.point, task.replication, task.seed, task.params, True,
+                   systems=systems, wall_s=time.perf_counter() - start)

@@ -1,0 +1,139 @@
+"""Model and GPU catalogs, scenario syntax for them, and the derived KV capacity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.cost.catalog import (
+    GIB,
+    HardwareConfig,
+    derive_kv_capacity_tokens,
+    gpu_spec,
+    known_names,
+    model_spec,
+)
+from orcasim.scenario import scenario_from_dict
+
+PARAM_COUNT_REL_TOL = 0.01  # against the published parameter counts
+
+# Published sizes: GPT-3 paper Table 2.1; Llama 2/3 model cards (config.json parameter totals).
+PUBLISHED_PARAMS = {
+    "gpt3-13b": 12.85e9,
+    "gpt3-175b": 174.6e9,
+    "llama2-7b": 6.738e9,
+    "llama2-13b": 13.016e9,
+    "llama2-70b": 68.977e9,
+    "llama3-8b": 8.030e9,
+    "llama3-70b": 70.554e9,
+}
+
+
+def test_every_catalog_entry_validates_and_cites_a_source() -> None:
+    for name in known_names("models"):
+        assert model_spec(name).source, name
+    for name in known_names("gpus"):
+        assert gpu_spec(name).source, name
+    assert {"gpt3-13b", "gpt3-101b", "gpt3-175b", "gpt3-341b", "opt-66b", "llama3-70b"} <= set(known_names("models"))
+    assert set(known_names("gpus")) == {"a100-40gb", "a100-80gb", "h100-80gb", "h200"}
+
+
+@pytest.mark.parametrize("name,published", sorted(PUBLISHED_PARAMS.items()))
+def test_parameter_counts_match_published_sizes(name: str, published: float) -> None:
+    assert model_spec(name).param_count() == pytest.approx(published, rel=PARAM_COUNT_REL_TOL)
+
+
+def test_orca_paper_gpt3_shapes() -> None:
+    # Orca Table 1: (layers, hidden) for 13B, 101B, 175B, 341B; n_ctx 2048 throughout.
+    shapes = {"gpt3-13b": (40, 5120), "gpt3-101b": (80, 10240), "gpt3-175b": (96, 12288), "gpt3-341b": (120, 15360)}
+    for name, (layers, hidden) in shapes.items():
+        m = model_spec(name)
+        assert (m.num_layers, m.hidden_size, m.max_seq_len, m.head_dim) == (layers, hidden, 2048, 128)
+
+
+def test_kv_bytes_per_token_mha_and_gqa() -> None:
+    # 2 (K and V) * layers * kv_heads * head_dim * 2 bytes.
+    assert model_spec("llama2-7b").kv_bytes_per_token() == 2 * 32 * 32 * 128 * 2  # MHA
+    assert model_spec("llama2-70b").kv_bytes_per_token() == 2 * 80 * 8 * 128 * 2  # GQA, 8 KV heads
+    assert model_spec("llama3-8b").kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2
+    assert model_spec("gpt3-175b").kv_bytes_per_token() == 2 * 96 * 96 * 128 * 2
+
+
+def test_flops_per_token_is_twice_the_matmul_weights_plus_attention() -> None:
+    m = model_spec("llama2-7b")
+    matmul = 32 * (4096 * 4096 * 4 + 3 * 4096 * 11008) + 32000 * 4096  # layers + LM head
+    assert m.flops_per_token(0) == pytest.approx(2 * matmul, rel=1e-3)  # norms add < 0.1%
+    assert m.flops_per_token(1000) - m.flops_per_token(0) == 4 * 32 * 1000 * 4096
+
+
+def test_kv_capacity_derivation_by_hand() -> None:
+    m = model_spec("gpt3-13b")
+    hw = HardwareConfig(gpu="a100-40gb")
+    free = 40e9 * 0.9 - 1.0 * GIB - m.param_count() * 2
+    assert derive_kv_capacity_tokens(m, hw) == int(free // (2 * 40 * 40 * 128 * 2))
+    # TP 8 x PP 2 of 175B: each GPU holds 1/16 of the weights and 48 layers x 12 heads of KV.
+    big = model_spec("gpt3-175b")
+    hw16 = HardwareConfig(gpu="a100-40gb", tensor_parallel=8, pipeline_parallel=2)
+    free16 = 40e9 * 0.9 - GIB - big.param_count() * 2 / 16
+    assert derive_kv_capacity_tokens(big, hw16) == int(free16 // (2 * 48 * 12 * 128 * 2))
+
+
+def test_weights_that_do_not_fit_are_an_error() -> None:
+    with pytest.raises(ValueError, match="weights per GPU"):
+        derive_kv_capacity_tokens(model_spec("gpt3-175b"), HardwareConfig(gpu="a100-40gb"))
+
+
+def _scenario(base_dict: dict[str, Any], **top: Any) -> Any:
+    data = {k: v for k, v in base_dict.items() if k != "kv_capacity_tokens"}
+    data.update(top)
+    return scenario_from_dict(data)
+
+
+def test_scenario_names_a_model_and_hardware_and_derives_kv_capacity(base_dict: dict[str, Any]) -> None:
+    sc = _scenario(base_dict, model="gpt3-175b", hardware={"gpu": "a100-40gb", "tensor_parallel": 8, "pipeline_parallel": 2},
+                   cost={"kind": "roofline"})
+    assert sc.model is not None and sc.model.num_layers == 96
+    assert sc.kv_capacity_tokens == derive_kv_capacity_tokens(sc.model, sc.hardware)
+
+
+def test_scenario_accepts_inline_specs(base_dict: dict[str, Any]) -> None:
+    tiny = {"name": "tiny", "num_layers": 2, "hidden_size": 256, "num_heads": 4}
+    gpu = {"peak_flops": 1e14, "hbm_bandwidth_bytes_per_s": 1e12, "memory_bytes": 16e9,
+           "nvlink_bandwidth_bytes_per_s": 1e11, "node_network_bytes_per_s": 1e10}
+    sc = _scenario(base_dict, model=tiny, hardware={"gpu": gpu}, cost={"kind": "roofline"})
+    assert sc.model.kv_bytes_per_token() == 2 * 2 * 4 * 64 * 2
+    assert sc.kv_capacity_tokens > 0
+
+
+@pytest.mark.parametrize("key,value,known", [
+    ("model", "gpt-5", "gpt3-175b"),
+    ("hardware", {"gpu": "b200"}, "a100-40gb"),
+])
+def test_unknown_names_list_the_known_ones(base_dict: dict[str, Any], key: str, value: Any, known: str) -> None:
+    top = {"model": "gpt3-13b", "hardware": {"gpu": "a100-80gb"}, key: value}
+    with pytest.raises(ScenarioError, match=known):
+        _scenario(base_dict, **top)
+
+
+def test_hardware_cost_without_model_is_an_error(base_dict: dict[str, Any]) -> None:
+    base_dict["cost"] = {"kind": "roofline"}
+    with pytest.raises(ScenarioError, match="needs the keys 'model' and 'hardware'"):
+        scenario_from_dict(base_dict)
+    del base_dict["kv_capacity_tokens"]
+    base_dict["cost"] = {"kind": "linear", "base_s": 0.01}
+    with pytest.raises(ScenarioError, match="kv_capacity_tokens is required"):
+        scenario_from_dict(base_dict)
+
+
+def test_cli_reports_an_unknown_model_on_one_line(tmp_path: Path) -> None:
+    from tests.test_cli import orcasim
+
+    text = Path("scenarios/orca_paper/gpt3_13b.yaml").read_text().replace("model: gpt3-13b", "model: gpt3-13")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    p = orcasim("validate", str(bad))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "unknown model 'gpt3-13'" in p.stderr and "gpt3-175b" in p.stderr

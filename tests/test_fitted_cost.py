@@ -1,0 +1,159 @@
+"""The `fitted` cost kind: loading, range warnings, the decode fast path, DistServe's JSON."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from orcasim.config import ScenarioError
+from orcasim.cost import build_cost_model
+from orcasim.cost.base import Batch
+from orcasim.cost.fitted import FORMAT, FittedCostConfig, term_names
+
+ROOT = Path(__file__).resolve().parents[1]
+KNOTS = [64]
+COEF = dict(zip(term_names(KNOTS), [1e-3, 2e-5, 1e-4, 3e-7, 1e-8, 5e-6], strict=True))
+RANGE = {"tokens": [1, 512], "num_requests": [1, 16], "sum_context_decode": [0, 4096],
+         "sum_prefill_sq": [0, 262144], "max_context": [1, 512]}
+STEP_RTOL = 1e-12
+
+
+@pytest.fixture
+def cost_file(tmp_path: Path) -> Path:
+    path = tmp_path / "m.yaml"
+    doc = {"format": FORMAT, "knots_tokens": KNOTS, "coefficients_s": COEF, "range": RANGE}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def build(path: Path, **extra: object):
+    return build_cost_model(FittedCostConfig(kind="fitted", path=str(path), **extra))
+
+
+def batch(query: list[int], context: list[int]) -> Batch:
+    return Batch(np.array(query, dtype=np.int64), np.array(context, dtype=np.int64))
+
+
+def test_formula(cost_file: Path) -> None:
+    cost = build(cost_file)
+    # Two decodes (contexts 10, 20) and a prompt of 100: tokens 102, over the knot by 38.
+    got = cost.iteration_time_s(batch([1, 1, 100], [10, 20, 100]))
+    want = (COEF["const"] + 102 * COEF["tokens"] + 3 * COEF["num_requests"]
+            + 30 * COEF["sum_context_decode"] + 100 * 100 * COEF["sum_prefill_sq"]
+            + 38 * COEF["tokens_over_64"])
+    assert got == pytest.approx(want, rel=1e-12)
+    assert cost.out_of_range_count() == 0
+
+
+def test_out_of_range_counts_and_warns_once(cost_file: Path) -> None:
+    cost = build(cost_file)
+    with pytest.warns(RuntimeWarning, match="outside the fitted range") as record:
+        cost.iteration_time_s(batch([1] * 20, [10] * 20))  # 20 requests > 16
+        cost.iteration_time_s(batch([600], [600]))  # 600 tokens > 512
+    assert len(record) == 1
+    assert cost.out_of_range_count() == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh instance warns again; in range it never warns
+        build(cost_file).iteration_time_s(batch([1], [5]))
+
+
+def test_decode_steps_match_iterations(cost_file: Path) -> None:
+    context = np.array([10, 50, 200], dtype=np.int64)
+    cost = build(cost_file)
+    with pytest.warns(RuntimeWarning, match="decode step"):
+        fast = cost.decode_steps_s(context, 400)  # runs past max_context 512 after 312 steps
+    slow_cost = build(cost_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        slow = [slow_cost.iteration_time_s(Batch(np.ones(3, dtype=np.int64), context + j))
+                for j in range(400)]
+    np.testing.assert_allclose(fast, slow, rtol=STEP_RTOL)
+    assert cost.out_of_range_count() == slow_cost.out_of_range_count() == 400 - 313
+
+
+def test_decode_steps_count_a_batch_too_large(cost_file: Path) -> None:
+    cost = build(cost_file)
+    with pytest.warns(RuntimeWarning):
+        cost.decode_steps_s(np.full(20, 10, dtype=np.int64), 7)  # 20 requests > 16: every step
+    assert cost.out_of_range_count() == 7
+
+
+def test_bad_files(tmp_path: Path, cost_file: Path) -> None:
+    with pytest.raises(ScenarioError, match="not found"):
+        build(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("kind: something-else\n")
+    with pytest.raises(ScenarioError, match="format"):
+        build(tmp_path / "bad.yaml")
+    with pytest.raises(ScenarioError, match="only to a DistServe"):
+        build(cost_file, model="opt-13b")
+
+
+def test_committed_cpu_model_loads() -> None:
+    cost = build(ROOT / "cost_models" / "cpu-tiny.yaml")
+    t = cost.iteration_time_s(batch([1, 1, 64], [100, 200, 64]))
+    assert 0 < t < 1.0
+    assert cost.out_of_range_count() == 0
+
+
+# DistServe: A100-80GB, OPT-13B, TP 1 (vLLM engine), coefficients in ms from the JSON.
+DISTSERVE = "profiles/distserve/profiler-a100-80g.vllm.json"
+
+
+def distserve(**extra: object):
+    cfg = {"model": "opt-13b", "tensor_parallel": 1, **extra}
+    return build_cost_model(FittedCostConfig(kind="fitted", path=DISTSERVE, **cfg))
+
+
+def test_distserve_prefill_and_decode_formulas() -> None:
+    import json
+
+    from orcasim.paths import PACKAGE_DATA_DIR
+
+    entry = json.loads((PACKAGE_DATA_DIR / DISTSERVE).read_text())["facebook/opt-13b"]["1"]
+    a, b, c = entry["prefill"]
+    cost = distserve()
+    assert cost.iteration_time_s(batch([100, 300], [100, 300])) == pytest.approx(
+        (a + b * 400 + c * (100**2 + 300**2)) * 1e-3, rel=1e-12)
+    a, b, c = entry["decoding_smallbs"]
+    assert cost.iteration_time_s(batch([1] * 4, [500] * 4)) == pytest.approx(
+        (a + b * 2000 + c * 4) * 1e-3, rel=1e-12)
+    n = entry["decoding_large_small_bs_threshold"]
+    a, b, c = entry["decoding_largebs"]
+    assert cost.iteration_time_s(batch([1] * n, [100] * n)) == pytest.approx(
+        (a + b * 100 * n + c * n) * 1e-3, rel=1e-12)
+
+
+def test_distserve_decode_steps_and_capacity() -> None:
+    cost, ref = distserve(), distserve()
+    context = np.full(8, 8000, dtype=np.int64)  # 64,000 KV tokens; capacity 66,144 at TP 1
+    with pytest.warns(RuntimeWarning, match="decode step"):
+        fast = cost.decode_steps_s(context, 400)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        slow = [ref.iteration_time_s(Batch(np.ones(8, dtype=np.int64), context + j)) for j in range(400)]
+    np.testing.assert_allclose(fast, slow, rtol=STEP_RTOL)
+    over = int(np.sum(64000 + 8 * np.arange(400) > 66144))
+    assert cost.out_of_range_count() == ref.out_of_range_count() == over > 0
+
+
+def test_distserve_needs_model_and_tp() -> None:
+    with pytest.raises(ScenarioError, match="needs cost.model"):
+        build_cost_model(FittedCostConfig(kind="fitted", path=DISTSERVE))
+    with pytest.raises(ScenarioError, match="opt-7b"):
+        distserve(model="opt-7b")
+    with pytest.raises(ScenarioError, match="tensor_parallel = 3"):
+        distserve(tensor_parallel=3)
+
+
+def test_calibrated_scenario_runs() -> None:
+    import orcasim
+
+    result = orcasim.run_scenario(ROOT / "scenarios" / "calibrated" / "cpu_tiny.yaml",
+                                  ("workload.num_requests=30",))
+    orca = result.systems["orca"].summary
+    assert orca["requests_completed"] == 30
+    assert orca["cost_out_of_range"] == 0

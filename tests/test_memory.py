@@ -1,0 +1,131 @@
+"""KV allocators: reservation policies, the paged block pool, and KV accounting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kv_driver import assert_all_served, drive, make_requests
+
+from orcasim.memory import PagedAllocator, blocks_for, next_power_of_two, reservation_tokens
+from orcasim.metrics import kv_memory_stats
+from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+
+EXAMPLES = 60
+
+
+def test_next_power_of_two_is_exact_at_and_between_powers():
+    got = next_power_of_two(np.array([1, 2, 3, 4, 5, 1023, 1024, 1025, 2**40 + 1]))
+    assert got.tolist() == [1, 2, 4, 4, 8, 1024, 1024, 2048, 2**41]
+
+
+def test_reservation_policies_match_the_vllm_paper_definitions():
+    reqs = make_requests([100, 10, 1000], [50, 6, 1000], max_tokens=1500)
+    # The third request's true total (2000) exceeds max_tokens only in this hand table.
+    assert reservation_tokens(reqs, "max").tolist() == [1500, 1500, 1500]
+    assert reservation_tokens(reqs, "pow2").tolist() == [256, 16, 1500]
+    assert reservation_tokens(reqs, "oracle").tolist() == [150, 16, 2000]
+
+
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.integers(1, 8000))
+@settings(max_examples=EXAMPLES, deadline=None)
+def test_pow2_reservation_bounds(totals, max_tokens):
+    reqs = make_requests(totals, [0] * len(totals), max_tokens=max_tokens)
+    pow2 = reservation_tokens(reqs, "pow2")
+    total = np.array(totals)
+    assert np.all(pow2 <= max_tokens)
+    uncapped = pow2 < max_tokens
+    assert np.all(pow2[uncapped] >= total[uncapped]) and np.all(pow2[uncapped] < 2 * total[uncapped])
+    assert np.all(pow2[uncapped] & (pow2[uncapped] - 1) == 0)  # a power of two
+
+
+def test_blocks_for_is_a_ceiling():
+    assert [blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
+
+
+def test_allocate_returns_none_and_changes_nothing_when_full():
+    alloc = PagedAllocator(num_blocks=4, block_size_tokens=16)
+    assert alloc.allocate(0, 3) == [0, 1, 2]
+    assert alloc.allocate(1, 2) is None
+    assert alloc.num_free_blocks == 1 and alloc.num_blocks_of(1) == 0
+    assert alloc.grow_to(0, 64) == [3]  # 64 tokens = 4 blocks: one more
+    assert alloc.grow_to(0, 50) == []  # already holds enough
+    assert alloc.free(0) == 4 and alloc.num_free_blocks == 4
+    alloc.check_invariants()
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["alloc", "free"]), st.integers(0, 5), st.integers(0, 6)),
+    max_size=60,
+)
+
+
+@given(st.integers(1, 12), ops)
+@settings(max_examples=EXAMPLES * 2, deadline=None)
+def test_allocator_invariants_under_random_operations(num_blocks, operations):
+    alloc = PagedAllocator(num_blocks, block_size_tokens=4)
+    for op, req, n in operations:
+        free_before = alloc.num_free_blocks
+        if op == "alloc":
+            got = alloc.allocate(req, n)
+            assert (got is None) == (n > free_before)
+            assert alloc.num_free_blocks == free_before - (0 if got is None else n)
+        else:
+            held = alloc.num_blocks_of(req)
+            assert alloc.free(req) == held
+            assert alloc.num_free_blocks == free_before + held
+        assert alloc.allocated_tokens <= num_blocks * 4
+        alloc.check_invariants()
+    for req in list(alloc.tables):
+        alloc.free(req)
+    assert alloc.num_free_blocks == num_blocks and not alloc.tables
+    alloc.check_invariants()
+
+
+def _orca(policy: str, reqs, capacity: int) -> IterationLevelScheduler:
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=64, kv_reservation=policy)
+    return IterationLevelScheduler(cfg, reqs, capacity)
+
+
+def test_orca_reservation_policies_admit_more_as_they_get_tighter():
+    rng = np.random.default_rng(3)
+    reqs = make_requests(rng.integers(10, 200, 80).tolist(), rng.integers(1, 200, 80).tolist(),
+                         max_tokens=512)
+    mean_batch = {}
+    for policy in ("max", "pow2", "oracle"):
+        sched = _orca(policy, reqs, capacity=4096)
+        trace = drive(sched, reqs, lambda s, o: _check_reserved_within(s, o, 4096))
+        assert_all_served(sched, reqs, trace)
+        mean_batch[policy] = np.mean([len(p.req_ids) for p in trace.plans])
+    assert mean_batch["max"] < mean_batch["pow2"] < mean_batch["oracle"]
+
+
+def _check_reserved_within(sched, out, capacity):
+    assert out.kv_used_tokens is not None
+    assert out.kv_used_tokens <= out.kv_reserved_tokens <= capacity
+
+
+def test_orca_rejects_a_request_whose_reservation_can_never_fit():
+    reqs = make_requests([10, 300, 10], [5, 5, 5], max_tokens=400)
+    sched = _orca("oracle", reqs, capacity=100)
+    trace = drive(sched, reqs)
+    assert sched.rejected_ids == [1]
+    assert_all_served(sched, reqs, trace)
+
+
+def test_kv_utilization_is_a_ratio_of_time_integrals():
+    iters = pd.DataFrame({
+        "duration_s": [1.0, 3.0], "kv_reserved_tokens": [100, 200], "kv_used_tokens": [50.0, 200.0],
+        "preemptions": [2, 0], "recomputed_tokens": [0, 30],
+    })
+    stats = kv_memory_stats(iters)
+    assert stats["kv_utilization_mean"] == pytest.approx((50 * 1 + 200 * 3) / (100 * 1 + 200 * 3))
+    assert stats["preemptions"] == 2 and stats["recomputed_tokens"] == 30
+
+
+def test_kv_utilization_is_nan_when_a_scheduler_does_not_track_it():
+    iters = pd.DataFrame({"duration_s": [1.0], "kv_reserved_tokens": [10],
+                          "kv_used_tokens": [np.nan], "preemptions": [0], "recomputed_tokens": [0]})
+    assert np.isnan(kv_memory_stats(iters)["kv_utilization_mean"])

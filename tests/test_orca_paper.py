@@ -1,0 +1,29 @@
+"""The Orca paper scenarios: they validate, and one rate point of each runs with Orca ahead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orcasim import run_scenario
+from orcasim.scenario import load_scenario
+
+PAPER = sorted(Path("scenarios/orca_paper").glob("gpt3_*.yaml"))
+# Paper Table 1 GPU counts and the TP x PP layout of section 6.
+LAYOUT = {"gpt3_13b": (1, 1), "gpt3_101b": (8, 1), "gpt3_175b": (8, 2), "gpt3_341b": (8, 4)}
+
+
+def test_there_is_one_scenario_per_paper_model() -> None:
+    assert {p.stem for p in PAPER} == set(LAYOUT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
+def test_one_point_runs_and_orca_is_faster(path: Path) -> None:
+    sc = load_scenario(path, ["workload.num_requests=40", "workload.arrival.rate_per_s=4", "sweep=null"])
+    assert sc.hardware is not None and sc.model is not None
+    assert (sc.hardware.tensor_parallel, sc.hardware.pipeline_parallel) == LAYOUT[path.stem]
+    assert sc.hardware.gpu.name == "a100-40gb" and sc.model.max_seq_len == 2048
+    summary = run_scenario(sc).summary_frame()["normalized_latency_s_per_token_p50"]
+    assert summary["orca-bs16"] < summary["ft-bs16"]

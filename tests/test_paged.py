@@ -1,0 +1,227 @@
+"""The paged (vLLM) scheduler, driven in plain Python with hand-made steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kv_driver import (
+    assert_paged_end_state,
+    check_paged_step,
+    drive,
+    make_requests,
+    planned_tokens,
+)
+
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict
+from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+
+EXAMPLES = 60
+
+
+def _paged(reqs, capacity: int, **kw) -> PagedScheduler:
+    cfg = PagedConfig.model_validate({"kind": "paged", "watermark": 0.0, **kw})
+    return PagedScheduler(cfg, reqs, capacity)
+
+
+def test_recompute_preempts_the_newest_and_redoes_prompt_plus_generated():
+    # 4 blocks of 2 tokens. A = 0 (prompt 3, 4 outputs), B = 1 (prompt 2, 4 outputs).
+    reqs = make_requests([3, 2], [4, 4])
+    sched = _paged(reqs, capacity=8, block_size_tokens=2)
+    trace = drive(sched, reqs, check_paged_step)
+    # Step 2: A needs a third block, none is free, so B (newest) loses its KV; after A
+    # finishes, B recomputes prompt 2 + generated 2 = 4 tokens at once.
+    assert planned_tokens(trace) == [{0: 3, 1: 2}, {0: 1, 1: 1}, {0: 1}, {0: 1}, {1: 4}, {1: 1}]
+    assert [p.preemptions for p in trace.plans] == [0, 0, 1, 0, 0, 0]
+    assert [p.recomputed_tokens for p in trace.plans] == [0, 0, 0, 0, 3, 0]
+    assert trace.first_token_step == {0: 0, 1: 0}
+    assert trace.finish_step == {0: 3, 1: 5}
+    assert sched.preemptions_per_request.tolist() == [0, 1]
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_swap_keeps_kv_and_charges_pcie_copies():
+    reqs = make_requests([3, 2], [4, 4])
+    # One byte per token at one byte per second: a block of 2 tokens costs 2 s to copy.
+    sched = _paged(reqs, capacity=8, block_size_tokens=2, preemption="swap",
+                   swap_space_bytes=100, kv_bytes_per_token=1, swap_bandwidth_bytes_per_s=1.0)
+    trace = drive(sched, reqs, check_paged_step)
+    assert planned_tokens(trace) == [{0: 3, 1: 2}, {0: 1, 1: 1}, {0: 1}, {0: 1}, {1: 1}, {1: 1}]
+    # Out at step 2 and back in at step 4: B's 2 blocks, 4 tokens, each way.
+    assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 0.0, 4.0, 0.0]
+    assert sched.recomputed_tokens_total == 0
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_swap_falls_back_to_recompute_when_cpu_space_is_full():
+    reqs = make_requests([3, 2], [4, 4])
+    sched = _paged(reqs, capacity=8, block_size_tokens=2, preemption="swap",
+                   swap_space_bytes=3, kv_bytes_per_token=1)  # room for 1 block; B holds 2
+    trace = drive(sched, reqs, check_paged_step)
+    assert sched.swap_capacity_blocks == 1 and sched.recomputed_tokens_total == 3
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_watermark_holds_back_admission_but_not_a_lone_request():
+    reqs = make_requests([10, 8], [5, 1])
+    held = _paged(reqs, capacity=20, block_size_tokens=1, watermark=0.25)  # 5 blocks kept free
+    free = _paged(reqs, capacity=20, block_size_tokens=1, watermark=0.0)
+    for s in (held, free):
+        s.add_request(0)
+        s.add_request(1)
+    assert held.schedule(0.0).req_ids.tolist() == [0]
+    assert free.schedule(0.0).req_ids.tolist() == [0, 1]
+    lone = _paged(make_requests([19], [2]), capacity=20, block_size_tokens=1, watermark=0.5)
+    lone.add_request(0)
+    assert lone.schedule(0.0).req_ids.tolist() == [0]
+
+
+def test_budget_and_max_num_seqs_limit_each_step():
+    reqs = make_requests([4] * 6, [3] * 6)
+    sched = _paged(reqs, capacity=1024, max_num_seqs=4, max_num_batched_tokens=10)
+    trace = drive(sched, reqs, check_paged_step)
+    assert planned_tokens(trace)[0] == {0: 4, 1: 4}  # a third prompt would exceed 10 tokens
+    assert max(len(s) for s in planned_tokens(trace)) == 4
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_block_size_that_does_not_divide_capacity_is_an_error():
+    with pytest.raises(ValueError, match=r"block_size_tokens = 16 does not divide "
+                                         r"kv_capacity_tokens = 100 \(whole blocks would lose 4 "
+                                         r"tokens\); expected .* 96 or 112"):
+        _paged(make_requests([4], [4]), capacity=100)
+    with pytest.raises(ValueError, match="at least 16"):
+        _paged(make_requests([4], [4]), capacity=8)
+    # A derived capacity loses a sliver (12 of 15,004 tokens) to whole blocks: accepted.
+    assert _paged(make_requests([4], [4]), capacity=15_004).allocator.num_blocks == 937
+
+
+def test_budget_below_the_longest_prefill_is_an_error():
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens = 64 is below request 1's "
+                                         r"prompt \+ output - 1 = 109 tokens"):
+        _paged(make_requests([10, 100], [5, 10]), capacity=1024, max_num_batched_tokens=64)
+
+
+def test_a_request_that_never_fits_is_rejected_not_hung():
+    reqs = make_requests([10, 200, 10], [5, 5, 5])  # request 1 needs 204 tokens of KV
+    sched = _paged(reqs, capacity=128, max_num_batched_tokens=32)
+    trace = drive(sched, reqs, check_paged_step)
+    assert sched.rejected_ids == [1]
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_rejections_are_counted_in_the_summary():
+    data = {
+        "name": "tiny", "seed": 0, "kv_capacity_tokens": 256,
+        "workload": {"num_requests": 50, "arrival": {"kind": "poisson", "rate_per_s": 5.0},
+                     "prompt_tokens": {"kind": "uniform", "low": 1, "high": 400},
+                     "output_tokens": {"kind": "constant", "value": 8}, "max_tokens": 408},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+        "systems": [{"name": "vllm", "scheduler": {"kind": "paged", "max_num_batched_tokens": 512}}],
+    }
+    scenario = scenario_from_dict(data)
+    with pytest.warns(UserWarning, match="can never fit in KV memory"):
+        result = run_scenario(scenario)
+    res = result.systems["vllm"]
+    expected = int((res.requests["prompt_tokens"] + 8 - 1 > 256).sum())
+    assert expected > 0
+    assert res.summary["requests_rejected"] == expected
+    assert res.summary["requests_completed"] == 50 - expected
+    assert int(res.requests["rejected"].sum()) == expected
+
+
+@st.composite
+def paged_cases(draw, chunked: bool = False):
+    n = draw(st.integers(1, 20))
+    prompts = draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    arrivals = sorted(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)))
+    block = draw(st.sampled_from([1, 2, 4, 8]))
+    blocks = draw(st.integers(2, 30))
+    cfg = {
+        "block_size_tokens": block,
+        "max_num_seqs": draw(st.integers(1, 6)),
+        "preemption": draw(st.sampled_from(["recompute", "swap"])),
+        "watermark": draw(st.sampled_from([0.0, 0.05, 0.2])),
+        "swap_space_bytes": draw(st.integers(0, 12)) * block,
+        "kv_bytes_per_token": 1,
+    }
+    reqs = make_requests(prompts, outputs, [float(a) for a in arrivals])
+    if chunked:
+        cfg["chunk_size_tokens"] = draw(st.integers(1, 48))
+    else:
+        cfg["max_num_batched_tokens"] = int((reqs.total_tokens - 1).max()) + draw(st.integers(0, 30))
+    return reqs, block * blocks, cfg
+
+
+@given(paged_cases())
+@settings(max_examples=EXAMPLES * 2, deadline=None)
+def test_paged_invariants_hold_and_every_request_completes(case):
+    reqs, capacity, cfg = case
+    sched = _paged(reqs, capacity, **cfg)
+    trace = drive(sched, reqs, check_paged_step)
+    assert_paged_end_state(sched, reqs, trace)
+    fits = [i for i in range(len(reqs)) if i not in set(sched.rejected_ids)]
+    assert np.all(reqs.total_tokens[sched.rejected_ids] - 1 > capacity)
+    assert np.all(reqs.total_tokens[fits] - 1 <= capacity)
+
+
+ISSUE_SYSTEMS_YAML = """
+- {name: orca-pow2, scheduler: {kind: iteration_level, max_batch_size: 128, kv_reservation: pow2}}
+- {name: vllm, scheduler: {kind: paged, max_num_seqs: 256, max_num_batched_tokens: 4096, block_size_tokens: 16, preemption: recompute, watermark: 0.01}}
+- {name: sarathi, scheduler: {kind: chunked, max_num_seqs: 256, block_size_tokens: 16, chunk_size_tokens: 512, preemption: recompute}}
+"""
+
+
+def test_memory_schedulers_are_selectable_in_yaml_and_run():
+    import yaml
+
+    data = {
+        "name": "yaml", "seed": 2, "kv_capacity_tokens": 2048,
+        "workload": {"num_requests": 40, "arrival": {"kind": "poisson", "rate_per_s": 20.0},
+                     "prompt_tokens": {"kind": "uniform", "low": 16, "high": 300},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 200}, "max_tokens": 500},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+        "systems": yaml.safe_load(ISSUE_SYSTEMS_YAML),
+    }
+    result = run_scenario(scenario_from_dict(data))
+    summary = result.summary_frame()
+    assert summary["requests_completed"].tolist() == [40.0, 40.0, 40.0]
+    assert (summary["kv_utilization_mean"] <= 1.0).all()
+    for res in result.systems.values():  # per-request counts add up to the per-step ones
+        assert res.requests["preemptions"].sum() == res.summary["preemptions"]
+    assert summary.loc["vllm", "preemptions"] > 0  # 2,048 tokens of KV: this load must evict
+
+
+def test_unknown_reservation_policy_is_a_one_line_error():
+    from orcasim.config import ScenarioError
+
+    data = {
+        "name": "bad", "kv_capacity_tokens": 2048,
+        "workload": {"num_requests": 1, "arrival": {"kind": "constant", "rate_per_s": 1.0},
+                     "prompt_tokens": {"kind": "constant", "value": 1},
+                     "output_tokens": {"kind": "constant", "value": 1}, "max_tokens": 2},
+        "cost": {"kind": "linear", "base_s": 0.01},
+        "systems": [{"name": "o", "scheduler": {"kind": "iteration_level", "max_batch_size": 4,
+                                                "kv_reservation": "pow3"}}],
+    }
+    with pytest.raises(ScenarioError, match=r"kv_reservation = 'pow3'.*'max', 'pow2' or 'oracle'"):
+        scenario_from_dict(data)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("systems[3].scheduler.block_size_tokens=4096", "block_size_tokens = 4096 does not divide"),
+    ("systems[3].scheduler.max_num_batched_tokens=1024", "max_num_batched_tokens = 1024 is below"),
+])
+def test_memory_settings_are_checked_by_validate(override: str, message: str) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "orcasim.cli", "validate", "scenarios/memory/opt13b_a100_sharegpt.yaml",
+         "--set", override], capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

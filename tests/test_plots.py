@@ -1,0 +1,116 @@
+"""Figures: pure functions of frames; every axis labelled; `orcasim plot` writes them all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.figure import Figure
+from sweep_files import TINY_SCENARIO
+from typer.testing import CliRunner
+
+from orcasim.cli import app
+from orcasim.plots import (
+    binned_time_average,
+    latency_vs_throughput,
+    percentile_bands,
+    sweep_lines,
+    timelines,
+)
+from orcasim.sweeps import load_sweep, run_sweep_in_memory
+
+EXACT = 1e-12
+
+
+def iterations(rows: list[tuple[float, float, int]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["start_s", "duration_s", "batch_size"]).assign(system="s")
+
+
+def test_binned_time_average_is_exact() -> None:
+    # batch 2 on [0, 1), idle on [1, 2), batch 4 on [2, 4): bins of 2 s average 1 and 4.
+    frame = iterations([(0.0, 1.0, 2), (2.0, 2.0, 4)])
+    got = binned_time_average(frame, "batch_size", np.array([0.0, 2.0, 4.0]))
+    np.testing.assert_allclose(got, [1.0, 4.0], atol=EXACT)
+    # A row spanning a bin edge is split between the bins.
+    got = binned_time_average(iterations([(0.0, 3.0, 6)]), "batch_size", np.array([0.0, 2.0, 4.0]))
+    np.testing.assert_allclose(got, [6.0, 3.0], atol=EXACT)
+
+
+def assert_labelled(fig: Figure) -> None:
+    for ax in fig.axes:
+        if ax.get_visible():
+            assert ax.get_xlabel() and ax.get_ylabel()
+
+
+def test_timelines_have_three_labelled_panels() -> None:
+    frame = iterations([(0.0, 1.0, 2), (2.0, 2.0, 4)]).assign(num_waiting=1, kv_reserved_tokens=100)
+    fig = timelines(frame)
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        "batch size (requests)", "queue length (requests)", "KV reserved (tokens)"]
+    assert fig.axes[-1].get_xlabel() == "simulated time (s)"
+
+
+@pytest.fixture(scope="module")
+def sweep_table(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    folder = tmp_path_factory.mktemp("sweep")
+    (folder / "tiny.yaml").write_text(TINY_SCENARIO)
+    (folder / "s.yaml").write_text(
+        "name: s\nbase: tiny.yaml\nreplications: 2\ngrid:\n  parameters:\n"
+        "    workload.arrival.rate_per_s: [1.0, 4.0]\n    systems[1].scheduler.max_batch_size: [2, 8]\n")
+    return run_sweep_in_memory(load_sweep(folder / "s.yaml"), workers=1).table
+
+
+def test_sweep_lines_do_not_repeat_unaffected_systems(sweep_table: pd.DataFrame) -> None:
+    labels = [line.label for line in sweep_lines(sweep_table, ("workload.arrival.rate_per_s",))]
+    assert labels == ["request-level", "orca, max_batch_size=2", "orca, max_batch_size=8"]
+
+
+def test_latency_vs_throughput_draws_one_line_per_system_and_slo(sweep_table: pd.DataFrame) -> None:
+    fig = latency_vs_throughput(sweep_table, slo=0.05)
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 3 + 1
+    assert ax.get_xlabel() == "achieved throughput (req/s)"
+    assert "normalized latency" in ax.get_ylabel()
+    xs = ax.get_lines()[0].get_xdata()
+    assert list(xs) == sorted(xs)
+
+
+def test_percentile_bands_span_replications(sweep_table: pd.DataFrame) -> None:
+    fig = percentile_bands(sweep_table, "workload.arrival.rate_per_s")
+    assert_labelled(fig)
+    assert len(fig.axes[0].collections) == 3  # one band per line
+
+
+def test_plot_command_writes_png_and_svg(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario), "--out", str(out), "--no-plots"]).exit_code == 0
+    res = CliRunner().invoke(app, ["plot", str(out), "--svg"])
+    assert res.exit_code == 0, res.output
+    names = sorted(p.name for p in out.glob("*.*g"))
+    assert names == ["latency_cdf.png", "latency_cdf.svg", "timelines.png", "timelines.svg"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.01, 3.0), st.integers(0, 32)),
+                min_size=1, max_size=20),
+       st.integers(1, 50))
+def test_binned_time_average_preserves_the_integral(
+    rows: list[tuple[float, float, int]], num_bins: int
+) -> None:
+    # Rows back to back after their gaps, as the engine records them.
+    start, table = 0.0, []
+    for gap_s, duration_s, batch in rows:
+        start += gap_s
+        table.append((start, duration_s, batch))
+        start += duration_s
+    frame = iterations(table)
+    edges = np.linspace(0.0, start, num_bins + 1)
+    avg = binned_time_average(frame, "batch_size", edges)
+    area = float((frame["batch_size"] * frame["duration_s"]).sum())
+    assert float((avg * np.diff(edges)).sum()) == pytest.approx(area, rel=1e-9)

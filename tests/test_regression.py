@@ -1,0 +1,81 @@
+"""`orcasim check`: committed baselines match, and a perturbed cost model is caught."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import typing
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from orcasim.cli import app
+from orcasim.cost import CostConfig
+from orcasim.regression import check, compare_to_baseline, moved
+from orcasim.schedulers import SchedulerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios" / "regression"
+BASELINES = ROOT / "results" / "baselines"
+# A 1% change of one cost coefficient: far above float noise, small enough to be subtle.
+PERTURBATION = 1.01
+
+
+def kinds(union: object) -> set[str]:
+    members = typing.get_args(typing.get_args(union)[0]) or (typing.get_args(union)[0],)
+    return {typing.get_args(m.model_fields["kind"].annotation)[0] for m in members}
+
+
+def test_committed_baselines_match() -> None:
+    moved_rows = check(SCENARIOS, BASELINES)
+    assert moved_rows.empty, moved_rows.to_string()
+
+
+def test_every_scheduler_and_cost_kind_is_covered() -> None:
+    used_schedulers, used_costs = set(), set()
+    for path in SCENARIOS.glob("*.yaml"):
+        sc = yaml.safe_load(path.read_text())
+        used_costs.add(sc["cost"]["kind"])
+        for system in sc["systems"]:
+            used_schedulers.add(system["scheduler"]["kind"])
+            used_costs.add((system.get("cost") or sc["cost"])["kind"])
+    assert kinds(SchedulerConfig) <= used_schedulers
+    assert kinds(CostConfig) <= used_costs
+
+
+def test_perturbed_cost_coefficient_fails_check(tmp_path: Path) -> None:
+    scenarios = tmp_path / "regression"
+    shutil.copytree(SCENARIOS, scenarios)
+    path = scenarios / "iteration_level.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["cost"]["per_token_s"] *= PERTURBATION
+    path.write_text(yaml.safe_dump(data))
+    res = CliRunner().invoke(app, ["check", "--scenarios", str(scenarios), "--baselines", str(BASELINES)])
+    assert res.exit_code == 1
+    assert "e2e_s_p50" in res.output
+    moved_rows = check(scenarios, BASELINES)
+    assert set(moved_rows["scenario"]) == {"iteration_level"}
+    assert set(moved_rows["system"]) == {"orca-b8"}  # orca-b32-slow has its own cost model
+
+
+def test_update_writes_baselines_that_then_match(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["check", "--update", "--scenarios", str(SCENARIOS),
+                                   "--baselines", str(tmp_path)])
+    assert res.exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{p.stem}.json" for p in SCENARIOS.glob("*.yaml"))
+    assert check(SCENARIOS, tmp_path).empty
+
+
+def test_missing_baseline_counts_as_moved(tmp_path: Path) -> None:
+    moved_rows = check(SCENARIOS, tmp_path)
+    assert set(moved_rows["metric"]) == {"(no baseline)"}
+
+
+def test_tolerance_rules() -> None:
+    assert not moved(1.0, 1.0 + 1e-12, 1e-9)
+    assert moved(1.0, 1.0 + 1e-6, 1e-9)
+    assert not moved(math.nan, math.nan, 1e-9)
+    assert moved(3.0, 4.0, 0.0)
+    rows = compare_to_baseline("s", {"a": {"x": 1.0, "gone": 2.0}}, {"a": {"x": 1.0, "new": 3.0}})
+    assert list(rows["metric"]) == ["gone", "new"]

@@ -1,0 +1,71 @@
+"""The sweep file: grids, replication seeds, and errors caught before any work starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sweep_files import write_grid_4x3, write_sweep
+
+from orcasim.config import ScenarioError
+from orcasim.sweeps import load_sweep
+
+
+def test_product_grid_has_every_combination(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
+    sweep = load_sweep(grid_4x3)
+    points = sweep.points()
+    assert len(points) == 12
+    assert points[0] == {"workload.arrival.rate_per_s": 1.0, "systems[1].scheduler.max_batch_size": 2}
+    assert points[-1] == {"workload.arrival.rate_per_s": 8.0, "systems[1].scheduler.max_batch_size": 8}
+
+
+def test_zip_grid_pairs_values(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, """
+mode: zip
+parameters:
+  workload.arrival.rate_per_s: [1.0, 2.0]
+  systems[0].scheduler.max_batch_size: [3, 5]
+""", replications=3)
+    sweep = load_sweep(path)
+    assert sweep.points() == [
+        {"workload.arrival.rate_per_s": 1.0, "systems[0].scheduler.max_batch_size": 3},
+        {"workload.arrival.rate_per_s": 2.0, "systems[0].scheduler.max_batch_size": 5},
+    ]
+    assert [t.id for t in sweep.tasks()] == [f"p{p:04d}-r{r:02d}" for p in range(2) for r in range(3)]
+
+
+def test_task_scenario_applies_parameters_and_seed(tmp_path: Path) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)
+    task = load_sweep(grid_4x3).tasks()[5]
+    sc = task.scenario()
+    assert sc.workload.arrival.rate_per_s == task.params["workload.arrival.rate_per_s"]
+    assert sc.systems[1].scheduler.max_batch_size == task.params["systems[1].scheduler.max_batch_size"]
+    assert sc.systems[0].scheduler.max_batch_size == 4  # untouched
+    assert sc.seed == task.seed
+
+
+def test_replication_seeds_are_distinct_and_shared_across_points(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 2.0]", replications=4)
+    sweep = load_sweep(path)
+    seeds = sweep.replication_seeds()
+    assert len(set(seeds)) == 4
+    assert seeds == load_sweep(path).replication_seeds()  # deterministic
+    by_point = {}
+    for t in sweep.tasks():
+        by_point.setdefault(t.point, []).append(t.seed)
+    assert by_point[0] == by_point[1] == seeds  # common random numbers
+
+
+@pytest.mark.parametrize(("grid", "message"), [
+    ("parameters:\n  workload.arival.rate_per_s: [1.0]", "arival"),
+    ("parameters:\n  seed: [1, 2]", "replications"),
+    ("mode: zip\nparameters:\n  workload.arrival.rate_per_s: [1.0, 2.0]\n  seed_x: [1]", "one length"),
+    ("parameters:\n  systems[7].scheduler.max_batch_size: [1]", "[7]"),
+    ("parameters:\n  workload.arrival.rate_per_s: []", "at least one value"),
+])
+def test_bad_sweeps_fail_with_one_line(tmp_path: Path, grid: str, message: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        load_sweep(write_sweep(tmp_path, grid))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
