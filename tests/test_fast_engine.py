@@ -14,6 +14,7 @@ from orcasim.metrics import requests_frame, summarize
 from orcasim.requests import Requests
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from orcasim.schedulers.paged import PagedConfig
 from orcasim.schedulers.request_level import RequestLevelConfig
 
 # The bar is 1e-9 relative; the linear model is in fact bit-exact.
@@ -30,9 +31,16 @@ def scenarios(draw: st.DrawFn) -> dict:
     prompt = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     output = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     max_tokens = max(p + o for p, o in zip(prompt, output, strict=True)) + draw(st.integers(0, 30))
-    if draw(st.booleans()):
+    kind = draw(st.sampled_from(["iteration_level", "request_level", "paged"]))
+    if kind == "iteration_level":
         scheduler = IterationLevelConfig(
-            kind="iteration_level", max_batch_size=draw(st.integers(1, 8))
+            kind="iteration_level", max_batch_size=draw(st.integers(1, 8)),
+            kv_reservation=draw(st.sampled_from(["max", "pow2", "oracle"])),
+        )
+    elif kind == "paged":  # no fast-forward hooks: stepped one iteration at a time
+        scheduler = PagedConfig(
+            kind="paged", max_num_seqs=draw(st.integers(1, 8)), block_size_tokens=4,
+            preemption=draw(st.sampled_from(["recompute", "swap"])),
         )
     else:
         scheduler = RequestLevelConfig(
@@ -48,6 +56,7 @@ def scenarios(draw: st.DrawFn) -> dict:
         np.full(n, max_tokens, dtype=np.int64),
     )
     kv_capacity_tokens = max_tokens * draw(st.integers(1, 6)) + draw(st.integers(0, max_tokens))
+    kv_capacity_tokens = -(-kv_capacity_tokens // 4) * 4  # whole paged blocks
     warmup_s = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     return dict(requests=requests, scheduler=scheduler, cost=cost,
                 kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s)
