@@ -55,7 +55,7 @@ COST_KIND = "auto"
 #   per_context_token_s: 512 KiB of KV read per context token at 1.63 TB/s = 0.32 us.
 LINEAR_COST = {"kind": "linear", "base_s": 8.3e-3, "per_token_s": 7.2e-5,
                "per_context_token_s": 3.2e-7}
-ROOFLINE_KEYS = {"cost": {"kind": "roofline"}, "model": "llama-2-7b",
+ROOFLINE_KEYS = {"cost": {"kind": "roofline"}, "model": "llama2-7b",
                  "hardware": {"gpu": "a100-80gb"}}
 
 
@@ -79,9 +79,9 @@ def scenario_dict(scheduler: str, num_requests: int, rate_per_s: float, mode: st
     }
 
 
-def choose_cost() -> tuple[str, dict[str, Any]]:
+def choose_cost(kind: str = COST_KIND) -> tuple[str, dict[str, Any]]:
     """The roofline keys if they validate here, else the documented linear stand-in."""
-    if COST_KIND in ("auto", "roofline"):
+    if kind in ("auto", "roofline"):
         from orcasim.config import ScenarioError
         from orcasim.scenario import scenario_from_dict
 
@@ -89,7 +89,7 @@ def choose_cost() -> tuple[str, dict[str, Any]]:
             scenario_from_dict(scenario_dict(SCHEDULERS[0], 1, 1.0, "fast", ROOFLINE_KEYS))
             return "roofline", ROOFLINE_KEYS
         except ScenarioError:
-            if COST_KIND == "roofline":
+            if kind == "roofline":
                 raise
             print("roofline cost not available in this checkout: using the linear stand-in")
     return "linear", {"cost": LINEAR_COST}
@@ -141,8 +141,8 @@ def capacity_rps(scheduler: str, cost_keys: dict[str, Any]) -> float:
     return float(run_scenario(scenario_from_dict(data)).systems[scheduler].summary["throughput_rps"])
 
 
-def benchmark(sizes: tuple[int, ...]) -> dict[str, Any]:
-    cost_name, cost_keys = choose_cost()
+def benchmark(sizes: tuple[int, ...], cost_kind: str) -> dict[str, Any]:
+    cost_name, cost_keys = choose_cost(cost_kind)
     print(HEADER)
     load_before = os.getloadavg()
     rows = []
@@ -186,15 +186,20 @@ def format_row(row: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--cost", choices=("auto", "roofline", "linear"), default=COST_KIND)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default benchmarks/results/engine.json; "
+                             "engine_linear.json with --cost linear)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
-    report = benchmark(tuple(args.sizes))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"cost model: {report['cost']}; wrote {RESULTS}")
+    report = benchmark(tuple(args.sizes), args.cost)
+    out = args.out or (RESULTS.with_name("engine_linear.json") if args.cost == "linear" else RESULTS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"cost model: {report['cost']}; wrote {out}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from orcasim.cost.parallel import (
     tensor_parallel_link,
 )
 
+FIXED_MEMO_ENTRIES = 1 << 16  # (tokens, batch size) pairs remembered: a few MB at most
+
 
 class RooflineCostConfig(Strict):
     kind: Literal["roofline"]
@@ -62,6 +64,7 @@ class Roofline(CostModel):
         self.tp_link = tensor_parallel_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.pp_link = pipeline_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
+        self._fixed_memo: dict[tuple[int, int], float] = {}
 
     def op_time_s(self, op: Op, num_tokens: np.ndarray | float) -> np.ndarray:
         """One run of `op` over `num_tokens` tokens (elementwise over an array)."""
@@ -100,11 +103,21 @@ class Roofline(CostModel):
         comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(num_tokens)
         return layers + ends + comm + self.cfg.iteration_overhead_s
 
+    def _fixed_one_s(self, num_tokens: int, batch_size: int) -> float:
+        """`_fixed_s` of one batch, memoised: an engine asks about the same counts again and again."""
+        key = (num_tokens, batch_size)
+        fixed_s = self._fixed_memo.get(key)
+        if fixed_s is None:
+            fixed_s = float(self._fixed_s(num_tokens, batch_size))
+            if len(self._fixed_memo) < FIXED_MEMO_ENTRIES:
+                self._fixed_memo[key] = fixed_s
+        return fixed_s
+
     def iteration_time_s(self, batch: Batch) -> float:
         if batch.size == 0:
             return 0.0
         attention = self.attention_per_layer_s(batch.query_tokens, batch.context_tokens)
-        fixed = self._fixed_s(batch.total_query_tokens, batch.size)
+        fixed = self._fixed_one_s(batch.total_query_tokens, batch.size)
         return float(fixed + self.model.num_layers * attention)
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
@@ -114,4 +127,4 @@ class Roofline(CostModel):
             return np.zeros(num_steps)
         contexts = context_tokens[None, :] + np.arange(num_steps)[:, None]
         attention = self.attention_per_layer_s(np.ones_like(contexts), contexts)
-        return self._fixed_s(size, size) + self.model.num_layers * attention
+        return self._fixed_one_s(size, size) + self.model.num_layers * attention
