@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +14,8 @@ from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.requests import Requests
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.paged import PagedConfig
@@ -162,3 +166,44 @@ def test_linear_cost_is_bit_exact() -> None:
     fast, ref = simulate(case, "fast")[0], simulate(case, "reference")[0]
     for col in TIMESTAMPS:
         assert np.array_equal(fast[col].to_numpy(), ref[col].to_numpy()), col
+
+
+def assert_same_scenario(runs: dict) -> None:
+    fast, ref = runs["fast"], runs["reference"]
+    for name, ref_system in ref.systems.items():
+        fast_system = fast.systems[name]
+        for col in TIMESTAMPS:
+            np.testing.assert_allclose(fast_system.requests[col], ref_system.requests[col],
+                                       rtol=TIMESTAMP_RTOL, err_msg=f"{name} {col}")
+        for key, value in ref_system.summary.items():
+            np.testing.assert_allclose(fast_system.summary[key], value, rtol=SUMMARY_RTOL,
+                                       err_msg=f"{name} {key}")
+
+
+def test_roofline_cost_matches_reference() -> None:
+    # The vectorised decode_steps_s of the hardware-aware models must agree with
+    # iteration_time_s step by step, so that fast mode stays exact with them too.
+    data = {
+        "name": "fast-vs-reference", "seed": 3, "model": "llama2-7b",
+        "hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"},
+        "workload": {"num_requests": 300, "arrival": {"kind": "poisson", "rate_per_s": 20.0},
+                     "prompt_tokens": {"kind": "uniform", "low": 1, "high": 400},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
+                     "max_tokens": 600},
+        "kv_capacity_tokens": 6000,
+        "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 8}},
+                    {"name": "ft", "scheduler": {"kind": "request_level", "max_batch_size": 8}}],
+    }
+    assert_same_scenario({
+        mode: run_scenario(scenario_from_dict({**data, "engine": {"mode": mode}}))
+        for mode in ("fast", "reference")
+    })
+
+
+@pytest.mark.parametrize("path", ["profile_vidur.yaml", "fitted_distserve.yaml"])
+def test_profile_and_fitted_costs_match_reference(path: str) -> None:
+    scenario = Path(__file__).parent.parent / "scenarios" / "regression" / path
+    assert_same_scenario({
+        mode: run_scenario(scenario, ("workload.num_requests=300", f"engine.mode={mode}"))
+        for mode in ("fast", "reference")
+    })
