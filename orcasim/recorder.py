@@ -82,10 +82,12 @@ class Recorder:
         n, end_s = len(ends_s), float(ends_s[-1])
         steps, batch = n - 1, plan.batch
         used = math.nan
-        if plan.kv_used_tokens is not None:  # a decode step holds its context's KV
-            head_s = float(ends_s[0]) - start_s
-            used_s = plan.kv_used_tokens * head_s + _used_s(run, np.diff(ends_s))
+        if plan.kv_used_tokens is not None and n > 1:  # a decode step holds its context's KV
+            head_end_s = float(ends_s[0])
+            used_s = plan.kv_used_tokens * (head_end_s - start_s) + _used_s(run, head_end_s, ends_s[1:])
             used = used_s / (end_s - start_s)
+        elif plan.kv_used_tokens is not None:
+            used = float(plan.kv_used_tokens)
         self._append(
             start_s, end_s - start_s, n, len(plan.req_ids),
             _total(batch.query_tokens) + steps * run.size,
@@ -99,7 +101,7 @@ class Recorder:
     ) -> None:
         """A step of a continued run per end in `ends_s`, as one row."""
         n, end_s = len(ends_s), float(ends_s[-1])
-        used_s = _used_s(run, np.diff(ends_s, prepend=start_s))
+        used_s = _used_s(run, start_s, ends_s)
         self._append(
             start_s, end_s - start_s, n, len(run.req_ids), n * run.size, _run_context(run, n),
             run.kv_reserved_tokens, num_waiting_sum, used_s / (end_s - start_s), 0, 0,
@@ -139,12 +141,17 @@ class Recorder:
             columns[name] = values
         return pd.DataFrame(columns, copy=False)
 
-def _used_s(run: DecodeRun, durations_s: np.ndarray) -> float:
-    """KV-token-seconds in use over a run's first steps: step j holds context_tokens + j."""
-    steps = np.arange(len(durations_s), dtype=np.float64)
-    return _total(run.context_tokens) * float(durations_s.sum()) + run.size * float(
-        steps @ durations_s
-    )
+def _used_s(run: DecodeRun, start_s: float, ends_s: np.ndarray) -> float:
+    """KV-token-seconds in use over a run's steps, from start_s to each end in ends_s.
+
+    Step j holds context_tokens + j, so the integral is sum_j (C + B j) d_j with d_j the
+    step's duration; by parts, sum_j j d_j = (n - 1) t_(n-1) - sum_(j < n-1) t_j, with
+    times t taken from start_s (small numbers, so no cancellation).
+    """
+    rel_s = ends_s - start_s
+    n, total_s = len(rel_s), float(rel_s[-1])
+    ramp_s = (n - 1) * total_s - float(rel_s[:-1].sum())
+    return _total(run.context_tokens) * total_s + run.size * ramp_s
 
 
 def _run_context(run: DecodeRun, steps: int) -> int:
