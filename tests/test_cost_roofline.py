@@ -115,3 +115,35 @@ def test_roofline_matches_vidur_measurements() -> None:
         all_errors.append(err)
     pooled = np.concatenate(all_errors)
     print(f"roofline vs Vidur mlp.csv: median |rel err| {np.median(pooled):.3f}, worst {pooled.max():.3f}")
+
+
+def _mixed_batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    size = int(rng.integers(1, 70))
+    query = np.where(rng.random(size) < 0.8, 1, rng.integers(1, 3000, size))
+    return query, query + rng.integers(0, 5000, size)
+
+
+@pytest.mark.parametrize("model,gpu,tp,pp", [("llama2-7b", "a100-80gb", 1, 1),
+                                             ("gpt3-175b", "a100-40gb", 8, 2)])
+def test_fast_arithmetic_keeps_the_formulas_bits(model: str, gpu: str, tp: int, pp: int) -> None:
+    # iteration_time_s takes shortcuts (integer terms, Python floats) that must not move a
+    # bit: reference mode and the regression baselines rest on it.
+    cost = roofline(model, gpu, tp, pp)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        query, context = _mixed_batch(rng)
+        expected = cost._fixed_s(int(query.sum()), len(query)) + cost.model.num_layers * (
+            cost.attention_per_layer_s(query, context))
+        assert cost.iteration_time_s(Batch(query, context)) == float(expected)
+
+
+def test_decode_steps_agree_across_the_roofline_ridge() -> None:
+    # A starved compute unit puts the ridge near 44 context tokens, so decode ops cross
+    # from memory- to compute-bound within the run: the per-step split must follow them.
+    deployment = Deployment(model=model_spec("llama2-7b"), hardware=HardwareConfig(gpu="a100-80gb"))
+    cost = Roofline(RooflineCostConfig(kind="roofline", compute_efficiency=0.005), deployment)
+    context = np.array([1, 5, 30, 43, 44, 45, 90])
+    steps = cost.decode_steps_s(context, 60)
+    one = np.ones_like(context)
+    expected = [cost.iteration_time_s(Batch(one, context + j)) for j in range(60)]
+    np.testing.assert_allclose(steps, expected, rtol=DECODE_STEP_REL_TOL)

@@ -29,7 +29,14 @@ from pydantic import Field, NonNegativeFloat
 from orcasim.config import Strict
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.catalog import Deployment
-from orcasim.cost.flops import Op, attention_flops_bytes, embedding_op, lm_head_op, token_ops
+from orcasim.cost.flops import (
+    Op,
+    attention_flops_bytes,
+    embedding_op,
+    heads_per_rank,
+    lm_head_op,
+    token_ops,
+)
 from orcasim.cost.parallel import (
     pipeline_link,
     ring_all_reduce_s,
@@ -65,6 +72,8 @@ class Roofline(CostModel):
         self.pp_link = pipeline_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._fixed_memo: dict[tuple[int, int], float] = {}
+        self.embedding, self.lm_head = embedding_op(self.model), lm_head_op(self.model, self.tp)
+        self._attention = _AttentionTerms(self)
 
     def op_time_s(self, op: Op, num_tokens: np.ndarray | float) -> np.ndarray:
         """One run of `op` over `num_tokens` tokens (elementwise over an array)."""
@@ -103,12 +112,27 @@ class Roofline(CostModel):
         comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(num_tokens)
         return layers + ends + comm + self.cfg.iteration_overhead_s
 
+    def _op_scalar_s(self, op: Op, n: float) -> float:
+        """`op_time_s` on Python floats: the same IEEE operations without numpy's overhead."""
+        compute = op.flops_per_token * n / self.flops_per_s
+        memory = (op.weight_bytes + op.bytes_per_token * n) / self.bytes_per_s
+        return max(compute, memory) + self.cfg.kernel_overhead_s
+
+    def _fixed_scalar_s(self, num_tokens: float, batch_size: float) -> float:
+        """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
+        per_layer = sum(op.count * self._op_scalar_s(op, num_tokens) for op in self.ops)
+        layers = self.model.num_layers * per_layer
+        ends = self._op_scalar_s(self.embedding, num_tokens)
+        ends = ends + self._op_scalar_s(self.lm_head, batch_size)
+        comm = float(self.tp_all_reduce_s(num_tokens)) + float(self.pipeline_sends_s(num_tokens))
+        return layers + ends + comm + self.cfg.iteration_overhead_s
+
     def _fixed_one_s(self, num_tokens: int, batch_size: int) -> float:
         """`_fixed_s` of one batch, memoised: an engine asks about the same counts again and again."""
         key = (num_tokens, batch_size)
         fixed_s = self._fixed_memo.get(key)
         if fixed_s is None:
-            fixed_s = float(self._fixed_s(num_tokens, batch_size))
+            fixed_s = self._fixed_scalar_s(float(num_tokens), float(batch_size))
             if len(self._fixed_memo) < FIXED_MEMO_ENTRIES:
                 self._fixed_memo[key] = fixed_s
         return fixed_s
@@ -116,15 +140,78 @@ class Roofline(CostModel):
     def iteration_time_s(self, batch: Batch) -> float:
         if batch.size == 0:
             return 0.0
-        attention = self.attention_per_layer_s(batch.query_tokens, batch.context_tokens)
+        attention = self._attention.per_layer_s(batch.query_tokens, batch.context_tokens)
         fixed = self._fixed_one_s(batch.total_query_tokens, batch.size)
         return float(fixed + self.model.num_layers * attention)
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
-        """All steps at once: a (num_steps, B) grid of contexts, one query token each."""
+        """All steps at once, from two integer sums per step (see `_AttentionTerms`)."""
         size = len(context_tokens)
         if size == 0:
             return np.zeros(num_steps)
-        contexts = context_tokens[None, :] + np.arange(num_steps)[:, None]
-        attention = self.attention_per_layer_s(np.ones_like(contexts), contexts)
+        attention = self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
         return self._fixed_one_s(size, size) + self.model.num_layers * attention
+
+
+class _AttentionTerms:
+    """Attention time from per-request constants, cheaper than `attention_flops_bytes`.
+
+    With q query tokens and c context tokens (`attention_flops_bytes`):
+        flops = flops_per_pair * (q*(c - q) + q*(q + 1)/2)
+        bytes = kv_bytes * c + query_bytes * q
+    When these constants are whole numbers (heads divide by TP), flops and bytes are whole
+    numbers below 2**53, exact in any order: `per_layer_s` then does the reference's own
+    divisions, maximum and sum, so `iteration_time_s` keeps its bits. Otherwise it falls
+    back to `attention_per_layer_s`.
+    """
+
+    def __init__(self, cost: Roofline) -> None:
+        model, tp = cost.model, cost.tp
+        q_heads, kv_heads = heads_per_rank(model, tp)
+        kv_per_token = 2.0 * kv_heads * model.head_dim
+        self.cost = cost
+        self.flops_per_pair = 4.0 * model.head_dim * q_heads
+        self.kv_bytes = kv_per_token * model.dtype_bytes
+        self.query_bytes = (2.0 * q_heads * model.head_dim + kv_per_token) * model.dtype_bytes
+        consts = (self.flops_per_pair, self.kv_bytes, self.query_bytes)
+        self.whole = all(float(x).is_integer() for x in consts)
+        self.flops_per_s, self.bytes_per_s = cost.flops_per_s, cost.bytes_per_s
+        self.kernel_overhead_s = cost.cfg.kernel_overhead_s
+        # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
+        compute_slope_s = self.flops_per_pair / self.flops_per_s
+        memory_slope_s = self.kv_bytes / self.bytes_per_s
+        excess_s = compute_slope_s - memory_slope_s
+        self.ridge_tokens = self.query_bytes / self.bytes_per_s / excess_s if excess_s > 0 else np.inf
+
+    def per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """`Roofline.attention_per_layer_s` of one batch, bit for bit."""
+        if not self.whole:
+            return float(self.cost.attention_per_layer_s(query_tokens, context_tokens))
+        q, c = query_tokens, context_tokens
+        pairs = q * (c - q) + (q * (q + 1)) // 2  # int64: q*(q + 1) is even
+        compute_s = (pairs * self.flops_per_pair) / self.flops_per_s
+        memory_s = (c * self.kv_bytes + q * self.query_bytes) / self.bytes_per_s
+        return float(np.maximum(compute_s, memory_s).sum()) + self.kernel_overhead_s
+
+    def decode_steps_per_layer_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """Per-layer attention of `num_steps` decode steps, request contexts growing by one.
+
+        A decode op's time is max(compute, memory), both affine in its context c, so at
+        step k the batch costs the memory line over the requests still below the ridge plus
+        the compute line over those above it: two counts and two context sums, from the
+        sorted contexts. Differs from the per-request sum only by rounding (~1e-16).
+        """
+        size = len(context_tokens)
+        steps = np.arange(num_steps)
+        if self.ridge_tokens == np.inf:  # every decode op is memory-bound: one line in k
+            first_bytes = int(context_tokens.sum()) * self.kv_bytes + size * self.query_bytes
+            first_s = first_bytes / self.bytes_per_s + self.kernel_overhead_s
+            return first_s + (size * self.kv_bytes / self.bytes_per_s) * steps
+        sorted_c = np.sort(context_tokens)
+        prefix = np.concatenate(([0], np.cumsum(sorted_c)))
+        below = np.searchsorted(sorted_c, self.ridge_tokens - steps, side="right")
+        below_sum = prefix[below] + below * steps
+        above_sum = prefix[-1] - prefix[below] + (size - below) * steps
+        memory_s = (below_sum * self.kv_bytes + below * self.query_bytes) / self.bytes_per_s
+        compute_s = (above_sum * self.flops_per_pair) / self.flops_per_s
+        return memory_s + compute_s + self.kernel_overhead_s
