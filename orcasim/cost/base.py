@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per plan, and frozen __init__ is slow
 class Batch:
     """One iteration's work.
 

@@ -26,7 +26,7 @@ from orcasim.requests import Requests
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per iteration or jump; treat as read-only
 class SchedulerOutput:
     """One iteration's plan: which requests compute how many tokens, and what it costs.
 
@@ -57,7 +57,7 @@ class SchedulerOutput:
         return self.batch.size == 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (hot, like SchedulerOutput); treat as read-only
 class StepResult:
     """What became visible to users at the end of an iteration."""
 
