@@ -151,15 +151,19 @@ class Roofline(CostModel):
         size = len(context_tokens)
         if size == 0:
             return np.zeros(num_steps)
-        attention = self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
-        return self._fixed_one_s(size, size) + self.model.num_layers * attention
+        fixed_s, layers = self._fixed_one_s(size, size), self.model.num_layers
+        line = self._attention.decode_line_s(context_tokens)
+        if line is not None:  # fold the step's affine cost into one multiply-add
+            first_s, slope_s = line
+            return (fixed_s + layers * first_s) + (layers * slope_s) * np.arange(num_steps)
+        return fixed_s + layers * self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
 
 
 class _AttentionTerms:
     """Attention time from per-request constants, cheaper than `attention_flops_bytes`.
 
     With q query tokens and c context tokens (`attention_flops_bytes`):
-        flops = flops_per_pair * (q*(c - q) + q*(q + 1)/2)
+        flops = flops_per_pair * (q*(c - q) + q*(q + 1)/2) = flops_per_pair/2 * q*(2c - q + 1)
         bytes = kv_bytes * c + query_bytes * q
     When these constants are whole numbers (heads divide by TP), flops and bytes are whole
     numbers below 2**53, exact in any order: `per_layer_s` then does the reference's own
@@ -175,7 +179,8 @@ class _AttentionTerms:
         self.flops_per_pair = 4.0 * model.head_dim * q_heads
         self.kv_bytes = kv_per_token * model.dtype_bytes
         self.query_bytes = (2.0 * q_heads * model.head_dim + kv_per_token) * model.dtype_bytes
-        consts = (self.flops_per_pair, self.kv_bytes, self.query_bytes)
+        self.half_flops_per_pair = self.flops_per_pair / 2.0
+        consts = (self.half_flops_per_pair, self.kv_bytes, self.query_bytes)
         self.whole = all(float(x).is_integer() for x in consts)
         self.flops_per_s, self.bytes_per_s = cost.flops_per_s, cost.bytes_per_s
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
@@ -190,10 +195,20 @@ class _AttentionTerms:
         if not self.whole:
             return float(self.cost.attention_per_layer_s(query_tokens, context_tokens))
         q, c = query_tokens, context_tokens
-        pairs = q * (c - q) + (q * (q + 1)) // 2  # int64: q*(q + 1) is even
-        compute_s = (pairs * self.flops_per_pair) / self.flops_per_s
+        twice_pairs = q * (2 * c - q + 1)  # int64; times half the whole, even flops_per_pair
+        compute_s = (twice_pairs * self.half_flops_per_pair) / self.flops_per_s
         memory_s = (c * self.kv_bytes + q * self.query_bytes) / self.bytes_per_s
-        return float(np.maximum(compute_s, memory_s).sum()) + self.kernel_overhead_s
+        # np.add.reduce is what ndarray.sum runs (same pairwise order), minus a wrapper.
+        return float(np.add.reduce(np.maximum(compute_s, memory_s))) + self.kernel_overhead_s
+
+    def decode_line_s(self, context_tokens: np.ndarray) -> tuple[float, float] | None:
+        """Decode steps' per-layer attention as first + slope * k, when all are memory-bound."""
+        if self.ridge_tokens != np.inf:
+            return None
+        size = len(context_tokens)
+        first_bytes = sum(context_tokens.tolist()) * self.kv_bytes + size * self.query_bytes
+        first_s = first_bytes / self.bytes_per_s + self.kernel_overhead_s
+        return first_s, size * self.kv_bytes / self.bytes_per_s
 
     def decode_steps_per_layer_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """Per-layer attention of `num_steps` decode steps, request contexts growing by one.
@@ -205,10 +220,6 @@ class _AttentionTerms:
         """
         size = len(context_tokens)
         steps = np.arange(num_steps)
-        if self.ridge_tokens == np.inf:  # every decode op is memory-bound: one line in k
-            first_bytes = int(context_tokens.sum()) * self.kv_bytes + size * self.query_bytes
-            first_s = first_bytes / self.bytes_per_s + self.kernel_overhead_s
-            return first_s + (size * self.kv_bytes / self.bytes_per_s) * steps
         sorted_c = np.sort(context_tokens)
         prefix = np.concatenate(([0], np.cumsum(sorted_c)))
         below = np.searchsorted(sorted_c, self.ridge_tokens - steps, side="right")
