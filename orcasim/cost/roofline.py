@@ -21,6 +21,7 @@ zero by default because the Orca paper's engine overlaps it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -44,7 +45,7 @@ from orcasim.cost.parallel import (
     tensor_parallel_link,
 )
 
-FIXED_MEMO_ENTRIES = 1 << 16  # (tokens, batch size) pairs remembered: a few MB at most
+FIXED_MEMO_ENTRIES = 1 << 18  # (tokens, batch size) pairs remembered: about 30 MB at most
 
 
 class RooflineCostConfig(Strict):
@@ -159,6 +160,18 @@ class Roofline(CostModel):
         return fixed_s + layers * self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
 
 
+@dataclass(frozen=True, slots=True)
+class _IntConstants:
+    """`_AttentionTerms`' constants as numpy scalars (whole ones as int64): cheaper operands."""
+
+    one: np.int64
+    half_flops_per_pair: np.int64
+    kv_bytes: np.int64
+    query_bytes: np.int64
+    flops_per_s: np.float64
+    bytes_per_s: np.float64
+
+
 class _AttentionTerms:
     """Attention time from per-request constants, cheaper than `attention_flops_bytes`.
 
@@ -182,6 +195,9 @@ class _AttentionTerms:
         self.half_flops_per_pair = self.flops_per_pair / 2.0
         consts = (self.half_flops_per_pair, self.kv_bytes, self.query_bytes)
         self.whole = all(float(x).is_integer() for x in consts)
+        if self.whole:
+            self._ints = _IntConstants(*(np.int64(x) for x in (1, *consts)),
+                                       np.float64(cost.flops_per_s), np.float64(cost.bytes_per_s))
         self.flops_per_s, self.bytes_per_s = cost.flops_per_s, cost.bytes_per_s
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
         # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
@@ -194,10 +210,11 @@ class _AttentionTerms:
         """`Roofline.attention_per_layer_s` of one batch, bit for bit."""
         if not self.whole:
             return float(self.cost.attention_per_layer_s(query_tokens, context_tokens))
-        q, c = query_tokens, context_tokens
-        twice_pairs = q * (2 * c - q + 1)  # int64; times half the whole, even flops_per_pair
-        compute_s = (twice_pairs * self.half_flops_per_pair) / self.flops_per_s
-        memory_s = (c * self.kv_bytes + q * self.query_bytes) / self.bytes_per_s
+        q, c, ints = query_tokens, context_tokens, self._ints
+        # All int64 (whole numbers, so exact) until the divisions; numpy scalars are cheap.
+        twice_pairs = q * (c + c - q + ints.one)
+        compute_s = (twice_pairs * ints.half_flops_per_pair) / ints.flops_per_s
+        memory_s = (c * ints.kv_bytes + q * ints.query_bytes) / ints.bytes_per_s
         # np.add.reduce is what ndarray.sum runs (same pairwise order), minus a wrapper.
         return float(np.add.reduce(np.maximum(compute_s, memory_s))) + self.kernel_overhead_s
 

@@ -85,8 +85,8 @@ class IterationLevelScheduler(Scheduler):
 
     def _release(self, done: np.ndarray) -> None:
         self.reserved_tokens -= int(self._reservation[done].sum())
-        finished = set(done.tolist())
-        self.running = [r for r in self.running if r not in finished]
+        for req_id in done.tolist():  # list.remove runs in C: cheaper than rebuilding
+            self.running.remove(req_id)
 
     def never_fits(self, req_id: int) -> bool:
         return bool(self._reservation[req_id] > self.kv_capacity_tokens)
