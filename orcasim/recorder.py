@@ -81,17 +81,18 @@ class Recorder:
         """`plan`'s iteration, ending at ends_s[0], then a step of `run` per later end."""
         n, end_s = len(ends_s), float(ends_s[-1])
         steps, batch = n - 1, plan.batch
-        used = math.nan
+        used, run_context = math.nan, _total(run.context_tokens)
         if plan.kv_used_tokens is not None and n > 1:  # a decode step holds its context's KV
             head_end_s = float(ends_s[0])
-            used_s = plan.kv_used_tokens * (head_end_s - start_s) + _used_s(run, head_end_s, ends_s[1:])
+            run_used_s = _used_s(run_context, run.size, head_end_s, ends_s[1:])
+            used_s = plan.kv_used_tokens * (head_end_s - start_s) + run_used_s
             used = used_s / (end_s - start_s)
         elif plan.kv_used_tokens is not None:
             used = float(plan.kv_used_tokens)
         self._append(
             start_s, end_s - start_s, n, len(plan.req_ids),
             _total(batch.query_tokens) + steps * run.size,
-            _total(batch.context_tokens) + _run_context(run, steps),
+            _total(batch.context_tokens) + _run_context(run_context, run.size, steps),
             plan.kv_reserved_tokens, num_waiting_sum, used, plan.preemptions,
             plan.recomputed_tokens,
         )
@@ -100,10 +101,11 @@ class Recorder:
         self, start_s: float, ends_s: np.ndarray, run: ContinuedRun, num_waiting_sum: int
     ) -> None:
         """A step of a continued run per end in `ends_s`, as one row."""
-        n, end_s = len(ends_s), float(ends_s[-1])
-        used_s = _used_s(run, start_s, ends_s)
+        n, end_s, run_context = len(ends_s), float(ends_s[-1]), _total(run.context_tokens)
+        used_s = _used_s(run_context, run.size, start_s, ends_s)
         self._append(
-            start_s, end_s - start_s, n, len(run.req_ids), n * run.size, _run_context(run, n),
+            start_s, end_s - start_s, n, len(run.req_ids), n * run.size,
+            _run_context(run_context, run.size, n),
             run.kv_reserved_tokens, num_waiting_sum, used_s / (end_s - start_s), 0, 0,
         )
 
@@ -141,9 +143,10 @@ class Recorder:
             columns[name] = values
         return pd.DataFrame(columns, copy=False)
 
-def _used_s(run: DecodeRun, start_s: float, ends_s: np.ndarray) -> float:
+def _used_s(context_total: int, size: int, start_s: float, ends_s: np.ndarray) -> float:
     """KV-token-seconds in use over a run's steps, from start_s to each end in ends_s.
 
+    The run has `size` requests and `context_total` context tokens at its first step.
     Step j holds context_tokens + j, so the integral is sum_j (C + B j) d_j with d_j the
     step's duration; by parts, sum_j j d_j = (n - 1) t_(n-1) - sum_(j < n-1) t_j, with
     times t taken from start_s (small numbers, so no cancellation).
@@ -151,12 +154,12 @@ def _used_s(run: DecodeRun, start_s: float, ends_s: np.ndarray) -> float:
     rel_s = ends_s - start_s
     n, total_s = len(rel_s), float(rel_s[-1])
     ramp_s = (n - 1) * total_s - float(np.add.reduce(rel_s[:-1]))  # .sum() minus a wrapper
-    return _total(run.context_tokens) * total_s + run.size * ramp_s
+    return context_total * total_s + size * ramp_s
 
 
-def _run_context(run: DecodeRun, steps: int) -> int:
+def _run_context(context_total: int, size: int, steps: int) -> int:
     """KV tokens read by a run's first `steps` steps: step j reads context_tokens + j."""
-    return steps * _total(run.context_tokens) + run.size * steps * (steps - 1) // 2
+    return steps * context_total + size * steps * (steps - 1) // 2
 
 
 def _total(tokens: np.ndarray) -> int:
