@@ -121,7 +121,9 @@ class Roofline(CostModel):
 
     def _fixed_scalar_s(self, num_tokens: float, batch_size: float) -> float:
         """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
-        per_layer = sum(op.count * self._op_scalar_s(op, num_tokens) for op in self.ops)
+        per_layer = 0.0  # sum() over the ops, unrolled: this runs on every memo miss
+        for op in self.ops:
+            per_layer += op.count * self._op_scalar_s(op, num_tokens)
         layers = self.model.num_layers * per_layer
         ends = self._op_scalar_s(self.embedding, num_tokens)
         ends = ends + self._op_scalar_s(self.lm_head, batch_size)
