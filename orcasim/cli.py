@@ -96,11 +96,14 @@ def run(
 
 def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool) -> None:
     """A scenario with `sweep:` runs every point and writes sweep.csv and the figure."""
-    from orcasim.sweep import X_METRIC, Y_METRIC, run_sweep, write_sweep
+    from orcasim.results import write_scenario_sweep
+    from orcasim.sweeps import run_scenario_sweep
+    from orcasim.sweeps.table import MEDIAN_LATENCY, THROUGHPUT
 
-    frame = run_sweep(sc, base_dir=path.resolve().parent)
-    write_sweep(frame, sc, out_dir, force=force, plots=plots)
-    typer.echo(frame[["system", "value", X_METRIC, Y_METRIC]].to_string(index=False))
+    assert sc.sweep is not None
+    frame = run_scenario_sweep(sc, base_dir=path.resolve().parent)
+    write_scenario_sweep(frame, sc, out_dir, force=force, plots=plots)
+    typer.echo(frame[["system", sc.sweep.parameter, THROUGHPUT, MEDIAN_LATENCY]].to_string(index=False))
     typer.echo(f"sweep of {len(frame)} rows written to {out_dir}/")
 
 

@@ -126,3 +126,9 @@ def littles_law(done: pd.DataFrame) -> dict[str, float]:
     L = in_system_s / span
     lam_W = (len(a) / span) * float((f - a).mean())
     return {"little_L": L, "little_lambda_W": lam_W, "little_rel_error": abs(L - lam_W) / lam_W}
+
+
+def offered_rps(arrival_s: np.ndarray) -> float:
+    """The realised arrival rate of a run: arrivals per second between the first and the last."""
+    span_s = float(arrival_s.max() - arrival_s.min()) if len(arrival_s) > 1 else 0.0
+    return (len(arrival_s) - 1) / span_s if span_s > 0 else float("nan")
