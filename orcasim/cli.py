@@ -96,11 +96,14 @@ def run(
 
 def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool) -> None:
     """A scenario with `sweep:` runs every point and writes sweep.csv and the figure."""
-    from orcasim.sweep import X_METRIC, Y_METRIC, run_sweep, write_sweep
+    from orcasim.results import write_scenario_sweep
+    from orcasim.sweeps import run_scenario_sweep
+    from orcasim.sweeps.table import MEDIAN_LATENCY, THROUGHPUT
 
-    frame = run_sweep(sc, base_dir=path.resolve().parent)
-    write_sweep(frame, sc, out_dir, force=force, plots=plots)
-    typer.echo(frame[["system", "value", X_METRIC, Y_METRIC]].to_string(index=False))
+    assert sc.sweep is not None
+    frame = run_scenario_sweep(sc, base_dir=path.resolve().parent)
+    write_scenario_sweep(frame, sc, out_dir, force=force, plots=plots)
+    typer.echo(frame[["system", sc.sweep.parameter, THROUGHPUT, MEDIAN_LATENCY]].to_string(index=False))
     typer.echo(f"sweep of {len(frame)} rows written to {out_dir}/")
 
 
@@ -111,6 +114,8 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     from orcasim.scenario import load_scenario
     from orcasim.schedulers import build_scheduler
 
+    if _is_sweep_file(scenario):
+        return _validate_sweep(scenario)
     try:
         sc = load_scenario(scenario, set_ or [])
         with data_dir(scenario.resolve().parent):
@@ -120,6 +125,27 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")
+
+
+def _is_sweep_file(path: Path) -> bool:
+    """A sweep file names a base scenario and a grid; anything unreadable is left to the loader."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "grid" in data and "base" in data
+
+
+def _validate_sweep(path: Path) -> None:
+    from orcasim.sweeps import load_sweep
+
+    try:
+        sw = load_sweep(path)  # validates the base scenario and every point before returning
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    typer.echo(f"{path}: ok (sweep: {len(sw.points())} points x {sw.spec.replications} replications)")
 
 
 def frame_table(frame: pd.DataFrame, title: str) -> Table:

@@ -180,14 +180,16 @@ def load_parameter(table: pd.DataFrame) -> str | None:
 
 def latency_vs_throughput(
     table: pd.DataFrame, metric: str = "normalized_latency_s_per_token_p50",
-    slo: float | None = None, log_y: bool = True,
+    slo: float | None = None, log_y: bool = True, along: str | None = None,
+    title: str = "Latency against throughput",
 ) -> Figure:
     """The Orca figure (OSDI'22, Fig. 10): latency against achieved throughput.
 
     `table` is a tidy sweep table. Each point is the median over replications; one line
-    per system (and per value of any swept parameter other than the load).
+    per system (and per value of any swept parameter other than `along`). Each line runs
+    along the swept parameter `along`, by default the load (see `load_parameter`).
     """
-    load = load_parameter(table)
+    load = along or load_parameter(table)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     for line in sweep_lines(table, (load,) if load else ()):
@@ -211,7 +213,7 @@ def latency_vs_throughput(
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
-    ax.set_title("Latency against throughput")
+    ax.set_title(title)
     return fig
 
 

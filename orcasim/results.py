@@ -7,6 +7,9 @@
         <system>/requests.parquet
         <system>/iterations.parquet
         *.png                   plots
+
+A scenario with a `sweep:` block writes sweep.csv (the tidy sweep table), scenario.yaml
+and latency_throughput.png instead.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from orcasim.run import RunResult
-from orcasim.scenario import scenario_to_yaml
+from orcasim.scenario import Scenario, scenario_to_yaml
 
 
 class ResultsExistError(FileExistsError):
@@ -93,6 +97,26 @@ def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
 
         for stem, fig in run_figures(result).items():
             save_figure(fig, tmp / f"{stem}.png")
+
+
+def write_scenario_sweep(
+    table: pd.DataFrame, scenario: Scenario, out_dir: Path, force: bool = False, plots: bool = True
+) -> Path:
+    """A scenario's own sweep: the tidy sweep.csv, the resolved scenario.yaml and
+    latency_throughput.png (lines along the swept parameter), atomically."""
+    assert scenario.sweep is not None, "write_scenario_sweep needs a scenario with a sweep block"
+    parameter = scenario.sweep.parameter
+
+    def fill(tmp: Path) -> None:
+        table.to_csv(tmp / "sweep.csv", index=False)
+        (tmp / "scenario.yaml").write_text(scenario_to_yaml(scenario))
+        if plots:
+            from orcasim.plots import latency_vs_throughput
+
+            fig = latency_vs_throughput(table, along=parameter, title=scenario.name)
+            save_figure(fig, tmp / "latency_throughput.png")
+
+    return write_atomically(out_dir, fill, force)
 
 
 def save_figure(fig: Figure, path: Path, svg: bool = False) -> list[Path]:

@@ -44,10 +44,18 @@ class EngineConfig(Strict):
 
 
 class SweepConfig(Strict):
-    """Run the scenario once per value of one dotted parameter (see `orcasim.sweep`)."""
+    """Run the scenario once per value of one dotted parameter (see `orcasim.sweeps.scenario_sweep`)."""
 
     parameter: str
     values: list[Any] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _scalar_values(self) -> Self:
+        # Each point is one value in one column of the sweep table (orcasim.sweeps).
+        for i, value in enumerate(self.values):
+            if not isinstance(value, int | float | str | bool):
+                raise ValueError(f"values[{i}] = {value!r}: expected a number, string or boolean")
+        return self
 
 
 HARDWARE_COST_KINDS = ("roofline", "profile")

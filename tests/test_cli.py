@@ -75,3 +75,14 @@ def test_malformed_yaml_and_missing_file(tmp_path: Path) -> None:
     for target in (str(bad), str(tmp_path / "nope.yaml")):
         p = orcasim("run", target)
         assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.startswith("error:")
+
+
+def test_validate_accepts_sweep_files_and_names_bad_points(tmp_path: Path) -> None:
+    ok = orcasim("validate", "scenarios/sweeps/rate_x_batch.yaml")
+    assert ok.returncode == 0 and "12 points x 2 replications" in ok.stdout, ok.stderr
+    bad = tmp_path / "bad_sweep.yaml"
+    bad.write_text(Path("scenarios/sweeps/rate_x_batch.yaml").read_text()
+                   .replace("base: ../quickstart.yaml", f"base: {Path('scenarios/quickstart.yaml').resolve()}")
+                   .replace("workload.arrival.rate_per_s:", "workload.arival.rate_per_s:"))
+    p = orcasim("validate", str(bad))
+    assert p.returncode == 2 and "did you mean 'arrival'" in p.stderr and "Traceback" not in p.stderr

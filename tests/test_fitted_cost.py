@@ -93,7 +93,7 @@ def test_bad_files(tmp_path: Path, cost_file: Path) -> None:
 
 
 def test_committed_cpu_model_loads() -> None:
-    cost = build(ROOT / "cost_models" / "cpu-tiny.yaml")
+    cost = build(ROOT / "calibrate" / "cost_models" / "cpu-tiny.yaml")
     t = cost.iteration_time_s(batch([1, 1, 64], [100, 200, 64]))
     assert 0 < t < 1.0
     assert cost.out_of_range_count() == 0

@@ -79,6 +79,16 @@ def test_latency_vs_throughput_draws_one_line_per_system_and_slo(sweep_table: pd
     assert list(xs) == sorted(xs)
 
 
+def test_latency_vs_throughput_runs_lines_along_a_chosen_parameter(sweep_table: pd.DataFrame) -> None:
+    # Along the batch size, each line is one rate, with a point per batch size.
+    fig = latency_vs_throughput(sweep_table, along="systems[1].scheduler.max_batch_size", title="by batch")
+    ax = fig.axes[0]
+    assert ax.get_title() == "by batch"
+    assert [line.get_label() for line in ax.get_lines()] == [
+        "request-level, rate_per_s=1.0", "request-level, rate_per_s=4.0", "orca, rate_per_s=1.0", "orca, rate_per_s=4.0"]
+    assert all(len(line.get_xdata()) == 2 for line in ax.get_lines())
+
+
 def test_percentile_bands_span_replications(sweep_table: pd.DataFrame) -> None:
     fig = percentile_bands(sweep_table, "workload.arrival.rate_per_s")
     assert_labelled(fig)

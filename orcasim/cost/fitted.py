@@ -1,6 +1,6 @@
 """The `fitted` cost kind: iteration time from a model fitted to measured iterations.
 
-`cost: {kind: fitted, path: cost_models/cpu-tiny.yaml}` loads a file written by
+`cost: {kind: fitted, path: calibrate/cost_models/cpu-tiny.yaml}` loads a file written by
 `python -m calibrate fit`. Its terms are those of Orca's selective batching (section 4.2):
 token-wise operators scale with the flattened token count, attention with each request's
 own context. For a batch with query tokens q_i and context tokens c_i:

@@ -32,8 +32,9 @@ from rich.progress import (
 )
 
 from orcasim.results import ResultsExistError, write_atomically, write_file_atomically
+from orcasim.scenario import Scenario
 from orcasim.sweeps.backends import Backend, check_backend, execute
-from orcasim.sweeps.spec import Sweep, Task
+from orcasim.sweeps.spec import Sweep, Task, scenario_sweep
 from orcasim.sweeps.table import tidy_table
 from orcasim.sweeps.task import Outcome
 
@@ -78,6 +79,17 @@ def run_sweep_in_memory(
     outcomes = list(execute(sweep.tasks(), backend, workers, address))
     ok = [o for o in outcomes if o.ok]
     return SweepResult(tidy_table(ok), [o for o in outcomes if not o.ok], len(outcomes), 0)
+
+
+def run_scenario_sweep(scenario: Scenario, base_dir: Path) -> pd.DataFrame:
+    """Run a scenario's own `sweep:` block point after point in this process (`orcasim run`);
+    the tidy table. A failed point fails the whole run, as it would fail a plain run."""
+    result = run_sweep_in_memory(scenario_sweep(scenario, base_dir), workers=1)
+    if result.failed:
+        first = result.failed[0]
+        where = ", ".join(f"{path}={value}" for path, value in first.params.items())
+        raise ValueError(f"{scenario.name}: point {first.id} ({where}): {first.error}")
+    return result.table
 
 
 def _plan(tasks: list[Task]) -> str:

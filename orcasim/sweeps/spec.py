@@ -14,6 +14,9 @@
 A *point* is one parameter combination; a *task* is one point under one replication.
 Replication r uses the same seed at every point (common random numbers), so curves
 across points differ by the parameters, not by sampling noise.
+
+A scenario's own `sweep: {parameter, values}` block is the same thing with one parameter
+and one replication on the scenario's own seed (`scenario_sweep`).
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ class Task:
         data["seed"] = self.seed
         for path, value in self.params.items():
             set_dotted(data, path, value)
-        return scenario_from_dict(data, f"point {self.id}")
+        where = ", ".join(f"{path}={value}" for path, value in self.params.items())
+        return scenario_from_dict(data, f"point {self.id} ({where})")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class Sweep:
     spec: SweepSpec
     base: dict[str, Any]
     base_dir: Path
+    # A scenario's own sweep block runs on the scenario's seed, as a plain run of it would.
+    own_seed: bool = False
 
     def points(self) -> list[dict[str, ParamValue]]:
         names = list(self.spec.grid.parameters)
@@ -105,6 +111,8 @@ class Sweep:
 
     def replication_seeds(self) -> list[int]:
         """Independent seeds, one per replication, spawned from one SeedSequence."""
+        if self.own_seed:
+            return [int(self.base["seed"])] * self.spec.replications
         children = np.random.SeedSequence(self.spec.seed).spawn(self.spec.replications)
         # 63 bits keep the seed a non-negative int64 in the results table.
         return [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
@@ -132,11 +140,29 @@ def make_sweep(
     """The Python form of a sweep file, for notebooks and scripts."""
     data = {"name": name, "base": str(base), "set": overrides or [], "replications": replications,
             "seed": seed, "grid": {"mode": mode, "parameters": parameters}}
+    return build_sweep(_validate_spec(data, "sweep"), Path(base))
+
+
+def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
+    """A scenario's own `sweep: {parameter, values}` block as a sweep: one point per value,
+    one replication on the scenario's seed. `base_dir` resolves the scenario's data files.
+    Every point is validated here, so a bad value fails before any point runs."""
+    if scenario.sweep is None:
+        raise ValueError(f"scenario '{scenario.name}' has no 'sweep' block")
+    data = {"name": scenario.name, "base": scenario.name, "seed": scenario.seed,
+            "grid": {"parameters": {scenario.sweep.parameter: scenario.sweep.values}}}
+    spec = _validate_spec(data, f"{scenario.name}: sweep")
+    sweep = Sweep(spec, _base_data(scenario), Path(base_dir).resolve(), own_seed=True)
+    for task in sweep.tasks():
+        task.scenario()
+    return sweep
+
+
+def _validate_spec(data: dict[str, Any], source: str) -> SweepSpec:
     try:
-        spec = SweepSpec.model_validate(data)
+        return SweepSpec.model_validate(data)
     except ValidationError as e:
-        raise ScenarioError(format_validation_error(e, "sweep", data)) from None
-    return build_sweep(spec, Path(base))
+        raise ScenarioError(format_validation_error(e, source, data)) from None
 
 
 def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
@@ -144,14 +170,18 @@ def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
     mistyped parameter path fails here, before any work starts."""
     base_path = base_path.resolve()
     scenario = load_scenario(base_path, spec.set)
-    # The validated dump holds every default, so each swept path already exists in it. A
-    # derived KV capacity is left out so that each point derives its own (it may change the
-    # hardware), and a scenario's own one-parameter `sweep:` block is replaced by this grid.
-    derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
-    base = scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep", *derived})
-    sweep = Sweep(spec, base, base_path.parent)
+    sweep = Sweep(spec, _base_data(scenario), base_path.parent)
     sweep.tasks()[0].scenario()
     return sweep
+
+
+def _base_data(scenario: Scenario) -> dict[str, Any]:
+    """The scenario as plain data that every point starts from."""
+    # The validated dump holds every default, so each swept path already exists in it. A
+    # derived KV capacity is left out so that each point derives its own (it may change the
+    # hardware), and a scenario's own one-parameter `sweep:` block is replaced by the grid.
+    derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
+    return scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep", *derived})
 
 
 def _parse_spec(path: Path) -> SweepSpec:

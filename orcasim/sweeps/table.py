@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from orcasim.sweeps.task import Outcome
 
 KEY_COLUMNS = ["point", "replication", "seed", "system"]
+THROUGHPUT = "throughput_rps"
+MEDIAN_LATENCY = "normalized_latency_s_per_token_p50"
+SUSTAIN_FRACTION = 0.9  # a system sustains a load when it completes at least 90% of its rate
 
 
 def tidy_table(outcomes: list[Outcome]) -> pd.DataFrame:
@@ -25,3 +29,20 @@ def param_columns(table: pd.DataFrame) -> list[str]:
     """The swept parameters: the columns between the seed and the system."""
     cols = list(table.columns)
     return cols[cols.index("seed") + 1 : cols.index("system")] if len(cols) else []
+
+
+def throughput_under_bound(
+    table: pd.DataFrame, bound_s: float, sustain_fraction: float = SUSTAIN_FRACTION
+) -> pd.Series:
+    """Per system, the highest throughput it sustains with median normalized latency within the bound.
+
+    A row counts when its median meets the bound and the system keeps up with the load
+    (throughput >= sustain_fraction x the realised arrival rate, `offered_rps`): a finite
+    run of an overloaded system can keep a low median for a while, but it does not sustain
+    that load. A measured row, not an interpolation: the sweep's grid sets the resolution
+    (with replications, each one counts on its own). NaN when no row qualifies.
+    """
+    keeps_up = table[THROUGHPUT] >= sustain_fraction * table["offered_rps"]
+    ok = table[(table[MEDIAN_LATENCY] <= bound_s) & keeps_up]
+    best = ok.groupby("system", sort=False)[THROUGHPUT].max()
+    return best.reindex(table["system"].unique()).astype(np.float64)

@@ -42,6 +42,7 @@ class Outcome:
 
 def run_task(task: Task) -> Outcome:
     """Run one task. Any exception becomes a failed Outcome: a bad point never kills a sweep."""
+    from orcasim.metrics import offered_rps
     from orcasim.run import run_scenario
 
     start = time.perf_counter()
@@ -49,6 +50,10 @@ def run_task(task: Task) -> Outcome:
         result = run_scenario(task.scenario(), base_dir=Path(task.base_dir))
     except Exception as e:  # noqa: BLE001 - recorded per point, reported at the end
         return Outcome.failed(task, e, time.perf_counter() - start)
-    systems: dict[str, dict[str, Any]] = {n: r.summary for n, r in result.systems.items()}
+    # The realised load beside the summary: whether a system keeps up is judged against it.
+    systems: dict[str, dict[str, Any]] = {
+        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy()), **r.summary}
+        for n, r in result.systems.items()
+    }
     return Outcome(task.id, task.point, task.replication, task.seed, task.params, True,
                    systems=systems, wall_s=time.perf_counter() - start)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orcasim.sweep import throughput_under_bound
+from orcasim.sweeps import throughput_under_bound
 
 RESULTS = Path("results/orca_paper")
 BOUND_S_PER_TOKEN = 0.19  # the paper's comparison point for GPT-3 175B (section 6.2)

@@ -1,0 +1,90 @@
+"""A scenario's own `sweep:` block: its points, the tidy frame, the bound metric and the CLI output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.run import run_scenario
+from orcasim.scenario import Scenario
+from orcasim.sweeps import run_scenario_sweep, scenario_sweep, throughput_under_bound
+from tests.conftest import make_scenario
+from tests.test_cli import orcasim
+
+RATES = [1.0, 2.0, 4.0]
+RATE = "workload.arrival.rate_per_s"
+
+
+def small_sweep(**changes: object) -> Scenario:
+    return make_scenario(**{"workload.num_requests": 60, "seed": 11,
+                            "sweep": {"parameter": RATE, "values": RATES}, **changes})
+
+
+def point_scenarios(sc: Scenario) -> list[Scenario]:
+    return [task.scenario() for task in scenario_sweep(sc, Path.cwd()).tasks()]
+
+
+def test_each_point_sets_the_parameter_on_the_scenarios_own_seed() -> None:
+    tasks = scenario_sweep(small_sweep(), Path.cwd()).tasks()
+    assert [t.params for t in tasks] == [{RATE: r} for r in RATES]
+    points = [t.scenario() for t in tasks]
+    assert [p.workload.arrival.rate_per_s for p in points] == RATES
+    assert [p.seed for p in points] == [11] * len(RATES)
+    assert all(p.sweep is None for p in points)
+
+
+def test_a_bad_value_names_the_point_before_any_runs() -> None:
+    with pytest.raises(ScenarioError, match="rate_per_s=-1"):
+        scenario_sweep(small_sweep(**{"sweep.values": [1.0, -1]}), Path.cwd())
+
+
+def test_a_value_must_fit_one_table_column() -> None:
+    with pytest.raises(ScenarioError, match=r"sweep: values\[0\] = \{.*expected a number, string or boolean"):
+        small_sweep(**{"sweep": {"parameter": "workload.arrival", "values": [{"kind": "poisson", "rate_per_s": 1}]}})
+
+
+def test_a_derived_kv_capacity_is_derived_again_at_each_point() -> None:
+    sc = small_sweep(**{"kv_capacity_tokens": None, "model": "llama2-7b", "hardware": {"gpu": "a100-40gb"},
+                        "sweep": {"parameter": "hardware.gpu", "values": ["a100-40gb", "a100-80gb"]}})
+    caps = [p.kv_capacity_tokens for p in point_scenarios(sc)]
+    assert caps[0] < caps[1]
+
+
+def test_run_is_one_row_per_system_and_point_with_the_offered_load() -> None:
+    frame = run_scenario_sweep(small_sweep(), Path.cwd())
+    assert len(frame) == 2 * len(RATES)
+    assert set(frame["system"]) == {"request-level", "orca"}
+    assert list(frame[RATE].unique()) == RATES
+    assert {"offered_rps", "throughput_rps", "normalized_latency_s_per_token_p50"} <= set(frame.columns)
+    # Each point is a plain run of the scenario at that value: same requests, same numbers.
+    plain = run_scenario(point_scenarios(small_sweep())[1]).systems["orca"].summary
+    row = frame[(frame[RATE] == RATES[1]) & (frame["system"] == "orca")].iloc[0]
+    assert row["throughput_rps"] == plain["throughput_rps"]
+
+
+def test_throughput_under_bound_is_the_best_point_within_it() -> None:
+    frame = pd.DataFrame({
+        "system": ["a", "a", "a", "b"], RATE: [1, 2, 3, 1],
+        "throughput_rps": [1.0, 2.0, 2.5, 0.5], "normalized_latency_s_per_token_p50": [0.1, 0.15, 0.3, 0.5],
+        "offered_rps": [1.0, 2.0, 3.0, 0.5],
+    })
+    best = throughput_under_bound(frame, 0.2)
+    assert best["a"] == 2.0 and pd.isna(best["b"])
+    overloaded = frame.assign(offered_rps=[1.0, 4.0, 3.0, 0.5])  # at 2.0 it falls behind a 4.0 load
+    assert throughput_under_bound(overloaded, 0.2)["a"] == 1.0
+
+
+@pytest.mark.slow
+def test_cli_run_of_a_sweep_writes_csv_and_figure(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(Path("scenarios/quickstart.yaml").read_text()
+                        + "sweep: {parameter: workload.arrival.rate_per_s, values: [1, 3]}\n")
+    out = tmp_path / "out"
+    p = orcasim("run", str(scenario), "--out", str(out), "--set", "workload.num_requests=100")
+    assert p.returncode == 0, p.stderr
+    frame = pd.read_csv(out / "sweep.csv")
+    assert len(frame) == 4 and list(frame[RATE].unique()) == [1, 3]
+    assert (out / "latency_throughput.png").is_file() and (out / "scenario.yaml").is_file()
