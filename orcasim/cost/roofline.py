@@ -69,6 +69,8 @@ class Roofline(CostModel):
         self.flops_per_s = hw.gpu.peak_flops * cfg.compute_efficiency
         self.bytes_per_s = hw.gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency
         self.ops = token_ops(self.model, self.tp)
+        self._op_terms = [(op.count, op.flops_per_token, op.weight_bytes, op.bytes_per_token)
+                          for op in self.ops]
         self.tp_link = tensor_parallel_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.pp_link = pipeline_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
@@ -121,9 +123,12 @@ class Roofline(CostModel):
 
     def _fixed_scalar_s(self, num_tokens: float, batch_size: float) -> float:
         """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
-        per_layer = 0.0  # sum() over the ops, unrolled: this runs on every memo miss
-        for op in self.ops:
-            per_layer += op.count * self._op_scalar_s(op, num_tokens)
+        per_layer, n = 0.0, num_tokens  # sum() over the ops, unrolled: runs on every memo miss
+        fps, bps, overhead_s = self.flops_per_s, self.bytes_per_s, self.cfg.kernel_overhead_s
+        for count, flops_per_token, weight_bytes, bytes_per_token in self._op_terms:
+            # _op_scalar_s inlined (a call per op costs more than its arithmetic): same order
+            memory_s = (weight_bytes + bytes_per_token * n) / bps
+            per_layer += count * (max(flops_per_token * n / fps, memory_s) + overhead_s)
         layers = self.model.num_layers * per_layer
         ends = self._op_scalar_s(self.embedding, num_tokens)
         ends = ends + self._op_scalar_s(self.lm_head, batch_size)
