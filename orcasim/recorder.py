@@ -69,8 +69,8 @@ class Recorder:
         batch = plan.batch
         used = math.nan if plan.kv_used_tokens is None else float(plan.kv_used_tokens)
         self._append(
-            start_s, duration_s, 1, len(plan.req_ids), _total(batch.query_tokens),
-            _total(batch.context_tokens), plan.kv_reserved_tokens, num_waiting, used,
+            start_s, duration_s, 1, len(plan.req_ids), batch.total_query_tokens,
+            batch.total_context_tokens, plan.kv_reserved_tokens, num_waiting, used,
             plan.preemptions, plan.recomputed_tokens,
         )
 
@@ -91,8 +91,8 @@ class Recorder:
             used = float(plan.kv_used_tokens)
         self._append(
             start_s, end_s - start_s, n, len(plan.req_ids),
-            _total(batch.query_tokens) + steps * run.size,
-            _total(batch.context_tokens) + _run_context(run_context, run.size, steps),
+            batch.total_query_tokens + steps * run.size,
+            batch.total_context_tokens + _run_context(run_context, run.size, steps),
             plan.kv_reserved_tokens, num_waiting_sum, used, plan.preemptions,
             plan.recomputed_tokens,
         )

@@ -9,7 +9,7 @@ flattened sum of query tokens, attention sees each request on its own.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,9 @@ class Batch:
 
     query_tokens: np.ndarray  # int64 (B,)
     context_tokens: np.ndarray  # int64 (B,)
+    # The totals, memoised: the scheduler, the cost model and the recorder all ask.
+    _query_total: int | None = field(default=None, init=False, repr=False, compare=False)
+    _context_total: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -32,11 +35,15 @@ class Batch:
     # The builtin sum over a list beats a numpy reduction at batch sizes (hot in the engine).
     @property
     def total_query_tokens(self) -> int:
-        return sum(self.query_tokens.tolist())
+        if self._query_total is None:
+            self._query_total = sum(self.query_tokens.tolist())
+        return self._query_total
 
     @property
     def total_context_tokens(self) -> int:
-        return sum(self.context_tokens.tolist())
+        if self._context_total is None:
+            self._context_total = sum(self.context_tokens.tolist())
+        return self._context_total
 
 
 class CostModel(ABC):
