@@ -84,7 +84,7 @@ class IterationLevelScheduler(Scheduler):
         return StepResult(first, done)
 
     def _release(self, done: np.ndarray) -> None:
-        self.reserved_tokens -= int(self._reservation[done].sum())
+        self.reserved_tokens -= sum(self._reservation[done].tolist())  # cheaper than .sum()
         for req_id in done.tolist():  # list.remove runs in C: cheaper than rebuilding
             self.running.remove(req_id)
 
