@@ -81,7 +81,7 @@ class Recorder:
         """`plan`'s iteration, ending at ends_s[0], then a step of `run` per later end."""
         n, end_s = len(ends_s), float(ends_s[-1])
         steps, batch = n - 1, plan.batch
-        used, run_context = math.nan, _total(run.context_tokens)
+        used, run_context = math.nan, run.total_context_tokens
         if plan.kv_used_tokens is not None and n > 1:  # a decode step holds its context's KV
             head_end_s = float(ends_s[0])
             run_used_s = _used_s(run_context, run.size, head_end_s, ends_s[1:])
@@ -101,7 +101,7 @@ class Recorder:
         self, start_s: float, ends_s: np.ndarray, run: ContinuedRun, num_waiting_sum: int
     ) -> None:
         """A step of a continued run per end in `ends_s`, as one row."""
-        n, end_s, run_context = len(ends_s), float(ends_s[-1]), _total(run.context_tokens)
+        n, end_s, run_context = len(ends_s), float(ends_s[-1]), run.total_context_tokens
         used_s = _used_s(run_context, run.size, start_s, ends_s)
         self._append(
             start_s, end_s - start_s, n, len(run.req_ids), n * run.size,
@@ -162,7 +162,3 @@ def _run_context(context_total: int, size: int, steps: int) -> int:
     """KV tokens read by a run's first `steps` steps: step j reads context_tokens + j."""
     return steps * context_total + size * steps * (steps - 1) // 2
 
-
-def _total(tokens: np.ndarray) -> int:
-    """Sum of a batch-sized int array; the builtin over a list beats a numpy reduction here."""
-    return sum(tokens.tolist())

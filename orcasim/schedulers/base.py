@@ -75,10 +75,18 @@ class DecodeRun:
 
     num_steps: int
     context_tokens: np.ndarray  # int64 (B,) context of the first decode step
+    # Their total, memoised (a scheduler that knows it may set it): the recorder asks.
+    context_total: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return len(self.context_tokens)
+
+    @property
+    def total_context_tokens(self) -> int:
+        if self.context_total is None:
+            self.context_total = sum(self.context_tokens.tolist())  # builtin: cheaper here
+        return self.context_total
 
 
 @dataclass(slots=True)

@@ -109,7 +109,9 @@ class IterationLevelScheduler(Scheduler):
         if steps <= 0:
             return None
         has_newcomers = 0 in generated.tolist()
-        return _OrcaRun(steps, plan.batch.context_tokens + 1, generated, owed, has_newcomers)
+        run = _OrcaRun(steps, plan.batch.context_tokens + 1, generated, owed, has_newcomers)
+        run.context_total = plan.batch.total_context_tokens + len(ids)  # each reads one more
+        return run
 
     def admits_arrival(self, req_id: int) -> bool:
         # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too. A
