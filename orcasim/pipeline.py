@@ -44,15 +44,9 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
     def schedule(self, now_s: float) -> SchedulerOutput:
         chosen = [r for r in self.running if not self.in_flight[r]][: self.max_batch_size]
         while len(chosen) < self.max_batch_size:
-            head = self._peek_waiting()
+            head = self._admit_head()
             if head is None:
                 break
-            need = int(self._reservation[head])
-            if self.reserved_tokens + need > self.kv_capacity_tokens:
-                break  # FCFS: never skip ahead of a request that does not fit
-            self._pop_waiting()
-            self.reserved_tokens += need
-            self.running.append(head)
             chosen.append(head)
         ids = np.array(chosen, dtype=np.int64)
         known = self.requests.prompt_tokens[ids] + self.generated[ids]

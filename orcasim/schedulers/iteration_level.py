@@ -62,15 +62,21 @@ class IterationLevelScheduler(Scheduler):
 
     def _admit(self) -> None:
         while len(self.running) < self.max_batch_size:
-            head = self._peek_waiting()
-            if head is None:
+            if self._admit_head() is None:
                 return
-            need = int(self._reservation[head])
-            if self.reserved_tokens + need > self.kv_capacity_tokens:
-                return  # FCFS: never skip ahead of a request that does not fit
-            self._pop_waiting()
-            self.reserved_tokens += need
-            self.running.append(head)
+
+    def _admit_head(self) -> int | None:
+        """Admit the head of the queue if its reservation fits; its id, or None."""
+        head = self._peek_waiting()
+        if head is None:
+            return None
+        need = int(self._reservation[head])
+        if self.reserved_tokens + need > self.kv_capacity_tokens:
+            return None  # FCFS: never skip ahead of a request that does not fit
+        self._pop_waiting()
+        self.reserved_tokens += need
+        self.running.append(head)
+        return head
 
     def update_from_output(self, out: SchedulerOutput) -> StepResult:
         ids = out.req_ids
