@@ -56,6 +56,15 @@ class EngineRun:
     rejected_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
+def finished_run(recorder: Recorder, end_s: float, scheduler: Scheduler) -> EngineRun:
+    """Close a run: every request finished exactly once, except those the scheduler rejected."""
+    rejected = np.asarray(scheduler.rejected_ids, dtype=np.int64)
+    assert np.all(np.isnan(recorder.finish_s[rejected])), "a rejected request finished"
+    unfinished = int(np.isnan(recorder.finish_s).sum()) - len(rejected)
+    assert unfinished == 0, f"{unfinished} admitted requests never finished"
+    return EngineRun(recorder, end_s, rejected)
+
+
 class ArrivalSource:
     """The requests not yet given to the scheduler, in arrival (= id) order."""
 
@@ -104,11 +113,7 @@ class Engine:
     def run(self) -> EngineRun:
         self.env.process(self._loop())
         self.env.run()
-        rejected = np.asarray(self.scheduler.rejected_ids, dtype=np.int64)
-        assert np.all(np.isnan(self.recorder.finish_s[rejected])), "a rejected request finished"
-        unfinished = int(np.isnan(self.recorder.finish_s).sum()) - len(rejected)
-        assert unfinished == 0, f"{unfinished} admitted requests never finished"
-        return EngineRun(self.recorder, self.now_s, rejected)
+        return finished_run(self.recorder, self.now_s, self.scheduler)
 
     def _admit_arrivals(self) -> None:
         for req_id in self.arrivals.take_until(self.now_s):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orcasim.cost.base import Batch, CostModel
-from orcasim.engine import EngineRun
+from orcasim.engine import EngineRun, finished_run
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
@@ -84,9 +84,7 @@ class PipelineEngine:
     def run(self) -> EngineRun:
         while self._step():
             pass
-        unfinished = int(np.isnan(self.recorder.finish_s).sum())
-        assert unfinished == 0, f"{unfinished} admitted requests never finished"
-        return EngineRun(self.recorder, self.now_s)
+        return finished_run(self.recorder, self.now_s, self.scheduler)
 
     def _step(self) -> bool:
         """Admit, fill the pipeline, then advance to the next event. False when all is done."""

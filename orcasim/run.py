@@ -67,7 +67,7 @@ def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> 
         scenario.engine.mode, row_breaks_s=(scenario.warmup_s,),
     )
     run = engine.run()
-    rejected = np.asarray(engine.scheduler.rejected_ids, dtype=np.int64)
+    rejected = run.rejected_ids
     if len(rejected):
         warnings.warn(
             f"{system.name}: {len(rejected)} request(s) can never fit in KV memory "

@@ -63,3 +63,14 @@ def test_batches_flow_through_balanced_stages() -> None:
     # 3 output tokens each: 3 iterations per batch, batches alternating, one every 0.5 s.
     assert ends == pytest.approx([1.0, 1.5, 2.0, 2.5, 3.0, 3.5])
     assert run.recorder.finish_s.tolist() == pytest.approx([3.0, 3.0, 3.5, 3.5])
+
+
+def test_pipeline_rejects_a_request_that_can_never_fit() -> None:
+    """With oracle reservation a request larger than the KV cache is rejected, not hung on."""
+    reqs = Requests(np.zeros(3), np.array([4, 90, 4]), np.full(3, 3, np.int64), np.full(3, 100, np.int64))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=2, kv_reservation="oracle")
+    sched = PipelinedIterationLevelScheduler(cfg, reqs, kv_capacity_tokens=50)
+    run = PipelineEngine(reqs, sched, LinearCost(LinearCostConfig(kind="linear", base_s=1.0)),
+                         num_stages=2).run()
+    assert run.rejected_ids.tolist() == [1]
+    assert np.isnan(run.recorder.finish_s[1]) and not np.isnan(run.recorder.finish_s[[0, 2]]).any()
