@@ -19,7 +19,8 @@ def resolve_data_path(path: str) -> Path:
         candidates = [p]
     else:
         base = SCENARIO_DIR.get()
-        candidates = ([base / p] if base else []) + [Path.cwd() / p, PACKAGE_DATA_DIR / p]
+        # dict.fromkeys drops the cwd when it is the scenario's folder, keeping the order.
+        candidates = list(dict.fromkeys(([base / p] if base else []) + [Path.cwd() / p, PACKAGE_DATA_DIR / p]))
     for c in candidates:
         if c.is_file():
             return c
