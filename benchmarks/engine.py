@@ -2,7 +2,8 @@
 
 Workload: ShareGPT lengths (prompt and output resampled from the Llama-2 tokenised trace),
 Poisson arrivals at 85% of each system's capacity, Llama-2-7B on one A100-80GB,
-`max_batch_size: 64`, iteration-level (Orca) and request-level schedulers, 10k / 100k /
+`max_batch_size: 64`, iteration-level (Orca) and request-level schedulers, and vLLM's paged
+scheduler with the same batch limit (`max_num_seqs: 64`, blocks of 16 tokens), 10k / 100k /
 1M requests. Capacity is measured, not assumed: the completion rate of a saturated run
 (every request arriving at once) in fast mode.
 
@@ -32,7 +33,7 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results" / "engine.json"
 SIZES = (10_000, 100_000, 1_000_000)
-SCHEDULERS = ("iteration_level", "request_level")
+SCHEDULERS = ("iteration_level", "request_level", "paged")
 LOAD_FRACTION = 0.85
 CAPACITY_REQUESTS = 4_000  # requests in the saturated run that measures capacity
 REPEATS = {10_000: 5, 100_000: 3, 1_000_000: 1}
@@ -46,6 +47,7 @@ MAX_TOKENS = 9_216
 # Llama-2-7B in bf16 on one A100-80GB: (80 GiB - 13.5 GB of weights) x 0.9 usable,
 # over 2 (K, V) x 32 layers x 4096 x 2 bytes = 512 KiB of KV per token.
 KV_CAPACITY_TOKENS = 120_000
+LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2  # K and V, layers, hidden size, bf16 bytes
 
 # The single switch: "auto" uses the roofline model when this checkout has it.
 COST_KIND = "auto"
@@ -72,11 +74,22 @@ def scenario_dict(scheduler: str, num_requests: int, rate_per_s: float, mode: st
             "max_tokens": MAX_TOKENS,
         },
         "kv_capacity_tokens": KV_CAPACITY_TOKENS,
-        "systems": [{"name": scheduler,
-                     "scheduler": {"kind": scheduler, "max_batch_size": MAX_BATCH_SIZE}}],
+        "systems": [{"name": scheduler, "scheduler": scheduler_keys(scheduler)}],
         "engine": {"mode": mode},
         **cost_keys,
     }
+
+
+def scheduler_keys(scheduler: str) -> dict[str, Any]:
+    """The batch limit of 64 in each scheduler's own words."""
+    match scheduler:
+        case "paged":
+            # Without chunking the longest prompt + output - 1 must fit one step's budget.
+            return {"kind": "paged", "max_num_seqs": MAX_BATCH_SIZE,
+                    "max_num_batched_tokens": MAX_TOKENS,
+                    "kv_bytes_per_token": LLAMA2_7B_KV_BYTES_PER_TOKEN}
+        case _:
+            return {"kind": scheduler, "max_batch_size": MAX_BATCH_SIZE}
 
 
 def choose_cost(kind: str = COST_KIND) -> tuple[str, dict[str, Any]]:
@@ -141,12 +154,13 @@ def capacity_rps(scheduler: str, cost_keys: dict[str, Any]) -> float:
     return float(run_scenario(scenario_from_dict(data)).systems[scheduler].summary["throughput_rps"])
 
 
-def benchmark(sizes: tuple[int, ...], cost_kind: str) -> dict[str, Any]:
+def benchmark(sizes: tuple[int, ...], cost_kind: str,
+              schedulers: tuple[str, ...] = SCHEDULERS) -> dict[str, Any]:
     cost_name, cost_keys = choose_cost(cost_kind)
     print(HEADER)
     load_before = os.getloadavg()
     rows = []
-    for scheduler in SCHEDULERS:
+    for scheduler in schedulers:
         rate = LOAD_FRACTION * capacity_rps(scheduler, cost_keys)
         for n in sizes:
             spec = {"scheduler": scheduler, "num_requests": n, "rate_per_s": rate,
@@ -186,6 +200,7 @@ def format_row(row: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
     parser.add_argument("--cost", choices=("auto", "roofline", "linear"), default=COST_KIND)
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default benchmarks/results/engine.json; "
@@ -195,7 +210,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
-    report = benchmark(tuple(args.sizes), args.cost)
+    report = benchmark(tuple(args.sizes), args.cost, tuple(args.schedulers))
     out = args.out or (RESULTS.with_name("engine_linear.json") if args.cost == "linear" else RESULTS)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -200,7 +200,8 @@ class Engine:
         ends_s[0] = self.now_s
         if plan is not None:
             ends_s[1] = self._plan_time_s(plan)
-        ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
+        if run.num_steps:  # a zero-step run prices nothing (a model may count what it prices)
+            ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
         # Running sums in order: the same float additions as one timeout per iteration.
         return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
 

@@ -173,7 +173,9 @@ class Scheduler(ABC):
         Promise: the next `num_steps` iterations after `plan`'s own are the run's steps
         (priced as `DecodeRun` says), with `plan.req_ids` and `kv_reserved_tokens`
         unchanged, nobody admitted, and nothing visible before the last step. Called
-        after `schedule` returned `plan`, before the plan is applied.
+        after `schedule` returned `plan`, before the plan is applied. A run of zero steps
+        is the plan alone; like any run that is not cut short, it is followed by
+        `continue_run` (how a scheduler whose rows must break often still skips `schedule`).
         """
         return None
 

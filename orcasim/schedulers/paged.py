@@ -39,7 +39,8 @@ from orcasim.config import Strict
 from orcasim.cost.base import Batch
 from orcasim.memory import PagedAllocator, blocks_for
 from orcasim.requests import Requests
-from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
+from orcasim.schedulers import paged_runs
+from orcasim.schedulers.base import ContinuedRun, DecodeRun, Scheduler, SchedulerOutput, StepResult
 
 OPT_13B_KV_BYTES_PER_TOKEN = 2 * 40 * 5120 * 2  # K and V, layers, hidden size, fp16 bytes
 VLLM_SWAP_SPACE_BYTES = 4 * 2**30  # vLLM's default CPU swap space per GPU
@@ -204,21 +205,33 @@ class PagedScheduler(Scheduler):
         return min(heads) if heads else self._peek_waiting()
 
     def _admit(self, plan: _Plan) -> None:
-        while len(self.running) < self.cfg.max_num_seqs:
-            req = self._next_candidate()
-            if req is None:
-                return
-            num_new = self._num_new_tokens(req, plan.budget_tokens)
-            if num_new == 0:
-                return
-            need = self.allocator.blocks_to_hold(req, int(self.computed[req]) + num_new)
-            reserve = self.watermark_blocks if self.running else 0
-            if need + reserve > self.allocator.num_free_blocks:
-                return  # FCFS: never skip ahead of a request that does not fit
+        while (head := self._admissible_head(plan.budget_tokens)) is not None:
+            req, num_new, need = head
             assert self.allocator.allocate(req, need) is not None
             self._take_candidate(req, plan)
             self.running.append(req)
             self._add(plan, req, num_new)
+
+    def _admissible_head(self, budget_tokens: int) -> tuple[int, int, int] | None:
+        """The FCFS head, its tokens and its new blocks, if it can join now; else None."""
+        req = self._next_candidate()
+        if req is None:
+            return None
+        admission = self._admission(req, budget_tokens)
+        return None if admission is None else (req, *admission)
+
+    def _admission(self, req: int, budget_tokens: int) -> tuple[int, int] | None:
+        """Tokens and new blocks of `req` if, as the head, it could join now; else None."""
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return None
+        num_new = self._num_new_tokens(req, budget_tokens)
+        if num_new == 0:
+            return None
+        need = self.allocator.blocks_to_hold(req, int(self.computed[req]) + num_new)
+        reserve = self.watermark_blocks if self.running else 0
+        if need + reserve > self.allocator.num_free_blocks:
+            return None  # FCFS: never skip ahead of a request that does not fit
+        return num_new, need
 
     def _take_candidate(self, req: int, plan: _Plan) -> None:
         if self.swapped and self.swapped[0] == req:
@@ -267,11 +280,34 @@ class PagedScheduler(Scheduler):
         first = emitting[self.generated[emitting] == 1]
         done = emitting[self.generated[emitting] == self.requests.output_tokens[emitting]]
         if len(done):
-            for req in done.tolist():
-                self.allocator.free(req)
-            finished = set(done.tolist())
-            self.running = [r for r in self.running if r not in finished]
+            self._release(done)
         return StepResult(first, done)
+
+    def _release(self, done: np.ndarray) -> None:
+        """Free finished requests' blocks, in batch order, and drop them from `running`."""
+        for req in done.tolist():
+            self.allocator.free(req)
+        finished = set(done.tolist())
+        self.running = [r for r in self.running if r not in finished]
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.resumable or self.swapped) or self.num_waiting > 0
+
+    # Fast-forward hooks (see Scheduler); the reasoning is in `orcasim.schedulers.paged_runs`.
+
+    def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
+        return paged_runs.decode_run(self, plan)
+
+    def admits_arrival(self, req_id: int) -> bool:
+        return paged_runs.admits_arrival(self, req_id)
+
+    def advance(
+        self, plan: SchedulerOutput, run: DecodeRun | None, num_iterations: int
+    ) -> tuple[StepResult, StepResult]:
+        return paged_runs.advance(self, plan, run, num_iterations)
+
+    def continue_run(self) -> ContinuedRun | None:
+        return paged_runs.continue_run(self)
+
+    def advance_run(self, run: ContinuedRun, num_steps: int) -> StepResult:
+        return paged_runs.advance_run(self, run, num_steps)
