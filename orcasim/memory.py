@@ -100,6 +100,18 @@ class PagedAllocator:
         self.tables.setdefault(req_id, []).extend(new)
         return new
 
+    def allocate_one_each(self, req_ids: list[int]) -> list[int] | None:
+        """One more block for each of `req_ids`: what `allocate(r, 1)` for each, in order,
+        gives (the same blocks), or None (and nothing changes) if there are too few."""
+        if len(req_ids) > len(self._free_blocks):
+            return None
+        new = [self._free_blocks.pop() for _ in req_ids]
+        assert np.all(self._owner[new] == NO_OWNER), "a block would be owned twice"
+        self._owner[new] = req_ids
+        for req_id, block in zip(req_ids, new, strict=True):
+            self.tables.setdefault(req_id, []).append(block)
+        return new
+
     def grow_to(self, req_id: int, tokens: int) -> list[int] | None:
         """Make `req_id`'s table hold `tokens` tokens; the new blocks, or None if they do not fit."""
         return self.allocate(req_id, self.blocks_to_hold(req_id, tokens))

@@ -17,6 +17,7 @@ from orcasim.requests import Requests
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.chunked import ChunkedConfig
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.paged import PagedConfig
 from orcasim.schedulers.request_level import RequestLevelConfig
@@ -25,32 +26,57 @@ from orcasim.schedulers.request_level import RequestLevelConfig
 TIMESTAMP_RTOL = 1e-9
 SUMMARY_RTOL = 1e-9
 TIMESTAMPS = ("first_scheduled_s", "first_token_s", "finish_s")
-SUMMED_COLUMNS = ("num_iterations", "tokens", "context_tokens", "num_waiting")
+SUMMED_COLUMNS = ("num_iterations", "tokens", "context_tokens", "num_waiting", "preemptions",
+                  "recomputed_tokens")
+KINDS = ("iteration_level", "request_level", "paged", "chunked")
+
+
+def _orca(draw: st.DrawFn) -> IterationLevelConfig:
+    return IterationLevelConfig(
+        kind="iteration_level", max_batch_size=draw(st.integers(1, 8)),
+        kv_reservation=draw(st.sampled_from(["max", "pow2", "oracle"])),
+    )
+
+
+def _static(draw: st.DrawFn) -> RequestLevelConfig:
+    return RequestLevelConfig(
+        kind="request_level", max_batch_size=draw(st.integers(1, 8)),
+        max_queue_delay_s=draw(st.sampled_from([0.0, 0.05, 0.4])), padding=draw(st.booleans()),
+    )
+
+
+def _paged(draw: st.DrawFn, kind: str, longest_tokens: int) -> PagedConfig | ChunkedConfig:
+    """Small blocks and CPU swap spaces, so that boundaries, preemptions and fallbacks are common."""
+    memory = dict(
+        max_num_seqs=draw(st.integers(1, 8)), block_size_tokens=draw(st.integers(1, 16)),
+        preemption=draw(st.sampled_from(["recompute", "swap"])),
+        watermark=draw(st.sampled_from([0.0, 0.01, 0.2])),
+        swap_space_bytes=draw(st.sampled_from([0, 16, 64, 10**6])), kv_bytes_per_token=1,
+        swap_bandwidth_bytes_per_s=draw(st.sampled_from([1e3, 1e6])),
+    )
+    if kind == "chunked":  # budgets down to one token: decodes alone can exceed them
+        return ChunkedConfig(kind="chunked", chunk_size_tokens=draw(st.integers(1, 40)), **memory)
+    budget_tokens = draw(st.sampled_from([longest_tokens, longest_tokens + 7, 4096]))
+    return PagedConfig(kind="paged", max_num_batched_tokens=budget_tokens, **memory)
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> dict:
+def scenarios(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict:
     n = draw(st.integers(1, 40))
     gaps_s = draw(st.lists(st.floats(0.0, 0.3), min_size=n, max_size=n))
     prompt = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     output = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     max_tokens = max(p + o for p, o in zip(prompt, output, strict=True)) + draw(st.integers(0, 30))
-    kind = draw(st.sampled_from(["iteration_level", "request_level", "paged"]))
-    if kind == "iteration_level":
-        scheduler = IterationLevelConfig(
-            kind="iteration_level", max_batch_size=draw(st.integers(1, 8)),
-            kv_reservation=draw(st.sampled_from(["max", "pow2", "oracle"])),
-        )
-    elif kind == "paged":  # no fast-forward hooks: stepped one iteration at a time
-        scheduler = PagedConfig(
-            kind="paged", max_num_seqs=draw(st.integers(1, 8)), block_size_tokens=4,
-            preemption=draw(st.sampled_from(["recompute", "swap"])),
-        )
+    kind = draw(st.sampled_from(kinds))
+    if kind in ("paged", "chunked"):
+        scheduler = _paged(draw, kind, max_tokens)
+        # Down to half the longest request (some never fit), often a few: preemptions.
+        kv_capacity_tokens = draw(st.integers(max_tokens // 2, max_tokens * 4))
+        block = scheduler.block_size_tokens
+        kv_capacity_tokens = -(-kv_capacity_tokens // block) * block  # whole blocks
     else:
-        scheduler = RequestLevelConfig(
-            kind="request_level", max_batch_size=draw(st.integers(1, 8)),
-            max_queue_delay_s=draw(st.sampled_from([0.0, 0.05, 0.4])), padding=draw(st.booleans()),
-        )
+        scheduler = _orca(draw) if kind == "iteration_level" else _static(draw)
+        kv_capacity_tokens = max_tokens * draw(st.integers(1, 6)) + draw(st.integers(0, max_tokens))
     cost = LinearCostConfig(
         kind="linear", base_s=draw(st.floats(1e-4, 0.05)),
         per_token_s=draw(st.floats(0.0, 1e-3)), per_context_token_s=draw(st.floats(0.0, 1e-4)),
@@ -59,8 +85,6 @@ def scenarios(draw: st.DrawFn) -> dict:
         np.cumsum(gaps_s), np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
         np.full(n, max_tokens, dtype=np.int64),
     )
-    kv_capacity_tokens = max_tokens * draw(st.integers(1, 6)) + draw(st.integers(0, max_tokens))
-    kv_capacity_tokens = -(-kv_capacity_tokens // 4) * 4  # whole paged blocks
     warmup_s = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     return dict(requests=requests, scheduler=scheduler, cost=cost,
                 kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s)
@@ -92,6 +116,13 @@ def assert_same_run(case: dict) -> pd.DataFrame:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_mode_matches_reference(case: dict) -> None:
+    assert_same_run(case)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(kinds=("paged", "chunked")))
+def test_fast_mode_matches_reference_over_paged_kv(case: dict) -> None:
+    # The paged hooks have the most to predict: block boundaries, preemption, swapping.
     assert_same_run(case)
 
 

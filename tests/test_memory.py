@@ -56,6 +56,19 @@ def test_allocate_returns_none_and_changes_nothing_when_full():
     alloc.check_invariants()
 
 
+def test_allocate_one_each_gives_the_blocks_of_one_allocate_each():
+    one_by_one, bulk = PagedAllocator(6, 4), PagedAllocator(6, 4)
+    for alloc in (one_by_one, bulk):
+        alloc.allocate(7, 2)
+        alloc.allocate(8, 1)
+        alloc.free(7)  # blocks come back last-in first-out: the order matters
+    got = [one_by_one.allocate(r, 1) for r in (8, 9, 8)]
+    assert bulk.allocate_one_each([8, 9, 8]) == [g[0] for g in got if g]
+    assert bulk.tables == one_by_one.tables
+    assert bulk.allocate_one_each([1, 2, 3]) is None and bulk.num_free_blocks == 2
+    bulk.check_invariants()
+
+
 ops = st.lists(
     st.tuples(st.sampled_from(["alloc", "free"]), st.integers(0, 5), st.integers(0, 6)),
     max_size=60,

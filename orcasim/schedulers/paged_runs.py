@@ -125,8 +125,7 @@ def advance(
 def advance_run(s: PagedScheduler, run: ContinuedRun, num_steps: int) -> StepResult:
     """The first step's block allocations, in batch order as `schedule` makes them, then decodes."""
     assert isinstance(run, PagedContinuedRun) and 1 <= num_steps <= run.num_steps
-    for req in run.growing.tolist():
-        assert s.allocator.allocate(req, 1) is not None
+    assert s.allocator.allocate_one_each(run.growing.tolist()) is not None
     return _decode(s, run.req_ids, num_steps, run.owed)
 
 
