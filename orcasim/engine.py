@@ -38,6 +38,7 @@ from typing import Literal
 import numpy as np
 import simpy
 
+from orcasim import orca_fast
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
@@ -98,7 +99,7 @@ class Engine:
 
     def __init__(
         self, requests: Requests, scheduler: Scheduler, cost: CostModel,
-        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (),
+        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (), fused: bool = True,
     ) -> None:
         self.requests = requests
         self.scheduler = scheduler
@@ -109,9 +110,12 @@ class Engine:
         self.now_s = 0.0
         self.recorder = Recorder(len(requests))
         self.arrivals = ArrivalSource(requests.arrival_s)
+        # Fast mode on the plain Orca scheduler runs the fused loop (orcasim.orca_fast),
+        # which equals `_loop` bit for bit; `fused=False` keeps `_loop` (tests compare them).
+        self.fused = fused and mode == "fast" and orca_fast.applies(scheduler)
 
     def run(self) -> EngineRun:
-        self.env.process(self._loop())
+        self.env.process(orca_fast.OrcaFastLoop(self).loop() if self.fused else self._loop())
         self.env.run()
         return finished_run(self.recorder, self.now_s, self.scheduler)
 
