@@ -21,6 +21,7 @@ and with it reference mode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -113,17 +114,60 @@ class OrcaFastLoop:
                                      reserved, waiting, float(context_total), 0, 0)
             self._advance(1, newcomers, start_s, engine.now_s)
             return False  # the generic loop looks again with `schedule`, not `_continue`
-        ends_s = np.empty(steps + 2)
-        ends_s[0], ends_s[1] = start_s, plan_s
-        ends_s[2:] = self.cost.decode_steps_s(context + 1, steps)
-        ends_s = np.add.accumulate(ends_s)[1:]  # the same additions as one timeout per iteration
-        n = engine._jump_length(start_s, ends_s)
-        yield from engine._sleep_until(float(ends_s[n - 1]))
+        ends_s = self._ends_s(start_s, [start_s + plan_s], size, context_total + size, steps, 1)
+        n = len(ends_s)
+        yield from engine._sleep_until(ends_s[-1])
         waiting_sum = waiting * n + engine._late_waiting(ends_s, n)
-        self.recorder.jump_row(start_s, ends_s[:n], size, query_total, context_total,
+        self.recorder.jump_row(start_s, ends_s, size, query_total, context_total,
                                context_total, size, context_total + size, reserved,
                                waiting_sum)
-        return self._advance(n, newcomers, start_s, float(ends_s[0]))
+        return self._advance(n, newcomers, start_s, ends_s[0])
+
+    def _ends_s(
+        self, start_s: float, ends_s: list[float], size: int, context_total: int,
+        num_steps: int, ahead: int,
+    ) -> list[float]:
+        """`ends_s` (the plan's end, if any) extended by the members' decode steps' ends.
+
+        Up to `num_steps` steps, stopping at the first end at or after the cut, where the
+        generic loop's `_jump_length` stops. The members hold `context_total` tokens at
+        the first step (each base + iterations + `ahead`). Running sums in order: the same
+        additions as one timeout per iteration.
+        """
+        cut_s = self._cut_s(start_s)
+        t = ends_s[-1] if ends_s else start_s
+        if t >= cut_s:
+            return ends_s
+        line = self.cost.decode_line(size, context_total)
+        if line is None:
+            context = np.array(self.base, dtype=np.int64) + (self.iterations + ahead)
+            for duration_s in self.cost.decode_steps_s(context, num_steps).tolist():
+                t += duration_s
+                ends_s.append(t)
+                if t >= cut_s:
+                    break
+            return ends_s
+        intercept_s, x0, dx, slope_s = line
+        for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
+            t += intercept_s + (x0 + dx * k) * slope_s
+            ends_s.append(t)
+            if t >= cut_s:
+                break
+        return ends_s
+
+    def _cut_s(self, start_s: float) -> float:
+        """Where a jump from `start_s` must stop: `Engine._jump_length`'s cut.
+
+        The first warm-up break after the start, or the next arrival if it could join.
+        A cut past the run's last inner boundary leaves the run whole there too.
+        """
+        engine, arrivals = self.engine, self.engine.arrivals
+        cut_s = min((b for b in engine.row_breaks_s if b > start_s), default=math.inf)
+        if arrivals.pending():
+            t = arrivals.next_time_s()
+            if t < cut_s and self.scheduler.admits_arrival(arrivals.next_index):
+                cut_s = t
+        return cut_s
 
     def _advance(self, n: int, newcomers: list[int], start_s: float, head_end_s: float) -> bool:
         """`n` iterations ended at the engine's now; True if they ended in completions."""
@@ -145,14 +189,12 @@ class OrcaFastLoop:
                 return
             g, size, start_s = self.iterations, len(self.base), engine.now_s
             num_steps = min(self.finish_at) - g
-            ends_s = np.empty(num_steps + 1)
-            ends_s[0] = start_s
-            ends_s[1:] = self.cost.decode_steps_s(np.array(self.base, dtype=np.int64) + g, num_steps)
-            ends_s = np.add.accumulate(ends_s)[1:]
-            n = engine._jump_length(start_s, ends_s)
-            yield from engine._sleep_until(float(ends_s[n - 1]))
+            context_total = self.base_total + size * g
+            ends_s = self._ends_s(start_s, [], size, context_total, num_steps, 0)
+            n = len(ends_s)
+            yield from engine._sleep_until(ends_s[-1])
             # Nobody waits at the start; arrivals inside are queued after the jump.
-            self.recorder.run_row(start_s, ends_s[:n], size, self.base_total + size * g,
+            self.recorder.run_row(start_s, ends_s, size, context_total,
                                   scheduler.reserved_tokens, engine._late_waiting(ends_s, n))
             self.iterations = g + n
             if n < num_steps:
