@@ -30,6 +30,7 @@ time order, keeps fast mode exact without changing the loop.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from typing import Literal
 import numpy as np
 import simpy
 
+from orcasim import orca_fast
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
@@ -98,7 +100,7 @@ class Engine:
 
     def __init__(
         self, requests: Requests, scheduler: Scheduler, cost: CostModel,
-        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (),
+        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (), fused: bool = True,
     ) -> None:
         self.requests = requests
         self.scheduler = scheduler
@@ -109,9 +111,12 @@ class Engine:
         self.now_s = 0.0
         self.recorder = Recorder(len(requests))
         self.arrivals = ArrivalSource(requests.arrival_s)
+        # Fast mode on the plain Orca scheduler runs the fused loop (orcasim.orca_fast),
+        # which equals `_loop` bit for bit; `fused=False` keeps `_loop` (tests compare them).
+        self.fused = fused and mode == "fast" and orca_fast.applies(scheduler)
 
     def run(self) -> EngineRun:
-        self.env.process(self._loop())
+        self.env.process(orca_fast.OrcaFastLoop(self).loop() if self.fused else self._loop())
         self.env.run()
         return finished_run(self.recorder, self.now_s, self.scheduler)
 
@@ -209,8 +214,11 @@ class Engine:
         """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
         return self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
 
-    def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
-        """Iterations to run: up to the boundary at which something must be looked at."""
+    def _jump_length(self, start_s: float, ends_s: Sequence[float]) -> int:
+        """Iterations to run: up to the boundary at which something must be looked at.
+
+        `ends_s`: the boundaries, ascending (an array, or a list in the fused Orca loop).
+        """
         if len(ends_s) == 1:
             return 1
         last_inner_s = float(ends_s[-2])  # boundaries before the run's last end
@@ -225,9 +233,9 @@ class Engine:
         if cut_s == math.inf:
             return len(ends_s)
         # The first boundary at or after the cut: the reference loop looks again there.
-        return int(ends_s.searchsorted(cut_s, side="left")) + 1
+        return bisect.bisect_left(ends_s, cut_s) + 1
 
-    def _late_waiting(self, ends_s: np.ndarray, n: int) -> int:
+    def _late_waiting(self, ends_s: Sequence[float], n: int) -> int:
         """Waiting-count summed over a jump's later iterations, for arrivals inside it.
 
         Such arrivals were not admissible; the reference loop would have queued each at

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +29,16 @@ class Batch:
     _query_total: int | None = field(default=None, init=False, repr=False, compare=False)
     _context_total: int | None = field(default=None, init=False, repr=False, compare=False)
 
+    @classmethod
+    def with_totals(
+        cls, query_tokens: np.ndarray, context_tokens: np.ndarray, query_total: int,
+        context_total: int,
+    ) -> Batch:
+        """A batch whose totals the caller already knows (they must be the arrays' sums)."""
+        batch = cls(query_tokens, context_tokens)
+        batch._query_total, batch._context_total = query_total, context_total
+        return batch
+
     @property
     def size(self) -> int:
         return len(self.query_tokens)
@@ -44,6 +55,18 @@ class Batch:
         if self._context_total is None:
             self._context_total = sum(self.context_tokens.tolist())
         return self._context_total
+
+
+class DecodeLine(NamedTuple):
+    """Decode step k lasts `intercept_s + (x0 + dx * k) * slope_s`, evaluated on Python
+    numbers in that order: the same IEEE operations, so the same bits, as the model's
+    `decode_steps_s`. (x0 + dx * k is a whole number, exact as a float below 2**53.)
+    """
+
+    intercept_s: float
+    x0: int
+    dx: int
+    slope_s: float
 
 
 class CostModel(ABC):
@@ -64,6 +87,16 @@ class CostModel(ABC):
         return np.array(
             [self.iteration_time_s(Batch(ones, context_tokens + j)) for j in range(num_steps)]
         )
+
+    def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
+        """`decode_steps_s` as a line, for `size` requests holding `context_total` context
+        tokens at the first step; None (the default) where the durations depend on each
+        request's own context. See `DecodeLine`.
+
+        The fused Orca loop (orcasim.orca_fast) asks this first: it knows the totals
+        without building the per-request array, and prices only the steps it needs.
+        """
+        return None
 
     def out_of_range_count(self) -> int:
         """How many evaluations fell outside the model's measured or fitted range."""
