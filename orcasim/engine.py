@@ -246,7 +246,9 @@ class Engine:
             return 0
         inner_ends_s = ends_s[: n - 1]
         first, stop = self.arrivals.next_index, self.arrivals.count_until(float(ends_s[n - 2]))
-        boundary = np.searchsorted(inner_ends_s, self.arrivals.arrival_s[first:stop], side="left")
+        # One that can never fit is turned away when queued: it never waits.
+        queued = [i for i in range(first, stop) if not self.scheduler.never_fits(i)]
+        boundary = np.searchsorted(inner_ends_s, self.arrivals.arrival_s[queued], side="left")
         return int((n - 1 - boundary).sum())
 
     def _idle_until(self, wake_at_s: float | None) -> float | None:

@@ -159,6 +159,35 @@ def test_blocked_arrivals_do_not_cut_a_jump() -> None:
     assert iters["num_waiting"].tolist() == [9, 2, 0]
 
 
+def test_a_rejected_arrival_inside_a_jump_never_waits() -> None:
+    # Request 1 queues behind request 0 (batch size 1) without cutting its run; request 2
+    # arrives in the same run but can never fit, so it is turned away, not counted waiting.
+    case = _case([0.0, 2.5, 3.5], [5, 5, 5], [10, 2, 2], ORCA.model_copy(update={"max_batch_size": 1}))
+    case["requests"].max_tokens[2] = 2 * case["kv_capacity_tokens"]
+    iters = assert_same_run(case)
+    assert iters["num_waiting"].tolist() == [7, 0]  # request 1 waits in iterations 4-10
+
+
+PAGED = PagedConfig(kind="paged", block_size_tokens=4)
+
+
+def test_paged_rows_break_at_block_boundaries() -> None:
+    # Prompt 5 takes 2 blocks of 4; then the context crosses a multiple of 4 every 4 steps,
+    # and each new block (kv_reserved up by 4) starts a row: a run needs no schedule call.
+    iters = assert_same_run(_case([0.0], [5], [20], PAGED))
+    assert iters["num_iterations"].tolist() == [4, 4, 4, 4, 4]
+    assert iters["kv_reserved_tokens"].tolist() == [8, 12, 16, 20, 24]
+
+
+@pytest.mark.parametrize("scheduler", [PagedConfig(kind="paged"),
+                                       ChunkedConfig(kind="chunked", chunk_size_tokens=32)])
+def test_fast_mode_jumps_over_paged_decodes(scheduler: PagedConfig | ChunkedConfig) -> None:
+    # Same-length prompts cross block boundaries together: long runs of pure decodes.
+    case = _case([0.0, 0.0, 0.0, 0.5], [16, 16, 16, 48], [90, 70, 80, 60], scheduler)
+    iters = assert_same_run(case)
+    assert len(iters) < iters["num_iterations"].sum() / 3
+
+
 class _NoHooks(IterationLevelScheduler):
     """A scheduler that changes update_from_output and so must opt out of the hooks."""
 
