@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from orcasim.memory import blocks_for
 from orcasim.requests import Requests
 from orcasim.schedulers.base import Scheduler, SchedulerOutput
 
@@ -99,6 +100,11 @@ def check_paged_step(sched, out: SchedulerOutput) -> None:
     for req, new in zip(ids, out.num_new_tokens.tolist(), strict=True):
         holds = alloc.num_blocks_of(req) * alloc.block_size_tokens
         assert holds >= sched.computed[req] + new, f"request {req} computes into KV it lacks"
+    # Exactly the blocks its tokens need, no spare (the fast-forward hooks rely on it).
+    planned = dict(zip(ids, out.num_new_tokens.tolist(), strict=True))
+    for req in sched.running:
+        tokens = int(sched.computed[req]) + planned.get(req, 0)
+        assert alloc.num_blocks_of(req) == blocks_for(tokens, alloc.block_size_tokens)
 
 
 def assert_paged_end_state(sched, reqs: Requests, trace: Trace) -> None:
