@@ -13,9 +13,10 @@ from orcasim.engine import Engine
 from orcasim.metrics import requests_frame
 from orcasim.requests import ClientLoop, Requests
 from orcasim.run import make_requests, run_scenario
+from orcasim.scenario import load_scenario
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.paged import PagedConfig
-from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
+from orcasim.workload.closed_loop import ClosedLoopArrival, ConstantThink, ExponentialThink
 from tests.conftest import make_scenario
 
 SAMPLES = 200_000
@@ -180,3 +181,17 @@ def test_pipelined_orca_runs_a_closed_loop() -> None:
     piped = piped_run.requests
     np.testing.assert_allclose(piped["e2e_s"], lone_service_s(), rtol=EXACT_RTOL)
     np.testing.assert_allclose(piped["arrival_s"], plain["arrival_s"], rtol=EXACT_RTOL)
+
+
+def test_shipped_scenario_serves_orcas_clients_faster() -> None:
+    scenario = load_scenario("scenarios/closed_loop.yaml")
+    assert isinstance(scenario.workload.arrival, ClosedLoopArrival)
+    clients = make_requests(scenario).clients
+    assert clients is not None
+    runs = run_scenario(scenario).systems
+    for name, system in runs.items():
+        n = response_time_law_clients(system.requests, clients.think_s, scenario.warmup_s)
+        assert abs(n - clients.num_clients) / clients.num_clients < RESPONSE_TIME_LAW_REL_TOL, name
+    orca, static = runs["orca"].summary, runs["request-level"].summary
+    assert orca["throughput_rps"] > static["throughput_rps"]
+    assert orca["e2e_s_p50"] < static["e2e_s_p50"]
