@@ -15,6 +15,7 @@ so the order in which completions are reported cannot change the run.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -60,9 +61,9 @@ class ClosedLoopSource(ArrivalSource):
     def count_until(self, time_s: float) -> int:
         return self.next_index + len(self.times_until(time_s))
 
-    def on_finished(self, req_ids: np.ndarray, time_s: float) -> None:
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Each request done at `time_s` frees its client, who sends again after thinking."""
-        for req_id in req_ids.tolist():
+        for req_id in req_ids:
             heapq.heappush(self._send_s, time_s + self._think_s[req_id])
 
 

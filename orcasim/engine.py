@@ -32,13 +32,14 @@ which keeps fast mode exact without changing the loop.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import simpy
 
+from orcasim import orca_fast
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
@@ -101,7 +102,7 @@ class ArrivalSource:
         """Times of the pending arrivals at or before `time_s`, in order (float64)."""
         return self.arrival_s[self.next_index : self.count_until(time_s)]
 
-    def on_finished(self, req_ids: np.ndarray, time_s: float) -> None:
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
 
 
@@ -123,7 +124,7 @@ class Engine:
 
     def __init__(
         self, requests: Requests, scheduler: Scheduler, cost: CostModel,
-        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (),
+        mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (), fused: bool = True,
         arrivals: ArrivalSource | None = None,
     ) -> None:
         """`arrivals` defaults to replaying `requests.arrival_s` (open loop)."""
@@ -137,9 +138,12 @@ class Engine:
         self.recorder = Recorder(len(requests))
         assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
         self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
+        # Fast mode on the plain Orca scheduler runs the fused loop (orcasim.orca_fast),
+        # which equals `_loop` bit for bit; `fused=False` keeps `_loop` (tests compare them).
+        self.fused = fused and mode == "fast" and orca_fast.applies(scheduler)
 
     def run(self) -> EngineRun:
-        self.env.process(self._loop())
+        self.env.process(orca_fast.OrcaFastLoop(self).loop() if self.fused else self._loop())
         self.env.run()
         return finished_run(self.recorder, self.now_s, self.scheduler)
 

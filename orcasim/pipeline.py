@@ -45,7 +45,7 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
     def schedule(self, now_s: float) -> SchedulerOutput:
         chosen = [r for r in self.running if not self.in_flight[r]][: self.max_batch_size]
         while len(chosen) < self.max_batch_size:
-            head = self._admit_head()
+            head = self.admit_head()
             if head is None:
                 break
             chosen.append(head)

@@ -50,7 +50,8 @@ class Recorder:
         self._pending: list[tuple[float, ...]] = []
         self._blocks: list[np.ndarray] = []  # float64 (ROW_CHUNK, columns) each
 
-    def _append(self, *row: float) -> None:
+    def append_row(self, *row: float) -> None:
+        """One row of ITERATION_COLUMNS values, in that order."""
         self._pending.append(row)
         if len(self._pending) >= ROW_CHUNK:
             self._pack()
@@ -68,7 +69,7 @@ class Recorder:
         assert num_iterations == 1, "a multi-iteration row is record_jump's"
         batch = plan.batch
         used = math.nan if plan.kv_used_tokens is None else float(plan.kv_used_tokens)
-        self._append(
+        self.append_row(
             start_s, duration_s, 1, len(plan.req_ids), batch.total_query_tokens,
             batch.total_context_tokens, plan.kv_reserved_tokens, num_waiting, used,
             plan.preemptions, plan.recomputed_tokens,
@@ -79,34 +80,57 @@ class Recorder:
         num_waiting_sum: int,
     ) -> None:
         """`plan`'s iteration, ending at ends_s[0], then a step of `run` per later end."""
+        batch = plan.batch
+        self.jump_row(
+            start_s, ends_s, len(plan.req_ids), batch.total_query_tokens,
+            batch.total_context_tokens, plan.kv_used_tokens, run.size, run.total_context_tokens,
+            plan.kv_reserved_tokens, num_waiting_sum, plan.preemptions, plan.recomputed_tokens,
+        )
+
+    def jump_row(
+        self, start_s: float, ends_s: np.ndarray, size: int, query_total: int,
+        context_total: int, kv_used_tokens: int | None, run_size: int, run_context_total: int,
+        kv_reserved_tokens: int, num_waiting_sum: int, preemptions: int = 0,
+        recomputed_tokens: int = 0,
+    ) -> None:
+        """`record_jump` from plain numbers: a plan of `size` requests, then its decode run.
+
+        The run decodes `run_size` requests (a static batch may price more than make
+        progress) from `run_context_total` context tokens at its first step; a step holds
+        its context's KV, as the plan holds `kv_used_tokens`.
+        """
         n, end_s = len(ends_s), float(ends_s[-1])
-        steps, batch = n - 1, plan.batch
-        used, run_context = math.nan, run.total_context_tokens
-        if plan.kv_used_tokens is not None and n > 1:  # a decode step holds its context's KV
+        steps, used = n - 1, math.nan
+        if kv_used_tokens is not None and n > 1:
             head_end_s = float(ends_s[0])
-            run_used_s = _used_s(run_context, run.size, head_end_s, ends_s[1:])
-            used_s = plan.kv_used_tokens * (head_end_s - start_s) + run_used_s
+            run_used_s = _used_s(run_context_total, run_size, head_end_s, ends_s[1:])
+            used_s = kv_used_tokens * (head_end_s - start_s) + run_used_s
             used = used_s / (end_s - start_s)
-        elif plan.kv_used_tokens is not None:
-            used = float(plan.kv_used_tokens)
-        self._append(
-            start_s, end_s - start_s, n, len(plan.req_ids),
-            batch.total_query_tokens + steps * run.size,
-            batch.total_context_tokens + _run_context(run_context, run.size, steps),
-            plan.kv_reserved_tokens, num_waiting_sum, used, plan.preemptions,
-            plan.recomputed_tokens,
+        elif kv_used_tokens is not None:
+            used = float(kv_used_tokens)
+        self.append_row(
+            start_s, end_s - start_s, n, size, query_total + steps * run_size,
+            context_total + _run_context(run_context_total, run_size, steps),
+            kv_reserved_tokens, num_waiting_sum, used, preemptions, recomputed_tokens,
         )
 
     def record_run(
         self, start_s: float, ends_s: np.ndarray, run: ContinuedRun, num_waiting_sum: int
     ) -> None:
         """A step of a continued run per end in `ends_s`, as one row."""
-        n, end_s, run_context = len(ends_s), float(ends_s[-1]), run.total_context_tokens
-        used_s = _used_s(run_context, run.size, start_s, ends_s)
-        self._append(
-            start_s, end_s - start_s, n, len(run.req_ids), n * run.size,
-            _run_context(run_context, run.size, n),
-            run.kv_reserved_tokens, num_waiting_sum, used_s / (end_s - start_s), 0, 0,
+        self.run_row(start_s, ends_s, len(run.req_ids), run.total_context_tokens,
+                     run.kv_reserved_tokens, num_waiting_sum)
+
+    def run_row(
+        self, start_s: float, ends_s: np.ndarray, size: int, context_total: int,
+        kv_reserved_tokens: int, num_waiting_sum: int,
+    ) -> None:
+        """`record_run` from plain numbers: `size` requests decoding from `context_total`."""
+        n, end_s = len(ends_s), float(ends_s[-1])
+        used_s = _used_s(context_total, size, start_s, ends_s)
+        self.append_row(
+            start_s, end_s - start_s, n, size, n * size, _run_context(context_total, size, n),
+            kv_reserved_tokens, num_waiting_sum, used_s / (end_s - start_s), 0, 0,
         )
 
     def record_progress(

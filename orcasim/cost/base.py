@@ -28,6 +28,16 @@ class Batch:
     _query_total: int | None = field(default=None, init=False, repr=False, compare=False)
     _context_total: int | None = field(default=None, init=False, repr=False, compare=False)
 
+    @classmethod
+    def with_totals(
+        cls, query_tokens: np.ndarray, context_tokens: np.ndarray, query_total: int,
+        context_total: int,
+    ) -> Batch:
+        """A batch whose totals the caller already knows (they must be the arrays' sums)."""
+        batch = cls(query_tokens, context_tokens)
+        batch._query_total, batch._context_total = query_total, context_total
+        return batch
+
     @property
     def size(self) -> int:
         return len(self.query_tokens)

@@ -45,7 +45,8 @@ class IterationLevelScheduler(Scheduler):
         self.max_batch_size = cfg.max_batch_size
         self.running: list[int] = []  # admitted, in admission (= arrival) order
         self.reserved_tokens = 0
-        self._reservation = reservation_tokens(requests, cfg.kv_reservation)
+        # KV tokens each request reserves while admitted (int64, by id)
+        self.reservation_tokens = reservation_tokens(requests, cfg.kv_reservation)
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._admit()
@@ -62,15 +63,15 @@ class IterationLevelScheduler(Scheduler):
 
     def _admit(self) -> None:
         while len(self.running) < self.max_batch_size:
-            if self._admit_head() is None:
+            if self.admit_head() is None:
                 return
 
-    def _admit_head(self) -> int | None:
+    def admit_head(self) -> int | None:
         """Admit the head of the queue if its reservation fits; its id, or None."""
         head = self._peek_waiting()
         if head is None:
             return None
-        need = int(self._reservation[head])
+        need = int(self.reservation_tokens[head])
         if self.reserved_tokens + need > self.kv_capacity_tokens:
             return None  # FCFS: never skip ahead of a request that does not fit
         self._pop_waiting()
@@ -90,12 +91,12 @@ class IterationLevelScheduler(Scheduler):
         return StepResult(first, done)
 
     def _release(self, done: np.ndarray) -> None:
-        self.reserved_tokens -= sum(self._reservation[done].tolist())  # cheaper than .sum()
+        self.reserved_tokens -= sum(self.reservation_tokens[done].tolist())  # cheaper than .sum()
         for req_id in done.tolist():  # list.remove runs in C: cheaper than rebuilding
             self.running.remove(req_id)
 
     def never_fits(self, req_id: int) -> bool:
-        return bool(self._reservation[req_id] > self.kv_capacity_tokens)
+        return bool(self.reservation_tokens[req_id] > self.kv_capacity_tokens)
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
@@ -123,7 +124,7 @@ class IterationLevelScheduler(Scheduler):
         # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too. A
         # request larger than the whole cache may be turned away instead of queued, and
         # then a later one could join: say yes (always safe) rather than reason about it.
-        need = int(self._reservation[req_id])
+        need = int(self.reservation_tokens[req_id])
         if need > self.kv_capacity_tokens:
             return True
         return (
