@@ -31,6 +31,7 @@ which keeps fast mode exact without changing the loop.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -243,8 +244,11 @@ class Engine:
         """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
         return self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
 
-    def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
-        """Iterations to run: up to the boundary at which something must be looked at."""
+    def _jump_length(self, start_s: float, ends_s: Sequence[float]) -> int:
+        """Iterations to run: up to the boundary at which something must be looked at.
+
+        `ends_s`: the boundaries, ascending (an array, or a list in the fused Orca loop).
+        """
         if len(ends_s) == 1:
             return 1
         last_inner_s = float(ends_s[-2])  # boundaries before the run's last end
@@ -259,9 +263,9 @@ class Engine:
         if cut_s == math.inf:
             return len(ends_s)
         # The first boundary at or after the cut: the reference loop looks again there.
-        return int(ends_s.searchsorted(cut_s, side="left")) + 1
+        return bisect.bisect_left(ends_s, cut_s) + 1
 
-    def _late_waiting(self, ends_s: np.ndarray, n: int) -> int:
+    def _late_waiting(self, ends_s: Sequence[float], n: int) -> int:
         """Waiting-count summed over a jump's later iterations, for arrivals inside it.
 
         Such arrivals were not admissible; the reference loop would have queued each at

@@ -15,6 +15,7 @@ summary (iteration-weighted or time-weighted mean) is the same in both modes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -88,7 +89,7 @@ class Recorder:
         )
 
     def jump_row(
-        self, start_s: float, ends_s: np.ndarray, size: int, query_total: int,
+        self, start_s: float, ends_s: Sequence[float], size: int, query_total: int,
         context_total: int, kv_used_tokens: int | None, run_size: int, run_context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int, preemptions: int = 0,
         recomputed_tokens: int = 0,
@@ -122,7 +123,7 @@ class Recorder:
                      run.kv_reserved_tokens, num_waiting_sum)
 
     def run_row(
-        self, start_s: float, ends_s: np.ndarray, size: int, context_total: int,
+        self, start_s: float, ends_s: Sequence[float], size: int, context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int,
     ) -> None:
         """`record_run` from plain numbers: `size` requests decoding from `context_total`."""
@@ -168,18 +169,23 @@ class Recorder:
             columns[name] = values
         return pd.DataFrame(columns, copy=False)
 
-def _used_s(context_total: int, size: int, start_s: float, ends_s: np.ndarray) -> float:
+def _used_s(context_total: int, size: int, start_s: float, ends_s: Sequence[float]) -> float:
     """KV-token-seconds in use over a run's steps, from start_s to each end in ends_s.
 
     The run has `size` requests and `context_total` context tokens at its first step.
     Step j holds context_tokens + j, so the integral is sum_j (C + B j) d_j with d_j the
     step's duration; by parts, sum_j j d_j = (n - 1) t_(n-1) - sum_(j < n-1) t_j, with
-    times t taken from start_s (small numbers, so no cancellation).
+    times t taken from start_s (small numbers, so no cancellation). Python floats, summed
+    in order: the same bits whether the ends come as a list or an array.
     """
-    rel_s = ends_s - start_s
-    n, total_s = len(rel_s), float(rel_s[-1])
-    ramp_s = (n - 1) * total_s - float(np.add.reduce(rel_s[:-1]))  # .sum() minus a wrapper
+    rel_s = [end_s - start_s for end_s in _floats(ends_s)]
+    n, total_s = len(rel_s), rel_s[-1]
+    ramp_s = (n - 1) * total_s - sum(rel_s[:-1])
     return context_total * total_s + size * ramp_s
+
+
+def _floats(values: Sequence[float]) -> list[float]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def _run_context(context_total: int, size: int, steps: int) -> int:

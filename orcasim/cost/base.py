@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,6 +57,18 @@ class Batch:
         return self._context_total
 
 
+class DecodeLine(NamedTuple):
+    """Decode step k lasts `intercept_s + (x0 + dx * k) * slope_s`, evaluated on Python
+    numbers in that order: the same IEEE operations, so the same bits, as the model's
+    `decode_steps_s`. (x0 + dx * k is a whole number, exact as a float below 2**53.)
+    """
+
+    intercept_s: float
+    x0: int
+    dx: int
+    slope_s: float
+
+
 class CostModel(ABC):
     """Maps a batch to the wall time of one iteration, in seconds."""
 
@@ -74,6 +87,16 @@ class CostModel(ABC):
         return np.array(
             [self.iteration_time_s(Batch(ones, context_tokens + j)) for j in range(num_steps)]
         )
+
+    def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
+        """`decode_steps_s` as a line, for `size` requests holding `context_total` context
+        tokens at the first step; None (the default) where the durations depend on each
+        request's own context. See `DecodeLine`.
+
+        The fused Orca loop (orcasim.orca_fast) asks this first: it knows the totals
+        without building the per-request array, and prices only the steps it needs.
+        """
+        return None
 
     def out_of_range_count(self) -> int:
         """How many evaluations fell outside the model's measured or fitted range."""

@@ -8,7 +8,7 @@ import numpy as np
 from pydantic import NonNegativeFloat
 
 from orcasim.config import Strict
-from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.base import Batch, CostModel, DecodeLine
 
 
 class LinearCostConfig(Strict):
@@ -45,3 +45,10 @@ class LinearCost(CostModel):
         context *= self.per_context_token_s
         context += self.base_s + self.per_token_s * size
         return context
+
+    def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
+        if size == 0:
+            return None
+        # decode_steps_s: float(context_total + size * k) * per_context + (base + per_token * size)
+        fixed_s = self.base_s + self.per_token_s * size
+        return DecodeLine(fixed_s, context_total, size, self.per_context_token_s)

@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat
 
 from orcasim.config import Strict
-from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.base import Batch, CostModel, DecodeLine
 from orcasim.cost.catalog import Deployment
 from orcasim.cost.flops import (
     Op,
@@ -159,12 +159,27 @@ class Roofline(CostModel):
         size = len(context_tokens)
         if size == 0:
             return np.zeros(num_steps)
-        fixed_s, layers = self._fixed_one_s(size, size), self.model.num_layers
-        line = self._attention.decode_line_s(context_tokens)
-        if line is not None:  # fold the step's affine cost into one multiply-add
+        line = self._decode_line_s(size, sum(context_tokens.tolist()))
+        if line is not None:  # the step's affine cost as one multiply-add
             first_s, slope_s = line
-            return (fixed_s + layers * first_s) + (layers * slope_s) * np.arange(num_steps)
+            return first_s + slope_s * np.arange(num_steps)
+        fixed_s, layers = self._fixed_one_s(size, size), self.model.num_layers
         return fixed_s + layers * self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
+
+    def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
+        line = self._decode_line_s(size, context_total) if size else None
+        if line is None:
+            return None
+        first_s, slope_s = line  # decode_steps_s: first_s + slope_s * k
+        return DecodeLine(first_s, 0, 1, slope_s)
+
+    def _decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
+        """Decode step k costs first + slope * k when every attention op is memory-bound."""
+        line = self._attention.decode_line_s(size, context_total)
+        if line is None:
+            return None
+        fixed_s, layers = self._fixed_one_s(size, size), self.model.num_layers
+        return fixed_s + layers * line[0], layers * line[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,12 +240,14 @@ class _AttentionTerms:
         # np.add.reduce is what ndarray.sum runs (same pairwise order), minus a wrapper.
         return float(np.add.reduce(np.maximum(compute_s, memory_s))) + self.kernel_overhead_s
 
-    def decode_line_s(self, context_tokens: np.ndarray) -> tuple[float, float] | None:
-        """Decode steps' per-layer attention as first + slope * k, when all are memory-bound."""
+    def decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
+        """Decode steps' per-layer attention as first + slope * k, when all are memory-bound.
+
+        `size` requests holding `context_total` context tokens at step 0.
+        """
         if self.ridge_tokens != np.inf:
             return None
-        size = len(context_tokens)
-        first_bytes = sum(context_tokens.tolist()) * self.kv_bytes + size * self.query_bytes
+        first_bytes = context_total * self.kv_bytes + size * self.query_bytes
         first_s = first_bytes / self.bytes_per_s + self.kernel_overhead_s
         return first_s, size * self.kv_bytes / self.bytes_per_s
 
