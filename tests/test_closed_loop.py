@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -195,3 +197,12 @@ def test_shipped_scenario_serves_orcas_clients_faster() -> None:
     orca, static = runs["orca"].summary, runs["request-level"].summary
     assert orca["throughput_rps"] > static["throughput_rps"]
     assert orca["e2e_s_p50"] < static["e2e_s_p50"]
+
+
+def test_replaying_a_closed_loop_on_a_real_server_is_refused() -> None:
+    pytest.importorskip("torch")
+    from calibrate.replay import replay  # the real server replays fixed arrival times
+
+    scenario = load_scenario("scenarios/closed_loop.yaml")
+    with pytest.raises(ValueError, match=r"^workload.arrival.kind = closed_loop: replay expects"):
+        replay(None, scenario, Path("scenarios"))  # type: ignore[arg-type]
