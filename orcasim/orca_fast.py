@@ -13,10 +13,11 @@ reaches g0 + output_tokens. One counter moves every member at once: a jump costs
 per-request update. The scheduler's `computed`/`generated` arrays are written when the
 loop ends.
 
-Exactness: the cost model sees the same arrays (values, dtypes, order) as in the generic
-loop, times are accumulated by the same additions, and rows come from the recorder's same
-formulas, so this loop reproduces the generic one bit for bit (tests/test_orca_fast.py),
-and with it reference mode.
+Exactness: the cost model prices the same batches as in the generic loop (given as lists,
+`CostModel.iteration_time_lists_s` and `decode_line`, which promise the same bits as
+`iteration_time_s` and `decode_steps_s`), times are accumulated by the same additions, and
+rows come from the recorder's same formulas, so this loop reproduces the generic one bit
+for bit (tests/test_orca_fast.py), and with it reference mode.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
-from orcasim.cost.base import Batch
 from orcasim.schedulers.iteration_level import IterationLevelScheduler
 
 if TYPE_CHECKING:
@@ -117,10 +117,9 @@ class OrcaFastLoop:
         prompts = [self.prompt_tokens.item(r) for r in newcomers]
         query_total = size - len(newcomers) + sum(prompts)
         context_total = self.base_total + size * g
-        context = np.array(self.base, dtype=np.int64) + g
-        batch = Batch.with_totals(np.array([1] * (size - len(newcomers)) + prompts, dtype=np.int64),
-                                  context, query_total, context_total)
-        plan_s = self.cost.iteration_time_s(batch)
+        plan_s = self.cost.iteration_time_lists_s([1] * (size - len(newcomers)) + prompts,
+                                                  [b + g for b in self.base], query_total,
+                                                  context_total)
         steps = min(self.finish_at) - g - 1  # pure-decode iterations before the first completion
         reserved, waiting = self.scheduler.reserved_tokens, self.scheduler.num_waiting
         if steps <= 0:  # one iteration, as reference mode runs it
