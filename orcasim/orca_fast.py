@@ -226,14 +226,16 @@ class OrcaFastLoop:
         g = self.iterations
         done_at = [i for i, at in enumerate(self.finish_at) if at == g]
         running, reservation = self.scheduler.running, self.scheduler.reservation_tokens
-        freed = 0
+        freed, done = 0, []
         for i in reversed(done_at):
             req = running.pop(i)
             self.base_total -= self.base.pop(i)
             del self.finish_at[i]
             freed += reservation.item(req)
             self.recorder.finish_s[req] = finish_s
+            done.append(req)
         self.scheduler.reserved_tokens -= freed
+        self.engine.arrivals.on_finished(done, finish_s)  # a closed loop's clients send again
 
     def _write_progress(self) -> None:
         """The scheduler's per-request progress, as the generic loop leaves it: all done."""
