@@ -208,6 +208,9 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
     """Serve twice for real, simulate once, and compare. With `load`, the arrival rate is first
     rescaled to that fraction of the capacity the fitted cost model predicts."""
     system = orca_system(scenario)
+    if scenario.workload.arrival.kind == "closed_loop":  # the real server replays fixed times
+        raise ValueError("workload.arrival.kind = closed_loop: replay expects poisson, gamma, "
+                         "constant or trace arrivals")
     one = scenario.model_copy(update={"systems": [system]})
     with data_dir(base_dir):
         requests = make_requests(one)

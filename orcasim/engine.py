@@ -22,17 +22,18 @@ durations; `np.add.accumulate` adds in the same order, so both modes see the sam
 SimPy sequences the events; its `env.now` can differ from `now_s` by an ulp, because
 `now + (t - now)` need not round to `t`.
 
-Arrivals come from `ArrivalSource`, which the loop polls. A jump's completions all fall
-on its last boundary, so a follow-up request made from one (a closed-loop workload)
-arrives at or after the next time the loop looks: a source that accepts such pushes, in
-time order, keeps fast mode exact without changing the loop.
+Arrivals come from `ArrivalSource`, which the loop polls, and which hears of every
+completion (`on_finished`). A jump's completions all fall on its last boundary, so a
+follow-up request made from one (a closed-loop workload, `orcasim.closed_loop`) arrives
+at or after the next time the loop looks: the source takes such pushes in time order,
+which keeps fast mode exact without changing the loop.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,7 +69,11 @@ def finished_run(recorder: Recorder, end_s: float, scheduler: Scheduler) -> Engi
 
 
 class ArrivalSource:
-    """The requests not yet given to the scheduler, in arrival (= id) order."""
+    """The requests not yet given to the scheduler, in arrival (= id) order.
+
+    An open-loop source replays fixed times. `on_finished` is how the engine reports
+    completions, for a source whose arrivals depend on them (`orcasim.closed_loop`).
+    """
 
     def __init__(self, arrival_s: np.ndarray) -> None:
         self.arrival_s = arrival_s
@@ -94,6 +99,26 @@ class ArrivalSource:
         """Index one past the last arrival at or before `time_s`."""
         return int(np.searchsorted(self.arrival_s, time_s, side="right"))
 
+    def times_until(self, time_s: float) -> np.ndarray:
+        """Times of the pending arrivals at or before `time_s`, in order (float64)."""
+        return self.arrival_s[self.next_index : self.count_until(time_s)]
+
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
+        """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
+
+
+def admit_arrivals(arrivals: ArrivalSource, scheduler: Scheduler, now_s: float) -> None:
+    """Give the scheduler every arrival by `now_s`; one it turns away is answered at once."""
+    taken = arrivals.take_until(now_s)
+    if not taken:
+        return
+    rejected = scheduler.rejected_ids
+    before = len(rejected)
+    for req_id in taken:
+        scheduler.add_request(req_id)
+    if len(rejected) > before:
+        arrivals.on_finished(np.array(rejected[before:], dtype=np.int64), now_s)
+
 
 class Engine:
     """Drives one scheduler over one request table with one cost model."""
@@ -101,7 +126,9 @@ class Engine:
     def __init__(
         self, requests: Requests, scheduler: Scheduler, cost: CostModel,
         mode: EngineMode = "fast", row_breaks_s: Sequence[float] = (), fused: bool = True,
+        arrivals: ArrivalSource | None = None,
     ) -> None:
+        """`arrivals` defaults to replaying `requests.arrival_s` (open loop)."""
         self.requests = requests
         self.scheduler = scheduler
         self.cost = cost
@@ -110,7 +137,8 @@ class Engine:
         self.env = simpy.Environment()
         self.now_s = 0.0
         self.recorder = Recorder(len(requests))
-        self.arrivals = ArrivalSource(requests.arrival_s)
+        assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
+        self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
         # Fast mode on the plain Orca scheduler runs the fused loop (orcasim.orca_fast),
         # which equals `_loop` bit for bit; `fused=False` keeps `_loop` (tests compare them).
         self.fused = fused and mode == "fast" and orca_fast.applies(scheduler)
@@ -121,8 +149,7 @@ class Engine:
         return finished_run(self.recorder, self.now_s, self.scheduler)
 
     def _admit_arrivals(self) -> None:
-        for req_id in self.arrivals.take_until(self.now_s):
-            self.scheduler.add_request(req_id)
+        admit_arrivals(self.arrivals, self.scheduler, self.now_s)
 
     def _sleep_until(self, target_s: float) -> Generator[simpy.Event, None, None]:
         """Move the clock to `target_s`, handing control to SimPy only when it must.
@@ -179,6 +206,7 @@ class Engine:
             result = self.scheduler.advance_run(run, n)
             self.recorder.record_run(start_s, ends_s[:n], run, waiting)
             self.recorder.record_result(result, self.now_s)
+            self.arrivals.on_finished(result.finished_ids, self.now_s)
             if n < len(ends_s):
                 return
 
@@ -186,6 +214,7 @@ class Engine:
         result = self.scheduler.update_from_output(plan)
         self.recorder.record_iteration(start_s, duration_s, 1, plan, self.scheduler.num_waiting)
         self.recorder.record_progress(plan.req_ids, start_s, result, self.now_s)
+        self.arrivals.on_finished(result.finished_ids, self.now_s)
 
     def _finish_jump(
         self, plan: SchedulerOutput, run: DecodeRun, start_s: float, ends_s: np.ndarray, n: int
@@ -197,6 +226,8 @@ class Engine:
         self.recorder.record_scheduled(plan.req_ids, start_s)
         self.recorder.record_result(first, float(ends_s[0]))
         self.recorder.record_result(last, self.now_s)
+        self.arrivals.on_finished(first.finished_ids, float(ends_s[0]))  # empty unless n == 1
+        self.arrivals.on_finished(last.finished_ids, self.now_s)
 
     def _run_ends(self, run: DecodeRun, plan: SchedulerOutput | None = None) -> np.ndarray:
         """End times of the plan's iteration (if any, index 0) and of each step of the run."""
@@ -228,12 +259,27 @@ class Engine:
                 cut_s = min(cut_s, b)
         if self.arrivals.pending():
             t, req_id = self.arrivals.next_time_s(), self.arrivals.next_index
-            if t <= last_inner_s and t < cut_s and self.scheduler.admits_arrival(req_id):
-                cut_s = t
+            if t <= last_inner_s and t < cut_s:
+                if self.scheduler.admits_arrival(req_id):
+                    cut_s = t
+                else:
+                    cut_s = min(cut_s, self._rejection_s(min(cut_s, last_inner_s)))
         if cut_s == math.inf:
             return len(ends_s)
         # The first boundary at or after the cut: the reference loop looks again there.
         return bisect.bisect_left(ends_s, cut_s) + 1
+
+    def _rejection_s(self, until_s: float) -> float:
+        """Time of the first pending arrival by `until_s` that will be turned away, or inf.
+
+        Turning a request away is visible (a closed loop's client sends again at once),
+        so a jump stops at the boundary where the reference loop would turn it away.
+        """
+        first = self.arrivals.next_index
+        for k, t in enumerate(self.arrivals.times_until(until_s).tolist()):
+            if self.scheduler.never_fits(first + k):
+                return t
+        return math.inf
 
     def _late_waiting(self, ends_s: Sequence[float], n: int) -> int:
         """Waiting-count summed over a jump's later iterations, for arrivals inside it.
@@ -245,10 +291,11 @@ class Engine:
         if n == 1 or not self.arrivals.pending() or self.arrivals.next_time_s() > ends_s[n - 2]:
             return 0
         inner_ends_s = ends_s[: n - 1]
-        first, stop = self.arrivals.next_index, self.arrivals.count_until(float(ends_s[n - 2]))
+        arrival_s = self.arrivals.times_until(float(ends_s[n - 2]))
         # One that can never fit is turned away when queued: it never waits.
-        queued = [i for i in range(first, stop) if not self.scheduler.never_fits(i)]
-        boundary = np.searchsorted(inner_ends_s, self.arrivals.arrival_s[queued], side="left")
+        first = self.arrivals.next_index
+        waits = [not self.scheduler.never_fits(i) for i in range(first, first + len(arrival_s))]
+        boundary = np.searchsorted(inner_ends_s, arrival_s[np.array(waits, dtype=bool)], side="left")
         return int((n - 1 - boundary).sum())
 
     def _idle_until(self, wake_at_s: float | None) -> float | None:

@@ -13,10 +13,11 @@ reaches g0 + output_tokens. One counter moves every member at once: a jump costs
 per-request update. The scheduler's `computed`/`generated` arrays are written when the
 loop ends.
 
-Exactness: the cost model sees the same arrays (values, dtypes, order) as in the generic
-loop, times are accumulated by the same additions, and rows come from the recorder's same
-formulas, so this loop reproduces the generic one bit for bit (tests/test_orca_fast.py),
-and with it reference mode.
+Exactness: the cost model prices the same batches as in the generic loop (given as lists,
+`CostModel.iteration_time_lists_s` and `decode_line`, which promise the same bits as
+`iteration_time_s` and `decode_steps_s`), times are accumulated by the same additions, and
+rows come from the recorder's same formulas, so this loop reproduces the generic one bit
+for bit (tests/test_orca_fast.py), and with it reference mode.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
-from orcasim.cost.base import Batch
 from orcasim.schedulers.iteration_level import IterationLevelScheduler
 
 if TYPE_CHECKING:
@@ -57,10 +57,16 @@ class OrcaFastLoop:
         self.base: list[int] = []  # prompt - first iteration: known tokens are base + iterations
         self.finish_at: list[int] = []  # the iteration count at which each finishes
         self.base_total = 0
+        self.breaks_s = sorted(engine.row_breaks_s, reverse=True)  # the next is last
 
     def loop(self) -> Events:
-        """The engine's `_loop` for fast mode, specialised (same steps, same order)."""
-        engine, running = self.engine, self.scheduler.running
+        """The engine's `_loop` for fast mode, specialised (same steps, same order).
+
+        Each jump is priced, recorded and applied at its start (nothing else acts on this
+        scheduler in between), then the clock moves to its end: SimPy is visited only if
+        another event is due by then, as in `Engine._sleep_until`.
+        """
+        engine, running, env = self.engine, self.scheduler.running, self.engine.env
         while True:
             engine._admit_arrivals()
             newcomers = self._admit()
@@ -70,16 +76,24 @@ class OrcaFastLoop:
                     break
                 yield from engine._sleep_until(wake_s)
                 continue
-            ended_in_completions = yield from self._plan_jump(newcomers)
-            if ended_in_completions:
-                yield from self._continue()
+            end_s, completions = self._plan_jump(newcomers, engine.now_s)
+            engine.now_s = end_s
+            if env.peek() <= end_s:
+                yield engine._sync_env()
+            while completions and self._may_continue():
+                end_s, completions = self._continue_jump(engine.now_s)
+                engine.now_s = end_s
+                if env.peek() <= end_s:
+                    yield engine._sync_env()
         self._write_progress()
         yield engine._sync_env()
 
     def _admit(self) -> list[int]:
         """Orca's admission step (the scheduler's own); the ids admitted, in order."""
         scheduler, g = self.scheduler, self.iterations
-        admitted = []
+        admitted: list[int] = []
+        if not scheduler.num_waiting:  # the usual case below saturation: nothing to try
+            return admitted
         while len(scheduler.running) < scheduler.max_batch_size:
             head = scheduler.admit_head()
             if head is None:
@@ -91,37 +105,36 @@ class OrcaFastLoop:
             self.base_total += prompt - g
         return admitted
 
-    def _plan_jump(self, newcomers: list[int]) -> Generator[simpy.Event, None, bool]:
+    def _plan_jump(self, newcomers: list[int], start_s: float) -> tuple[float, bool]:
         """The plan's iteration and the decode run after it (cut like the generic loop's).
 
-        Returns whether the run ended in completions. The plan is what `schedule` makes:
-        every member in admission order; newcomers (the tail) run their whole prompt.
+        Returns the jump's end and whether it ended in completions (a single iteration
+        never counts: the generic loop looks again with `schedule` then). The plan is
+        what `schedule` makes: every member in admission order; newcomers (the tail) run
+        their whole prompt.
         """
-        engine, g, size = self.engine, self.iterations, len(self.base)
-        start_s = engine.now_s
+        g, size = self.iterations, len(self.base)
         prompts = [self.prompt_tokens.item(r) for r in newcomers]
         query_total = size - len(newcomers) + sum(prompts)
         context_total = self.base_total + size * g
-        context = np.array(self.base, dtype=np.int64) + g
-        batch = Batch.with_totals(np.array([1] * (size - len(newcomers)) + prompts, dtype=np.int64),
-                                  context, query_total, context_total)
-        plan_s = self.cost.iteration_time_s(batch)
+        plan_s = self.cost.iteration_time_lists_s([1] * (size - len(newcomers)) + prompts,
+                                                  [b + g for b in self.base], query_total,
+                                                  context_total)
         steps = min(self.finish_at) - g - 1  # pure-decode iterations before the first completion
         reserved, waiting = self.scheduler.reserved_tokens, self.scheduler.num_waiting
         if steps <= 0:  # one iteration, as reference mode runs it
-            yield from engine._sleep_until(start_s + plan_s)
+            end_s = start_s + plan_s
             self.recorder.append_row(start_s, plan_s, 1, size, query_total, context_total,
                                      reserved, waiting, float(context_total), 0, 0)
-            self._advance(1, newcomers, start_s, engine.now_s)
-            return False  # the generic loop looks again with `schedule`, not `_continue`
+            self._advance(1, newcomers, start_s, end_s, end_s)
+            return end_s, False
         ends_s = self._ends_s(start_s, [start_s + plan_s], size, context_total + size, steps, 1)
         n = len(ends_s)
-        yield from engine._sleep_until(ends_s[-1])
-        waiting_sum = waiting * n + engine._late_waiting(ends_s, n)
+        waiting_sum = waiting * n + self.engine._late_waiting(ends_s, n)
         self.recorder.jump_row(start_s, ends_s, size, query_total, context_total,
                                context_total, size, context_total + size, reserved,
                                waiting_sum)
-        return self._advance(n, newcomers, start_s, ends_s[0])
+        return ends_s[-1], self._advance(n, newcomers, start_s, ends_s[0], ends_s[-1])
 
     def _ends_s(
         self, start_s: float, ends_s: list[float], size: int, context_total: int,
@@ -161,16 +174,20 @@ class OrcaFastLoop:
         The first warm-up break after the start, or the next arrival if it could join.
         A cut past the run's last inner boundary leaves the run whole there too.
         """
-        engine, arrivals = self.engine, self.engine.arrivals
-        cut_s = min((b for b in engine.row_breaks_s if b > start_s), default=math.inf)
+        arrivals, breaks_s = self.engine.arrivals, self.breaks_s
+        while breaks_s and breaks_s[-1] <= start_s:  # time only moves on: drop passed ones
+            breaks_s.pop()
+        cut_s = breaks_s[-1] if breaks_s else math.inf
         if arrivals.pending():
             t = arrivals.next_time_s()
             if t < cut_s and self.scheduler.admits_arrival(arrivals.next_index):
                 cut_s = t
         return cut_s
 
-    def _advance(self, n: int, newcomers: list[int], start_s: float, head_end_s: float) -> bool:
-        """`n` iterations ended at the engine's now; True if they ended in completions."""
+    def _advance(
+        self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float
+    ) -> bool:
+        """`n` iterations from `start_s` to `end_s`; True if they ended in completions."""
         self.iterations += n
         recorder = self.recorder
         for req in newcomers:  # scheduled at the plan's start, first token at its end
@@ -178,42 +195,47 @@ class OrcaFastLoop:
             recorder.first_token_s[req] = head_end_s
         if min(self.finish_at) != self.iterations:
             return False
-        self._release()
+        self._release(end_s)
         return True
 
-    def _continue(self) -> Events:
-        """The generic loop's `_continue`: decode on after completions while nobody can join."""
-        engine, scheduler, arrivals = self.engine, self.scheduler, self.engine.arrivals
-        while not (arrivals.pending() and arrivals.next_time_s() <= engine.now_s):
-            if scheduler.num_waiting or not self.base:
-                return
-            g, size, start_s = self.iterations, len(self.base), engine.now_s
-            num_steps = min(self.finish_at) - g
-            context_total = self.base_total + size * g
-            ends_s = self._ends_s(start_s, [], size, context_total, num_steps, 0)
-            n = len(ends_s)
-            yield from engine._sleep_until(ends_s[-1])
-            # Nobody waits at the start; arrivals inside are queued after the jump.
-            self.recorder.run_row(start_s, ends_s, size, context_total,
-                                  scheduler.reserved_tokens, engine._late_waiting(ends_s, n))
-            self.iterations = g + n
-            if n < num_steps:
-                return
-            self._release()
+    def _may_continue(self) -> bool:
+        """The generic loop's `_continue` condition: nothing arrived, nobody waits."""
+        arrivals = self.engine.arrivals
+        if arrivals.pending() and arrivals.next_time_s() <= self.engine.now_s:
+            return False
+        return bool(self.base) and not self.scheduler.num_waiting
 
-    def _release(self) -> None:
-        """Members whose last token ended at the engine's now: finished, reservations freed."""
-        g, finish_s = self.iterations, self.engine.now_s
+    def _continue_jump(self, start_s: float) -> tuple[float, bool]:
+        """A decode run after completions (generic `_continue`'s step): end, completions."""
+        g, size = self.iterations, len(self.base)
+        num_steps = min(self.finish_at) - g
+        context_total = self.base_total + size * g
+        ends_s = self._ends_s(start_s, [], size, context_total, num_steps, 0)
+        n = len(ends_s)
+        # Nobody waits at the start; arrivals inside are queued after the jump.
+        self.recorder.run_row(start_s, ends_s, size, context_total,
+                              self.scheduler.reserved_tokens, self.engine._late_waiting(ends_s, n))
+        self.iterations = g + n
+        if n < num_steps:
+            return ends_s[-1], False
+        self._release(ends_s[-1])
+        return ends_s[-1], True
+
+    def _release(self, finish_s: float) -> None:
+        """Members whose last token ended at `finish_s`: finished, reservations freed."""
+        g = self.iterations
         done_at = [i for i, at in enumerate(self.finish_at) if at == g]
         running, reservation = self.scheduler.running, self.scheduler.reservation_tokens
-        freed = 0
+        freed, done = 0, []
         for i in reversed(done_at):
             req = running.pop(i)
             self.base_total -= self.base.pop(i)
             del self.finish_at[i]
             freed += reservation.item(req)
             self.recorder.finish_s[req] = finish_s
+            done.append(req)
         self.scheduler.reserved_tokens -= freed
+        self.engine.arrivals.on_finished(done, finish_s)  # a closed loop's clients send again
 
     def _write_progress(self) -> None:
         """The scheduler's per-request progress, as the generic loop leaves it: all done."""

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orcasim.closed_loop import arrival_source
 from orcasim.cost.base import Batch, CostModel
-from orcasim.engine import EngineRun, finished_run
+from orcasim.engine import ArrivalSource, EngineRun, admit_arrivals, finished_run
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
@@ -71,14 +72,16 @@ class PipelineEngine:
     """Event loop over arrivals and batch completions, with up to `num_stages` batches in flight."""
 
     def __init__(
-        self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel, num_stages: int
+        self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
+        num_stages: int, arrivals: ArrivalSource | None = None,
     ) -> None:
         self.requests, self.scheduler, self.cost = requests, scheduler, cost
         self.num_stages = num_stages
         self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
         self.recorder = Recorder(len(requests))
         self.in_flight: deque[_Flight] = deque()
-        self._next_arrival = 0
+        assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
+        self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
         self.now_s = 0.0
 
     def run(self) -> EngineRun:
@@ -95,8 +98,8 @@ class PipelineEngine:
                 break
             self.in_flight.append(self._launch(plan))
         done_s = self.in_flight[0].end_s if self.in_flight else np.inf
-        has_arrival = self._next_arrival < len(self.requests)
-        arrival_s = float(self.requests.arrival_s[self._next_arrival]) if has_arrival else np.inf
+        has_arrival = self.arrivals.pending()
+        arrival_s = self.arrivals.next_time_s() if has_arrival else np.inf
         if not self.in_flight and not has_arrival:
             assert not self.scheduler.has_unfinished(), "scheduler idle with unfinished requests"
             return False
@@ -105,7 +108,7 @@ class PipelineEngine:
             self._complete(self.in_flight.popleft())
         else:
             self.now_s = arrival_s
-            self._admit_arrivals(self._next_arrival)  # by index: exact even at equal times
+            self._admit_arrivals()
         return True
 
     def _launch(self, plan: SchedulerOutput) -> _Flight:
@@ -125,14 +128,10 @@ class PipelineEngine:
         duration_s = flight.end_s - flight.start_s
         self.recorder.record_iteration(flight.start_s, duration_s, 1, flight.plan, self.scheduler.num_waiting)
         self.recorder.record_progress(flight.plan.req_ids, flight.start_s, result, flight.end_s)
+        self.arrivals.on_finished(result.finished_ids, flight.end_s)
 
-    def _admit_arrivals(self, up_to_index: int = -1) -> None:
-        arrival_s, n = self.requests.arrival_s, len(self.requests)
-        i = self._next_arrival
-        while i < n and (i <= up_to_index or arrival_s[i] <= self.now_s):
-            self.scheduler.add_request(i)
-            i += 1
-        self._next_arrival = i
+    def _admit_arrivals(self) -> None:
+        admit_arrivals(self.arrivals, self.scheduler, self.now_s)
 
 
 def pipeline_engine(
@@ -144,4 +143,4 @@ def pipeline_engine(
         return None
     assert scenario.kv_capacity_tokens is not None
     scheduler = PipelinedIterationLevelScheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
-    return PipelineEngine(requests, scheduler, cost, stages)
+    return PipelineEngine(requests, scheduler, cost, stages, arrival_source(requests))

@@ -14,7 +14,9 @@ summary (iteration-weighted or time-weighted mean) is the same in both modes.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -178,14 +180,10 @@ def _used_s(context_total: int, size: int, start_s: float, ends_s: Sequence[floa
     times t taken from start_s (small numbers, so no cancellation). Python floats, summed
     in order: the same bits whether the ends come as a list or an array.
     """
-    rel_s = [end_s - start_s for end_s in _floats(ends_s)]
-    n, total_s = len(rel_s), rel_s[-1]
-    ramp_s = (n - 1) * total_s - sum(rel_s[:-1])
-    return context_total * total_s + size * ramp_s
-
-
-def _floats(values: Sequence[float]) -> list[float]:
-    return values.tolist() if isinstance(values, np.ndarray) else list(values)
+    ends = ends_s.tolist() if isinstance(ends_s, np.ndarray) else ends_s
+    n, total_s = len(ends), ends[-1] - start_s
+    inner_s = sum(map(operator.sub, ends[:-1], itertools.repeat(start_s)))  # in C, in order
+    return context_total * total_s + size * ((n - 1) * total_s - inner_s)
 
 
 def _run_context(context_total: int, size: int, steps: int) -> int:

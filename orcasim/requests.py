@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class ClientLoop:
+    """The clients of a closed-loop workload (see `orcasim.workload.closed_loop`).
+
+    All `num_clients` send a request at time 0; after request i finishes (or is turned
+    away), its client waits `think_s[i]` and sends the next.
+    """
+
+    num_clients: int
+    think_s: np.ndarray  # float64 (n,)
 
 
 @dataclass(frozen=True)
@@ -13,18 +26,26 @@ class Requests:
 
     Ids are positions in these arrays; arrivals are sorted, so id order is FCFS order.
     `max_tokens` is the per-request limit the server knows in advance (Orca reserves it).
+
+    With `clients` set (a closed-loop workload) arrival times depend on the system, so
+    `arrival_s` is NaN here; each run works on its own copy (`for_run`), whose arrival
+    times its arrival source writes as the k-th arrival, in time order, gets id k.
     """
 
     arrival_s: np.ndarray  # float64 (n,)
     prompt_tokens: np.ndarray  # int64 (n,)
     output_tokens: np.ndarray  # int64 (n,)
     max_tokens: np.ndarray  # int64 (n,)
+    clients: ClientLoop | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         for name in ("prompt_tokens", "output_tokens", "max_tokens"):
             assert len(getattr(self, name)) == n, f"{name} has a different length"
-        assert n == 0 or bool(np.all(np.diff(self.arrival_s) >= 0)), "arrivals must be sorted"
+        # NaN compares false: a closed-loop table's unknown arrivals pass.
+        assert not np.any(np.diff(self.arrival_s) < 0), "arrivals must be sorted"
+        if self.clients is not None:
+            assert len(self.clients.think_s) == n, "think_s has a different length"
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -32,3 +53,9 @@ class Requests:
     @property
     def total_tokens(self) -> np.ndarray:
         return self.prompt_tokens + self.output_tokens
+
+    def for_run(self) -> Requests:
+        """The table one system's run uses: this one, or for a closed loop a copy to fill."""
+        if self.clients is None:
+            return self
+        return dataclasses.replace(self, arrival_s=np.full(len(self), np.nan))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orcasim.closed_loop import arrival_source
 from orcasim.cost import build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
@@ -61,10 +62,11 @@ def make_requests(scenario: Scenario) -> Requests:
 def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
     assert scenario.kv_capacity_tokens is not None
     cost = build_cost_model(scenario.system_cost(system), scenario.deployment())
+    requests = requests.for_run()  # a closed loop's arrival times are this system's own
     # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
     engine = pipeline_engine(scenario, system, requests, cost) or Engine(
         requests, build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens), cost,
-        scenario.engine.mode, row_breaks_s=(scenario.warmup_s,),
+        scenario.engine.mode, row_breaks_s=(scenario.warmup_s,), arrivals=arrival_source(requests),
     )
     run = engine.run()
     rejected = run.rejected_ids

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orcasim.closed_loop import arrival_source
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
-from orcasim.requests import Requests
+from orcasim.requests import ClientLoop, Requests
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers import build_scheduler
@@ -25,7 +26,7 @@ from orcasim.schedulers.request_level import RequestLevelConfig
 # The issue's bar is 1e-9 relative; the linear model is in fact bit-exact.
 TIMESTAMP_RTOL = 1e-9
 SUMMARY_RTOL = 1e-9
-TIMESTAMPS = ("first_scheduled_s", "first_token_s", "finish_s")
+TIMESTAMPS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
 SUMMED_COLUMNS = ("num_iterations", "tokens", "context_tokens", "num_waiting", "preemptions",
                   "recomputed_tokens")
 KINDS = ("iteration_level", "request_level", "paged", "chunked")
@@ -61,9 +62,12 @@ def _paged(draw: st.DrawFn, kind: str, longest_tokens: int) -> PagedConfig | Chu
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict:
+def scenarios(
+    draw: st.DrawFn, closed_loop: bool = False, kinds: tuple[str, ...] = KINDS
+) -> dict:
     n = draw(st.integers(1, 40))
     gaps_s = draw(st.lists(st.floats(0.0, 0.3), min_size=n, max_size=n))
+    clients = draw(client_loops(n)) if closed_loop else None
     prompt = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     output = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     max_tokens = max(p + o for p, o in zip(prompt, output, strict=True)) + draw(st.integers(0, 30))
@@ -82,20 +86,33 @@ def scenarios(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict:
         per_token_s=draw(st.floats(0.0, 1e-3)), per_context_token_s=draw(st.floats(0.0, 1e-4)),
     )
     requests = Requests(
-        np.cumsum(gaps_s), np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
-        np.full(n, max_tokens, dtype=np.int64),
+        np.cumsum(gaps_s) if clients is None else np.full(n, np.nan),
+        np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
+        np.full(n, max_tokens, dtype=np.int64), clients,
     )
     warmup_s = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     return dict(requests=requests, scheduler=scheduler, cost=cost,
                 kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s)
 
 
+@st.composite
+def client_loops(draw: st.DrawFn, n: int) -> ClientLoop:
+    """Clients thinking 0 (ties with the completion), a constant, or a drawn time per request."""
+    think = draw(st.sampled_from(["zero", "constant", "drawn"]))
+    if think == "drawn":
+        think_s = np.array(draw(st.lists(st.floats(0.0, 0.5), min_size=n, max_size=n)))
+    else:
+        think_s = np.full(n, 0.0 if think == "zero" else draw(st.floats(0.0, 0.5)))
+    return ClientLoop(draw(st.integers(1, 8)), think_s)
+
+
 def simulate(case: dict, mode: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
-    scheduler = build_scheduler(case["scheduler"], case["requests"], case["kv_capacity_tokens"])
-    engine = Engine(case["requests"], scheduler, LinearCost(case["cost"]), mode,
-                    row_breaks_s=(case["warmup_s"],))
+    requests = case["requests"].for_run()  # a closed loop's own arrival times
+    scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
+    engine = Engine(requests, scheduler, LinearCost(case["cost"]), mode,
+                    row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(requests))
     rec = engine.run().recorder
-    reqs, iters = requests_frame(case["requests"], rec), rec.iterations_frame()
+    reqs, iters = requests_frame(requests, rec), rec.iterations_frame()
     return reqs, iters, summarize(reqs, iters, case["warmup_s"])
 
 
@@ -116,6 +133,13 @@ def assert_same_run(case: dict) -> pd.DataFrame:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_mode_matches_reference(case: dict) -> None:
+    assert_same_run(case)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(closed_loop=True))
+def test_fast_mode_matches_reference_in_a_closed_loop(case: dict) -> None:
+    # Follow-up requests are made from completions, so arrival times are outputs too.
     assert_same_run(case)
 
 
@@ -169,6 +193,23 @@ def test_a_rejected_arrival_inside_a_jump_never_waits() -> None:
 
 
 PAGED = PagedConfig(kind="paged", block_size_tokens=4)
+
+
+def test_a_rejection_inside_a_jump_cuts_it_in_a_closed_loop() -> None:
+    # Requests 1 and 2 finish at 2 s; their clients send 5 (fits, but the batch is full)
+    # at 2.3 s and 6 (never fits) at 2.6 s. Turning 6 away at 3 s makes its client send 7
+    # at 3 s: the jump over 0, 3 and 4's decodes must stop there, not reject 6 late.
+    prompt = [1, 1, 1, 1, 1, 1, 200, 1]
+    output = [10, 2, 2, 5, 5, 1, 1, 1]
+    think_s = np.array([0.0, 0.3, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0])
+    requests = Requests(np.full(8, np.nan), np.array(prompt), np.array(output),
+                        np.full(8, 300, dtype=np.int64), ClientLoop(5, think_s))
+    case = dict(requests=requests, scheduler=PagedConfig(kind="paged", max_num_seqs=3),
+                cost=LinearCostConfig(kind="linear", base_s=1.0), kv_capacity_tokens=160,
+                warmup_s=0.0)
+    assert_same_run(case)
+    reqs, _, _ = simulate(case, "fast")
+    assert reqs["arrival_s"].tolist()[5:] == [2.3, 2.6, 3.0]
 
 
 def test_paged_rows_break_at_block_boundaries() -> None:
@@ -240,13 +281,19 @@ def assert_same_scenario(runs: dict) -> None:
                                        err_msg=f"{name} {key}")
 
 
-def test_roofline_cost_matches_reference() -> None:
+CLOSED_LOOP = {"kind": "closed_loop", "num_clients": 12,
+               "think_time": {"kind": "exponential", "mean_s": 0.3}}
+
+
+@pytest.mark.parametrize("arrival", [{"kind": "poisson", "rate_per_s": 20.0}, CLOSED_LOOP],
+                         ids=["poisson", "closed_loop"])
+def test_roofline_cost_matches_reference(arrival: dict) -> None:
     # The vectorised decode_steps_s of the hardware-aware models must agree with
     # iteration_time_s step by step, so that fast mode stays exact with them too.
     data = {
         "name": "fast-vs-reference", "seed": 3, "model": "llama2-7b",
         "hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"},
-        "workload": {"num_requests": 300, "arrival": {"kind": "poisson", "rate_per_s": 20.0},
+        "workload": {"num_requests": 300, "arrival": arrival,
                      "prompt_tokens": {"kind": "uniform", "low": 1, "high": 400},
                      "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
                      "max_tokens": 600},

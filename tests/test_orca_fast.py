@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orcasim.closed_loop import arrival_source
 from orcasim.cost import build_cost_model
 from orcasim.cost.base import CostModel
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
-from orcasim.requests import Requests
+from orcasim.requests import ClientLoop, Requests
 from orcasim.run import make_requests
 from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.schedulers import build_scheduler
@@ -33,8 +34,10 @@ def run_both(requests: Requests, cfg: IterationLevelConfig, make_cost, kv_capaci
              row_breaks_s: tuple[float, ...] = ()) -> list[tuple[Engine, object]]:
     out = []
     for fused in (True, False):
-        scheduler = IterationLevelScheduler(cfg, requests, kv_capacity_tokens)
-        engine = Engine(requests, scheduler, make_cost(), "fast", row_breaks_s, fused=fused)
+        run_requests = requests.for_run()  # a closed loop's own arrival times
+        scheduler = IterationLevelScheduler(cfg, run_requests, kv_capacity_tokens)
+        engine = Engine(run_requests, scheduler, make_cost(), "fast", row_breaks_s, fused=fused,
+                        arrivals=arrival_source(run_requests))
         assert engine.fused is fused
         out.append((engine, engine.run()))
     return out
@@ -42,6 +45,7 @@ def run_both(requests: Requests, cfg: IterationLevelConfig, make_cost, kv_capaci
 
 def assert_identical(runs: list[tuple[Engine, object]]) -> None:
     (fused, fused_run), (generic, generic_run) = runs
+    assert np.array_equal(fused.requests.arrival_s, generic.requests.arrival_s)
     for col in TIMESTAMPS:
         a, b = getattr(fused_run.recorder, col), getattr(generic_run.recorder, col)
         assert np.array_equal(a, b, equal_nan=True), col
@@ -55,7 +59,7 @@ def assert_identical(runs: list[tuple[Engine, object]]) -> None:
 
 
 @st.composite
-def orca_cases(draw: st.DrawFn) -> dict:
+def orca_cases(draw: st.DrawFn, closed_loop: bool = False) -> dict:
     n = draw(st.integers(1, 50))
     gaps_s = draw(st.lists(st.sampled_from([0.0, 0.01, 0.05, 0.2, 0.7]) | st.floats(0.0, 0.5),
                            min_size=n, max_size=n))
@@ -63,8 +67,11 @@ def orca_cases(draw: st.DrawFn) -> dict:
     output = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     slack = draw(st.integers(0, 30))
     max_tokens = np.array(prompt) + np.array(output) + slack
-    requests = Requests(np.cumsum(gaps_s), np.array(prompt, dtype=np.int64),
-                        np.array(output, dtype=np.int64), max_tokens.astype(np.int64))
+    # A closed loop: clients send again after the gaps (think times), from completions.
+    clients = ClientLoop(draw(st.integers(1, 8)), np.array(gaps_s)) if closed_loop else None
+    requests = Requests(np.cumsum(gaps_s) if clients is None else np.full(n, np.nan),
+                        np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
+                        max_tokens.astype(np.int64), clients)
     cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=draw(st.integers(1, 8)),
                                kv_reservation=draw(st.sampled_from(["max", "pow2", "oracle"])))
     # Some capacities reject the largest requests (never fit): both loops must agree.
@@ -79,6 +86,14 @@ def orca_cases(draw: st.DrawFn) -> dict:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(orca_cases())
 def test_fused_loop_equals_generic_loop(case: dict) -> None:
+    runs = run_both(case["requests"], case["cfg"], lambda: LinearCost(case["cost"]),
+                    case["capacity"], case["breaks"])
+    assert_identical(runs)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(orca_cases(closed_loop=True))
+def test_fused_loop_equals_generic_loop_in_a_closed_loop(case: dict) -> None:
     runs = run_both(case["requests"], case["cfg"], lambda: LinearCost(case["cost"]),
                     case["capacity"], case["breaks"])
     assert_identical(runs)

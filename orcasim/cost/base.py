@@ -76,6 +76,20 @@ class CostModel(ABC):
     def iteration_time_s(self, batch: Batch) -> float:
         """Duration of one iteration that processes `batch`."""
 
+    def iteration_time_lists_s(
+        self, query_tokens: list[int], context_tokens: list[int], query_total: int,
+        context_total: int,
+    ) -> float:
+        """`iteration_time_s` of a batch given as lists, with their totals: the same value.
+
+        The default builds the `Batch`; a model that prices lists directly overrides it
+        (the fused Orca loop, orcasim.orca_fast, calls this once per plan).
+        """
+        batch = Batch.with_totals(np.array(query_tokens, dtype=np.int64),
+                                  np.array(context_tokens, dtype=np.int64),
+                                  query_total, context_total)
+        return self.iteration_time_s(batch)
+
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """Durations of `num_steps` pure-decode iterations of the same requests.
 

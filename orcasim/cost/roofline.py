@@ -21,6 +21,7 @@ zero by default because the Orca paper's engine overlaps it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,10 +91,14 @@ class Roofline(CostModel):
         return sum(op.count * self.op_time_s(op, num_tokens) for op in self.ops)
 
     def attention_per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
-        """Attention of one layer, summed over requests (the last axis); one kernel launch."""
+        """Attention of one layer, summed over requests (the last axis); one kernel launch.
+
+        The sum is exactly rounded (`math.fsum`), so it does not depend on the order or the
+        grouping of the terms: the fast paths may list the same terms however they like.
+        """
         flops, bytes_ = attention_flops_bytes(self.model, self.tp, query_tokens, context_tokens)
         per_request = np.maximum(flops / self.flops_per_s, bytes_ / self.bytes_per_s)
-        return per_request.sum(axis=-1) + self.cfg.kernel_overhead_s
+        return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s
 
     def tp_all_reduce_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """Two TP all-reduces of N x hidden per layer, over all layers."""
@@ -154,6 +159,16 @@ class Roofline(CostModel):
         fixed = self._fixed_one_s(batch.total_query_tokens, batch.size)
         return float(fixed + self.model.num_layers * attention)
 
+    def iteration_time_lists_s(
+        self, query_tokens: list[int], context_tokens: list[int], query_total: int,
+        context_total: int,
+    ) -> float:
+        if not query_tokens:
+            return 0.0
+        attention = self._attention.per_layer_lists_s(query_tokens, context_tokens)
+        fixed = self._fixed_one_s(query_total, len(query_tokens))
+        return float(fixed + self.model.num_layers * attention)
+
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """All steps at once, from two integer sums per step (see `_AttentionTerms`)."""
         size = len(context_tokens)
@@ -180,6 +195,14 @@ class Roofline(CostModel):
             return None
         fixed_s, layers = self._fixed_one_s(size, size), self.model.num_layers
         return fixed_s + layers * line[0], layers * line[1]
+
+
+def _fsum_last_axis(values: np.ndarray) -> np.ndarray | float:
+    """Sums over the last axis, each exactly rounded (math.fsum, Shewchuk's algorithm)."""
+    if values.ndim == 1:
+        return math.fsum(values.tolist())
+    rows = values.reshape(-1, values.shape[-1]).tolist()
+    return np.array([math.fsum(row) for row in rows]).reshape(values.shape[:-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +243,7 @@ class _AttentionTerms:
         if self.whole:
             self._ints = _IntConstants(*(np.int64(x) for x in (1, *consts)),
                                        np.float64(cost.flops_per_s), np.float64(cost.bytes_per_s))
+            self._whole_terms = tuple(int(x) for x in consts)  # Python ints: exact, as int64
         self.flops_per_s, self.bytes_per_s = cost.flops_per_s, cost.bytes_per_s
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
         # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
@@ -237,8 +261,24 @@ class _AttentionTerms:
         twice_pairs = q * (c + c - q + ints.one)
         compute_s = (twice_pairs * ints.half_flops_per_pair) / ints.flops_per_s
         memory_s = (c * ints.kv_bytes + q * ints.query_bytes) / ints.bytes_per_s
-        # np.add.reduce is what ndarray.sum runs (same pairwise order), minus a wrapper.
-        return float(np.add.reduce(np.maximum(compute_s, memory_s))) + self.kernel_overhead_s
+        # Exactly rounded, as attention_per_layer_s sums: the same bits from any order.
+        return math.fsum(np.maximum(compute_s, memory_s).tolist()) + self.kernel_overhead_s
+
+    def per_layer_lists_s(self, query_tokens: list[int], context_tokens: list[int]) -> float:
+        """`per_layer_s` of a batch given as lists: the same terms on Python numbers.
+
+        Each term repeats per_layer_s's operations (whole numbers, exact; then the same
+        divisions and maximum), and the sum is exactly rounded, so the bits are the same.
+        Cheaper than numpy for the batch sizes the engine sees.
+        """
+        if not self.whole:
+            q, c = np.array(query_tokens, dtype=np.int64), np.array(context_tokens, dtype=np.int64)
+            return float(self.cost.attention_per_layer_s(q, c))
+        half, kv, qb = self._whole_terms
+        fps, bps = self.flops_per_s, self.bytes_per_s
+        terms = [max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
+                 for q, c in zip(query_tokens, context_tokens, strict=True)]
+        return math.fsum(terms) + self.kernel_overhead_s
 
     def decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
         """Decode steps' per-layer attention as first + slope * k, when all are memory-bound.

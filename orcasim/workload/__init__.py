@@ -8,8 +8,9 @@ import numpy as np
 from pydantic import PositiveInt, model_validator
 
 from orcasim.config import Strict
-from orcasim.requests import Requests
+from orcasim.requests import ClientLoop, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
+from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.lengths import LengthDist
 from orcasim.workload.traces import read_trace
 
@@ -38,6 +39,7 @@ class WorkloadConfig(Strict):
 
 def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests:
     """Draw (or read) the requests. Raises ValueError if a request exceeds `max_tokens`."""
+    clients = None
     if isinstance(cfg.arrival, TraceArrival):
         arrival_s, prompt, output = read_trace(
             cfg.arrival.path, cfg.arrival.format, cfg.arrival.max_requests or cfg.num_requests
@@ -46,12 +48,16 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     else:
         assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
         n = cfg.num_requests
-        arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
+        if isinstance(cfg.arrival, ClosedLoopArrival):  # think times in place of the gaps
+            clients = ClientLoop(cfg.arrival.num_clients, cfg.arrival.think_times_s(rng, n))
+            arrival_s = np.full(n, np.nan)  # known only when a system runs them
+        else:
+            arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
         prompt = cfg.prompt_tokens.sample(rng, n)
         output = cfg.output_tokens.sample(rng, n)
     _check_fits(prompt + output, cfg.max_tokens)
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
-    return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens)
+    return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients)
 
 
 def _check_fits(total_tokens: np.ndarray, max_tokens: int) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from orcasim.config import Strict
+from orcasim.workload.closed_loop import ClosedLoopArrival
 
 
 class PoissonArrival(Strict):
@@ -70,6 +71,6 @@ class TraceArrival(Strict):
 
 GeneratedArrival = PoissonArrival | GammaArrival | ConstantArrival
 Arrival = Annotated[
-    PoissonArrival | GammaArrival | ConstantArrival | TraceArrival,
+    PoissonArrival | GammaArrival | ConstantArrival | TraceArrival | ClosedLoopArrival,
     Field(discriminator="kind"),
 ]

@@ -1,0 +1,74 @@
+"""The arrival source of a closed-loop workload: completions make the next arrivals.
+
+Every client sends its first request at time 0. When a request finishes (or is turned
+away), its client sends the next `think_s[id]` later. Clients are alike, so only the
+pending send times matter: they are kept in a heap, and the k-th arrival in time order
+gets id k. Ids therefore stay FCFS order, and the k-th request to arrive gets the k-th
+pre-drawn lengths, on every system alike.
+
+Fast mode stays exact: the engine reports completions at the boundary where they become
+visible, and a follow-up is sent at or after it, so it is in the heap before the loop
+next looks (see `orcasim.engine`). Requests with equal send times are interchangeable,
+so the order in which completions are reported cannot change the run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+import numpy as np
+
+from orcasim.engine import ArrivalSource
+from orcasim.requests import Requests
+
+
+class ClosedLoopSource(ArrivalSource):
+    """Arrivals made as the run goes; writes each one's time into `requests.arrival_s`.
+
+    `requests` must be a run's own table (`Requests.for_run`), since the times it gets
+    belong to one system's run.
+    """
+
+    def __init__(self, requests: Requests) -> None:
+        assert requests.clients is not None, "a closed-loop source needs the workload's clients"
+        self.arrival_s = requests.arrival_s  # this run's times: NaN until each arrives
+        self._think_s = requests.clients.think_s.tolist()
+        self._num_requests = len(requests)
+        self._send_s = [0.0] * min(requests.clients.num_clients, self._num_requests)  # a heap
+        self.next_index = 0
+
+    def pending(self) -> bool:
+        return self.next_index < self._num_requests and bool(self._send_s)
+
+    def next_time_s(self) -> float:
+        return self._send_s[0]
+
+    def take_until(self, now_s: float) -> range:
+        """Ids for the sends due by `now_s`, in time order; their arrival times are recorded."""
+        send_s, i = self._send_s, self.next_index
+        while i < self._num_requests and send_s and send_s[0] <= now_s:
+            self.arrival_s[i] = heapq.heappop(send_s)
+            i += 1
+        taken = range(self.next_index, i)
+        self.next_index = i
+        return taken
+
+    def times_until(self, time_s: float) -> np.ndarray:
+        due_s = sorted(t for t in self._send_s if t <= time_s)
+        return np.array(due_s[: self._num_requests - self.next_index], dtype=np.float64)
+
+    def count_until(self, time_s: float) -> int:
+        return self.next_index + len(self.times_until(time_s))
+
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
+        """Each request done at `time_s` frees its client, who sends again after thinking."""
+        for req_id in req_ids:
+            heapq.heappush(self._send_s, time_s + self._think_s[req_id])
+
+
+def arrival_source(requests: Requests) -> ArrivalSource:
+    """The source a run of `requests` (a run's own table, see `Requests.for_run`) uses."""
+    if requests.clients is None:
+        return ArrivalSource(requests.arrival_s)
+    return ClosedLoopSource(requests)

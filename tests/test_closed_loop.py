@@ -1,0 +1,208 @@
+"""Closed-loop workloads: think times match theory, runs obey the interactive response-time law."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim.closed_loop import ClosedLoopSource
+from orcasim.config import ScenarioError
+from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.engine import Engine
+from orcasim.metrics import requests_frame
+from orcasim.requests import ClientLoop, Requests
+from orcasim.run import make_requests, run_scenario
+from orcasim.scenario import load_scenario
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.paged import PagedConfig
+from orcasim.workload.closed_loop import ClosedLoopArrival, ConstantThink, ExponentialThink
+from tests.conftest import make_scenario
+
+SAMPLES = 200_000
+MEAN_SIGMAS = 5.0  # sample mean within 5 standard errors of the theoretical mean
+EXACT_RTOL = 1e-9  # closed forms that hold exactly, up to float rounding
+# N = X (R + Z) over a finite window: edge effects of O((R + Z) / window), about 0.5%
+# on the runs below (a few hundred seconds, cycles of about a second).
+RESPONSE_TIME_LAW_REL_TOL = 0.02
+LITTLE_REL_TOL = 0.02  # as in test_queueing_theory
+
+THINK_TIMES = [
+    ExponentialThink(kind="exponential", mean_s=2.0),
+    ConstantThink(kind="constant", value_s=0.7),
+    ConstantThink(kind="constant", value_s=0.0),
+]
+# Linear cost of a lone request with constant lengths, as LinearCostConfig states it.
+BASE_S, PER_TOKEN_S, PER_CONTEXT_TOKEN_S = 0.01, 1e-4, 1e-6
+PROMPT_TOKENS, OUTPUT_TOKENS = 20, 10
+SCHEDULERS = {
+    "iteration_level": {"kind": "iteration_level", "max_batch_size": 4},
+    "request_level": {"kind": "request_level", "max_batch_size": 4},
+    "paged": {"kind": "paged", "max_num_seqs": 4},
+}
+
+
+def closed_loop(num_clients: int, think_time: dict) -> dict:
+    return {"kind": "closed_loop", "num_clients": num_clients, "think_time": think_time}
+
+
+def lone_service_s() -> float:
+    """One request alone: its prompt iteration, then a decode step per later token."""
+    prompt_s = BASE_S + (PER_TOKEN_S + PER_CONTEXT_TOKEN_S) * PROMPT_TOKENS
+    steps = np.arange(1, OUTPUT_TOKENS)  # decode step j reads prompt + j tokens
+    return prompt_s + float(np.sum(BASE_S + PER_TOKEN_S + PER_CONTEXT_TOKEN_S * (PROMPT_TOKENS + steps)))
+
+
+def constant_scenario(num_clients: int, think_s: float, scheduler: dict, n: int = 60):
+    return make_scenario(**{
+        "workload.num_requests": n,
+        "workload.arrival": closed_loop(num_clients, {"kind": "constant", "value_s": think_s}),
+        "workload.prompt_tokens": {"kind": "constant", "value": PROMPT_TOKENS},
+        "workload.output_tokens": {"kind": "constant", "value": OUTPUT_TOKENS},
+        "cost": {"kind": "linear", "base_s": BASE_S, "per_token_s": PER_TOKEN_S,
+                 "per_context_token_s": PER_CONTEXT_TOKEN_S},
+        "systems": [{"name": "s", "scheduler": scheduler}],
+    })
+
+
+@pytest.mark.parametrize("dist", THINK_TIMES, ids=lambda d: f"{d.kind}-{d.mean_think_s()}")
+def test_think_time_sample_mean_matches_theory(dist: ExponentialThink | ConstantThink) -> None:
+    x = dist.sample(np.random.default_rng(4), SAMPLES)
+    assert x.min() >= 0.0
+    se = x.std() / np.sqrt(len(x))
+    assert abs(x.mean() - dist.mean_think_s()) <= MEAN_SIGMAS * se + 1e-12 * dist.mean_think_s()
+
+
+@pytest.mark.parametrize(("arrival", "message"), [
+    (closed_loop(0, {"kind": "constant", "value_s": 0.0}),
+     "workload.arrival.num_clients = 0: Input should be greater than 0"),
+    (closed_loop(2, {"kind": "exponential", "mean_s": -1}),
+     "workload.arrival.think_time.mean_s = -1: Input should be greater than 0"),
+    (closed_loop(2, {"kind": "constant", "value_s": -0.5}),
+     "workload.arrival.think_time.value_s = -0.5: Input should be greater than or equal to 0"),
+    ({"kind": "closed_loop", "num_clients": 2}, "workload.arrival.think_time: Field required"),
+])
+def test_bad_closed_loop_is_one_line_naming_the_key(arrival: dict, message: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        make_scenario(**{"workload.arrival": arrival})
+    assert str(e.value) == f"scenario: {message}"
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS.values(), ids=SCHEDULERS.keys())
+def test_a_lone_client_sees_the_bare_service_time(scheduler: dict) -> None:
+    # N = 1: nobody queues, so R = S exactly, and each request is sent Z after the last.
+    think_s = 0.25
+    reqs = run_scenario(constant_scenario(1, think_s, scheduler)).systems["s"].requests
+    np.testing.assert_allclose(reqs["e2e_s"], lone_service_s(), rtol=EXACT_RTOL)
+    sent_s = reqs["finish_s"].to_numpy()[:-1] + think_s
+    np.testing.assert_allclose(reqs["arrival_s"].to_numpy()[1:], sent_s, rtol=EXACT_RTOL)
+
+
+def test_one_at_a_time_with_no_think_time_is_a_round_robin() -> None:
+    # Batch size 1, zero think time, N clients: each request waits for the other N - 1,
+    # so after the first round R = N S exactly and completions are S apart (X = 1 / S).
+    num_clients, s = 5, lone_service_s()
+    one = {"kind": "iteration_level", "max_batch_size": 1}
+    reqs = run_scenario(constant_scenario(num_clients, 0.0, one)).systems["s"].requests
+    np.testing.assert_allclose(reqs["e2e_s"][num_clients:], num_clients * s, rtol=EXACT_RTOL)
+    np.testing.assert_allclose(np.diff(reqs["finish_s"]), s, rtol=EXACT_RTOL)
+    assert reqs["arrival_s"][:num_clients].tolist() == [0.0] * num_clients
+
+
+def response_time_law_clients(reqs: pd.DataFrame, think_s: np.ndarray, warmup_s: float) -> float:
+    """N estimated as X (R + Z) over [warmup_s, last arrival], while every client cycles.
+
+    X counts completions in the window; R and Z are the response and think times of
+    those requests (Z realised, not the mean: its sampling error would swamp the law's).
+    """
+    end_s = float(reqs["arrival_s"].max())
+    finish_s = reqs["finish_s"].to_numpy()
+    done = (finish_s >= warmup_s) & (finish_s <= end_s)
+    throughput_rps = done.sum() / (end_s - warmup_s)
+    return throughput_rps * (reqs["e2e_s"].to_numpy()[done].mean() + think_s[done].mean())
+
+
+@pytest.mark.validation
+def test_runs_obey_the_interactive_response_time_law() -> None:
+    num_clients, warmup_s = 16, 20.0
+    scenario = make_scenario(**{
+        "workload.num_requests": 3000, "warmup_s": warmup_s,
+        "workload.arrival": closed_loop(num_clients, {"kind": "exponential", "mean_s": 1.0}),
+    })
+    clients = make_requests(scenario).clients
+    assert clients is not None
+    think_s = clients.think_s
+    for name, system in run_scenario(scenario).systems.items():
+        n = response_time_law_clients(system.requests, think_s, warmup_s)
+        assert abs(n - num_clients) / num_clients < RESPONSE_TIME_LAW_REL_TOL, (name, n)
+        assert system.summary["little_rel_error"] < LITTLE_REL_TOL, name
+
+
+def test_each_system_gets_its_own_arrival_times() -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 200,
+        "workload.arrival": closed_loop(6, {"kind": "exponential", "mean_s": 0.2}),
+    })
+    shared = make_requests(scenario)
+    runs = run_scenario(scenario).systems
+    slow, fast = runs["request-level"].requests, runs["orca"].requests
+    assert np.isnan(shared.arrival_s).all()  # the shared table stays system-free
+    for reqs in (slow, fast):  # ids in arrival order, lengths by id
+        assert reqs["arrival_s"].is_monotonic_increasing and reqs["finish_s"].notna().all()
+        assert reqs["output_tokens"].tolist() == shared.output_tokens.tolist()
+    # Orca answers sooner, so its clients come back sooner.
+    assert fast["arrival_s"].iloc[-1] < slow["arrival_s"].iloc[-1]
+
+
+def test_a_turned_away_request_frees_its_client_at_once() -> None:
+    # Request 1 can never fit in 32 KV tokens: the client thinks and sends request 2.
+    think_s = 0.5
+    requests = Requests(np.full(3, np.nan), np.array([8, 40, 8]), np.array([2, 2, 2]),
+                        np.full(3, 64), ClientLoop(1, np.full(3, think_s))).for_run()
+    paged = PagedConfig(kind="paged", max_num_seqs=2, block_size_tokens=4)
+    scheduler = build_scheduler(paged, requests, 32)
+    cost = LinearCost(LinearCostConfig(kind="linear", base_s=1.0))
+    run = Engine(requests, scheduler, cost, arrivals=ClosedLoopSource(requests)).run()
+    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
+    assert reqs["rejected"].tolist() == [False, True, False]
+    # Two 1 s iterations each; the rejection answers at its arrival (2.5 s).
+    assert reqs["arrival_s"].tolist() == [0.0, 2.5, 3.0]
+    assert reqs["finish_s"].tolist()[::2] == [2.0, 5.0]
+
+
+def test_pipelined_orca_runs_a_closed_loop() -> None:
+    # Two stages: a lone client's request still takes every stage of every iteration.
+    scenario = constant_scenario(1, 0.1, SCHEDULERS["iteration_level"], n=20)
+    staged = scenario.model_copy(update={"hardware": make_scenario(**{
+        "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2}}).hardware})
+    plain = run_scenario(scenario).systems["s"].requests
+    piped_run = run_scenario(staged).systems["s"]
+    assert set(piped_run.iterations["num_iterations"]) == {1}  # the pipelined engine's rows
+    piped = piped_run.requests
+    np.testing.assert_allclose(piped["e2e_s"], lone_service_s(), rtol=EXACT_RTOL)
+    np.testing.assert_allclose(piped["arrival_s"], plain["arrival_s"], rtol=EXACT_RTOL)
+
+
+def test_shipped_scenario_serves_orcas_clients_faster() -> None:
+    scenario = load_scenario("scenarios/closed_loop.yaml")
+    assert isinstance(scenario.workload.arrival, ClosedLoopArrival)
+    clients = make_requests(scenario).clients
+    assert clients is not None
+    runs = run_scenario(scenario).systems
+    for name, system in runs.items():
+        n = response_time_law_clients(system.requests, clients.think_s, scenario.warmup_s)
+        assert abs(n - clients.num_clients) / clients.num_clients < RESPONSE_TIME_LAW_REL_TOL, name
+    orca, static = runs["orca"].summary, runs["request-level"].summary
+    assert orca["throughput_rps"] > static["throughput_rps"]
+    assert orca["e2e_s_p50"] < static["e2e_s_p50"]
+
+
+def test_replaying_a_closed_loop_on_a_real_server_is_refused() -> None:
+    pytest.importorskip("torch")
+    from calibrate.replay import replay  # the real server replays fixed arrival times
+
+    scenario = load_scenario("scenarios/closed_loop.yaml")
+    with pytest.raises(ValueError, match=r"^workload.arrival.kind = closed_loop: replay expects"):
+        replay(None, scenario, Path("scenarios"))  # type: ignore[arg-type]
