@@ -30,6 +30,8 @@ class ClosedLoopSource(ArrivalSource):
     belong to one system's run.
     """
 
+    closed_loop = True
+
     def __init__(self, requests: Requests) -> None:
         assert requests.clients is not None, "a closed-loop source needs the workload's clients"
         self.arrival_s = requests.arrival_s  # this run's times: NaN until each arrives

@@ -75,6 +75,8 @@ class ArrivalSource:
     completions, for a source whose arrivals depend on them (`orcasim.closed_loop`).
     """
 
+    closed_loop = False  # whether completions and rejections make arrivals
+
     def __init__(self, arrival_s: np.ndarray) -> None:
         self.arrival_s = arrival_s
         self._times = arrival_s.tolist()  # Python floats: cheap scalar reads in the loop
@@ -262,7 +264,7 @@ class Engine:
             if t <= last_inner_s and t < cut_s:
                 if self.scheduler.admits_arrival(req_id):
                     cut_s = t
-                else:
+                elif self.arrivals.closed_loop:
                     cut_s = min(cut_s, self._rejection_s(min(cut_s, last_inner_s)))
         if cut_s == math.inf:
             return len(ends_s)
@@ -272,8 +274,9 @@ class Engine:
     def _rejection_s(self, until_s: float) -> float:
         """Time of the first pending arrival by `until_s` that will be turned away, or inf.
 
-        Turning a request away is visible (a closed loop's client sends again at once),
-        so a jump stops at the boundary where the reference loop would turn it away.
+        In a closed loop turning a request away is visible (its client sends again at
+        once), so a jump stops at the boundary where the reference loop turns it away.
+        (In an open loop only the waiting count could tell, and `_late_waiting` skips it.)
         """
         first = self.arrivals.next_index
         for k, t in enumerate(self.arrivals.times_until(until_s).tolist()):

@@ -171,7 +171,8 @@ class OrcaFastLoop:
     def _cut_s(self, start_s: float) -> float:
         """Where a jump from `start_s` must stop: `Engine._jump_length`'s cut.
 
-        The first warm-up break after the start, or the next arrival if it could join.
+        The first warm-up break after the start, or the next arrival if it could join,
+        or else, in a closed loop, the first pending arrival that will be turned away.
         A cut past the run's last inner boundary leaves the run whole there too.
         """
         arrivals, breaks_s = self.engine.arrivals, self.breaks_s
@@ -182,6 +183,8 @@ class OrcaFastLoop:
             t = arrivals.next_time_s()
             if t < cut_s and self.scheduler.admits_arrival(arrivals.next_index):
                 cut_s = t
+            elif t < cut_s and arrivals.closed_loop:  # a rejection makes an arrival
+                cut_s = min(cut_s, self.engine._rejection_s(cut_s))
         return cut_s
 
     def _advance(

@@ -195,16 +195,20 @@ def test_a_rejected_arrival_inside_a_jump_never_waits() -> None:
 PAGED = PagedConfig(kind="paged", block_size_tokens=4)
 
 
-def test_a_rejection_inside_a_jump_cuts_it_in_a_closed_loop() -> None:
+@pytest.mark.parametrize("scheduler", [
+    PagedConfig(kind="paged", max_num_seqs=3), IterationLevelConfig(kind="iteration_level",
+                                                                    max_batch_size=3),
+])
+def test_a_rejection_inside_a_jump_cuts_it_in_a_closed_loop(scheduler) -> None:
     # Requests 1 and 2 finish at 2 s; their clients send 5 (fits, but the batch is full)
     # at 2.3 s and 6 (never fits) at 2.6 s. Turning 6 away at 3 s makes its client send 7
     # at 3 s: the jump over 0, 3 and 4's decodes must stop there, not reject 6 late.
-    prompt = [1, 1, 1, 1, 1, 1, 200, 1]
-    output = [10, 2, 2, 5, 5, 1, 1, 1]
+    prompt = np.array([1, 1, 1, 1, 1, 1, 200, 1])
+    output = np.array([10, 2, 2, 5, 5, 1, 1, 1])
     think_s = np.array([0.0, 0.3, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0])
-    requests = Requests(np.full(8, np.nan), np.array(prompt), np.array(output),
-                        np.full(8, 300, dtype=np.int64), ClientLoop(5, think_s))
-    case = dict(requests=requests, scheduler=PagedConfig(kind="paged", max_num_seqs=3),
+    requests = Requests(np.full(8, np.nan), prompt, output, prompt + output,
+                        ClientLoop(5, think_s))
+    case = dict(requests=requests, scheduler=scheduler,
                 cost=LinearCostConfig(kind="linear", base_s=1.0), kv_capacity_tokens=160,
                 warmup_s=0.0)
     assert_same_run(case)
