@@ -24,6 +24,9 @@ falls back to recompute. The defaults of `kv_bytes_per_token` describe OPT-13B i
 Without chunking a request's whole prompt (or, after a recompute preemption, its prompt
 plus generated tokens) runs in one step, so `max_num_batched_tokens` must cover the
 longest such sequence. `orcasim.schedulers.chunked` lifts that limit.
+
+The engine's fast mode skips `schedule` over runs of pure decodes between KV block
+boundaries; `orcasim.schedulers.paged_runs` says when that is exact.
 """
 
 from __future__ import annotations
