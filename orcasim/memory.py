@@ -106,7 +106,7 @@ class PagedAllocator:
         if len(req_ids) > len(self._free_blocks):
             return None
         new = [self._free_blocks.pop() for _ in req_ids]
-        assert np.all(self._owner[new] == NO_OWNER), "a block would be owned twice"
+        assert (self._owner[new] == NO_OWNER).all(), "a block would be owned twice"
         self._owner[new] = req_ids
         for req_id, block in zip(req_ids, new, strict=True):
             self.tables.setdefault(req_id, []).append(block)
@@ -114,7 +114,8 @@ class PagedAllocator:
 
     def grow_to(self, req_id: int, tokens: int) -> list[int] | None:
         """Make `req_id`'s table hold `tokens` tokens; the new blocks, or None if they do not fit."""
-        return self.allocate(req_id, self.blocks_to_hold(req_id, tokens))
+        need = self.blocks_to_hold(req_id, tokens)
+        return self.allocate(req_id, need) if need else []  # most decode steps need none
 
     def free(self, req_id: int) -> int:
         """Return all of `req_id`'s blocks to the pool; the number freed (0 if it held none)."""

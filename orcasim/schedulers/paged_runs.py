@@ -82,9 +82,9 @@ def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
     if not s.running or not _owns_hooks(type(s)):
         return None
     ids = np.array(s.running, dtype=np.int64)
-    size, computed = len(ids), s.computed[ids]
-    known = s.requests.prompt_tokens[ids] + s.generated[ids]
-    if size > s.token_budget or np.any(known - computed != 1):
+    size, computed, generated = len(ids), s.computed[ids], s.generated[ids]
+    known = s.requests.prompt_tokens[ids] + generated
+    if size > s.token_budget or (known - computed != 1).any():  # the method: no wrapper
         return None  # not all planned, or a prompt (chunk) still to compute
     if s._admissible_head(s.token_budget - size) is not None:
         return None
@@ -95,7 +95,7 @@ def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
     if len(growing) > s.allocator.num_free_blocks:
         return None  # an allocation would fail and preempt
     room[at_boundary] = block  # its new block lasts `block` steps
-    owed = s.requests.output_tokens[ids] - s.generated[ids]
+    owed = s.requests.output_tokens[ids] - generated
     reserved = s.allocator.allocated_tokens + len(growing) * block
     steps = int(min(owed.min(), room.min()))
     return PagedContinuedRun(steps, known, ids, reserved, owed, growing)
