@@ -295,10 +295,10 @@ class Engine:
             return 0
         inner_ends_s = ends_s[: n - 1]
         arrival_s = self.arrivals.times_until(float(ends_s[n - 2]))
-        # One that can never fit is turned away when queued: it never waits.
-        first = self.arrivals.next_index
-        waits = [not self.scheduler.never_fits(i) for i in range(first, first + len(arrival_s))]
-        boundary = np.searchsorted(inner_ends_s, arrival_s[np.array(waits, dtype=bool)], side="left")
+        ids = range(self.arrivals.next_index, self.arrivals.next_index + len(arrival_s))
+        if any(map(self.scheduler.never_fits, ids)):  # turned away when queued: never waits
+            arrival_s = arrival_s[np.array([not self.scheduler.never_fits(i) for i in ids])]
+        boundary = np.searchsorted(inner_ends_s, arrival_s, side="left")
         return int((n - 1 - boundary).sum())
 
     def _idle_until(self, wake_at_s: float | None) -> float | None:
