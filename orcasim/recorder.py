@@ -5,11 +5,13 @@ and packed every `ROW_CHUNK` rows into one float64 block (8 bytes a value, no Py
 object per row), so a million-request run keeps its rows in tens of megabytes.
 
 A row covers `num_iterations` consecutive iterations of the same requests (one in
-reference mode; a whole jump in fast mode). `batch_size` and `kv_reserved_tokens` are
-the same in each of them; `duration_s`, `tokens`, `context_tokens`, `num_waiting`,
-`preemptions` and `recomputed_tokens` are summed over them; `kv_used_tokens` is their
-time-weighted mean. So a one-iteration row holds that iteration's values, and every
-summary (iteration-weighted or time-weighted mean) is the same in both modes.
+reference mode; a whole jump in fast mode). `batch_size` is the same in each of them;
+`duration_s`, `tokens`, `context_tokens`, `num_waiting`, `preemptions` and
+`recomputed_tokens` are summed over them; `kv_used_tokens` and `kv_reserved_tokens` are
+their time-weighted means (a paged run takes KV blocks as it goes) and
+`kv_reserved_tokens_max` the largest reservation among them. So a one-iteration row
+holds that iteration's values, and every summary (iteration-weighted or time-weighted
+mean, maximum) is the same in both modes.
 """
 
 from __future__ import annotations
@@ -36,8 +38,14 @@ ITERATION_COLUMNS = (
     "kv_used_tokens",
     "preemptions",
     "recomputed_tokens",
+    "kv_reserved_tokens_max",
 )
-FLOAT_COLUMNS = ("start_s", "duration_s", "kv_used_tokens")  # the others are integer counts
+# Time-weighted means and times; the others are integer counts.
+FLOAT_COLUMNS = ("start_s", "duration_s", "kv_reserved_tokens", "kv_used_tokens")
+# A row given without its last column (the callers of constant reservations) repeats
+# kv_reserved_tokens there: its maximum is its value.
+_RESERVED_INDEX = ITERATION_COLUMNS.index("kv_reserved_tokens")
+_SHORT_ROW = len(ITERATION_COLUMNS) - 1
 ROW_CHUNK = 4096
 # Counts are stored as float64 in the blocks: exact below 2**53.
 MAX_EXACT_COUNT = 2**53
@@ -54,7 +62,9 @@ class Recorder:
         self._blocks: list[np.ndarray] = []  # float64 (ROW_CHUNK, columns) each
 
     def append_row(self, *row: float) -> None:
-        """One row of ITERATION_COLUMNS values, in that order."""
+        """One row of ITERATION_COLUMNS values, in that order (the last may be left out)."""
+        if len(row) == _SHORT_ROW:
+            row = (*row, row[_RESERVED_INDEX])
         self._pending.append(row)
         if len(self._pending) >= ROW_CHUNK:
             self._pack()
@@ -88,19 +98,22 @@ class Recorder:
             start_s, ends_s, len(plan.req_ids), batch.total_query_tokens,
             batch.total_context_tokens, plan.kv_used_tokens, run.size, run.total_context_tokens,
             plan.kv_reserved_tokens, num_waiting_sum, plan.preemptions, plan.recomputed_tokens,
+            run.step_reserved_tokens,
         )
 
     def jump_row(
         self, start_s: float, ends_s: Sequence[float], size: int, query_total: int,
         context_total: int, kv_used_tokens: int | None, run_size: int, run_context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int, preemptions: int = 0,
-        recomputed_tokens: int = 0,
+        recomputed_tokens: int = 0, step_reserved_tokens: np.ndarray | None = None,
     ) -> None:
         """`record_jump` from plain numbers: a plan of `size` requests, then its decode run.
 
         The run decodes `run_size` requests (a static batch may price more than make
         progress) from `run_context_total` context tokens at its first step; a step holds
-        its context's KV, as the plan holds `kv_used_tokens`.
+        its context's KV, as the plan holds `kv_used_tokens`. The plan reserves
+        `kv_reserved_tokens`, and so does each step unless `step_reserved_tokens` gives
+        the run's steps their own (int64, at least one a step).
         """
         n, end_s = len(ends_s), float(ends_s[-1])
         steps, used = n - 1, math.nan
@@ -111,10 +124,14 @@ class Recorder:
             used = used_s / (end_s - start_s)
         elif kv_used_tokens is not None:
             used = float(kv_used_tokens)
+        reserved, reserved_max = float(kv_reserved_tokens), kv_reserved_tokens
+        if step_reserved_tokens is not None and steps:
+            held = np.concatenate(([kv_reserved_tokens], step_reserved_tokens[:steps]))
+            reserved, reserved_max = _reserved_mean_max(start_s, ends_s, held)
         self.append_row(
             start_s, end_s - start_s, n, size, query_total + steps * run_size,
             context_total + _run_context(run_context_total, run_size, steps),
-            kv_reserved_tokens, num_waiting_sum, used, preemptions, recomputed_tokens,
+            reserved, num_waiting_sum, used, preemptions, recomputed_tokens, reserved_max,
         )
 
     def record_run(
@@ -122,18 +139,23 @@ class Recorder:
     ) -> None:
         """A step of a continued run per end in `ends_s`, as one row."""
         self.run_row(start_s, ends_s, len(run.req_ids), run.total_context_tokens,
-                     run.kv_reserved_tokens, num_waiting_sum)
+                     run.kv_reserved_tokens, num_waiting_sum, run.step_reserved_tokens)
 
     def run_row(
         self, start_s: float, ends_s: Sequence[float], size: int, context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int,
+        step_reserved_tokens: np.ndarray | None = None,
     ) -> None:
-        """`record_run` from plain numbers: `size` requests decoding from `context_total`."""
+        """`record_run` from plain numbers: `size` requests decoding from `context_total`,
+        reserving `kv_reserved_tokens` at every step, or step_reserved_tokens[j] at step j."""
         n, end_s = len(ends_s), float(ends_s[-1])
         used_s = _used_s(context_total, size, start_s, ends_s)
+        reserved, reserved_max = float(kv_reserved_tokens), kv_reserved_tokens
+        if step_reserved_tokens is not None:
+            reserved, reserved_max = _reserved_mean_max(start_s, ends_s, step_reserved_tokens[:n])
         self.append_row(
             start_s, end_s - start_s, n, size, n * size, _run_context(context_total, size, n),
-            kv_reserved_tokens, num_waiting_sum, used_s / (end_s - start_s), 0, 0,
+            reserved, num_waiting_sum, used_s / (end_s - start_s), 0, 0, reserved_max,
         )
 
     def record_progress(
@@ -184,6 +206,22 @@ def _used_s(context_total: int, size: int, start_s: float, ends_s: Sequence[floa
     n, total_s = len(ends), ends[-1] - start_s
     inner_s = sum(map(operator.sub, ends[:-1], itertools.repeat(start_s)))  # in C, in order
     return context_total * total_s + size * ((n - 1) * total_s - inner_s)
+
+
+def _reserved_mean_max(
+    start_s: float, ends_s: Sequence[float], held_tokens: np.ndarray
+) -> tuple[float, int]:
+    """Time-weighted mean and max of KV held_tokens[j] over start_s..ends_s[0]..ends_s[j].
+
+    A constant reservation is returned as is (no rounding); so is the max of a row of
+    no duration (which a time-weighted summary gives no weight).
+    """
+    most = int(held_tokens.max())
+    total_s = float(ends_s[-1]) - start_s
+    if most == int(held_tokens.min()) or total_s <= 0:
+        return float(most), most
+    durations_s = np.diff(np.asarray(ends_s, dtype=np.float64), prepend=start_s)
+    return float(np.dot(held_tokens, durations_s)) / total_s, most
 
 
 def _run_context(context_total: int, size: int, steps: int) -> int:

@@ -216,12 +216,39 @@ def test_a_rejection_inside_a_jump_cuts_it_in_a_closed_loop(scheduler) -> None:
     assert reqs["arrival_s"].tolist()[5:] == [2.3, 2.6, 3.0]
 
 
-def test_paged_rows_break_at_block_boundaries() -> None:
-    # Prompt 5 takes 2 blocks of 4; then the context crosses a multiple of 4 every 4 steps,
-    # and each new block (kv_reserved up by 4) starts a row: a run needs no schedule call.
+def test_paged_rows_span_block_boundaries() -> None:
+    # Prompt 5 takes 2 blocks of 4; then the context crosses a multiple of 4 every 4 steps.
+    # One row: iterations of 1 s hold 8, 8, 8, 8, 12 (x4), 16 (x4), 20 (x4), 24 (x4) tokens.
     iters = assert_same_run(_case([0.0], [5], [20], PAGED))
-    assert iters["num_iterations"].tolist() == [4, 4, 4, 4, 4]
-    assert iters["kv_reserved_tokens"].tolist() == [8, 12, 16, 20, 24]
+    assert iters["num_iterations"].tolist() == [20]
+    assert iters["kv_reserved_tokens"].tolist() == [16.0]
+    assert iters["kv_reserved_tokens_max"].tolist() == [24]
+
+
+def test_paged_run_stops_before_a_preemption() -> None:
+    # 6 blocks of 4 for two requests that need 4 each at their peak: the runs end where a
+    # block would not fit, and `schedule` preempts there, as in reference mode.
+    case = _case([0.0, 0.0], [4, 4], [12, 12], PAGED)
+    case["kv_capacity_tokens"] = 24
+    iters = assert_same_run(case)
+    assert iters["preemptions"].sum() > 0
+    assert len(iters) < iters["num_iterations"].sum() / 2
+    assert iters["kv_reserved_tokens_max"].max() == 24
+
+
+def test_paged_decode_runs_span_many_boundaries() -> None:
+    # Blocks of 16 and prompts of every length: some request crosses a boundary at most
+    # iterations, yet rows break only at completions.
+    n = 8
+    prompt = np.array([3, 7, 11, 16, 20, 25, 30, 40])
+    output = 200 + 10 * np.arange(n)
+    requests = Requests(np.zeros(n), prompt, output, prompt + output)
+    case = dict(requests=requests, scheduler=PagedConfig(kind="paged"),
+                cost=LinearCostConfig(kind="linear", base_s=1e-2, per_context_token_s=1e-6),
+                kv_capacity_tokens=8000, warmup_s=0.0)
+    iters = assert_same_run(case)
+    assert len(iters) < iters["num_iterations"].sum() / 10
+    assert (iters["kv_reserved_tokens_max"] > iters["kv_reserved_tokens"]).all()
 
 
 @pytest.mark.parametrize("scheduler", [PagedConfig(kind="paged"),

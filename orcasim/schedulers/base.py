@@ -71,12 +71,18 @@ class DecodeRun:
 
     Step j (0-based) gives each request one query token and reads `context_tokens + j`
     KV tokens: exactly the batch `CostModel.decode_steps_s(context_tokens, n)` prices.
+    A scheduler whose KV reservation grows during a run (paged blocks) sets
+    `step_reserved_tokens`; otherwise every step reserves what the plan (or the
+    continued run) does.
     """
 
     num_steps: int
     context_tokens: np.ndarray  # int64 (B,) context of the first decode step
     # Their total, memoised (a scheduler that knows it may set it): the recorder asks.
     context_total: int | None = field(default=None, init=False, repr=False, compare=False)
+    # int64 (num_steps,): KV reserved at step j, once that step's allocations are made.
+    step_reserved_tokens: np.ndarray | None = field(default=None, init=False, repr=False,
+                                                    compare=False)
 
     @property
     def size(self) -> int:
@@ -171,8 +177,9 @@ class Scheduler(ABC):
         """The pure-decode run that follows `plan` if nothing is added, or None.
 
         Promise: the next `num_steps` iterations after `plan`'s own are the run's steps
-        (priced as `DecodeRun` says), with `plan.req_ids` and `kv_reserved_tokens`
-        unchanged, nobody admitted, and nothing visible before the last step. Called
+        (priced as `DecodeRun` says), with `plan.req_ids` unchanged, `kv_reserved_tokens`
+        unchanged or as `step_reserved_tokens` says, nobody admitted, and nothing visible
+        before the last step. Called
         after `schedule` returned `plan`, before the plan is applied. A run of zero steps
         is the plan alone; like any run that is not cut short, it is followed by
         `continue_run` (how a scheduler whose rows must break often still skips `schedule`).

@@ -12,14 +12,18 @@ at such an iteration is known without calling it, as long as
   run's start cannot join at any of its iterations;
 * no block allocation fails, which would preempt.
 
-A run stops before the first iteration at which a request needs a new KV block (its
-context crosses a multiple of `block_size_tokens`): the allocation changes
-`kv_reserved_tokens`, which is constant over a recorded row. So the run after a plan
-(`decode_run`) may have zero steps. The engine then asks `continue_run`, whose run
-starts with that iteration's allocations (known to succeed: enough blocks are free) and
-goes on to the next block boundary or completion, one row per run. No run holds a
-preemption, a recomputation or a swap, so its rows' counts of those are zero, as the
-reference's per-iteration rows would be.
+Runs cross KV block boundaries. Request i, whose next decode computes the token at
+position p_i, takes a block at step j exactly when p_i + j is a multiple of the block
+size b, i.e. when j % b == room_i = -p_i mod b: so step j takes counts[j % b] blocks,
+with counts the histogram of the rooms, in batch order (as `schedule` grows them), and
+the first j steps take (j // b) B + cum[j % b] blocks in all (cum: the histogram's
+running sum; B the batch size). A run stops before the first step whose blocks exceed
+the free ones (the reference would preempt there), at its first completion, or where
+the engine cuts it; the per-step reservations (`DecodeRun.step_reserved_tokens`) give
+the recorder each row's time-weighted mean and maximum. The engine asks `continue_run`
+after a run that was not cut (completions, or a preemption ahead, where it declines and
+`schedule` takes over). No run holds a preemption, a recomputation or a swap, so its
+rows' counts of those are zero, as the reference's per-iteration rows would be.
 
 State between iterations that these rely on: a running request's block table holds
 exactly `blocks_for(computed)` blocks (its grow or admission asked for exactly that).
@@ -49,16 +53,56 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class PagedRun(DecodeRun):
     owed: np.ndarray  # int64 (B,) output tokens each still owes after the plan's iteration
+    growth: _Growth
 
 
 @dataclass(slots=True)
 class PagedContinuedRun(ContinuedRun):
     owed: np.ndarray  # int64 (B,) output tokens each still owes
-    growing: np.ndarray  # int64 (k,) requests taking a block at the first step, in batch order
+    growth: _Growth
+
+
+@dataclass(slots=True)
+class _Growth:
+    """Who takes a KV block at which step of a run (see the module docstring)."""
+
+    order: np.ndarray  # int64 (B,) ids by room, batch order within a room: one period's takers
+    cum: np.ndarray  # int64 (b,) blocks taken by steps 0..r of a period
+    block_size_tokens: int
+
+    def takers(self, num_steps: int) -> list[int]:
+        """Requests taking a block in the first `num_steps` steps, in allocation order."""
+        periods, rem = divmod(num_steps, self.block_size_tokens)
+        head = int(self.cum[rem - 1]) if rem else 0
+        if periods == 0:
+            return self.order[:head].tolist()
+        return np.concatenate((np.tile(self.order, periods), self.order[:head])).tolist()
+
+
+def _block_growth(
+    s: PagedScheduler, ids: np.ndarray, position: np.ndarray, max_steps: int
+) -> tuple[int, _Growth, np.ndarray]:
+    """Steps (up to `max_steps`) before a step's blocks would not fit; who grows; reservations.
+
+    `position`: the token each of `ids` computes at the run's first step.
+    """
+    block, size = s.cfg.block_size_tokens, len(ids)
+    room = (-position) % block
+    cum = np.cumsum(np.bincount(room, minlength=block))
+    # Steps 0..j take (j // b) B + cum[j % b] blocks: the first period that takes more
+    # than the free blocks is free // B, and within it the first r with cum[r] > over.
+    period, over = divmod(s.allocator.num_free_blocks, size)
+    fits = period * block + int(np.searchsorted(cum, over, side="right"))
+    steps = min(max_steps, fits)
+    j = np.arange(steps)
+    taken = (j // block) * size + cum[j % block]
+    reserved = s.allocator.allocated_tokens + taken * block
+    growth = _Growth(ids[np.argsort(room, kind="stable")], cum, block)
+    return steps, growth, reserved
 
 
 def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
-    """The run after `plan` up to the first block boundary or completion (maybe 0 steps)."""
+    """The run after `plan` up to its first completion or failing allocation (maybe 0 steps)."""
     ids = plan.req_ids
     size = len(ids)
     if size != len(s.running) or size > s.token_budget or not _owns_hooks(type(s)):
@@ -68,17 +112,18 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
         return None  # a prompt chunk: that request emits nothing and is not decoding next
     if s._admissible_head(s.token_budget - size) is not None:
         return None
-    # After the plan each has computed its known tokens and emitted one more.
+    # After the plan each has computed its known tokens and emitted one more: step j
+    # computes the token at known + j.
     owed = s.requests.output_tokens[ids] - s.generated[ids] - 1
-    # Step j needs known + j + 1 tokens in blocks_for(known) blocks.
-    room = (-known) % s.cfg.block_size_tokens
-    run = PagedRun(int(min(owed.min(), room.min())), known + 1, owed)
+    steps, growth, reserved = _block_growth(s, ids, known, int(owed.min()))
+    run = PagedRun(steps, known + 1, owed, growth)
     run.context_total = plan.batch.total_context_tokens + size  # each reads one more
+    run.step_reserved_tokens = reserved
     return run
 
 
 def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
-    """The decodes the next iterations would plan: through the next boundary or completion."""
+    """The decodes the next iterations would plan, up to a completion or failing allocation."""
     if not s.running or not _owns_hooks(type(s)):
         return None
     ids = np.array(s.running, dtype=np.int64)
@@ -88,17 +133,13 @@ def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
         return None  # not all planned, or a prompt (chunk) still to compute
     if s._admissible_head(s.token_budget - size) is not None:
         return None
-    block = s.cfg.block_size_tokens
-    room = (-computed) % block  # steps before each needs a block; 0: at the first
-    at_boundary = room == 0
-    growing = ids[at_boundary]
-    if len(growing) > s.allocator.num_free_blocks:
-        return None  # an allocation would fail and preempt
-    room[at_boundary] = block  # its new block lasts `block` steps
     owed = s.requests.output_tokens[ids] - generated
-    reserved = s.allocator.allocated_tokens + len(growing) * block
-    steps = int(min(owed.min(), room.min()))
-    return PagedContinuedRun(steps, known, ids, reserved, owed, growing)
+    steps, growth, reserved = _block_growth(s, ids, computed, int(owed.min()))
+    if steps == 0:
+        return None  # the first step's allocations would fail and preempt
+    run = PagedContinuedRun(steps, known, ids, int(reserved[0]), owed, growth)
+    run.step_reserved_tokens = reserved
+    return run
 
 
 def admits_arrival(s: PagedScheduler, req_id: int) -> bool:
@@ -119,14 +160,23 @@ def advance(
     if num_iterations == 1:
         return first, NO_RESULT
     assert isinstance(run, PagedRun) and num_iterations <= run.num_steps + 1
+    _allocate(s, run.growth, num_iterations - 1)
     return first, _decode(s, plan.req_ids, num_iterations - 1, run.owed)
 
 
 def advance_run(s: PagedScheduler, run: ContinuedRun, num_steps: int) -> StepResult:
-    """The first step's block allocations, in batch order as `schedule` makes them, then decodes."""
+    """The steps' block allocations, in the order `schedule` makes them, then the decodes."""
     assert isinstance(run, PagedContinuedRun) and 1 <= num_steps <= run.num_steps
-    assert s.allocator.allocate_one_each(run.growing.tolist()) is not None
+    _allocate(s, run.growth, num_steps)
     return _decode(s, run.req_ids, num_steps, run.owed)
+
+
+def _allocate(s: PagedScheduler, growth: _Growth, num_steps: int) -> None:
+    """The blocks of `num_steps` steps: step by step, batch order within a step, as
+    `schedule` grows them (one call gives the same blocks: nothing is freed in between)."""
+    takers = growth.takers(num_steps)
+    if takers:
+        assert s.allocator.allocate_one_each(takers) is not None
 
 
 def _decode(s: PagedScheduler, ids: np.ndarray, num_steps: int, owed: np.ndarray) -> StepResult:
