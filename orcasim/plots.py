@@ -64,7 +64,9 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
 
     Each row holds its value for `duration_s` from `start_s`; between rows the server is
     idle, so the value is 0. The integral of a piecewise-constant signal is piecewise
-    linear, so interpolating it at the bin edges is exact.
+    linear, so interpolating it at the bin edges is exact. (A multi-iteration row holds
+    its time-weighted mean, e.g. of `kv_reserved_tokens`: exact at the row's ends, spread
+    evenly inside it.)
     """
     start = iterations["start_s"].to_numpy(dtype=np.float64)
     end = start + iterations["duration_s"].to_numpy(dtype=np.float64)

@@ -150,6 +150,23 @@ def test_fast_mode_matches_reference_over_paged_kv(case: dict) -> None:
     assert_same_run(case)
 
 
+def _free_list_after(case: dict, mode: str) -> list[int]:
+    """The paged allocator's free list once every request is done: which blocks each took,
+    and when, shows in its order."""
+    requests = case["requests"].for_run()
+    scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
+    Engine(requests, scheduler, LinearCost(case["cost"]), mode, row_breaks_s=(case["warmup_s"],),
+           arrivals=arrival_source(requests)).run()
+    return list(scheduler.allocator._free_blocks)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(kinds=("paged", "chunked")))
+def test_paged_runs_take_the_blocks_reference_mode_takes(case: dict) -> None:
+    # Fast mode allocates a run's blocks at once, in the order schedule would, step by step.
+    assert _free_list_after(case, "fast") == _free_list_after(case, "reference")
+
+
 def _case(arrival_s: list[float], prompt: list[int], output: list[int], scheduler) -> dict:
     n = len(arrival_s)
     requests = Requests(np.array(arrival_s), np.array(prompt), np.array(output),
