@@ -16,8 +16,8 @@ Runs cross KV block boundaries. Request i, whose next decode computes the token 
 position p_i, takes a block at step j exactly when p_i + j is a multiple of the block
 size b, i.e. when j % b == room_i = -p_i mod b: so step j takes counts[j % b] blocks,
 with counts the histogram of the rooms, in batch order (as `schedule` grows them), and
-the first j steps take (j // b) B + cum[j % b] blocks in all (cum: the histogram's
-running sum; B the batch size). A run stops before the first step whose blocks exceed
+steps 0..j take (j // b) B + cum[j % b] blocks in all (cum: the histogram's running
+sum; B the batch size). A run stops before the first step whose blocks exceed
 the free ones (the reference would preempt there), at its first completion, or where
 the engine cuts it; the per-step reservations (`DecodeRun.step_reserved_tokens`) give
 the recorder each row's time-weighted mean and maximum. The engine asks `continue_run`
