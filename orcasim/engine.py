@@ -15,7 +15,9 @@ arrival if the scheduler could admit it (`Scheduler.admits_arrival`), exactly wh
 reference loop would admit it, and at `row_breaks_s` (the warm-up) so that no recorded
 row straddles one. When a run ends in completions, nothing has arrived and nobody waits,
 the rest of the batch decodes on: `Scheduler.continue_run` gives that run without a new
-`schedule` call, and the engine jumps over it the same way.
+`schedule` call, and the engine jumps over it the same way. For the plain Orca scheduler
+fast mode runs the same loop fused (`orcasim.orca_fast`): the same jumps and numbers, bit
+for bit, without the per-jump objects of these hooks.
 
 The engine keeps the simulated time itself (`now_s`), as a running sum of iteration
 durations; `np.add.accumulate` adds in the same order, so both modes see the same boundaries.
