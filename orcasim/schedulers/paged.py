@@ -25,8 +25,9 @@ Without chunking a request's whole prompt (or, after a recompute preemption, its
 plus generated tokens) runs in one step, so `max_num_batched_tokens` must cover the
 longest such sequence. `orcasim.schedulers.chunked` lifts that limit.
 
-The engine's fast mode skips `schedule` over runs of pure decodes between KV block
-boundaries; `orcasim.schedulers.paged_runs` says when that is exact.
+The engine's fast mode skips `schedule` over runs of pure decodes, across KV block
+boundaries up to a completion or a preemption; `orcasim.schedulers.paged_runs` says when
+that is exact.
 """
 
 from __future__ import annotations
