@@ -137,7 +137,7 @@ class Engine:
         self.scheduler = scheduler
         self.cost = cost
         self.mode = mode
-        self.row_breaks_s = sorted(row_breaks_s)
+        self._breaks_s = sorted(row_breaks_s, reverse=True)  # warm-up breaks to come, next last
         self.env = simpy.Environment()
         self.now_s = 0.0
         self.recorder = Recorder(len(requests))
@@ -256,22 +256,32 @@ class Engine:
         """
         if len(ends_s) == 1:
             return 1
-        last_inner_s = float(ends_s[-2])  # boundaries before the run's last end
-        cut_s = math.inf
-        for b in self.row_breaks_s:
-            if start_s < b <= last_inner_s:
-                cut_s = min(cut_s, b)
-        if self.arrivals.pending():
-            t, req_id = self.arrivals.next_time_s(), self.arrivals.next_index
-            if t <= last_inner_s and t < cut_s:
-                if self.scheduler.admits_arrival(req_id):
-                    cut_s = t
-                elif self.arrivals.closed_loop:
-                    cut_s = min(cut_s, self._rejection_s(min(cut_s, last_inner_s)))
+        cut_s = self._cut_s(start_s, float(ends_s[-2]))  # by the run's last inner boundary
         if cut_s == math.inf:
             return len(ends_s)
         # The first boundary at or after the cut: the reference loop looks again there.
         return bisect.bisect_left(ends_s, cut_s) + 1
+
+    def _cut_s(self, start_s: float, until_s: float = math.inf) -> float:
+        """Where a jump from `start_s` must stop, or inf if nothing does by `until_s`.
+
+        The first warm-up break after the start, or the next arrival if it could join,
+        or else, in a closed loop, the first pending arrival that will be turned away.
+        The jump ends at the first iteration boundary at or after the cut. Jumps start
+        at the engine's clock, which only moves on, so passed breaks are dropped for good.
+        """
+        breaks_s = self._breaks_s
+        while breaks_s and breaks_s[-1] <= start_s:
+            breaks_s.pop()
+        cut_s = breaks_s[-1] if breaks_s and breaks_s[-1] <= until_s else math.inf
+        if self.arrivals.pending():
+            t = self.arrivals.next_time_s()
+            if t <= until_s and t < cut_s:
+                if self.scheduler.admits_arrival(self.arrivals.next_index):
+                    cut_s = t
+                elif self.arrivals.closed_loop:
+                    cut_s = min(cut_s, self._rejection_s(min(cut_s, until_s)))
+        return cut_s
 
     def _rejection_s(self, until_s: float) -> float:
         """Time of the first pending arrival by `until_s` that will be turned away, or inf.

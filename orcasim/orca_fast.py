@@ -22,7 +22,6 @@ for bit (tests/test_orca_fast.py), and with it reference mode.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -57,7 +56,6 @@ class OrcaFastLoop:
         self.base: list[int] = []  # prompt - first iteration: known tokens are base + iterations
         self.finish_at: list[int] = []  # the iteration count at which each finishes
         self.base_total = 0
-        self.breaks_s = sorted(engine.row_breaks_s, reverse=True)  # the next is last
 
     def loop(self) -> Events:
         """The engine's `_loop` for fast mode, specialised (same steps, same order).
@@ -147,7 +145,7 @@ class OrcaFastLoop:
         the first step (each base + iterations + `ahead`). Running sums in order: the same
         additions as one timeout per iteration.
         """
-        cut_s = self._cut_s(start_s)
+        cut_s = self.engine._cut_s(start_s)  # past the run's end: it runs whole
         t = ends_s[-1] if ends_s else start_s
         if t >= cut_s:
             return ends_s
@@ -167,25 +165,6 @@ class OrcaFastLoop:
             if t >= cut_s:
                 break
         return ends_s
-
-    def _cut_s(self, start_s: float) -> float:
-        """Where a jump from `start_s` must stop: `Engine._jump_length`'s cut.
-
-        The first warm-up break after the start, or the next arrival if it could join,
-        or else, in a closed loop, the first pending arrival that will be turned away.
-        A cut past the run's last inner boundary leaves the run whole there too.
-        """
-        arrivals, breaks_s = self.engine.arrivals, self.breaks_s
-        while breaks_s and breaks_s[-1] <= start_s:  # time only moves on: drop passed ones
-            breaks_s.pop()
-        cut_s = breaks_s[-1] if breaks_s else math.inf
-        if arrivals.pending():
-            t = arrivals.next_time_s()
-            if t < cut_s and self.scheduler.admits_arrival(arrivals.next_index):
-                cut_s = t
-            elif t < cut_s and arrivals.closed_loop:  # a rejection makes an arrival
-                cut_s = min(cut_s, self.engine._rejection_s(cut_s))
-        return cut_s
 
     def _advance(
         self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float
