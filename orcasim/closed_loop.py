@@ -60,9 +60,6 @@ class ClosedLoopSource(ArrivalSource):
         due_s = sorted(t for t in self._send_s if t <= time_s)
         return np.array(due_s[: self._num_requests - self.next_index], dtype=np.float64)
 
-    def count_until(self, time_s: float) -> int:
-        return self.next_index + len(self.times_until(time_s))
-
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Each request done at `time_s` frees its client, who sends again after thinking."""
         for req_id in req_ids:

@@ -99,13 +99,10 @@ class ArrivalSource:
         self.next_index = i
         return taken
 
-    def count_until(self, time_s: float) -> int:
-        """Index one past the last arrival at or before `time_s`."""
-        return int(np.searchsorted(self.arrival_s, time_s, side="right"))
-
     def times_until(self, time_s: float) -> np.ndarray:
         """Times of the pending arrivals at or before `time_s`, in order (float64)."""
-        return self.arrival_s[self.next_index : self.count_until(time_s)]
+        stop = int(np.searchsorted(self.arrival_s, time_s, side="right"))
+        return self.arrival_s[self.next_index : stop]
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
