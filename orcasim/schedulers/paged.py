@@ -211,7 +211,8 @@ class PagedScheduler(Scheduler):
     def _admit(self, plan: _Plan) -> None:
         while (head := self._admissible_head(plan.budget_tokens)) is not None:
             req, num_new, need = head
-            assert self.allocator.allocate(req, need) is not None
+            blocks = self.allocator.allocate(req, need)  # not inside the assert: python -O drops it
+            assert blocks is not None, "_admission counted the free blocks"
             self._take_candidate(req, plan)
             self.running.append(req)
             self._add(plan, req, num_new)

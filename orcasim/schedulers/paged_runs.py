@@ -176,7 +176,8 @@ def _allocate(s: PagedScheduler, growth: _Growth, num_steps: int) -> None:
     `schedule` grows them (one call gives the same blocks: nothing is freed in between)."""
     takers = growth.takers(num_steps)
     if takers:
-        assert s.allocator.allocate_one_each(takers) is not None
+        blocks = s.allocator.allocate_one_each(takers)  # not inside the assert: python -O drops it
+        assert blocks is not None, "the run stops before a step whose blocks do not fit"
 
 
 def _decode(s: PagedScheduler, ids: np.ndarray, num_steps: int, owed: np.ndarray) -> StepResult:
