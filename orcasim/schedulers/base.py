@@ -15,6 +15,7 @@ scheduler with a batching delay (Triton's max_queue_delay) can decide; none read
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -217,3 +218,13 @@ class Scheduler(ABC):
     def advance_run(self, run: ContinuedRun, num_steps: int) -> StepResult:
         """Apply the first `num_steps` steps of a `continue_run`; what became visible at the end."""
         raise NotImplementedError("only schedulers whose continue_run returns a run")
+
+
+@functools.cache
+def plans_like(cls: type[Scheduler], base: type[Scheduler]) -> bool:
+    """Whether `cls` keeps `base`'s `schedule` and `update_from_output`.
+
+    `base`'s fast-forward hooks predict exactly those two; a subclass that changes either
+    must opt out of the hooks (they then return None and the engine steps it).
+    """
+    return cls.schedule is base.schedule and cls.update_from_output is base.update_from_output

@@ -9,7 +9,6 @@ leaves right after its last token, freeing its reservation.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +27,7 @@ from orcasim.schedulers.base import (
     Scheduler,
     SchedulerOutput,
     StepResult,
+    plans_like,
 )
 
 
@@ -106,7 +106,7 @@ class IterationLevelScheduler(Scheduler):
     # blocked, so the next change is the first completion or an admissible arrival.
 
     def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
-        if not _owns_hooks(type(self)):
+        if not plans_like(type(self), IterationLevelScheduler):
             return None
         ids = plan.req_ids
         generated = self.generated[ids]
@@ -150,9 +150,10 @@ class IterationLevelScheduler(Scheduler):
         self._release(done)
         return first, StepResult(EMPTY_IDS, done)
 
-
     def continue_run(self) -> ContinuedRun | None:
-        if self.num_waiting or not self.running or not _owns_hooks(type(self)):
+        if not plans_like(type(self), IterationLevelScheduler):
+            return None
+        if self.num_waiting or not self.running:
             return None
         ids = np.array(self.running, dtype=np.int64)
         generated = self.generated[ids]
@@ -186,12 +187,3 @@ class _OrcaRun(DecodeRun):
 class _OrcaContinuedRun(ContinuedRun):
     generated_before: np.ndarray  # int64 (B,)
     owed: np.ndarray  # int64 (B,) output tokens still to emit
-
-
-@functools.cache
-def _owns_hooks(cls: type[IterationLevelScheduler]) -> bool:
-    """The hooks predict this class's schedule/update; a subclass changing them opts out."""
-    return (
-        cls.schedule is IterationLevelScheduler.schedule
-        and cls.update_from_output is IterationLevelScheduler.update_from_output
-    )

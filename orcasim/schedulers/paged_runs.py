@@ -31,7 +31,6 @@ exactly `blocks_for(computed)` blocks (its grow or admission asked for exactly t
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +43,7 @@ from orcasim.schedulers.base import (
     DecodeRun,
     SchedulerOutput,
     StepResult,
+    plans_like,
 )
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
     """The run after `plan` up to its first completion or failing allocation (maybe 0 steps)."""
     ids = plan.req_ids
     size = len(ids)
-    if size != len(s.running) or size > s.token_budget or not _owns_hooks(type(s)):
+    if size != len(s.running) or size > s.token_budget or not _owns_hooks(s):
         return None  # someone running is not planned (or a subclass plans otherwise)
     known = s.requests.prompt_tokens[ids] + s.generated[ids]
     if not np.array_equal(s.computed[ids] + plan.num_new_tokens, known):
@@ -124,7 +124,7 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
 
 def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
     """The decodes the next iterations would plan, up to a completion or failing allocation."""
-    if not s.running or not _owns_hooks(type(s)):
+    if not s.running or not _owns_hooks(s):
         return None
     ids = np.array(s.running, dtype=np.int64)
     size, computed, generated = len(ids), s.computed[ids], s.generated[ids]
@@ -171,6 +171,13 @@ def advance_run(s: PagedScheduler, run: ContinuedRun, num_steps: int) -> StepRes
     return _decode(s, run.req_ids, num_steps, run.owed)
 
 
+def _owns_hooks(s: PagedScheduler) -> bool:
+    """The hooks predict PagedScheduler's schedule/update; a subclass changing them opts out."""
+    from orcasim.schedulers.paged import PagedScheduler  # paged imports this module
+
+    return plans_like(type(s), PagedScheduler)
+
+
 def _allocate(s: PagedScheduler, growth: _Growth, num_steps: int) -> None:
     """The blocks of `num_steps` steps: step by step, batch order within a step, as
     `schedule` grows them (one call gives the same blocks: nothing is freed in between)."""
@@ -189,14 +196,3 @@ def _decode(s: PagedScheduler, ids: np.ndarray, num_steps: int, owed: np.ndarray
     if len(done):
         s._release(done)
     return StepResult(EMPTY_IDS, done)
-
-
-@functools.cache
-def _owns_hooks(cls: type[PagedScheduler]) -> bool:
-    """The hooks predict PagedScheduler's schedule/update; a subclass changing them opts out."""
-    from orcasim.schedulers.paged import PagedScheduler
-
-    return (
-        cls.schedule is PagedScheduler.schedule
-        and cls.update_from_output is PagedScheduler.update_from_output
-    )
