@@ -28,9 +28,9 @@ from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
-from orcasim.run import data_dir, make_requests, run_scenario
+from orcasim.run import data_dir, make_requests, run_scenario, scheduler_for
 from orcasim.scenario import Scenario, SystemConfig
-from orcasim.schedulers import SchedulerOutput, StepResult, build_scheduler
+from orcasim.schedulers import SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.workload.arrivals import TraceArrival
 
@@ -85,7 +85,7 @@ class RealServer:
         if clock not in ("wall", "cpu"):
             raise ValueError(f"--clock = {clock!r}: expected wall or cpu")
         self.model, self.requests, self.clock = model, requests, clock
-        self.scheduler = build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
+        self.scheduler = scheduler_for(scenario, system, requests)
         self.recorder = Recorder(len(requests))
         self.prompts = [rng.integers(0, model.args.vocab_size, int(p)).tolist()
                         for p in requests.prompt_tokens]
@@ -162,7 +162,7 @@ def capacity_rps(scenario: Scenario, system: SystemConfig, requests: Requests) -
     """Saturation throughput under the fitted cost: every request arrives at time zero."""
     burst = Requests(np.zeros(len(requests)), requests.prompt_tokens, requests.output_tokens,
                      requests.max_tokens)
-    scheduler = build_scheduler(system.scheduler, burst, scenario.kv_capacity_tokens)
+    scheduler = scheduler_for(scenario, system, burst)
     run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system), scenario.deployment())).run()
     return len(requests) / run.end_s
 

@@ -110,9 +110,8 @@ def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool
 @app.command()
 def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
-    from orcasim.run import data_dir, make_requests
+    from orcasim.run import data_dir, make_requests, scheduler_for
     from orcasim.scenario import load_scenario
-    from orcasim.schedulers import build_scheduler
 
     if _is_sweep_file(scenario):
         return _validate_sweep(scenario)
@@ -121,7 +120,7 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
         with data_dir(scenario.resolve().parent):
             requests = make_requests(sc)
         for system in sc.systems:  # constructors check settings against the requests
-            build_scheduler(system.scheduler, requests, sc.kv_capacity_tokens)
+            scheduler_for(sc, system, requests)
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")

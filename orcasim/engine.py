@@ -168,7 +168,8 @@ class Engine:
         return self.env.timeout(max(0.0, self.now_s - self.env.now))
 
     def _loop(self) -> Generator[simpy.Event, None, None]:
-        fast = self.mode == "fast"
+        # A scheduler whose contract declares no fast-forward steps as in reference mode.
+        fast = self.mode == "fast" and self.scheduler.fast_forward.enabled
         while True:
             self._admit_arrivals()
             plan = self.scheduler.schedule(self.now_s)

@@ -27,7 +27,7 @@ from orcasim.engine import ArrivalSource, EngineRun, admit_arrivals, finished_ru
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
-from orcasim.schedulers.base import SchedulerOutput, StepResult
+from orcasim.schedulers.base import STEP_BY_STEP, SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 
 
@@ -37,6 +37,9 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
     Each batch holds up to `max_batch_size` requests, chosen FCFS among the admitted
     requests not in flight, then topped up from the queue (KV reservation permitting).
     """
+
+    # PipelineEngine steps every iteration and never calls the hooks; nor may another engine.
+    fast_forward = STEP_BY_STEP
 
     def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int):
         super().__init__(cfg, requests, kv_capacity_tokens)

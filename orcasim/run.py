@@ -19,7 +19,7 @@ from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig, load_scenario
-from orcasim.schedulers import build_scheduler
+from orcasim.schedulers import Scheduler, build_scheduler
 from orcasim.workload import generate_requests
 
 
@@ -59,13 +59,20 @@ def make_requests(scenario: Scenario) -> Requests:
     return generate_requests(scenario.workload, np.random.default_rng(workload_seed))
 
 
-def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
+def scheduler_for(scenario: Scenario, system: SystemConfig, requests: Requests) -> Scheduler:
+    """`system`'s scheduler over `requests`, with the scenario's KV capacity and deployment."""
     assert scenario.kv_capacity_tokens is not None
+    deployment = scenario.deployment()
+    kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
+    return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes)
+
+
+def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
     cost = build_cost_model(scenario.system_cost(system), scenario.deployment())
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
     # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
     engine = pipeline_engine(scenario, system, requests, cost) or Engine(
-        requests, build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens), cost,
+        requests, scheduler_for(scenario, system, requests), cost,
         scenario.engine.mode, row_breaks_s=(scenario.warmup_s,), arrivals=arrival_source(requests),
     )
     run = engine.run()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,8 @@ from orcasim.metrics import requests_frame, summarize
 from orcasim.requests import ClientLoop, Requests
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
-from orcasim.schedulers import build_scheduler
+from orcasim.schedulers import SchedulerConfig, build_scheduler
+from orcasim.schedulers.base import STEP_BY_STEP
 from orcasim.schedulers.chunked import ChunkedConfig
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.paged import PagedConfig
@@ -29,7 +31,15 @@ SUMMARY_RTOL = 1e-9
 TIMESTAMPS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
 SUMMED_COLUMNS = ("num_iterations", "tokens", "context_tokens", "num_waiting", "preemptions",
                   "recomputed_tokens")
-KINDS = ("iteration_level", "request_level", "paged", "chunked")
+
+
+def scheduler_kinds() -> tuple[str, ...]:
+    """Every scheduler kind of the configuration union, so that no new kind escapes the tests."""
+    union = get_args(SchedulerConfig)[0]
+    return tuple(get_args(cfg.model_fields["kind"].annotation)[0] for cfg in get_args(union))
+
+
+KINDS = scheduler_kinds()
 
 
 def _orca(draw: st.DrawFn) -> IterationLevelConfig:
@@ -58,7 +68,22 @@ def _paged(draw: st.DrawFn, kind: str, longest_tokens: int) -> PagedConfig | Chu
     if kind == "chunked":  # budgets down to one token: decodes alone can exceed them
         return ChunkedConfig(kind="chunked", chunk_size_tokens=draw(st.integers(1, 40)), **memory)
     budget_tokens = draw(st.sampled_from([longest_tokens, longest_tokens + 7, 4096]))
-    return PagedConfig(kind="paged", max_num_batched_tokens=budget_tokens, **memory)
+    policy = draw(st.sampled_from(["mixed", "prefill_first"]))
+    padding = dict(pad_prompts=draw(st.booleans()),
+                   max_padding_tokens=draw(st.sampled_from([0, 8, 256])))
+    return PagedConfig(kind="paged", max_num_batched_tokens=max(budget_tokens, 8), policy=policy,
+                       **(padding if policy == "prefill_first" else {}), **memory)
+
+
+def _scheduler(draw: st.DrawFn, kind: str, longest_tokens: int) -> SchedulerConfig:
+    """A random configuration of `kind`: a kind without a strategy fails here (KeyError)."""
+    strategies = {
+        "iteration_level": lambda: _orca(draw),
+        "request_level": lambda: _static(draw),
+        "paged": lambda: _paged(draw, "paged", longest_tokens),
+        "chunked": lambda: _paged(draw, "chunked", longest_tokens),
+    }
+    return strategies[kind]()
 
 
 @st.composite
@@ -72,14 +97,13 @@ def scenarios(
     output = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     max_tokens = max(p + o for p, o in zip(prompt, output, strict=True)) + draw(st.integers(0, 30))
     kind = draw(st.sampled_from(kinds))
+    scheduler = _scheduler(draw, kind, max_tokens)
     if kind in ("paged", "chunked"):
-        scheduler = _paged(draw, kind, max_tokens)
         # Down to half the longest request (some never fit), often a few: preemptions.
         kv_capacity_tokens = draw(st.integers(max_tokens // 2, max_tokens * 4))
         block = scheduler.block_size_tokens
         kv_capacity_tokens = -(-kv_capacity_tokens // block) * block  # whole blocks
     else:
-        scheduler = _orca(draw) if kind == "iteration_level" else _static(draw)
         kv_capacity_tokens = max_tokens * draw(st.integers(1, 6)) + draw(st.integers(0, max_tokens))
     cost = LinearCostConfig(
         kind="linear", base_s=draw(st.floats(1e-4, 0.05)),
@@ -134,6 +158,14 @@ def assert_same_run(case: dict) -> pd.DataFrame:
 @given(scenarios())
 def test_fast_mode_matches_reference(case: dict) -> None:
     assert_same_run(case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_mode_matches_reference_for_every_kind(kind: str, data: st.DataObject) -> None:
+    # KINDS comes from the configuration union: a new kind is tested here or fails here.
+    assert_same_run(data.draw(scenarios(kinds=(kind,))))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -279,6 +311,8 @@ def test_fast_mode_jumps_over_paged_decodes(scheduler: PagedConfig | ChunkedConf
 
 class _NoHooks(IterationLevelScheduler):
     """A scheduler that changes update_from_output and so must opt out of the hooks."""
+
+    fast_forward = STEP_BY_STEP
 
     def update_from_output(self, out):  # type: ignore[no-untyped-def]
         return super().update_from_output(out)

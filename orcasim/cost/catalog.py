@@ -209,3 +209,7 @@ class Deployment(Strict):
     @property
     def kv_capacity_tokens(self) -> int:
         return derive_kv_capacity_tokens(self.model, self.hardware)
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> float:
+        return kv_bytes_per_token_per_gpu(self.model, self.hardware)

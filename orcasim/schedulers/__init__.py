@@ -11,6 +11,7 @@ from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
 from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+from orcasim.schedulers.prefill_first import PrefillFirstScheduler
 from orcasim.schedulers.request_level import RequestLevelConfig, RequestLevelScheduler
 
 SchedulerConfig = Annotated[
@@ -19,17 +20,26 @@ SchedulerConfig = Annotated[
 ]
 
 
-def build_scheduler(cfg: SchedulerConfig, requests: Requests, kv_capacity_tokens: int) -> Scheduler:
-    """Explicit factory: one line per scheduler kind."""
+def build_scheduler(
+    cfg: SchedulerConfig, requests: Requests, kv_capacity_tokens: int,
+    kv_bytes_per_token: float | None = None,
+) -> Scheduler:
+    """Explicit factory: one line per scheduler kind (and paged policy).
+
+    `kv_bytes_per_token`: one GPU's share of a token's KV, from the deployment when the
+    scenario has one; paged schedulers copy it when they swap.
+    """
     match cfg:
         case RequestLevelConfig():
             return RequestLevelScheduler(cfg, requests, kv_capacity_tokens)
         case IterationLevelConfig():
             return IterationLevelScheduler(cfg, requests, kv_capacity_tokens)
+        case PagedConfig(policy="prefill_first"):
+            return PrefillFirstScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
         case PagedConfig():
-            return PagedScheduler(cfg, requests, kv_capacity_tokens)
+            return PagedScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
         case ChunkedConfig():
-            return ChunkedScheduler(cfg, requests, kv_capacity_tokens)
+            return ChunkedScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
     raise AssertionError(f"unhandled scheduler config {cfg!r}")
 
 

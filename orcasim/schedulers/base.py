@@ -15,9 +15,9 @@ scheduler with a batching delay (Triton's max_queue_delay) can decide; none read
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -110,6 +110,34 @@ class ContinuedRun(DecodeRun):
 NO_RESULT = StepResult()
 
 
+@dataclass(frozen=True, slots=True)
+class FastForward:
+    """What a scheduler's fast-forward hooks assume: declared by each class, never inferred.
+
+    The hooks (`decode_run`, `admits_arrival`, `advance`, `continue_run`, `advance_run`)
+    predict what `schedule` and `update_from_output` would do over a run of iterations
+    without calling them. `assumes` names the methods whose behaviour they predict, and
+    `reason` says in one line why the prediction is exact. Every subclass of `Scheduler`
+    restates its contract in its own body (`Scheduler.__init_subclass__` enforces it):
+
+    * `fast_forward = Parent.fast_forward` keeps the parent's hooks; it is refused if the
+      class overrides one of the methods they assume (they would silently predict the
+      parent's behaviour, not the subclass's);
+    * a new `FastForward(...)` claims that the hooks still hold for the overrides, and says why;
+    * `STEP_BY_STEP` turns fast-forward off: the engine then steps every iteration.
+    """
+
+    assumes: tuple[str, ...]
+    reason: str
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.assumes)
+
+
+STEP_BY_STEP = FastForward((), "no fast-forward: schedule plans every iteration")
+
+
 def empty_output(kv_reserved_tokens: int, wake_at_s: float | None = None) -> SchedulerOutput:
     empty = np.zeros(0, dtype=np.int64)
     return SchedulerOutput(empty, empty, Batch(empty, empty), kv_reserved_tokens, wake_at_s)
@@ -117,6 +145,13 @@ def empty_output(kv_reserved_tokens: int, wake_at_s: float | None = None) -> Sch
 
 class Scheduler(ABC):
     """Common state: request table, token progress, the FCFS waiting queue and KV capacity."""
+
+    # Restated by every subclass (see FastForward); the base hooks step one iteration.
+    fast_forward: ClassVar[FastForward] = STEP_BY_STEP
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        check_fast_forward_declared(cls)
 
     def __init__(self, requests: Requests, kv_capacity_tokens: int) -> None:
         self.requests = requests
@@ -220,11 +255,22 @@ class Scheduler(ABC):
         raise NotImplementedError("only schedulers whose continue_run returns a run")
 
 
-@functools.cache
-def plans_like(cls: type[Scheduler], base: type[Scheduler]) -> bool:
-    """Whether `cls` keeps `base`'s `schedule` and `update_from_output`.
-
-    `base`'s fast-forward hooks predict exactly those two; a subclass that changes either
-    must opt out of the hooks (they then return None and the engine steps it).
-    """
-    return cls.schedule is base.schedule and cls.update_from_output is base.update_from_output
+def check_fast_forward_declared(cls: type[Scheduler]) -> None:
+    """Raise TypeError unless `cls` states its own fast-forward contract (see FastForward)."""
+    declared = cls.__dict__.get("fast_forward")
+    if not isinstance(declared, FastForward):
+        raise TypeError(
+            f"{cls.__name__} must declare `fast_forward` in its class body: the parent's "
+            "contract if the hooks still hold, a new FastForward saying why, or STEP_BY_STEP"
+        )
+    for parent in cls.__mro__[1:]:
+        if parent.__dict__.get("fast_forward") is not declared:
+            continue
+        changed = [name for name in declared.assumes if name in cls.__dict__]
+        if changed:
+            raise TypeError(
+                f"{cls.__name__} overrides {', '.join(changed)}, which the fast-forward hooks "
+                f"of {parent.__name__} assume; declare a new FastForward that says why they "
+                "still hold, or fast_forward = STEP_BY_STEP"
+            )
+        return

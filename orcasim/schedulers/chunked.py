@@ -26,6 +26,11 @@ class ChunkedConfig(PagedMemoryConfig):
 
 class ChunkedScheduler(PagedScheduler):
     chunked_prefill = True
+    # The paged hooks decline a run while any prompt chunk is left (paged_runs.decode_run).
+    fast_forward = PagedScheduler.fast_forward
 
-    def __init__(self, cfg: ChunkedConfig, requests: Requests, kv_capacity_tokens: int) -> None:
-        self._setup(cfg, requests, kv_capacity_tokens, cfg.chunk_size_tokens)
+    def __init__(
+        self, cfg: ChunkedConfig, requests: Requests, kv_capacity_tokens: int,
+        kv_bytes_per_token: float | None = None,
+    ) -> None:
+        self._setup(cfg, requests, kv_capacity_tokens, cfg.chunk_size_tokens, kv_bytes_per_token)

@@ -24,10 +24,10 @@ from orcasim.schedulers.base import (
     NO_RESULT,
     ContinuedRun,
     DecodeRun,
+    FastForward,
     Scheduler,
     SchedulerOutput,
     StepResult,
-    plans_like,
 )
 
 
@@ -40,6 +40,13 @@ class IterationLevelConfig(Strict):
 
 
 class IterationLevelScheduler(Scheduler):
+    fast_forward = FastForward(
+        assumes=("schedule", "update_from_output", "admit_head", "never_fits", "_admit",
+                 "_release"),
+        reason="between admissions and completions the running set only decodes, and a "
+               "fixed reservation per request keeps a blocked FCFS head blocked",
+    )
+
     def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int):
         super().__init__(requests, kv_capacity_tokens)
         self.max_batch_size = cfg.max_batch_size
@@ -106,8 +113,6 @@ class IterationLevelScheduler(Scheduler):
     # blocked, so the next change is the first completion or an admissible arrival.
 
     def decode_run(self, plan: SchedulerOutput) -> DecodeRun | None:
-        if not plans_like(type(self), IterationLevelScheduler):
-            return None
         ids = plan.req_ids
         generated = self.generated[ids]
         owed = self.requests.output_tokens[ids] - generated
@@ -151,8 +156,6 @@ class IterationLevelScheduler(Scheduler):
         return first, StepResult(EMPTY_IDS, done)
 
     def continue_run(self) -> ContinuedRun | None:
-        if not plans_like(type(self), IterationLevelScheduler):
-            return None
         if self.num_waiting or not self.running:
             return None
         ids = np.array(self.running, dtype=np.int64)

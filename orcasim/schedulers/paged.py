@@ -18,12 +18,13 @@ plus the tokens it already generated, in one step, which emits its next token (n
 output token is counted twice). Preemption by `swap` copies the victim's blocks to CPU
 memory (`swap_space_bytes`) over PCIe at `swap_bandwidth_bytes_per_s`, and back on
 readmission; the copy time is added to the iteration. When CPU space is full, a swap
-falls back to recompute. The defaults of `kv_bytes_per_token` describe OPT-13B in fp16:
-2 (K and V) x 40 layers x 5120 hidden x 2 bytes = 819,200 bytes (vLLM paper, section 3).
+falls back to recompute. The bytes copied per token are one GPU's share of the KV
+(`kv_bytes_per_token`, derived from the scenario's model and hardware unless given).
 
 Without chunking a request's whole prompt (or, after a recompute preemption, its prompt
 plus generated tokens) runs in one step, so `max_num_batched_tokens` must cover the
-longest such sequence. `orcasim.schedulers.chunked` lifts that limit.
+longest such sequence. `orcasim.schedulers.chunked` lifts that limit, and `orcasim.schedulers.prefill_first`
+follows vLLM before v1 (prompts in iterations of their own).
 
 The engine's fast mode skips `schedule` over runs of pure decodes, across KV block
 boundaries up to a completion or a preemption; `orcasim.schedulers.paged_runs` says when
@@ -34,20 +35,27 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Self
 
 import numpy as np
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from orcasim.config import Strict
 from orcasim.cost.base import Batch
 from orcasim.memory import PagedAllocator, blocks_for
 from orcasim.requests import Requests
 from orcasim.schedulers import paged_runs
-from orcasim.schedulers.base import ContinuedRun, DecodeRun, Scheduler, SchedulerOutput, StepResult
+from orcasim.schedulers.base import (
+    ContinuedRun,
+    DecodeRun,
+    FastForward,
+    Scheduler,
+    SchedulerOutput,
+    StepResult,
+)
 
-OPT_13B_KV_BYTES_PER_TOKEN = 2 * 40 * 5120 * 2  # K and V, layers, hidden size, fp16 bytes
 VLLM_SWAP_SPACE_BYTES = 4 * 2**30  # vLLM's default CPU swap space per GPU
+VLLM_V0_MAX_PADDINGS = 256  # vLLM v0.2.x-v0.3.x engine/arg_utils.py: max_paddings default
 MAX_LOST_CAPACITY_FRACTION = 0.01  # KV left over after whole blocks, silently unused
 PCIE4_X16_BYTES_PER_S = 25e9  # achievable host<->device copy rate of PCIe 4.0 x16 (32 GB/s peak)
 
@@ -61,19 +69,39 @@ class PagedMemoryConfig(Strict):
     watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
     swap_space_bytes: NonNegativeInt = VLLM_SWAP_SPACE_BYTES
     swap_bandwidth_bytes_per_s: PositiveFloat = PCIE4_X16_BYTES_PER_S
-    kv_bytes_per_token: PositiveInt = OPT_13B_KV_BYTES_PER_TOKEN
+    # One GPU's share of a token's KV; None: derived from the scenario's model and hardware.
+    kv_bytes_per_token: PositiveInt | None = None
 
 
 class PagedConfig(PagedMemoryConfig):
+    """`policy`: `mixed` (vLLM v1: prefills ride with decodes under one token budget) or
+    `prefill_first` (vLLM before v1; see `orcasim.schedulers.prefill_first`)."""
+
     kind: Literal["paged"]
     max_num_batched_tokens: PositiveInt = 4096
+    policy: Literal["mixed", "prefill_first"] = "mixed"
+    pad_prompts: bool = False
+    max_padding_tokens: NonNegativeInt = VLLM_V0_MAX_PADDINGS
+
+    @model_validator(mode="after")
+    def _policy_settings(self) -> Self:
+        if self.pad_prompts and self.policy != "prefill_first":
+            raise ValueError("pad_prompts applies only to policy: prefill_first (vLLM v0.2-v0.3)")
+        if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM's SchedulerConfig._verify_args: every running decode must fit a step.
+            raise ValueError(
+                f"max_num_batched_tokens = {self.max_num_batched_tokens} is below max_num_seqs = "
+                f"{self.max_num_seqs}; expected >= max_num_seqs, as vLLM requires"
+            )
+        return self
 
 
 @dataclass
-class _Plan:
-    """One iteration being assembled."""
+class Plan:
+    """One iteration being assembled (also what an admission check is asked against)."""
 
     budget_tokens: int
+    prompts_only: bool = False  # a prefill-first prompt iteration (no decodes)
     ids: list[int] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     preemptions: int = 0
@@ -102,26 +130,40 @@ class PagedScheduler(Scheduler):
     """vLLM-style continuous batching over paged KV; `chunked_prefill` is Sarathi's variant."""
 
     chunked_prefill = False
+    fast_forward = FastForward(
+        assumes=("schedule", "update_from_output", "_schedule_running", "_make_room",
+                 "_preempt", "_admit", "_admissible_head", "_admission", "_next_candidate",
+                 "_join", "_take_candidate", "_num_new_tokens", "_can_grow", "_fits_batch", "_reserved_blocks",
+                 "_add_running", "_cost_batch", "_join_plan", "release", "never_fits",
+                 "known_tokens"),
+        reason="between admissions, completions and preemptions the running set only decodes; "
+               "free blocks only fall, so a blocked FCFS head stays blocked (paged_runs)",
+    )
 
-    def __init__(self, cfg: PagedConfig, requests: Requests, kv_capacity_tokens: int) -> None:
-        self._setup(cfg, requests, kv_capacity_tokens, cfg.max_num_batched_tokens)
+    def __init__(
+        self, cfg: PagedConfig, requests: Requests, kv_capacity_tokens: int,
+        kv_bytes_per_token: float | None = None,
+    ) -> None:
+        self._setup(cfg, requests, kv_capacity_tokens, cfg.max_num_batched_tokens,
+                    kv_bytes_per_token)
         self._check_budget()
 
     def _setup(
         self, cfg: PagedMemoryConfig, requests: Requests, kv_capacity_tokens: int,
-        token_budget: int,
+        token_budget: int, kv_bytes_per_token: float | None,
     ) -> None:
+        """`kv_bytes_per_token`: one GPU's share, derived from the deployment (cfg's wins)."""
         super().__init__(requests, kv_capacity_tokens)
         self.cfg = cfg
         self.token_budget = token_budget
         num_blocks = num_blocks_for_capacity(kv_capacity_tokens, cfg.block_size_tokens)
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens)
+        self.watermark_blocks = int(cfg.watermark * num_blocks)
         # Peak KV: every token but the last generated one, whose KV is never computed.
         self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
-        self._fits_alone = blocks_for(self._peak_tokens, cfg.block_size_tokens) <= num_blocks
-        self.watermark_blocks = int(cfg.watermark * num_blocks)
-        block_bytes = cfg.kv_bytes_per_token * cfg.block_size_tokens
-        self.swap_capacity_blocks = cfg.swap_space_bytes // block_bytes
+        peak_blocks = blocks_for(self._peak_tokens, cfg.block_size_tokens)
+        self._fits_alone = peak_blocks + self._blocks_kept_free_alone() <= num_blocks
+        self.swap_capacity_blocks = self._swap_capacity_blocks(kv_bytes_per_token)
         self.swapped_blocks = 0  # blocks now held in CPU memory
         n = len(requests)
         self.running: list[int] = []  # holds GPU blocks, in admission order
@@ -131,6 +173,22 @@ class PagedScheduler(Scheduler):
         self.peak_computed = np.zeros(n, dtype=np.int64)  # to tell recomputation from progress
         self.preemptions_total = 0
         self.recomputed_tokens_total = 0
+
+    def _swap_capacity_blocks(self, derived_kv_bytes_per_token: float | None) -> int:
+        kv_bytes = self.cfg.kv_bytes_per_token or derived_kv_bytes_per_token
+        if kv_bytes is None:
+            if self.cfg.preemption == "swap":
+                raise ValueError(
+                    "scheduler.preemption = 'swap' needs the bytes of a token's KV: give "
+                    "scheduler.kv_bytes_per_token, or the scenario keys 'model' and 'hardware'"
+                )
+            return 0  # recompute never swaps
+        self.kv_bytes_per_token = float(kv_bytes)
+        return int(self.cfg.swap_space_bytes // (kv_bytes * self.cfg.block_size_tokens))
+
+    def _blocks_kept_free_alone(self) -> int:
+        """Blocks a request running alone must leave free; more means it never fits."""
+        return 0
 
     def _check_budget(self) -> None:
         """Without chunking the longest (re)prefill must fit one step's token budget."""
@@ -159,13 +217,13 @@ class PagedScheduler(Scheduler):
         return need if need <= budget_tokens else 0
 
     def schedule(self, now_s: float) -> SchedulerOutput:
-        plan = _Plan(self.token_budget)
+        plan = Plan(self.token_budget)
         self._schedule_running(plan)
         if plan.preemptions == 0:
             self._admit(plan)
         return self._output(plan)
 
-    def _schedule_running(self, plan: _Plan) -> None:
+    def _schedule_running(self, plan: Plan) -> None:
         i = 0
         while i < len(self.running):
             req = self.running[i]
@@ -175,17 +233,23 @@ class PagedScheduler(Scheduler):
             self._add(plan, req, num_new)
             i += 1
 
-    def _make_room(self, req: int, num_new: int, plan: _Plan) -> bool:
+    def _make_room(self, req: int, num_new: int, plan: Plan) -> bool:
         """Grow `req`'s blocks, preempting the newest running requests; False if `req` went."""
         target_tokens = int(self.computed[req]) + num_new
-        while self.allocator.grow_to(req, target_tokens) is None:
+        while not self._can_grow(req, target_tokens):
             victim = self.running.pop()  # newest; everyone before `req` is already planned
             self._preempt(victim, plan)
             if victim == req:
                 return False
+        grown = self.allocator.grow_to(req, target_tokens)  # not inside the assert (python -O)
+        assert grown is not None, "_can_grow counted the free blocks"
         return True
 
-    def _preempt(self, victim: int, plan: _Plan) -> None:
+    def _can_grow(self, req: int, target_tokens: int) -> bool:
+        """Whether `req`'s table can grow to `target_tokens` now, without a preemption."""
+        return self.allocator.blocks_to_hold(req, target_tokens) <= self.allocator.num_free_blocks
+
+    def _preempt(self, victim: int, plan: Plan) -> None:
         blocks = self.allocator.free(victim)
         self.preemptions_per_request[victim] += 1
         self.preemptions_total += 1
@@ -200,7 +264,7 @@ class PagedScheduler(Scheduler):
             heapq.heappush(self.resumable, victim)
 
     def _copy_time_s(self, blocks: int) -> float:
-        copied_bytes = blocks * self.cfg.block_size_tokens * self.cfg.kv_bytes_per_token
+        copied_bytes = blocks * self.cfg.block_size_tokens * self.kv_bytes_per_token
         return copied_bytes / self.cfg.swap_bandwidth_bytes_per_s
 
     def _next_candidate(self) -> int | None:
@@ -208,37 +272,50 @@ class PagedScheduler(Scheduler):
         heads = [q[0] for q in (self.swapped, self.resumable) if q]
         return min(heads) if heads else self._peek_waiting()
 
-    def _admit(self, plan: _Plan) -> None:
-        while (head := self._admissible_head(plan.budget_tokens)) is not None:
-            req, num_new, need = head
-            blocks = self.allocator.allocate(req, need)  # not inside the assert: python -O drops it
-            assert blocks is not None, "_admission counted the free blocks"
-            self._take_candidate(req, plan)
-            self.running.append(req)
-            self._add(plan, req, num_new)
+    def _admit(self, plan: Plan) -> None:
+        while (head := self._admissible_head(plan)) is not None:
+            self._join(plan, *head)
 
-    def _admissible_head(self, budget_tokens: int) -> tuple[int, int, int] | None:
-        """The FCFS head, its tokens and its new blocks, if it can join now; else None."""
+    def _join(self, plan: Plan, req: int, num_new: int, need_blocks: int) -> None:
+        """The candidate `req` joins `plan` with `num_new` tokens and `need_blocks` new blocks."""
+        blocks = self.allocator.allocate(req, need_blocks)  # not in the assert: python -O drops it
+        assert blocks is not None, "_admission counted the free blocks"
+        self._take_candidate(req, plan)
+        self._add_running(req)
+        self._add(plan, req, num_new)
+
+    def _add_running(self, req: int) -> None:
+        self.running.append(req)
+
+    def _admissible_head(self, plan: Plan) -> tuple[int, int, int] | None:
+        """The FCFS head, its tokens and its new blocks, if it can join `plan` now; else None."""
         req = self._next_candidate()
         if req is None:
             return None
-        admission = self._admission(req, budget_tokens)
+        admission = self._admission(req, plan)
         return None if admission is None else (req, *admission)
 
-    def _admission(self, req: int, budget_tokens: int) -> tuple[int, int] | None:
-        """Tokens and new blocks of `req` if, as the head, it could join now; else None."""
+    def _admission(self, req: int, plan: Plan) -> tuple[int, int] | None:
+        """Tokens and new blocks of `req` if, as the head, it could join `plan` now; else None."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        num_new = self._num_new_tokens(req, budget_tokens)
-        if num_new == 0:
+        num_new = self._num_new_tokens(req, plan.budget_tokens)
+        if num_new == 0 or not self._fits_batch(plan, num_new):
             return None
         need = self.allocator.blocks_to_hold(req, int(self.computed[req]) + num_new)
-        reserve = self.watermark_blocks if self.running else 0
-        if need + reserve > self.allocator.num_free_blocks:
+        if need + self._reserved_blocks() > self.allocator.num_free_blocks:
             return None  # FCFS: never skip ahead of a request that does not fit
         return num_new, need
 
-    def _take_candidate(self, req: int, plan: _Plan) -> None:
+    def _fits_batch(self, plan: Plan, num_new: int) -> bool:
+        """Batch limits beyond the token budget (prefill-first padding); none here."""
+        return True
+
+    def _reserved_blocks(self) -> int:
+        """The watermark an admission must leave free; waived when nothing runs (vLLM v1)."""
+        return self.watermark_blocks if self.running else 0
+
+    def _take_candidate(self, req: int, plan: Plan) -> None:
         if self.swapped and self.swapped[0] == req:
             heapq.heappop(self.swapped)
             plan.swap_time_s += self._copy_time_s(int(self.cpu_blocks[req]))
@@ -247,16 +324,17 @@ class PagedScheduler(Scheduler):
         elif self.resumable and self.resumable[0] == req:
             heapq.heappop(self.resumable)
         else:
-            assert self._pop_waiting() == req
+            popped = self._pop_waiting()  # not inside the assert: python -O drops it
+            assert popped == req
 
-    def _add(self, plan: _Plan, req: int, num_new: int) -> None:
+    def _add(self, plan: Plan, req: int, num_new: int) -> None:
         redo = int(self.peak_computed[req] - self.computed[req])
         plan.recomputed_tokens += min(max(redo, 0), num_new)
         plan.ids.append(req)
         plan.num_new.append(num_new)
         plan.budget_tokens -= num_new
 
-    def _output(self, plan: _Plan) -> SchedulerOutput:
+    def _output(self, plan: Plan) -> SchedulerOutput:
         ids = np.array(plan.ids, dtype=np.int64)
         num_new = np.array(plan.num_new, dtype=np.int64)
         context = self.computed[ids] + num_new
@@ -268,10 +346,14 @@ class PagedScheduler(Scheduler):
         assert self.swapped_blocks <= self.swap_capacity_blocks
         self.recomputed_tokens_total += plan.recomputed_tokens
         return SchedulerOutput(
-            ids, num_new, Batch(num_new, context), allocated, kv_used_tokens=used,
+            ids, num_new, self._cost_batch(plan, num_new, context), allocated, kv_used_tokens=used,
             preemptions=plan.preemptions, recomputed_tokens=plan.recomputed_tokens,
             swap_time_s=plan.swap_time_s,
         )
+
+    def _cost_batch(self, plan: Plan, num_new: np.ndarray, context: np.ndarray) -> Batch:
+        """What the cost model sees: the tokens computed (a padding policy pads them)."""
+        return Batch(num_new, context)
 
     def update_from_output(self, out: SchedulerOutput) -> StepResult:
         ids = out.req_ids
@@ -285,10 +367,10 @@ class PagedScheduler(Scheduler):
         first = emitting[self.generated[emitting] == 1]
         done = emitting[self.generated[emitting] == self.requests.output_tokens[emitting]]
         if len(done):
-            self._release(done)
+            self.release(done)
         return StepResult(first, done)
 
-    def _release(self, done: np.ndarray) -> None:
+    def release(self, done: np.ndarray) -> None:
         """Free finished requests' blocks, in batch order, and drop them from `running`."""
         for req in done.tolist():
             self.allocator.free(req)
@@ -297,6 +379,25 @@ class PagedScheduler(Scheduler):
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.resumable or self.swapped) or self.num_waiting > 0
+
+    # What the fast-forward hooks (orcasim.schedulers.paged_runs) ask of the policy.
+
+    # Blocks a decode step must leave free for it to be sure nobody is preempted.
+    spare_blocks_per_step = 0
+
+    def can_join(self, num_decoding: int) -> bool:
+        """Whether the next `schedule`, with `num_decoding` decodes planned, would admit anyone."""
+        return self._admissible_head(self._join_plan(num_decoding)) is not None
+
+    def arrival_can_join(self, req_id: int) -> bool:
+        """Whether `req_id`, queued now, would join at the next `schedule` (FCFS: only as head)."""
+        if self._next_candidate() is not None:
+            return False
+        return self._admission(req_id, self._join_plan(len(self.running))) is not None
+
+    def _join_plan(self, num_decoding: int) -> Plan:
+        """The plan an admission would join after `num_decoding` decodes took their tokens."""
+        return Plan(self.token_budget - num_decoding)
 
     # Fast-forward hooks (see Scheduler); the reasoning is in `orcasim.schedulers.paged_runs`.
 

@@ -6,11 +6,14 @@ at such an iteration is known without calling it, as long as
 
 * every running request is decoding (none has prompt tokens, or a chunk of them, left)
   and all fit the token budget, so that all are planned, one token each;
-* the FCFS head (preempted requests first, then the waiting queue) cannot join. Within
+* the FCFS head (preempted requests first, then the waiting queue) cannot join
+  (`PagedScheduler.can_join`, which each policy defines). Within
   a run the running set, the token budget left after the decodes and the head's own
   needs are fixed, and free blocks only go down, so a head that cannot join at the
   run's start cannot join at any of its iterations;
-* no block allocation fails, which would preempt.
+* no block allocation fails, which would preempt (under `prefill_first`, whose
+  `can_append_slot` wants a block free before every decode, no step may leave none:
+  `spare_blocks_per_step`).
 
 Runs cross KV block boundaries. Request i, whose next decode computes the token at
 position p_i, takes a block at step j exactly when p_i + j is a multiple of the block
@@ -43,7 +46,6 @@ from orcasim.schedulers.base import (
     DecodeRun,
     SchedulerOutput,
     StepResult,
-    plans_like,
 )
 
 if TYPE_CHECKING:
@@ -91,8 +93,10 @@ def _block_growth(
     cum = np.cumsum(np.bincount(room, minlength=block))
     # Steps 0..j take (j // b) B + cum[j % b] blocks: the first period that takes more
     # than the free blocks is free // B, and within it the first r with cum[r] > over.
-    period, over = divmod(s.allocator.num_free_blocks, size)
-    fits = period * block + int(np.searchsorted(cum, over, side="right"))
+    # A policy may need blocks left free after each step (`spare_blocks_per_step`).
+    available = s.allocator.num_free_blocks - s.spare_blocks_per_step
+    period, over = divmod(available, size)
+    fits = period * block + int(np.searchsorted(cum, over, side="right")) if available >= 0 else 0
     steps = min(max_steps, fits)
     j = np.arange(steps)
     taken = (j // block) * size + cum[j % block]
@@ -105,33 +109,33 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
     """The run after `plan` up to its first completion or failing allocation (maybe 0 steps)."""
     ids = plan.req_ids
     size = len(ids)
-    if size != len(s.running) or size > s.token_budget or not _owns_hooks(s):
+    if size != len(s.running) or size > s.token_budget:
         return None  # someone running is not planned (or a subclass plans otherwise)
     known = s.requests.prompt_tokens[ids] + s.generated[ids]
     if not np.array_equal(s.computed[ids] + plan.num_new_tokens, known):
         return None  # a prompt chunk: that request emits nothing and is not decoding next
-    if s._admissible_head(s.token_budget - size) is not None:
+    if s.can_join(size):
         return None
     # After the plan each has computed its known tokens and emitted one more: step j
     # computes the token at known + j.
     owed = s.requests.output_tokens[ids] - s.generated[ids] - 1
     steps, growth, reserved = _block_growth(s, ids, known, int(owed.min()))
     run = PagedRun(steps, known + 1, owed, growth)
-    run.context_total = plan.batch.total_context_tokens + size  # each reads one more
+    run.context_total = sum(known.tolist()) + size  # each reads one more (plan.batch may pad)
     run.step_reserved_tokens = reserved
     return run
 
 
 def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
     """The decodes the next iterations would plan, up to a completion or failing allocation."""
-    if not s.running or not _owns_hooks(s):
+    if not s.running:
         return None
     ids = np.array(s.running, dtype=np.int64)
     size, computed, generated = len(ids), s.computed[ids], s.generated[ids]
     known = s.requests.prompt_tokens[ids] + generated
     if size > s.token_budget or (known - computed != 1).any():  # the method: no wrapper
         return None  # not all planned, or a prompt (chunk) still to compute
-    if s._admissible_head(s.token_budget - size) is not None:
+    if s.can_join(size):
         return None
     owed = s.requests.output_tokens[ids] - generated
     steps, growth, reserved = _block_growth(s, ids, computed, int(owed.min()))
@@ -146,10 +150,8 @@ def admits_arrival(s: PagedScheduler, req_id: int) -> bool:
     """FCFS: a run exists only while the head cannot join, and an arrival queues behind it."""
     if s.never_fits(req_id):
         return True  # turned away, so a later arrival might join: say yes (always safe)
-    if s._next_candidate() is not None:
-        return False
     # As the head, with the free blocks of the run's start (never fewer later: safe).
-    return s._admission(req_id, s.token_budget - len(s.running)) is not None
+    return s.arrival_can_join(req_id)
 
 
 def advance(
@@ -171,13 +173,6 @@ def advance_run(s: PagedScheduler, run: ContinuedRun, num_steps: int) -> StepRes
     return _decode(s, run.req_ids, num_steps, run.owed)
 
 
-def _owns_hooks(s: PagedScheduler) -> bool:
-    """The hooks predict PagedScheduler's schedule/update; a subclass changing them opts out."""
-    from orcasim.schedulers.paged import PagedScheduler  # paged imports this module
-
-    return plans_like(type(s), PagedScheduler)
-
-
 def _allocate(s: PagedScheduler, growth: _Growth, num_steps: int) -> None:
     """The blocks of `num_steps` steps: step by step, batch order within a step, as
     `schedule` grows them (one call gives the same blocks: nothing is freed in between)."""
@@ -194,5 +189,5 @@ def _decode(s: PagedScheduler, ids: np.ndarray, num_steps: int, owed: np.ndarray
     s.generated[ids] += num_steps
     done = ids[owed == num_steps]
     if len(done):
-        s._release(done)
+        s.release(done)
     return StepResult(EMPTY_IDS, done)

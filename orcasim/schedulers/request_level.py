@@ -22,6 +22,7 @@ from orcasim.requests import Requests
 from orcasim.schedulers.base import (
     NO_RESULT,
     DecodeRun,
+    FastForward,
     Scheduler,
     SchedulerOutput,
     StepResult,
@@ -37,6 +38,12 @@ class RequestLevelConfig(Strict):
 
 
 class RequestLevelScheduler(Scheduler):
+    fast_forward = FastForward(
+        assumes=("schedule", "update_from_output", "_form_batch", "_costed_lengths", "_plan"),
+        reason="a static batch admits nobody until it ends, and between the steps at which a "
+               "costed member drops out every step is the same pure decode",
+    )
+
     def __init__(self, cfg: RequestLevelConfig, requests: Requests, kv_capacity_tokens: int):
         super().__init__(requests, kv_capacity_tokens)
         self.cfg = cfg

@@ -1,0 +1,160 @@
+"""vLLM's prefill-first scheduler (v0.2-v0.5), driven in plain Python with hand-made steps.
+
+Each trace is worked out by hand from the rules of `vllm/core/scheduler.py` and
+`block_manager.py` of v0.2.3 (see orcasim.schedulers.prefill_first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kv_driver import assert_paged_end_state, check_paged_step, drive, make_requests, planned_tokens
+
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+from orcasim.schedulers.prefill_first import PrefillFirstScheduler
+
+
+def _sched(reqs, capacity: int, **kw) -> PagedScheduler:
+    cfg = PagedConfig.model_validate({"kind": "paged", "policy": "prefill_first",
+                                      "watermark": 0.0, **kw})
+    return build_scheduler(cfg, reqs, capacity)
+
+
+def test_prompts_run_alone_and_decodes_wait() -> None:
+    # A, B at step 0; C at step 2. C's prompt gets an iteration of its own: A and B stall.
+    reqs = make_requests([3, 2, 5], [4, 3, 2], arrivals=[0, 0, 2])
+    sched = _sched(reqs, capacity=40, block_size_tokens=2, max_num_seqs=4,
+                   max_num_batched_tokens=16)
+    assert isinstance(sched, PrefillFirstScheduler)
+    trace = drive(sched, reqs, check_paged_step)
+    assert planned_tokens(trace) == [{0: 3, 1: 2}, {0: 1, 1: 1}, {2: 5}, {0: 1, 1: 1, 2: 1},
+                                     {0: 1}]
+    assert trace.finish_step == {1: 3, 2: 3, 0: 4}
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_the_mixed_policy_lets_the_prompt_ride_with_decodes() -> None:
+    # The same requests under vLLM v1's rule: C's prompt joins A's and B's decodes.
+    reqs = make_requests([3, 2, 5], [4, 3, 2], arrivals=[0, 0, 2])
+    cfg = PagedConfig(kind="paged", watermark=0.0, block_size_tokens=2, max_num_seqs=4,
+                      max_num_batched_tokens=16)
+    trace = drive(build_scheduler(cfg, reqs, 40), reqs, check_paged_step)
+    assert planned_tokens(trace)[2] == {0: 1, 1: 1, 2: 5}
+
+
+def test_padding_limits_which_prompts_share_an_iteration() -> None:
+    # 10 + 100 padded to 2 x 100 = 200 tokens with 90 of padding: above 64, so apart.
+    reqs = make_requests([10, 100], [2, 2])
+    sched = _sched(reqs, capacity=400, block_size_tokens=2, max_num_batched_tokens=256,
+                   pad_prompts=True, max_padding_tokens=64)
+    trace = drive(sched, reqs, check_paged_step)
+    assert planned_tokens(trace) == [{0: 10}, {1: 100}, {0: 1, 1: 1}]
+
+
+def test_padded_prompts_are_costed_at_the_longest() -> None:
+    reqs = make_requests([10, 40, 40], [2, 2, 2])
+    sched = _sched(reqs, capacity=400, block_size_tokens=2, max_num_batched_tokens=100, max_num_seqs=8,
+                   pad_prompts=True)
+    for req in range(3):
+        sched.add_request(req)
+    plan = sched.schedule(0.0)
+    # A third prompt would make 3 x 40 = 120 padded tokens, above the budget of 100.
+    assert plan.req_ids.tolist() == [0, 1]
+    assert plan.num_new_tokens.tolist() == [10, 40]
+    assert plan.batch.query_tokens.tolist() == [40, 40]
+    assert plan.batch.context_tokens.tolist() == [40, 40]
+
+
+def test_the_watermark_holds_even_when_nothing_runs() -> None:
+    # 100 blocks of one token, 5 kept free. Peak 95 tokens needs 95 + 1 + 5 > 100: rejected.
+    reqs = make_requests([95, 90], [1, 4], max_tokens=100)
+    sched = _sched(reqs, capacity=100, block_size_tokens=1, watermark=0.05)
+    trace = drive(sched, reqs, check_paged_step)
+    assert sched.rejected_ids == [0]
+    assert planned_tokens(trace)[0] == {1: 90}
+    # vLLM v1's rule waives the watermark for a lone request, which then fits.
+    mixed = build_scheduler(PagedConfig(kind="paged", block_size_tokens=1, watermark=0.05),
+                            reqs, 100)
+    assert not mixed.never_fits(0)
+
+
+def test_a_decode_needs_a_free_block_even_when_it_takes_none() -> None:
+    # 5 blocks of 4. After the prompts A (8) and B (7) hold 2 blocks each. At step 1 A takes
+    # the last free block; B needs none but finds no block free, so it preempts itself
+    # (can_append_slot). Recomputed at step 2 (7 + 1 tokens, 2 blocks), it is preempted
+    # again at step 3; at step 4 its 9 tokens need 3 blocks, 2 are free, so A decodes.
+    reqs = make_requests([8, 7], [4, 3])
+    sched = _sched(reqs, capacity=20, block_size_tokens=4)
+    trace = drive(sched, reqs, check_paged_step)
+    assert planned_tokens(trace) == [{0: 8, 1: 7}, {0: 1}, {1: 8}, {0: 1}, {0: 1}, {1: 9}]
+    assert [p.preemptions for p in trace.plans] == [0, 1, 0, 1, 0, 0]
+    assert_paged_end_state(sched, reqs, trace)
+    # vLLM v1's rule grows B without a preemption: it needs no block at step 1.
+    mixed = build_scheduler(PagedConfig(kind="paged", watermark=0.0, block_size_tokens=4),
+                            reqs, 20)
+    assert planned_tokens(drive(mixed, reqs))[1] == {0: 1, 1: 1}
+
+
+def test_nothing_is_prefilled_while_a_request_is_swapped_out() -> None:
+    # As above with swap: B is swapped out at step 1 and C arrives at step 2, yet C's
+    # prompt waits until B is back (step 4, once A is done); copies cost 1 s a token.
+    reqs = make_requests([8, 7, 2], [4, 3, 1], arrivals=[0, 0, 2])
+    sched = _sched(reqs, capacity=20, block_size_tokens=4, preemption="swap",
+                   swap_space_bytes=100, kv_bytes_per_token=1, swap_bandwidth_bytes_per_s=1.0)
+    trace = drive(sched, reqs, check_paged_step)
+    assert planned_tokens(trace) == [{0: 8, 1: 7}, {0: 1}, {0: 1}, {0: 1}, {1: 1}, {2: 2},
+                                     {1: 1}]
+    assert [p.swap_time_s for p in trace.plans] == [0.0, 8.0, 0.0, 0.0, 8.0, 0.0, 0.0]
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_a_readmitted_request_decodes_in_arrival_order() -> None:
+    # B (id 1) is preempted and readmitted after C (id 2) started: running stays [0, 1, 2].
+    reqs = make_requests([8, 7, 1], [6, 3, 8], arrivals=[0, 0, 1])
+    sched = _sched(reqs, capacity=24, block_size_tokens=4)
+    orders = []
+    drive(sched, reqs, lambda s, out: orders.append(list(s.running)))
+    assert all(order == sorted(order) for order in orders)
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="pad_prompts applies only to policy: prefill_first"):
+        PagedConfig(kind="paged", pad_prompts=True)
+    with pytest.raises(ValueError, match="expected >= max_num_seqs"):
+        PagedConfig(kind="paged", policy="prefill_first", max_num_seqs=64,
+                    max_num_batched_tokens=32)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_runs_keep_the_paged_invariants(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 12))
+    prompts = data.draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
+    outputs = data.draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    arrivals = np.cumsum(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    reqs = make_requests(prompts, outputs, arrivals=arrivals.tolist())
+    block = data.draw(st.integers(1, 8))
+    longest = max(p + o for p, o in zip(prompts, outputs, strict=True))
+    capacity = block * data.draw(st.integers(1, 3 * longest // block + 2))
+    sched = _sched(reqs, capacity, block_size_tokens=block, max_num_seqs=8,
+                   max_num_batched_tokens=max(longest, 8), pad_prompts=data.draw(st.booleans()),
+                   preemption=data.draw(st.sampled_from(["recompute", "swap"])),
+                   watermark=data.draw(st.sampled_from([0.0, 0.1])),
+                   swap_space_bytes=data.draw(st.sampled_from([0, 64, 10**6])),
+                   kv_bytes_per_token=1)
+    trace = drive(sched, reqs, _check_prefill_first_step)
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def _check_prefill_first_step(sched, out) -> None:
+    """A plan is all prompts (nothing computed yet) or all decodes (one known token left)."""
+    check_paged_step(sched, out)
+    ids = out.req_ids
+    known = sched.requests.prompt_tokens[ids] + sched.generated[ids]
+    prompts, decodes = sched.computed[ids] == 0, known - sched.computed[ids] == 1
+    assert prompts.all() or decodes.all()
+    assert (out.num_new_tokens == known - sched.computed[ids]).all()  # never a chunk
