@@ -222,6 +222,41 @@ def plot(
 
 
 @app.command()
+def fidelity(
+    scenario: ScenarioArg,
+    real: Annotated[list[Path], typer.Option(help="A real run's per-request log (repeatable).")],
+    system: Annotated[list[str] | None, typer.Option(help="System(s) to compare (default all).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="Log format: auto, orcasim.")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="Folder (default results/fidelity/<name>).")] = None,
+    set_: SetOpt = None,
+    force: Annotated[bool, typer.Option(help="Overwrite existing results.")] = False,
+    plots: Annotated[bool, typer.Option(help="Write real-against-simulated CDF plots.")] = True,
+) -> None:
+    """Replay each real run's arrivals and lengths through SCENARIO; compare the percentiles."""
+    from orcasim.fidelity import fidelity_table, headline_error
+    from orcasim.results import default_results_dir, write_fidelity
+    from orcasim.scenario import load_scenario
+
+    try:
+        sc = load_scenario(scenario, set_ or [])
+        names = system or [s.name for s in sc.systems]
+        unknown = [n for n in names if n not in {s.name for s in sc.systems}]
+        if unknown:
+            fail(f"--system = {unknown[0]!r}: expected one of {', '.join(s.name for s in sc.systems)}")
+        out_dir = out or default_results_dir(sc.name, Path("results") / "fidelity")
+        if out_dir.exists() and not force:
+            fail(f"{out_dir} already exists; pass --force to overwrite it")
+        table, frames = fidelity_table(sc, real, names, fmt, scenario.resolve().parent)
+        write_fidelity(table, frames, out_dir, force=force, plots=plots)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    for (run, name), rows in table.groupby(["run", "system"], sort=False):
+        title = f"{run} / {name}: median |error| at p50 and p90 = {headline_error(rows):.1%}"
+        console.print(frame_table(rows.drop(columns=["run", "system"]), title))
+    typer.echo(f"results written to {out_dir}/")
+
+
+@app.command()
 def check(
     update: Annotated[bool, typer.Option(help="Rewrite the baselines from this run.")] = False,
     scenarios: Annotated[Path, typer.Option(help="Regression scenarios.")] = Path("scenarios/regression"),

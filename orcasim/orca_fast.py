@@ -158,7 +158,14 @@ class OrcaFastLoop:
                 if t >= cut_s:
                     break
             return ends_s
-        intercept_s, x0, dx, slope_s = line
+        intercept_s, x0, dx, slope_s, floor_s, plus_s = line
+        if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
+            for k in range(num_steps):
+                t += max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s
+                ends_s.append(t)
+                if t >= cut_s:
+                    break
+            return ends_s
         for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
             t += intercept_s + (x0 + dx * k) * slope_s
             ends_s.append(t)

@@ -52,6 +52,24 @@ def latency_cdfs(requests: pd.DataFrame) -> Figure:
     return fig
 
 
+def fidelity_cdfs(frame: pd.DataFrame, title: str) -> Figure:
+    """Real against simulated CDFs of TTFT, TPOT and E2E; `frame` has a `source` column."""
+    fig = Figure(figsize=(13, 4), layout="constrained")
+    for ax, metric in zip(fig.subplots(1, 3), ("ttft_s", "tpot_s", "e2e_s"), strict=True):
+        for source, rows in frame.groupby("source", sort=False):
+            values = np.sort(rows[metric].dropna().to_numpy())
+            if len(values):
+                style = "-" if source == "real" else "--"
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), style,
+                        label=str(source))
+        ax.set_xlabel(CDF_METRICS[metric])
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.suptitle(title)
+    return fig
+
+
 TIMELINE_COLUMNS = {
     "batch_size": "batch size (requests)",
     "num_waiting": "queue length (requests)",

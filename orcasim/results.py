@@ -119,6 +119,31 @@ def write_scenario_sweep(
     return write_atomically(out_dir, fill, force)
 
 
+def write_fidelity(
+    table: pd.DataFrame, frames: dict[str, pd.DataFrame], out_dir: Path, force: bool = False,
+    plots: bool = True,
+) -> Path:
+    """`orcasim fidelity`'s folder: fidelity.csv (run, system, metric, percentile, real,
+    simulated, rel_error), summary.json (the headline error per run and system) and one
+    real-against-simulated CDF figure per run and system, atomically."""
+    from orcasim.fidelity import headline_error
+
+    def fill(tmp: Path) -> None:
+        table.to_csv(tmp / "fidelity.csv", index=False)
+        summary = {f"{run}/{system}": headline_error(rows)
+                   for (run, system), rows in table.groupby(["run", "system"], sort=False)}
+        (tmp / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+        if plots:
+            from orcasim.plots import fidelity_cdfs
+
+            for key, frame in frames.items():
+                stem = key.replace("/", "__")
+                save_figure(fidelity_cdfs(frame, f"{key}: real against simulated"),
+                            tmp / f"{stem}_cdf.png")
+
+    return write_atomically(out_dir, fill, force)
+
+
 def save_figure(fig: Figure, path: Path, svg: bool = False) -> list[Path]:
     """Write `fig` as PNG at `path` (and beside it as SVG). Figures made without pyplot
     need no closing: they are freed with their last reference."""

@@ -8,9 +8,10 @@ from pydantic import Field
 
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.catalog import Deployment
+from orcasim.cost.catalog import Deployment, layers_per_stage
 from orcasim.cost.fitted import FittedCostConfig, build_fitted_cost
 from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.cost.overhead import OverheadConfig, OverheadCost
 from orcasim.cost.profile import ProfileCost, ProfileCostConfig
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
 
@@ -22,6 +23,18 @@ CostConfig = Annotated[
 
 
 def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> CostModel:
+    """The cost kind's model, with the engine's overhead on top when the config has one."""
+    gpu = _gpu_cost_model(cfg, deployment)
+    if cfg.overhead is None:
+        return gpu
+    if deployment is None:
+        return OverheadCost(gpu, cfg.overhead, None, 1)
+    hw = deployment.hardware
+    layers = layers_per_stage(deployment.model, hw.pipeline_parallel)
+    return OverheadCost(gpu, cfg.overhead, layers, hw.tensor_parallel)
+
+
+def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel:
     """Explicit factory: one line per cost kind. Hardware-aware kinds need the deployment."""
     match cfg:
         case LinearCostConfig():
@@ -41,4 +54,5 @@ def _required(deployment: Deployment | None, kind: str) -> Deployment:
     return deployment
 
 
-__all__ = ["Batch", "CostConfig", "CostModel", "Deployment", "build_cost_model"]
+__all__ = ["Batch", "CostConfig", "CostModel", "Deployment", "OverheadConfig",
+           "build_cost_model"]

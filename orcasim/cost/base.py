@@ -58,15 +58,19 @@ class Batch:
 
 
 class DecodeLine(NamedTuple):
-    """Decode step k lasts `intercept_s + (x0 + dx * k) * slope_s`, evaluated on Python
-    numbers in that order: the same IEEE operations, so the same bits, as the model's
-    `decode_steps_s`. (x0 + dx * k is a whole number, exact as a float below 2**53.)
+    """Decode step k lasts `max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s`,
+    evaluated on Python numbers in that order: the same IEEE operations, so the same bits,
+    as the model's `decode_steps_s`. (x0 + dx * k is a whole number, exact as a float below
+    2**53.) `floor_s` and `plus_s` are an engine's overhead (`orcasim.cost.overhead`); at
+    their defaults they change nothing (a duration is never negative).
     """
 
     intercept_s: float
     x0: int
     dx: int
     slope_s: float
+    floor_s: float = 0.0
+    plus_s: float = 0.0
 
 
 class CostModel(ABC):

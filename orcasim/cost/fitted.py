@@ -28,8 +28,9 @@ import numpy as np
 import yaml
 from pydantic import PositiveInt
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.overhead import CostConfigBase
 from orcasim.paths import resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
@@ -37,7 +38,7 @@ BASE_TERMS = ("const", "tokens", "num_requests", "sum_context_decode", "sum_pref
 RANGE_INPUTS = ("tokens", "num_requests", "sum_context_decode", "sum_prefill_sq", "max_context")
 
 
-class FittedCostConfig(Strict):
+class FittedCostConfig(CostConfigBase):
     """A fitted cost file. `model` and `tensor_parallel` pick an entry of a DistServe JSON."""
 
     kind: Literal["fitted"]

@@ -7,11 +7,11 @@ from typing import Literal
 import numpy as np
 from pydantic import NonNegativeFloat
 
-from orcasim.config import Strict
 from orcasim.cost.base import Batch, CostModel, DecodeLine
+from orcasim.cost.overhead import CostConfigBase
 
 
-class LinearCostConfig(Strict):
+class LinearCostConfig(CostConfigBase):
     """time = base_s + per_token_s * Σ query tokens + per_context_token_s * Σ context tokens."""
 
     kind: Literal["linear"]

@@ -20,13 +20,13 @@ import warnings
 from typing import Literal
 
 import numpy as np
-from pydantic import NonNegativeFloat, model_validator
+from pydantic import model_validator
 
-from orcasim.config import Strict
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
+from orcasim.cost.overhead import CostConfigBase
 from orcasim.cost.profile_tables import (
     aiconfigurator_attention,
     mlp_table,
@@ -36,14 +36,13 @@ from orcasim.cost.profile_tables import (
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
 
 
-class ProfileCostConfig(Strict):
+class ProfileCostConfig(CostConfigBase):
     kind: Literal["profile"]
     mlp_csv: str
     attention_csv: str | None = None
     aiconfigurator_dir: str | None = None
     all_reduce_csv: str | None = None
     send_recv_csv: str | None = None
-    iteration_overhead_s: NonNegativeFloat = 0.0
     # Used for what the tables do not cover (LM head; attention or collectives if absent).
     roofline: RooflineCostConfig = RooflineCostConfig(kind="roofline")
 
@@ -98,7 +97,7 @@ class ProfileCost(CostModel):
         emb, _ = self.embedding(num_tokens)
         comm, comm_out = self._communication(num_tokens)
         lm_head = self.roofline.op_time_s(lm_head_op(self.model, self.tp), batch_size)
-        total = layers * ops + emb + comm + lm_head + self.cfg.iteration_overhead_s
+        total = layers * ops + emb + comm + lm_head
         return total, out | comm_out
 
     def _communication(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

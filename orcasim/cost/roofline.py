@@ -6,7 +6,7 @@ One iteration on a deployment (model, GPU, TP x PP) costs, summed over all stage
              + sum over requests   t(attention_i)     each request alone
              + 2 all-reduces of N x hidden ]           tensor parallelism
     + (PP - 1) send/recv of N x hidden                 pipeline boundaries
-    + embedding(N) + LM head(B) + iteration_overhead_s
+    + embedding(N) + LM head(B)
 
 where every operator takes max(FLOPs / (peak * compute_eff), bytes / (bandwidth * memory_eff))
 plus a kernel overhead (Williams et al. 2009's roofline with a launch floor).
@@ -15,8 +15,8 @@ Default efficiencies (a rule, not a fit): large bf16 GEMMs reach about 70% of th
 datasheet peak and streaming kernels about 80% of the datasheet HBM bandwidth on A100 and
 H100 (the figures NVIDIA's own cuBLAS and STREAM-like benchmarks show); a kernel costs
 about 5 us of launch and tail; NCCL on NVLink reaches about 80% of the link and 10 us of
-latency per collective. `iteration_overhead_s` is the CPU side (scheduling, sampling),
-zero by default because the Orca paper's engine overlaps it.
+latency per collective. The engine's own time (scheduling, sampling, kernel launches) is
+the `overhead` block's (`orcasim.cost.overhead`), none by default: an ideal engine.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat
 
-from orcasim.config import Strict
 from orcasim.cost.base import Batch, CostModel, DecodeLine
 from orcasim.cost.catalog import Deployment
 from orcasim.cost.flops import (
@@ -39,6 +38,7 @@ from orcasim.cost.flops import (
     lm_head_op,
     token_ops,
 )
+from orcasim.cost.overhead import CostConfigBase
 from orcasim.cost.parallel import (
     pipeline_link,
     ring_all_reduce_s,
@@ -49,14 +49,13 @@ from orcasim.cost.parallel import (
 FIXED_MEMO_ENTRIES = 1 << 18  # (tokens, batch size) pairs remembered: about 30 MB at most
 
 
-class RooflineCostConfig(Strict):
+class RooflineCostConfig(CostConfigBase):
     kind: Literal["roofline"]
     compute_efficiency: float = Field(default=0.7, gt=0.0, le=1.0)
     memory_efficiency: float = Field(default=0.8, gt=0.0, le=1.0)
     network_efficiency: float = Field(default=0.8, gt=0.0, le=1.0)
     kernel_overhead_s: NonNegativeFloat = 5.0e-6
     collective_latency_s: NonNegativeFloat = 1.0e-5
-    iteration_overhead_s: NonNegativeFloat = 0.0
 
 
 class Roofline(CostModel):
@@ -118,7 +117,7 @@ class Roofline(CostModel):
         ends = self.op_time_s(embedding_op(self.model), num_tokens)
         ends = ends + self.op_time_s(lm_head_op(self.model, self.tp), batch_size)
         comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(num_tokens)
-        return layers + ends + comm + self.cfg.iteration_overhead_s
+        return layers + ends + comm
 
     def _op_scalar_s(self, op: Op, n: float) -> float:
         """`op_time_s` on Python floats: the same IEEE operations without numpy's overhead."""
@@ -140,7 +139,7 @@ class Roofline(CostModel):
         comm = 0.0  # exactly what the numpy zeros of one GPU add
         if self.tp > 1 or self.pipeline_stages > 1:
             comm = float(self.tp_all_reduce_s(num_tokens)) + float(self.pipeline_sends_s(num_tokens))
-        return layers + ends + comm + self.cfg.iteration_overhead_s
+        return layers + ends + comm
 
     def _fixed_one_s(self, num_tokens: int, batch_size: int) -> float:
         """`_fixed_s` of one batch, memoised: an engine asks about the same counts again and again."""

@@ -20,29 +20,69 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 Trace = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
+MEASURED_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
+
+
 def read_trace(path: str, fmt: str = "auto", max_requests: int | None = None) -> Trace:
     resolved = resolve_data_path(path)
-    if fmt == "auto":
-        fmt = _detect_format(resolved)
-    match fmt:
-        case "orcasim":
-            rows = _read_csv(resolved, ORCASIM_COLUMNS, max_requests)
-            arrival_s = _numbers(rows, "arrival_s", resolved, line_offset=2)
-        case "azure":
-            rows = _read_csv(resolved, AZURE_COLUMNS, max_requests)
-            arrival_s = _azure_seconds(rows, resolved)
-            rows = rows.rename(
-                columns={"ContextTokens": "prompt_tokens", "GeneratedTokens": "output_tokens"}
-            )
-        case "mooncake":
-            rows = _read_mooncake(resolved, max_requests)
-            arrival_s = _numbers(rows, "timestamp", resolved, line_offset=1) / 1000.0
-        case _:
-            raise ValueError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure or mooncake")
-    offset = 2 if fmt != "mooncake" else 1
+    fmt = _detect_format(resolved) if fmt == "auto" else fmt
+    rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
     prompt = _token_counts(rows, "prompt_tokens", resolved, offset)
     output = _token_counts(rows, "output_tokens", resolved, offset)
     return _sorted_from_zero(arrival_s, prompt, output)
+
+
+def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
+    """A real run's measured `ttft_s`, `tpot_s`, `e2e_s` (seconds), in the order `read_trace`
+    gives its requests; a metric the log lacks is NaN. TPOT is the mean gap between output
+    tokens after the first; missing, it is derived from TTFT and E2E where both exist."""
+    resolved = resolve_data_path(path)
+    fmt = _detect_format(resolved) if fmt == "auto" else fmt
+    rows, arrival_s, offset = _read_rows(resolved, fmt, None)
+    if fmt != "orcasim":
+        raise ValueError(f"{resolved.name}: format '{fmt}' holds no measured latencies; "
+                         "expected an orcasim CSV with ttft_s, tpot_s or e2e_s")
+    present = [c for c in MEASURED_COLUMNS if c in pd.read_csv(resolved, nrows=0).columns]
+    if not present:
+        raise ValueError(f"{resolved.name}: no measured column; expected any of "
+                         f"{', '.join(MEASURED_COLUMNS)}")
+    measured = pd.read_csv(resolved, usecols=present, dtype=str)
+    frame = pd.DataFrame({c: _seconds(measured, c, resolved) if c in present else np.nan
+                          for c in MEASURED_COLUMNS})
+    output = _token_counts(rows, "output_tokens", resolved, offset)
+    derived = (frame["e2e_s"] - frame["ttft_s"]) / np.where(output > 1, output - 1, np.nan)
+    frame["tpot_s"] = frame["tpot_s"].fillna(derived)
+    frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token
+    order = np.argsort(arrival_s, kind="stable")
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def _seconds(rows: pd.DataFrame, column: str, path: Path) -> np.ndarray:
+    """A measured latency column: a number >= 0, or empty (not measured for that request)."""
+    values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=np.float64)
+    bad = (rows[column].notna().to_numpy() & ~np.isfinite(values)) | (values < 0)
+    _raise_on_bad(bad, rows[column], column, path, 2, "a number of seconds >= 0 or empty")
+    return values
+
+
+def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataFrame, np.ndarray, int]:
+    """The rows with `prompt_tokens` and `output_tokens` columns, the arrival times, and
+    the line number of the first row (for errors)."""
+    match fmt:
+        case "orcasim":
+            rows = _read_csv(path, ORCASIM_COLUMNS, max_requests)
+            return rows, _numbers(rows, "arrival_s", path, line_offset=2), 2
+        case "azure":
+            rows = _read_csv(path, AZURE_COLUMNS, max_requests)
+            arrival_s = _azure_seconds(rows, path)
+            rows = rows.rename(
+                columns={"ContextTokens": "prompt_tokens", "GeneratedTokens": "output_tokens"}
+            )
+            return rows, arrival_s, 2
+        case "mooncake":
+            rows = _read_mooncake(path, max_requests)
+            return rows, _numbers(rows, "timestamp", path, line_offset=1) / 1000.0, 1
+    raise ValueError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure or mooncake")
 
 
 def _detect_format(path: Path) -> str:

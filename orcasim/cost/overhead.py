@@ -1,0 +1,124 @@
+"""The engine's own time per iteration, beside the GPU's: `cost: {kind: ..., overhead: {...}}`.
+
+A real engine spends time outside its kernels: it schedules, prepares inputs, samples,
+detokenises and streams results (host work the GPU waits for), and it launches every
+kernel from the host, which the GPU cannot outrun. For a batch of B requests with P
+prompt (or chunk) tokens, on a deployment of L layers per pipeline stage:
+
+    time = max(gpu_s, L * launch_per_layer_s)                   launch-bound or GPU-bound
+         + per_iteration_s + [tensor_parallel > 1] * tensor_parallel_per_iteration_s
+         + per_sequence_s * B + per_prefill_token_s * P          host work, not overlapped
+
+`gpu_s` is the cost kind's own time (roofline, profile, fitted or linear). The host
+launches kernels asynchronously, so an iteration lasts at least as long as launching
+them all (a small model at a small batch, or a wide tensor-parallel group whose GPU time
+has shrunk, is launch-bound: "CPU overhead" in PyTorch's and gpt-fast's words); the rest
+of the host's work happens before or after the forward pass and adds to it.
+
+Defaults (`overhead: {}`) come from Vidur's measurements of a vLLM-style engine on A100
+(microsoft/vidur, `data/profiles/cpu_overhead`, sarathi-serve's vLLM scheduler; MIT), the
+sum of the medians of schedule, sampler, prepare_inputs and process_model_outputs:
+0.81 ms + 0.042 ms per request at TP 1 (Llama-2-7B, phi-2; batch 8-128), and 0.7-1.2 ms
+more plus Ray's driver-to-worker round trip (ray_comm_time, 6.2-6.5 ms) at TP 2 and 4.
+Launches default to 0 (an engine that replays CUDA graphs, as vLLM does from v0.2.5 for
+decodes); an eager engine's value is fitted to whole-iteration measurements (see
+`scenarios/validation/`). Without an `overhead` block a cost kind has none (an ideal engine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import NonNegativeFloat, model_validator
+
+from orcasim.config import Strict
+from orcasim.cost.base import Batch, CostModel, DecodeLine
+
+VIDUR_PER_ITERATION_S = 0.81e-3  # TP 1: schedule + sampler + prepare inputs + process outputs
+VIDUR_PER_SEQUENCE_S = 0.042e-3  # the same medians' slope in the batch size (8 to 128)
+VIDUR_TENSOR_PARALLEL_S = 7.0e-3  # TP 2 and 4: ~0.9 ms more host work + 6.2-6.5 ms Ray round trip
+MOVED_KEYS = {"iteration_overhead_s": "overhead.per_iteration_s"}
+
+
+class OverheadConfig(Strict):
+    """The engine's time outside the GPU's kernels (see the module docstring)."""
+
+    per_iteration_s: NonNegativeFloat = VIDUR_PER_ITERATION_S
+    per_sequence_s: NonNegativeFloat = VIDUR_PER_SEQUENCE_S
+    per_prefill_token_s: NonNegativeFloat = 0.0
+    tensor_parallel_per_iteration_s: NonNegativeFloat = VIDUR_TENSOR_PARALLEL_S
+    launch_per_layer_s: NonNegativeFloat = 0.0
+
+
+class CostConfigBase(Strict):
+    """What every cost kind accepts: the engine's overhead on top of its own time."""
+
+    overhead: OverheadConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in MOVED_KEYS.items():
+                if old in data:
+                    raise ValueError(f"'{old}' has moved: write it as cost.{new}")
+        return data
+
+
+class OverheadCost(CostModel):
+    """`inner`'s GPU time, floored by the host's kernel launches, plus the host's own work."""
+
+    def __init__(
+        self, inner: CostModel, cfg: OverheadConfig, layers_per_stage: int | None,
+        tensor_parallel: int,
+    ) -> None:
+        if cfg.launch_per_layer_s and layers_per_stage is None:
+            raise ValueError(
+                "cost.overhead.launch_per_layer_s needs the layer count: give the scenario "
+                "keys 'model' and 'hardware'"
+            )
+        self.inner = inner
+        self.floor_s = (layers_per_stage or 0) * cfg.launch_per_layer_s
+        tp_s = cfg.tensor_parallel_per_iteration_s if tensor_parallel > 1 else 0.0
+        self.fixed_s = cfg.per_iteration_s + tp_s
+        self.per_sequence_s = cfg.per_sequence_s
+        self.per_prefill_token_s = cfg.per_prefill_token_s
+
+    def host_s(self, batch_size: int, prefill_tokens: int) -> float:
+        """The host's work that the GPU waits for (one order of operations: the same bits)."""
+        return (self.fixed_s + self.per_sequence_s * batch_size
+                + self.per_prefill_token_s * prefill_tokens)
+
+    def iteration_time_s(self, batch: Batch) -> float:
+        if batch.size == 0:
+            return 0.0
+        prefill = batch.query_tokens[batch.query_tokens > 1]
+        host_s = self.host_s(batch.size, sum(prefill.tolist()))
+        return max(self.inner.iteration_time_s(batch), self.floor_s) + host_s
+
+    def iteration_time_lists_s(
+        self, query_tokens: list[int], context_tokens: list[int], query_total: int,
+        context_total: int,
+    ) -> float:
+        if not query_tokens:
+            return 0.0
+        gpu_s = self.inner.iteration_time_lists_s(query_tokens, context_tokens, query_total,
+                                                  context_total)
+        host_s = self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
+        return max(gpu_s, self.floor_s) + host_s
+
+    def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        gpu_s = self.inner.decode_steps_s(context_tokens, num_steps)
+        if len(context_tokens) == 0:
+            return gpu_s
+        return np.maximum(gpu_s, self.floor_s) + self.host_s(len(context_tokens), 0)
+
+    def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
+        line = self.inner.decode_line(size, context_total)
+        if line is None or line.floor_s or line.plus_s:
+            return None  # one floor and one addition on top of a plain line, no more
+        return line._replace(floor_s=self.floor_s, plus_s=self.host_s(size, 0))
+
+    def out_of_range_count(self) -> int:
+        return self.inner.out_of_range_count()

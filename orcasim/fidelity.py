@@ -1,0 +1,93 @@
+"""A simulation against a real serving run: the run's own arrivals and lengths, replayed.
+
+A real run is a per-request log (`orcasim.workload.traces` reads its arrivals and lengths,
+`read_real_run` its measurements): TTFT, TPOT (the mean gap between output tokens after
+the first, (e2e - ttft) / (output - 1)) and end-to-end latency, any of which may be absent.
+`replay_of` gives the scenario that replays it; `compare` puts the percentiles side by
+side, and `headline_error` is the figure the validation suite reports: the median
+|relative error| over TTFT, TPOT and E2E at p50 and p90.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orcasim.run import RunResult, run_scenario
+from orcasim.scenario import Scenario, scenario_from_dict
+from orcasim.workload.traces import read_measurements
+
+METRICS = ("ttft_s", "tpot_s", "e2e_s")
+PERCENTILES = (50, 90, 99)
+SCORED_PERCENTILES = (50, 90)  # the headline error's, as DistServe scores its simulator
+COLUMNS = ("metric", "percentile", "real", "simulated", "rel_error")
+
+
+def read_real_run(path: Path, fmt: str = "auto") -> pd.DataFrame:
+    """The measured `ttft_s`, `tpot_s` and `e2e_s` of a run's requests, in arrival order
+    (the order the simulation gives them ids); NaN where the log lacks a metric."""
+    return read_measurements(str(path), fmt)
+
+
+def replay_of(scenario: Scenario, run_path: Path, fmt: str = "auto") -> Scenario:
+    """`scenario` with its workload replaced by the run's arrivals and lengths."""
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    data.pop("sweep", None)
+    data["workload"] = {
+        "arrival": {"kind": "trace", "path": str(Path(run_path).resolve()), "format": fmt},
+        "max_tokens": data["workload"]["max_tokens"],
+    }
+    return scenario_from_dict(data, f"{scenario.name} replaying {Path(run_path).name}")
+
+
+def compare(
+    real: pd.DataFrame, simulated: pd.DataFrame, percentiles: tuple[int, ...] = PERCENTILES
+) -> pd.DataFrame:
+    """Per metric the real run measured and per percentile: real, simulated, relative error."""
+    rows = []
+    for metric in METRICS:
+        real_values = real[metric].dropna().to_numpy()
+        sim_values = simulated[metric].dropna().to_numpy()
+        if len(real_values) == 0 or len(sim_values) == 0:
+            continue  # the log does not measure it (or no simulated request has it)
+        for q in percentiles:
+            r, s = float(np.percentile(real_values, q)), float(np.percentile(sim_values, q))
+            rows.append((metric, q, r, s, s / r - 1.0 if r > 0 else np.nan))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def headline_error(table: pd.DataFrame, percentiles: tuple[int, ...] = SCORED_PERCENTILES) -> float:
+    """Median |relative error| over the table's metrics at `percentiles`."""
+    scored = table[table["percentile"].isin(percentiles)]["rel_error"].abs()
+    return float(scored.median()) if len(scored) else float("nan")
+
+
+def simulate_run(scenario: Scenario, run_path: Path, system: str, fmt: str = "auto",
+                 base_dir: Path | None = None) -> pd.DataFrame:
+    """The simulated per-request frame of `system` replaying the run."""
+    result: RunResult = run_scenario(replay_of(scenario, run_path, fmt), base_dir=base_dir)
+    return result.systems[system].requests
+
+
+def fidelity_table(
+    scenario: Scenario, runs: list[Path], systems: list[str], fmt: str = "auto",
+    base_dir: Path | None = None,
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """Every run against every named system: the long table (with `run` and `system`
+    columns) and the frames for the figures, keyed `run/system`."""
+    tables, frames = [], {}
+    for path in runs:
+        real = read_real_run(path, fmt)
+        replay = replay_of(scenario, path, fmt)
+        result = run_scenario(replay, base_dir=base_dir)
+        for system in systems:
+            simulated = result.systems[system].requests
+            table = compare(real, simulated)
+            tables.append(table.assign(run=Path(path).stem, system=system))
+            frames[f"{Path(path).stem}/{system}"] = pd.concat(
+                [real.assign(source="real"), simulated[list(METRICS)].assign(source="simulated")]
+            )
+    order = ["run", "system", *COLUMNS]
+    return pd.concat(tables, ignore_index=True)[order], frames
