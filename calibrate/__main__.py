@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (ScenarioError, ValueError, FileNotFoundError) as e:
+    except (ScenarioError, ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
@@ -48,7 +48,28 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario field, as `orcasim run --set`")
     rep.set_defaults(func=cmd_replay)
+    logs = sub.add_parser("logs", help="fit a scenario's cost to real serving logs, simulating "
+                                       "in the loop; report the error on logs left out")
+    logs.add_argument("logs", type=Path, nargs="+", help="per-request logs of real runs")
+    logs.add_argument("--scenario", type=Path, required=True,
+                      help="the deployment, scheduler and cost kind to fit (its workload is "
+                           "replaced by each log's)")
+    logs.add_argument("--out", type=Path, required=True, help="calibrated cost YAML to write")
+    logs.add_argument("--fit", default=",".join(DEFAULT_FIT),
+                      help="cost coefficients to fit, by dotted path inside `cost`")
+    logs.add_argument("--system", help="the scenario's system the logs come from (default: first)")
+    logs.add_argument("--format", dest="fmt", default="auto", help="log format: auto, orcasim, vllm")
+    logs.add_argument("--no-leave-one-out", dest="loo", action="store_false",
+                      help="skip refitting with each log left out")
+    logs.add_argument("--force", action="store_true", help="overwrite --out")
+    logs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a scenario field, as `orcasim run --set`")
+    logs.set_defaults(func=cmd_logs)
     return p
+
+
+DEFAULT_FIT = ("overhead.per_iteration_s", "overhead.per_sequence_s",
+               "overhead.per_prefill_token_s")
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -123,6 +144,29 @@ def cmd_replay(args: argparse.Namespace) -> None:
     print(result.table.to_string(float_format=lambda v: f"{v:.4g}"))
     print(json.dumps({k: v for k, v in result.report.items() if k != "metrics"}))
     print(f"wrote {out}/fidelity.json and fidelity.png")
+
+
+def cmd_logs(args: argparse.Namespace) -> None:
+    from calibrate.logs import fit, leave_one_out, read_logs, write_calibrated
+    from orcasim.scenario import load_scenario
+
+    if args.out.exists() and not args.force:
+        raise FileExistsError(f"{args.out} already exists; pass --force to overwrite it")
+    scenario = load_scenario(args.scenario, args.set)
+    system = args.system or scenario.systems[0].name
+    if system not in {s.name for s in scenario.systems}:
+        raise ValueError(f"--system = {system!r}: expected one of "
+                         f"{', '.join(s.name for s in scenario.systems)}")
+    parameters = tuple(p.strip() for p in args.fit.split(",") if p.strip())
+    base_dir = args.scenario.resolve().parent
+    logs = read_logs(args.logs, args.fmt)
+    result = fit(scenario, logs, system, parameters, base_dir)
+    if args.loo and len(logs) > 1:
+        leave_one_out(scenario, logs, system, result, parameters, base_dir)
+    write_calibrated(args.out, scenario, logs, system, result)
+    print(yaml.safe_dump({"parameters": result.parameters, "error_fitted": result.fitted_errors,
+                          "error_left_out": result.left_out_errors}, sort_keys=False), end="")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

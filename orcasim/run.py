@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.closed_loop import arrival_source
+from orcasim.config import ScenarioError
 from orcasim.cost import build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
@@ -67,13 +69,28 @@ def scheduler_for(scenario: Scenario, system: SystemConfig, requests: Requests) 
     return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes)
 
 
+def at_the_engine(requests: Requests, latency_s: float) -> Requests:
+    """`requests` as the engine sees them: `latency_s` after each was sent (see
+    `OverheadConfig.request_latency_s`); the same table when there is none."""
+    if latency_s == 0:
+        return requests
+    if requests.clients is not None:
+        raise ScenarioError("cost.overhead.request_latency_s is not supported with closed_loop "
+                            "arrivals; expected 0")
+    return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
+
+
 def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
-    cost = build_cost_model(scenario.system_cost(system), scenario.deployment())
+    cost_cfg = scenario.system_cost(system)
+    cost = build_cost_model(cost_cfg, scenario.deployment())
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
+    latency_s = cost_cfg.overhead.request_latency_s if cost_cfg.overhead else 0.0
+    engine_requests = at_the_engine(requests, latency_s)
     # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
-    engine = pipeline_engine(scenario, system, requests, cost) or Engine(
-        requests, scheduler_for(scenario, system, requests), cost,
-        scenario.engine.mode, row_breaks_s=(scenario.warmup_s,), arrivals=arrival_source(requests),
+    engine = pipeline_engine(scenario, system, engine_requests, cost) or Engine(
+        engine_requests, scheduler_for(scenario, system, engine_requests), cost,
+        scenario.engine.mode, row_breaks_s=(scenario.warmup_s,),
+        arrivals=arrival_source(engine_requests),
     )
     run = engine.run()
     rejected = run.rejected_ids

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import get_args
 
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from orcasim.closed_loop import arrival_source
+from orcasim.cost import CostConfig, CostModel, Deployment, OverheadConfig, build_cost_model
+from orcasim.cost.catalog import HardwareConfig, gpu_spec, model_spec
+from orcasim.cost.fitted import FittedCostConfig
 from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.cost.profile import ProfileCostConfig
+from orcasim.cost.roofline import RooflineCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.requests import ClientLoop, Requests
@@ -105,10 +111,7 @@ def scenarios(
         kv_capacity_tokens = -(-kv_capacity_tokens // block) * block  # whole blocks
     else:
         kv_capacity_tokens = max_tokens * draw(st.integers(1, 6)) + draw(st.integers(0, max_tokens))
-    cost = LinearCostConfig(
-        kind="linear", base_s=draw(st.floats(1e-4, 0.05)),
-        per_token_s=draw(st.floats(0.0, 1e-3)), per_context_token_s=draw(st.floats(0.0, 1e-4)),
-    )
+    cost, deployment = draw(costs())
     requests = Requests(
         np.cumsum(gaps_s) if clients is None else np.full(n, np.nan),
         np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
@@ -116,7 +119,56 @@ def scenarios(
     )
     warmup_s = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     return dict(requests=requests, scheduler=scheduler, cost=cost,
-                kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s)
+                kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s, deployment=deployment)
+
+
+# A deployment for the hardware-aware kinds: TP 2 exercises the overhead's TP term.
+DEPLOYMENTS = {tp: Deployment(model=model_spec("llama2-7b"),
+                              hardware=HardwareConfig(gpu=gpu_spec("a100-80gb"), tensor_parallel=tp))
+               for tp in (1, 2)}
+VIDUR_PROFILE = dict(kind="profile",
+                     mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
+DISTSERVE = dict(kind="fitted", path="profiles/distserve/profiler-a100-80g.vllm.json",
+                 model="opt-13b", tensor_parallel=1)
+
+
+def cost_kinds() -> tuple[str, ...]:
+    """Every cost kind of the configuration union, so that no new kind escapes the tests."""
+    union = get_args(CostConfig)[0]
+    return tuple(get_args(cfg.model_fields["kind"].annotation)[0] for cfg in get_args(union))
+
+
+@st.composite
+def overheads(draw: st.DrawFn, launches: bool) -> OverheadConfig | None:
+    """None, the defaults, or drawn terms: a launch floor that binds sometimes, or always."""
+    choice = draw(st.sampled_from(["none", "defaults", "drawn"]))
+    if choice != "drawn":
+        return None if choice == "none" else OverheadConfig()
+    return OverheadConfig(
+        per_iteration_s=draw(st.floats(0.0, 0.02)), per_sequence_s=draw(st.floats(0.0, 2e-3)),
+        per_prefill_token_s=draw(st.floats(0.0, 1e-4)),
+        tensor_parallel_per_iteration_s=draw(st.floats(0.0, 0.01)),
+        launch_per_layer_s=draw(st.sampled_from([0.0, 1e-4, 1e-3])) if launches else 0.0,
+    )
+
+
+@st.composite
+def costs(draw: st.DrawFn) -> tuple[CostConfig, Deployment | None]:
+    """A random cost of every kind, each with or without the engine's overhead."""
+    kind = draw(st.sampled_from(["linear", "linear", *cost_kinds()]))
+    if kind == "linear":
+        cfg = dict(kind="linear", base_s=draw(st.floats(1e-4, 0.05)),
+                   per_token_s=draw(st.floats(0.0, 1e-3)),
+                   per_context_token_s=draw(st.floats(0.0, 1e-4)))
+        return LinearCostConfig(**cfg, overhead=draw(overheads(launches=False))), None
+    deployment = DEPLOYMENTS[draw(st.sampled_from([1, 2]))] if kind in ("roofline", "profile") else None
+    overhead = draw(overheads(launches=deployment is not None))
+    strategies = {
+        "roofline": lambda: RooflineCostConfig(kind="roofline", overhead=overhead),
+        "profile": lambda: ProfileCostConfig(**VIDUR_PROFILE, overhead=overhead),
+        "fitted": lambda: FittedCostConfig(**DISTSERVE, overhead=overhead),
+    }
+    return strategies[kind](), deployment  # a kind without a strategy fails here (KeyError)
 
 
 @st.composite
@@ -130,10 +182,16 @@ def client_loops(draw: st.DrawFn, n: int) -> ClientLoop:
     return ClientLoop(draw(st.integers(1, 8)), think_s)
 
 
+def cost_model(case: dict) -> CostModel:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tables extrapolated at tiny batches: counted, fine
+        return build_cost_model(case["cost"], case.get("deployment"))
+
+
 def simulate(case: dict, mode: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
     requests = case["requests"].for_run()  # a closed loop's own arrival times
     scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
-    engine = Engine(requests, scheduler, LinearCost(case["cost"]), mode,
+    engine = Engine(requests, scheduler, cost_model(case), mode,
                     row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(requests))
     rec = engine.run().recorder
     reqs, iters = requests_frame(requests, rec), rec.iterations_frame()
@@ -187,7 +245,7 @@ def _free_list_after(case: dict, mode: str) -> list[int]:
     and when, shows in its order."""
     requests = case["requests"].for_run()
     scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
-    Engine(requests, scheduler, LinearCost(case["cost"]), mode, row_breaks_s=(case["warmup_s"],),
+    Engine(requests, scheduler, cost_model(case), mode, row_breaks_s=(case["warmup_s"],),
            arrivals=arrival_source(requests)).run()
     return list(scheduler.allocator._free_blocks)
 
@@ -396,3 +454,23 @@ def test_profile_and_fitted_costs_match_reference(path: str) -> None:
         mode: run_scenario(scenario, ("workload.num_requests=300", f"engine.mode={mode}"))
         for mode in ("fast", "reference")
     })
+
+
+@pytest.mark.parametrize("kind", cost_kinds())
+def test_every_cost_kind_is_drawn_with_an_overhead(kind: str) -> None:
+    # The property tests above draw each kind, with and without the engine's overhead.
+    cfg, _ = find(costs(), lambda c: c[0].kind == kind and c[0].overhead is not None
+                  and (kind == "linear" or c[0].overhead.per_iteration_s > 0))
+    assert cfg.kind == kind
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_mode_matches_reference_with_a_binding_launch_floor(data: st.DataObject) -> None:
+    # Roofline under an overhead whose launches bind at small batches and not at large ones.
+    case = data.draw(scenarios(kinds=("iteration_level", "paged")))
+    case["deployment"] = DEPLOYMENTS[data.draw(st.sampled_from([1, 2]))]
+    case["cost"] = RooflineCostConfig(kind="roofline", overhead=OverheadConfig(
+        launch_per_layer_s=data.draw(st.sampled_from([2e-4, 4e-4, 1e-3])),
+        per_sequence_s=data.draw(st.floats(0.0, 1e-3))))
+    assert_same_run(case)

@@ -22,7 +22,10 @@ sum of the medians of schedule, sampler, prepare_inputs and process_model_output
 more plus Ray's driver-to-worker round trip (ray_comm_time, 6.2-6.5 ms) at TP 2 and 4.
 Launches default to 0 (an engine that replays CUDA graphs, as vLLM does from v0.2.5 for
 decodes); an eager engine's value is fitted to whole-iteration measurements (see
-`scenarios/validation/`). Without an `overhead` block a cost kind has none (an ideal engine).
+`scenarios/validation/`). `request_latency_s` is not iteration time: each request reaches
+the engine that much after the client sent it (HTTP, tokenisation), so a client measures it
+in TTFT and E2E; 0 by default. Without an `overhead` block a cost kind has none (an ideal
+engine, measured at the engine).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class OverheadConfig(Strict):
     per_prefill_token_s: NonNegativeFloat = 0.0
     tensor_parallel_per_iteration_s: NonNegativeFloat = VIDUR_TENSOR_PARALLEL_S
     launch_per_layer_s: NonNegativeFloat = 0.0
+    # A request's time outside the engine's loop (the client's connection, the API
+    # server's parsing and tokenisation): it reaches the engine this much after it was
+    # sent, so its TTFT and E2E include it. 0: measured at the engine.
+    request_latency_s: NonNegativeFloat = 0.0
 
 
 class CostConfigBase(Strict):

@@ -1,0 +1,143 @@
+"""The engine's overhead on top of any cost kind (orcasim.cost.overhead), on hand-made batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.cost import Batch, OverheadConfig, build_cost_model
+from orcasim.cost.catalog import Deployment, HardwareConfig, gpu_spec, model_spec
+from orcasim.cost.linear import LinearCostConfig
+from orcasim.cost.roofline import RooflineCostConfig
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict
+
+LINEAR = dict(kind="linear", base_s=0.010, per_token_s=1e-4, per_context_token_s=1e-6)
+ZERO = OverheadConfig(per_iteration_s=0.0, per_sequence_s=0.0, per_prefill_token_s=0.0,
+                      tensor_parallel_per_iteration_s=0.0, launch_per_layer_s=0.0)
+
+
+def _deployment(tp: int = 1) -> Deployment:
+    return Deployment(model=model_spec("llama2-7b"),
+                      hardware=HardwareConfig(gpu=gpu_spec("a100-80gb"), tensor_parallel=tp))
+
+
+def _batch(query: list[int], context: list[int]) -> Batch:
+    return Batch(np.array(query, dtype=np.int64), np.array(context, dtype=np.int64))
+
+
+def test_host_terms_add_per_iteration_per_request_and_per_prompt_token() -> None:
+    overhead = OverheadConfig(per_iteration_s=0.002, per_sequence_s=0.0005,
+                              per_prefill_token_s=1e-5)
+    cost = build_cost_model(LinearCostConfig(**LINEAR, overhead=overhead))
+    # A 50-token prompt beside two decodes: GPU 0.010 + 52e-4 + 1e-6 * (50 + 100 + 200).
+    batch = _batch([50, 1, 1], [50, 100, 200])
+    gpu_s = 0.010 + 52 * 1e-4 + 350 * 1e-6
+    host_s = 0.002 + 3 * 0.0005 + 50 * 1e-5
+    assert cost.iteration_time_s(batch) == pytest.approx(gpu_s + host_s, rel=1e-12)
+
+
+def test_the_launch_floor_binds_only_when_the_gpu_is_quicker() -> None:
+    # 32 layers x 1 ms = 32 ms of launches: a decode of a 7B model (about 8 ms) waits for
+    # them, a 2,000-token prompt (about 40 ms of compute) does not.
+    overhead = ZERO.model_copy(update={"launch_per_layer_s": 1e-3})
+    plain = build_cost_model(RooflineCostConfig(kind="roofline"), _deployment())
+    cost = build_cost_model(RooflineCostConfig(kind="roofline", overhead=overhead), _deployment())
+    decode, prompt = _batch([1], [100]), _batch([2000], [2000])
+    assert plain.iteration_time_s(decode) < 0.032 < plain.iteration_time_s(prompt)
+    assert cost.iteration_time_s(decode) == 0.032
+    assert cost.iteration_time_s(prompt) == plain.iteration_time_s(prompt)
+
+
+def test_the_tensor_parallel_round_trip_applies_only_beyond_one_gpu() -> None:
+    overhead = ZERO.model_copy(update={"tensor_parallel_per_iteration_s": 0.007})
+    batch = _batch([1, 1], [10, 20])
+    for tp, extra_s in ((1, 0.0), (2, 0.007)):
+        plain = build_cost_model(RooflineCostConfig(kind="roofline"), _deployment(tp))
+        cost = build_cost_model(RooflineCostConfig(kind="roofline", overhead=overhead), _deployment(tp))
+        assert cost.iteration_time_s(batch) == plain.iteration_time_s(batch) + extra_s
+
+
+@pytest.mark.parametrize("cfg", [LinearCostConfig(**LINEAR), RooflineCostConfig(kind="roofline")],
+                         ids=["linear", "roofline"])
+def test_zero_overhead_changes_no_bit(cfg) -> None:
+    plain = build_cost_model(cfg, _deployment())
+    zero = build_cost_model(cfg.model_copy(update={"overhead": ZERO}), _deployment())
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        size = int(rng.integers(1, 9))
+        query = rng.choice([1, 1, 1, 37, 400], size)
+        context = query + rng.integers(0, 900, size)
+        batch = Batch(query, context)
+        assert zero.iteration_time_s(batch) == plain.iteration_time_s(batch)
+
+
+@pytest.mark.parametrize("cfg", [LinearCostConfig(**LINEAR), RooflineCostConfig(kind="roofline")],
+                         ids=["linear", "roofline"])
+def test_decode_steps_and_line_repeat_iteration_time_bit_for_bit(cfg) -> None:
+    # A floor that binds for the first steps and not after (contexts grow): both branches.
+    overhead = OverheadConfig(launch_per_layer_s=3.375e-4 if cfg.kind == "roofline" else 0.0)
+    cost = build_cost_model(cfg.model_copy(update={"overhead": overhead}), _deployment())
+    context = np.array([900, 1500, 30], dtype=np.int64)
+    steps = cost.decode_steps_s(context, 400).tolist()
+    each = [cost.iteration_time_s(Batch(np.ones(3, dtype=np.int64), context + j))
+            for j in range(400)]
+    if cfg.kind == "linear":
+        assert steps == each  # the same operations in the same order
+    else:  # the roofline's closed form differs from its per-request sum in the last bit
+        np.testing.assert_allclose(steps, each, rtol=1e-13)
+    line = cost.decode_line(3, int(context.sum()))
+    assert line is not None and (line.floor_s > 0) == (cfg.kind == "roofline")
+    intercept_s, x0, dx, slope_s, floor_s, plus_s = line
+    # The fused Orca loop walks the line: the same bits as decode_steps_s.
+    assert [max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s
+            for k in range(400)] == steps
+    if cfg.kind == "roofline":  # the floor binds at the first steps, not at the last
+        gpu = build_cost_model(cfg, _deployment()).decode_steps_s(context, 400)
+        assert gpu[0] < line.floor_s < gpu[-1]
+    lists = cost.iteration_time_lists_s([1, 1, 1], context.tolist(), 3, int(context.sum()))
+    assert lists == each[0]
+
+
+def test_a_moved_key_names_its_new_place() -> None:
+    with pytest.raises(ValueError, match=r"'iteration_overhead_s' has moved: write it as "
+                                         r"cost.overhead.per_iteration_s"):
+        RooflineCostConfig.model_validate({"kind": "roofline", "iteration_overhead_s": 0.001})
+
+
+def test_launches_need_the_layer_count() -> None:
+    overhead = OverheadConfig(launch_per_layer_s=1e-4)
+    with pytest.raises(ValueError, match="launch_per_layer_s needs the layer count"):
+        build_cost_model(LinearCostConfig(**LINEAR, overhead=overhead))
+
+
+SCENARIO = {
+    "name": "latency", "seed": 1, "kv_capacity_tokens": 4000,
+    "workload": {"num_requests": 40, "arrival": {"kind": "poisson", "rate_per_s": 5.0},
+                 "prompt_tokens": {"kind": "uniform", "low": 10, "high": 100},
+                 "output_tokens": {"kind": "uniform", "low": 2, "high": 20}, "max_tokens": 120},
+    "cost": LINEAR,
+    "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}],
+}
+
+
+def test_request_latency_adds_to_ttft_and_e2e_only() -> None:
+    base = run_scenario(scenario_from_dict(SCENARIO)).systems["orca"].requests
+    late = {**SCENARIO, "cost": {**LINEAR, "overhead": {**ZERO.model_dump(),
+                                                        "request_latency_s": 0.25}}}
+    shifted = run_scenario(scenario_from_dict(late)).systems["orca"].requests
+    # Every request reaches the engine 0.25 s later: the same schedule, shifted.
+    np.testing.assert_allclose(shifted["ttft_s"], base["ttft_s"] + 0.25, rtol=1e-12)
+    np.testing.assert_allclose(shifted["e2e_s"], base["e2e_s"] + 0.25, rtol=1e-12)
+    np.testing.assert_allclose(shifted["tpot_s"], base["tpot_s"], rtol=1e-9)
+    assert shifted["arrival_s"].tolist() == base["arrival_s"].tolist()
+
+
+def test_request_latency_is_refused_in_a_closed_loop() -> None:
+    data = {**SCENARIO, "cost": {**LINEAR, "overhead": {"request_latency_s": 0.1}},
+            "workload": {**SCENARIO["workload"], "arrival": {
+                "kind": "closed_loop", "num_clients": 2,
+                "think_time": {"kind": "constant", "value_s": 0.0}}}}
+    with pytest.raises(ScenarioError, match="request_latency_s is not supported with closed_loop"):
+        run_scenario(scenario_from_dict(data))
