@@ -3,17 +3,30 @@
 Users have per-request logs of their real server (arrival, prompt and output lengths,
 TTFT, TPOT or E2E), not GPU profiles. `python -m calibrate logs RUN.csv ... --scenario
 S.yaml --out cost.yaml` replays every log's arrivals and lengths through the scenario
-(`orcasim.fidelity.replay_of`) and searches the named cost coefficients, by default the
+(`orcasim.fidelity.replay_of`) and fits the named cost coefficients, by default the
 engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
-`overhead.per_prefill_token_s`), for the smallest loss:
+`overhead.per_prefill_token_s`), in two stages:
 
-    loss = mean over logs, metrics and percentiles (10, 25, 50, 75, 90) of log(sim / real)^2
+1. Least squares for the overhead terms that times are linear in (`LINEAR_TERMS`): on the
+   schedule a replay makes, each request's TTFT and decode time (E2E - TTFT) is a known
+   part plus a linear combination of them (`linear_rows`); solve (non-negative, relative
+   errors), replay with the answer, repeat a few rounds (`solve_linear`).
+2. Nelder-Mead on every fitted coefficient in log space (positive, scale-free), from
+   there, on the loss
 
-Coefficients are searched in log space (positive, scale-free) with Nelder-Mead from the
-scenario's values (a coefficient at zero starts from `START_VALUES`). The search is
-deterministic: the simulation is, and so is the simplex. Each log is also left out in
-turn: fitted on the others, it is scored on its own (`headline_error`: the median |error|
-over TTFT, TPOT and E2E at p50 and p90), which is the error to expect on a new run.
+       mean over logs and metrics of log(sim / real)^2, at the mean and the percentiles
+       10, 25, 50, 75 and 90
+
+   A simulation's loss is rugged at fine scale (a coefficient 1% off can admit a request
+   an iteration later), so the simplex starts narrow, and restarts narrower still. A
+   coefficient outside the linear terms (a launch floor, a roofline efficiency) is first
+   surveyed with a seeded Sobol sequence a factor of 10 either side of its start.
+
+Everything is deterministic: the simulation is, and so is the search. A log simulated
+with known coefficients is fitted back to them (tests/test_calibrate_logs.py: within 2%,
+in practice 1e-5). Each log is also left out in turn: fitted on the others, it is scored
+on its own (`headline_error`: the median |error| over TTFT, TPOT and E2E at p50 and
+p90), the error to expect on a new run of the same setup.
 """
 
 from __future__ import annotations
@@ -28,13 +41,15 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
+from orcasim.cost import Batch, CostModel, build_cost_model
+from orcasim.cost.fitted import CALIBRATED_FORMAT
+from orcasim.cost.overhead import OverheadCost
 from orcasim.fidelity import METRICS, compare, headline_error, read_real_run, replay_of
-from orcasim.run import run_scenario
-from orcasim.scenario import Scenario, scenario_from_dict
+from orcasim.run import data_dir, make_requests, run_scenario, run_system
+from orcasim.scenario import EngineConfig, Scenario, SystemConfig, scenario_from_dict
 
 DEFAULT_PARAMETERS = ("overhead.per_iteration_s", "overhead.per_sequence_s",
                       "overhead.per_prefill_token_s")
-FORMAT = "orcasim-calibrated-cost/v1"
 FIT_PERCENTILES = (10, 25, 50, 75, 90)
 # Where a coefficient at zero starts: about Vidur's measured values, and a prompt token's
 # share of an iteration's host work.
@@ -43,7 +58,8 @@ START_VALUES = {"overhead.per_iteration_s": 1e-3, "overhead.per_sequence_s": 1e-
 DEFAULT_START = 1e-3
 XATOL = 1e-4  # in log-space: coefficients to 0.01%
 FATOL = 1e-8
-MAX_EVALUATIONS = 300  # per refinement
+MAX_EVALUATIONS = 200  # per Nelder-Mead run
+SIMPLEX_WIDTHS = (1.5, 1.1, 1.02)
 SURVEY_POINTS = 64
 SURVEY_FACTOR = 10.0  # the survey spans start / 10 to start * 10 in every coefficient
 SURVEY_SEED = 0
@@ -126,10 +142,12 @@ def simulate(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | 
 
 
 def log_errors(simulated: pd.DataFrame, real: pd.DataFrame) -> np.ndarray:
-    """log(sim / real) at the fit's percentiles of every metric the log measured."""
+    """log(sim / real) of the mean and the fit's percentiles of every metric measured."""
     table = compare(real, simulated, FIT_PERCENTILES)
-    ratio = (table["simulated"] / table["real"]).to_numpy()
-    return np.log(np.clip(ratio, 1e-9, None))
+    quantiles = np.log(np.clip((table["simulated"] / table["real"]).to_numpy(), 1e-9, None))
+    means = [np.log(simulated[m].mean() / real[m].mean()) for m in METRICS
+             if real[m].notna().any() and simulated[m].notna().any()]
+    return np.concatenate([quantiles, means])
 
 
 class Objective:
@@ -155,42 +173,209 @@ class Objective:
         return float(np.mean(np.concatenate(errors) ** 2))
 
 
+# Overhead terms an iteration's time (or a request's TTFT) is linear in, and the feature
+# each multiplies: solved by least squares on a fixed schedule (see `solve_linear`).
+LINEAR_TERMS = {"overhead.per_iteration_s": "one", "overhead.per_sequence_s": "batch",
+                "overhead.per_prefill_token_s": "prefill", "overhead.request_latency_s": "latency"}
+LINEAR_ROUNDS = 6
+LINEAR_RTOL = 1e-6  # a fixed point: no coefficient moved more than this
+
+
+class RecordingCost(CostModel):
+    """An `OverheadCost` that notes, per iteration, its GPU part and its batch's features."""
+
+    def __init__(self, cost: OverheadCost) -> None:
+        self.cost = cost
+        self.rows: list[tuple[float, int, int]] = []  # (max(gpu, floor), requests, prefill tokens)
+
+    def iteration_time_s(self, batch: Batch) -> float:
+        gpu_s = max(self.cost.inner.iteration_time_s(batch), self.cost.floor_s)
+        prefill = int(batch.query_tokens[batch.query_tokens > 1].sum())
+        self.rows.append((gpu_s, batch.size, prefill))
+        return self.cost.iteration_time_s(batch)
+
+    def out_of_range_count(self) -> int:
+        return self.cost.out_of_range_count()
+
+
+@dataclass
+class Schedule:
+    """One replay's iterations and requests, in engine time, to write times as linear sums."""
+
+    start_s: np.ndarray  # (I,) iteration starts
+    end_s: np.ndarray  # (I,) iteration ends
+    features: dict[str, np.ndarray]  # (I,) each: gpu, one, batch, prefill
+    arrival_s: np.ndarray  # (R,) at the engine
+    first_token_s: np.ndarray  # (R,)
+    finish_s: np.ndarray  # (R,)
+
+
+def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
+                    base_dir: Path | None) -> Schedule:
+    """Replay `log` in reference mode (one row per iteration) and note every iteration."""
+    replay = replay_of(scenario, log.path, log.fmt).model_copy(
+        update={"engine": EngineConfig(mode="reference")})
+    system_cfg = next(s for s in replay.systems if s.name == system)
+    cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment())
+    assert isinstance(cost, OverheadCost), "with_cost gives every calibrated cost an overhead"
+    recording = RecordingCost(cost)
+    with data_dir(base_dir), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_system(replay, system_cfg, make_requests(replay), cost=recording)
+    iters = result.iterations
+    if len(iters) != len(recording.rows):
+        raise ValueError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
+                         f"{len(iters)} iterations; a pipelined engine cannot be calibrated so")
+    gpu, batch, prefill = (np.array(c, dtype=np.float64) for c in zip(*recording.rows, strict=True))
+    latency_s = cost_latency_s(replay, system_cfg)
+    reqs = result.requests  # arrivals are the client's; the engine saw them latency_s later
+    return Schedule(
+        iters["start_s"].to_numpy(), (iters["start_s"] + iters["duration_s"]).to_numpy(),
+        {"gpu": gpu, "one": np.ones_like(gpu), "batch": batch, "prefill": prefill},
+        reqs["arrival_s"].to_numpy() + latency_s, reqs["first_token_s"].to_numpy(),
+        reqs["finish_s"].to_numpy())
+
+
+def cost_latency_s(scenario: Scenario, system: SystemConfig) -> float:
+    overhead = scenario.system_cost(system).overhead
+    return overhead.request_latency_s if overhead else 0.0
+
+
+def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float],
+                fitted: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows `(known, x, measured)`, with measured = known + x @ c for the `fitted` terms' c.
+
+    A request's decode window (first token to finish) holds whole iterations: their sum.
+    Its TTFT holds the request latency, the rest of the iteration it arrived in (the part
+    already gone is kept as a fraction), and every iteration up to its first token's.
+    Terms not fitted stay at `values` and go into `known`.
+    """
+    features = schedule.features
+    per_iteration = features["gpu"].copy()
+    for name, feature in LINEAR_TERMS.items():
+        if feature != "latency" and name not in fitted:
+            per_iteration += values.get(name, 0.0) * features[feature]
+    columns = {"known": per_iteration, **{n: features[LINEAR_TERMS[n]] for n in fitted
+                                          if LINEAR_TERMS[n] != "latency"}}
+    cum = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in columns.items()}
+    n_iter = len(schedule.end_s)
+    first = np.searchsorted(schedule.end_s, schedule.first_token_s - 1e-12)
+    last = np.searchsorted(schedule.end_s, schedule.finish_s - 1e-12)
+    arrived = np.minimum(np.searchsorted(schedule.end_s, schedule.arrival_s, side="right"),
+                         n_iter - 1)
+    span = schedule.end_s[arrived] - schedule.start_s[arrived]
+    gone = np.clip((schedule.arrival_s - schedule.start_s[arrived]) / np.where(span > 0, span, 1),
+                   0.0, 1.0)
+
+    def decode(c: np.ndarray) -> np.ndarray:
+        return c[np.minimum(last, n_iter - 1) + 1] - c[np.minimum(first, n_iter - 1) + 1]
+
+    def ttft(c: np.ndarray) -> np.ndarray:
+        whole = c[np.minimum(first, n_iter - 1) + 1] - c[arrived]
+        return whole - gone * (c[arrived + 1] - c[arrived])
+
+    latency = values.get("overhead.request_latency_s", 0.0)
+    known = np.concatenate([decode(cum["known"]), ttft(cum["known"])
+                            + (0.0 if "overhead.request_latency_s" in fitted else latency)])
+    x = np.column_stack([
+        np.concatenate([np.zeros(len(first)), np.ones(len(first))])
+        if LINEAR_TERMS[n] == "latency" else np.concatenate([decode(cum[n]), ttft(cum[n])])
+        for n in fitted])
+    measured = np.concatenate([(real["e2e_s"] - real["ttft_s"]).to_numpy(),
+                               real["ttft_s"].to_numpy()])
+    ran = np.isfinite(schedule.first_token_s) & np.isfinite(schedule.finish_s)
+    ok = np.isfinite(measured) & (measured > 0) & np.concatenate([ran, ran])
+    return known[ok], x[ok], measured[ok]
+
+
+def solve_linear(scenario: Scenario, logs: list[ServingLog], system: str,
+                 fitted: list[str], values: dict[str, float], base_dir: Path | None
+                 ) -> dict[str, float]:
+    """The linear terms by non-negative least squares on relative errors, to a fixed point.
+
+    With the schedule of the current values, every measured time is a known part plus a
+    linear combination of the fitted terms; solve, replay with the answer, repeat until
+    nothing moves (the schedule's own dependence on the terms is weak). Noise-free logs of
+    the same model give their coefficients back exactly: there the schedule matches.
+    """
+    from scipy.optimize import nnls
+
+    values = dict(values)
+    for _ in range(LINEAR_ROUNDS):
+        parts = [linear_rows(replay_schedule(with_cost(scenario, values), log, system, base_dir),
+                             log.real, values, fitted) for log in logs]
+        known = np.concatenate([p[0] for p in parts])
+        x = np.vstack([p[1] for p in parts])
+        measured = np.concatenate([p[2] for p in parts])
+        # Relative errors: a 10 ms miss on a 50 ms TTFT counts as much as 1 s on 5 s.
+        scale = 1.0 / measured
+        norms = np.maximum(np.abs(x * scale[:, None]).max(axis=0), 1e-300)  # conditioning
+        solution, _ = nnls((x * scale[:, None]) / norms, (measured - known) * scale)
+        new = dict(zip(fitted, (solution / norms).tolist(), strict=True))
+        moved = max(abs(new[n] - values.get(n, 0.0)) / max(abs(new[n]), 1e-300) for n in fitted)
+        values.update(new)
+        if moved < LINEAR_RTOL:
+            break
+    return values
+
+
 def fit(scenario: Scenario, logs: list[ServingLog], system: str,
         parameters: tuple[str, ...] = DEFAULT_PARAMETERS, base_dir: Path | None = None,
         start: dict[str, float] | None = None, survey_points: int = SURVEY_POINTS) -> Fit:
-    """A survey of the box around the start, then Nelder-Mead from its best points.
+    """Start the overhead terms that times are linear in by least squares (`solve_linear`),
+    then refine every coefficient by Nelder-Mead on the loss.
 
     A simulation's loss is rugged at fine scale (an iteration more or less moves a
     request's timestamps by a step), so a local search alone stops in whatever dip is
-    nearest: a scrambled Sobol survey (seeded: deterministic) of `survey_points` points,
-    a factor of `SURVEY_FACTOR` either side of the start, picks where to refine.
+    nearest. The least-squares start lands near the answer for the linear terms; any other
+    coefficient is first surveyed (a scrambled Sobol sequence, seeded: deterministic) a
+    factor of `SURVEY_FACTOR` either side of its start.
     """
-    from scipy.optimize import minimize
-    from scipy.stats import qmc
-
-    start = start or current_values(scenario, parameters)
+    start = dict(start or current_values(scenario, parameters))
+    linear = [p for p in parameters if p in LINEAR_TERMS]
+    searched = [p for p in parameters if p not in LINEAR_TERMS]
+    if linear:
+        start.update(solve_linear(scenario, logs, system, linear, start, base_dir))
     x0 = np.log([start[p] if start[p] > 0 else START_VALUES.get(p, DEFAULT_START)
                  for p in parameters])
     objective = Objective(scenario, logs, system, parameters, base_dir)
-    points = [x0]
-    if survey_points:
-        unit = qmc.Sobol(len(x0), seed=SURVEY_SEED).random(survey_points)
-        points += list(x0 + np.log(SURVEY_FACTOR) * (2.0 * unit - 1.0))
-    losses = [objective(x) for x in points]
-    best = None
-    for k in np.argsort(losses, kind="stable")[:REFINED_POINTS]:
-        # A first simplex a factor of 2 wide: about the survey's spacing.
-        simplex = np.vstack([points[k], points[k] + np.log(2.0) * np.eye(len(x0))])
-        result = minimize(objective, points[k], method="Nelder-Mead",
-                          options={"initial_simplex": simplex, "xatol": XATOL, "fatol": FATOL,
-                                   "maxfev": MAX_EVALUATIONS})
-        if best is None or result.fun < best.fun:
-            best = result
-    assert best is not None
-    values = objective.values(best.x)
+    surveyed = [parameters.index(p) for p in searched] if survey_points else []
+    best_x, best_loss = _search(objective, x0, surveyed, survey_points)
+    values = objective.values(best_x)
     fitted = with_cost(scenario, values)
     errors = {log.name: scored_error(fitted, log, system, base_dir) for log in logs}
-    return Fit(values, float(best.fun), objective.evaluations, errors)
+    return Fit(values, best_loss, objective.evaluations, errors)
+
+
+def _search(objective: Objective, x0: np.ndarray, surveyed: list[int], survey_points: int
+            ) -> tuple[np.ndarray, float]:
+    """A Sobol survey of the `surveyed` coordinates, then Nelder-Mead from its best points."""
+    from scipy.optimize import minimize
+    from scipy.stats import qmc
+
+    points = [x0]
+    if surveyed:
+        unit = qmc.Sobol(len(surveyed), seed=SURVEY_SEED).random(survey_points)
+        for row in unit:
+            x = x0.copy()
+            x[surveyed] += np.log(SURVEY_FACTOR) * (2.0 * row - 1.0)
+            points.append(x)
+    losses = [objective(x) for x in points]
+    best_x, best_loss = x0, math.inf
+    for k in np.argsort(losses, kind="stable")[:REFINED_POINTS]:
+        x, loss = points[k], losses[k]
+        # Simplexes a factor of 1.5, then 1.1, then 1.02 wide: Nelder-Mead collapses early
+        # on a rugged loss, and a fresh, narrower simplex from its answer goes on.
+        for width in SIMPLEX_WIDTHS:
+            simplex = np.vstack([x, x + np.log(width) * np.eye(len(x0))])
+            result = minimize(objective, x, method="Nelder-Mead",
+                              options={"initial_simplex": simplex, "xatol": XATOL,
+                                       "fatol": FATOL, "maxfev": MAX_EVALUATIONS})
+            if result.fun <= loss:
+                x, loss = result.x, float(result.fun)
+        if loss < best_loss:
+            best_x, best_loss = x, loss
+    return best_x, best_loss
 
 
 def scored_error(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | None) -> float:
@@ -231,7 +416,7 @@ def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], sys
     fitted = with_cost(scenario, result.parameters)
     system_cfg = next(s for s in fitted.systems if s.name == system)
     cost = fitted.system_cost(system_cfg).model_dump(mode="json", exclude_none=True)
-    doc = {"format": FORMAT, "cost": cost,
+    doc = {"format": CALIBRATED_FORMAT, "cost": cost,
            "calibration": report(scenario, logs, system, result)}
     text = yaml.safe_dump(doc, sort_keys=False)
     write_file_atomically(path, lambda tmp: tmp.write_text(text))

@@ -14,7 +14,7 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.config import ScenarioError
-from orcasim.cost import build_cost_model
+from orcasim.cost import CostModel, build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
@@ -80,9 +80,13 @@ def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
 
 
-def run_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> SystemResult:
+def run_system(
+    scenario: Scenario, system: SystemConfig, requests: Requests, cost: CostModel | None = None
+) -> SystemResult:
+    """One system over `requests`; `cost` replaces the model its config builds (the log
+    calibration passes one that records what it prices)."""
     cost_cfg = scenario.system_cost(system)
-    cost = build_cost_model(cost_cfg, scenario.deployment())
+    cost = cost or build_cost_model(cost_cfg, scenario.deployment())
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
     latency_s = cost_cfg.overhead.request_latency_s if cost_cfg.overhead else 0.0
     engine_requests = at_the_engine(requests, latency_s)

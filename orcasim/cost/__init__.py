@@ -44,7 +44,7 @@ def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel
         case ProfileCostConfig():
             return ProfileCost(cfg, _required(deployment, cfg.kind))
         case FittedCostConfig():
-            return build_fitted_cost(cfg)
+            return build_fitted_cost(cfg, deployment)
     raise AssertionError(f"unhandled cost config {cfg!r}")
 
 

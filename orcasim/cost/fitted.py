@@ -34,6 +34,7 @@ from orcasim.cost.overhead import CostConfigBase
 from orcasim.paths import resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
+CALIBRATED_FORMAT = "orcasim-calibrated-cost/v1"  # a whole cost block (python -m calibrate logs)
 BASE_TERMS = ("const", "tokens", "num_requests", "sum_context_decode", "sum_prefill_sq")
 RANGE_INPUTS = ("tokens", "num_requests", "sum_context_decode", "sum_prefill_sq", "max_context")
 
@@ -146,13 +147,16 @@ def read_fitted_yaml(path: Path) -> dict[str, Any]:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ScenarioError(f"cost.path = {str(path)!r}: cannot read a fitted cost model ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ScenarioError(f"cost.path = {str(path)!r}: expected a YAML file with format: {FORMAT}")
+    if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, CALIBRATED_FORMAT):
+        raise ScenarioError(f"cost.path = {str(path)!r}: expected a YAML file with format: "
+                            f"{FORMAT} (python -m calibrate fit) or orcasim-calibrated-cost/v1 "
+                            "(python -m calibrate logs)")
     return doc
 
 
-def build_fitted_cost(cfg: FittedCostConfig) -> CostModel:
-    """Load a fitter YAML, or a DistServe JSON profile (which needs `model` and `tensor_parallel`)."""
+def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostModel:
+    """Load a fitter YAML, a cost calibrated from serving logs (`python -m calibrate logs`),
+    or a DistServe JSON profile (which needs `model` and `tensor_parallel`)."""
     try:
         path = resolve_data_path(cfg.path)
     except FileNotFoundError as e:
@@ -165,4 +169,23 @@ def build_fitted_cost(cfg: FittedCostConfig) -> CostModel:
         raise ScenarioError(
             f"cost.path = {cfg.path!r}: model and tensor_parallel apply only to a DistServe .json"
         )
-    return FittedCost(read_fitted_yaml(path), path.name)
+    doc = read_fitted_yaml(path)
+    if doc["format"] == CALIBRATED_FORMAT:
+        return _calibrated_cost(doc, path, deployment)
+    return FittedCost(doc, path.name)
+
+
+def _calibrated_cost(doc: dict[str, Any], path: Path, deployment: Any) -> CostModel:
+    """The cost block a log calibration wrote, built as if the scenario held it."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from orcasim.config import format_validation_error
+    from orcasim.cost import CostConfig, build_cost_model
+
+    try:
+        cfg = TypeAdapter(CostConfig).validate_python(doc.get("cost"))
+    except ValidationError as e:
+        raise ScenarioError(format_validation_error(e, f"{path.name}: cost", doc.get("cost"))) from None
+    if cfg.kind == "fitted" and Path(cfg.path).name == path.name:
+        raise ScenarioError(f"cost.path = {str(path)!r}: a calibrated cost may not load itself")
+    return build_cost_model(cfg, deployment)
