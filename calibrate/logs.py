@@ -216,11 +216,11 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
     replay = replay_of(scenario, log.path, log.fmt).model_copy(
         update={"engine": EngineConfig(mode="reference")})
     system_cfg = next(s for s in replay.systems if s.name == system)
-    cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment())
-    assert isinstance(cost, OverheadCost), "with_cost gives every calibrated cost an overhead"
-    recording = RecordingCost(cost)
     with data_dir(base_dir), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment())
+        assert isinstance(cost, OverheadCost), "with_cost gives a calibrated cost an overhead"
+        recording = RecordingCost(cost)
         result = run_system(replay, system_cfg, make_requests(replay), cost=recording)
     iters = result.iterations
     if len(iters) != len(recording.rows):

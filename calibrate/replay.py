@@ -28,7 +28,7 @@ from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
-from orcasim.run import data_dir, make_requests, run_scenario, scheduler_for
+from orcasim.run import SystemResult, data_dir, make_requests, run_scenario, scheduler_for
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig
@@ -203,6 +203,26 @@ def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float
     return scenario.model_copy(update={"workload": workload})
 
 
+OVERHEAD_TERMS = ("overhead.per_iteration_s", "overhead.per_sequence_s")
+
+
+def overhead_from_log(scenario: Scenario, system: SystemConfig, real: pd.DataFrame,
+                      base_dir: Path) -> tuple[dict[str, float], SystemResult]:
+    """The serving loop's time outside the profiled step (per iteration and per request),
+    fitted to one real run's per-request log (`calibrate.logs`), and the simulation with it."""
+    import tempfile
+
+    from calibrate.logs import fit, read_logs, with_cost
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "real_1.csv"
+        real.to_csv(log, index=False)
+        start = dict.fromkeys(OVERHEAD_TERMS, 0.0)
+        result = fit(scenario, read_logs([log]), system.name, OVERHEAD_TERMS, base_dir, start)
+    calibrated = with_cost(scenario, result.parameters)
+    return result.parameters, run_scenario(calibrated, base_dir=base_dir).systems[system.name]
+
+
 def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0,
            load: float | None = None, clock: str = "wall") -> ReplayResult:
     """Serve twice for real, simulate once, and compare. With `load`, the arrival rate is first
@@ -222,8 +242,13 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
     served = [RealServer(model, one, system, requests, rng, clock).run() for rng in rngs]
     sim = run_scenario(one, base_dir=base_dir).systems[system.name]
-    table = fidelity_table([metrics_of(s.requests, s.iterations) for s in served],
-                           metrics_of(sim.requests, sim.iterations))
+    real_metrics = [metrics_of(s.requests, s.iterations) for s in served]
+    table = fidelity_table(real_metrics, metrics_of(sim.requests, sim.iterations))
+    overhead, calibrated = overhead_from_log(one, system, served[0].requests, base_dir)
+    # The loop's own time, fitted on run 1's log, checked against run 2 (held out).
+    calibrated_vs_2 = {k: abs(v - real_metrics[1][k]) / real_metrics[1][k]
+                       for k, v in metrics_of(calibrated.requests, calibrated.iterations).items()}
+    table["sim_calibrated_vs_real_2"] = pd.Series(calibrated_vs_2)
     with data_dir(base_dir):
         cost = build_cost_model(one.system_cost(system), one.deployment())
     offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
@@ -237,6 +262,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
         "real_cpu_share": [s.cpu_share for s in served],
         "clock": clock,
         "iteration_rel_error": iteration_errors(served, cost),
+        "overhead_from_run_1": overhead,
         "metrics": table.to_dict(orient="index"),
     }
     return ReplayResult(report, table, [s.requests for s in served], sim.requests)
