@@ -64,7 +64,7 @@ class TraceArrival(Strict):
 
     kind: Literal["trace"]
     path: str
-    format: Literal["auto", "orcasim", "azure", "mooncake"] = "auto"
+    format: Literal["auto", "orcasim", "azure", "mooncake", "vllm"] = "auto"
     max_requests: PositiveInt | None = None
     speedup: PositiveFloat = 1.0
 

@@ -39,22 +39,30 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     resolved = resolve_data_path(path)
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, None)
-    if fmt != "orcasim":
+    if fmt == "vllm":
+        frame = rows[list(MEASURED_COLUMNS)].astype(np.float64)
+    elif fmt == "orcasim":
+        frame = _measured_columns(resolved)
+    else:
         raise ValueError(f"{resolved.name}: format '{fmt}' holds no measured latencies; "
-                         "expected an orcasim CSV with ttft_s, tpot_s or e2e_s")
-    present = [c for c in MEASURED_COLUMNS if c in pd.read_csv(resolved, nrows=0).columns]
-    if not present:
-        raise ValueError(f"{resolved.name}: no measured column; expected any of "
-                         f"{', '.join(MEASURED_COLUMNS)}")
-    measured = pd.read_csv(resolved, usecols=present, dtype=str)
-    frame = pd.DataFrame({c: _seconds(measured, c, resolved) if c in present else np.nan
-                          for c in MEASURED_COLUMNS})
+                         "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
+                         "benchmark result")
     output = _token_counts(rows, "output_tokens", resolved, offset)
     derived = (frame["e2e_s"] - frame["ttft_s"]) / np.where(output > 1, output - 1, np.nan)
     frame["tpot_s"] = frame["tpot_s"].fillna(derived)
     frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token
     order = np.argsort(arrival_s, kind="stable")
     return frame.iloc[order].reset_index(drop=True)
+
+
+def _measured_columns(path: Path) -> pd.DataFrame:
+    present = [c for c in MEASURED_COLUMNS if c in pd.read_csv(path, nrows=0).columns]
+    if not present:
+        raise ValueError(f"{path.name}: no measured column; expected any of "
+                         f"{', '.join(MEASURED_COLUMNS)}")
+    measured = pd.read_csv(path, usecols=present, dtype=str)
+    return pd.DataFrame({c: _seconds(measured, c, path) if c in present else np.nan
+                         for c in MEASURED_COLUMNS})
 
 
 def _seconds(rows: pd.DataFrame, column: str, path: Path) -> np.ndarray:
@@ -82,10 +90,55 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
         case "mooncake":
             rows = _read_mooncake(path, max_requests)
             return rows, _numbers(rows, "timestamp", path, line_offset=1) / 1000.0, 1
-    raise ValueError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure or mooncake")
+        case "vllm":
+            rows = _read_vllm_result(path).iloc[:max_requests]
+            return rows, rows["arrival_s"].to_numpy(dtype=np.float64), 0
+    raise ValueError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake or vllm")
+
+
+VLLM_FIELDS = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
+
+
+def _is_vllm_result(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and "input_lens" in doc
+
+
+def _read_vllm_result(path: Path) -> pd.DataFrame:
+    """vLLM's serving benchmark result (`vllm bench serve --save-result --save-detailed`):
+    parallel per-request lists. `start_times` (a monotonic clock, seconds) are when each
+    request was sent; failed requests (an error, or no output) are dropped. E2E is TTFT plus
+    the inter-token gaps (`itls`); TPOT their mean over output - 1 tokens."""
+    doc = json.loads(path.read_text())
+    missing = [f for f in VLLM_FIELDS if f not in doc]
+    if missing:
+        raise ValueError(f"{path.name}: a vLLM benchmark result lacks {', '.join(missing)}; save "
+                         "it with --save-result --save-detailed (vLLM 0.15 or newer records "
+                         "start_times)")
+    n = len(doc["input_lens"])
+    if any(len(doc[f]) != n for f in VLLM_FIELDS):
+        raise ValueError(f"{path.name}: the per-request lists {', '.join(VLLM_FIELDS)} differ in length")
+    errors = doc.get("errors") or [""] * n
+    ok = [not errors[i] and doc["output_lens"][i] > 0 for i in range(n)]
+    decode_s = np.array([float(sum(g)) for g in doc["itls"]])
+    start_s = np.array(doc["start_times"], dtype=np.float64)
+    output = np.array(doc["output_lens"], dtype=np.float64)
+    ttft_s = np.array(doc["ttfts"], dtype=np.float64)
+    frame = pd.DataFrame({
+        "arrival_s": start_s - start_s[ok].min() if any(ok) else start_s,
+        "prompt_tokens": doc["input_lens"], "output_tokens": doc["output_lens"],
+        "ttft_s": ttft_s, "e2e_s": ttft_s + decode_s,
+        "tpot_s": np.where(output > 1, decode_s / np.maximum(output - 1, 1), np.nan),
+    })
+    return frame[ok].reset_index(drop=True)
 
 
 def _detect_format(path: Path) -> str:
+    if path.suffix == ".json" and _is_vllm_result(path):
+        return "vllm"
     if path.suffix in (".jsonl", ".json"):
         return "mooncake"
     header = pd.read_csv(path, nrows=0).columns

@@ -1,0 +1,67 @@
+"""Real serving logs: orcasim's CSV and vLLM's benchmark result give the same run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim.workload.traces import read_measurements, read_trace
+
+RUN = Path(__file__).resolve().parent.parent / "orcasim/data/ground_truth/distserve_opt13b_a100/vllm-100-1.csv"
+
+
+def _as_vllm_result(frame: pd.DataFrame, path: Path, failed: int | None = None) -> Path:
+    """The run as `vllm bench serve --save-result --save-detailed` writes it: parallel lists,
+    start times on a monotonic clock, inter-token gaps per request."""
+    itls = [[t] * (n - 1) for t, n in zip(frame["tpot_s"], frame["output_tokens"], strict=True)]
+    doc = {"backend": "vllm", "start_times": (frame["arrival_s"] + 353399.7).tolist(),
+           "input_lens": frame["prompt_tokens"].tolist(), "output_lens": frame["output_tokens"].tolist(),
+           "ttfts": frame["ttft_s"].tolist(), "itls": itls, "errors": [""] * len(frame)}
+    if failed is not None:
+        doc["errors"][failed], doc["output_lens"][failed] = "timeout", 0
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_vllm_result_reads_as_the_csv_it_came_from(tmp_path: Path) -> None:
+    frame = pd.read_csv(RUN)
+    path = _as_vllm_result(frame, tmp_path / "result.json")
+    arrival, prompt, output = read_trace(str(path))
+    np.testing.assert_allclose(arrival, frame["arrival_s"], atol=1e-9)
+    assert prompt.tolist() == frame["prompt_tokens"].tolist()
+    assert output.tolist() == frame["output_tokens"].tolist()
+    measured = read_measurements(str(path))
+    for column in ("ttft_s", "tpot_s", "e2e_s"):
+        np.testing.assert_allclose(measured[column], frame[column], rtol=1e-9, err_msg=column)
+
+
+def test_failed_requests_are_dropped(tmp_path: Path) -> None:
+    frame = pd.read_csv(RUN)
+    path = _as_vllm_result(frame, tmp_path / "result.json", failed=3)
+    assert len(read_trace(str(path))[0]) == len(frame) - 1
+    assert len(read_measurements(str(path))) == len(frame) - 1
+
+
+def test_a_result_without_start_times_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"input_lens": [5], "output_lens": [3], "ttfts": [0.1],
+                                "itls": [[0.01, 0.01]]}))
+    with pytest.raises(ValueError, match="lacks start_times; save it with --save-result"):
+        read_trace(str(path))
+
+
+def test_the_orcasim_csv_keeps_what_it_measured(tmp_path: Path) -> None:
+    path = tmp_path / "run.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n0,10,5,0.1,0.5\n"
+                    "0.5,10,1,0.2,0.2\n")
+    measured = read_measurements(str(path))
+    assert measured["tpot_s"].tolist()[0] == pytest.approx(0.1)  # (0.5 - 0.1) / 4
+    assert np.isnan(measured["tpot_s"].tolist()[1])  # one token: no gap
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0,10,5,-1\n")
+    with pytest.raises(ValueError, match=r"bad.csv line 2: ttft_s = '-1', expected a number"):
+        read_measurements(str(bad))
