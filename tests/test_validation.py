@@ -22,7 +22,8 @@ GROUND_TRUTH = ROOT / "orcasim" / "data" / "ground_truth" / "distserve_opt13b_a1
 # As measured by the report when the blocks were fitted, with a little headroom.
 SPLITWISE_PREFILL_MEDIAN = 0.12
 SPLITWISE_DECODE_MEDIAN = 0.04
-VLLM_RUN_MEDIAN = 0.15
+VLLM_RUN_MEDIAN = 0.25  # vllm-300-3, past its knee, is the worst run
+VLLM_OVERALL_MEDIAN = 0.10
 
 
 @pytest.mark.validation
@@ -40,6 +41,7 @@ def test_vllm_runs_within_the_reported_error() -> None:
     table, _ = fidelity_table(scenario, runs, ["vllm-v0.2.3"])
     for run, rows in table.groupby("run"):
         assert headline_error(rows) <= VLLM_RUN_MEDIAN, run
+    assert headline_error(table) <= VLLM_OVERALL_MEDIAN  # over all four runs' p50 and p90
 
 
 def test_the_fidelity_command_from_another_folder(tmp_path: Path, monkeypatch) -> None:
