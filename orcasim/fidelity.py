@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orcasim.run import RunResult, run_scenario
+from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
 from orcasim.workload.traces import read_measurements
 
@@ -62,13 +62,6 @@ def headline_error(table: pd.DataFrame, percentiles: tuple[int, ...] = SCORED_PE
     """Median |relative error| over the table's metrics at `percentiles`."""
     scored = table[table["percentile"].isin(percentiles)]["rel_error"].abs()
     return float(scored.median()) if len(scored) else float("nan")
-
-
-def simulate_run(scenario: Scenario, run_path: Path, system: str, fmt: str = "auto",
-                 base_dir: Path | None = None) -> pd.DataFrame:
-    """The simulated per-request frame of `system` replaying the run."""
-    result: RunResult = run_scenario(replay_of(scenario, run_path, fmt), base_dir=base_dir)
-    return result.systems[system].requests
 
 
 def fidelity_table(
