@@ -71,6 +71,9 @@ def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
     os.close(fd)
     try:
         write(Path(name))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(name, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary file only
         os.replace(name, path)
     except BaseException:
         Path(name).unlink(missing_ok=True)
