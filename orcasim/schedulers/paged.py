@@ -133,7 +133,7 @@ class PagedScheduler(Scheduler):
     fast_forward = FastForward(
         assumes=("schedule", "update_from_output", "_schedule_running", "_make_room",
                  "_preempt", "_admit", "_admissible_head", "_admission", "_next_candidate",
-                 "_join", "_take_candidate", "_num_new_tokens", "_can_grow", "_fits_batch", "_reserved_blocks",
+                 "_join", "_take_candidate", "_num_new_tokens", "_grow", "_fits_batch", "_reserved_blocks",
                  "_add_running", "_cost_batch", "_join_plan", "release", "never_fits",
                  "known_tokens"),
         reason="between admissions, completions and preemptions the running set only decodes; "
@@ -236,18 +236,17 @@ class PagedScheduler(Scheduler):
     def _make_room(self, req: int, num_new: int, plan: Plan) -> bool:
         """Grow `req`'s blocks, preempting the newest running requests; False if `req` went."""
         target_tokens = int(self.computed[req]) + num_new
-        while not self._can_grow(req, target_tokens):
+        while not self._grow(req, target_tokens):
             victim = self.running.pop()  # newest; everyone before `req` is already planned
             self._preempt(victim, plan)
             if victim == req:
                 return False
-        grown = self.allocator.grow_to(req, target_tokens)  # not inside the assert (python -O)
-        assert grown is not None, "_can_grow counted the free blocks"
         return True
 
-    def _can_grow(self, req: int, target_tokens: int) -> bool:
-        """Whether `req`'s table can grow to `target_tokens` now, without a preemption."""
-        return self.allocator.blocks_to_hold(req, target_tokens) <= self.allocator.num_free_blocks
+    def _grow(self, req: int, target_tokens: int) -> bool:
+        """Grow `req`'s table to `target_tokens` if the policy allows it now; else change
+        nothing and return False (the caller preempts)."""
+        return self.allocator.grow_to(req, target_tokens) is not None
 
     def _preempt(self, victim: int, plan: Plan) -> None:
         blocks = self.allocator.free(victim)

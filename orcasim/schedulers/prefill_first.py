@@ -90,9 +90,11 @@ class PrefillFirstScheduler(PagedScheduler):
         # Alone, a request must still pass can_allocate or can_swap_in at its peak.
         return 1 + self.watermark_blocks
 
-    def _can_grow(self, req: int, target_tokens: int) -> bool:
+    def _grow(self, req: int, target_tokens: int) -> bool:
         # can_append_slot: a block free per running sequence, needed or not.
-        return self.allocator.num_free_blocks >= 1
+        if self.allocator.num_free_blocks < 1:
+            return False
+        return self.allocator.grow_to(req, target_tokens) is not None
 
     def _next_candidate(self) -> int | None:
         if self.swapped:  # no prompt phase while anything is swapped out: only swap-ins
