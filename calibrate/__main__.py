@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from calibrate.logs import DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
 
 
@@ -55,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
                       help="the deployment, scheduler and cost kind to fit (its workload is "
                            "replaced by each log's)")
     logs.add_argument("--out", type=Path, required=True, help="calibrated cost YAML to write")
-    logs.add_argument("--fit", default=",".join(DEFAULT_FIT),
+    logs.add_argument("--fit", default=",".join(DEFAULT_PARAMETERS),
                       help="cost coefficients to fit, by dotted path inside `cost`")
     logs.add_argument("--system", help="the scenario's system the logs come from (default: first)")
     logs.add_argument("--format", dest="fmt", default="auto", help="log format: auto, orcasim, vllm")
@@ -66,10 +67,6 @@ def parser() -> argparse.ArgumentParser:
                       help="override a scenario field, as `orcasim run --set`")
     logs.set_defaults(func=cmd_logs)
     return p
-
-
-DEFAULT_FIT = ("overhead.per_iteration_s", "overhead.per_sequence_s",
-               "overhead.per_prefill_token_s")
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:

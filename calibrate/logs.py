@@ -45,8 +45,8 @@ from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.cost.fitted import CALIBRATED_FORMAT
 from orcasim.cost.overhead import OverheadCost
 from orcasim.fidelity import METRICS, compare, headline_error, read_real_run, replay_of
-from orcasim.run import data_dir, make_requests, run_scenario, run_system
-from orcasim.scenario import EngineConfig, Scenario, SystemConfig, scenario_from_dict
+from orcasim.run import data_dir, make_requests, request_latency_s, run_scenario, run_system
+from orcasim.scenario import EngineConfig, Scenario, scenario_from_dict, set_dotted
 
 DEFAULT_PARAMETERS = ("overhead.per_iteration_s", "overhead.per_sequence_s",
                       "overhead.per_prefill_token_s")
@@ -100,19 +100,12 @@ def with_cost(scenario: Scenario, values: dict[str, float]) -> Scenario:
     data = scenario.model_dump(mode="json", exclude_none=True)
     for cost in _cost_blocks(data):
         for dotted, value in values.items():
-            _set(cost, dotted, value)
+            set_dotted(cost, dotted, value)
     return scenario_from_dict(data, f"{scenario.name} (calibrating)")
 
 
 def _cost_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [data["cost"], *(s["cost"] for s in data["systems"] if "cost" in s)]
-
-
-def _set(node: dict[str, Any], dotted: str, value: float) -> None:
-    *parents, last = dotted.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[last] = value
 
 
 def current_values(scenario: Scenario, parameters: tuple[str, ...]) -> dict[str, float]:
@@ -189,10 +182,14 @@ class RecordingCost(CostModel):
         self.rows: list[tuple[float, int, int]] = []  # (max(gpu, floor), requests, prefill tokens)
 
     def iteration_time_s(self, batch: Batch) -> float:
+        # OverheadCost.iteration_time_s, term by term (the same operations, the same bits),
+        # priced once and noted.
+        if batch.size == 0:
+            return 0.0
         gpu_s = max(self.cost.inner.iteration_time_s(batch), self.cost.floor_s)
-        prefill = int(batch.query_tokens[batch.query_tokens > 1].sum())
+        prefill = sum(batch.query_tokens[batch.query_tokens > 1].tolist())
         self.rows.append((gpu_s, batch.size, prefill))
-        return self.cost.iteration_time_s(batch)
+        return gpu_s + self.cost.host_s(batch.size, prefill)
 
     def out_of_range_count(self) -> int:
         return self.cost.out_of_range_count()
@@ -227,18 +224,13 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
         raise ValueError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
                          f"{len(iters)} iterations; a pipelined engine cannot be calibrated so")
     gpu, batch, prefill = (np.array(c, dtype=np.float64) for c in zip(*recording.rows, strict=True))
-    latency_s = cost_latency_s(replay, system_cfg)
+    latency_s = request_latency_s(replay.system_cost(system_cfg))
     reqs = result.requests  # arrivals are the client's; the engine saw them latency_s later
     return Schedule(
         iters["start_s"].to_numpy(), (iters["start_s"] + iters["duration_s"]).to_numpy(),
         {"gpu": gpu, "one": np.ones_like(gpu), "batch": batch, "prefill": prefill},
         reqs["arrival_s"].to_numpy() + latency_s, reqs["first_token_s"].to_numpy(),
         reqs["finish_s"].to_numpy())
-
-
-def cost_latency_s(scenario: Scenario, system: SystemConfig) -> float:
-    overhead = scenario.system_cost(system).overhead
-    return overhead.request_latency_s if overhead else 0.0
 
 
 def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float],

@@ -14,7 +14,7 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.config import ScenarioError
-from orcasim.cost import CostModel, build_cost_model
+from orcasim.cost import CostConfig, CostModel, build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
@@ -69,6 +69,11 @@ def scheduler_for(scenario: Scenario, system: SystemConfig, requests: Requests) 
     return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes)
 
 
+def request_latency_s(cost_cfg: CostConfig) -> float:
+    """How long after the client sent it a request reaches the engine (0 without overhead)."""
+    return cost_cfg.overhead.request_latency_s if cost_cfg.overhead else 0.0
+
+
 def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     """`requests` as the engine sees them: `latency_s` after each was sent (see
     `OverheadConfig.request_latency_s`); the same table when there is none."""
@@ -88,7 +93,7 @@ def run_system(
     cost_cfg = scenario.system_cost(system)
     cost = cost or build_cost_model(cost_cfg, scenario.deployment())
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
-    latency_s = cost_cfg.overhead.request_latency_s if cost_cfg.overhead else 0.0
+    latency_s = request_latency_s(cost_cfg)
     engine_requests = at_the_engine(requests, latency_s)
     # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
     engine = pipeline_engine(scenario, system, engine_requests, cost) or Engine(

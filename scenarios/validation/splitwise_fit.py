@@ -22,7 +22,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from orcasim.scenario import load_scenario, scenario_from_dict  # noqa: E402
+from orcasim.scenario import load_scenario, scenario_from_dict, set_dotted  # noqa: E402
 from orcasim.validation import iteration_table, median_errors, read_splitwise  # noqa: E402
 
 SCENARIO = Path(__file__).with_name("splitwise_llama2_70b_a100.yaml")
@@ -36,13 +36,10 @@ def measured() -> pd.DataFrame:
 
 
 def with_values(values: dict[str, float]):
+    """The scenario with `values` in its cost block (an efficiency capped at 1)."""
     data = load_scenario(SCENARIO).model_dump(mode="json", exclude_none=True)
     for dotted, value in values.items():
-        node = data["cost"]
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = min(value, 1.0) if last.endswith("efficiency") else value
+        set_dotted(data["cost"], dotted, min(value, 1.0) if dotted.endswith("efficiency") else value)
     return scenario_from_dict(data)
 
 
