@@ -182,11 +182,10 @@ def benchmark(sizes: tuple[int, ...], cost_kind: str,
 
 def machine() -> dict[str, Any]:
     import numpy
-    import simpy
 
     return {"platform": platform.platform(), "processor": platform.processor(),
             "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "numpy": numpy.__version__, "simpy": simpy.__version__}
+            "numpy": numpy.__version__}
 
 
 HEADER = (f"{'scheduler':<16}{'requests':>10}{'wall s':>9}{'cpu s':>8}{'sim req/wall-s':>16}"

@@ -27,11 +27,13 @@ from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.recorder import Recorder
+from orcasim.replica import Load, Replica, drive, scheduler_load, single
 from orcasim.requests import Requests
 from orcasim.run import SystemResult, data_dir, make_requests, run_scenario, scheduler_for
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig
+from orcasim.sources import ArrivalSource
 from orcasim.workload.arrivals import TraceArrival
 
 # Metrics compared: (name in the table, summary key or an iterations-frame aggregate).
@@ -93,8 +95,8 @@ class RealServer:
         self.batches: list[Batch] = []
         self.wall_s = self.cpu_s = 0.0  # totals over iterations, to expose contention
 
-    def step(self, plan: SchedulerOutput) -> StepResult:
-        """Run one planned iteration on the model and feed its tokens back."""
+    def compute(self, plan: SchedulerOutput) -> None:
+        """Run one planned iteration on the model (its tokens are sampled, not yet applied)."""
         batch = []
         for i, k in zip(plan.req_ids.tolist(), plan.num_new_tokens.tolist(), strict=True):
             if i not in self.seqs:
@@ -102,46 +104,84 @@ class RealServer:
             batch.append((self.seqs[i], k))
         for (seq, _), token in zip(batch, self.model.decode_greedy(batch), strict=True):
             seq.token_ids.append(token)
+        self.batches.append(plan.batch)
+
+    def apply(self, plan: SchedulerOutput) -> StepResult:
+        """Feed the iteration's tokens back to the scheduler; finished sequences free their KV."""
         result = self.scheduler.update_from_output(plan)
         for i in result.finished_ids.tolist():
-            del self.seqs[i]  # frees its KV cache
-        self.batches.append(plan.batch)
+            del self.seqs[i]
         return result
 
     def run(self) -> Served:
-        """Serve every request, starting now. GC is paused meanwhile, as in the profiler."""
-        arrival_s, n, admitted = self.requests.arrival_s, len(self.requests), 0
+        """Serve every request, starting now, on the replica skeleton every engine shares.
+        GC is paused meanwhile, as in the profiler."""
+        source = ArrivalSource(self.requests.arrival_s)
         gc.collect()
         gc.disable()
-        t0, now_s = time.perf_counter(), 0.0
+        t0 = time.perf_counter()
+        stepper = _RealStepper(self, t0)
+        replica = Replica(stepper, source, self.recorder)
+        wait = (lambda target_s: wait_until(t0, target_s)) if self.clock == "wall" else None
         try:
-            while True:
-                wall0, cpu0 = time.perf_counter(), time.thread_time()
-                now_s = wall0 - t0 if self.clock == "wall" else now_s
-                while admitted < n and arrival_s[admitted] <= now_s:
-                    self.scheduler.add_request(admitted)
-                    admitted += 1
-                plan = self.scheduler.schedule(now_s)
-                if plan.is_empty and admitted == n:
-                    break
-                if plan.is_empty:
-                    if self.clock == "wall":
-                        wait_until(t0, float(arrival_s[admitted]))
-                    now_s = max(now_s, float(arrival_s[admitted]))
-                    continue
-                result = self.step(plan)
-                wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
-                self.wall_s, self.cpu_s = self.wall_s + wall_s, self.cpu_s + cpu_s
-                end_s = now_s + (wall_s if self.clock == "wall" else cpu_s)
-                self.recorder.record_iteration(now_s, end_s - now_s, 1, plan, self.scheduler.num_waiting)
-                self.recorder.record_progress(plan.req_ids, now_s, result, end_s)
-                now_s = end_s
+            drive([replica], source, single(replica), wait)
         finally:
             gc.enable()
         assert not self.scheduler.has_unfinished()
         rec = self.recorder
         return Served(requests_frame(self.requests, rec), rec.iterations_frame(), self.batches,
                       self.cpu_s / self.wall_s)
+
+
+class _RealStepper:
+    """The real serving loop as a `Stepper`: each unit is one iteration run on the model.
+
+    Under `clock="wall"` an iteration starts when the loop gets to it (the bookkeeping
+    between iterations is real time too) and lasts what it measured; under `"cpu"` it
+    starts at the boundary and lasts its CPU time.
+    """
+
+    plans_on_arrival = False
+
+    def __init__(self, server: RealServer, t0: float) -> None:
+        self.server, self.scheduler, self.t0 = server, server.scheduler, t0
+        self.replica: Replica  # set by the replica that runs it
+        self.wake_s: float | None = None
+        self._pending: tuple[SchedulerOutput, float, float] | None = None
+
+    def start(self, now_s: float) -> float | None:
+        server = self.server
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        start_s = wall0 - self.t0 if server.clock == "wall" else now_s
+        plan = self.scheduler.schedule(start_s)
+        if plan.is_empty:
+            return None
+        server.compute(plan)
+        result_wall_s, cpu_s = time.perf_counter() - wall0, time.thread_time() - cpu0
+        server.wall_s, server.cpu_s = server.wall_s + result_wall_s, server.cpu_s + cpu_s
+        end_s = start_s + (result_wall_s if server.clock == "wall" else cpu_s)
+        self._pending = (plan, start_s, end_s)
+        return end_s
+
+    def ends_s(self) -> tuple[float, ...]:
+        return () if self._pending is None else (self._pending[2],)
+
+    def cut(self, num_iterations: int) -> None:
+        assert num_iterations == 1, "a real iteration is one unit"
+
+    def finish(self) -> None:
+        assert self._pending is not None
+        (plan, start_s, end_s), self._pending = self._pending, None
+        result = self.server.apply(plan)
+        recorder = self.server.recorder
+        recorder.record_iteration(start_s, end_s - start_s, 1, plan, self.scheduler.num_waiting)
+        recorder.record_progress(plan.req_ids, start_s, result, end_s)
+
+    def load(self) -> Load:
+        return scheduler_load(self.scheduler)
+
+    def close(self) -> None:
+        """Progress is always up to date."""
 
 
 def warm_up(model: Transformer, prompt_tokens: int, rounds: int = 3) -> None:

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from orcasim.engine import ArrivalSource
 from orcasim.requests import Requests
+from orcasim.sources import ArrivalSource
 
 
 class ClosedLoopSource(ArrivalSource):

@@ -1,13 +1,15 @@
-"""The SimPy engine: it owns the clock, feeds arrivals to a scheduler and times iterations.
+"""The plain engine variant: one scheduler, one cost model, one iteration (or jump) at a time.
 
-Both modes share one loop:
+`GenericStepper` is the `orcasim.replica.Stepper` of every scheduler; `Engine` runs one
+replica of it (or of the fused Orca loop) over a request table, on the clock loop of
+`orcasim.replica.drive`. Both modes share one skeleton:
 
     admit every arrival at or before now
     plan = scheduler.schedule(now)
-    if the plan is empty: sleep until the next arrival (or the scheduler's wake-up time)
+    if the plan is empty: wait for the next arrival (or the scheduler's wake-up time)
     else: run the plan (and, in fast mode, the decode run that follows it), then record
 
-`reference` mode runs one iteration per SimPy timeout: it is the specification.
+`reference` mode runs one iteration per unit: it is the specification.
 `fast` mode asks the scheduler how many pure-decode iterations follow the plan with the
 same requests (`Scheduler.decode_run`), prices them at once (`CostModel.decode_steps_s`)
 and sleeps once. The jump is cut at the first iteration boundary at or after the next
@@ -19,34 +21,39 @@ the rest of the batch decodes on: `Scheduler.continue_run` gives that run withou
 fast mode runs the same loop fused (`orcasim.orca_fast`): the same jumps and numbers, bit
 for bit, without the per-jump objects of these hooks.
 
-The engine keeps the simulated time itself (`now_s`), as a running sum of iteration
-durations; `np.add.accumulate` adds in the same order, so both modes see the same boundaries.
-SimPy sequences the events; its `env.now` can differ from `now_s` by an ulp, because
-`now + (t - now)` need not round to `t`.
+Simulated time is a running sum of iteration durations; `np.add.accumulate` adds in the
+same order, so both modes see the same boundaries.
 
 Arrivals come from `ArrivalSource`, which the loop polls, and which hears of every
 completion (`on_finished`). A jump's completions all fall on its last boundary, so a
 follow-up request made from one (a closed-loop workload, `orcasim.closed_loop`) arrives
 at or after the next time the loop looks: the source takes such pushes in time order,
-which keeps fast mode exact without changing the loop.
+and the clock loop delivers them before the replica plans again (`orcasim.replica`).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import simpy
 
 from orcasim import orca_fast
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
+from orcasim.replica import Load, Replica, drive, scheduler_load, single
 from orcasim.requests import Requests
-from orcasim.schedulers.base import DecodeRun, Scheduler, SchedulerOutput
+from orcasim.schedulers.base import ContinuedRun, DecodeRun, Scheduler, SchedulerOutput
+from orcasim.sources import ArrivalSource
+
+if TYPE_CHECKING:
+    from orcasim.replica import Stepper
+
+__all__ = ["ArrivalSource", "Engine", "EngineMode", "EngineRun", "GenericStepper", "finished_run"]
 
 EngineMode = Literal["fast", "reference"]
 
@@ -70,59 +77,154 @@ def finished_run(recorder: Recorder, end_s: float, scheduler: Scheduler) -> Engi
     return EngineRun(recorder, end_s, rejected)
 
 
-class ArrivalSource:
-    """The requests not yet given to the scheduler, in arrival (= id) order.
+@dataclass(slots=True)
+class _Unit:
+    """The pending unit: the plan's iteration (if any) and `n` iterations in all."""
 
-    An open-loop source replays fixed times. `on_finished` is how the engine reports
-    completions, for a source whose arrivals depend on them (`orcasim.closed_loop`).
-    """
-
-    closed_loop = False  # whether completions and rejections make arrivals
-
-    def __init__(self, arrival_s: np.ndarray) -> None:
-        self.arrival_s = arrival_s
-        self._times = arrival_s.tolist()  # Python floats: cheap scalar reads in the loop
-        self.next_index = 0
-
-    def pending(self) -> bool:
-        return self.next_index < len(self._times)
-
-    def next_time_s(self) -> float:
-        return self._times[self.next_index]
-
-    def take_until(self, now_s: float) -> range:
-        """Ids that arrived by `now_s`."""
-        times, i = self._times, self.next_index
-        while i < len(times) and times[i] <= now_s:
-            i += 1
-        taken = range(self.next_index, i)
-        self.next_index = i
-        return taken
-
-    def times_until(self, time_s: float) -> np.ndarray:
-        """Times of the pending arrivals at or before `time_s`, in order (float64)."""
-        stop = int(np.searchsorted(self.arrival_s, time_s, side="right"))
-        return self.arrival_s[self.next_index : stop]
-
-    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
-        """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
+    start_s: float
+    ends_s: np.ndarray  # float64: every end the run could reach; the first `n` are kept
+    n: int
+    plan: SchedulerOutput | None  # None: a continued run
+    run: DecodeRun | None  # None: one iteration
+    duration_s: float = 0.0  # a single iteration's own duration (ends_s[0] - start_s rounds)
 
 
-def admit_arrivals(arrivals: ArrivalSource, scheduler: Scheduler, now_s: float) -> None:
-    """Give the scheduler every arrival by `now_s`; one it turns away is answered at once."""
-    taken = arrivals.take_until(now_s)
-    if not taken:
-        return
-    rejected = scheduler.rejected_ids
-    before = len(rejected)
-    for req_id in taken:
-        scheduler.add_request(req_id)
-    if len(rejected) > before:
-        arrivals.on_finished(np.array(rejected[before:], dtype=np.int64), now_s)
+class GenericStepper:
+    """The engine variant every scheduler supports, through the fast-forward hooks."""
+
+    plans_on_arrival = False
+
+    def __init__(self, scheduler: Scheduler, cost: CostModel, recorder: Recorder, fast: bool) -> None:
+        self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
+        # A scheduler whose contract declares no fast-forward steps as in reference mode.
+        self.fast = fast and scheduler.fast_forward.enabled
+        self.replica: Replica  # set by the replica that runs it (see `Engine.run`)
+        self.wake_s: float | None = None
+        self._unit: _Unit | None = None
+        self._continuing = False  # the last unit was a run that ended in completions
+
+    def start(self, now_s: float) -> float | None:
+        self.wake_s = None
+        if self._continuing and not self.replica.arrived:
+            self._continuing = False
+            run = self.scheduler.continue_run()
+            if run is not None:  # the rest decodes on without a `schedule` call
+                return self._begin(now_s, self._run_ends(now_s, run), None, run)
+        self._continuing = False
+        plan = self.scheduler.schedule(now_s)
+        if plan.is_empty:
+            self.wake_s = plan.wake_at_s
+            return None
+        run = self.scheduler.decode_run(plan) if self.fast else None
+        if run is None:  # one iteration: all of reference mode
+            duration_s = self._plan_time_s(plan)
+            end_s = now_s + duration_s
+            self._unit = _Unit(now_s, np.array([end_s]), 1, plan, None, duration_s)
+            return end_s
+        return self._begin(now_s, self._run_ends(now_s, run, plan), plan, run)
+
+    def _begin(self, start_s: float, ends_s: np.ndarray, plan: SchedulerOutput | None,
+               run: DecodeRun) -> float:
+        n = self._jump_length(start_s, ends_s)
+        self._unit = _Unit(start_s, ends_s, n, plan, run)
+        return float(ends_s[n - 1])
+
+    def ends_s(self) -> Sequence[float]:
+        unit = self._unit
+        return () if unit is None else unit.ends_s[: unit.n]
+
+    def cut(self, num_iterations: int) -> None:
+        assert self._unit is not None and 1 <= num_iterations <= self._unit.n
+        self._unit.n = num_iterations
+
+    def finish(self) -> None:
+        unit, self._unit = self._unit, None
+        assert unit is not None
+        if unit.run is None:
+            self._finish_iteration(unit)
+        elif unit.plan is None:
+            self._finish_continued(unit)
+        else:
+            self._finish_jump(unit)
+
+    def load(self) -> Load:
+        load = scheduler_load(self.scheduler)
+        unit = self._unit
+        if unit is None or unit.plan is not None or unit.run is None:
+            return load
+        # A continued run skipped the `schedule` call that would have grown its first
+        # step's KV (its allocations are applied at its end): report them as made.
+        step_reserved = unit.run.step_reserved_tokens
+        if step_reserved is None:
+            return load
+        return dataclasses.replace(load, kv_used_tokens=int(step_reserved[0]))
+
+    def close(self) -> None:
+        """Nothing to write back: the scheduler's progress is always up to date."""
+
+    def _finish_iteration(self, unit: _Unit) -> None:
+        plan, start_s, end_s = unit.plan, unit.start_s, float(unit.ends_s[0])
+        assert plan is not None
+        result = self.scheduler.update_from_output(plan)
+        self.recorder.record_iteration(start_s, unit.duration_s, 1, plan, self.scheduler.num_waiting)
+        self.recorder.record_progress(plan.req_ids, start_s, result, end_s)
+        self.replica.source.on_finished(result.finished_ids, end_s)
+
+    def _finish_jump(self, unit: _Unit) -> None:
+        """Apply the plan's iteration and `n - 1` steps of its run, which ended now."""
+        plan, run, n, ends_s = unit.plan, unit.run, unit.n, unit.ends_s
+        assert plan is not None and run is not None
+        waiting = self.scheduler.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        first, last = self.scheduler.advance(plan, run, n)
+        end_s = float(ends_s[n - 1])
+        self.recorder.record_jump(unit.start_s, ends_s[:n], plan, run, waiting)
+        self.recorder.record_scheduled(plan.req_ids, unit.start_s)
+        self.recorder.record_result(first, float(ends_s[0]))
+        self.recorder.record_result(last, end_s)
+        source = self.replica.source
+        source.on_finished(first.finished_ids, float(ends_s[0]))  # empty unless n == 1
+        source.on_finished(last.finished_ids, end_s)
+        self._continuing = n == len(ends_s)
+
+    def _finish_continued(self, unit: _Unit) -> None:
+        run, n, ends_s = unit.run, unit.n, unit.ends_s
+        assert isinstance(run, ContinuedRun)
+        end_s = float(ends_s[n - 1])
+        waiting = self.scheduler.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        result = self.scheduler.advance_run(run, n)
+        self.recorder.record_run(unit.start_s, ends_s[:n], run, waiting)
+        self.recorder.record_result(result, end_s)
+        self.replica.source.on_finished(result.finished_ids, end_s)
+        self._continuing = n == len(ends_s)
+
+    def _run_ends(self, now_s: float, run: DecodeRun, plan: SchedulerOutput | None = None) -> np.ndarray:
+        """End times of the plan's iteration (if any, index 0) and of each step of the run."""
+        head = 1 if plan is None else 2
+        ends_s = np.empty(run.num_steps + head)
+        ends_s[0] = now_s
+        if plan is not None:
+            ends_s[1] = self._plan_time_s(plan)
+        if run.num_steps:  # a zero-step run prices nothing (a model may count what it prices)
+            ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
+        # Running sums in order: the same float additions as one iteration at a time.
+        return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
+
+    def _plan_time_s(self, plan: SchedulerOutput) -> float:
+        """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
+        return self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
+
+    def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
+        """Iterations to run: up to the first boundary at or after the known cut."""
+        if len(ends_s) == 1:
+            return 1
+        cut_s = self.replica.cut_s(start_s, float(ends_s[-2]))  # by the last inner boundary
+        if cut_s == math.inf:
+            return len(ends_s)
+        return bisect.bisect_left(ends_s, cut_s) + 1
 
 
 class Engine:
-    """Drives one scheduler over one request table with one cost model."""
+    """Drives one scheduler over one request table with one cost model: a one-replica loop."""
 
     def __init__(
         self, requests: Requests, scheduler: Scheduler, cost: CostModel,
@@ -134,190 +236,22 @@ class Engine:
         self.scheduler = scheduler
         self.cost = cost
         self.mode = mode
-        self._breaks_s = sorted(row_breaks_s, reverse=True)  # warm-up breaks to come, next last
-        self.env = simpy.Environment()
-        self.now_s = 0.0
+        self.row_breaks_s = tuple(row_breaks_s)
         self.recorder = Recorder(len(requests))
         assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
         self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
         # Fast mode on the plain Orca scheduler runs the fused loop (orcasim.orca_fast),
-        # which equals `_loop` bit for bit; `fused=False` keeps `_loop` (tests compare them).
+        # which equals the generic one bit for bit; `fused=False` keeps the generic one.
         self.fused = fused and mode == "fast" and orca_fast.applies(scheduler)
 
+    def stepper(self) -> Stepper:
+        if self.fused:
+            return orca_fast.OrcaFusedStepper(self.scheduler, self.cost, self.recorder)  # type: ignore[arg-type]
+        return GenericStepper(self.scheduler, self.cost, self.recorder, self.mode == "fast")
+
     def run(self) -> EngineRun:
-        self.env.process(orca_fast.OrcaFastLoop(self).loop() if self.fused else self._loop())
-        self.env.run()
-        return finished_run(self.recorder, self.now_s, self.scheduler)
-
-    def _admit_arrivals(self) -> None:
-        admit_arrivals(self.arrivals, self.scheduler, self.now_s)
-
-    def _sleep_until(self, target_s: float) -> Generator[simpy.Event, None, None]:
-        """Move the clock to `target_s`, handing control to SimPy only when it must.
-
-        A SimPy round trip costs more than a whole jump's bookkeeping. Only an event
-        due by `target_s` (another process's) could act in between; the engine is
-        usually its environment's only process, so its clock runs ahead of SimPy's
-        and `_sync_env` catches SimPy up when the loop ends.
-        """
-        self.now_s = target_s
-        if self.env.peek() <= target_s:
-            yield self._sync_env()
-
-    def _sync_env(self) -> simpy.Timeout:
-        return self.env.timeout(max(0.0, self.now_s - self.env.now))
-
-    def _loop(self) -> Generator[simpy.Event, None, None]:
-        # A scheduler whose contract declares no fast-forward steps as in reference mode.
-        fast = self.mode == "fast" and self.scheduler.fast_forward.enabled
-        while True:
-            self._admit_arrivals()
-            plan = self.scheduler.schedule(self.now_s)
-            if plan.is_empty:
-                wake_s = self._idle_until(plan.wake_at_s)
-                if wake_s is None:
-                    yield self._sync_env()
-                    return
-                yield from self._sleep_until(wake_s)
-                continue
-            start_s = self.now_s
-            run = self.scheduler.decode_run(plan) if fast else None
-            if run is None:  # one iteration: all of reference mode
-                duration_s = self._plan_time_s(plan)
-                yield from self._sleep_until(start_s + duration_s)
-                self._finish_iteration(plan, start_s, duration_s)
-            else:
-                ends_s = self._run_ends(run, plan)
-                n = self._jump_length(start_s, ends_s)
-                yield from self._sleep_until(float(ends_s[n - 1]))
-                self._finish_jump(plan, run, start_s, ends_s, n)
-                if n == len(ends_s):  # the run ended in completions: the rest may go on
-                    yield from self._continue()
-
-    def _continue(self) -> Generator[simpy.Event, None, None]:
-        """Jumps over runs that follow completions when nobody can join (no `schedule`)."""
-        while not (self.arrivals.pending() and self.arrivals.next_time_s() <= self.now_s):
-            run = self.scheduler.continue_run()
-            if run is None:
-                return
-            start_s = self.now_s
-            ends_s = self._run_ends(run)
-            n = self._jump_length(start_s, ends_s)
-            yield from self._sleep_until(float(ends_s[n - 1]))
-            waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s, n)
-            result = self.scheduler.advance_run(run, n)
-            self.recorder.record_run(start_s, ends_s[:n], run, waiting)
-            self.recorder.record_result(result, self.now_s)
-            self.arrivals.on_finished(result.finished_ids, self.now_s)
-            if n < len(ends_s):
-                return
-
-    def _finish_iteration(self, plan: SchedulerOutput, start_s: float, duration_s: float) -> None:
-        result = self.scheduler.update_from_output(plan)
-        self.recorder.record_iteration(start_s, duration_s, 1, plan, self.scheduler.num_waiting)
-        self.recorder.record_progress(plan.req_ids, start_s, result, self.now_s)
-        self.arrivals.on_finished(result.finished_ids, self.now_s)
-
-    def _finish_jump(
-        self, plan: SchedulerOutput, run: DecodeRun, start_s: float, ends_s: np.ndarray, n: int
-    ) -> None:
-        """Apply the plan's iteration and `n - 1` steps of its run, which ended at now_s."""
-        waiting = self.scheduler.num_waiting * n + self._late_waiting(ends_s, n)
-        first, last = self.scheduler.advance(plan, run, n)
-        self.recorder.record_jump(start_s, ends_s[:n], plan, run, waiting)
-        self.recorder.record_scheduled(plan.req_ids, start_s)
-        self.recorder.record_result(first, float(ends_s[0]))
-        self.recorder.record_result(last, self.now_s)
-        self.arrivals.on_finished(first.finished_ids, float(ends_s[0]))  # empty unless n == 1
-        self.arrivals.on_finished(last.finished_ids, self.now_s)
-
-    def _run_ends(self, run: DecodeRun, plan: SchedulerOutput | None = None) -> np.ndarray:
-        """End times of the plan's iteration (if any, index 0) and of each step of the run."""
-        head = 1 if plan is None else 2
-        ends_s = np.empty(run.num_steps + head)
-        ends_s[0] = self.now_s
-        if plan is not None:
-            ends_s[1] = self._plan_time_s(plan)
-        if run.num_steps:  # a zero-step run prices nothing (a model may count what it prices)
-            ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
-        # Running sums in order: the same float additions as one timeout per iteration.
-        return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
-
-    def _plan_time_s(self, plan: SchedulerOutput) -> float:
-        """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
-        return self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
-
-    def _jump_length(self, start_s: float, ends_s: Sequence[float]) -> int:
-        """Iterations to run: up to the boundary at which something must be looked at.
-
-        `ends_s`: the boundaries, ascending (an array, or a list in the fused Orca loop).
-        """
-        if len(ends_s) == 1:
-            return 1
-        cut_s = self._cut_s(start_s, float(ends_s[-2]))  # by the run's last inner boundary
-        if cut_s == math.inf:
-            return len(ends_s)
-        # The first boundary at or after the cut: the reference loop looks again there.
-        return bisect.bisect_left(ends_s, cut_s) + 1
-
-    def _cut_s(self, start_s: float, until_s: float = math.inf) -> float:
-        """Where a jump from `start_s` must stop, or inf if nothing does by `until_s`.
-
-        The first warm-up break after the start, or the next arrival if it could join,
-        or else, in a closed loop, the first pending arrival that will be turned away.
-        The jump ends at the first iteration boundary at or after the cut. Jumps start
-        at the engine's clock, which only moves on, so passed breaks are dropped for good.
-        """
-        breaks_s = self._breaks_s
-        while breaks_s and breaks_s[-1] <= start_s:
-            breaks_s.pop()
-        cut_s = breaks_s[-1] if breaks_s and breaks_s[-1] <= until_s else math.inf
-        if self.arrivals.pending():
-            t = self.arrivals.next_time_s()
-            if t <= until_s and t < cut_s:
-                if self.scheduler.admits_arrival(self.arrivals.next_index):
-                    cut_s = t
-                elif self.arrivals.closed_loop:
-                    cut_s = min(cut_s, self._rejection_s(min(cut_s, until_s)))
-        return cut_s
-
-    def _rejection_s(self, until_s: float) -> float:
-        """Time of the first pending arrival by `until_s` that will be turned away, or inf.
-
-        In a closed loop turning a request away is visible (its client sends again at
-        once), so a jump stops at the boundary where the reference loop turns it away.
-        (In an open loop only the waiting count could tell, and `_late_waiting` skips it.)
-        """
-        first = self.arrivals.next_index
-        for k, t in enumerate(self.arrivals.times_until(until_s).tolist()):
-            if self.scheduler.never_fits(first + k):
-                return t
-        return math.inf
-
-    def _late_waiting(self, ends_s: Sequence[float], n: int) -> int:
-        """Waiting-count summed over a jump's later iterations, for arrivals inside it.
-
-        Such arrivals were not admissible; the reference loop would have queued each at
-        the first boundary at or after it. They are queued after the jump (same order,
-        no `schedule` in between, so the same state) and counted here as if on time.
-        """
-        if n == 1 or not self.arrivals.pending() or self.arrivals.next_time_s() > ends_s[n - 2]:
-            return 0
-        inner_ends_s = ends_s[: n - 1]
-        arrival_s = self.arrivals.times_until(float(ends_s[n - 2]))
-        ids = range(self.arrivals.next_index, self.arrivals.next_index + len(arrival_s))
-        if any(map(self.scheduler.never_fits, ids)):  # turned away when queued: never waits
-            arrival_s = arrival_s[np.array([not self.scheduler.never_fits(i) for i in ids])]
-        boundary = np.searchsorted(inner_ends_s, arrival_s, side="left")
-        return int((n - 1 - boundary).sum())
-
-    def _idle_until(self, wake_at_s: float | None) -> float | None:
-        """Next time to look again: the next arrival or the scheduler's wake-up time."""
-        arrival_s = self.arrivals.next_time_s() if self.arrivals.pending() else None
-        if arrival_s is not None and (wake_at_s is None or arrival_s <= wake_at_s):
-            return arrival_s
-        if wake_at_s is not None:
-            return wake_at_s
-        assert not self.scheduler.has_unfinished(), "scheduler idle with unfinished requests"
-        return None
-
+        stepper = self.stepper()
+        replica = Replica(stepper, self.arrivals, self.recorder, self.row_breaks_s)
+        end_s = drive([replica], self.arrivals, single(replica))
+        stepper.close()
+        return finished_run(self.recorder, end_s, self.scheduler)

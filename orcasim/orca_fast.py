@@ -1,17 +1,19 @@
-"""Fast mode for Orca's scheduler, fused: the engine's generic fast loop without its objects.
+"""Fast mode for Orca's scheduler, fused: the generic fast stepper without its objects.
 
-The generic fast loop (`orcasim.engine`) talks to a scheduler through objects made per
+The generic stepper (`orcasim.engine.GenericStepper`) talks to a scheduler through objects made per
 jump (SchedulerOutput, Batch, DecodeRun, StepResult) and a dozen hook calls; at a million
 requests that traffic, not arithmetic, is most of a run. For the plain iteration-level
-scheduler the engine runs this loop instead: the same jumps, driving the scheduler's own
-queue, admission step and running list, with each member's progress kept implicit.
+scheduler a replica runs this stepper instead: the same jumps, driving the scheduler's own
+queue, admission step and running list, with each member's progress kept implicit. Like
+every stepper it plans a unit at its start and applies it at its end (`orcasim.replica`),
+so a delivery can cut it and a router never reads its future.
 
 Implicit progress: a request whose first iteration is iteration g0 (counted from the
 start of the run) has emitted g - g0 tokens once g iterations have ended, so its known
 tokens are prompt + g - g0 = base + g with base = prompt - g0, and it finishes when g
 reaches g0 + output_tokens. One counter moves every member at once: a jump costs no
 per-request update. The scheduler's `computed`/`generated` arrays are written when the
-loop ends.
+run ends (`close`); `load` reads the implicit progress.
 
 Exactness: the cost model prices the same batches as in the generic loop (given as lists,
 `CostModel.iteration_time_lists_s` and `decode_line`, which promise the same bits as
@@ -22,18 +24,18 @@ for bit (tests/test_orca_fast.py), and with it reference mode.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import simpy
 
 from orcasim.schedulers.iteration_level import IterationLevelScheduler
 
 if TYPE_CHECKING:
-    from orcasim.engine import Engine
-
-Events = Generator[simpy.Event, None, None]
+    from orcasim.cost.base import CostModel
+    from orcasim.recorder import Recorder
+    from orcasim.replica import Load, Replica
 
 
 def applies(scheduler: object) -> bool:
@@ -41,50 +43,91 @@ def applies(scheduler: object) -> bool:
     return type(scheduler) is IterationLevelScheduler
 
 
-class OrcaFastLoop:
-    """One engine's fast loop over an `IterationLevelScheduler`, made once per run."""
+@dataclass(slots=True)
+class _Jump:
+    """A pending unit: a plan's iteration and the decode steps after it, or a continued run."""
 
-    def __init__(self, engine: Engine) -> None:
-        assert applies(engine.scheduler)
-        self.engine = engine
-        self.scheduler: IterationLevelScheduler = engine.scheduler  # type: ignore[assignment]
-        self.cost, self.recorder = engine.cost, engine.recorder
-        requests = self.scheduler.requests
+    start_s: float
+    ends_s: list[float]  # cut in place; the unit ends at the last
+    size: int
+    context_total: int  # members' known tokens at the start (a plan) or at its first step
+    newcomers: list[int] | None  # None: a continued run
+    num_steps: int = 0  # a continued run's natural length
+    query_total: int = 0
+    single: bool = False  # the plan alone, as reference mode runs it
+    plan_s: float = 0.0
+
+
+class OrcaFusedStepper:
+    """One replica's fast stepper over an `IterationLevelScheduler`, made once per run."""
+
+    plans_on_arrival = False
+
+    def __init__(self, scheduler: IterationLevelScheduler, cost: CostModel, recorder: Recorder) -> None:
+        assert applies(scheduler)
+        self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
+        self.replica: Replica  # set by the replica that runs it
+        self.wake_s: float | None = None
+        requests = scheduler.requests
         self.prompt_tokens, self.output_tokens = requests.prompt_tokens, requests.output_tokens
         self.iterations = 0  # ended so far: the clock of implicit progress
         # Parallel to scheduler.running (admission order):
         self.base: list[int] = []  # prompt - first iteration: known tokens are base + iterations
         self.finish_at: list[int] = []  # the iteration count at which each finishes
         self.base_total = 0
+        self._jump: _Jump | None = None
+        self._continuing = False  # the last jump ended in completions
 
-    def loop(self) -> Events:
-        """The engine's `_loop` for fast mode, specialised (same steps, same order).
+    def start(self, now_s: float) -> float | None:
+        """The generic stepper's `start`, specialised (same steps, same order)."""
+        scheduler = self.scheduler
+        if (self._continuing and not self.replica.arrived and self.base
+                and not scheduler.num_waiting):
+            self._jump = self._continue_jump(now_s)
+            return self._jump.ends_s[-1]
+        self._continuing = False
+        newcomers = self._admit()
+        if not scheduler.running:
+            return None
+        self._jump = self._plan_jump(newcomers, now_s)
+        return self._jump.ends_s[-1]
 
-        Each jump is priced, recorded and applied at its start (nothing else acts on this
-        scheduler in between), then the clock moves to its end: SimPy is visited only if
-        another event is due by then, as in `Engine._sleep_until`.
-        """
-        engine, running, env = self.engine, self.scheduler.running, self.engine.env
-        while True:
-            engine._admit_arrivals()
-            newcomers = self._admit()
-            if not running:
-                wake_s = engine._idle_until(None)
-                if wake_s is None:
-                    break
-                yield from engine._sleep_until(wake_s)
-                continue
-            end_s, completions = self._plan_jump(newcomers, engine.now_s)
-            engine.now_s = end_s
-            if env.peek() <= end_s:
-                yield engine._sync_env()
-            while completions and self._may_continue():
-                end_s, completions = self._continue_jump(engine.now_s)
-                engine.now_s = end_s
-                if env.peek() <= end_s:
-                    yield engine._sync_env()
-        self._write_progress()
-        yield engine._sync_env()
+    def ends_s(self) -> Sequence[float]:
+        return () if self._jump is None else self._jump.ends_s
+
+    def cut(self, num_iterations: int) -> None:
+        assert self._jump is not None and 1 <= num_iterations <= len(self._jump.ends_s)
+        del self._jump.ends_s[num_iterations:]
+
+    def finish(self) -> None:
+        jump, self._jump = self._jump, None
+        assert jump is not None
+        if jump.newcomers is None:
+            self._continuing = self._finish_continued(jump)
+        else:
+            self._continuing = self._finish_plan(jump)
+
+    def load(self) -> Load:
+        from orcasim.replica import Load
+
+        scheduler, g = self.scheduler, self.iterations
+        waiting = scheduler.queued_ids()
+        prompt = self.prompt_tokens
+        waiting_prompt = sum(prompt[waiting].tolist()) if waiting else 0
+        waiting_left = waiting_prompt + (sum(self.output_tokens[waiting].tolist()) if waiting else 0)
+        in_flight = self._jump.newcomers if self._jump is not None else None
+        prefill_left = sum(prompt[in_flight].tolist()) if in_flight else 0
+        decode_left = sum(self.finish_at) - len(self.finish_at) * g
+        return Load(len(scheduler.running), len(waiting), waiting_prompt,
+                    waiting_left + prefill_left + decode_left, scheduler.reserved_tokens,
+                    scheduler.kv_capacity_tokens)
+
+    def close(self) -> None:
+        """The scheduler's per-request progress, as the generic stepper leaves it: all done."""
+        assert not self.scheduler.running and not self.scheduler.num_waiting
+        scheduler, done = self.scheduler, ~np.isnan(self.recorder.finish_s)
+        scheduler.generated[done] = self.output_tokens[done]
+        scheduler.computed[done] = self.prompt_tokens[done] + self.output_tokens[done] - 1
 
     def _admit(self) -> list[int]:
         """Orca's admission step (the scheduler's own); the ids admitted, in order."""
@@ -103,13 +146,11 @@ class OrcaFastLoop:
             self.base_total += prompt - g
         return admitted
 
-    def _plan_jump(self, newcomers: list[int], start_s: float) -> tuple[float, bool]:
-        """The plan's iteration and the decode run after it (cut like the generic loop's).
+    def _plan_jump(self, newcomers: list[int], start_s: float) -> _Jump:
+        """The plan's iteration and the decode run after it (cut like the generic stepper's).
 
-        Returns the jump's end and whether it ended in completions (a single iteration
-        never counts: the generic loop looks again with `schedule` then). The plan is
-        what `schedule` makes: every member in admission order; newcomers (the tail) run
-        their whole prompt.
+        The plan is what `schedule` makes: every member in admission order; newcomers (the
+        tail) run their whole prompt.
         """
         g, size = self.iterations, len(self.base)
         prompts = [self.prompt_tokens.item(r) for r in newcomers]
@@ -119,36 +160,42 @@ class OrcaFastLoop:
                                                   [b + g for b in self.base], query_total,
                                                   context_total)
         steps = min(self.finish_at) - g - 1  # pure-decode iterations before the first completion
-        reserved, waiting = self.scheduler.reserved_tokens, self.scheduler.num_waiting
-        if steps <= 0:  # one iteration, as reference mode runs it
-            end_s = start_s + plan_s
-            self.recorder.append_row(start_s, plan_s, 1, size, query_total, context_total,
-                                     reserved, waiting, float(context_total), 0, 0)
-            self._advance(1, newcomers, start_s, end_s, end_s)
-            return end_s, False
-        ends_s = self._ends_s(start_s, [start_s + plan_s], size, context_total + size, steps, 1)
-        n = len(ends_s)
-        waiting_sum = waiting * n + self.engine._late_waiting(ends_s, n)
-        self.recorder.jump_row(start_s, ends_s, size, query_total, context_total,
-                               context_total, size, context_total + size, reserved,
-                               waiting_sum)
-        return ends_s[-1], self._advance(n, newcomers, start_s, ends_s[0], ends_s[-1])
+        jump = _Jump(start_s, [start_s + plan_s], size, context_total, newcomers,
+                     query_total=query_total, single=steps <= 0, plan_s=plan_s)
+        if steps > 0:
+            self._extend(jump, context_total + size, steps, 1)
+        return jump
 
-    def _ends_s(
-        self, start_s: float, ends_s: list[float], size: int, context_total: int,
-        num_steps: int, ahead: int,
-    ) -> list[float]:
-        """`ends_s` (the plan's end, if any) extended by the members' decode steps' ends.
+    def _finish_plan(self, jump: _Jump) -> bool:
+        """Record and apply a plan's jump; True if it ended in completions (a single
+        iteration never counts: the generic stepper looks again with `schedule` then)."""
+        scheduler, ends_s, n = self.scheduler, jump.ends_s, len(jump.ends_s)
+        reserved, waiting = scheduler.reserved_tokens, scheduler.num_waiting
+        size, query_total, context_total = jump.size, jump.query_total, jump.context_total
+        if jump.single:
+            end_s = ends_s[0]
+            self.recorder.append_row(jump.start_s, jump.plan_s, 1, size, query_total,
+                                     context_total, reserved, waiting, float(context_total), 0, 0)
+            self._advance(1, jump.newcomers or [], jump.start_s, end_s, end_s)
+            return False
+        waiting_sum = waiting * n + self.replica.late_waiting(ends_s, n)
+        self.recorder.jump_row(jump.start_s, ends_s, size, query_total, context_total,
+                               context_total, size, context_total + size, reserved, waiting_sum)
+        return self._advance(n, jump.newcomers or [], jump.start_s, ends_s[0], ends_s[-1])
 
-        Up to `num_steps` steps, stopping at the first end at or after the cut, where the
-        generic loop's `_jump_length` stops. The members hold `context_total` tokens at
-        the first step (each base + iterations + `ahead`). Running sums in order: the same
-        additions as one timeout per iteration.
+    def _extend(self, jump: _Jump, context_total: int, num_steps: int, ahead: int) -> None:
+        """Extend `jump.ends_s` (the plan's end, if any) by the members' decode steps' ends.
+
+        Up to `num_steps` steps, stopping at the first end at or after the known cut, where
+        the generic stepper's `_jump_length` stops. The members hold `context_total` tokens
+        at the first step (each base + iterations + `ahead`). Running sums in order: the
+        same additions as one iteration at a time.
         """
-        cut_s = self.engine._cut_s(start_s)  # past the run's end: it runs whole
-        t = ends_s[-1] if ends_s else start_s
+        ends_s, size = jump.ends_s, jump.size
+        cut_s = self.replica.cut_s(jump.start_s)  # past the run's end: it runs whole
+        t = ends_s[-1] if ends_s else jump.start_s
         if t >= cut_s:
-            return ends_s
+            return
         line = self.cost.decode_line(size, context_total)
         if line is None:
             context = np.array(self.base, dtype=np.int64) + (self.iterations + ahead)
@@ -157,7 +204,7 @@ class OrcaFastLoop:
                 ends_s.append(t)
                 if t >= cut_s:
                     break
-            return ends_s
+            return
         intercept_s, x0, dx, slope_s, floor_s, plus_s = line
         if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
             for k in range(num_steps):
@@ -165,13 +212,12 @@ class OrcaFastLoop:
                 ends_s.append(t)
                 if t >= cut_s:
                     break
-            return ends_s
+            return
         for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
             t += intercept_s + (x0 + dx * k) * slope_s
             ends_s.append(t)
             if t >= cut_s:
                 break
-        return ends_s
 
     def _advance(
         self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float
@@ -187,28 +233,24 @@ class OrcaFastLoop:
         self._release(end_s)
         return True
 
-    def _may_continue(self) -> bool:
-        """The generic loop's `_continue` condition: nothing arrived, nobody waits."""
-        arrivals = self.engine.arrivals
-        if arrivals.pending() and arrivals.next_time_s() <= self.engine.now_s:
-            return False
-        return bool(self.base) and not self.scheduler.num_waiting
-
-    def _continue_jump(self, start_s: float) -> tuple[float, bool]:
-        """A decode run after completions (generic `_continue`'s step): end, completions."""
+    def _continue_jump(self, start_s: float) -> _Jump:
+        """A decode run after completions (the generic `continue_run`'s unit)."""
         g, size = self.iterations, len(self.base)
         num_steps = min(self.finish_at) - g
-        context_total = self.base_total + size * g
-        ends_s = self._ends_s(start_s, [], size, context_total, num_steps, 0)
-        n = len(ends_s)
-        # Nobody waits at the start; arrivals inside are queued after the jump.
-        self.recorder.run_row(start_s, ends_s, size, context_total,
-                              self.scheduler.reserved_tokens, self.engine._late_waiting(ends_s, n))
-        self.iterations = g + n
-        if n < num_steps:
-            return ends_s[-1], False
+        jump = _Jump(start_s, [], size, self.base_total + size * g, None, num_steps=num_steps)
+        self._extend(jump, jump.context_total, num_steps, 0)
+        return jump
+
+    def _finish_continued(self, jump: _Jump) -> bool:
+        ends_s, n = jump.ends_s, len(jump.ends_s)
+        # Nobody waited at the start; deliveries inside are queued after the jump.
+        self.recorder.run_row(jump.start_s, ends_s, jump.size, jump.context_total,
+                              self.scheduler.reserved_tokens, self.replica.late_waiting(ends_s, n))
+        self.iterations += n
+        if n < jump.num_steps:
+            return False
         self._release(ends_s[-1])
-        return ends_s[-1], True
+        return True
 
     def _release(self, finish_s: float) -> None:
         """Members whose last token ended at `finish_s`: finished, reservations freed."""
@@ -224,11 +266,4 @@ class OrcaFastLoop:
             self.recorder.finish_s[req] = finish_s
             done.append(req)
         self.scheduler.reserved_tokens -= freed
-        self.engine.arrivals.on_finished(done, finish_s)  # a closed loop's clients send again
-
-    def _write_progress(self) -> None:
-        """The scheduler's per-request progress, as the generic loop leaves it: all done."""
-        assert not self.scheduler.running and not self.scheduler.num_waiting
-        scheduler, done = self.scheduler, ~np.isnan(self.recorder.finish_s)
-        scheduler.generated[done] = self.output_tokens[done]
-        scheduler.computed[done] = self.prompt_tokens[done] + self.output_tokens[done] - 1
+        self.replica.source.on_finished(done, finish_s)  # a closed loop's clients send again

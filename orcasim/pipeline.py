@@ -17,18 +17,21 @@ has finished the previous batch.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cost.base import Batch, CostModel
-from orcasim.engine import ArrivalSource, EngineRun, admit_arrivals, finished_run
+from orcasim.engine import EngineRun, finished_run
 from orcasim.recorder import Recorder
+from orcasim.replica import Load, Replica, drive, scheduler_load, single
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers.base import STEP_BY_STEP, SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from orcasim.sources import ArrivalSource
 
 
 class PipelinedIterationLevelScheduler(IterationLevelScheduler):
@@ -71,52 +74,56 @@ class _Flight:
     end_s: float  # when the last stage finishes it
 
 
-class PipelineEngine:
-    """Event loop over arrivals and batch completions, with up to `num_stages` batches in flight."""
+class PipelineStepper:
+    """The pipelined engine variant: up to `num_stages` batches in flight, one unit each.
 
-    def __init__(
-        self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
-        num_stages: int, arrivals: ArrivalSource | None = None,
-    ) -> None:
-        self.requests, self.scheduler, self.cost = requests, scheduler, cost
+    The pending unit is the oldest batch in flight; a request arriving while a stage is
+    free is planned at once (`plans_on_arrival`), as Orca fills its pipeline.
+    """
+
+    plans_on_arrival = True
+
+    def __init__(self, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
+                 recorder: Recorder, num_stages: int) -> None:
+        self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
         self.num_stages = num_stages
+        self.replica: Replica  # set by the replica that runs it
+        self.wake_s: float | None = None
         self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
-        self.recorder = Recorder(len(requests))
         self.in_flight: deque[_Flight] = deque()
-        assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
-        self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
-        self.now_s = 0.0
 
-    def run(self) -> EngineRun:
-        while self._step():
-            pass
-        return finished_run(self.recorder, self.now_s, self.scheduler)
-
-    def _step(self) -> bool:
-        """Admit, fill the pipeline, then advance to the next event. False when all is done."""
-        self._admit_arrivals()
+    def start(self, now_s: float) -> float | None:
         while len(self.in_flight) < self.num_stages:
-            plan = self.scheduler.schedule(self.now_s)
+            plan = self.scheduler.schedule(now_s)
             if plan.is_empty:
                 break
-            self.in_flight.append(self._launch(plan))
-        done_s = self.in_flight[0].end_s if self.in_flight else np.inf
-        has_arrival = self.arrivals.pending()
-        arrival_s = self.arrivals.next_time_s() if has_arrival else np.inf
-        if not self.in_flight and not has_arrival:
-            assert not self.scheduler.has_unfinished(), "scheduler idle with unfinished requests"
-            return False
-        if done_s <= arrival_s:
-            self.now_s = done_s
-            self._complete(self.in_flight.popleft())
-        else:
-            self.now_s = arrival_s
-            self._admit_arrivals()
-        return True
+            self.in_flight.append(self._launch(plan, now_s))
+        return self.in_flight[0].end_s if self.in_flight else None
 
-    def _launch(self, plan: SchedulerOutput) -> _Flight:
+    def ends_s(self) -> Sequence[float]:
+        return (self.in_flight[0].end_s,) if self.in_flight else ()
+
+    def cut(self, num_iterations: int) -> None:
+        assert num_iterations == 1, "a flight is one iteration"
+
+    def finish(self) -> None:
+        flight = self.in_flight.popleft()
+        result = self.scheduler.update_from_output(flight.plan)
+        duration_s = flight.end_s - flight.start_s
+        self.recorder.record_iteration(flight.start_s, duration_s, 1, flight.plan,
+                                       self.scheduler.num_waiting)
+        self.recorder.record_progress(flight.plan.req_ids, flight.start_s, result, flight.end_s)
+        self.replica.source.on_finished(result.finished_ids, flight.end_s)
+
+    def load(self) -> Load:
+        return scheduler_load(self.scheduler)
+
+    def close(self) -> None:
+        """Progress is always up to date."""
+
+    def _launch(self, plan: SchedulerOutput, now_s: float) -> _Flight:
         stage_s = self.cost.iteration_time_s(plan.batch) / self.num_stages
-        t = self.now_s
+        t = now_s
         start_s = t
         for k in range(self.num_stages):
             begin = max(t, float(self.stage_free_s[k]))
@@ -126,15 +133,25 @@ class PipelineEngine:
             self.stage_free_s[k] = t
         return _Flight(plan, start_s, t)
 
-    def _complete(self, flight: _Flight) -> None:
-        result = self.scheduler.update_from_output(flight.plan)
-        duration_s = flight.end_s - flight.start_s
-        self.recorder.record_iteration(flight.start_s, duration_s, 1, flight.plan, self.scheduler.num_waiting)
-        self.recorder.record_progress(flight.plan.req_ids, flight.start_s, result, flight.end_s)
-        self.arrivals.on_finished(result.finished_ids, flight.end_s)
 
-    def _admit_arrivals(self) -> None:
-        admit_arrivals(self.arrivals, self.scheduler, self.now_s)
+class PipelineEngine:
+    """A one-replica loop over the pipelined stepper (see `orcasim.engine.Engine`)."""
+
+    def __init__(
+        self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
+        num_stages: int, arrivals: ArrivalSource | None = None,
+    ) -> None:
+        self.requests, self.scheduler, self.cost = requests, scheduler, cost
+        self.num_stages = num_stages
+        self.recorder = Recorder(len(requests))
+        assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
+        self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
+
+    def run(self) -> EngineRun:
+        stepper = PipelineStepper(self.scheduler, self.cost, self.recorder, self.num_stages)
+        replica = Replica(stepper, self.arrivals, self.recorder)
+        end_s = drive([replica], self.arrivals, single(replica))
+        return finished_run(self.recorder, end_s, self.scheduler)
 
 
 def pipeline_engine(

@@ -37,6 +37,9 @@ class Requests:
     output_tokens: np.ndarray  # int64 (n,)
     max_tokens: np.ndarray  # int64 (n,)
     clients: ClientLoop | None = None
+    # int64 (n,): the session (conversation, agent task) each request belongs to, if known;
+    # a `session` router keeps a session on one replica.
+    session_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)

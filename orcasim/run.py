@@ -16,6 +16,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.config import ScenarioError
 from orcasim.cost import CostConfig, CostModel, build_cost_model
 from orcasim.engine import Engine
+from orcasim.fleet import build_fleet
 from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
@@ -27,12 +28,16 @@ from orcasim.workload import generate_requests
 
 @dataclass
 class SystemResult:
-    """Everything one system produced: flat frames and its summary."""
+    """Everything one system produced: flat frames and its summary.
+
+    A cluster adds a `replica` column to both frames and one summary row per replica.
+    """
 
     name: str
     requests: pd.DataFrame
     iterations: pd.DataFrame
     summary: dict[str, float]
+    replicas: pd.DataFrame | None = None
 
 
 @dataclass
@@ -91,10 +96,12 @@ def run_system(
     """One system over `requests`; `cost` replaces the model its config builds (the log
     calibration passes one that records what it prices)."""
     cost_cfg = scenario.system_cost(system)
-    cost = cost or build_cost_model(cost_cfg, scenario.deployment())
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
     latency_s = request_latency_s(cost_cfg)
     engine_requests = at_the_engine(requests, latency_s)
+    if system.cluster is not None:
+        return run_cluster(scenario, system, requests, engine_requests)
+    cost = cost or build_cost_model(cost_cfg, scenario.deployment())
     # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
     engine = pipeline_engine(scenario, system, engine_requests, cost) or Engine(
         engine_requests, scheduler_for(scenario, system, engine_requests), cost,
@@ -102,18 +109,55 @@ def run_system(
         arrivals=arrival_source(engine_requests),
     )
     run = engine.run()
-    rejected = run.rejected_ids
-    if len(rejected):
-        warnings.warn(
-            f"{system.name}: {len(rejected)} request(s) can never fit in KV memory "
-            f"and were rejected (first: request {int(rejected[0])})", stacklevel=2,
-        )
-    reqs = requests_frame(requests, run.recorder, rejected)
+    warn_rejected(system.name, run.rejected_ids)
+    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
     reqs["preemptions"] = engine.scheduler.preemptions_per_request
     iters = run.recorder.iterations_frame()
     summary = summarize(reqs, iters, scenario.warmup_s)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())
     return SystemResult(system.name, reqs, iters, summary)
+
+
+def warn_rejected(system_name: str, rejected: np.ndarray) -> None:
+    if len(rejected):
+        warnings.warn(
+            f"{system_name}: {len(rejected)} request(s) can never fit in KV memory "
+            f"and were rejected (first: request {int(rejected[0])})", stacklevel=3,
+        )
+
+
+def run_cluster(
+    scenario: Scenario, system: SystemConfig, requests: Requests, engine_requests: Requests
+) -> SystemResult:
+    """`system`'s cluster over `requests` (as sent) and `engine_requests` (as they reach it)."""
+    assert system.cluster is not None
+    fleet = build_fleet(scenario, system, engine_requests)
+    run = fleet.run()
+    warn_rejected(system.name, run.rejected_ids)
+    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
+    reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in fleet.replicas)
+    reqs["replica"] = fleet.assigned
+    iters = fleet.iterations_frame()
+    summary = summarize(reqs, iters, scenario.warmup_s)
+    summary["replicas"] = float(len(fleet.replicas))
+    summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
+    per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
+    return SystemResult(system.name, reqs, iters, summary, per_replica)
+
+
+def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
+                      num_replicas: int) -> pd.DataFrame:
+    """One summary row per replica (index `replica`), with its busy share of the window."""
+    rows = {}
+    end_s = float(reqs["finish_s"].max()) if len(reqs) else 0.0
+    for i in range(num_replicas):
+        mine, rows_i = reqs[reqs["replica"] == i], iters[iters["replica"] == i]
+        summary = summarize(mine, rows_i, warmup_s)
+        busy_s = float(rows_i.loc[rows_i["start_s"] >= warmup_s, "duration_s"].sum())
+        summary["busy_fraction"] = busy_s / (end_s - warmup_s) if end_s > warmup_s else float("nan")
+        summary["requests_routed"] = float(len(mine))
+        rows[i] = summary
+    return pd.DataFrame(rows).T.rename_axis("replica")
 
 
 def run_scenario(

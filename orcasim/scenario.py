@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from orcasim.cluster import ClusterConfig
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef
@@ -30,11 +31,13 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
 class SystemConfig(Strict):
-    """One serving system to compare. `cost` overrides the scenario's cost model."""
+    """One serving system to compare. `cost` overrides the scenario's cost model;
+    `cluster` makes it a fleet of replicas behind a router (`orcasim.cluster`)."""
 
     name: str = Field(pattern=NAME_PATTERN)
     scheduler: SchedulerConfig
     cost: CostConfig | None = None
+    cluster: ClusterConfig | None = None
 
 
 class EngineConfig(Strict):

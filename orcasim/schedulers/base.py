@@ -206,6 +206,20 @@ class Scheduler(ABC):
     def has_unfinished(self) -> bool:
         """True while any added request has not finished."""
 
+    # What a replica reports of its load (orcasim.replica.Load).
+
+    @abstractmethod
+    def active_ids(self) -> list[int]:
+        """The requests running now (admitted, holding KV, not finished)."""
+
+    def queued_ids(self) -> list[int]:
+        """The requests added and not running: the waiting queue, and any preempted ones."""
+        return self.waiting[self._waiting_head :]
+
+    @abstractmethod
+    def kv_in_use_tokens(self) -> int:
+        """KV allocated now (reserved slabs or whole blocks), in tokens."""
+
     # Fast-forward hooks (used by the engine's fast mode). The defaults make a scheduler
     # step one iteration at a time, which is trivially exact; overriding them is optional.
 

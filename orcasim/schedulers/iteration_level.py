@@ -108,6 +108,12 @@ class IterationLevelScheduler(Scheduler):
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
 
+    def active_ids(self) -> list[int]:
+        return list(self.running)
+
+    def kv_in_use_tokens(self) -> int:
+        return self.reserved_tokens
+
     # Fast-forward hooks (see Scheduler). Between admissions and completions the running
     # set only decodes, and a fixed per-request reservation keeps the head of the queue
     # blocked, so the next change is the first completion or an admissible arrival.

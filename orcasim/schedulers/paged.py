@@ -379,6 +379,15 @@ class PagedScheduler(Scheduler):
     def has_unfinished(self) -> bool:
         return bool(self.running or self.resumable or self.swapped) or self.num_waiting > 0
 
+    def active_ids(self) -> list[int]:
+        return list(self.running)
+
+    def queued_ids(self) -> list[int]:
+        return sorted(self.swapped) + sorted(self.resumable) + super().queued_ids()
+
+    def kv_in_use_tokens(self) -> int:
+        return self.allocator.allocated_tokens
+
     # What the fast-forward hooks (orcasim.schedulers.paged_runs) ask of the policy.
 
     # Blocks a decode step must leave free for it to be sure nobody is preempted.

@@ -118,6 +118,14 @@ class RequestLevelScheduler(Scheduler):
     def has_unfinished(self) -> bool:
         return len(self.members) > 0 or self.num_waiting > 0
 
+    def active_ids(self) -> list[int]:
+        # Members that finished early stay until the batch ends: only unfinished ones count.
+        ids = self.members
+        return ids[self.generated[ids] < self.requests.output_tokens[ids]].tolist()
+
+    def kv_in_use_tokens(self) -> int:
+        return self.reserved_tokens
+
     # Fast-forward hooks (see Scheduler). A static batch admits nobody, and between two
     # steps at which a costed member drops out every step is the same pure decode.
 

@@ -1,0 +1,234 @@
+"""A serving cluster: replicas behind a router, on the one clock loop of `orcasim.replica`.
+
+A system with a `cluster:` section runs `replicas` copies (or a list of groups, each with
+its own model, hardware, scheduler and cost, for a heterogeneous fleet) and routes every
+request, at its arrival time, to the replica its router picks. A router sees only what
+each replica reports at that moment (`Replica.load`): the state after its last
+scheduling decision, never a jump's future.
+
+Routers (ties go to the first replica after the last one chosen, so an idle fleet is
+filled in turn, deterministically):
+
+* `random`: uniform, from the run's own generator;
+* `round_robin`: in turn;
+* `least_outstanding`: fewest running + waiting requests (join the shortest queue);
+* `least_tokens`: fewest outstanding prefill + decode tokens;
+* `least_kv`: most free KV;
+* `power_of_two`: two distinct random replicas, the one with fewer requests;
+* `session`: a session's first request goes where `fallback` says, the rest follow it
+  (a request without a session is its own).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field, PositiveInt
+
+from orcasim.config import Strict
+from orcasim.cost import CostConfig
+from orcasim.cost.catalog import HardwareConfig, ModelRef
+from orcasim.replica import Load, Replica
+from orcasim.schedulers import SchedulerConfig
+
+
+class _RouterBase(Strict):
+    pass
+
+
+class RandomRouterConfig(_RouterBase):
+    kind: Literal["random"]
+
+
+class RoundRobinRouterConfig(_RouterBase):
+    kind: Literal["round_robin"]
+
+
+class LeastOutstandingRouterConfig(_RouterBase):
+    kind: Literal["least_outstanding"]
+
+
+class LeastTokensRouterConfig(_RouterBase):
+    kind: Literal["least_tokens"]
+
+
+class LeastKvRouterConfig(_RouterBase):
+    kind: Literal["least_kv"]
+
+
+class PowerOfTwoRouterConfig(_RouterBase):
+    kind: Literal["power_of_two"]
+
+
+LoadRouterKind = Literal["random", "round_robin", "least_outstanding", "least_tokens",
+                         "least_kv", "power_of_two"]
+
+
+class SessionRouterConfig(_RouterBase):
+    kind: Literal["session"]
+    fallback: LoadRouterKind = "least_outstanding"
+
+
+RouterConfig = Annotated[
+    RandomRouterConfig | RoundRobinRouterConfig | LeastOutstandingRouterConfig
+    | LeastTokensRouterConfig | LeastKvRouterConfig | PowerOfTwoRouterConfig
+    | SessionRouterConfig,
+    Field(discriminator="kind"),
+]
+
+
+class ReplicaGroup(Strict):
+    """`count` identical replicas; a key left out is the system's (or the scenario's)."""
+
+    count: PositiveInt = 1
+    model: ModelRef | None = None
+    hardware: HardwareConfig | None = None
+    kv_capacity_tokens: PositiveInt | None = None
+    scheduler: SchedulerConfig | None = None
+    cost: CostConfig | None = None
+
+
+class ClusterConfig(Strict):
+    """`replicas`: a count of the system's own replica, or a list of groups."""
+
+    replicas: PositiveInt | list[ReplicaGroup] = 1
+    router: RouterConfig = RoundRobinRouterConfig(kind="round_robin")
+
+    def groups(self) -> list[ReplicaGroup]:
+        if isinstance(self.replicas, int):
+            return [ReplicaGroup(count=self.replicas)]
+        return list(self.replicas)
+
+    @property
+    def num_replicas(self) -> int:
+        return sum(g.count for g in self.groups())
+
+
+class Router(ABC):
+    """Picks a replica for each request at its arrival time."""
+
+    def __init__(self, replicas: Sequence[Replica], rng: np.random.Generator) -> None:
+        self.replicas, self.rng = list(replicas), rng
+        self.last = -1  # the replica chosen last: ties go to the next one after it
+
+    @abstractmethod
+    def pick(self, req_id: int, time_s: float) -> int:
+        """The index of the replica `req_id` goes to."""
+
+    def __call__(self, req_id: int, time_s: float) -> Replica:
+        self.last = self.pick(req_id, time_s)
+        return self.replicas[self.last]
+
+    def _least(self, key: list[float]) -> int:
+        """The index with the smallest key; ties to the first after the last chosen."""
+        n = len(key)
+        best = (self.last + 1) % n
+        for k in range(1, n):
+            i = (self.last + 1 + k) % n
+            if key[i] < key[best]:
+                best = i
+        return best
+
+    def _loads(self, time_s: float) -> list[Load]:
+        return [r.load(time_s) for r in self.replicas]
+
+
+class RandomRouter(Router):
+    def pick(self, req_id: int, time_s: float) -> int:
+        return int(self.rng.integers(len(self.replicas)))
+
+
+class RoundRobinRouter(Router):
+    def pick(self, req_id: int, time_s: float) -> int:
+        return (self.last + 1) % len(self.replicas)
+
+
+class LeastOutstandingRouter(Router):
+    def pick(self, req_id: int, time_s: float) -> int:
+        return self._least([load.requests for load in self._loads(time_s)])
+
+
+class LeastTokensRouter(Router):
+    def pick(self, req_id: int, time_s: float) -> int:
+        return self._least([load.outstanding_tokens for load in self._loads(time_s)])
+
+
+class LeastKvRouter(Router):
+    def pick(self, req_id: int, time_s: float) -> int:
+        return self._least([-load.kv_free_tokens for load in self._loads(time_s)])
+
+
+class PowerOfTwoRouter(Router):
+    def pick(self, req_id: int, time_s: float) -> int:
+        n = len(self.replicas)
+        if n == 1:
+            return 0
+        a, b = (int(i) for i in self.rng.choice(n, size=2, replace=False))
+        load_a, load_b = self.replicas[a].load(time_s), self.replicas[b].load(time_s)
+        return b if load_b.requests < load_a.requests else a
+
+
+class SessionRouter(Router):
+    """A session's requests on one replica: the first placed by `fallback`."""
+
+    def __init__(self, replicas: Sequence[Replica], rng: np.random.Generator,
+                 fallback: Router, session_ids: np.ndarray | None) -> None:
+        super().__init__(replicas, rng)
+        self.fallback, self.session_ids = fallback, session_ids
+        self.home: dict[int, int] = {}
+
+    def pick(self, req_id: int, time_s: float) -> int:
+        if self.session_ids is None:
+            return self.fallback.pick(req_id, time_s)
+        session = int(self.session_ids[req_id])
+        home = self.home.get(session)
+        if home is None:
+            home = self.home[session] = self.fallback.pick(req_id, time_s)
+            self.fallback.last = home
+        return home
+
+
+def build_router(cfg: _RouterBase, replicas: Sequence[Replica], rng: np.random.Generator,
+                 session_ids: np.ndarray | None = None) -> Router:
+    """Explicit factory: one line per router kind."""
+    match cfg:
+        case RandomRouterConfig():
+            return RandomRouter(replicas, rng)
+        case RoundRobinRouterConfig():
+            return RoundRobinRouter(replicas, rng)
+        case LeastOutstandingRouterConfig():
+            return LeastOutstandingRouter(replicas, rng)
+        case LeastTokensRouterConfig():
+            return LeastTokensRouter(replicas, rng)
+        case LeastKvRouterConfig():
+            return LeastKvRouter(replicas, rng)
+        case PowerOfTwoRouterConfig():
+            return PowerOfTwoRouter(replicas, rng)
+        case SessionRouterConfig(fallback=fallback):
+            inner = build_router(_ROUTER_CONFIGS[fallback](kind=fallback), replicas, rng)
+            return SessionRouter(replicas, rng, inner, session_ids)
+    raise AssertionError(f"unhandled router config {cfg!r}")
+
+
+_ROUTER_CONFIGS: dict[str, type[_RouterBase]] = {
+    "random": RandomRouterConfig, "round_robin": RoundRobinRouterConfig,
+    "least_outstanding": LeastOutstandingRouterConfig, "least_tokens": LeastTokensRouterConfig,
+    "least_kv": LeastKvRouterConfig, "power_of_two": PowerOfTwoRouterConfig,
+}
+
+
+@dataclass
+class RoutedRouter:
+    """A router that also notes where each request went (the `replica` column)."""
+
+    router: Router
+    assigned: np.ndarray  # int64 (n,): replica index per request, -1 until routed
+
+    def __call__(self, req_id: int, time_s: float) -> Replica:
+        replica = self.router(req_id, time_s)
+        self.assigned[req_id] = replica.index
+        return replica

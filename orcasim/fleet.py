@@ -1,0 +1,141 @@
+"""Assembling replicas: a scheduler and an engine variant per replica, a fleet per cluster.
+
+`replica_for` is the one place that decides which `Stepper` runs a scheduler (pipelined
+for Orca with pipeline_parallel > 1, fused for plain Orca in fast mode, generic
+otherwise); `build_fleet` makes one per replica of a system's `cluster:` section and
+runs them behind its router on one clock loop (`orcasim.replica.drive`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from orcasim import orca_fast
+from orcasim.closed_loop import arrival_source
+from orcasim.cluster import RoutedRouter, build_router
+from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
+from orcasim.cost.catalog import HardwareConfig, ModelRef
+from orcasim.engine import EngineMode, EngineRun, GenericStepper
+from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper
+from orcasim.recorder import Recorder
+from orcasim.replica import Replica, Stepper, drive, shared_recorder
+from orcasim.requests import Requests
+from orcasim.scenario import Scenario, SystemConfig
+from orcasim.schedulers import SchedulerConfig, build_scheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from orcasim.sources import ArrivalSource
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything one replica is made of, resolved from the scenario, system and group."""
+
+    scheduler: SchedulerConfig
+    cost: CostConfig
+    kv_capacity_tokens: int
+    model: ModelRef | None
+    hardware: HardwareConfig | None
+
+    def deployment(self) -> Deployment | None:
+        if self.model is None or self.hardware is None:
+            return None
+        return Deployment(model=self.model, hardware=self.hardware)
+
+
+def replica_for(
+    spec: ReplicaSpec, requests: Requests, cost: CostModel, source: ArrivalSource,
+    recorder: Recorder, mode: EngineMode, row_breaks_s: tuple[float, ...] = (), index: int = 0,
+) -> Replica:
+    """One replica of `spec` over `requests`, reporting to `source`."""
+    deployment = spec.deployment()
+    stages = spec.hardware.pipeline_parallel if spec.hardware else 1
+    stepper: Stepper
+    if stages > 1 and isinstance(spec.scheduler, IterationLevelConfig):
+        pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens)
+        stepper = PipelineStepper(pipelined, cost, recorder, stages)
+        return Replica(stepper, source, recorder, (), index)  # rows are per iteration already
+    kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
+    scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes)
+    if mode == "fast" and orca_fast.applies(scheduler):
+        assert isinstance(scheduler, IterationLevelScheduler)
+        stepper = orca_fast.OrcaFusedStepper(scheduler, cost, recorder)
+    else:
+        stepper = GenericStepper(scheduler, cost, recorder, mode == "fast")
+    return Replica(stepper, source, recorder, row_breaks_s, index)
+
+
+def replica_specs(scenario: Scenario, system: SystemConfig) -> list[ReplicaSpec]:
+    """One spec per replica of `system`'s cluster, in order."""
+    assert system.cluster is not None and scenario.kv_capacity_tokens is not None
+    specs = []
+    for group in system.cluster.groups():
+        model = group.model or scenario.model
+        hardware = group.hardware or scenario.hardware
+        own_deployment = group.model is not None or group.hardware is not None
+        kv = group.kv_capacity_tokens
+        if kv is None and own_deployment and model is not None and hardware is not None:
+            kv = Deployment(model=model, hardware=hardware).kv_capacity_tokens
+        spec = ReplicaSpec(group.scheduler or system.scheduler,
+                           group.cost or scenario.system_cost(system),
+                           kv or scenario.kv_capacity_tokens, model, hardware)
+        specs.extend([spec] * group.count)
+    return specs
+
+
+@dataclass
+class Fleet:
+    """A system's replicas, their cost models, its router and where each request went."""
+
+    replicas: list[Replica]
+    costs: list[CostModel]  # one per distinct replica kind
+    source: ArrivalSource
+    router: RoutedRouter
+    recorder: Recorder  # the per-request timestamps, shared by every replica
+
+    @property
+    def assigned(self) -> np.ndarray:
+        return self.router.assigned
+
+    def run(self) -> EngineRun:
+        end_s = drive(self.replicas, self.source, self.router)
+        for replica in self.replicas:
+            replica.stepper.close()
+        rejected = np.sort(np.concatenate(
+            [np.asarray(r.scheduler.rejected_ids, dtype=np.int64) for r in self.replicas]))
+        finish_s = self.recorder.finish_s
+        assert np.all(np.isnan(finish_s[rejected])), "a rejected request finished"
+        unfinished = int(np.isnan(finish_s).sum()) - len(rejected)
+        assert unfinished == 0, f"{unfinished} admitted requests never finished"
+        assert np.all(self.assigned >= 0), "a request was never routed"
+        return EngineRun(self.recorder, end_s, rejected)
+
+    def iterations_frame(self) -> pd.DataFrame:
+        frames = []
+        for replica in self.replicas:
+            frame = replica.recorder.iterations_frame()
+            frame["replica"] = replica.index
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+
+def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) -> Fleet:
+    """`system`'s cluster over `requests` (a run's own table, as they reach the engines)."""
+    assert system.cluster is not None
+    source = arrival_source(requests)
+    recorder = Recorder(len(requests))
+    replicas = []
+    built: dict[tuple[int, int], CostModel] = {}
+    for index, spec in enumerate(replica_specs(scenario, system)):
+        key = (id(spec.cost), id(spec.hardware))
+        if key not in built:  # identical replicas share one (stateless) cost model
+            built[key] = build_cost_model(spec.cost, spec.deployment())
+        replicas.append(replica_for(spec, requests, built[key], source, shared_recorder(requests, recorder),
+                                    scenario.engine.mode, (scenario.warmup_s,), index))
+    router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
+    router = build_router(system.cluster.router, replicas, np.random.default_rng(router_seed),
+                          requests.session_ids)
+    assigned = np.full(len(requests), -1, dtype=np.int64)
+    return Fleet(replicas, list(built.values()), source, RoutedRouter(router, assigned), recorder)

@@ -1,0 +1,378 @@
+"""One serving instance (a replica) as an event-driven state machine, and the clock loop.
+
+A replica runs one scheduler over one cost model and has no clock of its own. The loop
+(`drive`: one event heap for any number of replicas) asks each replica for its next
+event, lets it take that step, and hands it each request at the request's arrival time.
+Every engine variant (plain, fused Orca, pipelined, the real server of `calibrate/`)
+is a `Stepper` under this one skeleton:
+
+    END   t: apply the unit that ends at t (progress, rows; completions go to the source)
+    PLAN  t: admit the inbox up to t, then plan the next unit (`Stepper.start`) or go idle
+
+A unit is one iteration or, in fast mode, a jump over a decode run (see `orcasim.engine`).
+It is planned at its start and applied at its end; while it is pending nothing of it is
+visible. Events at one time go arrivals first, then END, then PLAN (ties: replica index):
+a request arriving exactly at a boundary joins there, as "admit every arrival at or before
+now, then schedule" does, and a closed loop's follow-up sent at a completion is in the
+inbox before the next plan.
+
+Exactness. Cutting a jump at any boundary changes nothing but the grouping of its rows
+(the fast-forward contract), so the replica may cut wherever it must look:
+
+* a request delivered during a pending jump is queued in the inbox, and if the scheduler
+  could admit it (`Scheduler.admits_arrival`) the jump is cut at the first boundary at or
+  after its arrival, where the reference loop would admit it;
+* `load(t)` first applies the part of a pending jump that ended before t (`split`), so a
+  router reads the state the reference loop has at t, never a jump's future.
+
+A single replica driven by `drive` therefore gives the per-request timestamps of the loop
+that steps one iteration at a time, bit for bit (tests/test_replica.py).
+
+Why a heap loop rather than SimPy: a replica has no process of its own to suspend (its
+step is a plain method), the tie order above must be explicit, and the loop is twenty
+lines; SimPy's generators cost a round trip per event and hid the order in its queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from orcasim.recorder import Recorder
+from orcasim.requests import Requests
+from orcasim.schedulers.base import Scheduler
+from orcasim.sources import ArrivalSource
+
+# Event priorities at equal times (see the module docstring).
+ARRIVAL, END, PLAN = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What a replica reports to a router, as vLLM's engine reports its scheduler stats.
+
+    The state after the replica's last scheduling decision at or before the moment asked:
+    the iteration in flight is still outstanding. `waiting` counts requests routed to it
+    and not yet running (including preempted ones); `outstanding_tokens` the prompt tokens
+    still to prefill plus the output tokens still to emit, over all of its requests.
+    """
+
+    running: int
+    waiting: int
+    waiting_prompt_tokens: int
+    outstanding_tokens: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+
+    @property
+    def requests(self) -> int:
+        return self.running + self.waiting
+
+    @property
+    def kv_free_tokens(self) -> int:
+        return self.kv_capacity_tokens - self.kv_used_tokens
+
+
+class Stepper(Protocol):
+    """An engine variant: plans and applies units of work on one replica's scheduler."""
+
+    scheduler: Scheduler
+    replica: Replica  # set by the replica that runs it
+    wake_s: float | None  # set by `start` when nothing runs but the scheduler wants a look
+    plans_on_arrival: bool  # an arrival while a unit is pending asks for a plan at once
+
+    def start(self, now_s: float) -> float | None:
+        """Plan at boundary `now_s`; the end of the pending unit, or None if none."""
+
+    def ends_s(self) -> Sequence[float]:
+        """Iteration ends of the pending unit (ascending); empty if none is pending."""
+
+    def cut(self, num_iterations: int) -> None:
+        """Keep only the pending unit's first `num_iterations` iterations."""
+
+    def finish(self) -> None:
+        """Apply the pending unit, which ended at its last end."""
+
+    def load(self) -> Load:
+        """The scheduler's load (the inbox is the replica's to add)."""
+
+    def close(self) -> None:
+        """The run is over: write back any progress kept implicitly."""
+
+
+def scheduler_load(scheduler: Scheduler) -> Load:
+    """`Load` of a scheduler whose per-request progress is up to date."""
+    requests = scheduler.requests
+    active = np.array(scheduler.active_ids(), dtype=np.int64)
+    queued = np.array(scheduler.queued_ids(), dtype=np.int64)
+    ids = np.concatenate([active, queued])
+    prompt = requests.prompt_tokens[ids]
+    left = prompt + requests.output_tokens[ids]
+    left -= np.minimum(scheduler.computed[ids], prompt) + scheduler.generated[ids]
+    return Load(len(active), len(queued),
+                int(requests.prompt_tokens[queued].sum()), int(left.sum()),
+                scheduler.kv_in_use_tokens(), scheduler.kv_capacity_tokens)
+
+
+class Replica:
+    """One serving instance: a `Stepper` under the END/PLAN skeleton, with an inbox.
+
+    `source` is the loop's arrival source: the replica reads the next arrival (a hint
+    that lets the fused loop stop pricing where the jump will be cut), whether arrivals
+    depend on completions, and tells it of completions and rejections.
+    """
+
+    def __init__(self, stepper: Stepper, source: ArrivalSource, recorder: Recorder,
+                 row_breaks_s: Sequence[float] = (), index: int = 0) -> None:
+        self.stepper, self.scheduler = stepper, stepper.scheduler
+        stepper.replica = self
+        self.source, self.recorder, self.index = source, recorder, index
+        self._breaks_s = sorted(row_breaks_s, reverse=True)  # warm-up breaks to come, next last
+        self.now_s = 0.0  # the last boundary this replica processed
+        self.inbox: list[int] = []  # delivered, not yet admitted, in arrival order
+        self.unit_end_s: float | None = None
+        self.plan_at_s: float | None = None
+        self._blocked = False  # an arrival during the pending unit could not join (FCFS)
+        self.arrived = False  # whether the last PLAN admitted a request that was due
+        self.version = 0  # moves on whenever the next event may have changed (see `drive`)
+
+    # The clock loop's side.
+
+    def next_event(self) -> tuple[float, int] | None:
+        """(time, priority) of this replica's next step, or None while it waits for work."""
+        if self.plan_at_s is not None and (self.unit_end_s is None or self.plan_at_s < self.unit_end_s):
+            return self.plan_at_s, PLAN
+        if self.unit_end_s is not None:
+            return self.unit_end_s, END
+        return None
+
+    def step(self) -> None:
+        """Take the next event (see `next_event`)."""
+        event = self.next_event()
+        assert event is not None, "a replica without an event was stepped"
+        time_s, kind = event
+        self.version += 1
+        self.now_s = time_s
+        if kind == END:
+            self._end()
+        else:
+            self._plan()
+
+    def add_request(self, req_id: int, time_s: float) -> None:
+        """A request routed here at its arrival time `time_s` (the loop's now)."""
+        self.version += 1
+        self.inbox.append(req_id)
+        if self.unit_end_s is None or self.stepper.plans_on_arrival:
+            if self.plan_at_s is None or time_s < self.plan_at_s:
+                self.plan_at_s = time_s
+            return
+        self._maybe_cut(req_id, time_s)
+
+    def load(self, time_s: float) -> Load:
+        """The load at `time_s`, with any part of a pending jump that ended before it applied."""
+        self.split(time_s)
+        base = self.stepper.load()
+        queued = self.inbox
+        prompt = self.scheduler.requests.prompt_tokens
+        output = self.scheduler.requests.output_tokens
+        inbox_prompt = sum(prompt[queued].tolist()) if queued else 0
+        inbox_left = inbox_prompt + (sum(output[queued].tolist()) if queued else 0)
+        return Load(base.running, base.waiting + len(queued),
+                    base.waiting_prompt_tokens + inbox_prompt,
+                    base.outstanding_tokens + inbox_left, base.kv_used_tokens,
+                    base.kv_capacity_tokens)
+
+    def split(self, time_s: float) -> None:
+        """Apply the iterations of a pending jump that ended before `time_s`, and replan."""
+        ends_s = self.stepper.ends_s()
+        k = bisect.bisect_left(ends_s, time_s)
+        if k == 0 or k >= len(ends_s):
+            return
+        self.version += 1
+        self.stepper.cut(k)
+        self.now_s = float(ends_s[k - 1])
+        self._end()
+        self._plan()
+
+    @property
+    def busy(self) -> bool:
+        return self.unit_end_s is not None or bool(self.inbox) or self.plan_at_s is not None
+
+    # The skeleton.
+
+    def _end(self) -> None:
+        self.stepper.finish()
+        self.unit_end_s = None
+        self.plan_at_s = self.now_s
+
+    def _plan(self) -> None:
+        self.plan_at_s = None
+        self.arrived = self.inbox_due()
+        self._admit_inbox()
+        self._blocked = False
+        self.unit_end_s = self.stepper.start(self.now_s)
+        if self.unit_end_s is None:
+            self.plan_at_s = self.stepper.wake_s
+            if self.plan_at_s is None and not self.inbox:
+                assert not self.scheduler.has_unfinished(), "replica idle with unfinished requests"
+            return
+        arrival_s = self.source.arrival_s
+        for req_id in self.inbox:  # delivered after this boundary (a split replans in the past)
+            self._maybe_cut(req_id, float(arrival_s[req_id]))
+
+    def _admit_inbox(self) -> None:
+        """Give the scheduler every delivered request that arrived by now."""
+        inbox, arrival_s, now_s = self.inbox, self.source.arrival_s, self.now_s
+        k = 0
+        while k < len(inbox) and arrival_s[inbox[k]] <= now_s:
+            k += 1
+        if not k:
+            return
+        rejected = self.scheduler.rejected_ids
+        before = len(rejected)
+        for req_id in inbox[:k]:
+            self.scheduler.add_request(req_id)
+        del inbox[:k]
+        if len(rejected) > before:  # turned away: answered at once
+            self.source.on_finished(np.array(rejected[before:], dtype=np.int64), now_s)
+
+    def inbox_due(self) -> bool:
+        """Whether a delivered request waits to be admitted at this boundary."""
+        return bool(self.inbox) and self.source.arrival_s[self.inbox[0]] <= self.now_s
+
+    def _maybe_cut(self, req_id: int, time_s: float) -> None:
+        """Cut the pending unit where the reference loop would admit `req_id` (or turn it
+        away, in a closed loop, where that is visible)."""
+        ends_s = self.stepper.ends_s()
+        if len(ends_s) < 2 or time_s > ends_s[-2]:
+            return
+        if self.source.closed_loop and self.scheduler.never_fits(req_id):
+            self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
+            self.unit_end_s = float(self.stepper.ends_s()[-1])
+            return
+        if self._blocked:
+            return
+        if not self.scheduler.admits_arrival(req_id):
+            self._blocked = True  # FCFS: a later arrival cannot join before this one
+            return
+        self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
+        self.unit_end_s = float(self.stepper.ends_s()[-1])
+
+    # What steppers ask of the skeleton.
+
+    def cut_s(self, start_s: float, until_s: float = math.inf) -> float:
+        """Where a jump from `start_s` will be cut, as far as is known at its start, or inf.
+
+        The first warm-up break after the start, or the next arrival at the source if this
+        replica could admit it (a hint: a cluster may send it elsewhere, and a delivery
+        cuts the jump anyway), or in a closed loop the first that will be turned away.
+        """
+        breaks_s = self._breaks_s
+        while breaks_s and breaks_s[-1] <= start_s:
+            breaks_s.pop()
+        cut_s = breaks_s[-1] if breaks_s and breaks_s[-1] <= until_s else math.inf
+        source = self.source
+        if source.pending():
+            t = source.next_time_s()
+            if t <= until_s and t < cut_s:
+                if self.scheduler.admits_arrival(source.next_index):
+                    cut_s = t
+                elif source.closed_loop:
+                    cut_s = min(cut_s, self._rejection_s(min(cut_s, until_s)))
+        return cut_s
+
+    def _rejection_s(self, until_s: float) -> float:
+        first = self.source.next_index
+        for k, t in enumerate(self.source.times_until(until_s).tolist()):
+            if self.scheduler.never_fits(first + k):
+                return t
+        return math.inf
+
+    def late_waiting(self, ends_s: Sequence[float], n: int) -> int:
+        """Waiting count summed over a unit's later iterations, for deliveries inside it.
+
+        The reference loop would have queued each at the first boundary at or after its
+        arrival; they are queued when the unit ends, and counted here as if on time. One
+        that will be turned away never waits.
+        """
+        if n == 1 or not self.inbox:
+            return 0
+        last_s = float(ends_s[n - 2])
+        arrival_s = self.source.arrival_s
+        times = [float(arrival_s[r]) for r in self.inbox
+                 if arrival_s[r] <= last_s and not self.scheduler.never_fits(r)]
+        if not times:
+            return 0
+        boundary = np.searchsorted(np.asarray(ends_s[: n - 1]), times, side="left")
+        return int((n - 1 - boundary).sum())
+
+
+Router = Callable[[int, float], Replica]
+
+
+def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
+          wait_until: Callable[[float], None] | None = None) -> float:
+    """Run every replica until all requests are done; the time of the last event.
+
+    One heap keyed by (time, priority, replica index, version): a replica's entry is
+    stale once its version moved on (it stepped, was given a request, or a router's look
+    split its pending jump); every replica whose version moved is pushed again.
+    `wait_until(t)`, if given, is called before each event at t: a real server on the
+    wall clock sleeps there (calibrate/replay.py); a simulation never waits.
+    """
+    heap: list[tuple[float, int, int, int]] = []
+    pushed = [-1] * len(replicas)  # the version of each replica's live entry
+
+    def push(replica: Replica) -> None:
+        pushed[replica.index] = replica.version
+        event = replica.next_event()
+        if event is not None:
+            heapq.heappush(heap, (event[0], event[1], replica.index, replica.version))
+
+    for index, replica in enumerate(replicas):
+        assert replica.index == index, "replicas must be numbered by their position"
+        push(replica)
+
+    end_s = 0.0
+    while True:
+        while heap and heap[0][3] != replicas[heap[0][2]].version:
+            heapq.heappop(heap)
+        arrival_s = source.next_time_s() if source.pending() else math.inf
+        if heap and (heap[0][0], heap[0][1]) < (arrival_s, ARRIVAL):
+            if wait_until is not None:
+                wait_until(heap[0][0])
+            replica = replicas[heapq.heappop(heap)[2]]
+            replica.step()
+            end_s = max(end_s, replica.now_s)
+            push(replica)
+        elif arrival_s < math.inf:
+            if wait_until is not None:
+                wait_until(arrival_s)
+            for req_id in source.take_until(arrival_s):
+                route(req_id, arrival_s).add_request(req_id, arrival_s)
+            for replica in replicas:
+                if replica.version != pushed[replica.index]:
+                    push(replica)
+        else:
+            return end_s
+
+
+def single(replica: Replica) -> Router:
+    """The router of a one-replica loop."""
+    return lambda _req_id, _time_s: replica
+
+
+def shared_recorder(requests: Requests, base: Recorder | None) -> Recorder:
+    """A recorder of its own rows over `base`'s per-request arrays (one set per run)."""
+    recorder = Recorder(0 if base is not None else len(requests))
+    if base is not None:
+        recorder.first_scheduled_s = base.first_scheduled_s
+        recorder.first_token_s = base.first_token_s
+        recorder.finish_s = base.finish_s
+    return recorder

@@ -1,0 +1,48 @@
+"""Where requests come from: a replay of fixed arrival times, polled by the clock loop.
+
+`orcasim.closed_loop` adds the source whose arrivals depend on completions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class ArrivalSource:
+    """The requests not yet given to the scheduler, in arrival (= id) order.
+
+    An open-loop source replays fixed times. `on_finished` is how the engine reports
+    completions, for a source whose arrivals depend on them (`orcasim.closed_loop`).
+    """
+
+    closed_loop = False  # whether completions and rejections make arrivals
+
+    def __init__(self, arrival_s: np.ndarray) -> None:
+        self.arrival_s = arrival_s
+        self._times = arrival_s.tolist()  # Python floats: cheap scalar reads in the loop
+        self.next_index = 0
+
+    def pending(self) -> bool:
+        return self.next_index < len(self._times)
+
+    def next_time_s(self) -> float:
+        return self._times[self.next_index]
+
+    def take_until(self, now_s: float) -> range:
+        """Ids that arrived by `now_s`."""
+        times, i = self._times, self.next_index
+        while i < len(times) and times[i] <= now_s:
+            i += 1
+        taken = range(self.next_index, i)
+        self.next_index = i
+        return taken
+
+    def times_until(self, time_s: float) -> np.ndarray:
+        """Times of the pending arrivals at or before `time_s`, in order (float64)."""
+        stop = int(np.searchsorted(self.arrival_s, time_s, side="right"))
+        return self.arrival_s[self.next_index : stop]
+
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
+        """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
