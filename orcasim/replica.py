@@ -305,6 +305,8 @@ class Replica:
             return 0
         last_s = float(ends_s[n - 2])
         arrival_s = self.source.arrival_s
+        if arrival_s[self.inbox[0]] > last_s:  # the usual case: all came in the last iteration
+            return 0
         times = [float(arrival_s[r]) for r in self.inbox
                  if arrival_s[r] <= last_s and not self.scheduler.never_fits(r)]
         if not times:
@@ -326,6 +328,8 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
     `wait_until(t)`, if given, is called before each event at t: a real server on the
     wall clock sleeps there (calibrate/replay.py); a simulation never waits.
     """
+    if len(replicas) == 1:
+        return _drive_one(replicas[0], source, route, wait_until)
     heap: list[tuple[float, int, int, int]] = []
     pushed = [-1] * len(replicas)  # the version of each replica's live entry
 
@@ -359,6 +363,29 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
             for replica in replicas:
                 if replica.version != pushed[replica.index]:
                     push(replica)
+        else:
+            return end_s
+
+
+def _drive_one(replica: Replica, source: ArrivalSource, route: Router,
+               wait_until: Callable[[float], None] | None) -> float:
+    """`drive` for one replica: the same order of events, without the heap."""
+    end_s = 0.0
+    while True:
+        event = replica.next_event()
+        arrival_s = source.next_time_s() if source.pending() else math.inf
+        if event is not None and (event[0], event[1]) < (arrival_s, ARRIVAL):
+            if wait_until is not None:
+                wait_until(event[0])
+            replica.step()
+            end_s = max(end_s, replica.now_s)
+            if event[1] == END and not (source.pending() and source.next_time_s() <= end_s):
+                replica.step()  # its PLAN at the same time: nothing can arrive in between
+        elif arrival_s < math.inf:
+            if wait_until is not None:
+                wait_until(arrival_s)
+            for req_id in source.take_until(arrival_s):
+                route(req_id, arrival_s).add_request(req_id, arrival_s)
         else:
             return end_s
 
