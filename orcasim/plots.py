@@ -96,6 +96,45 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     return np.diff(at_edges) / np.diff(edges_s)
 
 
+def fleet_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarray) -> np.ndarray:
+    """`binned_time_average`, summed over replicas when the rows carry a `replica` column
+    (a cluster's replicas run at once, so their rows overlap in time)."""
+    if "replica" not in iterations or iterations["replica"].isna().all():
+        return binned_time_average(iterations, column, edges_s)
+    total = np.zeros(len(edges_s) - 1)
+    for _, rows in iterations.groupby("replica", sort=True):
+        total += binned_time_average(rows, column, edges_s)
+    return total
+
+
+def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120) -> Figure:
+    """A cluster's load per replica over simulated time: running and waiting requests.
+
+    `iterations` are one system's rows, with a `replica` column; each line is a time
+    average over `num_bins` equal windows (see `binned_time_average`).
+    """
+    end_s = float((iterations["start_s"] + iterations["duration_s"]).max()) if len(iterations) else 1.0
+    edges_s = np.linspace(0.0, end_s, num_bins + 1)
+    mids_s = (edges_s[:-1] + edges_s[1:]) / 2
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    columns = (("batch_size", "running (requests)"), ("num_waiting", "waiting (requests)"))
+    for ax, (column, label) in zip(axes, columns, strict=True):
+        for replica, rows in iterations.groupby("replica", sort=True):
+            # num_waiting is summed over a row's iterations: per iteration, then time-averaged.
+            values = rows.assign(**{column: rows[column] / rows["num_iterations"]}) \
+                if column == "num_waiting" else rows
+            ax.plot(mids_s, binned_time_average(values, column, edges_s),
+                    label=f"replica {replica}", linewidth=1.0)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(8, len(labels)))
+    axes[-1].set_xlabel("simulated time (s)")
+    fig.suptitle(f"{title}: load per replica, time averages over {end_s / num_bins:.3g} s windows")
+    return fig
+
+
 def timelines(
     iterations: pd.DataFrame, columns: tuple[str, ...] = tuple(TIMELINE_COLUMNS), num_bins: int = 120
 ) -> Figure:
@@ -111,7 +150,7 @@ def timelines(
     axes = np.atleast_1d(fig.subplots(len(columns), 1, sharex=True))
     for ax, column in zip(axes, columns, strict=True):
         for system, rows in iterations.groupby("system", sort=False):
-            ax.plot(mids_s, binned_time_average(rows, column, edges_s), label=str(system), linewidth=1.0)
+            ax.plot(mids_s, fleet_time_average(rows, column, edges_s), label=str(system), linewidth=1.0)
         ax.set_ylabel(TIMELINE_COLUMNS.get(column, column))
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -285,4 +324,8 @@ def run_figures(result: RunResult) -> dict[str, Figure]:
     """The standard figures of one run, by file stem."""
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
-    return frames_figures(reqs, iters)
+    figures = frames_figures(reqs, iters)
+    for name, r in result.systems.items():
+        if r.replicas is not None:
+            figures[f"replicas_{name}"] = replica_load(r.iterations, name)
+    return figures

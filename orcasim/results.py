@@ -6,6 +6,7 @@
         scenario.yaml           the resolved scenario (after --set overrides)
         <system>/requests.parquet
         <system>/iterations.parquet
+        <system>/replicas.csv   a cluster's per-replica summaries (replicas_<system>.png plots them)
         *.png                   plots
 
 A scenario with a `sweep:` block writes sweep.csv (the tidy sweep table), scenario.yaml
@@ -95,6 +96,8 @@ def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
         (tmp / name).mkdir()
         r.requests.to_parquet(tmp / name / "requests.parquet", index=False)
         r.iterations.to_parquet(tmp / name / "iterations.parquet", index=False)
+        if r.replicas is not None:  # a cluster: one summary row per replica
+            r.replicas.to_csv(tmp / name / "replicas.csv")
     if plots:
         from orcasim.plots import run_figures
 

@@ -1,0 +1,174 @@
+"""A cluster of replicas behind a router, against theory and its own invariants.
+
+* `random` routing of a Poisson stream over N identical replicas thins it into N Poisson
+  streams at lambda / N: each replica is an M/D/1 queue, whose mean wait is
+  Pollaczek-Khinchine's (the tolerance of tests/test_queueing_theory.py).
+* At equal load, mean latency orders random >= round_robin >= least_outstanding (join
+  the shortest queue), on several seeds.
+* Little's law holds per replica and for the cluster.
+* Nothing is lost: every request finishes exactly once, on one replica, and each replica
+  computes exactly its own requests' tokens (hypothesis, across routers and pool sizes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orcasim.config import ScenarioError
+from orcasim.fleet import build_fleet
+from orcasim.requests import Requests
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict
+from tests.conftest import BASE, make_scenario
+from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
+
+ROUTERS = ("random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
+           "power_of_two", "session")
+NUM_REPLICAS = 4
+PER_REPLICA_RATE_PER_S = 0.5
+SERVICE_S = 1.0  # base 0.5 s + 50 prompt tokens at 0.01 s: one iteration per request
+REPLICATIONS = 4
+REQUESTS_PER_REPLICATION = 40_000
+WARMUP_REQUESTS = 2_000
+
+
+def _mdn(router: str, seed: int, num_requests: int, rate_per_s: float, prompt: dict) -> dict:
+    return {
+        "seed": seed, "workload.num_requests": num_requests,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+        "workload.prompt_tokens": prompt,
+        "workload.output_tokens": {"kind": "constant", "value": 1},
+        "workload.max_tokens": 200,
+        "cost": {"kind": "linear", "base_s": 0.5, "per_token_s": 0.01},
+        "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 1},
+                     "cluster": {"replicas": NUM_REPLICAS, "router": {"kind": router}}}],
+    }
+
+
+@pytest.mark.validation
+def test_random_routing_gives_each_replica_poisson_at_its_share() -> None:
+    waits = []
+    for seed in range(REPLICATIONS):
+        scenario = make_scenario(**_mdn("random", seed, REQUESTS_PER_REPLICATION,
+                                        NUM_REPLICAS * PER_REPLICA_RATE_PER_S,
+                                        {"kind": "constant", "value": 50}))
+        delay = run_scenario(scenario).systems["c"].requests["queue_delay_s"].to_numpy()
+        waits.append(delay[WARMUP_REQUESTS:].mean())
+    expected = pk_mean_wait_s(PER_REPLICA_RATE_PER_S, np.array([SERVICE_S]), np.ones(1))
+    got = float(np.mean(waits))
+    assert abs(got - expected) / expected < PK_REL_TOL, (got, expected)
+
+
+@pytest.mark.validation
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_join_the_shortest_queue_orders_the_routers(seed: int) -> None:
+    """Utilisation 0.8 with variable service (prompts of 1 to 100 tokens)."""
+    rate_per_s = 0.8 * NUM_REPLICAS / SERVICE_S
+    e2e = {}
+    for router in ("random", "round_robin", "least_outstanding"):
+        scenario = make_scenario(**_mdn(router, seed, 8_000, rate_per_s,
+                                        {"kind": "uniform", "low": 1, "high": 100}))
+        e2e[router] = run_scenario(scenario).systems["c"].summary["e2e_s_mean"]
+    assert e2e["random"] >= e2e["round_robin"] >= e2e["least_outstanding"], e2e
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_littles_law_per_replica_and_for_the_cluster(router: str) -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 4000,
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 16},
+                     "cluster": {"replicas": 3, "router": {"kind": router}}}],
+    })
+    result = run_scenario(scenario).systems["c"]
+    assert result.summary["little_rel_error"] < LITTLE_REL_TOL, result.summary
+    assert result.replicas is not None and len(result.replicas) == 3
+    assert (result.replicas["little_rel_error"] < LITTLE_REL_TOL).all(), result.replicas
+    assert result.replicas["requests_routed"].sum() == 4000
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(
+    router=st.sampled_from(ROUTERS),
+    num_replicas=st.integers(1, 5),
+    scheduler=st.sampled_from(["iteration_level", "chunked", "request_level"]),
+    rate_per_s=st.floats(1.0, 40.0),
+    mode=st.sampled_from(["fast", "reference"]),
+    seed=st.integers(0, 2**16),
+)
+def test_nothing_is_lost(router: str, num_replicas: int, scheduler: str, rate_per_s: float,
+                         mode: str, seed: int) -> None:
+    keys = {"iteration_level": {"kind": "iteration_level", "max_batch_size": 8},
+            "chunked": {"kind": "chunked", "chunk_size_tokens": 128},
+            "request_level": {"kind": "request_level", "max_batch_size": 4}}[scheduler]
+    scenario = make_scenario(**{
+        "seed": seed, "workload.num_requests": 120, "engine.mode": mode,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+        "kv_capacity_tokens": 100_000,
+        "systems": [{"name": "c", "scheduler": keys,
+                     "cluster": {"replicas": num_replicas, "router": {"kind": router}}}],
+    })
+    result = run_scenario(scenario).systems["c"]
+    reqs, iters = result.requests, result.iterations
+    assert reqs["finish_s"].notna().all()
+    assert reqs["replica"].between(0, num_replicas - 1).all()
+    for i in range(num_replicas):
+        mine, rows = reqs[reqs["replica"] == i], iters[iters["replica"] == i]
+        if scheduler == "request_level":  # a static batch computes its members' lengths
+            continue
+        # Each request computes its prompt once and one token per later output token.
+        expected = int((mine["prompt_tokens"] + mine["output_tokens"] - 1).sum())
+        assert int(rows["tokens"].sum()) == expected, i
+
+
+def test_a_heterogeneous_fleet_sends_more_to_the_faster_replicas() -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 3000,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 14.0},
+        "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                     "cluster": {"router": {"kind": "least_outstanding"}, "replicas": [
+                         {"count": 2},
+                         {"count": 1, "cost": {"kind": "linear", "base_s": 0.04,
+                                               "per_token_s": 4.0e-5}},
+                     ]}}],
+    })
+    replicas = run_scenario(scenario).systems["c"].replicas
+    assert replicas is not None
+    routed = replicas["requests_routed"].to_numpy()
+    assert routed[0] > routed[2] and routed[1] > routed[2], routed
+
+
+def test_session_affinity_keeps_a_session_on_one_replica() -> None:
+    n = 400
+    rng = np.random.default_rng(0)
+    requests = Requests(np.sort(rng.uniform(0, 40, n)), rng.integers(8, 64, n),
+                        rng.integers(1, 32, n), np.full(n, 96), session_ids=rng.integers(0, 25, n))
+    scenario = make_scenario(**{
+        "workload.num_requests": n,
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"replicas": 4, "router": {"kind": "session"}}}],
+    })
+    fleet = build_fleet(scenario, scenario.systems[0], requests)
+    fleet.run()
+    homes = {}
+    for session, replica in zip(requests.session_ids.tolist(), fleet.assigned.tolist(), strict=True):
+        assert homes.setdefault(session, replica) == replica
+    assert len(set(homes.values())) == 4  # sessions spread over the fleet
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"router": {"kind": "nearest"}}, "router"),
+    ({"replicas": 0}, "replicas"),
+    ({"replicas": [{"count": 0}]}, "count"),
+    ({"router": {"kind": "session", "fallback": "session"}}, "fallback"),
+])
+def test_bad_cluster_keys_are_one_line_errors(change: dict, needle: str) -> None:
+    data = {**BASE, "systems": [{"name": "c", "scheduler": {"kind": "iteration_level",
+                                                             "max_batch_size": 4},
+                                 "cluster": change}]}
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(data)
+    message = str(err.value)
+    assert "\n" not in message and needle in message, message
