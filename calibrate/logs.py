@@ -105,7 +105,16 @@ def with_cost(scenario: Scenario, values: dict[str, float]) -> Scenario:
 
 
 def _cost_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [data["cost"], *(s["cost"] for s in data["systems"] if "cost" in s)]
+    """Every cost block: the scenario's, each system's, and each cluster group's or pool's
+    (one engine's overhead is fitted once, and holds wherever that engine runs)."""
+    blocks = [data["cost"], *(s["cost"] for s in data["systems"] if "cost" in s)]
+    for system in data["systems"]:
+        cluster = system.get("cluster") or {}
+        groups = [cluster.get("prefill"), cluster.get("decode")]
+        if isinstance(cluster.get("replicas"), list):
+            groups += cluster["replicas"]
+        blocks += [g["cost"] for g in groups if g and "cost" in g]
+    return blocks
 
 
 def current_values(scenario: Scenario, parameters: tuple[str, ...]) -> dict[str, float]:
@@ -324,7 +333,10 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     factor of `SURVEY_FACTOR` either side of its start.
     """
     start = dict(start or current_values(scenario, parameters))
-    linear = [p for p in parameters if p in LINEAR_TERMS]
+    # The least-squares stage records one cost model's schedule; a cluster has several,
+    # so there every coefficient is searched (from its start, without a survey).
+    clustered = any(s.cluster is not None for s in scenario.systems if s.name == system)
+    linear = [] if clustered else [p for p in parameters if p in LINEAR_TERMS]
     searched = [p for p in parameters if p not in LINEAR_TERMS]
     if linear:
         start.update(solve_linear(scenario, logs, system, linear, start, base_dir))

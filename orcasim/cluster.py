@@ -24,10 +24,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 import numpy as np
-from pydantic import Field, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from orcasim.config import Strict
 from orcasim.cost import CostConfig
@@ -92,19 +92,87 @@ class ReplicaGroup(Strict):
     cost: CostConfig | None = None
 
 
-class ClusterConfig(Strict):
-    """`replicas`: a count of the system's own replica, or a list of groups."""
+# Links that carry KV from a prefill instance to a decode instance: per-direction bandwidth
+# and a per-transfer latency, nominal figures from the vendors' specifications.
+LINKS: dict[str, tuple[float, float]] = {
+    # NVLink 3 (A100 SXM): 600 GB/s over 12 links in both directions = 300 GB/s one way.
+    "nvlink": (300e9, 5e-6),
+    # InfiniBand HDR: 200 Gb/s per port = 25 GB/s; RDMA latency of a few microseconds.
+    "infiniband": (25e9, 5e-6),
+    # 100 Gb Ethernet (RoCE or TCP): 12.5 GB/s; tens of microseconds through the stack.
+    "ethernet": (12.5e9, 50e-6),
+}
 
-    replicas: PositiveInt | list[ReplicaGroup] = 1
+
+class LinkConfig(Strict):
+    """How long a request's KV takes to move: `bytes / bandwidth + latency`.
+
+    `kind` picks a preset (`LINKS`); `bandwidth_bytes_per_s` or `latency_s` override it.
+    """
+
+    kind: Literal["nvlink", "infiniband", "ethernet"] = "nvlink"
+    bandwidth_bytes_per_s: PositiveFloat | None = None
+    latency_s: NonNegativeFloat | None = None
+
+    def transfer_s(self, num_bytes: float) -> float:
+        bandwidth, latency = LINKS[self.kind]
+        bandwidth = self.bandwidth_bytes_per_s or bandwidth
+        latency = latency if self.latency_s is None else self.latency_s
+        return latency + num_bytes / bandwidth
+
+
+class PoolConfig(ReplicaGroup):
+    """One pool of a disaggregated cluster: `count` instances and the router into them."""
+
     router: RouterConfig = RoundRobinRouterConfig(kind="round_robin")
 
+
+class ClusterConfig(Strict):
+    """Colocated: `replicas` (a count of the system's own replica, or a list of groups)
+    behind `router`. Disaggregated: a `prefill` pool and a `decode` pool joined by `link`."""
+
+    replicas: PositiveInt | list[ReplicaGroup] | None = None  # colocated; None: 1
+    router: RouterConfig | None = None  # colocated; None: round_robin
+    prefill: PoolConfig | None = None
+    decode: PoolConfig | None = None
+    link: LinkConfig = LinkConfig()
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> Self:
+        pools = (self.prefill is None, self.decode is None)
+        if pools[0] != pools[1]:
+            missing = "decode" if self.decode is None else "prefill"
+            raise ValueError(f"a disaggregated cluster needs both pools; '{missing}' is missing")
+        if self.disaggregated and self.replicas is not None:
+            raise ValueError("'replicas' is for a colocated cluster; a disaggregated one sizes "
+                             "its pools with prefill.count and decode.count")
+        if self.disaggregated and self.router is not None:
+            raise ValueError("'router' is for a colocated cluster; give each pool its own "
+                             "(prefill.router, decode.router)")
+        for name, pool in (("prefill", self.prefill), ("decode", self.decode)):
+            kind = getattr(pool.scheduler if pool else None, "kind", None)
+            if kind == "request_level":
+                raise ValueError(f"{name}.scheduler.kind = 'request_level': a disaggregated pool "
+                                 "needs iteration_level, paged or chunked")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
     def groups(self) -> list[ReplicaGroup]:
-        if isinstance(self.replicas, int):
-            return [ReplicaGroup(count=self.replicas)]
+        if self.replicas is None or isinstance(self.replicas, int):
+            return [ReplicaGroup(count=self.replicas or 1)]
         return list(self.replicas)
 
     @property
+    def colocated_router(self) -> _RouterBase:
+        return self.router or RoundRobinRouterConfig(kind="round_robin")
+
+    @property
     def num_replicas(self) -> int:
+        if self.prefill is not None and self.decode is not None:
+            return self.prefill.count + self.decode.count
         return sum(g.count for g in self.groups())
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from orcasim import orca_fast
 from orcasim.closed_loop import arrival_source
-from orcasim.cluster import RoutedRouter, build_router
+from orcasim.cluster import ReplicaGroup, RoutedRouter, build_router
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef
 from orcasim.engine import EngineMode, EngineRun, GenericStepper
@@ -48,8 +48,11 @@ class ReplicaSpec:
 def replica_for(
     spec: ReplicaSpec, requests: Requests, cost: CostModel, source: ArrivalSource,
     recorder: Recorder, mode: EngineMode, row_breaks_s: tuple[float, ...] = (), index: int = 0,
+    fused: bool = True,
 ) -> Replica:
-    """One replica of `spec` over `requests`, reporting to `source`."""
+    """One replica of `spec` over `requests`, reporting to `source`. `fused=False` keeps
+    the generic stepper for plain Orca (a decode instance's requests arrive prefilled,
+    which the fused loop does not model)."""
     deployment = spec.deployment()
     stages = spec.hardware.pipeline_parallel if spec.hardware else 1
     stepper: Stepper
@@ -59,7 +62,7 @@ def replica_for(
         return Replica(stepper, source, recorder, (), index)  # rows are per iteration already
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
     scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes)
-    if mode == "fast" and orca_fast.applies(scheduler):
+    if fused and mode == "fast" and orca_fast.applies(scheduler):
         assert isinstance(scheduler, IterationLevelScheduler)
         stepper = orca_fast.OrcaFusedStepper(scheduler, cost, recorder)
     else:
@@ -68,21 +71,26 @@ def replica_for(
 
 
 def replica_specs(scenario: Scenario, system: SystemConfig) -> list[ReplicaSpec]:
-    """One spec per replica of `system`'s cluster, in order."""
-    assert system.cluster is not None and scenario.kv_capacity_tokens is not None
-    specs = []
-    for group in system.cluster.groups():
-        model = group.model or scenario.model
-        hardware = group.hardware or scenario.hardware
-        own_deployment = group.model is not None or group.hardware is not None
-        kv = group.kv_capacity_tokens
-        if kv is None and own_deployment and model is not None and hardware is not None:
-            kv = Deployment(model=model, hardware=hardware).kv_capacity_tokens
-        spec = ReplicaSpec(group.scheduler or system.scheduler,
-                           group.cost or scenario.system_cost(system),
-                           kv or scenario.kv_capacity_tokens, model, hardware)
-        specs.extend([spec] * group.count)
-    return specs
+    """One spec per replica of `system`'s (colocated) cluster, in order."""
+    assert system.cluster is not None
+    return [spec for group in system.cluster.groups()
+            for spec in pool_specs(scenario, system, group)]
+
+
+def pool_specs(scenario: Scenario, system: SystemConfig, group: ReplicaGroup) -> list[ReplicaSpec]:
+    """`group.count` copies of one spec: the group's keys, else the system's, else the
+    scenario's. A group with its own model or hardware derives its own KV capacity."""
+    assert scenario.kv_capacity_tokens is not None
+    model = group.model or scenario.model
+    hardware = group.hardware or scenario.hardware
+    own_deployment = group.model is not None or group.hardware is not None
+    kv = group.kv_capacity_tokens
+    if kv is None and own_deployment and model is not None and hardware is not None:
+        kv = Deployment(model=model, hardware=hardware).kv_capacity_tokens
+    spec = ReplicaSpec(group.scheduler or system.scheduler,
+                       group.cost or scenario.system_cost(system),
+                       kv or scenario.kv_capacity_tokens, model, hardware)
+    return [spec] * group.count
 
 
 @dataclass
@@ -135,7 +143,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
         replicas.append(replica_for(spec, requests, built[key], source, shared_recorder(requests, recorder),
                                     scenario.engine.mode, (scenario.warmup_s,), index))
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
-    router = build_router(system.cluster.router, replicas, np.random.default_rng(router_seed),
+    router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
                           requests.session_ids)
     assigned = np.full(len(requests), -1, dtype=np.int64)
     return Fleet(replicas, list(built.values()), source, RoutedRouter(router, assigned), recorder)

@@ -102,9 +102,15 @@ def fleet_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarra
     if "replica" not in iterations or iterations["replica"].isna().all():
         return binned_time_average(iterations, column, edges_s)
     total = np.zeros(len(edges_s) - 1)
-    for _, rows in iterations.groupby("replica", sort=True):
+    for _, rows in iterations.groupby(_instance_keys(iterations), sort=True):
         total += binned_time_average(rows, column, edges_s)
     return total
+
+
+def _instance_keys(iterations: pd.DataFrame) -> list[str]:
+    """The columns that name one serving instance: a disaggregated cluster's pool too."""
+    has_pool = "pool" in iterations and not iterations["pool"].isna().all()
+    return ["pool", "replica"] if has_pool else ["replica"]
 
 
 def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120) -> Figure:
@@ -120,12 +126,13 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120) -> F
     axes = fig.subplots(2, 1, sharex=True)
     columns = (("batch_size", "running (requests)"), ("num_waiting", "waiting (requests)"))
     for ax, (column, label) in zip(axes, columns, strict=True):
-        for replica, rows in iterations.groupby("replica", sort=True):
+        for key, rows in iterations.groupby(_instance_keys(iterations), sort=True):
+            name = " ".join(str(k) for k in key)
             # num_waiting is summed over a row's iterations: per iteration, then time-averaged.
             values = rows.assign(**{column: rows[column] / rows["num_iterations"]}) \
                 if column == "num_waiting" else rows
             ax.plot(mids_s, binned_time_average(values, column, edges_s),
-                    label=f"replica {replica}", linewidth=1.0)
+                    label=f"replica {name}" if len(key) == 1 else name, linewidth=1.0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()

@@ -174,6 +174,19 @@ class Replica:
             return
         self._maybe_cut(req_id, time_s)
 
+    def wake(self, time_s: float) -> None:
+        """Something outside changed what the scheduler could do at `time_s` (KV it held
+        moved away): look again there, as the reference loop would at its next boundary."""
+        self.version += 1
+        if self.unit_end_s is None:
+            if self.plan_at_s is None or time_s < self.plan_at_s:
+                self.plan_at_s = time_s
+            return
+        ends_s = self.stepper.ends_s()
+        if len(ends_s) >= 2 and time_s <= ends_s[-2]:
+            self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
+            self.unit_end_s = float(self.stepper.ends_s()[-1])
+
     def load(self, time_s: float) -> Load:
         """The load at `time_s`, with any part of a pending jump that ended before it applied."""
         self.split(time_s)
@@ -219,8 +232,9 @@ class Replica:
         self.unit_end_s = self.stepper.start(self.now_s)
         if self.unit_end_s is None:
             self.plan_at_s = self.stepper.wake_s
-            if self.plan_at_s is None and not self.inbox:
-                assert not self.scheduler.has_unfinished(), "replica idle with unfinished requests"
+            if self.plan_at_s is None and not self.inbox:  # waits for work, or for held KV to move
+                assert not self.scheduler.has_unfinished() or self.scheduler.held_ids(), \
+                    "replica idle with unfinished requests"
             return
         arrival_s = self.source.arrival_s
         for req_id in self.inbox:  # delivered after this boundary (a split replans in the past)
@@ -319,17 +333,21 @@ Router = Callable[[int, float], Replica]
 
 
 def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
-          wait_until: Callable[[float], None] | None = None) -> float:
+          wait_until: Callable[[float], None] | None = None,
+          bridges: Sequence[tuple[ArrivalSource, Router]] = ()) -> float:
     """Run every replica until all requests are done; the time of the last event.
 
     One heap keyed by (time, priority, replica index, version): a replica's entry is
     stale once its version moved on (it stepped, was given a request, or a router's look
     split its pending jump); every replica whose version moved is pushed again.
+    `bridges` are further sources with their routers (a disaggregated cluster's transfers
+    to its decode pool); at equal times `source` goes first, then the bridges in order.
     `wait_until(t)`, if given, is called before each event at t: a real server on the
     wall clock sleeps there (calibrate/replay.py); a simulation never waits.
     """
-    if len(replicas) == 1:
+    if len(replicas) == 1 and not bridges:
         return _drive_one(replicas[0], source, route, wait_until)
+    inputs = [(source, route), *bridges]
     heap: list[tuple[float, int, int, int]] = []
     pushed = [-1] * len(replicas)  # the version of each replica's live entry
 
@@ -342,29 +360,29 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
     for index, replica in enumerate(replicas):
         assert replica.index == index, "replicas must be numbered by their position"
         push(replica)
-
     end_s = 0.0
     while True:
         while heap and heap[0][3] != replicas[heap[0][2]].version:
             heapq.heappop(heap)
-        arrival_s = source.next_time_s() if source.pending() else math.inf
+        arrival_s, k = min((s.next_time_s() if s.pending() else math.inf, k)
+                           for k, (s, _) in enumerate(inputs))
         if heap and (heap[0][0], heap[0][1]) < (arrival_s, ARRIVAL):
             if wait_until is not None:
                 wait_until(heap[0][0])
             replica = replicas[heapq.heappop(heap)[2]]
             replica.step()
             end_s = max(end_s, replica.now_s)
-            push(replica)
         elif arrival_s < math.inf:
             if wait_until is not None:
                 wait_until(arrival_s)
-            for req_id in source.take_until(arrival_s):
-                route(req_id, arrival_s).add_request(req_id, arrival_s)
-            for replica in replicas:
-                if replica.version != pushed[replica.index]:
-                    push(replica)
+            source_k, route_k = inputs[k]
+            for req_id in source_k.take_until(arrival_s):
+                route_k(req_id, arrival_s).add_request(req_id, arrival_s)
         else:
             return end_s
+        for replica in replicas:  # a step or a delivery may move others (completions, KV)
+            if replica.version != pushed[replica.index]:
+                push(replica)
 
 
 def _drive_one(replica: Replica, source: ArrivalSource, route: Router,

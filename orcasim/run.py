@@ -99,6 +99,8 @@ def run_system(
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
     latency_s = request_latency_s(cost_cfg)
     engine_requests = at_the_engine(requests, latency_s)
+    if system.cluster is not None and system.cluster.disaggregated:
+        return run_disaggregated(scenario, system, requests, engine_requests)
     if system.cluster is not None:
         return run_cluster(scenario, system, requests, engine_requests)
     cost = cost or build_cost_model(cost_cfg, scenario.deployment())
@@ -143,6 +145,50 @@ def run_cluster(
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
     return SystemResult(system.name, reqs, iters, summary, per_replica)
+
+
+def run_disaggregated(
+    scenario: Scenario, system: SystemConfig, requests: Requests, engine_requests: Requests
+) -> SystemResult:
+    """`system`'s prefill and decode pools over `requests` (see `orcasim.disagg`)."""
+    from orcasim.disagg import build_disaggregated
+
+    fleet = build_disaggregated(scenario, system, engine_requests)
+    run = fleet.run()
+    warn_rejected(system.name, run.rejected_ids)
+    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
+    reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in fleet.replicas)
+    reqs["prefill_replica"] = fleet.prefill_replica
+    reqs["decode_replica"] = fleet.decode_replica
+    reqs["kv_transfer_s"] = fleet.kv_transfer_s
+    # Transferred to a decode instance until it first ran there: decode-side queueing.
+    reqs["decode_wait_s"] = fleet.decode_first_scheduled_s() - fleet.bridge.arrival_s
+    iters = fleet.iterations_frame()
+    summary = summarize(reqs, iters, scenario.warmup_s)
+    done = reqs[(reqs["arrival_s"] >= scenario.warmup_s) & reqs["decode_replica"].ge(0)]
+    for column in ("kv_transfer_s", "decode_wait_s"):
+        values = done[column].dropna()
+        summary[f"{column}_mean"] = float(values.mean()) if len(values) else float("nan")
+        summary[f"{column}_p90"] = float(values.quantile(0.9)) if len(values) else float("nan")
+    per_replica = pool_summaries(iters, float(reqs["finish_s"].max()), scenario.warmup_s)
+    for pool, rows in per_replica.groupby("pool"):
+        summary[f"{pool}_busy_fraction"] = float(rows["busy_fraction"].mean())
+        summary[f"{pool}_replicas"] = float(len(rows))
+    summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
+    return SystemResult(system.name, reqs, iters, summary, per_replica)
+
+
+def pool_summaries(iters: pd.DataFrame, end_s: float, warmup_s: float) -> pd.DataFrame:
+    """One row per instance of a disaggregated cluster: its pool, iterations and busy share."""
+    rows = []
+    for (pool, replica), it in iters.groupby(["pool", "replica"], sort=False):
+        it = it[it["start_s"] >= warmup_s]
+        busy_s = float(it["duration_s"].sum())
+        rows.append({"pool": pool, "replica": replica, "iterations": float(it["num_iterations"].sum()),
+                     "busy_fraction": busy_s / (end_s - warmup_s) if end_s > warmup_s else float("nan"),
+                     "batch_size_mean": float((it["batch_size"] * it["num_iterations"]).sum()
+                                              / max(float(it["num_iterations"].sum()), 1.0))})
+    return pd.DataFrame(rows).set_index(["pool", "replica"])
 
 
 def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,

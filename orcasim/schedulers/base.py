@@ -212,6 +212,16 @@ class Scheduler(ABC):
     def active_ids(self) -> list[int]:
         """The requests running now (admitted, holding KV, not finished)."""
 
+    def mark_transferred(self, req_id: int) -> None:
+        """`req_id` will arrive with its prompt's KV computed elsewhere and its first token
+        emitted (a decode instance of a disaggregated cluster): it only decodes here."""
+        self.computed[req_id] = self.requests.prompt_tokens[req_id]
+        self.generated[req_id] = 1
+
+    def held_ids(self) -> list[int]:
+        """Finished requests whose KV is still held (a prefill instance's, until moved)."""
+        return []
+
     def queued_ids(self) -> list[int]:
         """The requests added and not running: the waiting queue, and any preempted ones."""
         return self.waiting[self._waiting_head :]

@@ -173,6 +173,8 @@ class PagedScheduler(Scheduler):
         self.peak_computed = np.zeros(n, dtype=np.int64)  # to tell recomputation from progress
         self.preemptions_total = 0
         self.recomputed_tokens_total = 0
+        self.holds_finished = False  # set on a disaggregated cluster's prefill instances
+        self.held: set[int] = set()  # finished, KV not yet moved (see `release`)
 
     def _swap_capacity_blocks(self, derived_kv_bytes_per_token: float | None) -> int:
         kv_bytes = self.cfg.kv_bytes_per_token or derived_kv_bytes_per_token
@@ -370,14 +372,33 @@ class PagedScheduler(Scheduler):
         return StepResult(first, done)
 
     def release(self, done: np.ndarray) -> None:
-        """Free finished requests' blocks, in batch order, and drop them from `running`."""
+        """Free finished requests' blocks, in batch order, and drop them from `running`.
+
+        A prefill instance of a disaggregated cluster (`holds_finished`) keeps them until
+        the KV has moved to a decode instance (`release_held`).
+        """
         for req in done.tolist():
-            self.allocator.free(req)
+            if self.holds_finished:
+                self.held.add(req)
+            else:
+                self.allocator.free(req)
         finished = set(done.tolist())
         self.running = [r for r in self.running if r not in finished]
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.resumable or self.swapped) or self.num_waiting > 0
+
+    def release_held(self, req_id: int) -> None:
+        """A held request's KV has moved away: free its blocks."""
+        self.held.remove(req_id)
+        self.allocator.free(req_id)
+
+    def held_ids(self) -> list[int]:
+        return sorted(self.held)
+
+    def mark_transferred(self, req_id: int) -> None:
+        super().mark_transferred(req_id)
+        self.peak_computed[req_id] = self.computed[req_id]  # moved in, not recomputed
 
     def active_ids(self) -> list[int]:
         return list(self.running)

@@ -1,0 +1,289 @@
+"""Prefill/decode disaggregation: a prefill pool hands each request's KV to a decode pool.
+
+The shape of DistServe (OSDI'24), Splitwise and vLLM's and SGLang's disaggregated modes:
+
+1. A request arrives at a prefill instance (the prefill pool's router picks it). The
+   prefill instance sees it as a request of one output token: it computes the prompt
+   (whole or in chunks, by its own scheduler) and emits the first token, which is the
+   request's TTFT, as in DistServe, whose context stage streams the first token itself.
+2. At that moment the decode pool's router picks a decode instance, and the KV moves over
+   `link`: prompt tokens x the model's KV bytes per token, in `bytes / bandwidth +
+   latency` (`LinkConfig`). The prefill instance holds the request's blocks until the
+   transfer ends (its admissions feel that back-pressure).
+3. The decode instance queues the request (prompt computed, one token emitted,
+   `Scheduler.mark_transferred`) and admits it FCFS when its own KV allows: decode-side
+   back-pressure. It emits the remaining tokens; TPOT covers the transfer and that wait.
+
+One departure from DistServe, whose decode instance accepts (and only then pulls) a
+request when it has free blocks for it, leaving the KV on the prefill side meanwhile:
+here the KV moves at once and waits on the decode side. The two agree until the decode
+pool's KV is full; past that, DistServe's prefill instances stall sooner.
+
+Everything runs on the one clock loop (`orcasim.replica.drive`): arrivals into the
+prefill pool, transfers (`BridgeSource`) into the decode pool.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from orcasim.closed_loop import arrival_source
+from orcasim.cluster import build_router
+from orcasim.cost import CostModel, build_cost_model
+from orcasim.engine import EngineRun
+from orcasim.fleet import ReplicaSpec, pool_specs, replica_for
+from orcasim.recorder import Recorder
+from orcasim.replica import Replica, Router, drive, shared_recorder
+from orcasim.requests import Requests
+from orcasim.scenario import Scenario, SystemConfig
+from orcasim.schedulers.paged import PagedScheduler
+from orcasim.sources import ArrivalSource
+
+
+class PrefillSource(ArrivalSource):
+    """The prefill pool's view of the arrivals: a completion there is a prefill done."""
+
+    def __init__(self, inner: ArrivalSource, on_prefilled: Callable[[np.ndarray, float], None]):
+        self.inner, self.on_prefilled = inner, on_prefilled
+        self.closed_loop = inner.closed_loop
+
+    @property
+    def arrival_s(self) -> np.ndarray:  # type: ignore[override]
+        return self.inner.arrival_s
+
+    @property
+    def next_index(self) -> int:  # type: ignore[override]
+        return self.inner.next_index
+
+    def pending(self) -> bool:
+        return self.inner.pending()
+
+    def next_time_s(self) -> float:
+        return self.inner.next_time_s()
+
+    def take_until(self, now_s: float) -> range:
+        return self.inner.take_until(now_s)
+
+    def times_until(self, time_s: float) -> np.ndarray:
+        return self.inner.times_until(time_s)
+
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
+        self.on_prefilled(np.asarray(list(req_ids), dtype=np.int64), time_s)
+
+
+class BridgeSource(ArrivalSource):
+    """Transfers in flight to the decode pool: each request arrives when its KV has moved.
+
+    `arrival_s[id]` is written at delivery (NaN before). Completions on the decode side
+    are the requests' own: they go to the workload's source (a closed loop's clients).
+    """
+
+    closed_loop = False
+
+    def __init__(self, num_requests: int, inner: ArrivalSource,
+                 on_delivered: Callable[[int, float], None]) -> None:
+        self.arrival_s = np.full(num_requests, np.nan)
+        self.inner, self.on_delivered = inner, on_delivered
+        self._heap: list[tuple[float, int]] = []  # (ready time, id): ids break ties
+
+    def push(self, ready_s: float, req_id: int) -> None:
+        heapq.heappush(self._heap, (ready_s, req_id))
+
+    @property
+    def next_index(self) -> int:  # type: ignore[override]
+        return self._heap[0][1]
+
+    def pending(self) -> bool:
+        return bool(self._heap)
+
+    def next_time_s(self) -> float:
+        return self._heap[0][0]
+
+    def take_until(self, now_s: float) -> list[int]:  # type: ignore[override]
+        taken = []
+        while self._heap and self._heap[0][0] <= now_s:
+            ready_s, req_id = heapq.heappop(self._heap)
+            self.arrival_s[req_id] = ready_s
+            self.on_delivered(req_id, ready_s)
+            taken.append(req_id)
+        return taken
+
+    def times_until(self, time_s: float) -> np.ndarray:
+        return np.array(sorted(t for t, _ in self._heap if t <= time_s), dtype=np.float64)
+
+    def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
+        self.inner.on_finished(req_ids, time_s)
+
+
+def prefill_view(requests: Requests) -> Requests:
+    """The requests as a prefill instance sees them: the prompt, then one token."""
+    ones = np.ones(len(requests), dtype=np.int64)
+    return Requests(requests.arrival_s, requests.prompt_tokens, ones,
+                    requests.prompt_tokens + 1, session_ids=requests.session_ids)
+
+
+@dataclass
+class DisaggregatedFleet:
+    """A prefill pool and a decode pool on one clock, joined by transfers."""
+
+    prefill: list[Replica]
+    decode: list[Replica]
+    costs: list[CostModel]
+    requests: Requests
+    source: ArrivalSource
+    prefill_router: Router
+    decode_router: Router
+    transfer_s: Callable[[int], float]  # a request's KV transfer time
+
+    def __post_init__(self) -> None:
+        n = len(self.requests)
+        self.prefill_replica = np.full(n, -1, dtype=np.int64)
+        self.decode_replica = np.full(n, -1, dtype=np.int64)
+        self.kv_transfer_s = np.full(n, np.nan)
+        self.bridge = BridgeSource(n, self.source, self._delivered)
+        for replica in self.prefill:
+            replica.source = PrefillSource(self.source, self._prefilled)
+        for replica in self.decode:
+            replica.source = self.bridge
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return self.prefill + self.decode
+
+    def _route_prefill(self, req_id: int, time_s: float) -> Replica:
+        replica = self.prefill_router(req_id, time_s)
+        self.prefill_replica[req_id] = replica.index
+        return replica
+
+    def _prefilled(self, req_ids: np.ndarray, time_s: float) -> None:
+        """Prefills done at `time_s` (or requests turned away): hand each to a decode instance."""
+        first_token_s = self.prefill[0].recorder.first_token_s
+        done, moving = [], []
+        for req_id in req_ids.tolist():
+            if math.isnan(first_token_s[req_id]) or self.requests.output_tokens[req_id] == 1:
+                done.append(req_id)  # turned away, or its only token is out: it ends here
+            else:
+                moving.append(req_id)
+        for req_id in done:
+            self._release_prefill(req_id, time_s, wake=False)
+        if done:
+            self.source.on_finished(done, time_s)
+        for req_id in moving:
+            decode = self.decode_router(req_id, time_s)
+            decode.scheduler.mark_transferred(req_id)
+            self.decode_replica[req_id] = decode.index - len(self.prefill)
+            transfer_s = self.transfer_s(req_id)
+            self.kv_transfer_s[req_id] = transfer_s
+            self.bridge.push(time_s + transfer_s, req_id)
+
+    def _delivered(self, req_id: int, time_s: float) -> None:
+        self._release_prefill(req_id, time_s, wake=True)
+
+    def _release_prefill(self, req_id: int, time_s: float, wake: bool) -> None:
+        replica = self.prefill[int(self.prefill_replica[req_id])]
+        scheduler = replica.scheduler
+        if isinstance(scheduler, PagedScheduler) and req_id in scheduler.held:
+            scheduler.release_held(req_id)
+            if wake:
+                replica.wake(time_s)
+
+    def _route_decode(self, req_id: int, time_s: float) -> Replica:
+        return self.decode[int(self.decode_replica[req_id])]
+
+    def run(self) -> EngineRun:
+        end_s = drive(self.replicas, self.source, self._route_prefill,
+                      bridges=[(self.bridge, self._route_decode)])
+        for replica in self.replicas:
+            replica.stepper.close()
+        rejected = sorted({r for replica in self.replicas for r in replica.scheduler.rejected_ids})
+        recorder = self.merged_recorder()
+        finish_s = recorder.finish_s
+        rejected_ids = np.array(rejected, dtype=np.int64)
+        assert np.all(np.isnan(finish_s[rejected_ids])), "a rejected request finished"
+        unfinished = int(np.isnan(finish_s).sum()) - len(rejected_ids)
+        assert unfinished == 0, f"{unfinished} admitted requests never finished"
+        assert not any(r.scheduler.held_ids() for r in self.prefill), "KV never moved"
+        return EngineRun(recorder, end_s, rejected_ids)
+
+    def merged_recorder(self) -> Recorder:
+        """Per-request times as a user sees them: scheduled and first token on the prefill
+        side, finished on the decode side (or on the prefill side for one-token requests)."""
+        p, d = self.prefill[0].recorder, self.decode[0].recorder
+        merged = Recorder(len(self.requests))
+        merged.first_scheduled_s[:] = p.first_scheduled_s
+        merged.first_token_s[:] = p.first_token_s
+        one_token = self.requests.output_tokens == 1
+        merged.finish_s[:] = np.where(one_token, p.finish_s, d.finish_s)
+        # Turned away on the decode side: never finished, though its first token came out.
+        return merged
+
+    def iterations_frame(self) -> pd.DataFrame:
+        frames = []
+        for pool, replicas, offset in (("prefill", self.prefill, 0),
+                                       ("decode", self.decode, len(self.prefill))):
+            for replica in replicas:
+                frame = replica.recorder.iterations_frame()
+                frame["pool"] = pool
+                frame["replica"] = replica.index - offset
+                frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+    def decode_first_scheduled_s(self) -> np.ndarray:
+        return self.decode[0].recorder.first_scheduled_s
+
+
+def build_disaggregated(scenario: Scenario, system: SystemConfig,
+                        requests: Requests) -> DisaggregatedFleet:
+    """`system`'s disaggregated cluster over `requests` (a run's own table, as they reach it)."""
+    cluster = system.cluster
+    assert cluster is not None and cluster.prefill is not None and cluster.decode is not None
+    source = arrival_source(requests)
+    prefill_requests = prefill_view(requests)
+    pools: list[list[Replica]] = [[], []]
+    built: dict[int, CostModel] = {}
+    index = 0
+    for k, (pool, view) in enumerate(((cluster.prefill, prefill_requests),
+                                      (cluster.decode, requests))):
+        base = Recorder(len(requests))
+        for spec in pool_specs(scenario, system, pool):
+            cost = built.setdefault(id(spec), build_cost_model(spec.cost, spec.deployment()))
+            replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
+                                  scenario.engine.mode, (scenario.warmup_s,), index,
+                                  fused=k == 0)
+            if k == 0:
+                _hold_finished(replica, spec)
+            pools[k].append(replica)
+            index += 1
+    prefill, decode = pools
+    kv_bytes_per_token = _kv_bytes_per_token(pool_specs(scenario, system, cluster.prefill)[0])
+    prompt = requests.prompt_tokens
+
+    def transfer_s(req_id: int) -> float:
+        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token)
+
+    seeds = np.random.SeedSequence(scenario.seed).spawn(4)
+    prefill_router = build_router(cluster.prefill.router, prefill,
+                                  np.random.default_rng(seeds[2]), requests.session_ids)
+    decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
+                                 requests.session_ids)
+    return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
+                              prefill_router, decode_router, transfer_s)
+
+
+def _hold_finished(replica: Replica, spec: ReplicaSpec) -> None:
+    scheduler = replica.scheduler
+    if not isinstance(scheduler, PagedScheduler):
+        return  # an Orca reservation is freed at once (its KV is counted, not placed)
+    scheduler.holds_finished = True
+
+
+def _kv_bytes_per_token(spec: ReplicaSpec) -> float:
+    """KV bytes of one token over every layer and head (what a transfer moves), or 0
+    without a model (a scenario with a plain cost model moves KV for free)."""
+    return 0.0 if spec.model is None else float(spec.model.kv_bytes_per_token())
