@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup run test lint check bench calibrate clean
+.PHONY: setup run test lint check bench bench-cluster calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
+
+bench-cluster: $(STAMP)
+	$(BIN)/python benchmarks/cluster.py
 
 # Profile the tiny model on this CPU, fit, and replay a real serving run against the simulation.
 calibrate: $(STAMP)

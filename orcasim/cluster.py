@@ -217,7 +217,7 @@ class RoundRobinRouter(Router):
 
 class LeastOutstandingRouter(Router):
     def pick(self, req_id: int, time_s: float) -> int:
-        return self._least([load.requests for load in self._loads(time_s)])
+        return self._least([r.num_requests() for r in self.replicas])
 
 
 class LeastTokensRouter(Router):
@@ -236,8 +236,7 @@ class PowerOfTwoRouter(Router):
         if n == 1:
             return 0
         a, b = (int(i) for i in self.rng.choice(n, size=2, replace=False))
-        load_a, load_b = self.replicas[a].load(time_s), self.replicas[b].load(time_s)
-        return b if load_b.requests < load_a.requests else a
+        return b if self.replicas[b].num_requests() < self.replicas[a].num_requests() else a
 
 
 class SessionRouter(Router):

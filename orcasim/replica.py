@@ -201,6 +201,11 @@ class Replica:
                     base.outstanding_tokens + inbox_left, base.kv_used_tokens,
                     base.kv_capacity_tokens)
 
+    def num_requests(self) -> int:
+        """Running and waiting requests, the inbox included: what `load(t).requests` says,
+        read without applying a pending jump (the count is fixed within a run)."""
+        return self.scheduler.num_requests + len(self.inbox)
+
     def split(self, time_s: float) -> None:
         """Apply the iterations of a pending jump that ended before `time_s`, and replan."""
         ends_s = self.stepper.ends_s()

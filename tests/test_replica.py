@@ -83,7 +83,10 @@ class _Watching(Router):
         self.inner, self.seen = inner, []
 
     def pick(self, req_id: int, time_s: float) -> int:
-        self.seen.append((req_id, [r.load(time_s) for r in self.replicas]))
+        counts = [r.num_requests() for r in self.replicas]  # read before any jump is split
+        loads = [r.load(time_s) for r in self.replicas]
+        assert counts == [load.requests for load in loads], (counts, loads)
+        self.seen.append((req_id, loads))
         self.inner.last = self.last
         return self.inner.pick(req_id, time_s)
 

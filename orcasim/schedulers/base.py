@@ -226,6 +226,13 @@ class Scheduler(ABC):
         """The requests added and not running: the waiting queue, and any preempted ones."""
         return self.waiting[self._waiting_head :]
 
+    @property
+    def num_requests(self) -> int:
+        """len(active_ids()) + len(queued_ids()), without the lists: fixed during a decode
+        run (nobody joins, nothing is visible before its end), so a router may read it
+        without applying a pending jump."""
+        return len(self.active_ids()) + len(self.queued_ids())
+
     @abstractmethod
     def kv_in_use_tokens(self) -> int:
         """KV allocated now (reserved slabs or whole blocks), in tokens."""

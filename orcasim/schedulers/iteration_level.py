@@ -111,6 +111,10 @@ class IterationLevelScheduler(Scheduler):
     def active_ids(self) -> list[int]:
         return list(self.running)
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + self.num_waiting
+
     def kv_in_use_tokens(self) -> int:
         return self.reserved_tokens
 

@@ -403,6 +403,10 @@ class PagedScheduler(Scheduler):
     def active_ids(self) -> list[int]:
         return list(self.running)
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.swapped) + len(self.resumable) + self.num_waiting
+
     def queued_ids(self) -> list[int]:
         return sorted(self.swapped) + sorted(self.resumable) + super().queued_ids()
 

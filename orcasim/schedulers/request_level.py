@@ -119,9 +119,12 @@ class RequestLevelScheduler(Scheduler):
         return len(self.members) > 0 or self.num_waiting > 0
 
     def active_ids(self) -> list[int]:
-        # Members that finished early stay until the batch ends: only unfinished ones count.
-        ids = self.members
-        return ids[self.generated[ids] < self.requests.output_tokens[ids]].tolist()
+        # A static batch holds every member's slot and KV until the batch ends.
+        return self.members.tolist()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.members) + self.num_waiting
 
     def kv_in_use_tokens(self) -> int:
         return self.reserved_tokens

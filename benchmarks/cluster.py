@@ -1,0 +1,98 @@
+"""Speed and memory of a cluster: `python benchmarks/cluster.py` (or `make bench-cluster`).
+
+The workload and replica of benchmarks/engine.py (ShareGPT lengths, Llama-2-7B on one
+A100-80GB, batch limit 64), 16 replicas behind a router, Poisson arrivals at 85% of 16
+times one replica's measured capacity. Each case runs in its own process (its peak RSS
+is its own); times are end to end (draw, simulate, frames, summary), the median of
+`REPEATS` runs; at the smallest size reference mode runs in the same process for the
+ratio. Prints a table and writes benchmarks/results/cluster.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engine as single  # noqa: E402 - benchmarks/engine.py, beside this file
+
+RESULTS = Path(__file__).parent / "results" / "cluster.json"
+NUM_REPLICAS = 16
+ROUTERS = ("round_robin", "least_outstanding")
+SIZES = {"iteration_level": (10_000, 100_000), "paged": (10_000, 30_000)}
+REPEATS = 3
+
+
+def scenario_dict(scheduler: str, router: str, num_requests: int, rate_per_s: float,
+                  mode: str, cost_keys: dict[str, Any]) -> dict[str, Any]:
+    data = single.scenario_dict(scheduler, num_requests, rate_per_s, mode, cost_keys)
+    data["systems"][0]["cluster"] = {"replicas": NUM_REPLICAS, "router": {"kind": router}}
+    return data
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    from orcasim.run import run_scenario
+    from orcasim.scenario import scenario_from_dict
+
+    out: dict[str, Any] = {}
+    for mode, repeats in (("fast", REPEATS), ("reference", spec["reference_repeats"])):
+        if not repeats:
+            continue
+        data = scenario_dict(spec["scheduler"], spec["router"], spec["num_requests"],
+                             spec["rate_per_s"], mode, spec["cost_keys"])
+        times = []
+        for _ in range(repeats):
+            start_s = time.process_time()
+            result = run_scenario(scenario_from_dict(data))
+            times.append(time.process_time() - start_s)
+        out[f"{mode}_cpu_s"] = statistics.median(times)
+        out["throughput_rps"] = result.systems[spec["scheduler"]].summary["throughput_rps"]
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--schedulers", nargs="+", choices=tuple(SIZES), default=list(SIZES))
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    cost_name, cost_keys = single.choose_cost()
+    rows = []
+    print(f"{'scheduler':<16}{'router':<19}{'requests':>9}{'cpu s':>8}{'sim req/cpu-s':>15}"
+          f"{'peak RSS MB':>13}{'ref/fast':>10}")
+    for scheduler in args.schedulers:
+        rate = single.LOAD_FRACTION * NUM_REPLICAS * single.capacity_rps(scheduler, cost_keys)
+        for router in ROUTERS:
+            for n in SIZES[scheduler]:
+                spec = {"scheduler": scheduler, "router": router, "num_requests": n,
+                        "rate_per_s": rate, "cost_keys": cost_keys,
+                        "reference_repeats": 1 if n == min(SIZES[scheduler]) else 0}
+                done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                                      check=True, capture_output=True, text=True)
+                row = {**spec, **json.loads(done.stdout.strip().splitlines()[-1])}
+                rows.append(row)
+                ratio = (f"{row['reference_cpu_s'] / row['fast_cpu_s']:.1f}x"
+                         if "reference_cpu_s" in row else "")
+                print(f"{scheduler:<16}{router:<19}{n:>9,}{row['fast_cpu_s']:>8.2f}"
+                      f"{n / row['fast_cpu_s']:>15,.0f}{row['peak_rss_bytes'] / 2**20:>13,.0f}"
+                      f"{ratio:>10}", flush=True)
+    report = {"cost": cost_name, "replicas": NUM_REPLICAS, "load_fraction": single.LOAD_FRACTION,
+              "machine": single.machine(), "load_average": os.getloadavg(), "results": rows}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
