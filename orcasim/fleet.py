@@ -142,6 +142,8 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
             built[key] = build_cost_model(spec.cost, spec.deployment())
         replicas.append(replica_for(spec, requests, built[key], source, shared_recorder(requests, recorder),
                                     scenario.engine.mode, (scenario.warmup_s,), index))
+    for replica in replicas:
+        replica.sole = len(replicas) == 1
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
     router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
                           requests.session_ids)

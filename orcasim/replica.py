@@ -141,6 +141,9 @@ class Replica:
         self._blocked = False  # an arrival during the pending unit could not join (FCFS)
         self.arrived = False  # whether the last PLAN admitted a request that was due
         self.version = 0  # moves on whenever the next event may have changed (see `drive`)
+        # Whether every arrival of `source` comes here (no router in between): only then
+        # does the next arrival say where a jump will be cut (`cut_s`).
+        self.sole = True
 
     # The clock loop's side.
 
@@ -288,16 +291,18 @@ class Replica:
     def cut_s(self, start_s: float, until_s: float = math.inf) -> float:
         """Where a jump from `start_s` will be cut, as far as is known at its start, or inf.
 
-        The first warm-up break after the start, or the next arrival at the source if this
-        replica could admit it (a hint: a cluster may send it elsewhere, and a delivery
-        cuts the jump anyway), or in a closed loop the first that will be turned away.
+        The first warm-up break after the start, or, for a replica that gets every arrival
+        (`sole`), the next arrival if it could join, or in a closed loop the first that will
+        be turned away. A replica behind a router cannot know which arrival comes to it: a
+        delivery cuts its jump (`add_request`), and guessing here would cut every replica's
+        jump at every arrival of the fleet.
         """
         breaks_s = self._breaks_s
         while breaks_s and breaks_s[-1] <= start_s:
             breaks_s.pop()
         cut_s = breaks_s[-1] if breaks_s and breaks_s[-1] <= until_s else math.inf
         source = self.source
-        if source.pending():
+        if self.sole and source.pending():
             t = source.next_time_s()
             if t <= until_s and t < cut_s:
                 if self.scheduler.admits_arrival(source.next_index):
