@@ -123,9 +123,10 @@ def scheduler_load(scheduler: Scheduler) -> Load:
 class Replica:
     """One serving instance: a `Stepper` under the END/PLAN skeleton, with an inbox.
 
-    `source` is the loop's arrival source: the replica reads the next arrival (a hint
-    that lets the fused loop stop pricing where the jump will be cut), whether arrivals
-    depend on completions, and tells it of completions and rejections.
+    `source` is where its requests come from: the replica reads their arrival times,
+    whether arrivals depend on completions, and, when it gets every arrival (`sole`), the
+    next one (where a jump will be cut, so the fused loop stops pricing there); it tells
+    the source of completions and rejections.
     """
 
     def __init__(self, stepper: Stepper, source: ArrivalSource, recorder: Recorder,
@@ -220,10 +221,6 @@ class Replica:
         self.now_s = float(ends_s[k - 1])
         self._end()
         self._plan()
-
-    @property
-    def busy(self) -> bool:
-        return self.unit_end_s is not None or bool(self.inbox) or self.plan_at_s is not None
 
     # The skeleton.
 
