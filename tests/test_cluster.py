@@ -172,3 +172,27 @@ def test_bad_cluster_keys_are_one_line_errors(change: dict, needle: str) -> None
         scenario_from_dict(data)
     message = str(err.value)
     assert "\n" not in message and needle in message, message
+
+
+def test_a_cluster_run_writes_its_replicas(tmp_path) -> None:  # noqa: ANN001 - a pytest path
+    from orcasim.results import write_run
+
+    scenario = make_scenario(**{
+        "workload.num_requests": 200,
+        "systems": [
+            {"name": "fleet", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+             "cluster": {"replicas": 2, "router": {"kind": "least_tokens"}}},
+            {"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+             "cluster": {"prefill": {"count": 1}, "decode": {"count": 2}}},
+        ],
+    })
+    out = write_run(run_scenario(scenario), tmp_path / "run")
+    import pandas as pd
+
+    fleet = pd.read_csv(out / "fleet" / "replicas.csv", index_col=0)
+    assert list(fleet.index) == [0, 1] and fleet["requests_routed"].sum() == 200
+    pools = pd.read_csv(out / "pd" / "replicas.csv")
+    assert pools[["pool", "replica"]].values.tolist() == [["prefill", 0], ["decode", 0], ["decode", 1]]
+    assert (out / "replicas_fleet.png").is_file() and (out / "replicas_pd.png").is_file()
+    requests = pd.read_parquet(out / "pd" / "requests.parquet")
+    assert {"prefill_replica", "decode_replica", "kv_transfer_s", "decode_wait_s"} <= set(requests)
