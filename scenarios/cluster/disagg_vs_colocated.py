@@ -2,8 +2,9 @@
 
     python scenarios/cluster/disagg_vs_colocated.py     # writes results/cluster/ (a minute or two)
 
-Runs `disagg_vs_colocated.yaml` (three GPUs each way) at each rate of `RATES_PER_S` and
-scores, after the warm-up, the share of requests that meet both of DistServe's chatbot
+Runs `disagg_vs_colocated.yaml` (three GPUs each way) at each rate of `RATES_PER_S` (its
+300 requests replayed at rate / `TRACE_RATE_PER_S` times their measured speed) and scores
+the share of requests that meet both of DistServe's chatbot
 SLOs for OPT-13B on ShareGPT (TTFT <= 0.25 s, TPOT <= 0.1 s: the `opt-13b-sharegpt` row of
 DistServe's evaluation/ae-scripts/e2e/_plot.py). A system's goodput is the highest rate at
 which at least 90% of requests meet both (DistServe's definition), read off the sweep by
@@ -31,6 +32,7 @@ SCENARIO = HERE / "disagg_vs_colocated.yaml"
 OUT = ROOT / "results" / "cluster"
 RATES_PER_S = (1.5, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0)
 GPUS = 3
+TRACE_RATE_PER_S = 3.0  # the replayed run's own rate
 TTFT_SLO_S, TPOT_SLO_S = 0.25, 0.1
 ATTAINMENT = 0.9
 
@@ -51,7 +53,7 @@ def sweep() -> pd.DataFrame:
     for rate in RATES_PER_S:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = run_scenario(SCENARIO, (f"workload.arrival.rate_per_s={rate}",))
+            result = run_scenario(SCENARIO, (f"workload.arrival.speedup={rate / TRACE_RATE_PER_S}",))
         for name, system in result.systems.items():
             rows.append({"system": name, "rate_per_s": rate, "rate_per_gpu": rate / GPUS,
                          **attainment(system.requests, result.scenario.warmup_s)})
@@ -71,11 +73,32 @@ def goodput_per_gpu(rows: pd.DataFrame) -> float:
     return float(r0 + (s0 - ATTAINMENT) * (r1 - r0) / (s0 - s1))
 
 
-def figure(table: pd.DataFrame) -> Figure:
+GROUND_TRUTH = ROOT / "orcasim" / "data" / "ground_truth" / "distserve_opt13b_a100"
+# The real runs at comparable per-GPU rates: vLLM on one GPU, DistServe on three.
+MEASURED = {"vllm-100-1": ("vllm (one GPU)", 1), "vllm-100-2": ("vllm (one GPU)", 1),
+            "vllm-200-2": ("vllm (one GPU)", 1), "vllm-300-3": ("vllm (one GPU)", 1),
+            **{f"distserve-c21d11-300-{r}": ("distserve-c21d11", GPUS) for r in (3, 6, 9, 12)}}
+
+
+def measured() -> pd.DataFrame:
+    """SLO attainment of the real runs, by the same rule (whole runs, no warm-up)."""
+    rows = []
+    for run, (system, gpus) in MEASURED.items():
+        reqs = pd.read_csv(GROUND_TRUTH / f"{run}.csv")
+        rate = float(run.rsplit("-", 1)[1])
+        rows.append({"run": run, "system": system, "rate_per_gpu": rate / gpus,
+                     **attainment(reqs.assign(arrival_s=0.0), 0.0)})
+    return pd.DataFrame(rows)
+
+
+def figure(table: pd.DataFrame, real: pd.DataFrame) -> Figure:
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
     for name, rows in table.groupby("system", sort=False):
-        ax.plot(rows["rate_per_gpu"], rows["attainment"] * 100, marker="o", label=name)
+        ax.plot(rows["rate_per_gpu"], rows["attainment"] * 100, marker="o", label=f"{name} (orcasim)")
+    for name, rows in real.groupby("system", sort=False):
+        ax.scatter(rows["rate_per_gpu"], rows["attainment"] * 100, marker="x", s=60, zorder=3,
+                   label=f"{name}: measured")
     ax.axhline(ATTAINMENT * 100, color="k", linestyle="--", linewidth=1)
     ax.set_xlabel("request rate per GPU (req/s)")
     ax.set_ylabel("SLO attainment (%)")
@@ -87,9 +110,9 @@ def figure(table: pd.DataFrame) -> Figure:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    table = sweep()
+    table, real = sweep(), measured()
     table.to_csv(OUT / "disagg_vs_colocated.csv", index=False)
-    save_figure(figure(table), OUT / "disagg_vs_colocated.png")
+    save_figure(figure(table, real), OUT / "disagg_vs_colocated.png")
     goodput = {name: goodput_per_gpu(rows) for name, rows in table.groupby("system", sort=False)}
     lines = ["# Disaggregated against colocated serving, equal GPU count", "",
              "Written by `python scenarios/cluster/disagg_vs_colocated.py` from "
@@ -104,6 +127,12 @@ def main() -> None:
               "|---|---:|---:|---:|---:|"]
     lines += [f"| {r.system} | {r.rate_per_gpu:.2f} | {r.attainment:.1%} | {r.ttft_p90_s:.3f} "
               f"| {r.tpot_p90_s:.3f} |" for r in table.itertuples()]
+    lines += ["", "The real runs, scored by the same rule (crosses in `disagg_vs_colocated.png`; "
+              "vLLM's ran on one GPU, so its rate is already per GPU):", "",
+              "| run | rate per GPU | attainment | TTFT p90 (s) | TPOT p90 (s) |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.run} | {r.rate_per_gpu:.2f} | {r.attainment:.1%} | {r.ttft_p90_s:.3f} "
+              f"| {r.tpot_p90_s:.3f} |" for r in real.itertuples()]
     (OUT / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
