@@ -136,6 +136,8 @@ class ClusterConfig(Strict):
     prefill: PoolConfig | None = None
     decode: PoolConfig | None = None
     link: LinkConfig = LinkConfig()
+    # Disaggregated: which instance streams the first token (see orcasim.disagg).
+    first_token: Literal["prefill", "decode"] | None = None
 
     @model_validator(mode="after")
     def _one_shape(self) -> Self:
@@ -146,6 +148,8 @@ class ClusterConfig(Strict):
         if self.disaggregated and self.replicas is not None:
             raise ValueError("'replicas' is for a colocated cluster; a disaggregated one sizes "
                              "its pools with prefill.count and decode.count")
+        if not self.disaggregated and self.first_token is not None:
+            raise ValueError("'first_token' is for a disaggregated cluster (prefill and decode pools)")
         if self.disaggregated and self.router is not None:
             raise ValueError("'router' is for a colocated cluster; give each pool its own "
                              "(prefill.router, decode.router)")
@@ -159,6 +163,10 @@ class ClusterConfig(Strict):
     @property
     def disaggregated(self) -> bool:
         return self.prefill is not None
+
+    @property
+    def first_token_from_decode(self) -> bool:
+        return self.first_token == "decode"
 
     def groups(self) -> list[ReplicaGroup]:
         if self.replicas is None or isinstance(self.replicas, int):

@@ -4,8 +4,13 @@ The shape of DistServe (OSDI'24), Splitwise and vLLM's and SGLang's disaggregate
 
 1. A request arrives at a prefill instance (the prefill pool's router picks it). The
    prefill instance sees it as a request of one output token: it computes the prompt
-   (whole or in chunks, by its own scheduler) and emits the first token, which is the
-   request's TTFT, as in DistServe, whose context stage streams the first token itself.
+   (whole or in chunks, by its own scheduler) and emits the first token. With
+   `first_token: prefill` (the default) that is the request's TTFT, as in DistServe and
+   Splitwise, whose prompt instance streams the first token itself. With `first_token:
+   decode` it is dropped, as vLLM's disaggregated prefill does behind its proxy (the
+   prefill request asks for one token and discards it): the decode instance computes
+   the last prompt token again and streams every token, so TTFT includes the transfer
+   and the decode side's wait.
 2. At that moment the decode pool's router picks a decode instance, and the KV moves over
    `link`: prompt tokens x the model's KV bytes per token, in `bytes / bandwidth +
    latency` (`LinkConfig`). The prefill instance holds the request's blocks until the
@@ -140,6 +145,7 @@ class DisaggregatedFleet:
     prefill_router: Router
     decode_router: Router
     transfer_s: Callable[[int], float]  # a request's KV transfer time
+    first_token_from_decode: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.requests)
@@ -166,7 +172,8 @@ class DisaggregatedFleet:
         first_token_s = self.prefill[0].recorder.first_token_s
         done, moving = [], []
         for req_id in req_ids.tolist():
-            if math.isnan(first_token_s[req_id]) or self.requests.output_tokens[req_id] == 1:
+            ends_here = not self.first_token_from_decode and self.requests.output_tokens[req_id] == 1
+            if math.isnan(first_token_s[req_id]) or ends_here:
                 done.append(req_id)  # turned away, or its only token is out: it ends here
             else:
                 moving.append(req_id)
@@ -176,7 +183,7 @@ class DisaggregatedFleet:
             self.source.on_finished(done, time_s)
         for req_id in moving:
             decode = self.decode_router(req_id, time_s)
-            decode.scheduler.mark_transferred(req_id)
+            decode.scheduler.mark_transferred(req_id, not self.first_token_from_decode)
             self.decode_replica[req_id] = decode.index - len(self.prefill)
             transfer_s = self.transfer_s(req_id)
             self.kv_transfer_s[req_id] = transfer_s
@@ -212,11 +219,16 @@ class DisaggregatedFleet:
         return EngineRun(recorder, end_s, rejected_ids)
 
     def merged_recorder(self) -> Recorder:
-        """Per-request times as a user sees them: scheduled and first token on the prefill
-        side, finished on the decode side (or on the prefill side for one-token requests)."""
+        """Per-request times as a user sees them: scheduled on the prefill side, the first
+        token where it is streamed from, finished on the decode side (or on the prefill
+        side, for a one-token request whose token the prefill streams)."""
         p, d = self.prefill[0].recorder, self.decode[0].recorder
         merged = Recorder(len(self.requests))
         merged.first_scheduled_s[:] = p.first_scheduled_s
+        if self.first_token_from_decode:
+            merged.first_token_s[:] = d.first_token_s
+            merged.finish_s[:] = d.finish_s
+            return merged
         merged.first_token_s[:] = p.first_token_s
         one_token = self.requests.output_tokens == 1
         merged.finish_s[:] = np.where(one_token, p.finish_s, d.finish_s)
@@ -276,7 +288,8 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
                                  requests.session_ids)
     return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
-                              prefill_router, decode_router, transfer_s)
+                              prefill_router, decode_router, transfer_s,
+                              cluster.first_token_from_decode)
 
 
 def _hold_finished(replica: Replica, spec: ReplicaSpec) -> None:

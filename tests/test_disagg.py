@@ -27,7 +27,8 @@ def _trace(tmp_path, rows: list[tuple[float, int, int]]) -> str:  # noqa: ANN001
 
 
 def _disagg(trace: str, prefill: dict | None = None, decode: dict | None = None,
-            link: dict | None = None, mode: str = "fast") -> dict:
+            link: dict | None = None, mode: str = "fast", first_token: str | None = None) -> dict:
+    extra = {} if first_token is None else {"first_token": first_token}
     return {
         "workload.arrival": {"kind": "trace", "path": trace},
         "workload.num_requests": None, "workload.prompt_tokens": None,
@@ -37,7 +38,7 @@ def _disagg(trace: str, prefill: dict | None = None, decode: dict | None = None,
         "systems": [{"name": "pd", "scheduler": PAGED, "cluster": {
             "prefill": {"count": 1, **(prefill or {})},
             "decode": {"count": 1, **(decode or {})},
-            "link": link or {"latency_s": 0.5},
+            "link": link or {"latency_s": 0.5}, **extra,
         }}],
     }
 
@@ -75,6 +76,19 @@ def test_a_request_through_both_pools_by_hand(tmp_path, mode: str) -> None:  # n
     assert pools == {"prefill": 1, "decode": 2}
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_the_first_token_from_the_decode_instance_by_hand(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """vLLM's disaggregated prefill: the prefill's token is dropped; after the transfer
+    (1.5) the decode instance computes the last prompt token again and emits the first
+    token at 2.5, then tokens 2 and 3. The one-token request goes the same way."""
+    trace = _trace(tmp_path, [(0.0, 4, 3), (0.0, 4, 1)])
+    changes = _disagg(trace, mode=mode, first_token="decode")
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [2.5, 2.5]
+    assert reqs["finish_s"].tolist() == [4.5, 2.5]
+    assert reqs["decode_replica"].tolist() == [0, 0]
+
+
 def test_the_prefill_instance_holds_kv_until_it_has_moved(tmp_path) -> None:  # noqa: ANN001
     """The prefill instance has room for one prompt's blocks: the second prompt waits
     until the first's KV has moved (1 + 5 s), then prefills [6, 7]."""
@@ -100,11 +114,12 @@ def test_decode_admission_waits_for_decode_kv(tmp_path) -> None:  # noqa: ANN001
     prefill_router=st.sampled_from(["round_robin", "least_outstanding", "random"]),
     decode_router=st.sampled_from(["least_kv", "least_tokens", "power_of_two"]),
     decode_kind=st.sampled_from(["paged", "iteration_level", "chunked"]),
+    first_token=st.sampled_from(["prefill", "decode"]),
     rate_per_s=st.floats(2.0, 40.0), seed=st.integers(0, 2**16),
 )
 def test_fast_equals_reference_and_nothing_is_lost(
     prefill_count: int, decode_count: int, prefill_router: str, decode_router: str,
-    decode_kind: str, rate_per_s: float, seed: int,
+    decode_kind: str, first_token: str, rate_per_s: float, seed: int,
 ) -> None:
     decode_scheduler = {"paged": {"kind": "paged", "max_num_seqs": 16},
                         "iteration_level": {"kind": "iteration_level", "max_batch_size": 16},
@@ -120,14 +135,15 @@ def test_fast_equals_reference_and_nothing_is_lost(
                              "prefill": {"count": prefill_count, "router": {"kind": prefill_router}},
                              "decode": {"count": decode_count, "router": {"kind": decode_router},
                                         "scheduler": decode_scheduler},
-                             "link": {"latency_s": 0.01}}}],
+                             "link": {"latency_s": 0.01}, "first_token": first_token}}],
         })
         frames[mode] = run_scenario(scenario).systems["pd"].requests
     fast, reference = frames["fast"], frames["reference"]
     assert fast["finish_s"].notna().all()
     assert fast["prefill_replica"].between(0, prefill_count - 1).all()
-    multi = fast["output_tokens"] > 1
-    assert fast.loc[multi, "decode_replica"].between(0, decode_count - 1).all()
+    decoded = (fast["output_tokens"] > 1) | (first_token == "decode")
+    assert fast.loc[decoded, "decode_replica"].between(0, decode_count - 1).all()
+    assert (fast["first_token_s"] <= fast["finish_s"]).all()
     for column in ("first_token_s", "finish_s", "prefill_replica", "decode_replica"):
         assert np.array_equal(fast[column], reference[column], equal_nan=True), column
 
@@ -151,6 +167,7 @@ def test_littles_law_holds_for_a_disaggregated_cluster() -> None:
     ({"prefill": {"count": 1, "scheduler": {"kind": "request_level", "max_batch_size": 2}},
       "decode": {"count": 1}}, "request_level"),
     ({"prefill": {"count": 1}, "decode": {"count": 1}, "link": {"kind": "pigeon"}}, "link"),
+    ({"replicas": 2, "first_token": "decode"}, "first_token"),
 ])
 def test_bad_disaggregation_keys_are_one_line_errors(cluster: dict, needle: str) -> None:
     data = {**BASE, "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 4},

@@ -212,11 +212,14 @@ class Scheduler(ABC):
     def active_ids(self) -> list[int]:
         """The requests running now (admitted, holding KV, not finished)."""
 
-    def mark_transferred(self, req_id: int) -> None:
-        """`req_id` will arrive with its prompt's KV computed elsewhere and its first token
-        emitted (a decode instance of a disaggregated cluster): it only decodes here."""
-        self.computed[req_id] = self.requests.prompt_tokens[req_id]
-        self.generated[req_id] = 1
+    def mark_transferred(self, req_id: int, first_token_emitted: bool = True) -> None:
+        """`req_id` will arrive with its prompt's KV computed elsewhere (a decode instance
+        of a disaggregated cluster). With its first token emitted there, it only decodes
+        here; without, its first step computes the last prompt token again to emit it
+        (vLLM's disaggregated prefill, whose decode instance streams every token)."""
+        prompt = self.requests.prompt_tokens[req_id]
+        self.computed[req_id] = prompt if first_token_emitted else prompt - 1
+        self.generated[req_id] = 1 if first_token_emitted else 0
 
     def held_ids(self) -> list[int]:
         """Finished requests whose KV is still held (a prefill instance's, until moved)."""

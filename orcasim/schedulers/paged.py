@@ -396,8 +396,8 @@ class PagedScheduler(Scheduler):
     def held_ids(self) -> list[int]:
         return sorted(self.held)
 
-    def mark_transferred(self, req_id: int) -> None:
-        super().mark_transferred(req_id)
+    def mark_transferred(self, req_id: int, first_token_emitted: bool = True) -> None:
+        super().mark_transferred(req_id, first_token_emitted)
         self.peak_computed[req_id] = self.computed[req_id]  # moved in, not recomputed
 
     def active_ids(self) -> list[int]:
