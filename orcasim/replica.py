@@ -205,6 +205,15 @@ class Replica:
                     base.outstanding_tokens + inbox_left, base.kv_used_tokens,
                     base.kv_capacity_tokens)
 
+    def advance(self, until_s: float) -> None:
+        """Take every event before `until_s`, then apply the part of a pending jump that
+        ended before it: the state at `until_s`, never past it. For a replica driven on its
+        own (requests given with `add_request` at their times); `drive` steps a fleet's
+        replicas in its own order."""
+        while (event := self.next_event()) is not None and event[0] < until_s:
+            self.step()
+        self.split(until_s)
+
     def num_requests(self) -> int:
         """Running and waiting requests, the inbox included: what `load(t).requests` says,
         read without applying a pending jump (the count is fixed within a run)."""

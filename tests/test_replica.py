@@ -143,3 +143,34 @@ def test_load_on_a_hand_traced_case() -> None:
             (2, Load(1, 1, 7, 12, 15, 100)),
         ], mode
         assert fleet.recorder.finish_s.tolist() == [5.0, 7.0, 8.0], mode
+
+
+@pytest.mark.parametrize("kind", list(SCHEDULERS))
+def test_advance_stops_at_the_horizon_with_the_reference_state(kind: str) -> None:
+    """A replica driven on its own: after `advance(t)` nothing it shows is past t, and its
+    load at t is the reference loop's, at every t of a grid."""
+    from orcasim.fleet import replica_for, replica_specs
+    from orcasim.sources import ArrivalSource
+
+    loads = {}
+    for mode in ("fast", "reference"):
+        scenario = _scenario(SCHEDULERS[kind], mode, {"replicas": 1},
+                             **{"workload.arrival": {"kind": "poisson", "rate_per_s": 1e9}})
+        requests = make_requests_for(scenario)
+        spec = replica_specs(scenario, scenario.systems[0])[0]
+        from orcasim.cost import build_cost_model
+        from orcasim.recorder import Recorder
+
+        source = ArrivalSource(requests.arrival_s)
+        replica = replica_for(spec, requests, build_cost_model(spec.cost), source,
+                              Recorder(len(requests)), mode)
+        for req_id in source.take_until(float(requests.arrival_s.max())):
+            replica.add_request(req_id, float(requests.arrival_s[req_id]))
+        seen = []
+        for t in np.linspace(0.5, 40.0, 80):
+            replica.advance(float(t))
+            event = replica.next_event()
+            assert replica.now_s < t and (event is None or event[0] >= t)
+            seen.append(replica.load(float(t)))
+        loads[mode] = seen
+    assert loads["fast"] == loads["reference"]
