@@ -77,6 +77,21 @@ def test_azure_timestamps_are_seconds() -> None:
     assert prompt.tolist() == [374, 396] and output.tolist() == [44, 109]
 
 
+@pytest.mark.parametrize(("first", "second"), [
+    ("2024-05-10 00:00:00+00:00", "2024-05-10 00:00:10+00:00"),                # seconds
+    ("2024-05-10 00:00:00.000+00:00", "2024-05-10 00:00:10.000+00:00"),        # ms
+    ("2024-05-10 00:00:00.054012+00:00", "2024-05-10 00:00:10.054012+00:00"),  # us (Azure 2024)
+    ("2024-05-10 00:00:00.054012000+00:00", "2024-05-10 00:00:10.054012000+00:00"),  # ns
+    ("2024-05-10 00:00:00.0540120", "2024-05-10 00:00:10.0540120"),            # 2023, no zone
+])
+def test_azure_timestamps_are_seconds_at_every_resolution(tmp_path: Path, first: str,
+                                                          second: str) -> None:
+    f = tmp_path / "azure.csv"
+    f.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{first},10,2\n{second},20,3\n")
+    arrival_s, _, _ = read_trace(str(f), "azure")
+    assert arrival_s.tolist() == [0.0, 10.0]
+
+
 def test_orcasim_trace_and_max_requests(tmp_path: Path) -> None:
     f = tmp_path / "t.csv"
     f.write_text("arrival_s,prompt_tokens,output_tokens\n0.5,10,3\n0.1,20,4\n2.0,5,1\n")
