@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from orcasim import yaml_strict
 from orcasim.cluster import ClusterConfig
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
@@ -129,7 +130,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_strict.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

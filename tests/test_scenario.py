@@ -64,6 +64,18 @@ def test_malformed_yaml_names_the_line(tmp_path) -> None:  # noqa: ANN001
         load_scenario(f)
 
 
+def test_a_key_given_twice_is_an_error_naming_it(tmp_path) -> None:  # noqa: ANN001
+    f = tmp_path / "twice.yaml"
+    f.write_text("name: x\nworkload:\n  arrival: {kind: poisson, rate_per_s: 2, rate_per_s: 4}\n")
+    with pytest.raises(ScenarioError, match="line 3 .*'rate_per_s' given twice"):
+        load_scenario(f)
+    merged = tmp_path / "merged.yaml"  # a `<<` merge's keys may be overridden: not duplicates
+    merged.write_text("a: &x {p: 1}\nb: {<<: *x, p: 2}\n")
+    from orcasim import yaml_strict
+
+    assert yaml_strict.load(merged.read_text()) == {"a": {"p": 1}, "b": {"p": 2}}
+
+
 def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
     apply_override(base_dict, "systems[1].scheduler.max_batch_size=16")
     apply_override(base_dict, "workload.arrival.rate_per_s=2.5")

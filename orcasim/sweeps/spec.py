@@ -31,6 +31,7 @@ import numpy as np
 import yaml
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
+from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.scenario import (
     NAME_PATTERN,
@@ -194,7 +195,7 @@ def _parse_spec(path: Path) -> SweepSpec:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_strict.load(path.read_text())
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
     except yaml.YAMLError as e:
