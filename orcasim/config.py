@@ -20,7 +20,8 @@ class ScenarioError(ValueError):
 class Strict(BaseModel):
     """Frozen pydantic model that rejects unknown keys with a 'did you mean' hint."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinite or NaN numbers are refused at load time: they ran to NaN or infinite metrics.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

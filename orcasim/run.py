@@ -115,9 +115,23 @@ def run_system(
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
     reqs["preemptions"] = engine.scheduler.preemptions_per_request
     iters = run.recorder.iterations_frame()
-    summary = summarize(reqs, iters, scenario.warmup_s)
+    summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())
     return SystemResult(system.name, reqs, iters, summary)
+
+
+def measured_summary(system_name: str, reqs: pd.DataFrame, iters: pd.DataFrame,
+                     warmup_s: float) -> dict[str, float]:
+    """`summarize`, refusing a summary with nothing in it (every metric would be NaN)."""
+    summary = summarize(reqs, iters, warmup_s)
+    if summary["requests_completed"] == 0:
+        last_s = float(reqs["arrival_s"].max()) if len(reqs) else 0.0
+        rejected = int(reqs["rejected"].sum()) if "rejected" in reqs else 0
+        raise ScenarioError(
+            f"{system_name}: no request completed after warmup_s = {warmup_s:g} (the last "
+            f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "
+            "expected warmup_s below the last arrival and requests that fit")
+    return summary
 
 
 def warn_rejected(system_name: str, rejected: np.ndarray) -> None:
@@ -140,7 +154,7 @@ def run_cluster(
     reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in fleet.replicas)
     reqs["replica"] = fleet.assigned
     iters = fleet.iterations_frame()
-    summary = summarize(reqs, iters, scenario.warmup_s)
+    summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
     summary["replicas"] = float(len(fleet.replicas))
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
@@ -164,7 +178,7 @@ def run_disaggregated(
     # Transferred to a decode instance until it first ran there: decode-side queueing.
     reqs["decode_wait_s"] = fleet.decode_first_scheduled_s() - fleet.bridge.arrival_s
     iters = fleet.iterations_frame()
-    summary = summarize(reqs, iters, scenario.warmup_s)
+    summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
     done = reqs[(reqs["arrival_s"] >= scenario.warmup_s) & reqs["decode_replica"].ge(0)]
     for column in ("kv_transfer_s", "decode_wait_s"):
         values = done[column].dropna()

@@ -11,7 +11,7 @@ from orcasim.config import Strict
 from orcasim.requests import ClientLoop, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
-from orcasim.workload.lengths import LengthDist
+from orcasim.workload.lengths import LengthDist, TokenCount
 from orcasim.workload.traces import read_trace
 
 
@@ -22,7 +22,7 @@ class WorkloadConfig(Strict):
     arrival: Arrival
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
-    max_tokens: PositiveInt
+    max_tokens: TokenCount
 
     @model_validator(mode="after")
     def _complete(self) -> Self:

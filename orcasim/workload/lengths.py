@@ -7,15 +7,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 
 from orcasim.config import Strict
 from orcasim.paths import resolve_data_path
 
+# The longest request length accepted anywhere (a prompt, an output, a limit): far above any
+# model's context today, and far below where int64 token sums or float64 times lose digits.
+MAX_LENGTH_TOKENS = 10**9
+LENGTH_EXPECTED = f"an integer from 1 to {MAX_LENGTH_TOKENS:,}"
+TokenCount = Annotated[int, Field(ge=1, le=MAX_LENGTH_TOKENS)]
+
 
 class ConstantLength(Strict):
     kind: Literal["constant"]
-    value: PositiveInt
+    value: TokenCount
 
     def mean_tokens(self) -> float:
         return float(self.value)
@@ -28,8 +34,8 @@ class UniformLength(Strict):
     """Integer uniform on [low, high], both inclusive."""
 
     kind: Literal["uniform"]
-    low: PositiveInt
-    high: PositiveInt
+    low: TokenCount
+    high: TokenCount
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -54,7 +60,7 @@ class LognormalLength(Strict):
     kind: Literal["lognormal"]
     mean: PositiveFloat
     sigma: PositiveFloat
-    max: PositiveInt
+    max: TokenCount
 
     def _mu(self) -> float:
         # E[X] = exp(mu + sigma^2 / 2) for the unclipped lognormal.
@@ -101,6 +107,12 @@ LengthDist = Annotated[
 _COLUMN_CACHE: dict[tuple[str, str], np.ndarray] = {}
 
 
+def bad_lengths(values: np.ndarray) -> np.ndarray:
+    """Which of `values` (float64) are not whole token counts in [1, MAX_LENGTH_TOKENS]."""
+    return (~np.isfinite(values) | (values < 1) | (values > MAX_LENGTH_TOKENS)
+            | (values != np.floor(values)))
+
+
 def load_length_column(path: str, column: str) -> np.ndarray:
     """Read one positive integer column of a CSV; errors name the file, column and line."""
     import pandas as pd
@@ -118,11 +130,11 @@ def load_length_column(path: str, column: str) -> np.ndarray:
 
 def _positive_ints(values: np.ndarray, name: str, column: str) -> np.ndarray:
     as_float = np.asarray(values, dtype=np.float64)
-    bad = ~np.isfinite(as_float) | (as_float < 1) | (as_float != np.floor(as_float))
+    bad = bad_lengths(as_float)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         # +2: one for the header line, one because file lines count from 1.
         raise ValueError(
-            f"{name} line {row + 2}: column '{column}' = {values[row]!r}, expected an integer >= 1"
+            f"{name} line {row + 2}: column '{column}' = {values[row]!r}, expected {LENGTH_EXPECTED}"
         )
     return as_float.astype(np.int64)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.paths import resolve_data_path
+from orcasim.workload.lengths import LENGTH_EXPECTED, bad_lengths
 
 ORCASIM_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -185,8 +186,7 @@ def _numbers(rows: pd.DataFrame, column: str, path: Path, line_offset: int) -> n
 
 def _token_counts(rows: pd.DataFrame, column: str, path: Path, line_offset: int) -> np.ndarray:
     values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(values) | (values < 1) | (values != np.floor(values))
-    _raise_on_bad(bad, rows[column], column, path, line_offset, "an integer >= 1")
+    _raise_on_bad(bad_lengths(values), rows[column], column, path, line_offset, LENGTH_EXPECTED)
     return values.astype(np.int64)
 
 
