@@ -24,7 +24,7 @@ from orcasim import yaml_strict
 from orcasim.cluster import ClusterConfig
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
-from orcasim.cost.catalog import HardwareConfig, ModelRef
+from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.workload import WorkloadConfig
 
@@ -101,8 +101,27 @@ class Scenario(Strict):
             self.__dict__["kv_capacity_tokens"] = deployment.kv_capacity_tokens  # frozen: set once, here
             self._kv_capacity_derived = True
 
+    def _check_deployments(self) -> None:
+        """The model fits its parallelism and its context holds every request (catalog limits)."""
+        pairs = [("", self.model, self.hardware)]
+        for system in self.systems:
+            cluster = system.cluster
+            if cluster is None:
+                continue
+            groups = [("prefill.", cluster.prefill), ("decode.", cluster.decode)]
+            if isinstance(cluster.replicas, list):
+                groups += [(f"replicas[{i}].", g) for i, g in enumerate(cluster.replicas)]
+            for prefix, group in groups:
+                if group is not None:
+                    where = f"systems[{self.systems.index(system)}].cluster.{prefix}"
+                    pairs.append((where, group.model or self.model, group.hardware or self.hardware))
+        for where, model, hardware in pairs:
+            if model is not None:
+                check_deployment(model, hardware, self.workload.max_tokens, where)
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        self._check_deployments()
         self._derive_kv_capacity()
         assert self.kv_capacity_tokens is not None
         names = [s.name for s in self.systems]

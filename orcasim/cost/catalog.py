@@ -166,6 +166,24 @@ class HardwareConfig(Strict):
         return self.tensor_parallel * self.pipeline_parallel
 
 
+def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_tokens: int,
+                     where: str = "") -> None:
+    """Raise ValueError unless `model` can run as `hardware` splits it and its context holds
+    a request of `max_tokens` (prompt + output). `where` prefixes the keys named."""
+    if max_tokens > model.max_seq_len:
+        raise ValueError(f"workload.max_tokens = {max_tokens} exceeds {where}model "
+                         f"{model.name}'s context (max_seq_len {model.max_seq_len}); expected "
+                         f"at most {model.max_seq_len}")
+    if hardware is None:
+        return
+    if model.num_heads % hardware.tensor_parallel:
+        raise ValueError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
+                         f"divide {model.name}'s {model.num_heads} attention heads")
+    if hardware.pipeline_parallel > model.num_layers:
+        raise ValueError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
+                         f"exceeds {model.name}'s {model.num_layers} layers")
+
+
 def layers_per_stage(model: ModelSpec, pipeline_parallel: int) -> int:
     """Layers on the busiest stage (Orca splits layers evenly; a remainder goes to some stages)."""
     return math.ceil(model.num_layers / pipeline_parallel)

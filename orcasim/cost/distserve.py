@@ -78,13 +78,14 @@ class DistServeCost(CostModel):
         return float(prefill_ms + decode_ms) * MS
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        # Step j reads sum(context) + size * j KV tokens. Each step is priced with the
+        # operations of `iteration_time_s`, in its order, so fast mode gets the same bits.
         size = len(context_tokens)
-        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
-        steps = np.arange(num_steps)
-        over = float(context_tokens.sum()) + size * steps[1:] > self.kv_capacity_tokens
+        context_sums = context_tokens.sum() + size * np.arange(num_steps, dtype=np.int64)
+        over = context_sums > self.kv_capacity_tokens
         self._oor.add(int(over.sum()), f"a decode step of {size} requests")
-        # Each step adds one context token per request: an arithmetic series.
-        return first + self._decode_coef(size)[1] * size * steps * MS
+        a_d, b_d, c_d = self._decode_coef(size)
+        return (a_d + (b_d * context_sums + c_d * size)) * MS
 
     def out_of_range_count(self) -> int:
         return self._oor.count

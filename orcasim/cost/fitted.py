@@ -115,7 +115,16 @@ class FittedCost(CostModel):
         if outside:
             self._oor.add(1, f"{outside[0]} = {inputs[outside[0]]:g}")
         row = design_matrix({k: np.array([v]) for k, v in inputs.items()}, self.knots_tokens)
-        return float(row[0] @ self.coef)
+        return float(self._predict(row)[0])
+
+    def _predict(self, rows: np.ndarray) -> np.ndarray:
+        """rows @ coef, term by term in one order: a row's value never depends on how many
+        rows are priced with it (a BLAS dot may sum in another order), so a decode run
+        priced at once has the bits of its steps priced one by one."""
+        total = rows[:, 0] * self.coef[0]
+        for j in range(1, len(self.coef)):
+            total = total + rows[:, j] * self.coef[j]
+        return total
 
     def _inside(self, key: str, value: float) -> bool:
         low, high = self.range.get(key, (-np.inf, np.inf))
@@ -123,16 +132,20 @@ class FittedCost(CostModel):
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         # Step j has the same tokens and requests; Σ context grows by B·j, max context by j.
+        # Each step is priced as `iteration_time_s` prices it (`_predict`): the same bits.
         size = len(context_tokens)
-        first = self.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens))
         steps = np.arange(num_steps)
-        later = steps[1:]
+        context_sums = context_tokens.sum() + size * steps
         shape_fits = self._inside("tokens", size) and self._inside("num_requests", size)
-        fits = (np.full(len(later), shape_fits)
-                & self._inside_array("sum_context_decode", context_tokens.sum() + size * later)
-                & self._inside_array("max_context", context_tokens.max() + later))
+        fits = (np.full(num_steps, shape_fits)
+                & self._inside_array("sum_context_decode", context_sums)
+                & self._inside_array("max_context", context_tokens.max() + steps))
         self._oor.add(int((~fits).sum()), f"a decode step of {size} requests")
-        return first + self.coef[BASE_TERMS.index("sum_context_decode")] * size * steps
+        inputs = {"tokens": np.full(num_steps, float(size)),
+                  "num_requests": np.full(num_steps, float(size)),
+                  "sum_context_decode": context_sums.astype(np.float64),
+                  "sum_prefill_sq": np.zeros(num_steps)}
+        return self._predict(design_matrix(inputs, self.knots_tokens))
 
     def _inside_array(self, key: str, values: np.ndarray) -> np.ndarray:
         low, high = self.range.get(key, (-np.inf, np.inf))
