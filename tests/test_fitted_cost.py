@@ -19,7 +19,6 @@ KNOTS = [64]
 COEF = dict(zip(term_names(KNOTS), [1e-3, 2e-5, 1e-4, 3e-7, 1e-8, 5e-6], strict=True))
 RANGE = {"tokens": [1, 512], "num_requests": [1, 16], "sum_context_decode": [0, 4096],
          "sum_prefill_sq": [0, 262144], "max_context": [1, 512]}
-STEP_RTOL = 1e-12
 
 
 @pytest.fixture
