@@ -119,3 +119,22 @@ def test_bad_mooncake_line_is_named(tmp_path: Path) -> None:
     f.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 1}\n')
     with pytest.raises(ValueError, match="line 2"):
         read_trace(str(f))
+
+
+def test_a_lognormal_clipped_far_from_its_mean_warns_with_the_real_one() -> None:
+    from orcasim.workload import WorkloadConfig
+    from orcasim.workload.lengths import LognormalLength
+
+    far = LognormalLength(kind="lognormal", mean=100, sigma=3, max=4000)
+    assert far.clipped_mean_tokens() == pytest.approx(far.mean_tokens(), abs=0.5)  # the theory
+    keys = {"num_requests": 10, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+            "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 5000}
+    with pytest.warns(UserWarning, match=r"prompt_tokens: lognormal mean 100, sigma 3, "
+                                         r"clipped to \[1, 4000\], has a mean of about 52\.4"):
+        WorkloadConfig.model_validate({**keys, "prompt_tokens": far.model_dump()})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 700, sigma 1, max 3072: 659, within 10%: silent
+        WorkloadConfig.model_validate({**keys, "prompt_tokens": {
+            "kind": "lognormal", "mean": 700, "sigma": 1.0, "max": 3072}})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Self
 
 import numpy as np
@@ -11,7 +12,7 @@ from orcasim.config import Strict
 from orcasim.requests import ClientLoop, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
-from orcasim.workload.lengths import LengthDist, TokenCount
+from orcasim.workload.lengths import LengthDist, LognormalLength, TokenCount
 from orcasim.workload.traces import read_trace
 
 
@@ -34,7 +35,24 @@ class WorkloadConfig(Strict):
         missing = [k for k in ("num_requests", "prompt_tokens", "output_tokens") if getattr(self, k) is None]
         if missing:
             raise ValueError(f"missing {', '.join(missing)} (required unless arrival.kind is trace)")
+        for key in ("prompt_tokens", "output_tokens"):
+            warn_if_clipped(key, getattr(self, key))
         return self
+
+
+CLIPPED_MEAN_RTOL = 0.10  # a clipped lognormal's mean this far from the one asked for: say so
+
+
+def warn_if_clipped(key: str, dist: LengthDist | None) -> None:
+    """A lognormal whose clipping to [1, max] moves its mean far from `mean` runs, with a
+    warning giving the mean it really has (mean 100, sigma 3, max 4000 has about 27)."""
+    if not isinstance(dist, LognormalLength):
+        return
+    effective = dist.clipped_mean_tokens()
+    if abs(effective - dist.mean) > CLIPPED_MEAN_RTOL * dist.mean:
+        warnings.warn(f"workload.{key}: lognormal mean {dist.mean:g}, sigma {dist.sigma:g}, "
+                      f"clipped to [1, {dist.max}], has a mean of about {effective:.1f} tokens",
+                      UserWarning, stacklevel=2)
 
 
 def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests:

@@ -76,6 +76,20 @@ class LognormalLength(Strict):
         x = rng.lognormal(self._mu(), self.sigma, size=n)
         return np.clip(np.rint(x), 1, self.max).astype(np.int64)
 
+    def clipped_mean_tokens(self) -> float:
+        """The mean after clipping to [1, max], before rounding (which moves it by at most
+        half a token): closed form, cheap at any `max`. With Φ the normal CDF,
+        E[min(max(X, 1), M)] = P(X <= 1) + e^(mu + sigma²/2) [Φ(b - sigma) - Φ(a - sigma)]
+        + M (1 - Φ(b)), a = (ln 1 - mu) / sigma, b = (ln M - mu) / sigma."""
+        mu, sigma = self._mu(), self.sigma
+        a, b = -mu / sigma, (math.log(self.max) - mu) / sigma
+        inside = self.mean * (_normal_cdf(b - sigma) - _normal_cdf(a - sigma))
+        return _normal_cdf(a) + inside + self.max * (1.0 - _normal_cdf(b))
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
 
 def _lognorm_cdf(x: np.ndarray, mu: float, sigma: float) -> np.ndarray:
     z = (np.log(x) - mu) / (sigma * math.sqrt(2.0))
