@@ -58,6 +58,16 @@ def test_resume_refuses_a_different_sweep(tmp_path: Path) -> None:
         run_sweep(load_sweep(grid_4x3), out, workers=1, progress=False)
 
 
+def test_resume_refuses_a_folder_without_its_plan(tmp_path: Path) -> None:
+    """Another sweep's points, plan lost: resuming must not count them as this sweep's."""
+    out = tmp_path / "out"
+    other = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [5.0]", name="other")
+    run_sweep(load_sweep(other), out, workers=1, progress=False)
+    (out / "plan.json").unlink()
+    with pytest.raises(ValueError, match="no plan.json"):
+        run_sweep(load_sweep(write_grid_4x3(tmp_path)), out, workers=1, resume=True, progress=False)
+
+
 def failing_sweep(tmp_path: Path) -> Path:
     # max_tokens = 64 is valid configuration, but the drawn prompts exceed it at run time.
     return write_sweep(tmp_path, """

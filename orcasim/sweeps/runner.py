@@ -107,6 +107,10 @@ def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force
                 raise ValueError(f"{out_dir} holds a different sweep (plan.json differs); "
                                  "use another --out, or --force to start over")
             return
+        if resume and not force and any(out_dir.iterdir()):
+            # Without its plan a folder's points cannot be told apart from another sweep's.
+            raise ValueError(f"{out_dir} has no plan.json, so its points cannot be matched to "
+                             "this sweep; use another --out, or --force to start over")
         if force:
             shutil.rmtree(out_dir)
         elif not resume:
