@@ -47,10 +47,12 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
+    check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         fill(tmp)
+        mark_results(tmp)
         old = None
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
@@ -62,6 +64,28 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+MARKER = ".orcasim-results"  # in every folder orcasim writes: only such a folder is replaced
+
+
+def mark_results(folder: Path) -> None:
+    """Mark `folder` as written by orcasim, so that `--force` may replace it later."""
+    (folder / MARKER).write_text("This folder was written by orcasim; --force may replace it.\n")
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Raise unless `out_dir` is absent, an empty folder, or a folder orcasim wrote: `--force`
+    never deletes a file, the scenario's own folder or anything else it did not write."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; orcasim "
+                                "replaces only folders it wrote, even with --force")
+    if (out_dir / MARKER).is_file() or not any(out_dir.iterdir()):
+        return
+    raise ResultsExistError(f"--out {out_dir} is a folder orcasim did not write (no {MARKER}); "
+                            "it replaces only its own results, even with --force")
 
 
 def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:

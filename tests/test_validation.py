@@ -55,7 +55,7 @@ def test_the_fidelity_command_from_another_folder(tmp_path: Path, monkeypatch) -
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "median |error|" in result.output
-    written = {p.name for p in (tmp_path / "out").iterdir()}
+    written = {p.name for p in (tmp_path / "out").iterdir()} - {".orcasim-results"}
     assert written == {"fidelity.csv", "summary.json", "vllm-100-1__vllm-v0.2.3_cdf.png"}
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 2 and "already exists" in again.output

@@ -31,7 +31,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from orcasim.results import ResultsExistError, write_atomically, write_file_atomically
+from orcasim.results import (
+    ResultsExistError,
+    check_replaceable,
+    mark_results,
+    write_atomically,
+    write_file_atomically,
+)
 from orcasim.scenario import Scenario
 from orcasim.sweeps.backends import Backend, check_backend, execute
 from orcasim.sweeps.spec import Sweep, Task, scenario_sweep
@@ -112,6 +118,7 @@ def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force
             raise ValueError(f"{out_dir} has no plan.json, so its points cannot be matched to "
                              "this sweep; use another --out, or --force to start over")
         if force:
+            check_replaceable(out_dir)
             shutil.rmtree(out_dir)
         elif not resume:
             raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it "
@@ -119,6 +126,7 @@ def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force
     spec_yaml = yaml.safe_dump(sweep.spec.model_dump(mode="json"), sort_keys=False)
     write_file_atomically(out_dir / "sweep.yaml", lambda p: p.write_text(spec_yaml))
     write_file_atomically(plan_file, lambda p: p.write_text(plan))
+    mark_results(out_dir)
 
 
 def _finished(out_dir: Path, task: Task) -> bool:
