@@ -22,6 +22,24 @@ app = typer.Typer(
     help="Discrete-event simulator of LLM serving: request-level vs iteration-level (Orca).",
 )
 console = Console()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from orcasim import __version__
+
+        typer.echo(f"orcasim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Discrete-event simulator of LLM serving: request-level vs iteration-level (Orca)."""
+
+
 USER_ERRORS = (ScenarioError, ValueError, FileNotFoundError, FileExistsError, KeyError)
 EXIT_BAD_INPUT = 2
 

@@ -19,7 +19,7 @@ from orcasim.cluster import ReplicaGroup, RoutedRouter, build_router
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef
 from orcasim.engine import EngineMode, EngineRun, GenericStepper
-from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper
+from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Stepper, drive, shared_recorder
 from orcasim.requests import Requests
@@ -55,6 +55,7 @@ def replica_for(
     which the fused loop does not model)."""
     deployment = spec.deployment()
     stages = spec.hardware.pipeline_parallel if spec.hardware else 1
+    warn_unpipelined(spec.scheduler, stages)
     stepper: Stepper
     if stages > 1 and isinstance(spec.scheduler, IterationLevelConfig):
         pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens)

@@ -16,6 +16,7 @@ has finished the previous batch.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers.base import STEP_BY_STEP, SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from orcasim.schedulers.paged import PagedMemoryConfig
 from orcasim.sources import ArrivalSource
 
 
@@ -154,11 +156,22 @@ class PipelineEngine:
         return finished_run(self.recorder, end_s, self.scheduler)
 
 
+def warn_unpipelined(scheduler: object, stages: int) -> None:
+    """Only Orca's scheduler keeps several batches in flight; say so for vLLM's and
+    Sarathi's (a request-level batch, FasterTransformer's, is one at a time by design)."""
+    if stages > 1 and isinstance(scheduler, PagedMemoryConfig):
+        kind = getattr(scheduler, "kind", type(scheduler).__name__)
+        warnings.warn(f"scheduler.kind = {kind!r} with hardware.pipeline_parallel = {stages}: "
+                      "one batch at a time passes through all stages (only iteration_level "
+                      "keeps several in flight, as Orca does)", UserWarning, stacklevel=3)
+
+
 def pipeline_engine(
     scenario: Scenario, system: SystemConfig, requests: Requests, cost: CostModel
 ) -> PipelineEngine | None:
     """The multi-batch engine for an iteration-level system with pipeline_parallel > 1, else None."""
     stages = scenario.hardware.pipeline_parallel if scenario.hardware else 1
+    warn_unpipelined(system.scheduler, stages)
     if stages == 1 or not isinstance(system.scheduler, IterationLevelConfig):
         return None
     assert scenario.kv_capacity_tokens is not None
