@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -296,7 +297,13 @@ def check(
         typer.echo(f"all regression metrics match {baselines}/")
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: a write in progress removes its partial folder.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         app()
     except KeyboardInterrupt:

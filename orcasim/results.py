@@ -15,6 +15,8 @@ and latency_throughput.png instead.
 
 from __future__ import annotations
 
+import errno
+import glob
 import json
 import math
 import os
@@ -49,21 +51,60 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
         raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
     check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    remove_stale_partials(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "tmp"), dir=out_dir.parent))
     try:
         fill(tmp)
         mark_results(tmp)
         old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        if force and out_dir.exists():  # without --force, a folder appeared meanwhile: refused
+            check_replaceable(out_dir)
+            old = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "old"), dir=out_dir.parent))
             os.replace(out_dir, old / "previous")
-        os.replace(tmp, out_dir)
+        _claim(tmp, out_dir)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _partial_prefix(out_dir: Path, kind: str) -> str:
+    """Hidden siblings a write makes, named with its process id (see remove_stale_partials)."""
+    return f".{out_dir.name}.{kind}-{os.getpid()}-"
+
+
+def _claim(tmp: Path, out_dir: Path) -> None:
+    """Rename `tmp` to `out_dir`, refusing a folder that appeared meanwhile (another run)."""
+    try:
+        os.rename(tmp, out_dir)  # replaces only an empty folder; a full one raises
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise ResultsExistError(f"{out_dir} was written by another run while this one ran; "
+                                    "nothing was replaced") from None
+        raise
+
+
+def remove_stale_partials(out_dir: Path) -> None:
+    """Remove hidden partial folders of earlier writes to `out_dir` whose process is gone
+    (killed by SIGKILL, or a machine that stopped): a live writer's are left alone."""
+    for path in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.*-*-*"):
+        parts = path.name[len(out_dir.name) + 2:].split("-")
+        if len(parts) != 3 or parts[0] not in ("tmp", "old") or not parts[1].isdigit():
+            continue
+        if not _alive(int(parts[1])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's: alive
+    return True
 
 
 MARKER = ".orcasim-results"  # in every folder orcasim writes: only such a folder is replaced

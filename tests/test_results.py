@@ -62,3 +62,52 @@ def test_force_replaces_only_what_orcasim_wrote(tmp_path: Path) -> None:
     assert (write_atomically(empty, fill, force=True) / MARKER).is_file()
     again = write_atomically(empty, fill, force=True)  # its own results: replaced
     assert (again / "summary.csv").is_file()
+
+
+def test_a_folder_written_meanwhile_is_not_replaced(tmp_path: Path) -> None:
+    """Two runs into one --out without --force: the later rename refuses, and leaves nothing."""
+    out = tmp_path / "r"
+
+    def fill_while_another_run_finishes(folder: Path) -> None:
+        (folder / "mine.txt").write_text("2")
+        out.mkdir()
+        (out / "theirs.txt").write_text("1")
+
+    with pytest.raises(ResultsExistError, match="another run"):
+        write_atomically(out, fill_while_another_run_finishes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+
+
+def test_partial_folders_of_dead_writes_are_swept(tmp_path: Path) -> None:
+    import os
+
+    dead = tmp_path / ".r.tmp-999999999-abc123"  # no such process
+    alive = tmp_path / f".r.tmp-{os.getpid()}-def456"  # a write still going on
+    other = tmp_path / ".s.tmp-999999999-abc123"  # another folder's
+    for folder in (dead, alive, other):
+        folder.mkdir()
+    write_atomically(tmp_path / "r", lambda t: (t / "a.txt").write_text("1"))
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_sigterm_during_a_run_leaves_no_partial_folder(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    scenario = tmp_path / "long.yaml"
+    scenario.write_text(
+        "name: long\nworkload: {num_requests: 400000, arrival: {kind: poisson, rate_per_s: 50},"
+        " prompt_tokens: {kind: uniform, low: 8, high: 64}, output_tokens: {kind: uniform, low: 1,"
+        " high: 64}, max_tokens: 128}\ncost: {kind: linear, base_s: 0.01}\n"
+        "kv_capacity_tokens: 4000\nsystems: [{name: s, scheduler: {kind: paged, max_num_seqs: 8}}]\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "orcasim.cli", "run", str(scenario), "--out",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and b"Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == [scenario]
