@@ -150,8 +150,8 @@ def _is_sweep_file(path: Path) -> bool:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(data, dict) and "grid" in data and "base" in data
 

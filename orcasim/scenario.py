@@ -31,6 +31,11 @@ from orcasim.workload import WorkloadConfig
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
+# What a results folder holds beside one folder per system: a system may not be named so.
+RESERVED_NAMES = ("summary.json", "summary.csv", "scenario.yaml", "plan.json", "sweep.yaml",
+                  "sweep.csv", "sweep.parquet", "points", "fidelity.csv")
+
+
 class SystemConfig(Strict):
     """One serving system to compare. `cost` overrides the scenario's cost model;
     `cluster` makes it a fleet of replicas behind a router (`orcasim.cluster`)."""
@@ -39,6 +44,13 @@ class SystemConfig(Strict):
     scheduler: SchedulerConfig
     cost: CostConfig | None = None
     cluster: ClusterConfig | None = None
+
+    @model_validator(mode="after")
+    def _not_a_result_file(self) -> Self:
+        if self.name in RESERVED_NAMES or self.name.endswith((".png", ".svg")):
+            raise ValueError(f"name = {self.name!r} is a file of the results folder; expected "
+                             "another name")
+        return self
 
 
 class EngineConfig(Strict):
@@ -141,13 +153,20 @@ class Scenario(Strict):
         return system.cost if system.cost is not None else self.cost
 
 
+def read_text_file(path: Path) -> str:
+    """A user's text file, or a one-line ScenarioError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {e.start}); expected a YAML file") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError on any problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    text = read_text_file(path)
     try:
         data = yaml_strict.load(text)
     except yaml.YAMLError as e:

@@ -32,6 +32,11 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("huge length in a trace", {"workload.max_tokens": 100}, TRACE + "0,1e30,3\n",
      "expected an integer from 1 to 1,000,000,000"),
     ("warm-up past the last arrival", {"warmup_s": 1e6}, None, "no request completed after"),
+    ("a cost that takes no time", {"cost": {"kind": "linear", "base_s": 0.0}}, None,
+     "would take no time"),
+    ("a system named like a result file",
+     {"systems": [{"name": "summary.json", "scheduler": {"kind": "paged"}}]}, None,
+     "is a file of the results folder"),
     ("every request too large", {"kv_capacity_tokens": 32,
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},
@@ -50,6 +55,15 @@ def _write(tmp_path: Path, changes: dict[str, Any], trace: str | None) -> Path:
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def test_a_scenario_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    for command in (["validate", str(path)], ["run", str(path), "--out", str(tmp_path / "o")]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2 and "not UTF-8 text" in result.output, result.output
+        assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(("case", "changes", "trace", "phrase"), CASES, ids=[c[0] for c in CASES])

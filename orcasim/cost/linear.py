@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 import numpy as np
-from pydantic import NonNegativeFloat
+from pydantic import NonNegativeFloat, model_validator
 
 from orcasim.cost.base import Batch, CostModel, DecodeLine
 from orcasim.cost.overhead import CostConfigBase
@@ -18,6 +18,15 @@ class LinearCostConfig(CostConfigBase):
     base_s: NonNegativeFloat
     per_token_s: NonNegativeFloat = 0.0
     per_context_token_s: NonNegativeFloat = 0.0
+
+    @model_validator(mode="after")
+    def _takes_time(self) -> Self:
+        # Every iteration computes at least one token: with base_s or per_token_s positive
+        # it takes time. With both zero an iteration may take none, and time stands still.
+        if self.base_s == 0 and self.per_token_s == 0:
+            raise ValueError("base_s and per_token_s are both 0: an iteration would take no "
+                             "time; expected either above 0")
+        return self
 
 
 class LinearCost(CostModel):
