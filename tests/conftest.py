@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from orcasim.scenario import Scenario, scenario_from_dict
+
+# Property tests try the same examples on every run (`ci`, the default), so a failure in CI is
+# one anybody can reproduce; `HYPOTHESIS_PROFILE=explore` draws fresh ones to hunt for bugs.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BASE: dict[str, Any] = {
     "name": "test",
