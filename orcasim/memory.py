@@ -57,7 +57,11 @@ class PagedAllocator:
 
     Lifecycle of a request's blocks: `allocate` appends blocks to its table (or returns
     None, changing nothing); `free` returns them all to the pool and forgets the table.
-    Freed blocks are reused last-in first-out, as vLLM's free-block queue does.
+    Freed blocks are reused last-in first-out, as vLLM's free-block queue does; blocks never
+    used yet are handed out lowest id first, after any freed one.
+
+    Memory grows with the blocks in use, not with the pool: the never-used blocks are the
+    range [fresh, num_blocks), so a pool of a billion blocks costs nothing until used.
     """
 
     def __init__(self, num_blocks: int, block_size_tokens: int) -> None:
@@ -66,17 +70,18 @@ class PagedAllocator:
                              f"{num_blocks} block(s) of {block_size_tokens} token(s)")
         self.num_blocks = num_blocks
         self.block_size_tokens = block_size_tokens
-        self._free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() = lowest id
-        self._owner = np.full(num_blocks, NO_OWNER, dtype=np.int64)
+        self._recycled: list[int] = []  # freed blocks; pop() = the last freed
+        self._fresh = 0  # blocks from here on were never used
+        self._owner: dict[int, int] = {}  # block -> request, for the blocks in use
         self.tables: dict[int, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        return len(self._recycled) + self.num_blocks - self._fresh
 
     @property
     def num_allocated_blocks(self) -> int:
-        return self.num_blocks - len(self._free_blocks)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def allocated_tokens(self) -> int:
@@ -89,25 +94,39 @@ class PagedAllocator:
         """How many more blocks `req_id` needs for its table to hold `tokens` tokens."""
         return max(0, blocks_for(tokens, self.block_size_tokens) - self.num_blocks_of(req_id))
 
+    def _take(self, count: int) -> list[int]:
+        """`count` free blocks, in the order of a free list that reuses the last freed first."""
+        recycled = self._recycled
+        taken = [recycled.pop() for _ in range(min(count, len(recycled)))]
+        fresh = count - len(taken)
+        if fresh:
+            taken.extend(range(self._fresh, self._fresh + fresh))
+            self._fresh += fresh
+        return taken
+
+    def _own(self, blocks: list[int], owners: list[int]) -> None:
+        owner = self._owner
+        for block, req_id in zip(blocks, owners, strict=True):
+            assert block not in owner, "a block would be owned twice"
+            owner[block] = req_id
+
     def allocate(self, req_id: int, num_blocks: int) -> list[int] | None:
         """Give `req_id` `num_blocks` more blocks, or return None (and change nothing)."""
         assert num_blocks >= 0 and req_id != NO_OWNER
-        if num_blocks > len(self._free_blocks):
+        if num_blocks > self.num_free_blocks:
             return None
-        new = [self._free_blocks.pop() for _ in range(num_blocks)]
-        assert np.all(self._owner[new] == NO_OWNER), "a block would be owned twice"
-        self._owner[new] = req_id
+        new = self._take(num_blocks)
+        self._own(new, [req_id] * num_blocks)
         self.tables.setdefault(req_id, []).extend(new)
         return new
 
     def allocate_one_each(self, req_ids: list[int]) -> list[int] | None:
         """One more block for each of `req_ids`: what `allocate(r, 1)` for each, in order,
         gives (the same blocks), or None (and nothing changes) if there are too few."""
-        if len(req_ids) > len(self._free_blocks):
+        if len(req_ids) > self.num_free_blocks:
             return None
-        new = [self._free_blocks.pop() for _ in req_ids]
-        assert (self._owner[new] == NO_OWNER).all(), "a block would be owned twice"
-        self._owner[new] = req_ids
+        new = self._take(len(req_ids))
+        self._own(new, list(req_ids))
         for req_id, block in zip(req_ids, new, strict=True):
             self.tables.setdefault(req_id, []).append(block)
         return new
@@ -120,17 +139,20 @@ class PagedAllocator:
     def free(self, req_id: int) -> int:
         """Return all of `req_id`'s blocks to the pool; the number freed (0 if it held none)."""
         blocks = self.tables.pop(req_id, [])
-        assert np.all(self._owner[blocks] == req_id), "freeing a block the request does not own"
-        self._owner[blocks] = NO_OWNER
-        self._free_blocks.extend(reversed(blocks))
+        owner = self._owner
+        for block in blocks:
+            holder = owner.pop(block)  # not inside the assert: python -O drops asserts
+            assert holder == req_id, "freeing a block the request does not own"
+        self._recycled.extend(reversed(blocks))
         return len(blocks)
 
     def check_invariants(self) -> None:
-        """Full O(num_blocks) audit: every block is free xor owned once, by the table that lists it."""
+        """Full audit: every block is free xor owned once, by the table that lists it."""
         owned = [b for table in self.tables.values() for b in table]
         assert len(owned) == len(set(owned)), "a block is in two tables"
-        assert len(owned) + len(self._free_blocks) == self.num_blocks, "blocks lost or invented"
-        assert not set(owned) & set(self._free_blocks), "a block is both free and owned"
+        assert len(owned) + self.num_free_blocks == self.num_blocks, "blocks lost or invented"
+        assert not set(owned) & set(self._recycled), "a block is both free and owned"
+        assert all(b < self._fresh for b in owned + self._recycled), "a never-used block is in use"
         for req_id, table in self.tables.items():
-            assert np.all(self._owner[table] == req_id), f"request {req_id}'s table disagrees"
-        assert np.all(self._owner[self._free_blocks] == NO_OWNER)
+            assert all(self._owner[b] == req_id for b in table), f"request {req_id}'s table disagrees"
+        assert len(self._owner) == len(owned), "an owner without a table"

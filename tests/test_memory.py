@@ -142,3 +142,18 @@ def test_kv_utilization_is_nan_when_a_scheduler_does_not_track_it():
     iters = pd.DataFrame({"duration_s": [1.0], "kv_reserved_tokens": [10],
                           "kv_used_tokens": [np.nan], "preemptions": [0], "recomputed_tokens": [0]})
     assert np.isnan(kv_memory_stats(iters)["kv_utilization_mean"])
+
+
+def test_a_huge_pool_costs_nothing_until_used() -> None:
+    """1e9 tokens of KV in blocks of 16: no free list of 62.5M entries is built."""
+    import tracemalloc
+
+    tracemalloc.start()
+    alloc = PagedAllocator(62_500_000, 16)
+    assert alloc.allocate(7, 3) == [0, 1, 2] and alloc.num_free_blocks == 62_500_000 - 3
+    alloc.free(7)
+    assert alloc.allocate(8, 4) == [0, 1, 2, 3]  # the last freed first, then never-used ones
+    _, peak_bytes = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak_bytes < 1_000_000
+    alloc.check_invariants()
