@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,7 +23,13 @@ from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.requests import Requests
-from orcasim.scenario import Scenario, SystemConfig, load_scenario
+from orcasim.scenario import (
+    Scenario,
+    SystemConfig,
+    apply_override,
+    load_scenario,
+    scenario_from_dict,
+)
 from orcasim.schedulers import Scheduler, build_scheduler
 from orcasim.workload import generate_requests
 
@@ -221,12 +229,25 @@ def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
 
 
 def run_scenario(
-    scenario: Scenario | str | Path, overrides: tuple[str, ...] = (), base_dir: Path | None = None
+    scenario: Scenario | dict[str, Any] | str | Path, overrides: tuple[str, ...] | str = (),
+    base_dir: Path | None = None,
 ) -> RunResult:
-    """Run a scenario (an object or a YAML path) and return per-system frames and summaries."""
-    if not isinstance(scenario, Scenario):
+    """Run a scenario (an object, a mapping of its keys, or a YAML path) and return
+    per-system frames and summaries. `overrides` are `key=value` strings (one may be given
+    alone); they apply to a path or a mapping."""
+    if isinstance(overrides, str):
+        overrides = (overrides,)  # one override, not its characters
+    if isinstance(scenario, dict):
+        data = copy.deepcopy(scenario)
+        for item in overrides:
+            apply_override(data, item)
+        scenario = scenario_from_dict(data)
+    elif not isinstance(scenario, Scenario):
         base_dir = Path(scenario).resolve().parent
         scenario = load_scenario(scenario, overrides)
+    elif overrides:
+        raise ValueError("overrides apply to a scenario path or mapping; change a Scenario "
+                         "object with model_copy")
     with data_dir(base_dir):
         requests = make_requests(scenario)
         result = RunResult(scenario)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -79,3 +81,15 @@ def test_warmup_drops_early_requests() -> None:
     res = run_scenario(sc).systems["orca"]
     kept = int((res.requests["arrival_s"] >= 20.0).sum())
     assert res.summary["requests_completed"] == kept < len(res.requests)
+
+
+def test_the_python_api_takes_a_mapping_and_one_override_string() -> None:
+    import copy
+
+    from tests.conftest import BASE
+
+    by_mapping = run_scenario(copy.deepcopy(BASE), "workload.num_requests=20")
+    assert by_mapping.summary_frame()["requests_completed"].tolist() == [20.0, 20.0]
+    by_path = run_scenario(Path(__file__).parent.parent / "scenarios" / "quickstart.yaml",
+                           "workload.num_requests=30")
+    assert by_path.summary_frame()["requests_completed"].tolist() == [30.0, 30.0]
