@@ -87,6 +87,11 @@ class PagedAllocator:
     def allocated_tokens(self) -> int:
         return self.num_allocated_blocks * self.block_size_tokens
 
+    def free_pool(self) -> tuple[tuple[int, ...], int]:
+        """The free pool, which fixes every later allocation: the freed blocks (the last is
+        handed out first) and the first never-used block (then the ones after it)."""
+        return tuple(self._recycled), self._fresh
+
     def num_blocks_of(self, req_id: int) -> int:
         return len(self.tables.get(req_id, ()))
 

@@ -240,14 +240,14 @@ def test_fast_mode_matches_reference_over_paged_kv(case: dict) -> None:
     assert_same_run(case)
 
 
-def _free_list_after(case: dict, mode: str) -> list[int]:
+def _free_list_after(case: dict, mode: str) -> tuple[tuple[int, ...], int]:
     """The paged allocator's free list once every request is done: which blocks each took,
     and when, shows in its order."""
     requests = case["requests"].for_run()
     scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
     Engine(requests, scheduler, cost_model(case), mode, row_breaks_s=(case["warmup_s"],),
            arrivals=arrival_source(requests)).run()
-    return list(scheduler.allocator._free_blocks)
+    return scheduler.allocator.free_pool()
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
