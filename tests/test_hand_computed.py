@@ -1,0 +1,101 @@
+"""Deterministic checks, each on a case small enough to compute by hand (issue 17).
+
+Property tests and golden baselines catch a moved number by chance or say only that
+something moved; these say what is wrong: TPOT's divisor, Little's L clipped to its window,
+the regression check's default tolerance, an exact KV fit at a jump boundary, an arrival on
+an iteration boundary under the paged scheduler, and LIFO reuse of freed blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.engine import Engine
+from orcasim.memory import PagedAllocator
+from orcasim.metrics import littles_law, requests_frame
+from orcasim.recorder import Recorder
+from orcasim.regression import DEFAULT_REL_TOL, moved, tolerance
+from orcasim.requests import Requests
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig
+from orcasim.schedulers.paged import PagedConfig
+
+ONE_SECOND = LinearCostConfig(kind="linear", base_s=1.0)
+
+
+def test_tpot_divides_by_the_tokens_after_the_first() -> None:
+    """Arrives at 0, first token at 2, fifth (last) at 10: four gaps of 2 s."""
+    requests = Requests(np.array([0.0, 0.0]), np.array([3, 3]), np.array([5, 1]), np.array([9, 9]))
+    rec = Recorder(2)
+    rec.first_scheduled_s[:] = [0.5, 0.5]
+    rec.first_token_s[:] = [2.0, 2.0]
+    rec.finish_s[:] = [10.0, 2.0]
+    frame = requests_frame(requests, rec)
+    assert frame["tpot_s"][0] == 2.0 and np.isnan(frame["tpot_s"][1])  # one token: no TPOT
+    assert frame["ttft_s"].tolist() == [2.0, 2.0] and frame["e2e_s"].tolist() == [10.0, 2.0]
+    assert frame["queue_delay_s"].tolist() == [0.5, 0.5]
+
+
+def test_littles_l_is_clipped_to_the_window() -> None:
+    """Window [0, 10] (first to last arrival). Request A is in the system over [0, 5],
+    B over [10, 30], of which nothing falls inside: L = 5 / 10. Arrivals 2 / 10 s, mean
+    sojourn (5 + 20) / 2: lambda W = 2.5."""
+    frame = pd.DataFrame({"arrival_s": [0.0, 10.0], "finish_s": [5.0, 30.0]})
+    law = littles_law(frame)
+    assert law["little_L"] == 0.5
+    assert law["little_lambda_W"] == 2.5
+    assert law["little_rel_error"] == pytest.approx(0.8)
+
+
+def test_the_regression_checks_default_tolerance() -> None:
+    """1e-9 relative: a latency 1e-8 off moves, 1e-10 off does not; counts must be exact."""
+    assert DEFAULT_REL_TOL == 1e-9 and tolerance("ttft_s_p50") == DEFAULT_REL_TOL
+    assert moved(1.0, 1.0 + 1e-8, tolerance("ttft_s_p50"))
+    assert not moved(1.0, 1.0 + 1e-10, tolerance("ttft_s_p50"))
+    assert moved(100.0, 101.0, tolerance("requests_completed"))
+    assert not moved(100.0, 100.0, tolerance("requests_completed"))
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_an_exact_kv_fit_is_admitted_at_the_jump_boundary(mode: str) -> None:
+    """KV for 20 tokens; Orca reserves max_tokens (10) each. Request 0 and 1 fill it
+    exactly; request 2 (arriving at 0.5) fits exactly when request 0 finishes at 3 s,
+    and joins there, the boundary where its reservation first fits."""
+    requests = Requests(np.array([0.0, 0.0, 0.5]), np.array([2, 2, 2]), np.array([3, 6, 2]),
+                        np.array([10, 10, 10]))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=8)
+    for fused in (True, False):
+        scheduler = build_scheduler(cfg, requests, 20)
+        run = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode, fused=fused).run()
+        assert run.recorder.first_scheduled_s.tolist() == [0.0, 0.0, 3.0], (mode, fused)
+        assert run.recorder.finish_s.tolist() == [3.0, 6.0, 5.0], (mode, fused)
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_paged_arrival_on_a_boundary_joins_there(mode: str) -> None:
+    """Iterations of 1 s under the paged scheduler: request 1 arrives exactly at the end of
+    the second iteration and joins the third; request 2 arrives just after and waits for
+    the fourth."""
+    requests = Requests(np.array([0.0, 2.0, 2.25]), np.array([4, 4, 4]), np.array([6, 2, 2]),
+                        np.array([16, 16, 16]))
+    cfg = PagedConfig(kind="paged", max_num_seqs=8, block_size_tokens=4)
+    scheduler = build_scheduler(cfg, requests, 64)
+    run = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode).run()
+    assert run.recorder.first_scheduled_s.tolist() == [0.0, 2.0, 3.0]
+    assert run.recorder.finish_s.tolist() == [6.0, 4.0, 5.0]
+
+
+def test_freed_blocks_are_reused_last_in_first_out() -> None:
+    """vLLM's free-block queue: the blocks freed last are handed out first, in the order
+    the freed table held them; never-used blocks come after, lowest first."""
+    pool = PagedAllocator(10, 4)
+    assert pool.allocate(1, 2) == [0, 1] and pool.allocate(2, 3) == [2, 3, 4]
+    pool.free(1)
+    pool.free(2)
+    assert pool.free_pool() == ((1, 0, 4, 3, 2), 5)  # popped from the end
+    assert pool.allocate(3, 4) == [2, 3, 4, 0]  # request 2's table first, then request 1's
+    assert pool.allocate(4, 2) == [1, 5]  # the last freed block, then the first never used
+    pool.check_invariants()
