@@ -75,6 +75,21 @@ def test_an_exact_kv_fit_is_admitted_at_the_jump_boundary(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_an_arrival_that_fits_exactly_cuts_the_jump(mode: str) -> None:
+    """KV for 20 tokens, request 0 reserving 10 decodes until 6 s; request 1 (10 more)
+    arrives at 0.5 s and fits exactly: it joins at the next boundary, 1 s, so fast mode
+    must cut its jump there (`admits_arrival` on an exact fit)."""
+    requests = Requests(np.array([0.0, 0.5]), np.array([2, 2]), np.array([6, 2]),
+                        np.array([10, 10]))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=8)
+    for fused in (True, False):
+        scheduler = build_scheduler(cfg, requests, 20)
+        run = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode, fused=fused).run()
+        assert run.recorder.first_scheduled_s.tolist() == [0.0, 1.0], (mode, fused)
+        assert run.recorder.finish_s.tolist() == [6.0, 3.0], (mode, fused)
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
 def test_a_paged_arrival_on_a_boundary_joins_there(mode: str) -> None:
     """Iterations of 1 s under the paged scheduler: request 1 arrives exactly at the end of
     the second iteration and joins the third; request 2 arrives just after and waits for
