@@ -114,3 +114,21 @@ def test_freed_blocks_are_reused_last_in_first_out() -> None:
     assert pool.allocate(3, 4) == [2, 3, 4, 0]  # request 2's table first, then request 1's
     assert pool.allocate(4, 2) == [1, 5]  # the last freed block, then the first never used
     pool.check_invariants()
+
+
+def test_a_paged_run_that_fills_the_pool_exactly_runs_whole() -> None:
+    """Blocks of 4 tokens, a pool of 3: prompt 2 and 10 output tokens hold 11 tokens at the
+    end, the third block taken by the step computing token 8, which leaves the pool empty.
+    No step needs a block it cannot have, so fast mode jumps over the whole request: one row
+    of 10 iterations (a run cut where the pool fills would split it, 9 + 1)."""
+    requests = Requests(np.array([0.0]), np.array([2]), np.array([10]), np.array([16]))
+    cfg = PagedConfig(kind="paged", max_num_seqs=4, block_size_tokens=4, watermark=0.0)
+    rows = {}
+    for mode in ("fast", "reference"):
+        scheduler = build_scheduler(cfg, requests, 12)
+        run = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode).run()
+        assert run.recorder.finish_s.tolist() == [10.0], mode
+        rows[mode] = run.recorder.iterations_frame()
+    assert rows["fast"]["num_iterations"].tolist() == [10]
+    assert rows["reference"]["num_iterations"].tolist() == [1] * 10
+    assert rows["fast"]["kv_reserved_tokens_max"].tolist() == [12]
