@@ -96,6 +96,13 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     return np.diff(at_edges) / np.diff(edges_s)
 
 
+def time_bins(iterations: pd.DataFrame, num_bins: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """`num_bins` equal windows from 0 to the last iteration's end: (end, edges, midpoints)."""
+    end_s = float((iterations["start_s"] + iterations["duration_s"]).max()) if len(iterations) else 1.0
+    edges_s = np.linspace(0.0, end_s, num_bins + 1)
+    return end_s, edges_s, (edges_s[:-1] + edges_s[1:]) / 2
+
+
 def fleet_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarray) -> np.ndarray:
     """`binned_time_average`, summed over replicas when the rows carry a `replica` column
     (a cluster's replicas run at once, so their rows overlap in time)."""
@@ -119,9 +126,7 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120) -> F
     `iterations` are one system's rows, with a `replica` column; each line is a time
     average over `num_bins` equal windows (see `binned_time_average`).
     """
-    end_s = float((iterations["start_s"] + iterations["duration_s"]).max()) if len(iterations) else 1.0
-    edges_s = np.linspace(0.0, end_s, num_bins + 1)
-    mids_s = (edges_s[:-1] + edges_s[1:]) / 2
+    end_s, edges_s, mids_s = time_bins(iterations, num_bins)
     fig = Figure(figsize=(11, 6), layout="constrained")
     axes = fig.subplots(2, 1, sharex=True)
     columns = (("batch_size", "running (requests)"), ("num_waiting", "waiting (requests)"))
@@ -150,9 +155,7 @@ def timelines(
     Raw per-iteration steps of several systems overlap into a blur, so each line is the
     time average over `num_bins` equal windows. `iterations` has a `system` column.
     """
-    end_s = float((iterations["start_s"] + iterations["duration_s"]).max()) if len(iterations) else 1.0
-    edges_s = np.linspace(0.0, end_s, num_bins + 1)
-    mids_s = (edges_s[:-1] + edges_s[1:]) / 2
+    end_s, edges_s, mids_s = time_bins(iterations, num_bins)
     fig = Figure(figsize=(11, 1.2 + 2.4 * len(columns)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(columns), 1, sharex=True))
     for ax, column in zip(axes, columns, strict=True):

@@ -17,11 +17,12 @@ import pandas as pd
 from orcasim.closed_loop import arrival_source
 from orcasim.config import ScenarioError
 from orcasim.cost import CostConfig, CostModel, build_cost_model
-from orcasim.engine import Engine
+from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
 from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
+from orcasim.replica import Replica
 from orcasim.requests import Requests
 from orcasim.scenario import (
     Scenario,
@@ -150,16 +151,22 @@ def warn_rejected(system_name: str, rejected: np.ndarray) -> None:
         )
 
 
+def fleet_requests(system_name: str, requests: Requests, run: EngineRun,
+                   replicas: list[Replica]) -> pd.DataFrame:
+    """The per-request frame of a fleet's run, with each request's evictions (wherever)."""
+    warn_rejected(system_name, run.rejected_ids)
+    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
+    reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in replicas)
+    return reqs
+
+
 def run_cluster(
     scenario: Scenario, system: SystemConfig, requests: Requests, engine_requests: Requests
 ) -> SystemResult:
     """`system`'s cluster over `requests` (as sent) and `engine_requests` (as they reach it)."""
     assert system.cluster is not None
     fleet = build_fleet(scenario, system, engine_requests)
-    run = fleet.run()
-    warn_rejected(system.name, run.rejected_ids)
-    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
-    reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in fleet.replicas)
+    reqs = fleet_requests(system.name, requests, fleet.run(), fleet.replicas)
     reqs["replica"] = fleet.assigned
     iters = fleet.iterations_frame()
     summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
@@ -176,10 +183,7 @@ def run_disaggregated(
     from orcasim.disagg import build_disaggregated
 
     fleet = build_disaggregated(scenario, system, engine_requests)
-    run = fleet.run()
-    warn_rejected(system.name, run.rejected_ids)
-    reqs = requests_frame(requests, run.recorder, run.rejected_ids)
-    reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in fleet.replicas)
+    reqs = fleet_requests(system.name, requests, fleet.run(), fleet.replicas)
     reqs["prefill_replica"] = fleet.prefill_replica
     reqs["decode_replica"] = fleet.decode_replica
     reqs["kv_transfer_s"] = fleet.kv_transfer_s
