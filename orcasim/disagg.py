@@ -269,7 +269,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                                   scenario.engine.mode, (scenario.warmup_s,), index,
                                   fused=k == 0)
             if k == 0:
-                _hold_finished(replica, spec)
+                _hold_finished(replica)
             pools[k].append(replica)
             index += 1
     prefill, decode = pools
@@ -292,7 +292,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                               cluster.first_token_from_decode)
 
 
-def _hold_finished(replica: Replica, spec: ReplicaSpec) -> None:
+def _hold_finished(replica: Replica) -> None:
     scheduler = replica.scheduler
     if not isinstance(scheduler, PagedScheduler):
         return  # an Orca reservation is freed at once (its KV is counted, not placed)

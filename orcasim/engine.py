@@ -223,6 +223,15 @@ class GenericStepper:
         return bisect.bisect_left(ends_s, cut_s) + 1
 
 
+def stepper_for(scheduler: Scheduler, cost: CostModel, recorder: Recorder, mode: EngineMode,
+                fused: bool = True) -> Stepper:
+    """The engine variant for `scheduler`: the fused loop for plain Orca in fast mode (unless
+    `fused` is False), else the generic stepper."""
+    if fused and mode == "fast" and orca_fast.applies(scheduler):
+        return orca_fast.OrcaFusedStepper(scheduler, cost, recorder)  # type: ignore[arg-type]
+    return GenericStepper(scheduler, cost, recorder, mode == "fast")
+
+
 class Engine:
     """Drives one scheduler over one request table with one cost model: a one-replica loop."""
 
@@ -245,9 +254,7 @@ class Engine:
         self.fused = fused and mode == "fast" and orca_fast.applies(scheduler)
 
     def stepper(self) -> Stepper:
-        if self.fused:
-            return orca_fast.OrcaFusedStepper(self.scheduler, self.cost, self.recorder)  # type: ignore[arg-type]
-        return GenericStepper(self.scheduler, self.cost, self.recorder, self.mode == "fast")
+        return stepper_for(self.scheduler, self.cost, self.recorder, self.mode, self.fused)
 
     def run(self) -> EngineRun:
         stepper = self.stepper()

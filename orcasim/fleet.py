@@ -13,19 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from orcasim import orca_fast
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import ReplicaGroup, RoutedRouter, build_router
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef
-from orcasim.engine import EngineMode, EngineRun, GenericStepper
+from orcasim.engine import EngineMode, EngineRun, stepper_for
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Stepper, drive, shared_recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerConfig, build_scheduler
-from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.sources import ArrivalSource
 
 
@@ -63,11 +62,7 @@ def replica_for(
         return Replica(stepper, source, recorder, (), index)  # rows are per iteration already
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
     scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes)
-    if fused and mode == "fast" and orca_fast.applies(scheduler):
-        assert isinstance(scheduler, IterationLevelScheduler)
-        stepper = orca_fast.OrcaFusedStepper(scheduler, cost, recorder)
-    else:
-        stepper = GenericStepper(scheduler, cost, recorder, mode == "fast")
+    stepper = stepper_for(scheduler, cost, recorder, mode, fused)
     return Replica(stepper, source, recorder, row_breaks_s, index)
 
 

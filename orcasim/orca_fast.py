@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from orcasim.replica import Load
 from orcasim.schedulers.iteration_level import IterationLevelScheduler
 
 if TYPE_CHECKING:
     from orcasim.cost.base import CostModel
     from orcasim.recorder import Recorder
-    from orcasim.replica import Load, Replica
+    from orcasim.replica import Replica
 
 
 def applies(scheduler: object) -> bool:
@@ -108,8 +109,6 @@ class OrcaFusedStepper:
             self._continuing = self._finish_plan(jump)
 
     def load(self) -> Load:
-        from orcasim.replica import Load
-
         scheduler, g = self.scheduler, self.iterations
         waiting = scheduler.queued_ids()
         prompt = self.prompt_tokens

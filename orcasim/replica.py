@@ -186,10 +186,7 @@ class Replica:
             if self.plan_at_s is None or time_s < self.plan_at_s:
                 self.plan_at_s = time_s
             return
-        ends_s = self.stepper.ends_s()
-        if len(ends_s) >= 2 and time_s <= ends_s[-2]:
-            self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
-            self.unit_end_s = float(self.stepper.ends_s()[-1])
+        self._cut_at(time_s)
 
     def load(self, time_s: float) -> Load:
         """The load at `time_s`, with any part of a pending jump that ended before it applied."""
@@ -281,16 +278,21 @@ class Replica:
         if len(ends_s) < 2 or time_s > ends_s[-2]:
             return
         if self.source.closed_loop and self.scheduler.never_fits(req_id):
-            self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
-            self.unit_end_s = float(self.stepper.ends_s()[-1])
+            self._cut_at(time_s)
             return
         if self._blocked:
             return
         if not self.scheduler.admits_arrival(req_id):
             self._blocked = True  # FCFS: a later arrival cannot join before this one
             return
-        self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
-        self.unit_end_s = float(self.stepper.ends_s()[-1])
+        self._cut_at(time_s)
+
+    def _cut_at(self, time_s: float) -> None:
+        """End the pending unit at its first boundary at or after `time_s`, if one is inside."""
+        ends_s = self.stepper.ends_s()
+        if len(ends_s) >= 2 and time_s <= ends_s[-2]:
+            self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
+            self.unit_end_s = float(self.stepper.ends_s()[-1])
 
     # What steppers ask of the skeleton.
 
