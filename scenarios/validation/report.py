@@ -95,13 +95,30 @@ def overall(frame: pd.DataFrame) -> float:
     return float(frame[cols].abs().stack().median())
 
 
+def replayed(scenario, runs: list[Path], system: str, csv_name: str, engine: str) -> pd.DataFrame:
+    """Every run replayed through `scenario`: the fidelity table (written to `csv_name`),
+    and one real-against-simulated CDF figure per run."""
+    table, frames = fidelity_table(scenario, runs, [system], base_dir=HERE)
+    table.to_csv(OUT / csv_name, index=False)
+    for key, frame in frames.items():
+        save_figure(fidelity_cdfs(frame, f"{key}: real ({engine}) against orcasim"),
+                    OUT / f"{key.split('/')[0]}_cdf.png")
+    return table
+
+
+def calibration_errors(name: str) -> pd.DataFrame | None:
+    """Each run's error fitted on all runs and left out of the fit, from a calibration record."""
+    path = OUT / name
+    if not path.is_file():
+        return None
+    report = yaml.safe_load(path.read_text())["calibration"]
+    return pd.DataFrame({"fitted on all four": report["error_fitted"],
+                         "left out of the fit": report["error_left_out"]})
+
+
 def vllm_section() -> list[str]:
     scenario = load_scenario(VLLM)
-    table, frames = fidelity_table(scenario, RUNS, [SYSTEM], base_dir=HERE)
-    table.to_csv(OUT / "vllm_fidelity.csv", index=False)
-    for key, frame in frames.items():
-        save_figure(fidelity_cdfs(frame, f"{key}: real (vLLM v0.2.3) against orcasim"),
-                    OUT / f"{key.split('/')[0]}_cdf.png")
+    table = replayed(scenario, RUNS, SYSTEM, "vllm_fidelity.csv", "vLLM v0.2.3")
     after = wide(table)
     lines = ["## vLLM v0.2.3, OPT-13B, one A100-80GB (DistServe's runs)", "",
              f"`{VLLM.relative_to(ROOT)}` replays each run (`orcasim fidelity`). Relative "
@@ -141,12 +158,9 @@ def before_lines(scenario) -> list[str]:
 
 
 def calibration_lines() -> list[str]:
-    path = OUT / "vllm_calibration.yaml"
-    if not path.is_file():
+    rows = calibration_errors("vllm_calibration.yaml")
+    if rows is None:
         return ["(No calibration record: run the command in the README below.)", ""]
-    report = yaml.safe_load(path.read_text())["calibration"]
-    rows = pd.DataFrame({"fitted on all four": report["error_fitted"],
-                         "left out of the fit": report["error_left_out"]})
     return ["### Leave one run out", "",
             "The engine terms of the scenario were fitted to the four runs "
             "(`python -m calibrate logs`, record in `vllm_calibration.yaml`). Refitted "
@@ -156,11 +170,8 @@ def calibration_lines() -> list[str]:
 
 def disagg_section() -> list[str]:
     scenario = load_scenario(DISAGG)
-    table, frames = fidelity_table(scenario, DISAGG_RUNS, [DISAGG_SYSTEM], base_dir=HERE)
-    table.to_csv(OUT / "distserve_fidelity.csv", index=False)
-    for key, frame in frames.items():
-        save_figure(fidelity_cdfs(frame, f"{key}: real (DistServe, disaggregated) against orcasim"),
-                    OUT / f"{key.split('/')[0]}_cdf.png")
+    table = replayed(scenario, DISAGG_RUNS, DISAGG_SYSTEM, "distserve_fidelity.csv",
+                     "DistServe, disaggregated")
     after = wide(table)
     after["ttft_tpot_median_abs"] = after[TTFT_TPOT].abs().median(axis=1)
     with warnings.catch_warnings():
@@ -182,11 +193,8 @@ def disagg_section() -> list[str]:
              "**Without engine overhead** (DistServe's kernel profile alone): median |error| "
              f"over TTFT and TPOT {float(bare_wide[TTFT_TPOT].abs().stack().median()):.1%}", "",
              percent(bare_wide), ""]
-    path = OUT / "distserve_calibration.yaml"
-    if path.is_file():
-        report = yaml.safe_load(path.read_text())["calibration"]
-        rows = pd.DataFrame({"fitted on all four": report["error_fitted"],
-                             "left out of the fit": report["error_left_out"]})
+    rows = calibration_errors("distserve_calibration.yaml")
+    if rows is not None:
         lines += ["### Leave one run out", "",
                   "The engine terms (per iteration, per sequence, request latency; one engine, "
                   "so the same in both pools) were fitted to the four runs (`python -m "
