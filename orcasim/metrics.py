@@ -7,6 +7,7 @@ import pandas as pd
 
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
+from orcasim.saturation import saturation
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token", "queue_delay_s")
 PERCENTILES = (50, 90, 99)
@@ -61,6 +62,7 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) ->
     out.update(_iteration_stats(it))
     out.update(kv_memory_stats(it))
     out.update(littles_law(done))
+    out.update(saturation(reqs, warmup_s))
     return out
 
 

@@ -28,15 +28,23 @@ CDF_METRICS = {
 LOG_SPAN = 100.0
 
 
-def latency_cdfs(requests: pd.DataFrame) -> Figure:
-    """CDFs of TTFT, TPOT, e2e and normalized latency; `requests` has a `system` column."""
+SATURATED = "saturated: queue unstable"
+
+
+def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()) -> Figure:
+    """CDFs of TTFT, TPOT, e2e and normalized latency; `requests` has a `system` column.
+    Systems in `saturated` are labelled so, and drawn dotted: their curves describe the run's
+    length, not the server."""
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (metric, label) in zip(axes.flat, CDF_METRICS.items(), strict=True):
         for system, rows in requests.groupby("system", sort=False):
             values = np.sort(rows[metric].dropna().to_numpy())
             if len(values):
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=str(system))
+                unstable = system in saturated
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values),
+                        label=f"{system} ({SATURATED})" if unstable else str(system),
+                        linestyle=":" if unstable else "-")
         values = requests[metric].dropna().to_numpy()
         if len(values) and values.min() > 0 and values.max() / values.min() > LOG_SPAN:
             ax.set_xscale("log")  # systems decades apart: a linear axis squashes one of them
@@ -261,12 +269,19 @@ def latency_vs_throughput(
     load = along or load_parameter(table)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
+    marked = False  # one legend entry for the saturation rings
     for line in sweep_lines(table, (load,) if load else ()):
         # In load order: at saturation throughput stalls and sorting by it would zigzag.
         by = load or "point"
         med = line.rows.groupby(by)[["throughput_rps", metric]].median()
         med = med.sort_index() if load else med.sort_values("throughput_rps")
         ax.plot(med["throughput_rps"], med[metric], label=line.label, **line.style)
+        if "saturated" in line.rows:
+            unstable = line.rows.groupby(by)["saturated"].median().reindex(med.index) > 0.5
+            ax.scatter(med.loc[unstable, "throughput_rps"], med.loc[unstable, metric],
+                       s=70, facecolors="none", edgecolors="red", zorder=3,
+                       label=SATURATED if not marked else None)
+            marked = marked or bool(unstable.any())
     if slo is not None:
         ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")
     if log_y:
@@ -325,17 +340,74 @@ def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Fi
     return figures
 
 
-def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, Figure]:
+def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
+                   saturated: frozenset[str] = frozenset()) -> dict[str, Figure]:
     """The standard figures of one run from its frames (each with a `system` column)."""
-    return {"latency_cdf": latency_cdfs(requests), "timelines": timelines(iterations)}
+    return {"latency_cdf": latency_cdfs(requests, saturated), "timelines": timelines(iterations)}
 
 
 def run_figures(result: RunResult) -> dict[str, Figure]:
     """The standard figures of one run, by file stem."""
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
-    figures = frames_figures(reqs, iters)
+    unstable = frozenset(n for n, r in result.systems.items() if r.summary.get("saturated"))
+    figures = frames_figures(reqs, iters, unstable)
     for name, r in result.systems.items():
         if r.replicas is not None:
             figures[f"replicas_{name}"] = replica_load(r.iterations, name)
     return figures
+
+
+def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attainment: float,
+                       title: str = "SLO attainment against offered rate") -> Figure:
+    """Every rate the capacity search tried: attainment per system (one panel per
+    configuration point), the attainment target as a line, each system's capacity as a
+    dashed vertical line; rings mark saturated runs, which fail whatever their attainment."""
+    points = sorted(evaluations["point"].unique()) if len(evaluations) else [0]
+    fig = Figure(figsize=(8, 4.5 * len(points)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(points), 1, squeeze=False)[:, 0])
+    for ax, point in zip(axes, points, strict=True):
+        rows = evaluations[evaluations["point"] == point]
+        for i, (system, sub) in enumerate(rows.groupby("system", sort=False)):
+            sub = sub.sort_values("rate_per_s")
+            color = f"C{i % 10}"
+            ax.plot(sub["rate_per_s"], sub["slo_attainment"], "o", color=color, markersize=4,
+                    alpha=0.7, label=str(system))
+            unstable = sub[sub["saturated"] > 0]
+            ax.scatter(unstable["rate_per_s"], unstable["slo_attainment"], s=70,
+                       facecolors="none", edgecolors="red", zorder=3)
+            cap = capacity[(capacity["point"] == point) & (capacity["system"] == system)]
+            if len(cap) and cap["max_rate_per_s"].iloc[0] > 0:
+                ax.axvline(cap["max_rate_per_s"].iloc[0], color=color, linestyle="--", linewidth=1)
+        if len(rows) and (rows["saturated"] > 0).any():
+            ax.scatter([], [], s=70, facecolors="none", edgecolors="red", label=SATURATED)
+        ax.axhline(attainment, color="black", linestyle=":", linewidth=1,
+                   label=f"attainment target {attainment:g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel("share of requests within every SLO")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize="small")
+        ax.set_title(title if len(points) == 1 else f"{title}: point {point}")
+    return fig
+
+
+def cost_latency_pareto(table: pd.DataFrame, front: pd.DataFrame, latency: str,
+                        title: str = "Cost against latency at capacity") -> Figure:
+    """Each configuration at its capacity: cost per million output tokens against a latency;
+    the Pareto front joined by a line."""
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = fig.subplots()
+    shown = table[np.isfinite(table["cost_per_million_tokens"]) & np.isfinite(table[latency])]
+    for i, (system, rows) in enumerate(shown.groupby("system", sort=False)):
+        ax.scatter(rows[latency], rows["cost_per_million_tokens"], color=f"C{i % 10}", s=25,
+                   label=str(system))
+    ax.plot(front[latency], front["cost_per_million_tokens"], color="black", linewidth=1,
+            marker="o", markerfacecolor="none", markersize=9, label="Pareto front")
+    ax.set_xlabel(latency.removesuffix("_at_capacity").removeprefix("slo_") + " at capacity (s)")
+    ax.set_ylabel("cost per million output tokens (USD)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(title)
+    return fig

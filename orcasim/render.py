@@ -29,7 +29,9 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
             raise ValueError(f"{results_dir}/sweep.parquet has no rows: every point failed")
         figures = sweep_figures(table, slo=slo)
     elif (results_dir / "summary.json").exists():
-        figures = frames_figures(*load_run_frames(results_dir))
+        summary = json.loads((results_dir / "summary.json").read_text())
+        unstable = frozenset(n for n, m in summary.items() if isinstance(m, dict) and m.get("saturated"))
+        figures = frames_figures(*load_run_frames(results_dir), unstable)
     else:
         raise FileNotFoundError(f"{results_dir}: no summary.json or sweep.parquet (is it a results folder?)")
     paths: list[Path] = []

@@ -32,6 +32,7 @@ from orcasim.scenario import (
     scenario_from_dict,
 )
 from orcasim.schedulers import Scheduler, build_scheduler
+from orcasim.slo import slo_summary
 from orcasim.workload import generate_requests
 
 
@@ -124,14 +125,17 @@ def run_system(
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
     reqs["preemptions"] = engine.scheduler.preemptions_per_request
     iters = run.recorder.iterations_frame()
-    summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
+    summary = measured_summary(scenario, system.name, reqs, iters)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())
     return SystemResult(system.name, reqs, iters, summary)
 
 
-def measured_summary(system_name: str, reqs: pd.DataFrame, iters: pd.DataFrame,
-                     warmup_s: float) -> dict[str, float]:
-    """`summarize`, refusing a summary with nothing in it (every metric would be NaN)."""
+def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
+                     iters: pd.DataFrame) -> dict[str, float]:
+    """`summarize` after the scenario's warm-up, with its SLO attainment when it names SLOs;
+    refuses a summary with nothing in it (every metric would be NaN) and warns when the
+    queue was unstable (`orcasim.saturation`)."""
+    warmup_s = scenario.warmup_s
     summary = summarize(reqs, iters, warmup_s)
     if summary["requests_completed"] == 0:
         last_s = float(reqs["arrival_s"].max()) if len(reqs) else 0.0
@@ -140,7 +144,20 @@ def measured_summary(system_name: str, reqs: pd.DataFrame, iters: pd.DataFrame,
             f"{system_name}: no request completed after warmup_s = {warmup_s:g} (the last "
             f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "
             "expected warmup_s below the last arrival and requests that fit")
+    if scenario.slo is not None:
+        summary.update(slo_summary(reqs, scenario.slo, warmup_s))
+    warn_saturated(system_name, summary)
     return summary
+
+
+def warn_saturated(system_name: str, summary: dict[str, float]) -> None:
+    if summary.get("saturated"):
+        warnings.warn(
+            f"{system_name}: saturated: the waiting queue grew by "
+            f"{summary['saturation_growth_requests']:.0f} requests over the last three quarters "
+            f"of the arrivals ({summary['saturation_arrival_rps']:.3g} req/s arrived, "
+            f"{summary['saturation_admission_rps']:.3g} req/s admitted); its latencies grow "
+            "with the run's length", stacklevel=3)
 
 
 def warn_rejected(system_name: str, rejected: np.ndarray) -> None:
@@ -169,7 +186,7 @@ def run_cluster(
     reqs = fleet_requests(system.name, requests, fleet.run(), fleet.replicas)
     reqs["replica"] = fleet.assigned
     iters = fleet.iterations_frame()
-    summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
+    summary = measured_summary(scenario, system.name, reqs, iters)
     summary["replicas"] = float(len(fleet.replicas))
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
@@ -190,7 +207,7 @@ def run_disaggregated(
     # Transferred to a decode instance until it first ran there: decode-side queueing.
     reqs["decode_wait_s"] = fleet.decode_first_scheduled_s() - fleet.bridge.arrival_s
     iters = fleet.iterations_frame()
-    summary = measured_summary(system.name, reqs, iters, scenario.warmup_s)
+    summary = measured_summary(scenario, system.name, reqs, iters)
     done = reqs[(reqs["arrival_s"] >= scenario.warmup_s) & reqs["decode_replica"].ge(0)]
     for column in ("kv_transfer_s", "decode_wait_s"):
         values = done[column].dropna()

@@ -26,6 +26,7 @@ from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
+from orcasim.slo import SLOConfig
 from orcasim.workload import WorkloadConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -90,6 +91,7 @@ class Scenario(Strict):
     warmup_s: NonNegativeFloat = 0.0
     engine: EngineConfig = EngineConfig()
     sweep: SweepConfig | None = None
+    slo: SLOConfig | None = None
     _kv_capacity_derived: bool = PrivateAttr(default=False)
 
     @property

@@ -31,5 +31,6 @@ def test_a_paged_scenario_gives_the_same_summary_under_python_O() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     optimized = json.loads(done.stdout)
     expected = {n: r.summary for n, r in run_scenario(SCENARIO, OVERRIDES).systems.items()}
-    assert optimized == json.loads(json.dumps(expected))
+    # Compared as JSON text: NaN (a run too short to judge saturation) equals itself there.
+    assert json.dumps(optimized, sort_keys=True) == json.dumps(expected, sort_keys=True)
     assert any(s["preemptions"] > 0 for s in optimized.values())

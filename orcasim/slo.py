@@ -1,0 +1,140 @@
+"""Service-level objectives: `metric_pNN <= bound` targets and per-request attainment.
+
+    slo:
+      targets: ["ttft_p90 <= 0.2", "tpot_p90 <= 0.1"]   # or a mapping {ttft_p90: 0.2, ...}
+      attainment: 0.9
+
+Each target names a per-request latency (`ttft`, `tpot`, `e2e`, `queue_delay`,
+`normalized_latency`), a percentile and a bound in seconds (seconds per token for
+`normalized_latency`). A request *attains* the SLO when it finished and meets every
+target's bound (a one-token request has no TPOT and meets a TPOT bound by definition, as
+in DistServe's scoring). A run *meets* the SLO when at least `attainment` of its requests
+attain it and every target's percentile over the finished requests is within its bound:
+DistServe's goodput criterion, with the named percentiles checked as well (they bind when
+a percentile is above the attainment share, as `e2e_p99` is above 0.9).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Self
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, ValidationError, model_validator
+
+from orcasim.config import ScenarioError, Strict
+
+# The per-request column each SLO metric name reads (orcasim.metrics.requests_frame).
+SLO_COLUMNS = {
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "e2e": "e2e_s",
+    "queue_delay": "queue_delay_s",
+    "normalized_latency": "normalized_latency_s_per_token",
+}
+DEFAULT_ATTAINMENT = 0.9  # DistServe's goodput share
+_TARGET = re.compile(r"^\s*([a-z][a-z0-9_]*)_p(\d+(?:\.\d+)?)\s*(?:<=|=|≤)\s*(\S+)\s*$")
+
+
+class SLOTarget(Strict):
+    """One `metric_pNN <= bound_s` target."""
+
+    metric: str
+    percentile: float = Field(gt=0, le=100)
+    bound_s: float = Field(ge=0)
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.percentile:g}"
+
+    @property
+    def column(self) -> str:
+        return SLO_COLUMNS[self.metric]
+
+    @model_validator(mode="after")
+    def _known_metric(self) -> Self:
+        if self.metric not in SLO_COLUMNS:
+            raise ValueError(f"metric = {self.metric!r}: expected one of {', '.join(SLO_COLUMNS)}")
+        return self
+
+
+def parse_target(text: str) -> SLOTarget:
+    """`"ttft_p90 <= 0.2"` (or `ttft_p90=0.2`, as on the command line) as a target."""
+    match = _TARGET.match(text)
+    if match is None:
+        raise ValueError(f"SLO target {text!r}: expected METRIC_pNN <= SECONDS, e.g. ttft_p90 <= 0.2 "
+                         f"(metrics: {', '.join(SLO_COLUMNS)})")
+    metric, percentile, bound = match.groups()
+    try:
+        bound_s = float(bound)
+    except ValueError:
+        raise ValueError(f"SLO target {text!r}: bound {bound!r} is not a number of seconds") from None
+    if not math.isfinite(bound_s) or bound_s < 0:
+        raise ValueError(f"SLO target {text!r}: bound {bound_s:g}: expected a finite value >= 0")
+    return SLOTarget(metric=metric, percentile=float(percentile), bound_s=bound_s)
+
+
+class SLOConfig(Strict):
+    """The scenario's `slo:` block: targets and the share of requests that must attain them."""
+
+    targets: list[SLOTarget] = Field(min_length=1)
+    attainment: float = Field(default=DEFAULT_ATTAINMENT, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_targets(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "targets" not in data:
+            return data
+        targets = data["targets"]
+        if isinstance(targets, dict):  # {ttft_p90: 0.2}
+            targets = [f"{k} <= {v}" for k, v in targets.items()]
+        if isinstance(targets, list):
+            targets = [parse_target(t) if isinstance(t, str) else t for t in targets]
+        names = [t.name for t in targets if isinstance(t, SLOTarget)]
+        if len(set(names)) < len(names):
+            raise ValueError(f"targets repeat {sorted({n for n in names if names.count(n) > 1})[0]}")
+        return {**data, "targets": targets}
+
+
+def slo_from_strings(targets: list[str], attainment: float = DEFAULT_ATTAINMENT) -> SLOConfig:
+    """The command line's `--slo ttft_p90=0.2 --slo tpot_p90=0.1` as a config."""
+    try:
+        return SLOConfig(targets=[parse_target(t) for t in targets], attainment=attainment)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ScenarioError(f"--slo {', '.join(targets)}: {where + ': ' if where else ''}{message}") from None
+    except ValueError as e:
+        raise ScenarioError(f"--slo: {e}") from None
+
+
+def attains(reqs: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
+    """Per request: finished and within every target's bound (NaN TPOT meets its bound)."""
+    ok = reqs["finish_s"].notna().to_numpy().copy()  # pandas may hand out a read-only view
+    if "rejected" in reqs:
+        ok &= ~reqs["rejected"].to_numpy(dtype=bool)
+    for target in slo.targets:
+        values = reqs[target.column].to_numpy(dtype=np.float64)
+        undefined = np.isnan(values) & (target.metric == "tpot")
+        ok &= undefined | (values <= target.bound_s)
+    return ok
+
+
+def slo_summary(reqs: pd.DataFrame, slo: SLOConfig, warmup_s: float = 0.0) -> dict[str, float]:
+    """The run's attainment, each target's percentile, and whether the run meets the SLO
+    (`slo_met`: 1.0 or 0.0), over the requests that arrived at or after `warmup_s`."""
+    window = reqs[reqs["arrival_s"] >= warmup_s]
+    done = window[window["finish_s"].notna()]
+    share = float(attains(window, slo).mean()) if len(window) else float("nan")
+    out: dict[str, float] = {"slo_attainment": share}
+    met = bool(share >= slo.attainment)
+    for target in slo.targets:
+        values = done[target.column].dropna().to_numpy()
+        value = float(np.percentile(values, target.percentile)) if len(values) else float("nan")
+        out[f"slo_{target.name}"] = value
+        met &= bool(value <= target.bound_s) or (target.metric == "tpot" and len(values) == 0)
+    out["slo_met"] = float(met)
+    return out

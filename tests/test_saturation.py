@@ -1,0 +1,118 @@
+"""Saturation is never silent: an unstable queue is flagged, a stable or recovering one is not.
+
+M/D/1: one request at a time (max_batch_size 1, one output token, a constant prompt), so
+every request is one iteration of a fixed time and rho = rate x service time exactly.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim import run_scenario
+from orcasim.saturation import SATURATION_Z, saturation, waiting_count
+from tests.conftest import make_scenario
+
+SERVICE_S = 1.0
+SEEDS = range(10)
+REQUESTS = 2000  # z near 6 at rho = 1.2 (see orcasim.saturation on power)
+
+
+def md1(rho: float, seed: int, arrival: dict | None = None, **changes: object):
+    sc = make_scenario(**{
+        "seed": seed,
+        "workload.num_requests": REQUESTS,
+        "workload.arrival": arrival or {"kind": "poisson", "rate_per_s": rho / SERVICE_S},
+        "workload.prompt_tokens": {"kind": "constant", "value": 10},
+        "workload.output_tokens": {"kind": "constant", "value": 1},
+        "cost": {"kind": "linear", "base_s": SERVICE_S, "per_token_s": 0.0},
+        "systems": [{"name": "md1", "scheduler": {"kind": "iteration_level", "max_batch_size": 1}}],
+        **changes,
+    })
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_scenario(sc).systems["md1"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_md1_overloaded_is_flagged(seed: int) -> None:
+    summary = md1(1.2, seed).summary
+    assert summary["saturated"] == 1.0, summary
+    # The evidence: arrivals outpace admissions by about rho - 1 of the service rate.
+    assert summary["saturation_arrival_rps"] > summary["saturation_admission_rps"]
+    assert summary["saturation_admission_rps"] == pytest.approx(1 / SERVICE_S, rel=0.01)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_md1_stable_is_not_flagged(seed: int) -> None:
+    summary = md1(0.8, seed).summary
+    assert summary["saturated"] == 0.0, summary
+    assert summary["saturation_z"] < SATURATION_Z / 3
+
+
+def test_an_overloaded_run_warns() -> None:
+    sc = make_scenario(**{"workload.num_requests": REQUESTS,
+                          "workload.arrival": {"kind": "poisson", "rate_per_s": 1.2},
+                          "workload.prompt_tokens": {"kind": "constant", "value": 10},
+                          "workload.output_tokens": {"kind": "constant", "value": 1},
+                          "cost": {"kind": "linear", "base_s": 1.0, "per_token_s": 0.0},
+                          "systems": [{"name": "md1", "scheduler": {"kind": "iteration_level",
+                                                                    "max_batch_size": 1}}]})
+    with pytest.warns(UserWarning, match="md1: saturated: the waiting queue grew by"):
+        run_scenario(sc)
+
+
+def burst_trace(path: Path, rng: np.random.Generator) -> Path:
+    """Poisson at rho = 0.5 for 1,000 requests, with 150 extra arriving within 10 s at 60%
+    of the window: the queue jumps by over a hundred and drains long before the end."""
+    gaps = rng.exponential(SERVICE_S / 0.5, size=1000)
+    arrival = np.cumsum(gaps)
+    burst = arrival[-1] * 0.6 + rng.uniform(0, 10, size=150)
+    arrival_s = np.sort(np.concatenate([arrival, burst]))
+    frame = pd.DataFrame({"arrival_s": arrival_s, "prompt_tokens": 10, "output_tokens": 1})
+    frame.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_burst_that_drains_is_not_flagged(tmp_path: Path, seed: int) -> None:
+    trace = burst_trace(tmp_path / "burst.csv", np.random.default_rng(seed))
+    system = md1(0.5, seed, arrival={"kind": "trace", "path": str(trace)},
+                 **{"workload.num_requests": None, "workload.prompt_tokens": None,
+                    "workload.output_tokens": None})
+    reqs = system.requests
+    peak = waiting_count(reqs["arrival_s"].to_numpy(), reqs["first_scheduled_s"].to_numpy(),
+                         reqs["arrival_s"].to_numpy()).max()
+    assert peak > 100  # the burst did overload the server for a while
+    assert system.summary["saturated"] == 0.0, system.summary
+
+
+def test_waiting_count_by_hand() -> None:
+    arrival = np.array([0.0, 1.0, 2.0, 3.0])
+    scheduled = np.array([0.0, 2.5, 2.0, np.inf])  # the last never ran
+    t = np.array([0.0, 1.0, 2.0, 2.5, 3.0, 9.0])
+    assert waiting_count(arrival, scheduled, t).tolist() == [0, 1, 1, 0, 1, 1]
+
+
+def test_a_linear_backlog_reads_its_growth() -> None:
+    """Arrivals every second, admissions every two: the queue grows by 0.5 a second, so the
+    growth over the last three quarters of a 1,000 s window is 375 requests (within a step)."""
+    n = 1001
+    arrival = np.arange(n, dtype=np.float64)
+    scheduled = 2.0 * np.arange(n, dtype=np.float64)
+    reqs = pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": scheduled})
+    out = saturation(reqs)
+    assert out["saturation_growth_requests"] == pytest.approx(375.0, abs=1.5)
+    assert out["saturation_arrival_rps"] == pytest.approx(1.0, abs=0.01)
+    assert out["saturation_admission_rps"] == pytest.approx(0.5, abs=0.01)
+    assert out["saturated"] == 1.0
+
+
+def test_too_short_a_run_is_not_judged() -> None:
+    reqs = pd.DataFrame({"arrival_s": np.arange(10.0), "first_scheduled_s": np.arange(10.0) * 5})
+    out = saturation(reqs)
+    assert out["saturated"] == 0.0 and np.isnan(out["saturation_z"])

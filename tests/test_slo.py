@@ -1,0 +1,88 @@
+"""SLO targets and attainment on hand-made frames, and in a run's summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim import run_scenario
+from orcasim.config import ScenarioError
+from orcasim.slo import SLOConfig, attains, parse_target, slo_from_strings, slo_summary
+from tests.conftest import make_scenario
+
+
+def frame() -> pd.DataFrame:
+    """Five requests: two meet both targets, one misses TTFT, one misses TPOT, one never
+    finished; request 5 has one output token (no TPOT) and meets TTFT."""
+    return pd.DataFrame({
+        "arrival_s": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        "finish_s": [1.0, 2.0, 4.0, 5.0, np.nan, 5.5],
+        "ttft_s": [0.1, 0.2, 0.5, 0.1, np.nan, 0.15],
+        "tpot_s": [0.05, 0.1, 0.05, 0.3, np.nan, np.nan],
+        "rejected": [False, False, False, False, True, False],
+    })
+
+
+SLO = SLOConfig(targets=["ttft_p90 <= 0.2", "tpot_p90 <= 0.1"], attainment=0.5)
+
+
+def test_parse_target_forms() -> None:
+    for text in ("ttft_p90 <= 0.2", "ttft_p90=0.2", "ttft_p90≤0.2", "  ttft_p90 <=0.2 "):
+        t = parse_target(text)
+        assert (t.metric, t.percentile, t.bound_s, t.name) == ("ttft", 90.0, 0.2, "ttft_p90")
+    assert parse_target("e2e_p99.9 <= 10").name == "e2e_p99.9"
+    assert parse_target("normalized_latency_p50 <= 0.19").column == "normalized_latency_s_per_token"
+
+
+@pytest.mark.parametrize("text", ["ttft <= 0.2", "ttft_p90 < 0.2", "ttft_p90 <= -1",
+                                  "ttft_p90 <= inf", "ttft_p0 <= 1", "ttft_p101 <= 1"])
+def test_bad_targets_are_one_line_errors(text: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        slo_from_strings([text])
+    assert "\n" not in str(e.value) and "--slo" in str(e.value)
+
+
+def test_per_request_attainment_by_hand() -> None:
+    assert attains(frame(), SLO).tolist() == [True, True, False, False, False, True]
+
+
+def test_summary_by_hand() -> None:
+    out = slo_summary(frame(), SLO)
+    assert out["slo_attainment"] == pytest.approx(3 / 6)
+    done = frame().dropna(subset=["finish_s"])
+    assert out["slo_ttft_p90"] == pytest.approx(np.percentile(done["ttft_s"], 90))
+    assert out["slo_tpot_p90"] == pytest.approx(np.percentile(done["tpot_s"].dropna(), 90))
+    # Attainment 0.5 is met, but the TTFT and TPOT p90s are above their bounds.
+    assert out["slo_met"] == 0.0
+    loose = SLOConfig(targets=["ttft_p50 <= 0.2", "tpot_p50 <= 0.1"], attainment=0.5)
+    assert slo_summary(frame(), loose)["slo_met"] == 1.0
+    strict = SLOConfig(targets=["ttft_p50 <= 0.2", "tpot_p50 <= 0.1"], attainment=0.6)
+    assert slo_summary(frame(), strict)["slo_met"] == 0.0
+
+
+def test_warmup_drops_early_requests() -> None:
+    out = slo_summary(frame(), SLO, warmup_s=2.0)
+    assert out["slo_attainment"] == pytest.approx(1 / 4)
+
+
+def test_targets_as_a_mapping_and_repeats_refused() -> None:
+    assert SLOConfig.model_validate({"targets": {"ttft_p90": 0.2}}).targets[0].bound_s == 0.2
+    with pytest.raises(ValueError, match="repeat ttft_p90"):
+        SLOConfig.model_validate({"targets": ["ttft_p90 <= 0.2", "ttft_p90=0.3"]})
+
+
+def test_a_run_reports_attainment_when_the_scenario_names_slos() -> None:
+    sc = make_scenario(slo={"targets": ["ttft_p90 <= 0.5", "e2e_p99 <= 5"], "attainment": 0.9})
+    for system in run_scenario(sc).systems.values():
+        reqs, s = system.requests, system.summary
+        assert s["slo_attainment"] == pytest.approx(float(attains(reqs, sc.slo).mean()))
+        assert s["slo_e2e_p99"] == pytest.approx(s["e2e_s_p99"])
+        assert s["slo_met"] in (0.0, 1.0)
+    plain = run_scenario(make_scenario()).systems["orca"].summary
+    assert "slo_attainment" not in plain and "saturated" in plain
+
+
+def test_bad_slo_block_in_a_scenario() -> None:
+    with pytest.raises(ScenarioError, match="slo"):
+        make_scenario(slo={"targets": ["latency_p90 <= 1"]})
