@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup run test lint check bench bench-cluster calibrate clean
+.PHONY: setup run test lint check bench bench-cluster bench-capacity calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench: $(STAMP)
 
 bench-cluster: $(STAMP)
 	$(BIN)/python benchmarks/cluster.py
+
+bench-capacity: $(STAMP)
+	$(BIN)/python benchmarks/capacity.py
 
 # Profile the tiny model on this CPU, fit, and replay a real serving run against the simulation.
 calibrate: $(STAMP)

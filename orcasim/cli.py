@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from orcasim.scenario import Scenario
+    from orcasim.slo import SLOConfig
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -81,6 +83,12 @@ def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
         table.add_column(system, justify="right")
     for key, label in TABLE_METRICS.items():
         table.add_row(label, *(f"{m.get(key, float('nan')):.4g}" for m in summary.values()))
+    if any("slo_attainment" in m for m in summary.values()):
+        table.add_row("SLO attainment", *(f"{m.get('slo_attainment', float('nan')):.3f}"
+                                          + (" (met)" if m.get("slo_met") else "")
+                                          for m in summary.values()))
+    table.add_row("saturated", *("[red]yes[/red]" if m.get("saturated") else "no"
+                                 for m in summary.values()))
     return table
 
 
@@ -297,13 +305,120 @@ def check(
         typer.echo(f"all regression metrics match {baselines}/")
 
 
+@app.command()
+def capacity(
+    spec: Annotated[Path, typer.Argument(help="Scenario YAML, or a sweep file whose grid "
+                                               "lists configurations to search.")],
+    slo: Annotated[list[str] | None, typer.Option(
+        help="A target METRIC_pNN=SECONDS (repeatable), e.g. ttft_p90=0.2; default: the "
+             "scenario's slo block.")] = None,
+    attainment: Annotated[float | None, typer.Option(
+        help="Share of requests that must meet every target (default 0.9, or the scenario's).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder (default results/capacity/<name>).")] = None,
+    system: Annotated[list[str] | None, typer.Option(help="System(s) to search (default all).")] = None,
+    replications: Annotated[int, typer.Option(help="Independent searches per system.")] = 3,
+    requests: Annotated[int, typer.Option(help="Requests per evaluated rate (0: the scenario's).")] = 2000,
+    rel_tol: Annotated[float, typer.Option(help="Stop when the bracket is this narrow (relative).")] = 0.02,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(
+        help="USD per GPU-hour for every GPU (default: the GPU catalog's).")] = None,
+    target_rate: Annotated[float | None, typer.Option(
+        help="Traffic to serve (req/s): how many copies of each configuration it needs.")] = None,
+    backend: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
+    workers: Annotated[int | None, typer.Option(help="Parallel searches (default: core count).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. auto.")] = None,
+    resume: Annotated[bool, typer.Option(help="Keep finished searches, run the rest.")] = False,
+    force: Annotated[bool, typer.Option(help="Delete existing results first.")] = False,
+    plots: Annotated[bool, typer.Option(help="Write the attainment and Pareto figures.")] = True,
+    set_: SetOpt = None,
+) -> None:
+    """The highest arrival rate each system (and configuration) sustains within the SLOs,
+    with goodput per GPU and cost per million output tokens; see orcasim.capacity."""
+    from orcasim import capacity as cap
+    from orcasim.results import default_results_dir
+
+    try:
+        if attainment is not None and not 0 < attainment <= 1:
+            fail(f"--attainment = {attainment:g}: expected a share in (0, 1]")
+        scenario, base_dir, points, seed, name = _capacity_input(spec, set_ or [])
+        slo_cfg = _capacity_slo(scenario, slo, attainment)
+        if replications < 1 or requests < 0 or not 0 < rel_tol < 1:
+            fail(f"--replications {replications}, --requests {requests}, --rel-tol {rel_tol:g}: "
+                 "expected replications >= 1, requests >= 0 and 0 < rel-tol < 1")
+        for flag, value in (("--price-per-gpu-hour", price_per_gpu_hour), ("--target-rate", target_rate)):
+            if value is not None and not value > 0:
+                fail(f"{flag} = {value:g}: expected a positive number")
+        settings = cap.SearchSettings(rel_tol, requests or None)
+        jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
+                               points, seed)
+        out_dir = out or default_results_dir(name, Path("results") / "capacity")
+        result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
+                                  price_per_gpu_hour, target_rate)
+        latency = f"slo_{slo_cfg.targets[0].name}_at_capacity"
+        cap.write_capacity(result, out_dir, slo_cfg.attainment, latency, plots)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    shown = [c for c in ("point", *(k for p in points for k in p), "system", "max_rate_per_s",
+                         "ci_low", "ci_high", "goodput_per_gpu", "cost_per_million_tokens",
+                         "copies_for_target", "cost_per_hour_for_target_usd")
+             if c in result.table]
+    console.print(frame_table(result.table[list(dict.fromkeys(shown))],
+                              f"{name}: highest rate within {', '.join(t.name for t in slo_cfg.targets)}"
+                              f" at {slo_cfg.attainment:g} attainment"))
+    typer.echo(f"{result.ran} searches run, {result.skipped} already done; written to {out_dir}/")
+    if result.failed:
+        for o in result.failed:
+            typer.echo(f"  failed {o.id}: {o.error}", err=True)
+        raise typer.Exit(1)
+
+
+def _capacity_input(path: Path, overrides: list[str]) -> tuple[
+        Scenario, Path, list[dict[str, object]], int | None, str]:
+    """A scenario (one configuration) or a sweep file (its grid's points, its seed)."""
+    from orcasim.scenario import load_scenario, scenario_from_dict
+    from orcasim.sweeps import load_sweep
+
+    if _is_sweep_file(path):
+        if overrides:
+            fail("--set applies to a scenario; a sweep file takes its overrides in 'set:'")
+        sw = load_sweep(path)
+        scenario = scenario_from_dict(dict(sw.base), str(path))
+        return scenario, sw.base_dir, sw.points(), sw.spec.seed, sw.spec.name
+    scenario = load_scenario(path, overrides)
+    return scenario, path.resolve().parent, [{}], None, scenario.name
+
+
+def _capacity_slo(scenario: Scenario, targets: list[str] | None,
+                  attainment: float | None) -> SLOConfig:
+    """The command line's targets (with the scenario's attainment unless given), else the
+    scenario's `slo:` block."""
+    from orcasim.slo import DEFAULT_ATTAINMENT, SLOConfig, slo_from_strings
+
+    if targets:
+        default = scenario.slo.attainment if scenario.slo else DEFAULT_ATTAINMENT
+        return slo_from_strings(targets, attainment if attainment is not None else default)
+    if scenario.slo is None:
+        fail("no SLO: pass --slo METRIC_pNN=SECONDS (e.g. --slo ttft_p90=0.2) or give the "
+             "scenario an 'slo:' block")
+    assert scenario.slo is not None
+    if attainment is None:
+        return scenario.slo
+    return SLOConfig(targets=scenario.slo.targets, attainment=attainment)
+
+
 def _terminated(signum: int, _frame: object) -> None:
     # SIGTERM unwinds like Ctrl-C: a write in progress removes its partial folder.
     raise KeyboardInterrupt
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    # A user reads "warning: <what happened>", not the line of orcasim that noticed it.
+    typer.echo(f"warning: {message}", err=True)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
+    warnings.showwarning = _show_warning
     try:
         app()
     except KeyboardInterrupt:

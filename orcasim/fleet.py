@@ -145,3 +145,16 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
                           requests.session_ids)
     assigned = np.full(len(requests), -1, dtype=np.int64)
     return Fleet(replicas, list(built.values()), source, RoutedRouter(router, assigned), recorder)
+
+
+def system_hardware(scenario: Scenario, system: SystemConfig) -> list[HardwareConfig | None]:
+    """The hardware of each replica (or prefill and decode instance) that `system` runs on;
+    None where a replica names none (a plain cost model: one GPU of unknown kind)."""
+    cluster = system.cluster
+    if cluster is None:
+        return [scenario.hardware]
+    if cluster.prefill is not None and cluster.decode is not None:
+        specs = pool_specs(scenario, system, cluster.prefill) + pool_specs(scenario, system, cluster.decode)
+    else:
+        specs = replica_specs(scenario, system)
+    return [spec.hardware for spec in specs]

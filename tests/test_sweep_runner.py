@@ -52,7 +52,7 @@ def test_resume_refuses_a_different_sweep(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run_sweep(load_sweep(grid_4x3), out, workers=1, progress=False)
     other = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [5.0]", name="other")
-    with pytest.raises(ValueError, match="different sweep"):
+    with pytest.raises(ValueError, match="different run"):
         run_sweep(load_sweep(other), out, workers=1, resume=True, progress=False)
     with pytest.raises(FileExistsError, match="--resume"):
         run_sweep(load_sweep(grid_4x3), out, workers=1, progress=False)

@@ -111,6 +111,9 @@ class GpuSpec(Strict):
     node_network_bytes_per_s: PositiveFloat  # per GPU, between nodes
     gpus_per_node: PositiveInt = 8
     source: str = ""
+    # Rental price, for `orcasim capacity`'s cost per million tokens (overridable there).
+    price_per_hour_usd: PositiveFloat | None = None
+    price_source: str = ""
 
 
 @functools.cache

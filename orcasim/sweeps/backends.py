@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Literal
+from typing import Any, Literal
 
 from orcasim.sweeps.spec import Task
 from orcasim.sweeps.task import Outcome, run_task
 
 Backend = Literal["local", "ray"]
 RAY_POLL_S = 0.25
+
+
+# A module-level function from a job to its outcome; it must turn its own errors into a
+# failed outcome (a worker that dies is reported through `failed`).
+Runner = Callable[[Any], Any]
 
 
 def default_workers() -> int:
@@ -36,38 +41,49 @@ def execute(
     address: str | None = None,
 ) -> Iterator[Outcome]:
     """Run `tasks` and yield each Outcome as soon as it is done."""
+    yield from execute_jobs(tasks, run_task, Outcome.failed, backend, workers, address)
+
+
+def execute_jobs(
+    jobs: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
+    backend: Backend = "local", workers: int | None = None, address: str | None = None,
+) -> Iterator[Any]:
+    """Run `run(job)` for every job on `backend` and yield each result as soon as it is
+    done; `failed(job, error)` stands in for a job whose worker died."""
     check_backend(backend, workers)
-    if not tasks:
+    if not jobs:
         return
     match backend:
         case "local":
-            yield from _local(tasks, workers or default_workers())
+            yield from _local(jobs, run, failed, workers or default_workers())
         case "ray":
-            yield from _ray(tasks, workers, address)
+            yield from _ray(jobs, run, failed, workers, address)
 
 
-def _local(tasks: Sequence[Task], workers: int) -> Iterator[Outcome]:
+def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
+           workers: int) -> Iterator[Any]:
     if workers == 1 or len(tasks) == 1:
         for task in tasks:  # no pool: easier to debug, and no start-up cost
-            yield run_task(task)
+            yield run(task)
         return
     # spawn, not fork: the parent may hold threads (the progress bar), and fork copies locks.
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx)
     try:
-        futures = {pool.submit(run_task, t): t for t in tasks}
+        futures = {pool.submit(run, t): t for t in tasks}
         for future in as_completed(futures):
             try:
                 yield future.result()
             except Exception as e:  # noqa: BLE001 - a worker died (e.g. out of memory)
-                yield Outcome.failed(futures[future], e)
+                yield failed(futures[future], e)
     finally:
         # On Ctrl-C drop the queued tasks instead of running them all first (the default of
         # `with`); finished ones are already written, so --resume starts from there.
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ray(tasks: Sequence[Task], workers: int | None, address: str | None) -> Iterator[Outcome]:
+def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
+         workers: int | None, address: str | None) -> Iterator[Any]:
     try:
         import ray
     except ImportError:
@@ -80,7 +96,7 @@ def _ray(tasks: Sequence[Task], workers: int | None, address: str | None) -> Ite
         ray.init(address=address, num_cpus=None if address else (workers or default_workers()),
                  include_dashboard=False, log_to_driver=False)
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
+        remote = ray.remote(num_cpus=1, max_retries=0)(run)
         pending = {remote.remote(t): t for t in tasks}
         while pending:
             # Collect whatever finished in the last moment: one wait per task would be
@@ -92,7 +108,7 @@ def _ray(tasks: Sequence[Task], workers: int | None, address: str | None) -> Ite
                 try:
                     yield ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - a worker or node died
-                    yield Outcome.failed(task, e)
+                    yield failed(task, e)
     finally:
         if started:
             ray.shutdown()

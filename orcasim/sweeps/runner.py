@@ -105,26 +105,34 @@ def _plan(tasks: list[Task]) -> str:
 
 
 def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force: bool) -> None:
-    plan = _plan(tasks)
+    spec_yaml = yaml.safe_dump(sweep.spec.model_dump(mode="json"), sort_keys=False)
+    prepare_resumable(out_dir, _plan(tasks), {"sweep.yaml": spec_yaml}, resume, force)
+
+
+def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: bool,
+                      force: bool) -> None:
+    """Make `out_dir` ready for a resumable run whose work list is `plan` (plan.json):
+    with `resume`, keep a folder holding the same plan; with `force`, replace a folder
+    orcasim wrote; otherwise refuse an existing folder. `files` are written beside the plan."""
     plan_file = out_dir / "plan.json"
     if out_dir.exists():
         if resume and plan_file.exists():
             if plan_file.read_text() != plan:
-                raise ValueError(f"{out_dir} holds a different sweep (plan.json differs); "
+                raise ValueError(f"{out_dir} holds a different run (plan.json differs); "
                                  "use another --out, or --force to start over")
             return
         if resume and not force and any(out_dir.iterdir()):
-            # Without its plan a folder's points cannot be told apart from another sweep's.
+            # Without its plan a folder's points cannot be told apart from another run's.
             raise ValueError(f"{out_dir} has no plan.json, so its points cannot be matched to "
-                             "this sweep; use another --out, or --force to start over")
+                             "this run; use another --out, or --force to start over")
         if force:
             check_replaceable(out_dir)
             shutil.rmtree(out_dir)
         elif not resume:
             raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it "
                                     "or --force to start over")
-    spec_yaml = yaml.safe_dump(sweep.spec.model_dump(mode="json"), sort_keys=False)
-    write_file_atomically(out_dir / "sweep.yaml", lambda p: p.write_text(spec_yaml))
+    for name, text in files.items():
+        write_file_atomically(out_dir / name, lambda p, t=text: p.write_text(t))
     write_file_atomically(plan_file, lambda p: p.write_text(plan))
     mark_results(out_dir)
 

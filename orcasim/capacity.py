@@ -1,0 +1,487 @@
+"""`orcasim capacity`: the highest arrival rate a system sustains within its SLOs, and at what cost.
+
+The search, per system and replication (one job each, run in parallel on the sweep backends):
+
+1. Evaluate the scenario's own rate. A rate *passes* when the run meets the SLO
+   (`orcasim.slo`: attainment and every named percentile) and its queue is stable
+   (`orcasim.saturation`): a short run at an overloaded rate can meet an SLO only because it
+   ended before its queue did, and is rejected.
+2. Double the rate until one fails (or halve it until one passes): a bracket [pass, fail].
+3. Bisect the bracket geometrically until its ends are within `rel_tol` (2%) of each other;
+   the replication's answer is the highest rate that passed.
+4. Just above the stability limit a finite run's queue grows too slowly for the saturation
+   test to see (with 2,000 requests, up to about 8% over: see `orcasim.saturation` on its
+   power) and a median SLO can still be met. But every saturated run of the search measured
+   the server's throughput at full load (the rate it admitted requests), and a stable queue
+   needs an arrival rate below it. So a rate at or above that measured throughput fails, and
+   if the answer of step 3 was such a rate the search bisects again below it.
+
+Replication r draws its requests from its own seed at every rate, and a generated arrival
+process scales exactly with the rate (exponential and gamma gaps are a unit draw times
+1/rate; a trace is sped up), so the rates of one replication differ by the load alone
+(common random numbers): attainment is then nearly monotone in the rate, which bisection
+needs. The estimate is the mean over replications; its interval is Student's t at 95% over
+the replications' answers (each of which lies within `rel_tol` below its own threshold).
+
+Per configuration: goodput per GPU (the rate over the GPUs it occupies) and the cost per
+million output tokens at that rate, from a price per GPU-hour (the GPU catalog's, or one
+given). A warm-up given in seconds is scaled with the rate, so that it always drops the same
+requests. A configuration search is a sweep file's grid over deployment and scheduler keys:
+every point is searched, and the Pareto front of cost against latency at capacity is kept
+(as Vidur-Search does), with the cheapest point.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from orcasim.config import ScenarioError
+from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
+from orcasim.slo import SLOConfig
+
+CONFIDENCE = 0.95
+DEFAULT_REL_TOL = 0.02
+DEFAULT_REPLICATIONS = 3
+DEFAULT_REQUESTS = 2000
+MAX_BRACKET_STEPS = 10  # doublings or halvings: a factor of about a thousand either way
+CAPACITY_COLUMNS = ["point", "system", "max_rate_per_s", "ci_low", "ci_high", "gpus",
+                    "goodput_per_gpu", "cost_per_hour_usd", "cost_per_million_tokens"]
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    rel_tol: float = DEFAULT_REL_TOL
+    num_requests: int | None = DEFAULT_REQUESTS  # None: the scenario's own count
+
+
+@dataclass(frozen=True)
+class RateKnob:
+    """How the offered rate is set: a dotted path and the rate one unit of it gives."""
+
+    path: str
+    rate_per_unit: float  # 1 for `rate_per_s`; a trace's own rate for `speedup`
+    start_rate_per_s: float
+
+    def value(self, rate_per_s: float) -> float:
+        return rate_per_s / self.rate_per_unit
+
+
+@dataclass(frozen=True)
+class SearchJob:
+    """One system of one configuration under one replication: picklable, for any backend."""
+
+    point: int
+    system: str
+    replication: int
+    seed: int
+    params: dict[str, Any]
+    base: dict[str, Any]  # scenario data: the point's parameters are applied on top
+    base_dir: str
+    knob: RateKnob
+    settings: SearchSettings
+
+    @property
+    def id(self) -> str:
+        return f"p{self.point:04d}-{self.system}-r{self.replication:02d}"
+
+
+@dataclass
+class SearchOutcome:
+    id: str
+    point: int
+    system: str
+    replication: int
+    seed: int
+    params: dict[str, Any]
+    ok: bool
+    max_rate_per_s: float = float("nan")  # highest rate that passed (0: none did)
+    fail_rate_per_s: float = float("nan")  # lowest rate above it that failed (inf: none)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    error: str = ""
+    wall_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> SearchOutcome:
+        return cls(**json.loads(text))
+
+    @classmethod
+    def failed(cls, job: SearchJob, error: BaseException | str, wall_s: float = 0.0) -> SearchOutcome:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return cls(job.id, job.point, job.system, job.replication, job.seed, job.params, False,
+                   error=text.splitlines()[0] if text else "unknown error", wall_s=wall_s)
+
+
+# ---- the rate knob ------------------------------------------------------------------------
+
+def rate_knob(scenario: Scenario, base_dir: Path | None = None) -> RateKnob:
+    """The knob that sets `scenario`'s offered rate, or a ScenarioError for a closed loop."""
+    from orcasim.metrics import offered_rps
+    from orcasim.run import data_dir, make_requests
+
+    arrival = scenario.workload.arrival
+    kind = arrival.kind
+    if kind in ("poisson", "gamma", "constant"):
+        rate = float(arrival.rate_per_s)  # type: ignore[union-attr]
+        return RateKnob("workload.arrival.rate_per_s", 1.0, rate)
+    if kind == "trace":
+        with data_dir(base_dir):
+            arrival_s = make_requests(scenario).arrival_s
+        speedup = float(arrival.speedup)  # type: ignore[union-attr]
+        own_rate = offered_rps(arrival_s) / speedup
+        if not math.isfinite(own_rate) or own_rate <= 0:
+            raise ScenarioError("workload.arrival: the trace has fewer than two distinct arrival "
+                                "times; expected a trace with a rate to scale")
+        return RateKnob("workload.arrival.speedup", own_rate, own_rate * speedup)
+    raise ScenarioError(f"workload.arrival.kind = '{kind}': a capacity search scales an open "
+                        "arrival process (poisson, gamma, constant or trace); a closed loop "
+                        "sets its own rate")
+
+
+# ---- one search ---------------------------------------------------------------------------
+
+def point_scenario(job: SearchJob, rate_per_s: float) -> Scenario:
+    """The job's configuration with only its system, at `rate_per_s`, on its seed."""
+    data = copy.deepcopy(job.base)
+    for path, value in job.params.items():
+        set_dotted(data, path, value)
+    data["seed"] = job.seed
+    data["systems"] = [s for s in data["systems"] if s["name"] == job.system]
+    set_dotted(data, job.knob.path, job.knob.value(rate_per_s))
+    # A warm-up in seconds drops the same requests at every rate.
+    data["warmup_s"] = float(data.get("warmup_s", 0.0)) * job.knob.start_rate_per_s / rate_per_s
+    if job.settings.num_requests is not None:
+        trace = data["workload"]["arrival"]["kind"] == "trace"
+        key = "workload.arrival.max_requests" if trace else "workload.num_requests"
+        set_dotted(data, key, job.settings.num_requests)
+    return scenario_from_dict(data, f"{job.id} at {rate_per_s:.6g} req/s")
+
+
+def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
+    """One run of the job's system at `rate_per_s`: whether it passes, and why."""
+    from orcasim.run import run_scenario
+
+    scenario = point_scenario(job, rate_per_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # saturation is read from the summary
+        result = run_scenario(scenario, base_dir=Path(job.base_dir))
+    system = result.systems[job.system]
+    s = system.summary
+    passes = bool(s["slo_met"]) and not s["saturated"]
+    row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
+           "saturated": s["saturated"], "saturation_z": s["saturation_z"],
+           "saturation_admission_rps": s["saturation_admission_rps"],
+           "slo_attainment": s["slo_attainment"], "throughput_rps": s["throughput_rps"],
+           "output_tokens_mean": float(system.requests["output_tokens"].mean())}
+    row.update({k: v for k, v in s.items() if k.startswith("slo_") and k not in row})
+    return row
+
+
+def search(job: SearchJob) -> SearchOutcome:
+    """Bracket then bisect the highest passing rate of one job; errors become a failed outcome."""
+    start = time.perf_counter()
+    try:
+        low, high, rows = _bisect(job)
+    except Exception as e:  # noqa: BLE001 - recorded per job, reported at the end
+        return SearchOutcome.failed(job, e, time.perf_counter() - start)
+    return SearchOutcome(job.id, job.point, job.system, job.replication, job.seed, job.params,
+                         True, low, high, rows, wall_s=time.perf_counter() - start)
+
+
+def _bisect(job: SearchJob) -> tuple[float, float, list[dict[str, float]]]:
+    rows: list[dict[str, float]] = []
+    limit = math.inf  # the server's throughput, once a saturated run has measured it
+
+    def passes(rate: float) -> bool:
+        rows.append(evaluate(job, rate))
+        rows[-1]["passes"] = float(bool(rows[-1]["passes"]) and rate < limit)
+        return bool(rows[-1]["passes"])
+
+    low, high = _bracket(job.knob.start_rate_per_s, passes)
+    for _ in range(MAX_BRACKET_STEPS):
+        low, high = _narrow(low, high, passes, job.settings.rel_tol)
+        limit = service_rate(rows)
+        if low < limit:
+            break
+        # A rate at or above what the server can serve passed only because its run ended
+        # before its queue grew enough to show: search again below the measured throughput.
+        for row in rows:
+            if row["rate_per_s"] >= limit:
+                row["passes"] = 0.0
+        low = max((r["rate_per_s"] for r in rows if r["passes"]), default=0.0)
+        high = min(high, limit)
+    return low, high, rows
+
+
+def service_rate(rows: list[dict[str, float]]) -> float:
+    """The rate at which the server admitted requests in the saturated runs so far (median):
+    its throughput at full load, which a stable arrival rate must stay below; inf if none."""
+    admitted = [r["saturation_admission_rps"] for r in rows if r.get("saturated")]
+    return float(np.median(admitted)) if admitted else math.inf
+
+
+def _narrow(low: float, high: float, passes: Any, rel_tol: float) -> tuple[float, float]:
+    """Bisect [low passes, high fails] geometrically until high / low <= 1 + rel_tol."""
+    while high != math.inf and low > 0 and high / low > 1 + rel_tol:
+        middle = math.sqrt(low * high)
+        if passes(middle):
+            low = middle
+        else:
+            high = middle
+    return low, high
+
+
+def _bracket(rate: float, passes: Any) -> tuple[float, float]:
+    """[highest passing, lowest failing] rates around `rate`, by doubling or halving:
+    (0, lowest tried) when none passes, (highest tried, inf) when all do."""
+    if passes(rate):
+        for _ in range(MAX_BRACKET_STEPS):
+            if not passes(rate * 2):
+                return rate, rate * 2
+            rate *= 2
+        return rate, math.inf
+    for _ in range(MAX_BRACKET_STEPS):
+        if passes(rate / 2):
+            return rate / 2, rate
+        rate /= 2
+    return 0.0, rate
+
+
+# ---- planning and summarising -------------------------------------------------------------
+
+def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications: int,
+                settings: SearchSettings, systems: list[str] | None = None,
+                points: list[dict[str, Any]] | None = None, seed: int | None = None) -> list[SearchJob]:
+    """One job per (point, system, replication). Replication seeds are spawned from `seed`
+    (the scenario's by default) and shared by every point and system: common random numbers."""
+    base = scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep"})
+    if scenario.kv_capacity_derived:
+        base.pop("kv_capacity_tokens")  # each point derives its own (it may change the hardware)
+    base["slo"] = slo.model_dump(mode="json")
+    names = [s.name for s in scenario.systems]
+    chosen = systems or names
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        raise ScenarioError(f"--system = {unknown[0]!r}: expected one of {', '.join(names)}")
+    knob = rate_knob(scenario, base_dir)
+    children = np.random.SeedSequence(scenario.seed if seed is None else seed).spawn(replications)
+    seeds = [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
+    jobs = [SearchJob(p, name, r, s, params, base, str(base_dir), knob, settings)
+            for p, params in enumerate(points or [{}])
+            for name in chosen for r, s in enumerate(seeds)]
+    from orcasim.run import data_dir, make_requests
+
+    for job in jobs[:: replications]:  # every point and system validates before any runs
+        first = point_scenario(job, knob.start_rate_per_s)
+        if job.system == chosen[0]:
+            with data_dir(base_dir):
+                make_requests(first)  # lengths against max_tokens, trace files
+    return jobs
+
+
+def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Student's t interval for the mean of `values` (NaN with fewer than two)."""
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    half = stats.t.ppf((1 + confidence) / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return float(values.mean() - half), float(values.mean() + half)
+
+
+def gpus_and_price(scenario: Scenario, system_name: str,
+                   price_per_gpu_hour: float | None) -> tuple[int, float]:
+    """GPUs the system occupies and its price per hour (NaN if a GPU has no catalog price
+    and none was given); a replica without hardware counts as one GPU."""
+    from orcasim.fleet import system_hardware
+
+    system = next(s for s in scenario.systems if s.name == system_name)
+    gpus, per_hour = 0, 0.0
+    for hardware in system_hardware(scenario, system):
+        n = hardware.num_gpus if hardware is not None else 1
+        price = price_per_gpu_hour
+        if price is None and hardware is not None:
+            price = hardware.gpu.price_per_hour_usd
+        gpus += n
+        per_hour += n * (price if price is not None else float("nan"))
+    return gpus, per_hour
+
+
+def capacity_table(outcomes: list[SearchOutcome], jobs: list[SearchJob],
+                   price_per_gpu_hour: float | None = None,
+                   target_rate_per_s: float | None = None) -> pd.DataFrame:
+    """One row per (point, system): the mean highest rate, its t interval, goodput per GPU,
+    cost per million output tokens, and the replicas a target rate would need."""
+    by_key = {(j.point, j.system): j for j in jobs}
+    rows = []
+    done = [o for o in outcomes if o.ok]
+    order = {key: i for i, key in enumerate(by_key)}  # points, then the scenario's system order
+    for (point, system), group in sorted(_groups(done), key=lambda g: order[g[0]]):
+        job = by_key[(point, system)]
+        rates = np.array([o.max_rate_per_s for o in group])
+        low, high = t_interval(rates)
+        scenario = point_scenario(job, job.knob.start_rate_per_s)
+        gpus, per_hour = gpus_and_price(scenario, system, price_per_gpu_hour)
+        rate = float(rates.mean())
+        tokens = _mean_output_tokens(group)
+        row = {"point": point, **job.params, "system": system, "max_rate_per_s": rate,
+               "ci_low": low, "ci_high": high, "gpus": gpus,
+               "goodput_per_gpu": rate / gpus,
+               "cost_per_hour_usd": per_hour,
+               "cost_per_million_tokens": per_hour / (rate * tokens * 3600) * 1e6 if rate > 0
+               else float("inf"),
+               "replications": len(group),
+               "capped": float(any(o.fail_rate_per_s == math.inf for o in group)),
+               "evaluations": sum(len(o.evaluations) for o in group)}
+        row.update(_at_capacity(group))
+        if target_rate_per_s is not None:
+            copies = math.ceil(target_rate_per_s / rate) if rate > 0 else math.inf
+            row["copies_for_target"] = copies
+            row["cost_per_hour_for_target_usd"] = copies * per_hour
+        rows.append(row)
+    return pd.DataFrame(rows, columns=None if rows else CAPACITY_COLUMNS)
+
+
+def _groups(outcomes: list[SearchOutcome]) -> list[tuple[tuple[int, str], list[SearchOutcome]]]:
+    groups: dict[tuple[int, str], list[SearchOutcome]] = {}
+    for o in sorted(outcomes, key=lambda o: (o.point, o.system, o.replication)):
+        groups.setdefault((o.point, o.system), []).append(o)
+    return list(groups.items())
+
+
+def _mean_output_tokens(group: list[SearchOutcome]) -> float:
+    return float(np.mean([o.evaluations[0]["output_tokens_mean"] for o in group if o.evaluations]))
+
+
+def _at_capacity(group: list[SearchOutcome]) -> dict[str, float]:
+    """Each SLO metric at each replication's highest passing rate, averaged (latency at capacity)."""
+    rows = []
+    for o in group:
+        passing = [e for e in o.evaluations if e["passes"] and e["rate_per_s"] == o.max_rate_per_s]
+        if passing:
+            rows.append(passing[0])
+    if not rows:
+        return {}
+    keys = [k for k in rows[0] if k.startswith("slo_") and k != "slo_met"]
+    return {f"{k}_at_capacity": float(np.mean([r[k] for r in rows])) for k in keys}
+
+
+def evaluations_table(outcomes: list[SearchOutcome]) -> pd.DataFrame:
+    """Every rate tried: one row per (point, system, replication, rate), in search order."""
+    rows = [{"point": o.point, **o.params, "system": o.system, "replication": o.replication,
+             "step": i, **e}
+            for o in sorted(outcomes, key=lambda o: (o.point, o.system, o.replication))
+            for i, e in enumerate(o.evaluations)]
+    return pd.DataFrame(rows)
+
+
+def pareto_front(table: pd.DataFrame, cost: str, latency: str) -> pd.DataFrame:
+    """The rows no other row beats on both `cost` and `latency` (lower is better), by cost."""
+    finite = table[np.isfinite(table[cost]) & np.isfinite(table[latency])]
+    ordered = finite.sort_values([cost, latency])
+    keep, best = [], math.inf
+    for index, value in zip(ordered.index, ordered[latency], strict=True):
+        if value < best:
+            keep.append(index)
+            best = value
+    return ordered.loc[keep]
+
+
+# ---- running into a folder ----------------------------------------------------------------
+
+OUTCOME_FILE = "outcome.json"
+
+
+@dataclass
+class CapacityResult:
+    table: pd.DataFrame  # capacity.csv
+    evaluations: pd.DataFrame  # evaluations.csv
+    failed: list[SearchOutcome]
+    ran: int
+    skipped: int
+
+
+def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: str = "local",
+                 workers: int | None = None, address: str | None = None, resume: bool = False,
+                 force: bool = False, price_per_gpu_hour: float | None = None,
+                 target_rate_per_s: float | None = None) -> CapacityResult:
+    """Run every job (those already finished in `out_dir` are kept with `resume`), writing
+    each outcome as it arrives; `out_dir=None` runs in memory."""
+    from orcasim.results import write_atomically
+    from orcasim.sweeps.backends import check_backend, execute_jobs
+    from orcasim.sweeps.runner import prepare_resumable
+
+    check_backend(backend, workers)
+    todo = jobs
+    if out_dir is not None:
+        prepare_resumable(out_dir, _plan(jobs), {}, resume, force)
+        todo = [j for j in jobs if _read(out_dir, j) is None]
+    fresh = {}
+    for outcome in execute_jobs(todo, search, SearchOutcome.failed, backend, workers, address):  # type: ignore[arg-type]
+        fresh[outcome.id] = outcome
+        if out_dir is not None:
+            write_atomically(out_dir / "points" / outcome.id,
+                             lambda tmp, o=outcome: (tmp / OUTCOME_FILE).write_text(o.to_json()),
+                             force=True)
+    outcomes = [fresh.get(j.id) or (_read(out_dir, j) if out_dir else None)
+                or SearchOutcome.failed(j, "did not run") for j in jobs]
+    table = capacity_table(outcomes, jobs, price_per_gpu_hour, target_rate_per_s)
+    return CapacityResult(table, evaluations_table([o for o in outcomes if o.ok]),
+                          [o for o in outcomes if not o.ok], len(todo), len(jobs) - len(todo))
+
+
+def _plan(jobs: list[SearchJob]) -> str:
+    return json.dumps([asdict(j) for j in jobs], indent=1, default=str) + "\n"
+
+
+def _read(out_dir: Path, job: SearchJob) -> SearchOutcome | None:
+    """A finished job's outcome from `out_dir`, or None (absent or failed: run it again)."""
+    path = out_dir / "points" / job.id / OUTCOME_FILE
+    if not path.exists():
+        return None
+    outcome = SearchOutcome.from_json(path.read_text())
+    return outcome if outcome.ok else None
+
+
+def write_capacity(result: CapacityResult, out_dir: Path, attainment: float,
+                   latency: str | None = None, plots: bool = True) -> list[Path]:
+    """capacity.csv, evaluations.csv, failures.csv (if any), and with several configuration
+    points pareto.csv (the front of cost against `latency` at capacity); the figures."""
+    from orcasim.plots import attainment_vs_rate, cost_latency_pareto
+    from orcasim.results import write_file_atomically
+
+    def csv(name: str, frame: pd.DataFrame) -> Path:
+        return write_file_atomically(out_dir / name, lambda p: frame.to_csv(p, index=False))
+
+    paths = [csv("capacity.csv", result.table), csv("evaluations.csv", result.evaluations)]
+    if result.failed:
+        paths.append(csv("failures.csv", pd.DataFrame(
+            [{"id": o.id, "point": o.point, "system": o.system, "replication": o.replication,
+              "error": o.error} for o in result.failed])))
+    several = result.table["point"].nunique() > 1
+    front = None
+    if several and latency is not None and latency in result.table:
+        front = pareto_front(result.table, "cost_per_million_tokens", latency)
+        paths.append(csv("pareto.csv", front))
+    if plots and len(result.evaluations):
+        figures = {"attainment": attainment_vs_rate(result.evaluations, result.table, attainment)}
+        if front is not None and latency is not None:
+            figures["pareto"] = cost_latency_pareto(result.table, front, latency)
+        for stem, fig in figures.items():
+            path = out_dir / f"{stem}.png"
+            # The temporary file has no .png suffix to infer the format from.
+            write_file_atomically(path, lambda p, f=fig: f.savefig(p, format="png", dpi=110,
+                                                                 bbox_inches="tight"))
+            paths.append(path)
+    return paths
