@@ -278,10 +278,11 @@ def latency_vs_throughput(
         ax.plot(med["throughput_rps"], med[metric], label=line.label, **line.style)
         if "saturated" in line.rows:
             unstable = line.rows.groupby(by)["saturated"].median().reindex(med.index) > 0.5
+        if "saturated" in line.rows and unstable.any():
             ax.scatter(med.loc[unstable, "throughput_rps"], med.loc[unstable, metric],
                        s=70, facecolors="none", edgecolors="red", zorder=3,
                        label=SATURATED if not marked else None)
-            marked = marked or bool(unstable.any())
+            marked = True
     if slo is not None:
         ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")
     if log_y:
@@ -361,8 +362,9 @@ def run_figures(result: RunResult) -> dict[str, Figure]:
 def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attainment: float,
                        title: str = "SLO attainment against offered rate") -> Figure:
     """Every rate the capacity search tried: attainment per system (one panel per
-    configuration point), the attainment target as a line, each system's capacity as a
-    dashed vertical line; rings mark saturated runs, which fail whatever their attainment."""
+    configuration point; filled where the rate passed, hollow where it failed), the
+    attainment target as a line, each system's capacity as a dashed vertical line; red rings
+    mark saturated runs, which fail whatever their attainment."""
     points = sorted(evaluations["point"].unique()) if len(evaluations) else [0]
     fig = Figure(figsize=(8, 4.5 * len(points)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(points), 1, squeeze=False)[:, 0])
@@ -371,8 +373,12 @@ def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attain
         for i, (system, sub) in enumerate(rows.groupby("system", sort=False)):
             sub = sub.sort_values("rate_per_s")
             color = f"C{i % 10}"
-            ax.plot(sub["rate_per_s"], sub["slo_attainment"], "o", color=color, markersize=4,
-                    alpha=0.7, label=str(system))
+            passed = sub["passes"] > 0
+            ax.scatter(sub.loc[passed, "rate_per_s"], sub.loc[passed, "slo_attainment"], s=18,
+                       color=color, alpha=0.8, label=f"{system} (filled: passes)")
+            # Hollow: failed (SLO missed, saturated, or at or above the measured throughput).
+            ax.scatter(sub.loc[~passed, "rate_per_s"], sub.loc[~passed, "slo_attainment"], s=18,
+                       facecolors="none", edgecolors=color, alpha=0.8)
             unstable = sub[sub["saturated"] > 0]
             ax.scatter(unstable["rate_per_s"], unstable["slo_attainment"], s=70,
                        facecolors="none", edgecolors="red", zorder=3)

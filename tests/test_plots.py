@@ -124,3 +124,41 @@ def test_binned_time_average_preserves_the_integral(
     avg = binned_time_average(frame, "batch_size", edges)
     area = float((frame["batch_size"] * frame["duration_s"]).sum())
     assert float((avg * np.diff(edges)).sum()) == pytest.approx(area, rel=1e-9)
+
+
+def test_saturated_points_are_ringed_and_cdfs_labelled(sweep_table: pd.DataFrame) -> None:
+    from orcasim.plots import SATURATED, latency_cdfs
+
+    table = sweep_table.assign(saturated=0.0)
+    assert SATURATED not in latency_vs_throughput(table).axes[0].get_legend_handles_labels()[1]
+    last = table.iloc[-1]
+    same_point = (table["system"] == last["system"]) & (table["point"] == last["point"])
+    table.loc[same_point, "saturated"] = 1.0  # every replication of one point
+    labels = latency_vs_throughput(table).axes[0].get_legend_handles_labels()[1]
+    assert labels.count(SATURATED) == 1
+    reqs = pd.DataFrame({"system": ["a", "a", "b", "b"], "ttft_s": [0.1, 0.2, 0.1, 0.3],
+                         "tpot_s": [0.01] * 4, "e2e_s": [1.0, 2.0, 1.0, 3.0],
+                         "normalized_latency_s_per_token": [0.1] * 4})
+    fig = latency_cdfs(reqs, frozenset({"b"}))
+    lines = {line.get_label(): line.get_linestyle() for line in fig.axes[0].get_lines()}
+    assert lines == {"a": "-", f"b ({SATURATED})": ":"}
+
+
+def test_capacity_figures() -> None:
+    from orcasim.plots import attainment_vs_rate, cost_latency_pareto
+
+    evaluations = pd.DataFrame({
+        "point": 0, "system": ["s"] * 4, "rate_per_s": [1.0, 2.0, 4.0, 3.0],
+        "slo_attainment": [1.0, 0.95, 0.2, 0.6], "saturated": [0.0, 0.0, 1.0, 0.0],
+        "passes": [1.0, 1.0, 0.0, 0.0]})
+    capacity = pd.DataFrame({"point": [0], "system": ["s"], "max_rate_per_s": [2.0]})
+    fig = attainment_vs_rate(evaluations, capacity, 0.9)
+    assert_labelled(fig)
+    ax = fig.axes[0]
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [2.0, 0.0]  # capacity, target
+    assert ax.get_lines()[1].get_ydata()[0] == 0.9
+    table = pd.DataFrame({"system": ["s", "s", "s"], "cost_per_million_tokens": [1.0, 2.0, 3.0],
+                          "lat": [3.0, 1.0, 2.0]})
+    fig = cost_latency_pareto(table, table.iloc[[0, 1]], "lat")
+    assert_labelled(fig)
+    assert fig.axes[0].get_lines()[0].get_xdata().tolist() == [3.0, 1.0]
