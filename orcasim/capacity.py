@@ -377,6 +377,16 @@ def _at_capacity(group: list[SearchOutcome]) -> dict[str, float]:
     return {f"{k}_at_capacity": float(np.mean([r[k] for r in rows])) for k in keys}
 
 
+def cheapest(table: pd.DataFrame) -> pd.Series | None:
+    """The configuration that meets the SLOs at the lowest cost: the lowest cost per hour of
+    serving the target rate when one was given, else the lowest cost per million output
+    tokens; None when no configuration has a finite cost with a positive capacity."""
+    column = "cost_per_hour_for_target_usd" if "cost_per_hour_for_target_usd" in table else \
+        "cost_per_million_tokens"
+    usable = table[(table["max_rate_per_s"] > 0) & np.isfinite(table[column])]
+    return None if usable.empty else usable.loc[usable[column].idxmin()]
+
+
 def evaluations_table(outcomes: list[SearchOutcome]) -> pd.DataFrame:
     """Every rate tried: one row per (point, system, replication, rate), in search order."""
     rows = [{"point": o.point, **o.params, "system": o.system, "replication": o.replication,

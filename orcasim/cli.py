@@ -364,6 +364,14 @@ def capacity(
     console.print(frame_table(result.table[list(dict.fromkeys(shown))],
                               f"{name}: highest rate within {', '.join(t.name for t in slo_cfg.targets)}"
                               f" at {slo_cfg.attainment:g} attainment"))
+    best = cap.cheapest(result.table)
+    if best is not None and (len(points) > 1 or len(result.table) > 1):
+        where = ", ".join(f"{k}={best[k]}" for k in points[0]) or "the scenario"
+        cost = (f"${best['cost_per_hour_for_target_usd']:.4g} an hour for {target_rate:g} req/s "
+                f"({int(best['copies_for_target'])} copies)" if target_rate is not None
+                else f"${best['cost_per_million_tokens']:.4g} per million output tokens")
+        typer.echo(f"cheapest within the SLOs: {best['system']} at {where}: {cost}, "
+                   f"{best['max_rate_per_s']:.4g} req/s each")
     typer.echo(f"{result.ran} searches run, {result.skipped} already done; written to {out_dir}/")
     if result.failed:
         for o in result.failed:

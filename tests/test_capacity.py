@@ -199,6 +199,15 @@ def test_capacity_table_cost_arithmetic() -> None:
     assert row["slo_e2e_p90_at_capacity"] == pytest.approx(0.8)
 
 
+def test_cheapest_by_tokens_or_by_target() -> None:
+    table = pd.DataFrame({"system": ["a", "b", "c"], "max_rate_per_s": [1.0, 3.0, 0.0],
+                          "cost_per_million_tokens": [2.0, 3.0, 0.1]})
+    assert cap.cheapest(table)["system"] == "a"  # c serves nothing within the SLOs
+    table["cost_per_hour_for_target_usd"] = [8.0, 6.0, np.inf]
+    assert cap.cheapest(table)["system"] == "b"
+    assert cap.cheapest(table.iloc[[2]]) is None
+
+
 # ---- the command ---------------------------------------------------------------------------
 
 runner = CliRunner()
@@ -246,6 +255,7 @@ def test_cli_configuration_search_writes_the_pareto_front(tmp_path: Path) -> Non
     table = pd.read_csv(out / "capacity.csv").set_index("systems[1].scheduler.max_batch_size")
     assert table.loc[8, "max_rate_per_s"] > table.loc[1, "max_rate_per_s"]
     assert table.loc[1, "cost_per_million_tokens"] > table.loc[8, "cost_per_million_tokens"]
+    assert "cheapest within the SLOs: orca at systems[1].scheduler.max_batch_size=8" in result.output
     front = pd.read_csv(out / "pareto.csv")
     assert 8 in front["systems[1].scheduler.max_batch_size"].tolist()
     assert (out / "pareto.png").exists()
@@ -264,3 +274,24 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str
                                  "--out", str(tmp_path / "x"), *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("scenario, slo, iteration_level", [
+    ("scenarios/quickstart.yaml", ["--slo", "e2e_p90=3"], "orca"),
+    ("scenarios/orca_paper/gpt3_13b.yaml",
+     ["--slo", "normalized_latency_p50=0.19", "--attainment", "0.5"], "orca-bs16"),
+])
+def test_shipped_scenarios_get_capacity_answers(tmp_path: Path, scenario: str, slo: list[str],
+                                                iteration_level: str) -> None:
+    """The quickstart and the Orca paper's scenario (its sweep block is set aside), shortened:
+    every system serves something, and iteration-level batching the most."""
+    result = runner.invoke(app, ["capacity", str(ROOT / scenario), "--out", str(tmp_path / "c"),
+                                 "--requests", "500", "--replications", "2", "--workers", "1",
+                                 "--rel-tol", "0.05", *slo])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(tmp_path / "c" / "capacity.csv").set_index("system")
+    assert (table["max_rate_per_s"] > 0).all()
+    assert table["max_rate_per_s"].idxmax() == iteration_level

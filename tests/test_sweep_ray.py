@@ -25,3 +25,19 @@ def test_ray_4x3_matches_local(tmp_path: Path) -> None:
     assert len(on_ray.table) == 12 * 2
     pd.testing.assert_frame_equal(local.table, on_ray.table)
     assert not ray.is_initialized()  # the instance the sweep started is shut down
+
+
+@pytest.mark.slow
+def test_ray_capacity_search_matches_local(tmp_path: Path) -> None:
+    """A capacity search's jobs on Ray give the table the local pool gives."""
+    from orcasim import capacity as cap
+    from orcasim.slo import slo_from_strings
+    from tests.conftest import make_scenario
+
+    jobs = cap.search_jobs(make_scenario(), tmp_path, slo_from_strings(["e2e_p90 <= 2"]), 2,
+                           cap.SearchSettings(num_requests=300))
+    local = cap.run_capacity(jobs, tmp_path / "local", workers=2)
+    on_ray = cap.run_capacity(jobs, tmp_path / "ray", backend="ray", workers=RAY_WORKERS)
+    assert not local.failed and not on_ray.failed
+    pd.testing.assert_frame_equal(local.table, on_ray.table)
+    assert not ray.is_initialized()
