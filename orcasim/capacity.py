@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
+from matplotlib.figure import Figure
 from scipy import stats
 
 from orcasim.config import ScenarioError
@@ -464,31 +466,54 @@ def _read(out_dir: Path, job: SearchJob) -> SearchOutcome | None:
     return outcome if outcome.ok else None
 
 
-def write_capacity(result: CapacityResult, out_dir: Path, attainment: float,
-                   latency: str | None = None, plots: bool = True) -> list[Path]:
-    """capacity.csv, evaluations.csv, failures.csv (if any), and with several configuration
-    points pareto.csv (the front of cost against `latency` at capacity); the figures."""
+def latency_at_capacity(slo: SLOConfig) -> str:
+    """The Pareto front's latency column: the first target's percentile at capacity."""
+    return f"slo_{slo.targets[0].name}_at_capacity"
+
+
+def capacity_figures(table: pd.DataFrame, evaluations: pd.DataFrame,
+                     slo: SLOConfig) -> dict[str, Figure]:
+    """Attainment against rate, and with several configuration points the Pareto front."""
     from orcasim.plots import attainment_vs_rate, cost_latency_pareto
+
+    figures = {}
+    if len(evaluations):
+        figures["attainment"] = attainment_vs_rate(evaluations, table, slo.attainment)
+    latency = latency_at_capacity(slo)
+    if table["point"].nunique() > 1 and latency in table:
+        front = pareto_front(table, "cost_per_million_tokens", latency)
+        figures["pareto"] = cost_latency_pareto(table, front, latency)
+    return figures
+
+
+def slo_text(slo: SLOConfig) -> str:
+    """The SLO as the `slo:` block of a scenario (slo.yaml in a capacity folder)."""
+    data = {"targets": [f"{t.name} <= {t.bound_s:g}" for t in slo.targets],
+            "attainment": slo.attainment}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def write_capacity(result: CapacityResult, out_dir: Path, slo: SLOConfig,
+                   plots: bool = True) -> list[Path]:
+    """capacity.csv, evaluations.csv, slo.yaml, failures.csv (if any), and with several
+    configuration points pareto.csv (the front of cost against latency at capacity); the
+    figures."""
     from orcasim.results import write_file_atomically
 
     def csv(name: str, frame: pd.DataFrame) -> Path:
         return write_file_atomically(out_dir / name, lambda p: frame.to_csv(p, index=False))
 
-    paths = [csv("capacity.csv", result.table), csv("evaluations.csv", result.evaluations)]
+    paths = [csv("capacity.csv", result.table), csv("evaluations.csv", result.evaluations),
+             write_file_atomically(out_dir / "slo.yaml", lambda p: p.write_text(slo_text(slo)))]
     if result.failed:
         paths.append(csv("failures.csv", pd.DataFrame(
             [{"id": o.id, "point": o.point, "system": o.system, "replication": o.replication,
               "error": o.error} for o in result.failed])))
-    several = result.table["point"].nunique() > 1
-    front = None
-    if several and latency is not None and latency in result.table:
-        front = pareto_front(result.table, "cost_per_million_tokens", latency)
-        paths.append(csv("pareto.csv", front))
-    if plots and len(result.evaluations):
-        figures = {"attainment": attainment_vs_rate(result.evaluations, result.table, attainment)}
-        if front is not None and latency is not None:
-            figures["pareto"] = cost_latency_pareto(result.table, front, latency)
-        for stem, fig in figures.items():
+    latency = latency_at_capacity(slo)
+    if result.table["point"].nunique() > 1 and latency in result.table:
+        paths.append(csv("pareto.csv", pareto_front(result.table, "cost_per_million_tokens", latency)))
+    if plots:
+        for stem, fig in capacity_figures(result.table, result.evaluations, slo).items():
             path = out_dir / f"{stem}.png"
             # The temporary file has no .png suffix to infer the format from.
             write_file_atomically(path, lambda p, f=fig: f.savefig(p, format="png", dpi=110,

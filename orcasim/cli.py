@@ -353,8 +353,7 @@ def capacity(
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
         result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
                                   price_per_gpu_hour, target_rate)
-        latency = f"slo_{slo_cfg.targets[0].name}_at_capacity"
-        cap.write_capacity(result, out_dir, slo_cfg.attainment, latency, plots)
+        cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
         fail(error_text(e))
     shown = [c for c in ("point", *(k for p in points for k in p), "system", "max_rate_per_s",

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from orcasim.results import save_figure
 
@@ -28,12 +29,20 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         if table.empty:
             raise ValueError(f"{results_dir}/sweep.parquet has no rows: every point failed")
         figures = sweep_figures(table, slo=slo)
+    elif (results_dir / "capacity.csv").exists():
+        from orcasim.capacity import capacity_figures
+        from orcasim.slo import SLOConfig
+
+        slo = SLOConfig.model_validate(yaml.safe_load((results_dir / "slo.yaml").read_text()))
+        figures = capacity_figures(pd.read_csv(results_dir / "capacity.csv"),
+                                   pd.read_csv(results_dir / "evaluations.csv"), slo)
     elif (results_dir / "summary.json").exists():
         summary = json.loads((results_dir / "summary.json").read_text())
         unstable = frozenset(n for n, m in summary.items() if isinstance(m, dict) and m.get("saturated"))
         figures = frames_figures(*load_run_frames(results_dir), unstable)
     else:
-        raise FileNotFoundError(f"{results_dir}: no summary.json or sweep.parquet (is it a results folder?)")
+        raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet or capacity.csv "
+                                "(is it a results folder?)")
     paths: list[Path] = []
     for stem, fig in figures.items():
         paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)

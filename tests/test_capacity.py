@@ -232,6 +232,9 @@ def test_cli_writes_capacity_and_resumes(tmp_path: Path) -> None:
     evaluations = pd.read_csv(out / "evaluations.csv")
     assert {"rate_per_s", "slo_attainment", "saturated", "passes"} <= set(evaluations.columns)
     assert (out / "attainment.png").stat().st_size > 0
+    (out / "attainment.png").unlink()
+    replot = runner.invoke(app, ["plot", str(out)])  # from capacity.csv, evaluations.csv, slo.yaml
+    assert replot.exit_code == 0 and (out / "attainment.png").stat().st_size > 0
     orca = table.set_index("system").loc["orca"]
     assert orca["ci_low"] <= orca["max_rate_per_s"] <= orca["ci_high"]
     again = runner.invoke(app, ["capacity", str(path), "--out", str(out), "--resume", *ARGS])
