@@ -86,7 +86,7 @@ def _setup_torch(args: argparse.Namespace) -> None:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device = cuda: no CUDA device is available")
+        raise ScenarioError("--device = cuda: no CUDA device is available")
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -152,7 +152,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     scenario = load_scenario(args.scenario, args.set)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:
-        raise ValueError(f"--system = {system!r}: expected one of "
+        raise ScenarioError(f"--system = {system!r}: expected one of "
                          f"{', '.join(s.name for s in scenario.systems)}")
     parameters = tuple(p.strip() for p in args.fit.split(",") if p.strip())
     base_dir = args.scenario.resolve().parent

@@ -230,7 +230,7 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
         result = run_system(replay, system_cfg, make_requests(replay), cost=recording)
     iters = result.iterations
     if len(iters) != len(recording.rows):
-        raise ValueError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
+        raise ScenarioError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
                          f"{len(iters)} iterations; a pipelined engine cannot be calibrated so")
     gpu, batch, prefill = (np.array(c, dtype=np.float64) for c in zip(*recording.rows, strict=True))
     latency_s = request_latency_s(replay.system_cost(system_cfg))

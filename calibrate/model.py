@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from orcasim.config import ScenarioError
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -67,7 +69,7 @@ SHAPES: dict[str, ModelArgs] = {
 
 def model_args(name: str, n_layers: int | None = None) -> ModelArgs:
     if name not in SHAPES:
-        raise ValueError(f"--model = {name!r}: expected one of {', '.join(SHAPES)}")
+        raise ScenarioError(f"--model = {name!r}: expected one of {', '.join(SHAPES)}")
     args = SHAPES[name]
     return replace(args, n_layers=n_layers) if n_layers else args
 

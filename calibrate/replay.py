@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.model import Sequence, Transformer
+from orcasim.config import ScenarioError
 from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
@@ -64,7 +65,7 @@ def orca_system(scenario: Scenario) -> SystemConfig:
     for system in scenario.systems:
         if isinstance(system.scheduler, IterationLevelConfig):
             return system
-    raise ValueError(f"scenario {scenario.name!r}: replay needs a system with an iteration_level scheduler")
+    raise ScenarioError(f"scenario {scenario.name!r}: replay needs a system with an iteration_level scheduler")
 
 
 def wait_until(t0: float, target_s: float) -> None:
@@ -85,7 +86,7 @@ class RealServer:
     def __init__(self, model: Transformer, scenario: Scenario, system: SystemConfig,
                  requests: Requests, rng: np.random.Generator, clock: str = "wall") -> None:
         if clock not in ("wall", "cpu"):
-            raise ValueError(f"--clock = {clock!r}: expected wall or cpu")
+            raise ScenarioError(f"--clock = {clock!r}: expected wall or cpu")
         self.model, self.requests, self.clock = model, requests, clock
         self.scheduler = scheduler_for(scenario, system, requests)
         self.recorder = Recorder(len(requests))
@@ -269,7 +270,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
     rescaled to that fraction of the capacity the fitted cost model predicts."""
     system = orca_system(scenario)
     if scenario.workload.arrival.kind == "closed_loop":  # the real server replays fixed times
-        raise ValueError("workload.arrival.kind = closed_loop: replay expects poisson, gamma, "
+        raise ScenarioError("workload.arrival.kind = closed_loop: replay expects poisson, gamma, "
                          "constant or trace arrivals")
     one = scenario.model_copy(update={"systems": [system]})
     with data_dir(base_dir):

@@ -51,6 +51,7 @@ from scipy import stats
 from orcasim.config import ScenarioError
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
+from orcasim.sweeps.task import JsonRecord, first_line
 
 CONFIDENCE = 0.95
 DEFAULT_REL_TOL = 0.02
@@ -99,7 +100,7 @@ class SearchJob:
 
 
 @dataclass
-class SearchOutcome:
+class SearchOutcome(JsonRecord):
     id: str
     point: int
     system: str
@@ -113,18 +114,10 @@ class SearchOutcome:
     error: str = ""
     wall_s: float = 0.0
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> SearchOutcome:
-        return cls(**json.loads(text))
-
     @classmethod
     def failed(cls, job: SearchJob, error: BaseException | str, wall_s: float = 0.0) -> SearchOutcome:
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         return cls(job.id, job.point, job.system, job.replication, job.seed, job.params, False,
-                   error=text.splitlines()[0] if text else "unknown error", wall_s=wall_s)
+                   error=first_line(error), wall_s=wall_s)
 
 
 # ---- the rate knob ------------------------------------------------------------------------
@@ -462,7 +455,7 @@ def _read(out_dir: Path, job: SearchJob) -> SearchOutcome | None:
     path = out_dir / "points" / job.id / OUTCOME_FILE
     if not path.exists():
         return None
-    outcome = SearchOutcome.from_json(path.read_text())
+    outcome = SearchOutcome.from_json(path.read_text(), str(path))
     return outcome if outcome.ok else None
 
 

@@ -43,8 +43,12 @@ def _root(
     """Discrete-event simulator of LLM serving: request-level vs iteration-level (Orca)."""
 
 
-USER_ERRORS = (ScenarioError, ValueError, FileNotFoundError, FileExistsError, KeyError)
+# The error boundary: bad input is a ScenarioError (raised where input is validated) or a
+# missing or existing path; it is one line and exit 2. Anything else is an internal error and
+# shows its traceback, except a failing disk or filesystem (OSError), one line and exit 1.
+USER_ERRORS = (ScenarioError, FileNotFoundError, FileExistsError)
 EXIT_BAD_INPUT = 2
+EXIT_ENVIRONMENT = 1
 
 TABLE_METRICS = {
     "throughput_rps": "req/s",
@@ -71,8 +75,9 @@ def fail(message: str) -> None:
 
 
 def error_text(e: Exception) -> str:
-    # KeyError's str() adds quotes around the message.
-    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    if isinstance(e, FileNotFoundError | FileExistsError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror.lower()}"
+    return str(e)
 
 
 def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
@@ -431,6 +436,10 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as e:  # the machine, not the input: a full disk, a read-only folder
+        where = f" ({e.filename})" if e.filename else ""
+        typer.echo(f"error: {e.strerror or e}{where}; nothing was left half-written", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
 
 
 if __name__ == "__main__":

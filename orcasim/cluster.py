@@ -29,7 +29,7 @@ from typing import Annotated, Literal, Self
 import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from orcasim.config import Strict
+from orcasim.config import ScenarioError, Strict
 from orcasim.cost import CostConfig
 from orcasim.cost.catalog import HardwareConfig, ModelRef
 from orcasim.replica import Load, Replica
@@ -144,19 +144,19 @@ class ClusterConfig(Strict):
         pools = (self.prefill is None, self.decode is None)
         if pools[0] != pools[1]:
             missing = "decode" if self.decode is None else "prefill"
-            raise ValueError(f"a disaggregated cluster needs both pools; '{missing}' is missing")
+            raise ScenarioError(f"a disaggregated cluster needs both pools; '{missing}' is missing")
         if self.disaggregated and self.replicas is not None:
-            raise ValueError("'replicas' is for a colocated cluster; a disaggregated one sizes "
+            raise ScenarioError("'replicas' is for a colocated cluster; a disaggregated one sizes "
                              "its pools with prefill.count and decode.count")
         if not self.disaggregated and self.first_token is not None:
-            raise ValueError("'first_token' is for a disaggregated cluster (prefill and decode pools)")
+            raise ScenarioError("'first_token' is for a disaggregated cluster (prefill and decode pools)")
         if self.disaggregated and self.router is not None:
-            raise ValueError("'router' is for a colocated cluster; give each pool its own "
+            raise ScenarioError("'router' is for a colocated cluster; give each pool its own "
                              "(prefill.router, decode.router)")
         for name, pool in (("prefill", self.prefill), ("decode", self.decode)):
             kind = getattr(pool.scheduler if pool else None, "kind", None)
             if kind == "request_level":
-                raise ValueError(f"{name}.scheduler.kind = 'request_level': a disaggregated pool "
+                raise ScenarioError(f"{name}.scheduler.kind = 'request_level': a disaggregated pool "
                                  "needs iteration_level, paged or chunked")
         return self
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
+
+from orcasim.paths import read_json, read_parquet
 
 # Summary of a folder: {label: {metric: value}}; a label is a system, or point/system in a sweep.
 Metrics = dict[str, dict[str, float]]
@@ -16,10 +17,10 @@ def load_metrics(folder: Path) -> Metrics:
     """Read `summary.json` of a run (or baseline), or `sweep.parquet` of a sweep."""
     folder = Path(folder)
     if (folder / "summary.json").exists():
-        data = json.loads((folder / "summary.json").read_text())
+        data = read_json(folder / "summary.json")
         return {s: {k: _num(v) for k, v in m.items()} for s, m in data.items()}
     if (folder / "sweep.parquet").exists():
-        return _sweep_metrics(pd.read_parquet(folder / "sweep.parquet"))
+        return _sweep_metrics(read_parquet(folder / "sweep.parquet"))
     raise FileNotFoundError(f"{folder}: no summary.json or sweep.parquet (is it a results folder?)")
 
 

@@ -8,6 +8,7 @@ silently ignored.
 from __future__ import annotations
 
 import difflib
+import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -29,10 +30,20 @@ class Strict(BaseModel):
         if not isinstance(data, dict):
             return data
         valid = set(cls.model_fields)
-        for key in data:
+        for key, value in data.items():
             if key not in valid:
-                raise ValueError(f"unknown key '{key}'{_suggestion(str(key), valid)}")
+                raise ScenarioError(f"unknown key '{key}'{_suggestion(str(key), valid)}")
+            if isinstance(value, bool) and not _accepts_bool(cls.model_fields[key].annotation):
+                # pydantic reads true as 1: a boolean where a number is expected is a mistake.
+                raise ScenarioError(f"{key} = {value}: expected a number or string, not a boolean")
         return data
+
+
+def _accepts_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a boolean (anywhere in its unions and annotations)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_accepts_bool(arg) for arg in typing.get_args(annotation))
 
 
 def _suggestion(key: str, valid: set[str]) -> str:

@@ -22,6 +22,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
+from orcasim.config import ScenarioError
 from orcasim.requests import Requests
 
 ReservationPolicy = Literal["max", "pow2", "oracle"]
@@ -66,7 +67,7 @@ class PagedAllocator:
 
     def __init__(self, num_blocks: int, block_size_tokens: int) -> None:
         if num_blocks < 1 or block_size_tokens < 1:
-            raise ValueError(f"need at least one block of at least one token, got "
+            raise ScenarioError(f"need at least one block of at least one token, got "
                              f"{num_blocks} block(s) of {block_size_tokens} token(s)")
         self.num_blocks = num_blocks
         self.block_size_tokens = block_size_tokens

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+import json
 from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orcasim.config import ScenarioError
 
 PACKAGE_DATA_DIR = Path(__file__).parent / "data"
 # The directory of the scenario file being loaded; relative data paths start there.
@@ -26,3 +32,38 @@ def resolve_data_path(path: str) -> Path:
             return c
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(f"file '{path}' not found (looked at: {tried})")
+
+
+# Readers of users' files: any file that cannot be parsed is a one-line ScenarioError that
+# names it, never a decoder's traceback.
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not UTF-8 text; expected a JSON file") from None
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path, **kwargs)
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not UTF-8 text (compressed or binary?); expected a CSV "
+                            "file") from None
+    except pd.errors.EmptyDataError:
+        raise ScenarioError(f"{path}: empty; expected a CSV file with a header row") from None
+    except pd.errors.ParserError as e:
+        raise ScenarioError(f"{path}: malformed CSV ({str(e).strip().splitlines()[-1]})") from None
+    except ValueError as e:  # e.g. a column asked for is absent
+        raise ScenarioError(f"{path}: {e}") from None
+
+
+def read_parquet(path: Path) -> pd.DataFrame:
+    if not Path(path).is_file():
+        raise FileNotFoundError(2, "no such file", str(path))
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ScenarioError(f"{path}: not a readable Parquet file ({e})") from None

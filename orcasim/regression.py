@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from orcasim.compare import Metrics, relative_change, same_value
+from orcasim.paths import read_json
 from orcasim.results import json_safe, write_file_atomically
 
 SCENARIO_DIR = Path("scenarios/regression")
@@ -59,7 +60,7 @@ def run_regression(path: Path) -> Metrics:
 
 
 def read_baseline(path: Path) -> Metrics:
-    data = json.loads(path.read_text())
+    data = read_json(path)
     return {s: {k: math.nan if v is None else float(v) for k, v in m.items()} for s, m in data.items()}
 
 

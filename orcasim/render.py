@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from orcasim.config import ScenarioError
+from orcasim.paths import read_csv, read_json, read_parquet
 from orcasim.results import save_figure
 
 
 def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A run folder's request and iteration frames, each with a `system` column."""
-    systems = list(json.loads((run_dir / "summary.json").read_text()))
-    reqs = [pd.read_parquet(run_dir / s / "requests.parquet").assign(system=s) for s in systems]
-    iters = [pd.read_parquet(run_dir / s / "iterations.parquet").assign(system=s) for s in systems]
+    systems = list(read_json(run_dir / "summary.json"))
+    reqs = [read_parquet(run_dir / s / "requests.parquet").assign(system=s) for s in systems]
+    iters = [read_parquet(run_dir / s / "iterations.parquet").assign(system=s) for s in systems]
     return pd.concat(reqs, ignore_index=True), pd.concat(iters, ignore_index=True)
 
 
@@ -25,19 +26,19 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
 
     results_dir = Path(results_dir)
     if (results_dir / "sweep.parquet").exists():
-        table = pd.read_parquet(results_dir / "sweep.parquet")
+        table = read_parquet(results_dir / "sweep.parquet")
         if table.empty:
-            raise ValueError(f"{results_dir}/sweep.parquet has no rows: every point failed")
+            raise ScenarioError(f"{results_dir}/sweep.parquet has no rows: every point failed")
         figures = sweep_figures(table, slo=slo)
     elif (results_dir / "capacity.csv").exists():
         from orcasim.capacity import capacity_figures
         from orcasim.slo import SLOConfig
 
         slo = SLOConfig.model_validate(yaml.safe_load((results_dir / "slo.yaml").read_text()))
-        figures = capacity_figures(pd.read_csv(results_dir / "capacity.csv"),
-                                   pd.read_csv(results_dir / "evaluations.csv"), slo)
+        figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
+                                   read_csv(results_dir / "evaluations.csv"), slo)
     elif (results_dir / "summary.json").exists():
-        summary = json.loads((results_dir / "summary.json").read_text())
+        summary = read_json(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if isinstance(m, dict) and m.get("saturated"))
         figures = frames_figures(*load_run_frames(results_dir), unstable)
     else:

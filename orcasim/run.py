@@ -144,10 +144,27 @@ def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
             f"{system_name}: no request completed after warmup_s = {warmup_s:g} (the last "
             f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "
             "expected warmup_s below the last arrival and requests that fit")
+    check_times(system_name, reqs)
     if scenario.slo is not None:
         summary.update(slo_summary(reqs, scenario.slo, warmup_s))
     warn_saturated(system_name, summary)
     return summary
+
+
+# Past this a float64 timestamp keeps less than 0.12 us (np.spacing(1e9)): a run this long
+# is almost surely a unit mistake (a rate in req/hour, a cost in ms), and TTFT and TPOT, the
+# differences of such timestamps, would lose their precision silently.
+MAX_TIME_S = 1e9
+
+
+def check_times(system_name: str, reqs: pd.DataFrame) -> None:
+    """A ScenarioError if the run's timestamps overflowed or reach past MAX_TIME_S."""
+    last_s = float(np.nanmax(reqs[["arrival_s", "finish_s"]].to_numpy(dtype=np.float64)))
+    if not np.isfinite(last_s) or last_s > MAX_TIME_S:
+        raise ScenarioError(
+            f"{system_name}: the run reaches t = {last_s:.3g} s, beyond {MAX_TIME_S:g} s, where "
+            f"float timestamps keep only {np.spacing(min(last_s, 1e300)):.2g} s of precision; "
+            "expected rates, costs and think times in seconds (is one off by a unit?)")
 
 
 def warn_saturated(system_name: str, summary: dict[str, float]) -> None:
@@ -267,7 +284,7 @@ def run_scenario(
         base_dir = Path(scenario).resolve().parent
         scenario = load_scenario(scenario, overrides)
     elif overrides:
-        raise ValueError("overrides apply to a scenario path or mapping; change a Scenario "
+        raise ScenarioError("overrides apply to a scenario path or mapping; change a Scenario "
                          "object with model_copy")
     with data_dir(base_dir):
         requests = make_requests(scenario)

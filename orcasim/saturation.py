@@ -64,8 +64,9 @@ def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0) -> dict[str, float]:
         return evidence
     t = np.linspace(from_s, end_s, SAMPLES)
     waiting = waiting_count(arrival, scheduled, t).astype(np.float64)
-    slope = float(np.polyfit(t - from_s, waiting, 1)[0])
-    growth = slope * span_s
+    # Fitted against the span's fraction (0 to 1), so the slope is the growth over the span
+    # and the fit stays well conditioned whatever the time scale.
+    growth = float(np.polyfit(np.linspace(0.0, 1.0, SAMPLES), waiting, 1)[0])
     z = float(growth / np.sqrt(arrivals))
     admitted = int(((scheduled >= from_s) & (scheduled <= end_s)).sum())
     return {"saturated": float(z > SATURATION_Z), "saturation_z": z,

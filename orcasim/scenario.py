@@ -14,6 +14,7 @@ import yaml
 from pydantic import (
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveInt,
     PrivateAttr,
     ValidationError,
@@ -49,7 +50,7 @@ class SystemConfig(Strict):
     @model_validator(mode="after")
     def _not_a_result_file(self) -> Self:
         if self.name in RESERVED_NAMES or self.name.endswith((".png", ".svg")):
-            raise ValueError(f"name = {self.name!r} is a file of the results folder; expected "
+            raise ScenarioError(f"name = {self.name!r} is a file of the results folder; expected "
                              "another name")
         return self
 
@@ -71,7 +72,7 @@ class SweepConfig(Strict):
         # Each point is one value in one column of the sweep table (orcasim.sweeps).
         for i, value in enumerate(self.values):
             if not isinstance(value, int | float | str | bool):
-                raise ValueError(f"values[{i}] = {value!r}: expected a number, string or boolean")
+                raise ScenarioError(f"values[{i}] = {value!r}: expected a number, string or boolean")
         return self
 
 
@@ -80,7 +81,7 @@ HARDWARE_COST_KINDS = ("roofline", "profile")
 
 class Scenario(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    seed: int = 0
+    seed: NonNegativeInt = 0  # numpy's SeedSequence takes non-negative integers
     workload: WorkloadConfig
     cost: CostConfig
     model: ModelRef | None = None
@@ -108,10 +109,10 @@ class Scenario(Strict):
         kinds = [c.kind for c in (self.cost, *(s.cost for s in self.systems if s.cost)) if c.kind in HARDWARE_COST_KINDS]
         deployment = self.deployment()
         if kinds and deployment is None:
-            raise ValueError(f"cost.kind = '{kinds[0]}' needs the keys 'model' and 'hardware'")
+            raise ScenarioError(f"cost.kind = '{kinds[0]}' needs the keys 'model' and 'hardware'")
         if self.kv_capacity_tokens is None:
             if deployment is None:
-                raise ValueError("kv_capacity_tokens is required unless 'model' and 'hardware' are given")
+                raise ScenarioError("kv_capacity_tokens is required unless 'model' and 'hardware' are given")
             self.__dict__["kv_capacity_tokens"] = deployment.kv_capacity_tokens  # frozen: set once, here
             self._kv_capacity_derived = True
 
@@ -141,10 +142,10 @@ class Scenario(Strict):
         names = [s.name for s in self.systems]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"system names must be unique; repeated: {', '.join(dupes)}")
+            raise ScenarioError(f"system names must be unique; repeated: {', '.join(dupes)}")
         blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
         if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
-            raise ValueError(
+            raise ScenarioError(
                 f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
                 f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
                 "so no request could ever be admitted"
@@ -190,10 +191,16 @@ def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenar
 
 
 _PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_NAME = r"[^.\[\]\s]+(?:\[\d+\])*"
+_WHOLE_PATH = re.compile(rf"^{_NAME}(?:\.{_NAME})*$")
 
 
 def parse_dotted(path: str) -> list[str | int]:
-    """`systems[1].scheduler.max_batch_size` -> ['systems', 1, 'scheduler', 'max_batch_size']."""
+    """`systems[1].scheduler.max_batch_size` -> ['systems', 1, 'scheduler', 'max_batch_size'].
+    Anything else (`a..b`, `a]]`, `a[x]`) is an error naming the path."""
+    if path and not _WHOLE_PATH.match(path):
+        raise ScenarioError(f"override path '{path}' is malformed; expected names joined by "
+                            "dots, each with optional [index], e.g. systems[1].scheduler.max_batch_size")
     parts: list[str | int] = []
     for name, index in _PATH_PART.findall(path):
         parts.append(int(index) if index else name)

@@ -56,7 +56,7 @@ class SLOTarget(Strict):
     @model_validator(mode="after")
     def _known_metric(self) -> Self:
         if self.metric not in SLO_COLUMNS:
-            raise ValueError(f"metric = {self.metric!r}: expected one of {', '.join(SLO_COLUMNS)}")
+            raise ScenarioError(f"metric = {self.metric!r}: expected one of {', '.join(SLO_COLUMNS)}")
         return self
 
 
@@ -64,15 +64,15 @@ def parse_target(text: str) -> SLOTarget:
     """`"ttft_p90 <= 0.2"` (or `ttft_p90=0.2`, as on the command line) as a target."""
     match = _TARGET.match(text)
     if match is None:
-        raise ValueError(f"SLO target {text!r}: expected METRIC_pNN <= SECONDS, e.g. ttft_p90 <= 0.2 "
+        raise ScenarioError(f"SLO target {text!r}: expected METRIC_pNN <= SECONDS, e.g. ttft_p90 <= 0.2 "
                          f"(metrics: {', '.join(SLO_COLUMNS)})")
     metric, percentile, bound = match.groups()
     try:
         bound_s = float(bound)
     except ValueError:
-        raise ValueError(f"SLO target {text!r}: bound {bound!r} is not a number of seconds") from None
+        raise ScenarioError(f"SLO target {text!r}: bound {bound!r} is not a number of seconds") from None
     if not math.isfinite(bound_s) or bound_s < 0:
-        raise ValueError(f"SLO target {text!r}: bound {bound_s:g}: expected a finite value >= 0")
+        raise ScenarioError(f"SLO target {text!r}: bound {bound_s:g}: expected a finite value >= 0")
     return SLOTarget(metric=metric, percentile=float(percentile), bound_s=bound_s)
 
 
@@ -94,7 +94,7 @@ class SLOConfig(Strict):
             targets = [parse_target(t) if isinstance(t, str) else t for t in targets]
         names = [t.name for t in targets if isinstance(t, SLOTarget)]
         if len(set(names)) < len(names):
-            raise ValueError(f"targets repeat {sorted({n for n in names if names.count(n) > 1})[0]}")
+            raise ScenarioError(f"targets repeat {sorted({n for n in names if names.count(n) > 1})[0]}")
         return {**data, "targets": targets}
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.cost import Batch, CostModel, build_cost_model
-from orcasim.paths import resolve_data_path
+from orcasim.paths import read_csv, resolve_data_path
 from orcasim.scenario import Scenario, scenario_from_dict
 
 SPLITWISE_A100 = "ground_truth/splitwise_a100/perf_model_a100.csv"
@@ -34,7 +34,7 @@ FAILED_RUNS = [("llama2-70b", 2, 512, 64)]
 def read_splitwise(path: str = SPLITWISE_A100, model: str = "llama2-70b") -> pd.DataFrame:
     """Median of the repeats per (tensor parallel, prompt size, batch size), in seconds,
     without the `FAILED_RUNS`."""
-    raw = pd.read_csv(resolve_data_path(path))
+    raw = read_csv(resolve_data_path(path))
     raw = raw[raw["model"] == model]
     table = raw.groupby(KEYS, as_index=False)[["prompt_time", "token_time"]].median()
     failed = [tuple(row) in FAILED_RUNS for row in table[KEYS].itertuples(index=False)]

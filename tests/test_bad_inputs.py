@@ -41,6 +41,16 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},
      None, "no request completed"),
+    ("a boolean rate", {"workload.arrival.rate_per_s": True}, None, "not a boolean"),
+    ("a boolean batch size", {"systems[0].scheduler.max_batch_size": False}, None, "not a boolean"),
+    ("a negative seed", {"seed": -1}, None, "seed"),
+    ("a gamma cv too small to draw", {"workload.arrival": {"kind": "gamma", "rate_per_s": 1,
+                                                           "cv": 1e-300}}, None, "cv"),
+    ("a run past 1e9 s", {"workload.arrival.rate_per_s": 1e-9}, None, "beyond 1e+09 s"),
+    ("an empty trace", {}, "", "empty; expected a CSV file with a header row"),
+    ("a trace with only its header", {}, TRACE, "trace has no requests"),
+    ("a ragged trace row", {}, TRACE + "0,10,5\n1,10\n", "line 3"),
+    ("a non-numeric trace column", {}, TRACE + "0,abc,5\n", "prompt_tokens = 'abc'"),
 ]
 
 
@@ -55,6 +65,88 @@ def _write(tmp_path: Path, changes: dict[str, Any], trace: str | None) -> Path:
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def test_a_compressed_trace_named_csv_names_the_file(tmp_path: Path) -> None:
+    import gzip
+
+    scenario = _write(tmp_path, {}, TRACE + "0,10,5\n")
+    (tmp_path / "trace.csv").write_bytes(gzip.compress((TRACE + "0,10,5\n").encode()))
+    result = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "trace.csv: not UTF-8 text" in result.output, result.output
+
+
+@pytest.mark.parametrize("override, phrase", [
+    ("systems[0]..name=x", "is malformed"), ("systems[0]]].name=x", "is malformed"),
+    ("systems[x].name=y", "is malformed"), ("novalue", "expected KEY=VALUE"),
+])
+def test_bad_override_paths(tmp_path: Path, override: str, phrase: str) -> None:
+    scenario = _write(tmp_path, {}, None)
+    result = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "o"),
+                                      "--set", override])
+    assert result.exit_code == 2 and phrase in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["compare", "plot", "check"])
+def test_corrupt_results_name_their_file(tmp_path: Path, command: str) -> None:
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "summary.json").write_text("{not json")
+    (folder / "scenario.yaml").write_text("name: x\n")
+    args = {"compare": [str(folder), str(folder)], "plot": [str(folder)],
+            "check": ["--scenarios", str(folder), "--baselines", str(folder)]}[command]
+    if command == "check":  # the scenario summary.yaml against its baseline summary.json
+        (folder / "scenario.yaml").unlink()
+        (folder / "summary.yaml").write_text(yaml.safe_dump({**BASE, "name": "summary"}))
+    result = CliRunner().invoke(app, [command, *args])
+    assert result.exit_code == 2, result.output
+    assert "summary.json: not valid JSON" in result.output and "Traceback" not in result.output
+
+
+def test_a_corrupt_outcome_on_resume_names_its_file(tmp_path: Path) -> None:
+    scenario = _write(tmp_path, {"workload.num_requests": 50}, None)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name,
+                                    "grid": {"parameters": {"seed": [1]}}}).replace("seed", "warmup_s"))
+    out = tmp_path / "sweep"
+    first = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(out), "--workers", "1",
+                                     "--no-progress"])
+    assert first.exit_code == 0, first.output
+    outcome = next(out.glob("points/*/outcome.json"))
+    outcome.write_text("[1, 2]")
+    again = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(out), "--resume",
+                                     "--workers", "1", "--no-progress"])
+    assert again.exit_code == 2 and "outcome.json: not an outcome" in again.output, again.output
+
+
+def test_an_internal_error_shows_its_traceback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A bug is not bad input: a ValueError from inside orcasim is not turned into one line."""
+    import orcasim.run
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(orcasim.run, "run_system", broken)
+    result = CliRunner().invoke(app, ["run", str(_write(tmp_path, {}, None)), "--out",
+                                      str(tmp_path / "o")])
+    assert isinstance(result.exception, ValueError) and result.exit_code == 1
+
+
+def test_a_failing_disk_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """An environmental failure exits 1, not 2, via main: here a folder in sysfs, where not
+    even root may create one (permissions would not stop root, who runs CI)."""
+    import subprocess
+    import sys
+
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("needs Linux sysfs")
+    scenario = _write(tmp_path, {}, None)
+    done = subprocess.run([sys.executable, "-m", "orcasim.cli", "run", str(scenario), "--out",
+                           "/sys/orcasim-results", "--no-plots"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+    assert "nothing was left half-written" in done.stderr
 
 
 def test_a_scenario_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BeforeValidator, Field, PositiveFloat, PositiveInt, model_validator
 
-from orcasim.config import Strict
+from orcasim.config import ScenarioError, Strict
 from orcasim.paths import PACKAGE_DATA_DIR
 
 CATALOG_DIR = PACKAGE_DATA_DIR / "catalog"
@@ -44,9 +44,9 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _divisible(self) -> ModelSpec:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+            raise ScenarioError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
         if self.num_heads % self.kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
+            raise ScenarioError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
         return self
 
     @property
@@ -134,7 +134,7 @@ def _resolve(kind: Literal["models", "gpus"], value: Any) -> Any:
     key = value.strip().lower()
     if key not in entries:
         label = "model" if kind == "models" else "gpu"
-        raise ValueError(f"unknown {label} '{value}'; known {kind}: {', '.join(known_names(kind))}")
+        raise ScenarioError(f"unknown {label} '{value}'; known {kind}: {', '.join(known_names(kind))}")
     return {"name": key, **entries[key]}
 
 
@@ -174,16 +174,16 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
     """Raise ValueError unless `model` can run as `hardware` splits it and its context holds
     a request of `max_tokens` (prompt + output). `where` prefixes the keys named."""
     if max_tokens > model.max_seq_len:
-        raise ValueError(f"workload.max_tokens = {max_tokens} exceeds {where}model "
+        raise ScenarioError(f"workload.max_tokens = {max_tokens} exceeds {where}model "
                          f"{model.name}'s context (max_seq_len {model.max_seq_len}); expected "
                          f"at most {model.max_seq_len}")
     if hardware is None:
         return
     if model.num_heads % hardware.tensor_parallel:
-        raise ValueError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
+        raise ScenarioError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
                          f"divide {model.name}'s {model.num_heads} attention heads")
     if hardware.pipeline_parallel > model.num_layers:
-        raise ValueError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
+        raise ScenarioError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
                          f"exceeds {model.name}'s {model.num_layers} layers")
 
 
@@ -213,7 +213,7 @@ def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
     budget = hw.gpu.memory_bytes * hw.gpu_memory_utilization - hw.activation_reserve_gib * GIB
     free = budget - weights_per_gpu
     if free <= 0:
-        raise ValueError(
+        raise ScenarioError(
             f"model {model.name} needs {weights_per_gpu / 1e9:.1f} GB of weights per GPU on "
             f"{hw.num_gpus} x {hw.gpu.name}, above the {budget / 1e9:.1f} GB budget; "
             f"expected more GPUs (tensor_parallel x pipeline_parallel) or kv_capacity_tokens"

@@ -7,6 +7,7 @@ from typing import Literal, Self
 import numpy as np
 from pydantic import NonNegativeFloat, model_validator
 
+from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel, DecodeLine
 from orcasim.cost.overhead import CostConfigBase
 
@@ -24,7 +25,7 @@ class LinearCostConfig(CostConfigBase):
         # Every iteration computes at least one token: with base_s or per_token_s positive
         # it takes time. With both zero an iteration may take none, and time stands still.
         if self.base_s == 0 and self.per_token_s == 0:
-            raise ValueError("base_s and per_token_s are both 0: an iteration would take no "
+            raise ScenarioError("base_s and per_token_s are both 0: an iteration would take no "
                              "time; expected either above 0")
         return self
 

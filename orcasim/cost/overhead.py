@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from pydantic import NonNegativeFloat, model_validator
 
-from orcasim.config import Strict
+from orcasim.config import ScenarioError, Strict
 from orcasim.cost.base import Batch, CostModel, DecodeLine
 
 VIDUR_PER_ITERATION_S = 0.81e-3  # TP 1: schedule + sampler + prepare inputs + process outputs
@@ -69,7 +69,7 @@ class CostConfigBase(Strict):
         if isinstance(data, dict):
             for old, new in MOVED_KEYS.items():
                 if old in data:
-                    raise ValueError(f"'{old}' has moved: write it as cost.{new}")
+                    raise ScenarioError(f"'{old}' has moved: write it as cost.{new}")
         return data
 
 
@@ -81,7 +81,7 @@ class OverheadCost(CostModel):
         tensor_parallel: int,
     ) -> None:
         if cfg.launch_per_layer_s and layers_per_stage is None:
-            raise ValueError(
+            raise ScenarioError(
                 "cost.overhead.launch_per_layer_s needs the layer count: give the scenario "
                 "keys 'model' and 'hardware'"
             )

@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 from pydantic import model_validator
 
+from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
@@ -49,7 +50,7 @@ class ProfileCostConfig(CostConfigBase):
     @model_validator(mode="after")
     def _one_attention_source(self) -> ProfileCostConfig:
         if self.attention_csv and self.aiconfigurator_dir:
-            raise ValueError("give attention_csv or aiconfigurator_dir, not both")
+            raise ScenarioError("give attention_csv or aiconfigurator_dir, not both")
         return self
 
 

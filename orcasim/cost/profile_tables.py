@@ -16,7 +16,7 @@ from orcasim.config import ScenarioError
 from orcasim.cost.catalog import HardwareConfig, ModelSpec
 from orcasim.cost.flops import heads_per_rank
 from orcasim.cost.interp import SlicedTable2D, Table1D
-from orcasim.paths import PACKAGE_DATA_DIR, SCENARIO_DIR, resolve_data_path
+from orcasim.paths import PACKAGE_DATA_DIR, SCENARIO_DIR, read_csv, resolve_data_path
 
 MS = 1e-3
 # Vidur's token-batched operators of one layer and how many times each runs per layer.
@@ -33,9 +33,9 @@ VIDUR_LAYER_OPS = {
 }
 
 
-def read_csv(path: str) -> pd.DataFrame:
+def read_table(path: str) -> pd.DataFrame:
     try:
-        return pd.read_csv(resolve_data_path(path))
+        return read_csv(resolve_data_path(path))
     except FileNotFoundError as e:
         raise ScenarioError(f"cost: {e}") from None
 
@@ -59,7 +59,7 @@ def _rows_for_tp(df: pd.DataFrame, path: str, column: str, tp: int) -> pd.DataFr
 
 def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
     """Per-layer token-batched time and embedding time against num_tokens (Vidur mlp.csv)."""
-    df = read_csv(path)
+    df = read_table(path)
     _check_shape(df, path, {
         "n_embd": model.hidden_size, "n_head": model.num_heads,
         "n_kv_head": model.kv_heads, "n_expanded_embd": model.ffn_size,
@@ -77,7 +77,7 @@ def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
 
 def vidur_attention(path: str, model: ModelSpec, tp: int) -> tuple[SlicedTable2D, SlicedTable2D]:
     """Decode: batch size x mean KV length. Prefill: cached KV x chunk size (Vidur's keys)."""
-    df = read_csv(path)
+    df = read_table(path)
     _check_shape(df, path, {
         "n_embd": model.hidden_size, "n_q_head": model.num_heads,
         "n_kv_head": model.kv_heads, "num_tensor_parallel_workers": tp,
@@ -140,7 +140,7 @@ def network_table(
     path: str, collective: str, num_workers: int, hw: HardwareConfig, crosses_nodes: bool = False
 ) -> Table1D:
     """Collective time against message bytes, for `num_workers` placed as the deployment places them."""
-    df = read_csv(path)
+    df = read_table(path)
     rows = _rows_for_tp(df, path, "num_workers", num_workers)
     per_node = 1 if crosses_nodes else min(num_workers, hw.gpu.gpus_per_node)
     placed = rows[rows["devices_per_node"] == per_node]

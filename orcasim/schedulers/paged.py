@@ -40,7 +40,7 @@ from typing import Literal, Self
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from orcasim.config import Strict
+from orcasim.config import ScenarioError, Strict
 from orcasim.cost.base import Batch
 from orcasim.memory import PagedAllocator, blocks_for
 from orcasim.requests import Requests
@@ -86,10 +86,10 @@ class PagedConfig(PagedMemoryConfig):
     @model_validator(mode="after")
     def _policy_settings(self) -> Self:
         if self.pad_prompts and self.policy != "prefill_first":
-            raise ValueError("pad_prompts applies only to policy: prefill_first (vLLM v0.2-v0.3)")
+            raise ScenarioError("pad_prompts applies only to policy: prefill_first (vLLM v0.2-v0.3)")
         if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM's SchedulerConfig._verify_args: every running decode must fit a step.
-            raise ValueError(
+            raise ScenarioError(
                 f"max_num_batched_tokens = {self.max_num_batched_tokens} is below max_num_seqs = "
                 f"{self.max_num_seqs}; expected >= max_num_seqs, as vLLM requires"
             )
@@ -118,7 +118,7 @@ def num_blocks_for_capacity(kv_capacity_tokens: int, block_size_tokens: int) -> 
         lower = num_blocks * block_size_tokens
         hint = f"a multiple such as {lower} or {lower + block_size_tokens}" if lower else \
             f"at least {block_size_tokens}"
-        raise ValueError(
+        raise ScenarioError(
             f"scheduler.block_size_tokens = {block_size_tokens} does not divide "
             f"kv_capacity_tokens = {kv_capacity_tokens} (whole blocks would lose {lost_tokens} "
             f"tokens); expected kv_capacity_tokens {hint}, or a smaller block"
@@ -180,7 +180,7 @@ class PagedScheduler(Scheduler):
         kv_bytes = self.cfg.kv_bytes_per_token or derived_kv_bytes_per_token
         if kv_bytes is None:
             if self.cfg.preemption == "swap":
-                raise ValueError(
+                raise ScenarioError(
                     "scheduler.preemption = 'swap' needs the bytes of a token's KV: give "
                     "scheduler.kv_bytes_per_token, or the scenario keys 'model' and 'hardware'"
                 )
@@ -198,7 +198,7 @@ class PagedScheduler(Scheduler):
         longest = np.where(self._fits_alone, self._peak_tokens, 0)
         i = int(np.argmax(longest)) if len(longest) else 0
         if len(longest) and longest[i] > self.token_budget:
-            raise ValueError(
+            raise ScenarioError(
                 f"scheduler.max_num_batched_tokens = {self.token_budget} is below request "
                 f"{i}'s prompt + output - 1 = {int(longest[i])} tokens, which it must "
                 f"prefill in one step without chunking; expected >= {int(longest[i])} "

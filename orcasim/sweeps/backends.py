@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Literal
 
+from orcasim.config import ScenarioError
 from orcasim.sweeps.spec import Task
 from orcasim.sweeps.task import Outcome, run_task
 
@@ -31,9 +32,9 @@ def default_workers() -> int:
 
 def check_backend(backend: str, workers: int | None) -> None:
     if backend not in ("local", "ray"):
-        raise ValueError(f"backend = {backend!r}: expected 'local' or 'ray'")
+        raise ScenarioError(f"backend = {backend!r}: expected 'local' or 'ray'")
     if workers is not None and workers < 1:
-        raise ValueError(f"workers = {workers}: expected at least 1")
+        raise ScenarioError(f"workers = {workers}: expected at least 1")
 
 
 def execute(
@@ -87,7 +88,7 @@ def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException
     try:
         import ray
     except ImportError:
-        raise ValueError(
+        raise ScenarioError(
             "--backend ray needs Ray: pip install 'orcasim[cluster]'"
         ) from None
     started = not ray.is_initialized()

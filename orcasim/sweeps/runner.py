@@ -31,6 +31,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from orcasim.config import ScenarioError
 from orcasim.results import (
     ResultsExistError,
     check_replaceable,
@@ -94,7 +95,7 @@ def run_scenario_sweep(scenario: Scenario, base_dir: Path) -> pd.DataFrame:
     if result.failed:
         first = result.failed[0]
         where = ", ".join(f"{path}={value}" for path, value in first.params.items())
-        raise ValueError(f"{scenario.name}: point {first.id} ({where}): {first.error}")
+        raise ScenarioError(f"{scenario.name}: point {first.id} ({where}): {first.error}")
     return result.table
 
 
@@ -118,12 +119,12 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
     if out_dir.exists():
         if resume and plan_file.exists():
             if plan_file.read_text() != plan:
-                raise ValueError(f"{out_dir} holds a different run (plan.json differs); "
+                raise ScenarioError(f"{out_dir} holds a different run (plan.json differs); "
                                  "use another --out, or --force to start over")
             return
         if resume and not force and any(out_dir.iterdir()):
             # Without its plan a folder's points cannot be told apart from another run's.
-            raise ValueError(f"{out_dir} has no plan.json, so its points cannot be matched to "
+            raise ScenarioError(f"{out_dir} has no plan.json, so its points cannot be matched to "
                              "this run; use another --out, or --force to start over")
         if force:
             check_replaceable(out_dir)
@@ -139,14 +140,14 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
 
 def _finished(out_dir: Path, task: Task) -> bool:
     path = out_dir / "points" / task.id / OUTCOME_FILE
-    return path.exists() and Outcome.from_json(path.read_text()).ok
+    return path.exists() and Outcome.from_json(path.read_text(), str(path)).ok
 
 
 def read_outcome(out_dir: Path, task: Task) -> Outcome:
     path = out_dir / "points" / task.id / OUTCOME_FILE
     if not path.exists():
         return Outcome.failed(task, "did not run")
-    return Outcome.from_json(path.read_text())
+    return Outcome.from_json(path.read_text(), str(path))
 
 
 def _write_tables(out_dir: Path, table: pd.DataFrame, failed: list[Outcome]) -> None:

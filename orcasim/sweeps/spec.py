@@ -29,7 +29,7 @@ from typing import Any, Literal, Self
 
 import numpy as np
 import yaml
-from pydantic import Field, PositiveInt, ValidationError, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, format_validation_error
@@ -54,12 +54,12 @@ class Grid(Strict):
         for path, values in self.parameters.items():
             parse_dotted(path)
             if not values:
-                raise ValueError(f"parameters.{path}: needs at least one value")
+                raise ScenarioError(f"parameters.{path}: needs at least one value")
             if parse_dotted(path)[0] == "seed":
-                raise ValueError("parameters.seed: use `replications` for independent seeds")
+                raise ScenarioError("parameters.seed: use `replications` for independent seeds")
         lengths = {len(v) for v in self.parameters.values()}
         if self.mode == "zip" and len(lengths) > 1:
-            raise ValueError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
+            raise ScenarioError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
         return self
 
 
@@ -69,7 +69,7 @@ class SweepSpec(Strict):
     set: list[str] = []
     grid: Grid
     replications: PositiveInt = 1
-    seed: int = 0
+    seed: NonNegativeInt = 0
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
     one replication on the scenario's seed. `base_dir` resolves the scenario's data files.
     Every point is validated here, so a bad value fails before any point runs."""
     if scenario.sweep is None:
-        raise ValueError(f"scenario '{scenario.name}' has no 'sweep' block")
+        raise ScenarioError(f"scenario '{scenario.name}' has no 'sweep' block")
     data = {"name": scenario.name, "base": scenario.name, "seed": scenario.seed,
             "grid": {"parameters": {scenario.sweep.parameter: scenario.sweep.values}}}
     spec = _validate_spec(data, f"{scenario.name}: sweep")

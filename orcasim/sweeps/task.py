@@ -6,13 +6,37 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from orcasim.config import ScenarioError
 from orcasim.sweeps.spec import ParamValue, Task
 
 
+class JsonRecord:
+    """A dataclass written as one JSON file per finished job and read back on --resume."""
+
+    def to_json(self) -> str:
+        # NaN summaries (e.g. TPOT with one-token outputs) round-trip through Python's json.
+        return json.dumps(asdict(self), indent=1) + "\n"  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "outcome") -> Self:
+        """Read back `to_json`; anything else (a corrupt or foreign file) is a ScenarioError."""
+        try:
+            return cls(**json.loads(text))
+        except (json.JSONDecodeError, TypeError):
+            raise ScenarioError(f"{source}: not an outcome this version wrote; delete it or "
+                                "start over with --force") from None
+
+
+def first_line(error: BaseException | str) -> str:
+    """An error as one line, with its type: what a failed job records."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return text.splitlines()[0] if text else "unknown error"
+
+
 @dataclass
-class Outcome:
+class Outcome(JsonRecord):
     """What a task produced: per-system summaries, or the error that stopped it."""
 
     id: str
@@ -25,19 +49,10 @@ class Outcome:
     error: str = ""
     wall_s: float = 0.0
 
-    def to_json(self) -> str:
-        # NaN summaries (e.g. TPOT with one-token outputs) round-trip through Python's json.
-        return json.dumps(asdict(self), indent=1) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Outcome:
-        return cls(**json.loads(text))
-
     @classmethod
     def failed(cls, task: Task, error: BaseException | str, wall_s: float = 0.0) -> Outcome:
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         return cls(task.id, task.point, task.replication, task.seed, task.params, False,
-                   error=text.splitlines()[0] if text else "unknown error", wall_s=wall_s)
+                   error=first_line(error), wall_s=wall_s)
 
 
 def run_task(task: Task) -> Outcome:

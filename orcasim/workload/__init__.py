@@ -8,7 +8,7 @@ from typing import Self
 import numpy as np
 from pydantic import PositiveInt, model_validator
 
-from orcasim.config import Strict
+from orcasim.config import ScenarioError, Strict
 from orcasim.requests import ClientLoop, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
@@ -30,11 +30,11 @@ class WorkloadConfig(Strict):
         if isinstance(self.arrival, TraceArrival):
             for key in ("prompt_tokens", "output_tokens"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"{key} must not be set: a trace supplies the lengths")
+                    raise ScenarioError(f"{key} must not be set: a trace supplies the lengths")
             return self
         missing = [k for k in ("num_requests", "prompt_tokens", "output_tokens") if getattr(self, k) is None]
         if missing:
-            raise ValueError(f"missing {', '.join(missing)} (required unless arrival.kind is trace)")
+            raise ScenarioError(f"missing {', '.join(missing)} (required unless arrival.kind is trace)")
         for key in ("prompt_tokens", "output_tokens"):
             warn_if_clipped(key, getattr(self, key))
         return self
@@ -82,7 +82,7 @@ def _check_fits(total_tokens: np.ndarray, max_tokens: int) -> None:
     over = np.flatnonzero(total_tokens > max_tokens)
     if len(over):
         i = int(over[0])
-        raise ValueError(
+        raise ScenarioError(
             f"workload.max_tokens = {max_tokens} is below request {i}'s prompt + output "
             f"= {int(total_tokens[i])} tokens ({len(over)} request(s) exceed it); "
             f"expected max_tokens >= {int(total_tokens.max())}"

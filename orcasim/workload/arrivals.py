@@ -33,7 +33,8 @@ class GammaArrival(Strict):
 
     kind: Literal["gamma"]
     rate_per_s: PositiveFloat
-    cv: PositiveFloat
+    # Beyond these the shape 1/cv^2 overflows or underflows; use `constant` for cv 0.
+    cv: float = Field(ge=1e-6, le=1e6)
 
     def mean_rate_per_s(self) -> float:
         return self.rate_per_s

@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, PositiveFloat, model_validator
 
-from orcasim.config import Strict
-from orcasim.paths import resolve_data_path
+from orcasim.config import ScenarioError, Strict
+from orcasim.paths import read_csv, resolve_data_path
 
 # The longest request length accepted anywhere (a prompt, an output, a limit): far above any
 # model's context today, and far below where int64 token sums or float64 times lose digits.
@@ -40,7 +40,7 @@ class UniformLength(Strict):
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
         if self.low > self.high:
-            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+            raise ScenarioError(f"low ({self.low}) must be <= high ({self.high})")
         return self
 
     def mean_tokens(self) -> float:
@@ -129,15 +129,14 @@ def bad_lengths(values: np.ndarray) -> np.ndarray:
 
 def load_length_column(path: str, column: str) -> np.ndarray:
     """Read one positive integer column of a CSV; errors name the file, column and line."""
-    import pandas as pd
 
     resolved = resolve_data_path(path)
     key = (str(resolved), column)
     if key not in _COLUMN_CACHE:
-        header = pd.read_csv(resolved, nrows=0).columns
+        header = read_csv(resolved, nrows=0).columns
         if column not in header:
-            raise ValueError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
-        values = pd.read_csv(resolved, usecols=[column])[column]
+            raise ScenarioError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
+        values = read_csv(resolved, usecols=[column])[column]
         _COLUMN_CACHE[key] = _positive_ints(values.to_numpy(), Path(path).name, column)
     return _COLUMN_CACHE[key]
 
@@ -148,7 +147,7 @@ def _positive_ints(values: np.ndarray, name: str, column: str) -> np.ndarray:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         # +2: one for the header line, one because file lines count from 1.
-        raise ValueError(
+        raise ScenarioError(
             f"{name} line {row + 2}: column '{column}' = {values[row]!r}, expected {LENGTH_EXPECTED}"
         )
     return as_float.astype(np.int64)

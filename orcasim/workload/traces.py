@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orcasim.paths import resolve_data_path
+from orcasim.config import ScenarioError
+from orcasim.paths import read_csv, read_json, resolve_data_path
 from orcasim.workload.lengths import LENGTH_EXPECTED, bad_lengths
 
 ORCASIM_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -45,7 +46,7 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     elif fmt == "orcasim":
         frame = _measured_columns(resolved)
     else:
-        raise ValueError(f"{resolved.name}: format '{fmt}' holds no measured latencies; "
+        raise ScenarioError(f"{resolved.name}: format '{fmt}' holds no measured latencies; "
                          "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
                          "benchmark result")
     output = _token_counts(rows, "output_tokens", resolved, offset)
@@ -57,11 +58,11 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
 
 
 def _measured_columns(path: Path) -> pd.DataFrame:
-    present = [c for c in MEASURED_COLUMNS if c in pd.read_csv(path, nrows=0).columns]
+    present = [c for c in MEASURED_COLUMNS if c in read_csv(path, nrows=0).columns]
     if not present:
-        raise ValueError(f"{path.name}: no measured column; expected any of "
+        raise ScenarioError(f"{path.name}: no measured column; expected any of "
                          f"{', '.join(MEASURED_COLUMNS)}")
-    measured = pd.read_csv(path, usecols=present, dtype=str)
+    measured = read_csv(path, usecols=present, dtype=str)
     return pd.DataFrame({c: _seconds(measured, c, path) if c in present else np.nan
                          for c in MEASURED_COLUMNS})
 
@@ -94,7 +95,7 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
         case "vllm":
             rows = _read_vllm_result(path).iloc[:max_requests]
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), 0
-    raise ValueError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake or vllm")
+    raise ScenarioError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake or vllm")
 
 
 VLLM_FIELDS = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
@@ -102,7 +103,7 @@ VLLM_FIELDS = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
 
 def _is_vllm_result(path: Path) -> bool:
     try:
-        doc = json.loads(path.read_text())
+        doc = read_json(path)
     except (OSError, json.JSONDecodeError):
         return False
     return isinstance(doc, dict) and "input_lens" in doc
@@ -113,15 +114,15 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     parallel per-request lists. `start_times` (a monotonic clock, seconds) are when each
     request was sent; failed requests (an error, or no output) are dropped. E2E is TTFT plus
     the inter-token gaps (`itls`); TPOT their mean over output - 1 tokens."""
-    doc = json.loads(path.read_text())
+    doc = read_json(path)
     missing = [f for f in VLLM_FIELDS if f not in doc]
     if missing:
-        raise ValueError(f"{path.name}: a vLLM benchmark result lacks {', '.join(missing)}; save "
+        raise ScenarioError(f"{path.name}: a vLLM benchmark result lacks {', '.join(missing)}; save "
                          "it with --save-result --save-detailed (vLLM 0.15 or newer records "
                          "start_times)")
     n = len(doc["input_lens"])
     if any(len(doc[f]) != n for f in VLLM_FIELDS):
-        raise ValueError(f"{path.name}: the per-request lists {', '.join(VLLM_FIELDS)} differ in length")
+        raise ScenarioError(f"{path.name}: the per-request lists {', '.join(VLLM_FIELDS)} differ in length")
     errors = doc.get("errors") or [""] * n
     ok = [not errors[i] and doc["output_lens"][i] > 0 for i in range(n)]
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
@@ -142,23 +143,23 @@ def _detect_format(path: Path) -> str:
         return "vllm"
     if path.suffix in (".jsonl", ".json"):
         return "mooncake"
-    header = pd.read_csv(path, nrows=0).columns
+    header = read_csv(path, nrows=0).columns
     if set(ORCASIM_COLUMNS) <= set(header):
         return "orcasim"
     if set(AZURE_COLUMNS) <= set(header):
         return "azure"
-    raise ValueError(
+    raise ScenarioError(
         f"{path.name}: cannot tell the trace format from columns {list(header)}; expected "
         f"{', '.join(ORCASIM_COLUMNS)} (orcasim) or {', '.join(AZURE_COLUMNS)} (azure)"
     )
 
 
 def _read_csv(path: Path, columns: tuple[str, ...], max_requests: int | None) -> pd.DataFrame:
-    header = pd.read_csv(path, nrows=0).columns
+    header = read_csv(path, nrows=0).columns
     missing = [c for c in columns if c not in header]
     if missing:
-        raise ValueError(f"{path.name}: missing column(s) {', '.join(missing)}")
-    return pd.read_csv(path, usecols=list(columns), nrows=max_requests, dtype=str)
+        raise ScenarioError(f"{path.name}: missing column(s) {', '.join(missing)}")
+    return read_csv(path, usecols=list(columns), nrows=max_requests, dtype=str)
 
 
 def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
@@ -173,7 +174,7 @@ def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
                     (obj["timestamp"], obj["input_length"], obj["output_length"])
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path.name} line {line_no}: bad Mooncake record ({e})") from None
+                raise ScenarioError(f"{path.name} line {line_no}: bad Mooncake record ({e})") from None
     return pd.DataFrame(records, columns=["timestamp", "prompt_tokens", "output_tokens"])
 
 
@@ -204,14 +205,14 @@ def _raise_on_bad(
 ) -> None:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ValueError(
+        raise ScenarioError(
             f"{path.name} line {row + line_offset}: {column} = {raw.iloc[row]!r}, expected {expected}"
         )
 
 
 def _sorted_from_zero(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace:
     if len(arrival_s) == 0:
-        raise ValueError("trace has no requests")
+        raise ScenarioError("trace has no requests")
     order = np.argsort(arrival_s, kind="stable")
     arrival_s = arrival_s[order]
     return arrival_s - arrival_s[0], prompt[order], output[order]
