@@ -23,27 +23,17 @@ from typer.testing import CliRunner
 
 from orcasim.cli import app
 from orcasim.scenario import set_dotted
+from tests.conftest import BASE as CONFTEST_BASE
 
 EXAMPLES = 150  # the fuzz's size: examples per CI run (derandomized, so the same ones)
-BASE: dict[str, Any] = {
-    "name": "fuzz",
-    "seed": 3,
-    "workload": {
-        "num_requests": 40,
-        "arrival": {"kind": "poisson", "rate_per_s": 4.0},
-        "prompt_tokens": {"kind": "uniform", "low": 8, "high": 64},
-        "output_tokens": {"kind": "uniform", "low": 1, "high": 32},
-        "max_tokens": 96,
-    },
-    "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
-    "kv_capacity_tokens": 4000,
-    "systems": [
-        {"name": "rl", "scheduler": {"kind": "request_level", "max_batch_size": 4}},
-        {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
-        {"name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 8,
-                                       "max_num_batched_tokens": 512}},
-    ],
-}
+# conftest's scenario, shortened, with a paged system beside request-level and Orca.
+BASE: dict[str, Any] = {**copy.deepcopy(CONFTEST_BASE), "name": "fuzz", "kv_capacity_tokens": 4000}
+BASE["workload"]["num_requests"] = 40
+BASE["systems"] = [
+    {"name": "rl", "scheduler": {"kind": "request_level", "max_batch_size": 4}},
+    {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
+    {"name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 8, "max_num_batched_tokens": 512}},
+]
 HEADLINE = ("throughput_rps", "duration_s", "e2e_s_mean", "e2e_s_p99", "ttft_s_p50")
 
 numbers = st.one_of(
