@@ -74,6 +74,16 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+EXIT_INTERRUPTED = 130
+
+
+def interrupted(resume_command: str) -> None:
+    """Ctrl-C (or SIGTERM) during a resumable run: say how to continue, exit 130."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second press must not cut the exit short
+    typer.echo(f"interrupted; finished points are kept. Resume with: {resume_command}", err=True)
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
 def error_text(e: Exception) -> str:
     if isinstance(e, FileNotFoundError | FileExistsError) and e.filename and e.strerror:
         return f"{e.filename}: {e.strerror.lower()}"
@@ -204,12 +214,15 @@ def sweep(
     from orcasim.results import default_results_dir
     from orcasim.sweeps import load_sweep, run_sweep
 
+    out_dir = out
     try:
         sw = load_sweep(spec)
         out_dir = out or default_results_dir(sw.spec.name)
         result = run_sweep(sw, out_dir, backend, workers, address, resume, force, progress)  # type: ignore[arg-type]
     except USER_ERRORS as e:
         fail(error_text(e))
+    except KeyboardInterrupt:
+        interrupted(f"orcasim sweep {spec}{f' --out {out_dir}' if out_dir else ''} --resume")
     console.print(f"{result.ran} tasks run, {result.skipped} already done; "
                   f"{len(result.table)} rows in {out_dir}/sweep.parquet")
     if result.failed:
@@ -341,6 +354,7 @@ def capacity(
     from orcasim import capacity as cap
     from orcasim.results import default_results_dir
 
+    out_dir = out
     try:
         if attainment is not None and not 0 < attainment <= 1:
             fail(f"--attainment = {attainment:g}: expected a share in (0, 1]")
@@ -361,6 +375,9 @@ def capacity(
         cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
         fail(error_text(e))
+    except KeyboardInterrupt:
+        where = f" --out {out_dir}" if out_dir else ""
+        interrupted(f"orcasim capacity {spec}{where} --resume (with the same options)")
     shown = [c for c in ("point", *(k for p in points for k in p), "system", "max_rate_per_s",
                          "ci_low", "ci_high", "goodput_per_gpu", "cost_per_million_tokens",
                          "copies_for_target", "cost_per_hour_for_target_usd")
@@ -434,8 +451,9 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except OSError as e:  # the machine, not the input: a full disk, a read-only folder
         where = f" ({e.filename})" if e.filename else ""
         typer.echo(f"error: {e.strerror or e}{where}; nothing was left half-written", err=True)

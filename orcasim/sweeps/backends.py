@@ -7,8 +7,10 @@ Workers return values and never write files: on a cluster they may not share a d
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Literal
@@ -68,8 +70,11 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
             yield run(task)
         return
     # spawn, not fork: the parent may hold threads (the progress bar), and fork copies locks.
+    # Workers ignore Ctrl-C: the parent alone decides, so a second press cannot leave a pool
+    # half shut down and waiting on workers that died mid-task.
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
+                               initializer=_ignore_interrupts)
     try:
         futures = {pool.submit(run, t): t for t in tasks}
         for future in as_completed(futures):
@@ -77,10 +82,34 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
                 yield future.result()
             except Exception as e:  # noqa: BLE001 - a worker died (e.g. out of memory)
                 yield failed(futures[future], e)
+    except BaseException:
+        # Ctrl-C, SIGTERM or a caller that stopped early: drop the queued tasks and stop the
+        # running ones now, without waiting; finished ones are already written, so --resume
+        # starts from there. A second Ctrl-C meanwhile must not cut this short.
+        with _interrupts_deferred():
+            pool.shutdown(wait=False, cancel_futures=True)
+            for child in multiprocessing.active_children():
+                child.terminate()
+        raise
+    pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ignore Ctrl-C meanwhile (in the main thread; elsewhere signals cannot be set)."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
     finally:
-        # On Ctrl-C drop the queued tasks instead of running them all first (the default of
-        # `with`); finished ones are already written, so --resume starts from there.
-        pool.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],

@@ -1,0 +1,91 @@
+"""Interrupting a parallel sweep: Ctrl-C twice or SIGTERM ends it within seconds, with exit
+130, the resume command, no worker left behind and no partial folder; `--resume` then
+finishes it to the table a clean run gives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sweep_files import write_sweep
+
+GRID = """
+parameters:
+  workload.arrival.rate_per_s: [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+"""
+# Points of about 2 s each, so that the interrupt lands while workers are busy.
+SLOW = ["workload.num_requests=4000", "engine.mode=reference"]
+EXIT_WITHIN_S = 10.0
+
+
+def sweep_file(folder: Path) -> Path:
+    path = write_sweep(folder, GRID)
+    text = path.read_text().replace("grid:", f"set: {SLOW}\ngrid:")
+    path.write_text(text)
+    return path
+
+
+def start(spec: Path, out: Path, marker: str, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "ORCASIM_TEST_MARK": marker}
+    return subprocess.Popen([sys.executable, "-m", "orcasim.cli", "sweep", str(spec), "--out",
+                             str(out), "--workers", "2", "--no-progress", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker`: the sweep and its workers."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for_first_point(out: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while not list(out.glob("points/*/outcome.json")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no point finished in 120 s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)],
+                         ids=["ctrl-c twice", "sigterm"])
+def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals: tuple[int, ...]) -> None:
+    spec, out, marker = sweep_file(tmp_path), tmp_path / "out", uuid.uuid4().hex
+    proc = start(spec, out, marker)
+    wait_for_first_point(out, proc)
+    sent_s = time.monotonic()
+    for sig in signals:
+        proc.send_signal(sig)
+        time.sleep(0.1)
+    _, stderr = proc.communicate(timeout=EXIT_WITHIN_S)
+    assert time.monotonic() - sent_s < EXIT_WITHIN_S
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr and "Traceback" not in stderr, stderr
+    time.sleep(0.5)
+    assert processes_marked(marker) == [], "workers outlived the sweep"
+    assert not [p for p in out.rglob(".*") if p.name != ".orcasim-results"], "partial files left"
+    done_before = len(list(out.glob("points/*/outcome.json")))
+    assert 1 <= done_before < 6
+
+    resumed = start(spec, out, marker, "--resume")
+    stdout, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr
+    assert f"{6 - done_before} tasks run, {done_before} already done" in stdout
+    clean = start(spec, tmp_path / "clean", marker)
+    assert clean.wait(timeout=600) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv"),
+                                  pd.read_csv(tmp_path / "clean" / "sweep.csv"))
