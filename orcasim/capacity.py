@@ -34,6 +34,7 @@ every point is searched, and the Pareto front of cost against latency at capacit
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import time
@@ -46,14 +47,12 @@ import numpy as np
 import pandas as pd
 import yaml
 from matplotlib.figure import Figure
-from scipy import stats
 
 from orcasim.config import ScenarioError
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
 
-CONFIDENCE = 0.95
 DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
 DEFAULT_REQUESTS = 2000
@@ -287,11 +286,31 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     return jobs
 
 
-def t_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Student's t interval for the mean of `values` (NaN with fewer than two)."""
+# Student's t 97.5% quantiles for 1 to 30 degrees of freedom (a two-sided 95% interval),
+# to 9 digits; beyond 30 the Cornish-Fisher expansion below is within 1e-5. Kept here so that
+# capacity needs no scipy (tests check the table against scipy.stats where it is installed).
+T_975 = (12.7062047, 4.30265273, 3.18244631, 2.77644511, 2.57058184, 2.44691185, 2.36462425,
+         2.30600414, 2.26215716, 2.22813885, 2.20098516, 2.17881283, 2.16036866, 2.14478669,
+         2.13144955, 2.11990530, 2.10981558, 2.10092204, 2.09302405, 2.08596345, 2.07961384,
+         2.07387307, 2.06865761, 2.06389856, 2.05953855, 2.05552944, 2.05183052, 2.04840714,
+         2.04522964, 2.04227246)
+Z_975 = 1.959963985
+
+
+def t_quantile_975(df: int) -> float:
+    """Student's t 0.975 quantile with `df` degrees of freedom."""
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = Z_975
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def t_interval(values: np.ndarray) -> tuple[float, float]:
+    """Student's t 95% interval for the mean of `values` (NaN with fewer than two)."""
     if len(values) < 2:
         return float("nan"), float("nan")
-    half = stats.t.ppf((1 + confidence) / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    half = t_quantile_975(len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
     return float(values.mean() - half), float(values.mean() + half)
 
 
@@ -405,9 +424,6 @@ def pareto_front(table: pd.DataFrame, cost: str, latency: str) -> pd.DataFrame:
 
 # ---- running into a folder ----------------------------------------------------------------
 
-OUTCOME_FILE = "outcome.json"
-
-
 @dataclass
 class CapacityResult:
     table: pd.DataFrame  # capacity.csv
@@ -423,9 +439,8 @@ def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: st
                  target_rate_per_s: float | None = None) -> CapacityResult:
     """Run every job (those already finished in `out_dir` are kept with `resume`), writing
     each outcome as it arrives; `out_dir=None` runs in memory."""
-    from orcasim.results import write_atomically
     from orcasim.sweeps.backends import check_backend, execute_jobs
-    from orcasim.sweeps.runner import prepare_resumable
+    from orcasim.sweeps.runner import prepare_resumable, write_outcome
 
     check_backend(backend, workers)
     todo = jobs
@@ -436,14 +451,17 @@ def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: st
     for outcome in execute_jobs(todo, search, SearchOutcome.failed, backend, workers, address):  # type: ignore[arg-type]
         fresh[outcome.id] = outcome
         if out_dir is not None:
-            write_atomically(out_dir / "points" / outcome.id,
-                             lambda tmp, o=outcome: (tmp / OUTCOME_FILE).write_text(o.to_json()),
-                             force=True)
+            write_outcome(out_dir, outcome.id, outcome.to_json())
     outcomes = [fresh.get(j.id) or (_read(out_dir, j) if out_dir else None)
                 or SearchOutcome.failed(j, "did not run") for j in jobs]
     table = capacity_table(outcomes, jobs, price_per_gpu_hour, target_rate_per_s)
     return CapacityResult(table, evaluations_table([o for o in outcomes if o.ok]),
                           [o for o in outcomes if not o.ok], len(todo), len(jobs) - len(todo))
+
+
+def _save_png(fig: Figure, path: Path) -> None:
+    # The temporary file has no .png suffix to infer the format from.
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
 
 
 def _plan(jobs: list[SearchJob]) -> str:
@@ -452,6 +470,8 @@ def _plan(jobs: list[SearchJob]) -> str:
 
 def _read(out_dir: Path, job: SearchJob) -> SearchOutcome | None:
     """A finished job's outcome from `out_dir`, or None (absent or failed: run it again)."""
+    from orcasim.sweeps.runner import OUTCOME_FILE
+
     path = out_dir / "points" / job.id / OUTCOME_FILE
     if not path.exists():
         return None
@@ -508,8 +528,6 @@ def write_capacity(result: CapacityResult, out_dir: Path, slo: SLOConfig,
     if plots:
         for stem, fig in capacity_figures(result.table, result.evaluations, slo).items():
             path = out_dir / f"{stem}.png"
-            # The temporary file has no .png suffix to infer the format from.
-            write_file_atomically(path, lambda p, f=fig: f.savefig(p, format="png", dpi=110,
-                                                                 bbox_inches="tight"))
+            write_file_atomically(path, functools.partial(_save_png, fig))
             paths.append(path)
     return paths

@@ -6,7 +6,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from orcasim.scenario import Scenario
+    from orcasim.schedulers import Scheduler
     from orcasim.slo import SLOConfig
 
 app = typer.Typer(
@@ -156,13 +157,17 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     from orcasim.scenario import load_scenario
 
     if _is_sweep_file(scenario):
-        return _validate_sweep(scenario)
+        return _validate_sweep(scenario, set_ or [])
     try:
         sc = load_scenario(scenario, set_ or [])
+        if sc.sweep is not None:  # every point, as `run` would build it
+            from orcasim.sweeps import scenario_sweep
+
+            scenario_sweep(sc, scenario.resolve().parent)
         with data_dir(scenario.resolve().parent):
             requests = make_requests(sc)
         for system in sc.systems:  # constructors check settings against the requests
-            scheduler_for(sc, system, requests)
+            _check_some_fit(system.name, scheduler_for(sc, system, requests), len(requests))
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")
@@ -179,11 +184,18 @@ def _is_sweep_file(path: Path) -> bool:
     return isinstance(data, dict) and "grid" in data and "base" in data
 
 
-def _validate_sweep(path: Path) -> None:
+def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:
+    """`run` refuses a system that can run none of the requests: so does `validate`."""
+    if num_requests and all(scheduler.never_fits(i) for i in range(num_requests)):
+        raise ScenarioError(f"{system_name}: every request is too large for its KV memory, so "
+                            "none would run; expected a larger kv_capacity_tokens or shorter requests")
+
+
+def _validate_sweep(path: Path, overrides: list[str]) -> None:
     from orcasim.sweeps import load_sweep
 
     try:
-        sw = load_sweep(path)  # validates the base scenario and every point before returning
+        sw = load_sweep(path, overrides)  # validates the base scenario and every point
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{path}: ok (sweep: {len(sw.points())} points x {sw.spec.replications} replications)")
@@ -401,7 +413,7 @@ def capacity(
 
 
 def _capacity_input(path: Path, overrides: list[str]) -> tuple[
-        Scenario, Path, list[dict[str, object]], int | None, str]:
+        Scenario, Path, list[dict[str, Any]], int | None, str]:
     """A scenario (one configuration) or a sweep file (its grid's points, its seed)."""
     from orcasim.scenario import load_scenario, scenario_from_dict
     from orcasim.sweeps import load_sweep

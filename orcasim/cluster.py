@@ -284,7 +284,8 @@ def build_router(cfg: _RouterBase, replicas: Sequence[Replica], rng: np.random.G
         case PowerOfTwoRouterConfig():
             return PowerOfTwoRouter(replicas, rng)
         case SessionRouterConfig(fallback=fallback):
-            inner = build_router(_ROUTER_CONFIGS[fallback](kind=fallback), replicas, rng)
+            inner = build_router(_ROUTER_CONFIGS[fallback].model_validate({"kind": fallback}),
+                                 replicas, rng)
             return SessionRouter(replicas, rng, inner, session_ids)
     raise AssertionError(f"unhandled router config {cfg!r}")
 

@@ -273,9 +273,9 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
             pools[k].append(replica)
             index += 1
     prefill, decode = pools
-    for pool in pools:
-        for replica in pool:
-            replica.sole = len(pool) == 1
+    for instances in pools:
+        for replica in instances:
+            replica.sole = len(instances) == 1
     kv_bytes_per_token = _kv_bytes_per_token(pool_specs(scenario, system, cluster.prefill)[0])
     prompt = requests.prompt_tokens
 

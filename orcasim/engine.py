@@ -45,7 +45,7 @@ import numpy as np
 from orcasim import orca_fast
 from orcasim.cost.base import CostModel
 from orcasim.recorder import Recorder
-from orcasim.replica import Load, Replica, drive, scheduler_load, single
+from orcasim.replica import Load, Replica, Times, drive, scheduler_load, single
 from orcasim.requests import Requests
 from orcasim.schedulers.base import ContinuedRun, DecodeRun, Scheduler, SchedulerOutput
 from orcasim.sources import ArrivalSource
@@ -107,9 +107,9 @@ class GenericStepper:
         self.wake_s = None
         if self._continuing and not self.replica.arrived:
             self._continuing = False
-            run = self.scheduler.continue_run()
-            if run is not None:  # the rest decodes on without a `schedule` call
-                return self._begin(now_s, self._run_ends(now_s, run), None, run)
+            continued = self.scheduler.continue_run()
+            if continued is not None:  # the rest decodes on without a `schedule` call
+                return self._begin(now_s, self._run_ends(now_s, continued), None, continued)
         self._continuing = False
         plan = self.scheduler.schedule(now_s)
         if plan.is_empty:
@@ -129,7 +129,7 @@ class GenericStepper:
         self._unit = _Unit(start_s, ends_s, n, plan, run)
         return float(ends_s[n - 1])
 
-    def ends_s(self) -> Sequence[float]:
+    def ends_s(self) -> Times:
         unit = self._unit
         return () if unit is None else unit.ends_s[: unit.n]
 
@@ -228,7 +228,7 @@ def stepper_for(scheduler: Scheduler, cost: CostModel, recorder: Recorder, mode:
     """The engine variant for `scheduler`: the fused loop for plain Orca in fast mode (unless
     `fused` is False), else the generic stepper."""
     if fused and mode == "fast" and orca_fast.applies(scheduler):
-        return orca_fast.OrcaFusedStepper(scheduler, cost, recorder)  # type: ignore[arg-type]
+        return orca_fast.OrcaFusedStepper(scheduler, cost, recorder)  # type: ignore[arg-type]  # applies() checked the kind
     return GenericStepper(scheduler, cost, recorder, mode == "fast")
 
 

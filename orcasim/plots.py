@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -216,7 +217,7 @@ _SYSTEM_PATH = re.compile(r"^systems\[(\d+)\]")
 @dataclass
 class Line:
     label: str
-    style: dict[str, object]
+    style: dict[str, Any]
     rows: pd.DataFrame
 
 

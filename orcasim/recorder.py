@@ -102,7 +102,7 @@ class Recorder:
         )
 
     def jump_row(
-        self, start_s: float, ends_s: Sequence[float], size: int, query_total: int,
+        self, start_s: float, ends_s: Sequence[float] | np.ndarray, size: int, query_total: int,
         context_total: int, kv_used_tokens: int | None, run_size: int, run_context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int, preemptions: int = 0,
         recomputed_tokens: int = 0, step_reserved_tokens: np.ndarray | None = None,
@@ -142,7 +142,7 @@ class Recorder:
                      run.kv_reserved_tokens, num_waiting_sum, run.step_reserved_tokens)
 
     def run_row(
-        self, start_s: float, ends_s: Sequence[float], size: int, context_total: int,
+        self, start_s: float, ends_s: Sequence[float] | np.ndarray, size: int, context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int,
         step_reserved_tokens: np.ndarray | None = None,
     ) -> None:
@@ -193,7 +193,8 @@ class Recorder:
             columns[name] = values
         return pd.DataFrame(columns, copy=False)
 
-def _used_s(context_total: int, size: int, start_s: float, ends_s: Sequence[float]) -> float:
+def _used_s(context_total: int, size: int, start_s: float,
+            ends_s: Sequence[float] | np.ndarray) -> float:
     """KV-token-seconds in use over a run's steps, from start_s to each end in ends_s.
 
     The run has `size` requests and `context_total` context tokens at its first step.
@@ -209,7 +210,7 @@ def _used_s(context_total: int, size: int, start_s: float, ends_s: Sequence[floa
 
 
 def _reserved_mean_max(
-    start_s: float, ends_s: Sequence[float], held_tokens: np.ndarray
+    start_s: float, ends_s: Sequence[float] | np.ndarray, held_tokens: np.ndarray
 ) -> tuple[float, int]:
     """Time-weighted mean and max of KV held_tokens[j] over start_s..ends_s[0]..ends_s[j].
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from orcasim.compare import Metrics, relative_change, same_value
 from orcasim.paths import read_json
-from orcasim.results import json_safe, write_file_atomically
+from orcasim.results import json_safe, write_text_atomically
 
 SCENARIO_DIR = Path("scenarios/regression")
 BASELINE_DIR = Path("results/baselines")
@@ -84,7 +84,7 @@ def check(
         baseline_file = Path(baseline_dir) / f"{path.stem}.json"
         if update:
             text = json.dumps(json_safe(now), indent=2) + "\n"
-            write_file_atomically(baseline_file, lambda p, t=text: p.write_text(t))
+            write_text_atomically(baseline_file, text)
         elif not baseline_file.exists():
             tables.append(pd.DataFrame([[path.stem, "*", "(no baseline)", math.nan, math.nan, math.inf]],
                                        columns=MOVED_COLUMNS))

@@ -34,9 +34,9 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         from orcasim.capacity import capacity_figures
         from orcasim.slo import SLOConfig
 
-        slo = SLOConfig.model_validate(yaml.safe_load((results_dir / "slo.yaml").read_text()))
+        targets = SLOConfig.model_validate(yaml.safe_load((results_dir / "slo.yaml").read_text()))
         figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
-                                   read_csv(results_dir / "evaluations.csv"), slo)
+                                   read_csv(results_dir / "evaluations.csv"), targets)
     elif (results_dir / "summary.json").exists():
         summary = read_json(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if isinstance(m, dict) and m.get("saturated"))

@@ -53,6 +53,9 @@ from orcasim.sources import ArrivalSource
 ARRIVAL, END, PLAN = 0, 1, 2
 
 
+# Iteration end times: a list or a numpy array, ascending.
+Times = Sequence[float] | np.ndarray
+
 @dataclass(frozen=True, slots=True)
 class Load:
     """What a replica reports to a router, as vLLM's engine reports its scheduler stats.
@@ -82,7 +85,9 @@ class Load:
 class Stepper(Protocol):
     """An engine variant: plans and applies units of work on one replica's scheduler."""
 
-    scheduler: Scheduler
+    @property
+    def scheduler(self) -> Scheduler: ...  # read-only, so a variant may narrow its type
+
     replica: Replica  # set by the replica that runs it
     wake_s: float | None  # set by `start` when nothing runs but the scheduler wants a look
     plans_on_arrival: bool  # an arrival while a unit is pending asks for a plan at once
@@ -90,7 +95,7 @@ class Stepper(Protocol):
     def start(self, now_s: float) -> float | None:
         """Plan at boundary `now_s`; the end of the pending unit, or None if none."""
 
-    def ends_s(self) -> Sequence[float]:
+    def ends_s(self) -> Times:
         """Iteration ends of the pending unit (ascending); empty if none is pending."""
 
     def cut(self, num_iterations: int) -> None:
@@ -326,7 +331,7 @@ class Replica:
                 return t
         return math.inf
 
-    def late_waiting(self, ends_s: Sequence[float], n: int) -> int:
+    def late_waiting(self, ends_s: Times, n: int) -> int:
         """Waiting count summed over a unit's later iterations, for deliveries inside it.
 
         The reference loop would have queued each at the first boundary at or after its

@@ -129,7 +129,7 @@ def check_replaceable(out_dir: Path) -> None:
                             "it replaces only its own results, even with --force")
 
 
-def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
+def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     """Let `write` fill a temporary file beside `path`, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,6 +145,11 @@ def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
         Path(name).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_atomically(path: Path, text: str) -> Path:
+    """`text` into `path`, atomically (see write_file_atomically)."""
+    return write_file_atomically(path, lambda p: p.write_text(text))
 
 
 def write_run(result: RunResult, out_dir: Path, force: bool = False, plots: bool = True) -> Path:

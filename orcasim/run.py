@@ -286,7 +286,7 @@ def run_scenario(
     elif overrides:
         raise ScenarioError("overrides apply to a scenario path or mapping; change a Scenario "
                          "object with model_copy")
-    with data_dir(base_dir):
+    with data_dir(base_dir or scenario.source_dir):
         requests = make_requests(scenario)
         result = RunResult(scenario)
         for system in scenario.systems:

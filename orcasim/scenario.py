@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from orcasim import yaml_strict
-from orcasim.cluster import ClusterConfig
+from orcasim.cluster import ClusterConfig, ReplicaGroup
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
@@ -94,6 +94,12 @@ class Scenario(Strict):
     sweep: SweepConfig | None = None
     slo: SLOConfig | None = None
     _kv_capacity_derived: bool = PrivateAttr(default=False)
+    # The folder of the file it was loaded from: its relative data paths start there.
+    _source_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source_dir(self) -> Path | None:
+        return self._source_dir
 
     @property
     def kv_capacity_derived(self) -> bool:
@@ -123,7 +129,8 @@ class Scenario(Strict):
             cluster = system.cluster
             if cluster is None:
                 continue
-            groups = [("prefill.", cluster.prefill), ("decode.", cluster.decode)]
+            groups: list[tuple[str, ReplicaGroup | None]] = [("prefill.", cluster.prefill),
+                                                             ("decode.", cluster.decode)]
             if isinstance(cluster.replicas, list):
                 groups += [(f"replicas[{i}].", g) for i, g in enumerate(cluster.replicas)]
             for prefix, group in groups:
@@ -180,7 +187,9 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raise ScenarioError(f"{path}: expected a mapping of scenario keys at the top level")
     for item in overrides:
         apply_override(data, item)
-    return scenario_from_dict(data, str(path))
+    scenario = scenario_from_dict(data, str(path))
+    scenario._source_dir = path.resolve().parent
+    return scenario
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:

@@ -51,6 +51,7 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a trace with only its header", {}, TRACE, "trace has no requests"),
     ("a ragged trace row", {}, TRACE + "0,10,5\n1,10\n", "line 3"),
     ("a non-numeric trace column", {}, TRACE + "0,abc,5\n", "prompt_tokens = 'abc'"),
+    ("a bad row after blank lines", {}, TRACE + "0,10,5\n\n\n1,abc,5\n", "trace.csv line 5"),
 ]
 
 
@@ -169,3 +170,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str, changes: di
     assert "Traceback" not in message and phrase in message, (case, message)
     assert len([line for line in message.splitlines() if line.startswith("error")]) == 1
     assert not out.exists()
+
+
+def test_validate_refuses_what_run_refuses(tmp_path: Path) -> None:
+    """A bad value in a scenario's own sweep, --set on a sweep file, a system that can run
+    no request: `validate` says what `run` would."""
+    cases = []
+    data = copy.deepcopy(BASE)
+    data["sweep"] = {"parameter": "workload.arrival.rate_per_s", "values": [1, -1]}
+    cases.append((data, [], "rate_per_s = -1"))
+    rejected = copy.deepcopy(BASE)
+    rejected.update(kv_capacity_tokens=32, systems=[{"name": "v", "scheduler": {"kind": "paged"}}])
+    rejected["workload"]["prompt_tokens"] = {"kind": "constant", "value": 60}
+    cases.append((rejected, [], "every request is too large"))
+    for i, (body, extra, phrase) in enumerate(cases):
+        path = tmp_path / f"s{i}.yaml"
+        path.write_text(yaml.safe_dump(body))
+        result = CliRunner().invoke(app, ["validate", str(path), *extra])
+        assert result.exit_code == 2 and phrase in result.output, (phrase, result.output)
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "base": "base.yaml",
+                                    "grid": {"parameters": {"warmup_s": [0, 1]}}}))
+    result = CliRunner().invoke(app, ["validate", str(grid), "--set", "workload.num_requests=-5"])
+    assert result.exit_code == 2 and "num_requests = -5" in result.output, result.output

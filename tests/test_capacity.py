@@ -170,6 +170,12 @@ def test_gpus_and_price_from_the_catalog() -> None:
     assert math.isnan(cap.gpus_and_price(make_scenario(), "orca", None)[1])
 
 
+def test_t_quantiles_match_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for df in (*range(1, 31), 31, 40, 100, 1000):
+        assert cap.t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-5), df
+
+
 def test_t_interval_and_pareto_by_hand() -> None:
     low, high = cap.t_interval(np.array([1.0, 2.0, 3.0]))
     half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, 2) s / sqrt(n)

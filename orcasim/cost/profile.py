@@ -131,7 +131,7 @@ class ProfileCost(CostModel):
             "attention prefill", self.prefill_attention, context - query, query, relevant=~decoding
         )
         prefill = np.where(decoding, 0.0, prefill).sum(axis=-1)
-        out_p = out_p.any(axis=-1)
+        out_p = np.asarray(out_p.any(axis=-1))
         return self.model.num_layers * (decode + prefill), out_d | out_p
 
     def iteration_time_s(self, batch: Batch) -> float:

@@ -87,7 +87,8 @@ class Roofline(CostModel):
 
     def token_ops_per_layer_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """The token-batched operators of one layer on one rank (what Vidur's mlp.csv times)."""
-        return sum(op.count * self.op_time_s(op, num_tokens) for op in self.ops)
+        # (A float in gives a numpy scalar out, which every caller treats as an array.)
+        return sum(op.count * self.op_time_s(op, num_tokens) for op in self.ops)  # type: ignore[return-value]
 
     def attention_per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
         """Attention of one layer, summed over requests (the last axis); one kernel launch.
@@ -97,7 +98,7 @@ class Roofline(CostModel):
         """
         flops, bytes_ = attention_flops_bytes(self.model, self.tp, query_tokens, context_tokens)
         per_request = np.maximum(flops / self.flops_per_s, bytes_ / self.bytes_per_s)
-        return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s
+        return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
 
     def tp_all_reduce_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """Two TP all-reduces of N x hidden per layer, over all layers."""
@@ -240,7 +241,8 @@ class _AttentionTerms:
         consts = (self.half_flops_per_pair, self.kv_bytes, self.query_bytes)
         self.whole = all(float(x).is_integer() for x in consts)
         if self.whole:
-            self._ints = _IntConstants(*(np.int64(x) for x in (1, *consts)),
+            half, kv, query = (np.int64(x) for x in consts)
+            self._ints = _IntConstants(np.int64(1), half, kv, query,
                                        np.float64(cost.flops_per_s), np.float64(cost.bytes_per_s))
             self._whole_terms = tuple(int(x) for x in consts)  # Python ints: exact, as int64
         self.flops_per_s, self.bytes_per_s = cost.flops_per_s, cost.bytes_per_s

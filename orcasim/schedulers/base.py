@@ -297,10 +297,11 @@ def check_fast_forward_declared(cls: type[Scheduler]) -> None:
             f"{cls.__name__} must declare `fast_forward` in its class body: the parent's "
             "contract if the hooks still hold, a new FastForward saying why, or STEP_BY_STEP"
         )
+    contract: FastForward = declared
     for parent in cls.__mro__[1:]:
-        if parent.__dict__.get("fast_forward") is not declared:
+        if parent.__dict__.get("fast_forward") is not contract:
             continue
-        changed = [name for name in declared.assumes if name in cls.__dict__]
+        changed = [name for name in contract.assumes if name in cls.__dict__]
         if changed:
             raise TypeError(
                 f"{cls.__name__} overrides {', '.join(changed)}, which the fast-forward hooks "

@@ -38,6 +38,7 @@ from orcasim.results import (
     mark_results,
     write_atomically,
     write_file_atomically,
+    write_text_atomically,
 )
 from orcasim.scenario import Scenario
 from orcasim.sweeps.backends import Backend, check_backend, execute
@@ -67,9 +68,7 @@ def run_sweep(
     _prepare(sweep, tasks, out_dir, resume, force)
     todo = [t for t in tasks if not _finished(out_dir, t)]
     for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
-        write_atomically(out_dir / "points" / outcome.id,
-                         lambda tmp, o=outcome: (tmp / OUTCOME_FILE).write_text(o.to_json()),
-                         force=True)
+        write_outcome(out_dir, outcome.id, outcome.to_json())
     outcomes = [read_outcome(out_dir, t) for t in tasks]
     failed = [o for o in outcomes if not o.ok]
     table = tidy_table([o for o in outcomes if o.ok])
@@ -133,9 +132,17 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
             raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it "
                                     "or --force to start over")
     for name, text in files.items():
-        write_file_atomically(out_dir / name, lambda p, t=text: p.write_text(t))
-    write_file_atomically(plan_file, lambda p: p.write_text(plan))
+        write_text_atomically(out_dir / name, text)
+    write_text_atomically(plan_file, plan)
     mark_results(out_dir)
+
+
+def write_outcome(out_dir: Path, job_id: str, text: str) -> None:
+    """One finished job's outcome, as points/<id>/outcome.json, appearing whole or not at all."""
+    def fill(tmp: Path) -> None:
+        (tmp / OUTCOME_FILE).write_text(text)
+
+    write_atomically(out_dir / "points" / job_id, fill, force=True)
 
 
 def _finished(out_dir: Path, task: Task) -> bool:

@@ -127,10 +127,13 @@ class Sweep:
         ]
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; `base` is relative to the file."""
+def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
+    """Read and validate a sweep file; `base` is relative to the file. `overrides` (as with
+    `--set`) apply after the file's own `set:` list."""
     path = Path(path)
     spec = _parse_spec(path)
+    if overrides:
+        spec = spec.model_copy(update={"set": [*spec.set, *overrides]})
     return build_sweep(spec, path.parent / spec.base)
 
 

@@ -163,7 +163,7 @@ def _read_csv(path: Path, columns: tuple[str, ...], max_requests: int | None) ->
 
 
 def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
-    records = []
+    records: list[tuple[object, object, object]] = []
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
             if max_requests is not None and len(records) >= max_requests:
@@ -205,9 +205,21 @@ def _raise_on_bad(
 ) -> None:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ScenarioError(
-            f"{path.name} line {row + line_offset}: {column} = {raw.iloc[row]!r}, expected {expected}"
-        )
+        raise ScenarioError(f"{path.name} line {_line_of(path, row, line_offset)}: {column} = "
+                            f"{raw.iloc[row]!r}, expected {expected}")
+
+
+def _line_of(path: Path, row: int, line_offset: int) -> int:
+    """The file line of data row `row`. pandas skips blank lines in a CSV (line_offset 2:
+    a header, then data), so they are counted back in; other formats have one per line."""
+    if line_offset != 2:
+        return row + line_offset
+    with path.open(encoding="utf-8") as f:
+        non_blank = (number for number, text in enumerate(f, start=1) if text.strip())
+        for index, number in enumerate(non_blank):
+            if index == row + 1:  # the header is non-blank line 0
+                return number
+    return row + line_offset
 
 
 def _sorted_from_zero(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace:
