@@ -121,7 +121,8 @@ class Recorder:
             head_end_s = float(ends_s[0])
             run_used_s = _used_s(run_context_total, run_size, head_end_s, ends_s[1:])
             used_s = kv_used_tokens * (head_end_s - start_s) + run_used_s
-            used = used_s / (end_s - start_s)
+            # A row too short for the clock to move (end_s == start_s) has no time average.
+            used = used_s / (end_s - start_s) if end_s > start_s else float(kv_used_tokens)
         elif kv_used_tokens is not None:
             used = float(kv_used_tokens)
         reserved, reserved_max = float(kv_reserved_tokens), kv_reserved_tokens
@@ -155,7 +156,9 @@ class Recorder:
             reserved, reserved_max = _reserved_mean_max(start_s, ends_s, step_reserved_tokens[:n])
         self.append_row(
             start_s, end_s - start_s, n, size, n * size, _run_context(context_total, size, n),
-            reserved, num_waiting_sum, used_s / (end_s - start_s), 0, 0, reserved_max,
+            reserved, num_waiting_sum,
+            used_s / (end_s - start_s) if end_s > start_s else float(context_total), 0, 0,
+            reserved_max,
         )
 
     def record_progress(

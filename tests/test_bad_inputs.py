@@ -34,6 +34,8 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("warm-up past the last arrival", {"warmup_s": 1e6}, None, "no request completed after"),
     ("a cost that takes no time", {"cost": {"kind": "linear", "base_s": 0.0}}, None,
      "would take no time"),
+    ("a cost under a nanosecond", {"cost": {"kind": "linear", "base_s": 1e-300}}, None,
+     "under a nanosecond"),
     ("a system named like a result file",
      {"systems": [{"name": "summary.json", "scheduler": {"kind": "paged"}}]}, None,
      "is a file of the results folder"),

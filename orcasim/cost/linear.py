@@ -11,6 +11,8 @@ from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel, DecodeLine
 from orcasim.cost.overhead import CostConfigBase
 
+MIN_ITERATION_S = 1e-9
+
 
 class LinearCostConfig(CostConfigBase):
     """time = base_s + per_token_s * Σ query tokens + per_context_token_s * Σ context tokens."""
@@ -22,11 +24,15 @@ class LinearCostConfig(CostConfigBase):
 
     @model_validator(mode="after")
     def _takes_time(self) -> Self:
-        # Every iteration computes at least one token: with base_s or per_token_s positive
-        # it takes time. With both zero an iteration may take none, and time stands still.
-        if self.base_s == 0 and self.per_token_s == 0:
-            raise ScenarioError("base_s and per_token_s are both 0: an iteration would take no "
-                             "time; expected either above 0")
+        # Every iteration computes at least one token, so it takes base_s + per_token_s at
+        # least. Below a nanosecond (no GPU step is that fast) time barely moves: at t = 1e6 s
+        # a float cannot tell 1e-10 s apart, and the clock would stand still.
+        shortest_s = self.base_s + self.per_token_s
+        if shortest_s < MIN_ITERATION_S:
+            raise ScenarioError(
+                f"base_s + per_token_s = {shortest_s:g} s: the shortest iteration would take "
+                f"{'no time' if shortest_s == 0 else 'under a nanosecond'}; expected "
+                f">= {MIN_ITERATION_S:g} s (times are in seconds)")
         return self
 
 
