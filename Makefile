@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup run test lint check bench bench-cluster bench-capacity calibrate clean
+.PHONY: setup run test test-deep lint check bench bench-cluster bench-capacity calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# Property tests with fresh random examples and ten times CI's budget: a bug hunt, not a gate.
+test-deep: $(STAMP)
+	HYPOTHESIS_PROFILE=explore ORCASIM_TEST_DEPTH=10 $(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -16,6 +16,13 @@ from orcasim.scenario import Scenario, scenario_from_dict
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# `make test-deep` multiplies every property test's example budget (CI's is sized for time).
+DEPTH = int(os.environ.get("ORCASIM_TEST_DEPTH", "1"))
+
+
+def examples(budget: int) -> int:
+    """A property test's example budget, times ORCASIM_TEST_DEPTH."""
+    return budget * DEPTH
 
 BASE: dict[str, Any] = {
     "name": "test",

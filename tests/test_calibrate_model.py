@@ -12,6 +12,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from calibrate.model import Transformer, build_model, model_args  # noqa: E402
+from tests.conftest import examples  # noqa: E402
 
 # calibrate/gpu_check.sh runs this file on CUDA too (still fp32, so the bound means the same).
 DEVICE = os.environ.get("CALIBRATE_TEST_DEVICE", "cpu")
@@ -94,7 +95,7 @@ def test_last_token_logits_are_rows_of_all_logits(model: Transformer) -> None:
     torch.testing.assert_close(last, torch.stack(full), atol=ATOL, rtol=RTOL)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=4), min_size=1, max_size=4))
 def test_any_chunking_matches_alone(model: Transformer, chunks: list[list[int]]) -> None:
     prompts = [prompt(100 + i, sum(c)) for i, c in enumerate(chunks)]

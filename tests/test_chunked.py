@@ -13,6 +13,7 @@ from kv_driver import (
 from test_paged import paged_cases
 
 from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
+from tests.conftest import examples
 
 EXAMPLES = 120
 
@@ -55,7 +56,7 @@ def _check_decodes_first(sched, out) -> None:
 
 
 @given(paged_cases(chunked=True))
-@settings(max_examples=EXAMPLES, deadline=None)
+@settings(max_examples=examples(EXAMPLES), deadline=None)
 def test_chunked_invariants_hold_and_every_request_completes(case):
     reqs, capacity, cfg = case
     sched = _chunked(reqs, capacity, **cfg)

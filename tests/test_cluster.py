@@ -22,7 +22,7 @@ from orcasim.fleet import build_fleet
 from orcasim.requests import Requests
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
-from tests.conftest import BASE, make_scenario
+from tests.conftest import BASE, examples, make_scenario
 from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
@@ -89,7 +89,7 @@ def test_littles_law_per_replica_and_for_the_cluster(router: str) -> None:
     assert result.replicas["requests_routed"].sum() == 4000
 
 
-@settings(derandomize=True, max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     router=st.sampled_from(ROUTERS),
     num_replicas=st.integers(1, 5),

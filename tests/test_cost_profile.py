@@ -17,6 +17,7 @@ from orcasim.cost.interp import SlicedTable2D, Table1D
 from orcasim.cost.profile import ProfileCost, ProfileCostConfig
 from orcasim.cost.profile_tables import mlp_table
 from orcasim.paths import PACKAGE_DATA_DIR
+from tests.conftest import examples
 
 VIDUR = "profiles/vidur"
 MLP_70B_A100 = f"{VIDUR}/compute/a100/meta-llama/Llama-2-70b-hf/mlp.csv"
@@ -31,7 +32,7 @@ def llama70b_tp2(**cfg: str) -> ProfileCost:
     return ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, **cfg), dep)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.lists(st.floats(0.0, 1e4, allow_nan=False), min_size=2, max_size=20, unique=True))
 def test_table1d_returns_measured_values_at_measured_points(xs: list[float]) -> None:
     x = np.array(xs)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
-from tests.conftest import BASE, make_scenario
+from tests.conftest import BASE, examples, make_scenario
 from tests.test_queueing_theory import LITTLE_REL_TOL
 
 PAGED = {"kind": "paged", "max_num_seqs": 8, "block_size_tokens": 4, "watermark": 0.0}
@@ -108,7 +108,7 @@ def test_decode_admission_waits_for_decode_kv(tmp_path) -> None:  # noqa: ANN001
     assert reqs["decode_wait_s"].tolist() == [0.0, 2.0]
 
 
-@settings(derandomize=True, max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     prefill_count=st.integers(1, 3), decode_count=st.integers(1, 3),
     prefill_router=st.sampled_from(["round_robin", "least_outstanding", "random"]),

@@ -30,6 +30,7 @@ from orcasim.schedulers.chunked import ChunkedConfig
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.paged import PagedConfig
 from orcasim.schedulers.request_level import RequestLevelConfig
+from tests.conftest import examples
 
 # The bar is 1e-9 relative; the linear model is in fact bit-exact.
 TIMESTAMP_RTOL = 1e-9
@@ -212,28 +213,28 @@ def assert_same_run(case: dict) -> pd.DataFrame:
     return fast_iters
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_mode_matches_reference(case: dict) -> None:
     assert_same_run(case)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fast_mode_matches_reference_for_every_kind(kind: str, data: st.DataObject) -> None:
     # KINDS comes from the configuration union: a new kind is tested here or fails here.
     assert_same_run(data.draw(scenarios(kinds=(kind,))))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(closed_loop=True))
 def test_fast_mode_matches_reference_in_a_closed_loop(case: dict) -> None:
     # Follow-up requests are made from completions, so arrival times are outputs too.
     assert_same_run(case)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(kinds=("paged", "chunked")))
 def test_fast_mode_matches_reference_over_paged_kv(case: dict) -> None:
     # The paged hooks have the most to predict: block boundaries, preemption, swapping.
@@ -250,7 +251,7 @@ def _free_list_after(case: dict, mode: str) -> tuple[tuple[int, ...], int]:
     return scheduler.allocator.free_pool()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(kinds=("paged", "chunked")))
 def test_paged_runs_take_the_blocks_reference_mode_takes(case: dict) -> None:
     # Fast mode allocates a run's blocks at once, in the order schedule would, step by step.
@@ -464,7 +465,7 @@ def test_every_cost_kind_is_drawn_with_an_overhead(kind: str) -> None:
     assert cfg.kind == kind
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fast_mode_matches_reference_with_a_binding_launch_floor(data: st.DataObject) -> None:
     # Roofline under an overhead whose launches bind at small batches and not at large ones.

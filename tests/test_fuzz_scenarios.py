@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from orcasim.cli import app
 from orcasim.scenario import set_dotted
 from tests.conftest import BASE as CONFTEST_BASE
+from tests.conftest import examples
 
 EXAMPLES = 150  # the fuzz's size: examples per CI run (derandomized, so the same ones)
 # conftest's scenario, shortened, with a paged system beside request-level and Orca.
@@ -84,7 +85,7 @@ runner = CliRunner()
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(EXAMPLES), suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                          HealthCheck.too_slow])
 @given(changed=changes)
 # Found by this test, kept: a gamma cv so small its shape overflowed; a negative seed.

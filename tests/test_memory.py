@@ -12,6 +12,7 @@ from kv_driver import assert_all_served, drive, make_requests
 from orcasim.memory import PagedAllocator, blocks_for, next_power_of_two, reservation_tokens
 from orcasim.metrics import kv_memory_stats
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
+from tests.conftest import examples
 
 EXAMPLES = 60
 
@@ -30,7 +31,7 @@ def test_reservation_policies_match_the_vllm_paper_definitions():
 
 
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.integers(1, 8000))
-@settings(max_examples=EXAMPLES, deadline=None)
+@settings(max_examples=examples(EXAMPLES), deadline=None)
 def test_pow2_reservation_bounds(totals, max_tokens):
     reqs = make_requests(totals, [0] * len(totals), max_tokens=max_tokens)
     pow2 = reservation_tokens(reqs, "pow2")
@@ -76,7 +77,7 @@ ops = st.lists(
 
 
 @given(st.integers(1, 12), ops)
-@settings(max_examples=EXAMPLES * 2, deadline=None)
+@settings(max_examples=examples(EXAMPLES * 2), deadline=None)
 def test_allocator_invariants_under_random_operations(num_blocks, operations):
     alloc = PagedAllocator(num_blocks, block_size_tokens=4)
     for op, req, n in operations:

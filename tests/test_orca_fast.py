@@ -26,6 +26,7 @@ from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.request_level import RequestLevelConfig
+from tests.conftest import examples
 
 TIMESTAMPS = ("first_scheduled_s", "first_token_s", "finish_s")
 
@@ -83,7 +84,7 @@ def orca_cases(draw: st.DrawFn, closed_loop: bool = False) -> dict:
     return dict(requests=requests, cfg=cfg, cost=cost, capacity=max(capacity, 1), breaks=breaks)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(orca_cases())
 def test_fused_loop_equals_generic_loop(case: dict) -> None:
     runs = run_both(case["requests"], case["cfg"], lambda: LinearCost(case["cost"]),
@@ -91,7 +92,7 @@ def test_fused_loop_equals_generic_loop(case: dict) -> None:
     assert_identical(runs)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(orca_cases(closed_loop=True))
 def test_fused_loop_equals_generic_loop_in_a_closed_loop(case: dict) -> None:
     runs = run_both(case["requests"], case["cfg"], lambda: LinearCost(case["cost"]),

@@ -17,6 +17,7 @@ from kv_driver import (
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+from tests.conftest import examples
 
 EXAMPLES = 60
 
@@ -51,6 +52,32 @@ def test_swap_keeps_kv_and_charges_pcie_copies():
     assert planned_tokens(trace) == [{0: 3, 1: 2}, {0: 1, 1: 1}, {0: 1}, {0: 1}, {1: 1}, {1: 1}]
     # Out at step 2 and back in at step 4: B's 2 blocks, 4 tokens, each way.
     assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 0.0, 4.0, 0.0]
+    assert sched.recomputed_tokens_total == 0
+    assert_paged_end_state(sched, reqs, trace)
+
+
+def test_swap_accounting_across_several_victims_in_one_step():
+    """Blocks of 2 tokens, 4 of them. A (prompt 3, 3 outputs) holds 2 blocks, B and C (prompt
+    1, 4 outputs each) one each. At step 2 A needs a third block: C (newest) is swapped out,
+    then B needs its second block and, with nobody newer left, goes out itself. Both come
+    back, oldest first, when A has finished; every copy is 2 tokens x 1 byte at 1 byte/s."""
+    reqs = make_requests([3, 1, 1], [3, 4, 4])
+    sched = _paged(reqs, capacity=8, block_size_tokens=2, preemption="swap",
+                   swap_space_bytes=100, kv_bytes_per_token=1, swap_bandwidth_bytes_per_s=1.0)
+    held: list[tuple[int, list[int], list[int]]] = []
+
+    def check(s, out) -> None:
+        check_paged_step(s, out)
+        held.append((s.swapped_blocks, s.cpu_blocks.tolist(), sorted(s.swapped)))
+
+    trace = drive(sched, reqs, check)
+    assert planned_tokens(trace) == [{0: 3, 1: 1, 2: 1}, {0: 1, 1: 1, 2: 1}, {0: 1},
+                                     {1: 1, 2: 1}, {1: 1, 2: 1}]
+    assert [p.preemptions for p in trace.plans] == [0, 0, 2, 0, 0]
+    assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 4.0, 0.0]  # out 2 blocks, in 2
+    assert held[2] == (2, [0, 1, 1], [1, 2])  # after step 2's plan: both victims on the CPU
+    assert held[3] == (0, [0, 0, 0], [])  # step 3 brought both back
+    assert sched.preemptions_per_request.tolist() == [0, 1, 1]
     assert sched.recomputed_tokens_total == 0
     assert_paged_end_state(sched, reqs, trace)
 
@@ -157,7 +184,7 @@ def paged_cases(draw, chunked: bool = False):
 
 
 @given(paged_cases())
-@settings(max_examples=EXAMPLES * 2, deadline=None)
+@settings(max_examples=examples(EXAMPLES * 2), deadline=None)
 def test_paged_invariants_hold_and_every_request_completes(case):
     reqs, capacity, cfg = case
     sched = _paged(reqs, capacity, **cfg)

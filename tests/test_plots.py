@@ -22,6 +22,7 @@ from orcasim.plots import (
     timelines,
 )
 from orcasim.sweeps import load_sweep, run_sweep_in_memory
+from tests.conftest import examples
 
 EXACT = 1e-12
 
@@ -106,7 +107,7 @@ def test_plot_command_writes_png_and_svg(tmp_path: Path) -> None:
     assert names == ["latency_cdf.png", "latency_cdf.svg", "timelines.png", "timelines.svg"]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.01, 3.0), st.integers(0, 32)),
                 min_size=1, max_size=20),
        st.integers(1, 50))

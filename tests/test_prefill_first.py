@@ -15,6 +15,7 @@ from kv_driver import assert_paged_end_state, check_paged_step, drive, make_requ
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.paged import PagedConfig, PagedScheduler
 from orcasim.schedulers.prefill_first import PrefillFirstScheduler
+from tests.conftest import examples
 
 
 def _sched(reqs, capacity: int, **kw) -> PagedScheduler:
@@ -128,7 +129,7 @@ def test_settings_are_checked() -> None:
                     max_num_batched_tokens=32)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_runs_keep_the_paged_invariants(data: st.DataObject) -> None:

@@ -15,6 +15,7 @@ from orcasim.requests import Requests
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.schedulers.request_level import RequestLevelConfig
+from tests.conftest import examples
 
 MAX_STEPS = 20_000
 
@@ -70,7 +71,7 @@ def common_checks(max_batch_size: int, capacity: int):  # noqa: ANN201
     return check
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(workloads(), st.integers(1, 8))
 def test_iteration_level_invariants(w, max_batch_size: int) -> None:  # noqa: ANN001
     reqs, capacity, arrivals = w
@@ -80,7 +81,7 @@ def test_iteration_level_invariants(w, max_batch_size: int) -> None:  # noqa: AN
     assert sched.reserved_tokens == 0
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(workloads(), st.integers(1, 8), st.booleans())
 def test_request_level_invariants(w, max_batch_size: int, padding: bool) -> None:  # noqa: ANN001
     reqs, capacity, arrivals = w
