@@ -132,3 +132,74 @@ def test_a_paged_run_that_fills_the_pool_exactly_runs_whole() -> None:
     assert rows["fast"]["num_iterations"].tolist() == [10]
     assert rows["reference"]["num_iterations"].tolist() == [1] * 10
     assert rows["fast"]["kv_reserved_tokens_max"].tolist() == [12]
+
+
+def summary_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Four requests and three iteration rows, every summary field worked out by hand below.
+
+    Request 0 arrives before the 1 s warm-up; 1 and 2 finish; 3 was rejected (never ran).
+    Row A starts before the warm-up; B (two iterations) starts exactly at it.
+    """
+    nan = float("nan")
+    arrival = np.array([0.0, 1.0, 2.0, 3.0])
+    scheduled = np.array([0.0, 1.5, 2.0, nan])
+    first = np.array([0.5, 2.0, 2.5, nan])
+    finish = np.array([2.0, 4.0, 3.0, nan])
+    output = np.array([2, 3, 2, 4])
+    reqs = pd.DataFrame({
+        "arrival_s": arrival, "first_scheduled_s": scheduled, "first_token_s": first,
+        "finish_s": finish, "prompt_tokens": 10, "output_tokens": output,
+        "queue_delay_s": scheduled - arrival, "ttft_s": first - arrival,
+        "tpot_s": (finish - first) / (output - 1), "e2e_s": finish - arrival,
+        "normalized_latency_s_per_token": (finish - arrival) / output,
+        "rejected": [False, False, False, True]})
+    iters = pd.DataFrame({
+        "start_s": [0.5, 1.0, 2.0], "duration_s": [0.5, 1.0, 2.0], "num_iterations": [1, 2, 1],
+        "batch_size": [1, 2, 4], "kv_reserved_tokens": [10.0, 20.0, 40.0],
+        "kv_reserved_tokens_max": [10, 30, 40], "kv_used_tokens": [5.0, 10.0, 20.0],
+        "preemptions": [3, 1, 0], "recomputed_tokens": [7, 5, 0]})
+    return reqs, iters
+
+
+def test_the_summary_by_hand() -> None:
+    from orcasim.metrics import summarize
+
+    reqs, iters = summary_frames()
+    s = summarize(reqs, iters, warmup_s=1.0)
+    expected = {
+        "requests_completed": 2.0, "requests_rejected": 1.0,
+        "duration_s": 3.0,  # from the warm-up (later than the first arrival) to the last finish
+        "throughput_rps": 2 / 3, "throughput_tokens_per_s": 5 / 3,
+        "ttft_s_mean": 0.75, "ttft_s_p50": 0.75, "ttft_s_p90": 0.95, "ttft_s_p99": 0.995,
+        "tpot_s_mean": 0.75, "e2e_s_mean": 2.0, "e2e_s_p90": 2.8, "queue_delay_s_mean": 0.25,
+        "normalized_latency_s_per_token_mean": 0.75,
+        "iterations": 3.0, "batch_size_mean": 8 / 3,  # (2 x 2 + 4 x 1) / 3 iterations
+        "kv_reserved_tokens_mean": 100 / 3,  # (20 x 1 s + 40 x 2 s) / 3 s
+        "kv_reserved_tokens_max": 40.0, "kv_utilization_mean": 0.5,  # (10 + 40) / (20 + 80)
+        "preemptions": 1.0, "recomputed_tokens": 5.0,
+        # Arrivals at 1 and 2 s: a 1 s window, request 1 in it throughout, request 2 at its end.
+        "little_L": 1.0, "little_lambda_W": 4.0, "little_rel_error": 0.75,
+        "saturated": 0.0,
+    }
+    for key, value in expected.items():
+        assert s[key] == pytest.approx(value, abs=1e-12), key
+    assert np.isnan(s["saturation_z"])  # two arrivals: too few to judge
+    whole = summarize(reqs, iters)  # no warm-up by default: request 0 and row A count
+    assert (whole["requests_completed"], whole["iterations"], whole["duration_s"]) == (3.0, 4.0, 4.0)
+    assert whole["preemptions"] == 4.0 and whole["kv_reserved_tokens_max"] == 40.0
+
+
+def test_empty_and_untracked_frames() -> None:
+    from orcasim.metrics import kv_memory_stats, summarize
+
+    reqs, iters = summary_frames()
+    untracked = iters.drop(columns=["kv_used_tokens", "kv_reserved_tokens_max", "preemptions",
+                                    "recomputed_tokens"])
+    stats = kv_memory_stats(untracked)
+    assert np.isnan(stats["kv_utilization_mean"]) and stats["preemptions"] == 0.0
+    s = summarize(reqs.drop(columns=["rejected"]), untracked, warmup_s=1.0)
+    assert s["requests_rejected"] == 0.0 and s["kv_reserved_tokens_max"] == 40.0
+    none = summarize(reqs.iloc[:0], iters.iloc[:0])
+    assert none["requests_completed"] == 0.0 and none["duration_s"] == 0.0
+    assert none["throughput_rps"] == 0.0 and none["batch_size_mean"] == 0.0
+    assert np.isnan(none["ttft_s_p50"]) and none["kv_reserved_tokens_mean"] == 0.0

@@ -86,3 +86,35 @@ def test_a_run_reports_attainment_when_the_scenario_names_slos() -> None:
 def test_bad_slo_block_in_a_scenario() -> None:
     with pytest.raises(ScenarioError, match="slo"):
         make_scenario(slo={"targets": ["latency_p90 <= 1"]})
+
+
+def test_error_messages_name_the_problem() -> None:
+    cases = {
+        "ttft <= 0.2": "expected METRIC_pNN <= SECONDS, e.g. ttft_p90 <= 0.2 (metrics: ttft, tpot, "
+                       "e2e, queue_delay, normalized_latency)",
+        "ttft_p90 <= abc": "bound 'abc' is not a number of seconds",
+        "ttft_p90 <= -1": "bound -1: expected a finite value >= 0",
+        "ttft_p0 <= 1": "--slo ttft_p0 <= 1: percentile: Input should be greater than 0",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ScenarioError) as e:
+            slo_from_strings([text])
+        assert message in str(e.value), (text, str(e.value))
+    with pytest.raises(ScenarioError, match=r"^--slo ttft_p90 <= 1, tpot_p90 <= 1: attainment: "):
+        slo_from_strings(["ttft_p90 <= 1", "tpot_p90 <= 1"], attainment=2.0)
+    assert parse_target("ttft_p90 <= 0").bound_s == 0.0  # a zero bound is a bound
+    assert slo_from_strings(["ttft_p90 <= 1"], attainment=0.5).attainment == 0.5
+
+
+def test_a_percentile_equal_to_its_bound_meets_it_and_each_target_binds_alone() -> None:
+    reqs = frame().iloc[:2]  # TTFT 0.1 and 0.2, TPOT 0.05 and 0.1
+    on_the_bound = SLOConfig(targets=["ttft_p100 <= 0.2", "tpot_p100 <= 0.1"], attainment=1.0)
+    assert slo_summary(reqs, on_the_bound)["slo_met"] == 1.0
+    tpot_only = SLOConfig(targets=["ttft_p100 <= 0.2", "tpot_p100 <= 0.09"], attainment=0.5)
+    assert slo_summary(reqs, tpot_only)["slo_met"] == 0.0  # TPOT's percentile alone fails it
+    one_token = reqs.assign(tpot_s=np.nan)
+    assert slo_summary(one_token, tpot_only)["slo_met"] == 1.0  # no TPOT: nothing to miss
+    unfinished = reqs.assign(finish_s=np.nan)
+    out = slo_summary(unfinished, on_the_bound)
+    assert out["slo_attainment"] == 0.0 and np.isnan(out["slo_ttft_p100"]) and out["slo_met"] == 0.0
+    assert np.isnan(slo_summary(reqs.iloc[:0], on_the_bound)["slo_attainment"])
