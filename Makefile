@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup run test test-deep lint check bench bench-cluster bench-capacity calibrate clean
+.PHONY: setup run test test-deep mutate lint check bench bench-cluster bench-capacity calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: $(STAMP)
 # Property tests with fresh random examples and ten times CI's budget: a bug hunt, not a gate.
 test-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=explore ORCASIM_TEST_DEPTH=10 $(BIN)/python -m pytest -q -m "not slow"
+
+# Mutation testing of the modules [tool.mutmut] in pyproject.toml names; report in quality/.
+mutate: $(STAMP)
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children 2
+	$(BIN)/mutmut results --all true > quality/mutmut-results.txt
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -203,3 +203,36 @@ def test_empty_and_untracked_frames() -> None:
     assert none["requests_completed"] == 0.0 and none["duration_s"] == 0.0
     assert none["throughput_rps"] == 0.0 and none["batch_size_mean"] == 0.0
     assert np.isnan(none["ttft_s_p50"]) and none["kv_reserved_tokens_mean"] == 0.0
+
+
+def test_the_request_frame_by_hand() -> None:
+    """Lengths 1, 2 and 4 tokens: TPOT is undefined for one token; ids, signs and types."""
+    requests = Requests(np.array([0.0, 1.0, 2.0]), np.array([5, 5, 5]), np.array([1, 2, 4]),
+                        np.full(3, 20))
+    rec = Recorder(3)
+    rec.first_scheduled_s[:] = [0.5, 1.0, np.nan]
+    rec.first_token_s[:] = [1.0, 2.0, np.nan]
+    rec.finish_s[:] = [1.0, 3.0, np.nan]
+    frame = requests_frame(requests, rec, np.array([2]))
+    assert frame["id"].tolist() == [0, 1, 2] and frame["id"].dtype == np.int64
+    assert frame["rejected"].tolist() == [False, False, True] and frame["rejected"].dtype == bool
+    assert frame["ttft_s"].tolist()[:2] == [1.0, 1.0]
+    assert np.isnan(frame["tpot_s"][0]) and frame["tpot_s"][1] == 1.0  # (3 - 2) / (2 - 1)
+    assert frame["normalized_latency_s_per_token"].tolist()[:2] == [1.0, 1.0]  # e2e / tokens
+    assert frame["queue_delay_s"].tolist()[:2] == [0.5, 0.0]
+    assert not requests_frame(requests, rec)["rejected"].any()
+
+
+def test_littles_law_edges_and_offered_rate() -> None:
+    from orcasim.metrics import offered_rps
+
+    one = pd.DataFrame({"arrival_s": [1.0], "finish_s": [2.0]})
+    out = littles_law(one)
+    assert set(out) == {"little_L", "little_lambda_W", "little_rel_error"}
+    assert all(np.isnan(v) for v in out.values())
+    instant = pd.DataFrame({"arrival_s": [0.0, 1.0], "finish_s": [0.0, 1.0]})  # zero sojourns
+    out = littles_law(instant)
+    assert out["little_L"] == 0.0 and out["little_lambda_W"] == 0.0
+    assert np.isnan(out["little_rel_error"])
+    assert offered_rps(np.array([0.0, 1.0, 3.0])) == pytest.approx(2 / 3)
+    assert np.isnan(offered_rps(np.array([5.0]))) and np.isnan(offered_rps(np.array([2.0, 2.0])))

@@ -116,3 +116,50 @@ def test_too_short_a_run_is_not_judged() -> None:
     reqs = pd.DataFrame({"arrival_s": np.arange(10.0), "first_scheduled_s": np.arange(10.0) * 5})
     out = saturation(reqs)
     assert out["saturated"] == 0.0 and np.isnan(out["saturation_z"])
+
+
+EVIDENCE = {"saturated", "saturation_z", "saturation_growth_requests", "saturation_arrival_rps",
+            "saturation_admission_rps"}
+
+
+def test_the_evidence_is_the_same_on_every_path() -> None:
+    short = saturation(pd.DataFrame({"arrival_s": [1.0], "first_scheduled_s": [1.0]}))
+    assert set(short) == EVIDENCE and short["saturated"] == 0.0
+    assert all(np.isnan(short[k]) for k in EVIDENCE - {"saturated"})
+
+
+def backlog(n: int = 1001, shift_s: float = 0.0, scale: float = 1.0) -> pd.DataFrame:
+    """Arrivals every second, admissions every two (as in the test above), moved and scaled."""
+    arrival = shift_s + scale * np.arange(n, dtype=np.float64)
+    return pd.DataFrame({"arrival_s": arrival,
+                         "first_scheduled_s": shift_s + scale * 2.0 * np.arange(n)})
+
+
+def test_the_test_is_unchanged_by_where_the_clock_starts_and_its_unit() -> None:
+    """Growth and z are counts: the same a day later, or in milliseconds."""
+    base = saturation(backlog())
+    for moved in (saturation(backlog(shift_s=86400.0)), saturation(backlog(scale=1e-3))):
+        assert moved["saturation_growth_requests"] == pytest.approx(base["saturation_growth_requests"])
+        assert moved["saturation_z"] == pytest.approx(base["saturation_z"])
+        assert moved["saturated"] == 1.0
+    ms = saturation(backlog(scale=1e-3))
+    assert ms["saturation_arrival_rps"] == pytest.approx(1000.0, rel=0.01)
+
+
+def test_rejected_requests_are_not_a_queue() -> None:
+    """Requests that never fit KV memory never start: they must not read as a growing queue."""
+    stable = pd.DataFrame({"arrival_s": np.arange(400.0), "first_scheduled_s": np.arange(400.0)})
+    rejected = pd.DataFrame({"arrival_s": np.linspace(200.0, 399.0, 150),
+                             "first_scheduled_s": np.nan})
+    frame = pd.concat([stable.assign(rejected=False), rejected.assign(rejected=True)])
+    assert saturation(frame)["saturated"] == 0.0
+    assert saturation(frame.drop(columns="rejected"))["saturated"] == 1.0  # counted, they would
+
+
+def test_warmup_drops_the_early_arrivals() -> None:
+    """A backlog that formed before the warm-up and drains after it is not a growing queue."""
+    burst = pd.DataFrame({"arrival_s": np.zeros(300), "first_scheduled_s": np.arange(300.0)})
+    steady = pd.DataFrame({"arrival_s": np.arange(300.0, 700.0),
+                           "first_scheduled_s": np.arange(300.0, 700.0)})
+    frame = pd.concat([burst, steady])
+    assert saturation(frame, warmup_s=300.0)["saturation_growth_requests"] == pytest.approx(0.0)
