@@ -112,10 +112,9 @@ def slo_from_strings(targets: list[str], attainment: float = DEFAULT_ATTAINMENT)
 
 
 def attains(reqs: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
-    """Per request: finished and within every target's bound (NaN TPOT meets its bound)."""
+    """Per request: finished (a rejected request never does) and within every target's
+    bound (a NaN TPOT, one output token, meets its bound)."""
     ok = reqs["finish_s"].notna().to_numpy().copy()  # pandas may hand out a read-only view
-    if "rejected" in reqs:
-        ok &= ~reqs["rejected"].to_numpy(dtype=bool)
     for target in slo.targets:
         values = reqs[target.column].to_numpy(dtype=np.float64)
         undefined = np.isnan(values) & (target.metric == "tpot")

@@ -134,6 +134,10 @@ def test_a_paged_run_that_fills_the_pool_exactly_runs_whole() -> None:
     assert rows["fast"]["kv_reserved_tokens_max"].tolist() == [12]
 
 
+TIME_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "queue_delay_s",
+                "ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token")
+
+
 def summary_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
     """Four requests and three iteration rows, every summary field worked out by hand below.
 
@@ -156,7 +160,7 @@ def summary_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
     iters = pd.DataFrame({
         "start_s": [0.5, 1.0, 2.0], "duration_s": [0.5, 1.0, 2.0], "num_iterations": [1, 2, 1],
         "batch_size": [1, 2, 4], "kv_reserved_tokens": [10.0, 20.0, 40.0],
-        "kv_reserved_tokens_max": [10, 30, 40], "kv_used_tokens": [5.0, 10.0, 20.0],
+        "kv_reserved_tokens_max": [10, 50, 40], "kv_used_tokens": [5.0, 10.0, 20.0],
         "preemptions": [3, 1, 0], "recomputed_tokens": [7, 5, 0]})
     return reqs, iters
 
@@ -175,7 +179,7 @@ def test_the_summary_by_hand() -> None:
         "normalized_latency_s_per_token_mean": 0.75,
         "iterations": 3.0, "batch_size_mean": 8 / 3,  # (2 x 2 + 4 x 1) / 3 iterations
         "kv_reserved_tokens_mean": 100 / 3,  # (20 x 1 s + 40 x 2 s) / 3 s
-        "kv_reserved_tokens_max": 40.0, "kv_utilization_mean": 0.5,  # (10 + 40) / (20 + 80)
+        "kv_reserved_tokens_max": 50.0, "kv_utilization_mean": 0.5,  # (10 + 40) / (20 + 80)
         "preemptions": 1.0, "recomputed_tokens": 5.0,
         # Arrivals at 1 and 2 s: a 1 s window, request 1 in it throughout, request 2 at its end.
         "little_L": 1.0, "little_lambda_W": 4.0, "little_rel_error": 0.75,
@@ -186,7 +190,17 @@ def test_the_summary_by_hand() -> None:
     assert np.isnan(s["saturation_z"])  # two arrivals: too few to judge
     whole = summarize(reqs, iters)  # no warm-up by default: request 0 and row A count
     assert (whole["requests_completed"], whole["iterations"], whole["duration_s"]) == (3.0, 4.0, 4.0)
-    assert whole["preemptions"] == 4.0 and whole["kv_reserved_tokens_max"] == 40.0
+    assert whole["preemptions"] == 4.0 and whole["kv_reserved_tokens_max"] == 50.0
+    # A rejected request arriving exactly at the warm-up is counted.
+    assert summarize(reqs, iters, warmup_s=3.0)["requests_rejected"] == 1.0
+    # The same run a tenth as long: rates ten times, time averages and counts unchanged.
+    fast = summarize(reqs.assign(**{c: reqs[c] / 10 for c in TIME_COLUMNS}),
+                     iters.assign(start_s=iters["start_s"] / 10,
+                                  duration_s=iters["duration_s"] / 10), warmup_s=0.1)
+    assert fast["duration_s"] == pytest.approx(0.3) and fast["throughput_rps"] == pytest.approx(20 / 3)
+    assert fast["throughput_tokens_per_s"] == pytest.approx(50 / 3)
+    assert fast["kv_reserved_tokens_mean"] == pytest.approx(100 / 3)
+    assert fast["kv_utilization_mean"] == pytest.approx(0.5)
 
 
 def test_empty_and_untracked_frames() -> None:
@@ -197,11 +211,14 @@ def test_empty_and_untracked_frames() -> None:
                                     "recomputed_tokens"])
     stats = kv_memory_stats(untracked)
     assert np.isnan(stats["kv_utilization_mean"]) and stats["preemptions"] == 0.0
+    assert stats["recomputed_tokens"] == 0.0
+    assert kv_memory_stats(iters.iloc[[1]])["kv_utilization_mean"] == 0.5  # one row: 10 of 20
     s = summarize(reqs.drop(columns=["rejected"]), untracked, warmup_s=1.0)
-    assert s["requests_rejected"] == 0.0 and s["kv_reserved_tokens_max"] == 40.0
+    assert s["requests_rejected"] == 0.0 and s["kv_reserved_tokens_max"] == 40.0  # the plain column
     none = summarize(reqs.iloc[:0], iters.iloc[:0])
     assert none["requests_completed"] == 0.0 and none["duration_s"] == 0.0
     assert none["throughput_rps"] == 0.0 and none["batch_size_mean"] == 0.0
+    assert none["throughput_tokens_per_s"] == 0.0 and none["kv_reserved_tokens_max"] == 0.0
     assert np.isnan(none["ttft_s_p50"]) and none["kv_reserved_tokens_mean"] == 0.0
 
 
@@ -235,4 +252,5 @@ def test_littles_law_edges_and_offered_rate() -> None:
     assert out["little_L"] == 0.0 and out["little_lambda_W"] == 0.0
     assert np.isnan(out["little_rel_error"])
     assert offered_rps(np.array([0.0, 1.0, 3.0])) == pytest.approx(2 / 3)
+    assert offered_rps(np.array([0.0, 2.0])) == 0.5 and offered_rps(np.array([0.0, 0.25])) == 4.0
     assert np.isnan(offered_rps(np.array([5.0]))) and np.isnan(offered_rps(np.array([2.0, 2.0])))

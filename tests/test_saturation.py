@@ -107,9 +107,19 @@ def test_a_linear_backlog_reads_its_growth() -> None:
     reqs = pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": scheduled})
     out = saturation(reqs)
     assert out["saturation_growth_requests"] == pytest.approx(375.0, abs=1.5)
-    assert out["saturation_arrival_rps"] == pytest.approx(1.0, abs=0.01)
-    assert out["saturation_admission_rps"] == pytest.approx(0.5, abs=0.01)
+    # The span [250, 1000] holds arrivals 250..1000 and admissions 250, 252, .., 1000, ends included.
+    assert out["saturation_arrival_rps"] == 751 / 750
+    assert out["saturation_admission_rps"] == 376 / 750
     assert out["saturated"] == 1.0
+
+
+def test_the_fewest_arrivals_judged_and_a_run_with_no_span() -> None:
+    """Arrivals at 0..26 s: the span from 6.5 s holds exactly MIN_ARRIVALS (20), enough."""
+    reqs = pd.DataFrame({"arrival_s": np.arange(27.0), "first_scheduled_s": np.arange(27.0)})
+    assert np.isfinite(saturation(reqs)["saturation_z"])
+    assert np.isnan(saturation(reqs.iloc[1:])["saturation_z"])  # 19: too few
+    together = pd.DataFrame({"arrival_s": np.full(30, 5.0), "first_scheduled_s": np.full(30, 5.0)})
+    assert np.isnan(saturation(together)["saturation_z"])  # all at once: no span to fit
 
 
 def test_too_short_a_run_is_not_judged() -> None:

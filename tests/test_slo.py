@@ -96,10 +96,11 @@ def test_error_messages_name_the_problem() -> None:
         "ttft_p90 <= -1": "bound -1: expected a finite value >= 0",
         "ttft_p0 <= 1": "--slo ttft_p0 <= 1: percentile: Input should be greater than 0",
     }
+    cases["foo_p90 <= 1"] = "--slo foo_p90 <= 1: metric = 'foo': expected one of ttft"
     for text, message in cases.items():
         with pytest.raises(ScenarioError) as e:
             slo_from_strings([text])
-        assert message in str(e.value), (text, str(e.value))
+        assert message in str(e.value) and "Value error" not in str(e.value), (text, str(e.value))
     with pytest.raises(ScenarioError, match=r"^--slo ttft_p90 <= 1, tpot_p90 <= 1: attainment: "):
         slo_from_strings(["ttft_p90 <= 1", "tpot_p90 <= 1"], attainment=2.0)
     assert parse_target("ttft_p90 <= 0").bound_s == 0.0  # a zero bound is a bound
