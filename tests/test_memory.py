@@ -158,3 +158,42 @@ def test_a_huge_pool_costs_nothing_until_used() -> None:
     tracemalloc.stop()
     assert peak_bytes < 1_000_000
     alloc.check_invariants()
+
+
+def test_a_pool_needs_a_block_of_a_token() -> None:
+    from orcasim.config import ScenarioError
+
+    for blocks, size in ((0, 16), (4, 0), (0, 0)):
+        with pytest.raises(ScenarioError, match="need at least one block of at least one token"):
+            PagedAllocator(blocks, size)
+
+
+def test_the_audit_catches_each_corruption() -> None:
+    """check_invariants is what the property tests lean on: each broken state fails its own
+    check. The pool: 8 blocks of 2 tokens; request 1 holds blocks 0 and 1, block 2 was freed
+    (recycled), blocks 3 to 7 were never used."""
+    def fresh() -> PagedAllocator:
+        alloc = PagedAllocator(8, 2)
+        alloc.allocate(1, 2)
+        alloc.allocate(2, 1)
+        alloc.free(2)
+        alloc.check_invariants()
+        return alloc
+
+    def never_used(a: PagedAllocator) -> None:  # block 3, never handed out, sits in a table
+        a.tables[1] = [0, 3]
+        a._owner = {0: 1, 3: 1}
+
+    corruptions = {
+        "a block is in two tables": lambda a: a.tables.setdefault(3, []).append(0),
+        "blocks lost or invented": lambda a: a._recycled.clear(),
+        "a block is both free and owned": lambda a: a._recycled.__setitem__(0, 1),
+        "a never-used block is in use": never_used,
+        "request 1's table disagrees": lambda a: a._owner.__setitem__(1, 5),
+        "an owner without a table": lambda a: a._owner.__setitem__(2, 1),
+    }
+    for message, corrupt in corruptions.items():
+        alloc = fresh()
+        corrupt(alloc)
+        with pytest.raises(AssertionError, match=message):
+            alloc.check_invariants()
