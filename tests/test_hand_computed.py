@@ -213,6 +213,10 @@ def test_empty_and_untracked_frames() -> None:
     assert np.isnan(stats["kv_utilization_mean"]) and stats["preemptions"] == 0.0
     assert stats["recomputed_tokens"] == 0.0
     assert kv_memory_stats(iters.iloc[[1]])["kv_utilization_mean"] == 0.5  # one row: 10 of 20
+    tiny = iters.iloc[[1]].assign(kv_reserved_tokens=1.0, kv_used_tokens=0.5, duration_s=0.5)
+    assert kv_memory_stats(tiny)["kv_utilization_mean"] == 0.5  # under one token-second held
+    nothing_held = iters.assign(kv_reserved_tokens=0.0, kv_used_tokens=0.0)
+    assert np.isnan(kv_memory_stats(nothing_held)["kv_utilization_mean"])  # 0 of 0: undefined
     s = summarize(reqs.drop(columns=["rejected"]), untracked, warmup_s=1.0)
     assert s["requests_rejected"] == 0.0 and s["kv_reserved_tokens_max"] == 40.0  # the plain column
     none = summarize(reqs.iloc[:0], iters.iloc[:0])
@@ -254,3 +258,22 @@ def test_littles_law_edges_and_offered_rate() -> None:
     assert offered_rps(np.array([0.0, 1.0, 3.0])) == pytest.approx(2 / 3)
     assert offered_rps(np.array([0.0, 2.0])) == 0.5 and offered_rps(np.array([0.0, 0.25])) == 4.0
     assert np.isnan(offered_rps(np.array([5.0]))) and np.isnan(offered_rps(np.array([2.0, 2.0])))
+
+
+def test_the_summary_judges_saturation_after_the_warm_up() -> None:
+    """300 requests at t = 0 drain by t = 300 s, then one a second is served at once: after a
+    300 s warm-up the queue is flat; counted from t = 0 it would read as shrinking."""
+    from orcasim.metrics import summarize
+
+    arrival = np.concatenate([np.zeros(300), np.arange(300.0, 700.0)])
+    scheduled = np.concatenate([np.arange(300.0), np.arange(300.0, 700.0)])
+    reqs = pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": scheduled,
+                         "first_token_s": scheduled + 0.5, "finish_s": scheduled + 0.5,
+                         "output_tokens": 1, "queue_delay_s": scheduled - arrival,
+                         "ttft_s": scheduled + 0.5 - arrival, "tpot_s": np.nan,
+                         "e2e_s": scheduled + 0.5 - arrival,
+                         "normalized_latency_s_per_token": scheduled + 0.5 - arrival})
+    _, iters = summary_frames()
+    after = summarize(reqs, iters, warmup_s=300.0)
+    assert after["saturation_growth_requests"] == pytest.approx(0.0, abs=1e-9)
+    assert summarize(reqs, iters)["saturation_growth_requests"] < -50
