@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orcasim.config import ScenarioError
 from orcasim.paths import read_json, read_parquet
 
 # Summary of a folder: {label: {metric: value}}; a label is a system, or point/system in a sweep.
@@ -17,8 +18,7 @@ def load_metrics(folder: Path) -> Metrics:
     """Read `summary.json` of a run (or baseline), or `sweep.parquet` of a sweep."""
     folder = Path(folder)
     if (folder / "summary.json").exists():
-        data = read_json(folder / "summary.json")
-        return {s: {k: _num(v) for k, v in m.items()} for s, m in data.items()}
+        return read_metrics(folder / "summary.json")
     if (folder / "sweep.parquet").exists():
         return _sweep_metrics(read_parquet(folder / "sweep.parquet"))
     raise FileNotFoundError(f"{folder}: no summary.json or sweep.parquet (is it a results folder?)")
@@ -36,8 +36,17 @@ def _sweep_metrics(table: pd.DataFrame) -> Metrics:
     }
 
 
-def _num(value: object) -> float:
-    return float("nan") if value is None else float(value)  # type: ignore[arg-type]
+def read_metrics(path: Path) -> Metrics:
+    """A summary or baseline file, {system: {metric: number or null}}; anything else is a
+    one-line error naming the file."""
+    data = read_json(path)
+    ok = isinstance(data, dict) and all(
+        isinstance(m, dict) and all(v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+                                    for v in m.values())
+        for m in data.values())
+    if not ok:
+        raise ScenarioError(f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes it")
+    return {s: {k: math.nan if v is None else float(v) for k, v in m.items()} for s, m in data.items()}
 
 
 def relative_change(before: float, after: float) -> float:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orcasim.compare import Metrics, relative_change, same_value
-from orcasim.paths import read_json
+from orcasim.compare import Metrics, read_metrics, relative_change, same_value
 from orcasim.results import json_safe, write_text_atomically
 
 SCENARIO_DIR = Path("scenarios/regression")
@@ -60,8 +59,7 @@ def run_regression(path: Path) -> Metrics:
 
 
 def read_baseline(path: Path) -> Metrics:
-    data = read_json(path)
-    return {s: {k: math.nan if v is None else float(v) for k, v in m.items()} for s, m in data.items()}
+    return read_metrics(path)
 
 
 def regression_scenarios(scenario_dir: Path) -> list[Path]:

@@ -7,14 +7,16 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from orcasim.compare import read_metrics
 from orcasim.config import ScenarioError
-from orcasim.paths import read_csv, read_json, read_parquet
+from orcasim.paths import read_csv, read_parquet
 from orcasim.results import save_figure
+from orcasim.slo import SLOConfig
 
 
 def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A run folder's request and iteration frames, each with a `system` column."""
-    systems = list(read_json(run_dir / "summary.json"))
+    systems = list(read_metrics(run_dir / "summary.json"))
     reqs = [read_parquet(run_dir / s / "requests.parquet").assign(system=s) for s in systems]
     iters = [read_parquet(run_dir / s / "iterations.parquet").assign(system=s) for s in systems]
     return pd.concat(reqs, ignore_index=True), pd.concat(iters, ignore_index=True)
@@ -32,14 +34,13 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         figures = sweep_figures(table, slo=slo)
     elif (results_dir / "capacity.csv").exists():
         from orcasim.capacity import capacity_figures
-        from orcasim.slo import SLOConfig
 
-        targets = SLOConfig.model_validate(yaml.safe_load((results_dir / "slo.yaml").read_text()))
+        targets = _read_slo(results_dir / "slo.yaml")
         figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
                                    read_csv(results_dir / "evaluations.csv"), targets)
     elif (results_dir / "summary.json").exists():
-        summary = read_json(results_dir / "summary.json")
-        unstable = frozenset(n for n, m in summary.items() if isinstance(m, dict) and m.get("saturated"))
+        summary = read_metrics(results_dir / "summary.json")
+        unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
         figures = frames_figures(*load_run_frames(results_dir), unstable)
     else:
         raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet or capacity.csv "
@@ -48,3 +49,13 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
     for stem, fig in figures.items():
         paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
     return paths
+
+
+def _read_slo(path: Path) -> SLOConfig:
+    """A capacity folder's slo.yaml, or a one-line error naming it."""
+    from pydantic import ValidationError
+
+    try:
+        return SLOConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (yaml.YAMLError, UnicodeDecodeError, ValidationError):
+        raise ScenarioError(f"{path}: not the SLO block orcasim capacity writes") from None
