@@ -39,6 +39,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,10 @@ class SearchOutcome(JsonRecord):
 
 # ---- the rate knob ------------------------------------------------------------------------
 
-def rate_knob(scenario: Scenario, base_dir: Path | None = None) -> RateKnob:
-    """The knob that sets `scenario`'s offered rate, or a ScenarioError for a closed loop."""
+def rate_knob(scenario: Scenario, base_dir: Path | None = None,
+              num_requests: int | None = None) -> RateKnob:
+    """The knob that sets `scenario`'s offered rate, or a ScenarioError for a closed loop. A
+    trace's own rate is that of the requests the search replays (its first `num_requests`)."""
     from orcasim.metrics import offered_rps
     from orcasim.run import data_dir, make_requests
 
@@ -132,6 +135,10 @@ def rate_knob(scenario: Scenario, base_dir: Path | None = None) -> RateKnob:
         rate = float(arrival.rate_per_s)  # type: ignore[union-attr]
         return RateKnob("workload.arrival.rate_per_s", 1.0, rate)
     if kind == "trace":
+        if num_requests is not None:
+            data = scenario.model_dump(mode="json", exclude_none=True)
+            data["workload"]["arrival"]["max_requests"] = num_requests
+            scenario = scenario_from_dict(data, scenario.name)
         with data_dir(base_dir):
             arrival_s = make_requests(scenario).arrival_s
         speedup = float(arrival.speedup)  # type: ignore[union-attr]
@@ -227,7 +234,8 @@ def service_rate(rows: list[dict[str, float]]) -> float:
     return float(np.median(admitted)) if admitted else math.inf
 
 
-def _narrow(low: float, high: float, passes: Any, rel_tol: float) -> tuple[float, float]:
+def _narrow(low: float, high: float, passes: Callable[[float], bool],
+            rel_tol: float) -> tuple[float, float]:
     """Bisect [low passes, high fails] geometrically until high / low <= 1 + rel_tol."""
     while high != math.inf and low > 0 and high / low > 1 + rel_tol:
         middle = math.sqrt(low * high)
@@ -238,7 +246,7 @@ def _narrow(low: float, high: float, passes: Any, rel_tol: float) -> tuple[float
     return low, high
 
 
-def _bracket(rate: float, passes: Any) -> tuple[float, float]:
+def _bracket(rate: float, passes: Callable[[float], bool]) -> tuple[float, float]:
     """[highest passing, lowest failing] rates around `rate`, by doubling or halving:
     (0, lowest tried) when none passes, (highest tried, inf) when all do."""
     if passes(rate):
@@ -270,7 +278,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     unknown = [n for n in chosen if n not in names]
     if unknown:
         raise ScenarioError(f"--system = {unknown[0]!r}: expected one of {', '.join(names)}")
-    knob = rate_knob(scenario, base_dir)
+    knob = rate_knob(scenario, base_dir, settings.num_requests)
     children = np.random.SeedSequence(scenario.seed if seed is None else seed).spawn(replications)
     seeds = [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
     jobs = [SearchJob(p, name, r, s, params, base, str(base_dir), knob, settings)

@@ -146,6 +146,20 @@ def test_a_trace_is_scaled_by_speedup(tmp_path: Path) -> None:
     assert cap.point_scenario(job, 3.0).workload.arrival.speedup == pytest.approx(6.0)
 
 
+def test_a_traces_rate_is_that_of_the_requests_replayed(tmp_path: Path) -> None:
+    """Ten requests a second apart, then ten a tenth of a second apart: a search replaying the
+    first ten scales a 1 req/s trace, not the whole file's rate."""
+    trace = tmp_path / "t.csv"
+    arrival_s = np.concatenate([np.arange(10.0), 10.0 + 0.1 * np.arange(10)])
+    pd.DataFrame({"arrival_s": arrival_s, "prompt_tokens": 8, "output_tokens": 4}).to_csv(
+        trace, index=False)
+    sc = mg1(**{"workload.arrival": {"kind": "trace", "path": str(trace)},
+                "workload.num_requests": None, "workload.prompt_tokens": None,
+                "workload.output_tokens": None})
+    assert cap.rate_knob(sc, tmp_path, num_requests=10).rate_per_unit == pytest.approx(1.0)
+    assert cap.rate_knob(sc, tmp_path).rate_per_unit == pytest.approx(19 / 10.9)
+
+
 def test_closed_loops_are_refused() -> None:
     sc = make_scenario(**{"workload.arrival": {"kind": "closed_loop", "num_clients": 2,
                                                "think_time": {"kind": "constant", "value_s": 1}}})
