@@ -43,3 +43,41 @@ def test_reserved_mean_is_a_float_column_and_its_max_a_count() -> None:
     frame = rec.iterations_frame()
     assert frame["kv_reserved_tokens"].dtype == np.float64
     assert frame["kv_reserved_tokens_max"].dtype == np.int64
+
+
+def test_multi_iteration_rows_by_hand() -> None:
+    """A decode run of 2 requests from 10 context tokens over steps ending at 1, 3 and 6 s:
+    step j reads 10 + 2j tokens, so 10 + 12 + 14 = 36 read, and holds them for its duration,
+    10 x 1 + 12 x 2 + 14 x 3 = 76 token-seconds, a mean of 76 / 6 over the row. A jump: a
+    plan of 3 requests (30 query, 40 context tokens, 100 KV in use) ending at 11 s, then 2
+    steps of a 2-request run from 42 context tokens ending at 12 and 14 s."""
+    from orcasim.recorder import _reserved_mean_max, _run_context, _used_s
+
+    assert _run_context(10, 2, 3) == 36 and _run_context(10, 2, 1) == 10
+    assert _run_context(7, 3, 4) == 4 * 7 + 3 * 6  # steps read 7, 10, 13, 16
+    assert _used_s(10, 2, 0.0, [1.0, 3.0, 6.0]) == 76.0
+    assert _used_s(10, 2, 0.0, np.array([1.0, 3.0, 6.0])) == 76.0  # an array gives the same
+    assert _reserved_mean_max(0.0, [1.0, 3.0, 6.0], np.array([10, 20, 30])) == (140 / 6, 30)
+    assert _reserved_mean_max(0.0, [0.5], np.array([4])) == (4.0, 4)  # constant: as is
+    assert _reserved_mean_max(2.0, [2.0, 2.0], np.array([1, 9])) == (9.0, 9)  # no duration
+    rec = Recorder(3)
+    rec.run_row(0.0, [1.0, 3.0, 6.0], 2, 10, 64, 5)
+    rec.jump_row(10.0, [11.0, 12.0, 14.0], 3, 30, 40, 100, 2, 42, 64, 6, preemptions=1,
+                 recomputed_tokens=7)
+    run, jump = rec.iterations_frame().to_dict("records")
+    assert run == {"start_s": 0.0, "duration_s": 6.0, "num_iterations": 3, "batch_size": 2,
+                   "tokens": 6, "context_tokens": 36, "kv_reserved_tokens": 64.0,
+                   "num_waiting": 5, "kv_used_tokens": pytest.approx(76 / 6),
+                   "preemptions": 0, "recomputed_tokens": 0, "kv_reserved_tokens_max": 64}
+    # KV in use: 100 for the plan's second, then the run's 42 x 1 + 44 x 2 = 130 token-seconds.
+    assert jump == {"start_s": 10.0, "duration_s": 4.0, "num_iterations": 3, "batch_size": 3,
+                    "tokens": 30 + 2 * 2, "context_tokens": 40 + 42 + 44,
+                    "kv_reserved_tokens": 64.0, "num_waiting": 6,
+                    "kv_used_tokens": pytest.approx(230 / 4), "preemptions": 1,
+                    "recomputed_tokens": 7, "kv_reserved_tokens_max": 64}
+    one = Recorder(1)
+    one.jump_row(0.0, [2.0], 1, 5, 5, 9, 1, 5, 16, 0)  # a plan alone: its KV in use as is
+    assert one.iterations_frame()["kv_used_tokens"].tolist() == [9.0]
+    still = Recorder(1)
+    still.run_row(5.0, [5.0], 2, 10, 16, 0)  # a row too short for the clock to move
+    assert still.iterations_frame()["kv_used_tokens"].tolist() == [10.0]
