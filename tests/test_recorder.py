@@ -81,3 +81,20 @@ def test_multi_iteration_rows_by_hand() -> None:
     still = Recorder(1)
     still.run_row(5.0, [5.0], 2, 10, 16, 0)  # a row too short for the clock to move
     assert still.iterations_frame()["kv_used_tokens"].tolist() == [10.0]
+
+
+def test_rows_that_start_late_are_short_or_take_no_time() -> None:
+    """Durations are end - start (a row starting at 2 s); a jump of a plan and one step; a
+    reservation that varies within a quarter of a second; rows too short for the clock."""
+    from orcasim.recorder import _reserved_mean_max
+
+    rec = Recorder(2)
+    rec.run_row(2.0, [3.0, 5.0], 1, 4, 8, 0)  # holds 4 for 1 s, 5 for 2 s
+    rec.jump_row(6.0, [7.0, 8.0], 1, 3, 3, 10, 1, 3, 8, 0)  # plan: 10 for 1 s, then 3 for 1 s
+    late, short = rec.iterations_frame().to_dict("records")
+    assert late["duration_s"] == 3.0 and late["kv_used_tokens"] == pytest.approx(14 / 3)
+    assert short["duration_s"] == 2.0 and short["kv_used_tokens"] == pytest.approx(13 / 2)
+    assert _reserved_mean_max(0.0, [0.25, 0.5], np.array([2, 4])) == (3.0, 4)
+    still = Recorder(1)
+    still.jump_row(5.0, [5.0, 5.0], 1, 3, 3, 10, 1, 3, 8, 0)
+    assert still.iterations_frame()["kv_used_tokens"].tolist() == [10.0]
