@@ -98,3 +98,8 @@ def test_rows_that_start_late_are_short_or_take_no_time() -> None:
     still = Recorder(1)
     still.jump_row(5.0, [5.0, 5.0], 1, 3, 3, 10, 1, 3, 8, 0)
     assert still.iterations_frame()["kv_used_tokens"].tolist() == [10.0]
+
+
+def test_a_recorder_with_no_rows_gives_an_empty_frame() -> None:
+    frame = Recorder(0).iterations_frame()
+    assert len(frame) == 0 and list(frame.columns) == list(ITERATION_COLUMNS)
