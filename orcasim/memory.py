@@ -18,6 +18,7 @@ block back once its owner is freed) are asserted and property-tested.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Literal, TypeVar
 
 import numpy as np
@@ -54,31 +55,54 @@ def blocks_for(tokens: TokenCount, block_size_tokens: int) -> TokenCount:
 
 
 class PagedAllocator:
-    """A pool of `num_blocks` KV blocks and each request's block table.
+    """A pool of `num_blocks` KV blocks, each request's block table, and (with `caching`)
+    the blocks kept for their content after their last holder is done.
 
-    Lifecycle of a request's blocks: `allocate` appends blocks to its table (or returns
-    None, changing nothing); `free` returns them all to the pool and forgets the table.
-    Freed blocks are reused last-in first-out, as vLLM's free-block queue does; blocks never
-    used yet are handed out lowest id first, after any freed one.
+    Lifecycle of a request's blocks: `allocate` appends new blocks to its table (or returns
+    None, changing nothing); `share` puts cached blocks (a prefix-cache hit) at the start
+    of an empty table; `cache` names a table's full blocks by their hashes; `free` drops
+    the request's hold on all of them and forgets the table. A block held by several
+    tables (a shared prefix) has a reference count, and goes back to the pool only when
+    the last holder frees it.
 
-    Memory grows with the blocks in use, not with the pool: the never-used blocks are the
-    range [fresh, num_blocks), so a pool of a billion blocks costs nothing until used.
+    Which free block is handed out next:
+
+    * Without caching a block's identity changes nothing, so freed blocks are reused
+      last-in first-out (vLLM v0's free list); blocks never used yet come after, lowest
+      id first. Memory grows with the blocks in use, not with the pool: the never-used
+      blocks are the range [fresh, num_blocks), so a pool of a billion blocks costs
+      nothing until used.
+    * With caching the pool is vLLM v1's `FreeKVCacheBlockQueue` (`vllm/v1/core/block_pool.py`):
+      never-used blocks first, then freed blocks least recently freed first, a request's
+      blocks freed tail first (its last block is evicted before its first). A freed block
+      keeps its content and its hash until it is handed out again (evicted); a cache hit
+      on it takes it back out of the queue.
+
+    A hash may name several blocks (two requests computed the same block before either
+    was cached, as vLLM v1 allows); a lookup takes the one cached first.
     """
 
-    def __init__(self, num_blocks: int, block_size_tokens: int) -> None:
+    def __init__(self, num_blocks: int, block_size_tokens: int, caching: bool = False) -> None:
         if num_blocks < 1 or block_size_tokens < 1:
             raise ScenarioError(f"need at least one block of at least one token, got "
                              f"{num_blocks} block(s) of {block_size_tokens} token(s)")
         self.num_blocks = num_blocks
         self.block_size_tokens = block_size_tokens
-        self._recycled: list[int] = []  # freed blocks; pop() = the last freed
+        self.caching = caching
+        self._recycled: list[int] = []  # without caching: freed blocks; pop() = the last freed
+        self._queue: OrderedDict[int, None] = OrderedDict()  # with caching: freed, oldest first
         self._fresh = 0  # blocks from here on were never used
-        self._owner: dict[int, int] = {}  # block -> request, for the blocks in use
+        self._refs: dict[int, int] = {}  # block -> the tables holding it, for blocks in use
         self.tables: dict[int, list[int]] = {}
+        self._hash_of: dict[int, int] = {}  # cached block -> its hash
+        self._blocks_of: dict[int, dict[int, None]] = {}  # hash -> its blocks, first cached first
+        self._num_cached: dict[int, int] = {}  # request -> leading blocks of its table cached
+        self.evictions = 0  # cached blocks handed out again (their content lost)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._recycled) + self.num_blocks - self._fresh
+        """Blocks nobody holds: never used, freed, or cached and evictable."""
+        return len(self._recycled) + len(self._queue) + self.num_blocks - self._fresh
 
     @property
     def num_allocated_blocks(self) -> int:
@@ -88,10 +112,19 @@ class PagedAllocator:
     def allocated_tokens(self) -> int:
         return self.num_allocated_blocks * self.block_size_tokens
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._hash_of)
+
     def free_pool(self) -> tuple[tuple[int, ...], int]:
-        """The free pool, which fixes every later allocation: the freed blocks (the last is
-        handed out first) and the first never-used block (then the ones after it)."""
-        return tuple(self._recycled), self._fresh
+        """The free pool, which fixes every later allocation: the freed blocks in the order
+        they are handed out last (without caching the last is handed out first, with
+        caching the first) and the first never-used block (then the ones after it)."""
+        return tuple(self._recycled) + tuple(self._queue), self._fresh
+
+    def cache_state(self) -> tuple[tuple[int, int], ...]:
+        """Every cached block and its hash, in the order a lookup prefers them."""
+        return tuple((h, b) for h, blocks in self._blocks_of.items() for b in blocks)
 
     def num_blocks_of(self, req_id: int) -> int:
         return len(self.tables.get(req_id, ()))
@@ -101,7 +134,16 @@ class PagedAllocator:
         return max(0, blocks_for(tokens, self.block_size_tokens) - self.num_blocks_of(req_id))
 
     def _take(self, count: int) -> list[int]:
-        """`count` free blocks, in the order of a free list that reuses the last freed first."""
+        """`count` free blocks, in the order the pool hands them out (see the class)."""
+        if self.caching:
+            fresh = min(count, self.num_blocks - self._fresh)
+            taken = list(range(self._fresh, self._fresh + fresh))
+            self._fresh += fresh
+            for _ in range(count - fresh):
+                block, _none = self._queue.popitem(last=False)
+                self._evict(block)
+                taken.append(block)
+            return taken
         recycled = self._recycled
         taken = [recycled.pop() for _ in range(min(count, len(recycled)))]
         fresh = count - len(taken)
@@ -110,11 +152,22 @@ class PagedAllocator:
             self._fresh += fresh
         return taken
 
-    def _own(self, blocks: list[int], owners: list[int]) -> None:
-        owner = self._owner
-        for block, req_id in zip(blocks, owners, strict=True):
-            assert block not in owner, "a block would be owned twice"
-            owner[block] = req_id
+    def _evict(self, block: int) -> None:
+        """`block` is handed out again: the content it cached is gone."""
+        block_hash = self._hash_of.pop(block, None)
+        if block_hash is None:
+            return
+        holders = self._blocks_of[block_hash]
+        del holders[block]
+        if not holders:
+            del self._blocks_of[block_hash]
+        self.evictions += 1
+
+    def _hold(self, blocks: list[int]) -> None:
+        refs = self._refs
+        for block in blocks:
+            assert block not in refs, "a new block is already held"
+            refs[block] = 1
 
     def allocate(self, req_id: int, num_blocks: int) -> list[int] | None:
         """Give `req_id` `num_blocks` more blocks, or return None (and change nothing)."""
@@ -122,7 +175,7 @@ class PagedAllocator:
         if num_blocks > self.num_free_blocks:
             return None
         new = self._take(num_blocks)
-        self._own(new, [req_id] * num_blocks)
+        self._hold(new)
         self.tables.setdefault(req_id, []).extend(new)
         return new
 
@@ -132,7 +185,7 @@ class PagedAllocator:
         if len(req_ids) > self.num_free_blocks:
             return None
         new = self._take(len(req_ids))
-        self._own(new, list(req_ids))
+        self._hold(new)
         for req_id, block in zip(req_ids, new, strict=True):
             self.tables.setdefault(req_id, []).append(block)
         return new
@@ -143,22 +196,81 @@ class PagedAllocator:
         return self.allocate(req_id, need) if need else []  # most decode steps need none
 
     def free(self, req_id: int) -> int:
-        """Return all of `req_id`'s blocks to the pool; the number freed (0 if it held none)."""
+        """Drop `req_id`'s hold on its blocks; those nobody else holds go back to the pool,
+        last block first. The number of blocks in its table (0 if it had none)."""
         blocks = self.tables.pop(req_id, [])
-        owner = self._owner
-        for block in blocks:
-            holder = owner.pop(block)  # not inside the assert: python -O drops asserts
-            assert holder == req_id, "freeing a block the request does not own"
-        self._recycled.extend(reversed(blocks))
+        self._num_cached.pop(req_id, None)
+        refs = self._refs
+        back = self._queue if self.caching else None
+        for block in reversed(blocks):
+            left = refs.pop(block) - 1  # not inside an assert: python -O drops asserts
+            if left:
+                refs[block] = left
+            elif back is not None:
+                back[block] = None
+            else:
+                self._recycled.append(block)
         return len(blocks)
 
+    # Prefix caching (vLLM v1's KVCacheManager: get_computed_blocks, allocate_slots).
+
+    def lookup(self, hashes: list[int]) -> list[int]:
+        """The cached blocks of the longest prefix of `hashes` (a chain: see orcasim.prefix)."""
+        hits = []
+        for block_hash in hashes:
+            holders = self._blocks_of.get(block_hash)
+            if holders is None:
+                break
+            hits.append(next(iter(holders)))
+        return hits
+
+    def num_evictable(self, blocks: list[int]) -> int:
+        """How many of `blocks` nobody holds: a hit on one takes it out of the free pool."""
+        refs = self._refs
+        return sum(1 for block in blocks if block not in refs)
+
+    def share(self, req_id: int, blocks: list[int]) -> None:
+        """A cache hit: `blocks` (from `lookup`) start `req_id`'s empty table."""
+        assert not self.tables.get(req_id), "a hit starts an empty table"
+        refs, queue = self._refs, self._queue
+        for block in blocks:
+            held = refs.get(block, 0)
+            if not held:
+                del queue[block]
+            refs[block] = held + 1
+        self.tables[req_id] = list(blocks)
+        self._num_cached[req_id] = len(blocks)
+
+    def cache(self, req_id: int, hashes: list[int]) -> None:
+        """Name `req_id`'s first len(hashes) blocks (full ones) by their hashes, as vLLM v1
+        caches a request's full blocks when it schedules them."""
+        table = self.tables[req_id]
+        start = self._num_cached.get(req_id, 0)
+        for block, block_hash in zip(table[start:len(hashes)], hashes[start:], strict=True):
+            self._hash_of[block] = block_hash
+            self._blocks_of.setdefault(block_hash, {})[block] = None
+        self._num_cached[req_id] = max(start, len(hashes))
+
+    def num_cached_of(self, req_id: int) -> int:
+        """Leading blocks of `req_id`'s table that are cached (named by their hashes)."""
+        return self._num_cached.get(req_id, 0)
+
     def check_invariants(self) -> None:
-        """Full audit: every block is free xor owned once, by the table that lists it."""
-        owned = [b for table in self.tables.values() for b in table]
-        assert len(owned) == len(set(owned)), "a block is in two tables"
-        assert len(owned) + self.num_free_blocks == self.num_blocks, "blocks lost or invented"
-        assert not set(owned) & set(self._recycled), "a block is both free and owned"
-        assert all(b < self._fresh for b in owned + self._recycled), "a never-used block is in use"
+        """Full audit: every block is free xor held, held blocks as often as tables list
+        them, and the cache names only blocks that still hold their content."""
+        held = [b for table in self.tables.values() for b in table]
+        counts: dict[int, int] = {}
+        for block in held:
+            counts[block] = counts.get(block, 0) + 1
         for req_id, table in self.tables.items():
-            assert all(self._owner[b] == req_id for b in table), f"request {req_id}'s table disagrees"
-        assert len(self._owner) == len(owned), "an owner without a table"
+            assert len(table) == len(set(table)), f"request {req_id}'s table lists a block twice"
+        free = self._recycled + list(self._queue)
+        assert len(free) == len(set(free)), "a block is free twice"
+        assert len(counts) + self.num_free_blocks == self.num_blocks, "blocks lost or invented"
+        assert not set(counts) & set(free), "a block is both free and owned"
+        assert all(b < self._fresh for b in held + free), "a never-used block is in use"
+        assert counts == self._refs, "reference counts disagree with the tables"
+        assert self.caching or not (self._queue or self._hash_of), "a cache without caching"
+        assert all(b < self._fresh for b in self._hash_of), "a never-used block is cached"
+        named = {(h, b) for h, blocks in self._blocks_of.items() for b in blocks}
+        assert named == {(h, b) for b, h in self._hash_of.items()}, "the cache's two maps disagree"

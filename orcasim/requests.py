@@ -21,6 +21,31 @@ class ClientLoop:
 
 
 @dataclass(frozen=True)
+class PromptContent:
+    """What the prompts hold, for prefix caching: which requests share which prefixes.
+
+    Request i's prompt is the content segments `prompts[i]`, a flat tuple
+    (id, tokens, id, tokens, ...) whose tokens sum to its prompt length. A segment id
+    names a piece of text: two prompts that begin with the same segments begin with the
+    same tokens. Request i's generated tokens are the content `output_ids[i]`, so a later
+    prompt can quote them (a conversation resends its history). Ids are >= 0; content
+    not named here (a request without a content table) is unique to its request.
+    """
+
+    prompts: list[tuple[int, ...]]
+    output_ids: np.ndarray  # int64 (n,)
+
+    def check(self, prompt_tokens: np.ndarray) -> None:
+        """Raise ValueError unless every prompt's segments add up to its length."""
+        if len(self.prompts) != len(prompt_tokens) or len(self.output_ids) != len(prompt_tokens):
+            raise ValueError("the content table has a different length from the requests")
+        for i, segments in enumerate(self.prompts):
+            if sum(segments[1::2]) != prompt_tokens[i] or min(segments, default=0) < 0:
+                raise ValueError(f"request {i}'s content {segments[:6]}... does not add up "
+                                 f"to its {int(prompt_tokens[i])} prompt tokens")
+
+
+@dataclass(frozen=True)
 class Requests:
     """Immutable description of the offered load, shared by every system in a run.
 
@@ -40,6 +65,8 @@ class Requests:
     # int64 (n,): the session (conversation, agent task) each request belongs to, if known;
     # a `session` router keeps a session on one replica.
     session_ids: np.ndarray | None = None
+    # What the prompts hold (shared prefixes), for prefix caching; None: all unique.
+    content: PromptContent | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)

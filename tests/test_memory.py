@@ -182,15 +182,19 @@ def test_the_audit_catches_each_corruption() -> None:
 
     def never_used(a: PagedAllocator) -> None:  # block 3, never handed out, sits in a table
         a.tables[1] = [0, 3]
-        a._owner = {0: 1, 3: 1}
+        a._refs = {0: 1, 3: 1}
+
+    def held_twice(a: PagedAllocator) -> None:  # request 1 lists block 0 twice
+        a.tables[1] = [0, 0]
+        a._refs = {0: 2}
 
     corruptions = {
-        "a block is in two tables": lambda a: a.tables.setdefault(3, []).append(0),
+        "reference counts disagree with the tables": lambda a: a.tables.setdefault(3, []).append(0),
         "blocks lost or invented": lambda a: a._recycled.clear(),
         "a block is both free and owned": lambda a: a._recycled.__setitem__(0, 1),
         "a never-used block is in use": never_used,
-        "request 1's table disagrees": lambda a: a._owner.__setitem__(1, 5),
-        "an owner without a table": lambda a: a._owner.__setitem__(2, 1),
+        "table lists a block twice": held_twice,
+        "a cache without caching": lambda a: a._hash_of.__setitem__(2, 99),
     }
     for message, corrupt in corruptions.items():
         alloc = fresh()
