@@ -98,6 +98,7 @@ class PagedAllocator:
         self._blocks_of: dict[int, dict[int, None]] = {}  # hash -> its blocks, first cached first
         self._num_cached: dict[int, int] = {}  # request -> leading blocks of its table cached
         self.evictions = 0  # cached blocks handed out again (their content lost)
+        self.num_shared_holds = 0  # holds beyond a block's first: sum of (references - 1)
 
     @property
     def num_free_blocks(self) -> int:
@@ -206,6 +207,7 @@ class PagedAllocator:
             left = refs.pop(block) - 1  # not inside an assert: python -O drops asserts
             if left:
                 refs[block] = left
+                self.num_shared_holds -= 1
             elif back is not None:
                 back[block] = None
             else:
@@ -229,13 +231,26 @@ class PagedAllocator:
         refs = self._refs
         return sum(1 for block in blocks if block not in refs)
 
+    def takes_before_evicting(self, blocks: list[int]) -> int | None:
+        """How many blocks the pool hands out before the first of `blocks` that nobody
+        holds (None if none of them is free)."""
+        evictable = {b for b in blocks if b not in self._refs}
+        if not evictable:
+            return None
+        for position, block in enumerate(self._queue):
+            if block in evictable:
+                return self.num_blocks - self._fresh + position
+        raise AssertionError("a free cached block is not in the free queue")
+
     def share(self, req_id: int, blocks: list[int]) -> None:
         """A cache hit: `blocks` (from `lookup`) start `req_id`'s empty table."""
         assert not self.tables.get(req_id), "a hit starts an empty table"
         refs, queue = self._refs, self._queue
         for block in blocks:
             held = refs.get(block, 0)
-            if not held:
+            if held:
+                self.num_shared_holds += 1
+            else:
                 del queue[block]
             refs[block] = held + 1
         self.tables[req_id] = list(blocks)
@@ -270,6 +285,7 @@ class PagedAllocator:
         assert not set(counts) & set(free), "a block is both free and owned"
         assert all(b < self._fresh for b in held + free), "a never-used block is in use"
         assert counts == self._refs, "reference counts disagree with the tables"
+        assert self.num_shared_holds == len(held) - len(counts), "shared holds miscounted"
         assert self.caching or not (self._queue or self._hash_of), "a cache without caching"
         assert all(b < self._fresh for b in self._hash_of), "a never-used block is cached"
         named = {(h, b) for h, blocks in self._blocks_of.items() for b in blocks}

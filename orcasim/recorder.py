@@ -98,7 +98,7 @@ class Recorder:
             start_s, ends_s, len(plan.req_ids), batch.total_query_tokens,
             batch.total_context_tokens, plan.kv_used_tokens, run.size, run.total_context_tokens,
             plan.kv_reserved_tokens, num_waiting_sum, plan.preemptions, plan.recomputed_tokens,
-            run.step_reserved_tokens,
+            run.step_reserved_tokens, run.kv_shared_tokens,
         )
 
     def jump_row(
@@ -106,12 +106,14 @@ class Recorder:
         context_total: int, kv_used_tokens: int | None, run_size: int, run_context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int, preemptions: int = 0,
         recomputed_tokens: int = 0, step_reserved_tokens: np.ndarray | None = None,
+        run_shared_tokens: int = 0,
     ) -> None:
         """`record_jump` from plain numbers: a plan of `size` requests, then its decode run.
 
         The run decodes `run_size` requests (a static batch may price more than make
         progress) from `run_context_total` context tokens at its first step; a step holds
-        its context's KV, as the plan holds `kv_used_tokens`. The plan reserves
+        its context's KV less `run_shared_tokens` (see `DecodeRun.kv_shared_tokens`), as
+        the plan holds `kv_used_tokens`. The plan reserves
         `kv_reserved_tokens`, and so does each step unless `step_reserved_tokens` gives
         the run's steps their own (int64, at least one a step).
         """
@@ -119,7 +121,8 @@ class Recorder:
         steps, used = n - 1, math.nan
         if kv_used_tokens is not None and n > 1:
             head_end_s = float(ends_s[0])
-            run_used_s = _used_s(run_context_total, run_size, head_end_s, ends_s[1:])
+            run_used_s = _used_s(run_context_total - run_shared_tokens, run_size, head_end_s,
+                                 ends_s[1:])
             used_s = kv_used_tokens * (head_end_s - start_s) + run_used_s
             # A row too short for the clock to move (end_s == start_s) has no time average.
             used = used_s / (end_s - start_s) if end_s > start_s else float(kv_used_tokens)
@@ -140,24 +143,27 @@ class Recorder:
     ) -> None:
         """A step of a continued run per end in `ends_s`, as one row."""
         self.run_row(start_s, ends_s, len(run.req_ids), run.total_context_tokens,
-                     run.kv_reserved_tokens, num_waiting_sum, run.step_reserved_tokens)
+                     run.kv_reserved_tokens, num_waiting_sum, run.step_reserved_tokens,
+                     run.kv_shared_tokens)
 
     def run_row(
         self, start_s: float, ends_s: Sequence[float] | np.ndarray, size: int, context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int,
-        step_reserved_tokens: np.ndarray | None = None,
+        step_reserved_tokens: np.ndarray | None = None, shared_tokens: int = 0,
     ) -> None:
         """`record_run` from plain numbers: `size` requests decoding from `context_total`,
-        reserving `kv_reserved_tokens` at every step, or step_reserved_tokens[j] at step j."""
+        reserving `kv_reserved_tokens` at every step, or step_reserved_tokens[j] at step j;
+        `shared_tokens` of their KV is held once for several of them."""
         n, end_s = len(ends_s), float(ends_s[-1])
-        used_s = _used_s(context_total, size, start_s, ends_s)
+        used_total = context_total - shared_tokens
+        used_s = _used_s(used_total, size, start_s, ends_s)
         reserved, reserved_max = float(kv_reserved_tokens), kv_reserved_tokens
         if step_reserved_tokens is not None:
             reserved, reserved_max = _reserved_mean_max(start_s, ends_s, step_reserved_tokens[:n])
         self.append_row(
             start_s, end_s - start_s, n, size, n * size, _run_context(context_total, size, n),
             reserved, num_waiting_sum,
-            used_s / (end_s - start_s) if end_s > start_s else float(context_total), 0, 0,
+            used_s / (end_s - start_s) if end_s > start_s else float(used_total), 0, 0,
             reserved_max,
         )
 

@@ -21,7 +21,7 @@ from orcasim.cost.profile import ProfileCostConfig
 from orcasim.cost.roofline import RooflineCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
-from orcasim.requests import ClientLoop, Requests
+from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers import SchedulerConfig, build_scheduler
@@ -35,7 +35,8 @@ from tests.conftest import examples
 # The issue's bar is 1e-9 relative; the linear model is in fact bit-exact.
 TIMESTAMP_RTOL = 1e-9
 SUMMARY_RTOL = 1e-9
-TIMESTAMPS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s")
+TIMESTAMPS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "cached_tokens",
+              "prefill_saved_tokens")
 SUMMED_COLUMNS = ("num_iterations", "tokens", "context_tokens", "num_waiting", "preemptions",
                   "recomputed_tokens")
 
@@ -72,10 +73,14 @@ def _paged(draw: st.DrawFn, kind: str, longest_tokens: int) -> PagedConfig | Chu
         swap_space_bytes=draw(st.sampled_from([0, 16, 64, 10**6])), kv_bytes_per_token=1,
         swap_bandwidth_bytes_per_s=draw(st.sampled_from([1e3, 1e6])),
     )
+    # Prefix caching (vLLM v1's: recompute preemption, mixed policy) half the time it may be on.
+    caching = memory["preemption"] == "recompute" and draw(st.booleans())
     if kind == "chunked":  # budgets down to one token: decodes alone can exceed them
-        return ChunkedConfig(kind="chunked", chunk_size_tokens=draw(st.integers(1, 40)), **memory)
+        return ChunkedConfig(kind="chunked", chunk_size_tokens=draw(st.integers(1, 40)),
+                             enable_prefix_caching=caching, **memory)
     budget_tokens = draw(st.sampled_from([longest_tokens, longest_tokens + 7, 4096]))
-    policy = draw(st.sampled_from(["mixed", "prefill_first"]))
+    policy = "mixed" if caching else draw(st.sampled_from(["mixed", "prefill_first"]))
+    memory["enable_prefix_caching"] = caching
     padding = dict(pad_prompts=draw(st.booleans()),
                    max_padding_tokens=draw(st.sampled_from([0, 8, 256])))
     return PagedConfig(kind="paged", max_num_batched_tokens=max(budget_tokens, 8), policy=policy,
@@ -117,10 +122,35 @@ def scenarios(
         np.cumsum(gaps_s) if clients is None else np.full(n, np.nan),
         np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
         np.full(n, max_tokens, dtype=np.int64), clients,
+        content=draw(st.none() | contents(prompt, output)),
     )
     warmup_s = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     return dict(requests=requests, scheduler=scheduler, cost=cost,
                 kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s, deployment=deployment)
+
+
+@st.composite
+def contents(draw: st.DrawFn, prompt: list[int], output: list[int]) -> PromptContent:
+    """Prompts that share prefixes: a shared start drawn from a few, sometimes an earlier
+    request's output quoted (as a conversation resends its history), then text of its own;
+    outputs now and then named alike (identical requests, identical answers)."""
+    shared = draw(st.lists(st.integers(1, 40), min_size=1, max_size=3))  # segment i: id i
+    output_ids = [10_000 + draw(st.integers(0, len(prompt) - 1)) if draw(st.integers(0, 5)) == 0
+                  else 10_000 + i for i in range(len(prompt))]
+    prompts = []
+    for i, tokens in enumerate(prompt):
+        segments: list[int] = []
+        start = draw(st.integers(0, len(shared)))  # len(shared): no shared start
+        if start < len(shared) and shared[start] <= tokens:
+            segments += [start, shared[start]]
+        earlier = draw(st.integers(-1, i - 1))
+        if earlier >= 0 and sum(segments[1::2]) + output[earlier] <= tokens:
+            segments += [output_ids[earlier], output[earlier]]
+        left = tokens - sum(segments[1::2])
+        if left:
+            segments += [100 + i, left]
+        prompts.append(tuple(segments))
+    return PromptContent(prompts, np.array(output_ids, dtype=np.int64))
 
 
 # A deployment for the hardware-aware kinds: TP 2 exercises the overhead's TP term.
@@ -196,6 +226,8 @@ def simulate(case: dict, mode: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[st
                     row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(requests))
     rec = engine.run().recorder
     reqs, iters = requests_frame(requests, rec), rec.iterations_frame()
+    reqs["cached_tokens"] = scheduler.cached_tokens
+    reqs["prefill_saved_tokens"] = scheduler.prefill_saved_tokens
     return reqs, iters, summarize(reqs, iters, case["warmup_s"])
 
 
@@ -241,14 +273,14 @@ def test_fast_mode_matches_reference_over_paged_kv(case: dict) -> None:
     assert_same_run(case)
 
 
-def _free_list_after(case: dict, mode: str) -> tuple[tuple[int, ...], int]:
+def _free_list_after(case: dict, mode: str) -> tuple[object, ...]:
     """The paged allocator's free list once every request is done: which blocks each took,
     and when, shows in its order."""
     requests = case["requests"].for_run()
     scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
     Engine(requests, scheduler, cost_model(case), mode, row_breaks_s=(case["warmup_s"],),
            arrivals=arrival_source(requests)).run()
-    return scheduler.allocator.free_pool()
+    return scheduler.allocator.free_pool(), scheduler.allocator.cache_state()
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])

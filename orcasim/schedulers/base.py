@@ -84,6 +84,9 @@ class DecodeRun:
     # int64 (num_steps,): KV reserved at step j, once that step's allocations are made.
     step_reserved_tokens: np.ndarray | None = field(default=None, init=False, repr=False,
                                                     compare=False)
+    # KV the requests share (a prefix cache's blocks), counted once per holder beyond the
+    # first: a step holds its context's KV less this.
+    kv_shared_tokens: int = field(default=0, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -163,6 +166,10 @@ class Scheduler(ABC):
         self._waiting_head = 0  # index of the queue's head, so that popping is O(1)
         self.rejected_ids: list[int] = []  # requests that could never fit, in arrival order
         self.preemptions_per_request = np.zeros(n, dtype=np.int64)  # evictions, where any
+        # Prefix caching, where any: prompt tokens found cached at first admission, and
+        # tokens not prefilled thanks to the cache over every admission (readmissions too).
+        self.cached_tokens = np.zeros(n, dtype=np.int64)
+        self.prefill_saved_tokens = np.zeros(n, dtype=np.int64)
 
     def add_request(self, req_id: int) -> None:
         """Queue a request, or reject it now (a value, not an error) if it can never fit."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Literal, Self
+from typing import Literal, NamedTuple, Self
 
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
@@ -43,6 +43,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 from orcasim.config import ScenarioError, Strict
 from orcasim.cost.base import Batch
 from orcasim.memory import PagedAllocator, blocks_for
+from orcasim.prefix import BlockHasher
 from orcasim.requests import Requests
 from orcasim.schedulers import paged_runs
 from orcasim.schedulers.base import (
@@ -71,6 +72,16 @@ class PagedMemoryConfig(Strict):
     swap_bandwidth_bytes_per_s: PositiveFloat = PCIE4_X16_BYTES_PER_S
     # One GPU's share of a token's KV; None: derived from the scenario's model and hardware.
     kv_bytes_per_token: PositiveInt | None = None
+    # vLLM v1's automatic prefix caching (off by default, as in vLLM before v0.8 and SGLang's
+    # --disable-radix-cache): see "Prefix caching" in the module docstring.
+    enable_prefix_caching: bool = False
+
+    @model_validator(mode="after")
+    def _caching_settings(self) -> Self:
+        if self.enable_prefix_caching and self.preemption == "swap":
+            raise ScenarioError("scheduler.enable_prefix_caching needs preemption: recompute "
+                                "(vLLM v1, whose prefix cache it follows, never swaps)")
+        return self
 
 
 class PagedConfig(PagedMemoryConfig):
@@ -85,6 +96,9 @@ class PagedConfig(PagedMemoryConfig):
 
     @model_validator(mode="after")
     def _policy_settings(self) -> Self:
+        if self.enable_prefix_caching and self.policy != "mixed":
+            raise ScenarioError("scheduler.enable_prefix_caching applies only to policy: mixed "
+                                "(it follows vLLM v1's prefix cache)")
         if self.pad_prompts and self.policy != "prefill_first":
             raise ScenarioError("pad_prompts applies only to policy: prefill_first (vLLM v0.2-v0.3)")
         if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_num_seqs:
@@ -94,6 +108,15 @@ class PagedConfig(PagedMemoryConfig):
                 f"{self.max_num_seqs}; expected >= max_num_seqs, as vLLM requires"
             )
         return self
+
+
+class Admission(NamedTuple):
+    """What the FCFS head would take on joining: tokens to compute, new blocks, and the
+    cached blocks of its prefix it starts from (a prefix-cache hit)."""
+
+    num_new_tokens: int
+    new_blocks: int
+    hit_blocks: list[int]
 
 
 @dataclass
@@ -135,7 +158,7 @@ class PagedScheduler(Scheduler):
                  "_preempt", "_admit", "_admissible_head", "_admission", "_next_candidate",
                  "_join", "_take_candidate", "_num_new_tokens", "_grow", "_fits_batch", "_reserved_blocks",
                  "_add_running", "_cost_batch", "_join_plan", "release", "never_fits",
-                 "known_tokens"),
+                 "known_tokens", "_cache_hits", "cache_full", "quotes_running_output", "fcfs_head"),
         reason="between admissions, completions and preemptions the running set only decodes; "
                "free blocks only fall, so a blocked FCFS head stays blocked (paged_runs)",
     )
@@ -157,7 +180,9 @@ class PagedScheduler(Scheduler):
         self.cfg = cfg
         self.token_budget = token_budget
         num_blocks = num_blocks_for_capacity(kv_capacity_tokens, cfg.block_size_tokens)
-        self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens)
+        self.caching = cfg.enable_prefix_caching
+        self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens, self.caching)
+        self.hasher = BlockHasher(requests, cfg.block_size_tokens)
         self.watermark_blocks = int(cfg.watermark * num_blocks)
         # Peak KV: every token but the last generated one, whose KV is never computed.
         self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
@@ -211,9 +236,11 @@ class PagedScheduler(Scheduler):
     def known_tokens(self, req_id: int) -> int:
         return int(self.requests.prompt_tokens[req_id] + self.generated[req_id])
 
-    def _num_new_tokens(self, req_id: int, budget_tokens: int) -> int:
-        """Tokens to compute now: all that are known, or a chunk of them when chunking."""
-        need = self.known_tokens(req_id) - int(self.computed[req_id])
+    def _num_new_tokens(self, req_id: int, budget_tokens: int, computed_tokens: int | None = None) -> int:
+        """Tokens to compute now: all that are known, or a chunk of them when chunking
+        (`computed_tokens`: where it would start, if not from its computed tokens)."""
+        start = int(self.computed[req_id]) if computed_tokens is None else computed_tokens
+        need = self.known_tokens(req_id) - start
         if self.chunked_prefill:
             return min(need, budget_tokens)
         return need if need <= budget_tokens else 0
@@ -243,6 +270,7 @@ class PagedScheduler(Scheduler):
             self._preempt(victim, plan)
             if victim == req:
                 return False
+        self.cache_full(req, target_tokens)
         return True
 
     def _grow(self, req: int, target_tokens: int) -> bool:
@@ -277,10 +305,17 @@ class PagedScheduler(Scheduler):
         while (head := self._admissible_head(plan)) is not None:
             self._join(plan, *head)
 
-    def _join(self, plan: Plan, req: int, num_new: int, need_blocks: int) -> None:
-        """The candidate `req` joins `plan` with `num_new` tokens and `need_blocks` new blocks."""
+    def _join(self, plan: Plan, req: int, admission: Admission) -> None:
+        """The candidate `req` joins `plan` as `admission` says."""
+        num_new, need_blocks, hits = admission
+        if hits:  # it starts from its cached prefix: those tokens are computed already
+            self.allocator.share(req, hits)
+            self.computed[req] = len(hits) * self.cfg.block_size_tokens
+        if self.caching:
+            self._count_hit(req, len(hits) * self.cfg.block_size_tokens)
         blocks = self.allocator.allocate(req, need_blocks)  # not in the assert: python -O drops it
         assert blocks is not None, "_admission counted the free blocks"
+        self.cache_full(req, int(self.computed[req]) + num_new)
         self._take_candidate(req, plan)
         self._add_running(req)
         self._add(plan, req, num_new)
@@ -288,25 +323,63 @@ class PagedScheduler(Scheduler):
     def _add_running(self, req: int) -> None:
         self.running.append(req)
 
-    def _admissible_head(self, plan: Plan) -> tuple[int, int, int] | None:
-        """The FCFS head, its tokens and its new blocks, if it can join `plan` now; else None."""
+    def _admissible_head(self, plan: Plan) -> tuple[int, Admission] | None:
+        """The FCFS head and what it takes, if it can join `plan` now; else None."""
         req = self._next_candidate()
         if req is None:
             return None
         admission = self._admission(req, plan)
-        return None if admission is None else (req, *admission)
+        return None if admission is None else (req, admission)
 
-    def _admission(self, req: int, plan: Plan) -> tuple[int, int] | None:
-        """Tokens and new blocks of `req` if, as the head, it could join `plan` now; else None."""
+    def _admission(self, req: int, plan: Plan) -> Admission | None:
+        """What `req` would take if, as the head, it could join `plan` now; else None."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        num_new = self._num_new_tokens(req, plan.budget_tokens)
+        hits = self._cache_hits(req)
+        start = int(self.computed[req]) + len(hits) * self.cfg.block_size_tokens
+        num_new = self._num_new_tokens(req, plan.budget_tokens, start)
         if num_new == 0 or not self._fits_batch(plan, num_new):
             return None
-        need = self.allocator.blocks_to_hold(req, int(self.computed[req]) + num_new)
-        if need + self._reserved_blocks() > self.allocator.num_free_blocks:
+        need = self.allocator.blocks_to_hold(req, start + num_new) - len(hits)
+        # A hit on a block nobody holds takes it out of the free pool (vLLM v1's
+        # allocate_slots counts it as allocated).
+        taken = need + self.allocator.num_evictable(hits)
+        if taken + self._reserved_blocks() > self.allocator.num_free_blocks:
             return None  # FCFS: never skip ahead of a request that does not fit
-        return num_new, need
+        return Admission(num_new, need, hits)
+
+    # Prefix caching (vLLM v1's KVCacheManager; see the module docstring).
+
+    def _cache_hits(self, req: int) -> list[int]:
+        """The cached blocks `req` would start from: the longest cached prefix of its known
+        tokens but the last, which is computed again for its logits (vLLM v1's
+        get_computed_blocks). Only a request with nothing computed looks (a new one, or
+        one preempted by recompute)."""
+        if not self.caching or self.computed[req]:
+            return []
+        max_blocks = (self.known_tokens(req) - 1) // self.cfg.block_size_tokens
+        return self.allocator.lookup(self.hasher.hashes(req, max_blocks))
+
+    def cache_full(self, req: int, tokens: int) -> None:
+        """Name `req`'s full blocks up to `tokens` by their hashes, as it schedules them."""
+        full_blocks = tokens // self.cfg.block_size_tokens
+        if self.caching and full_blocks > self.allocator.num_cached_of(req):
+            self.allocator.cache(req, self.hasher.hashes(req, full_blocks))
+
+    def _count_hit(self, req: int, hit_tokens: int) -> None:
+        self.prefill_saved_tokens[req] += hit_tokens
+        if not self.preemptions_per_request[req]:  # vLLM reports its first scheduling's hit
+            self.cached_tokens[req] = hit_tokens
+
+    def quotes_running_output(self, req: int) -> bool:
+        """Whether `req`'s prompt holds the output of a request still running: that
+        output's blocks, cached as it decodes, would be hits for `req` (fast-forward
+        must not predict across that)."""
+        content = self.requests.content
+        if not self.caching or content is None or not self.running:
+            return False
+        quoted = set(content.prompts[req][0::2])
+        return any(int(content.output_ids[r]) in quoted for r in self.running)
 
     def _fits_batch(self, plan: Plan, num_new: int) -> bool:
         """Batch limits beyond the token budget (prefill-first padding); none here."""
@@ -341,6 +414,7 @@ class PagedScheduler(Scheduler):
         context = self.computed[ids] + num_new
         used = int(self.computed[self.running].sum() + num_new.sum())
         allocated = self.allocator.allocated_tokens
+        used -= self.shared_kv_tokens()
         assert plan.budget_tokens >= 0 and len(ids) <= self.cfg.max_num_seqs
         assert used <= allocated <= self.allocator.num_blocks * self.cfg.block_size_tokens
         assert self.allocator.num_blocks * self.cfg.block_size_tokens <= self.kv_capacity_tokens
@@ -382,6 +456,7 @@ class PagedScheduler(Scheduler):
                 self.held.add(req)
             else:
                 self.allocator.free(req)
+            self.hasher.forget(req)
         finished = set(done.tolist())
         self.running = [r for r in self.running if r not in finished]
 
@@ -427,6 +502,37 @@ class PagedScheduler(Scheduler):
         if self._next_candidate() is not None:
             return False
         return self._admission(req_id, self._join_plan(len(self.running))) is not None
+
+    # With prefix caching a blocked head can become admissible in two ways that fast-forward
+    # must not predict across: a running request's output that its prompt quotes gets cached
+    # as it decodes, or (chunked prefill) an eviction cuts its cached prefix short, so
+    # that it needs fewer blocks for the chunk that fits its budget (the evicted hits stop
+    # counting against the free pool, and the chunk's blocks stay as many).
+
+    def shared_kv_tokens(self) -> int:
+        """Tokens of KV that running requests share (a cached prefix), counted once per
+        holder beyond the first: the sum of their KV less this is the KV in use."""
+        return self.allocator.num_shared_holds * self.cfg.block_size_tokens
+
+    def fcfs_head(self) -> int | None:
+        """The request that joins next if anyone does: preempted ones first, then waiting."""
+        return self._next_candidate()
+
+    def cache_may_admit(self, req_id: int) -> bool:
+        """Whether the prefix cache could let `req_id`, blocked now, join in a decode run."""
+        if not self.caching:
+            return False
+        if self.quotes_running_output(req_id):
+            return True
+        return self.chunked_prefill and self.allocator.num_evictable(self._cache_hits(req_id)) > 0
+
+    def allocations_keeping_head(self) -> int | None:
+        """How many blocks a run may take before one of them would evict a cached block
+        the FCFS head starts from (None: no limit; see `cache_may_admit`)."""
+        req = self._next_candidate()
+        if req is None or not (self.caching and self.chunked_prefill):
+            return None
+        return self.allocator.takes_before_evicting(self._cache_hits(req))
 
     def _join_plan(self, num_decoding: int) -> Plan:
         """The plan an admission would join after `num_decoding` decodes took their tokens."""

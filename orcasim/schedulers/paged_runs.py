@@ -95,6 +95,9 @@ def _block_growth(
     # than the free blocks is free // B, and within it the first r with cum[r] > over.
     # A policy may need blocks left free after each step (`spare_blocks_per_step`).
     available = s.allocator.num_free_blocks - s.spare_blocks_per_step
+    keeping_head = s.allocations_keeping_head()  # prefix caching: see PagedScheduler
+    if keeping_head is not None:
+        available = min(available, keeping_head)
     period, over = divmod(available, size)
     fits = period * block + int(np.searchsorted(cum, over, side="right")) if available >= 0 else 0
     steps = min(max_steps, fits)
@@ -114,7 +117,7 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
     known = s.requests.prompt_tokens[ids] + s.generated[ids]
     if not np.array_equal(s.computed[ids] + plan.num_new_tokens, known):
         return None  # a prompt chunk: that request emits nothing and is not decoding next
-    if s.can_join(size):
+    if s.can_join(size) or _head_may_join_later(s):
         return None
     # After the plan each has computed its known tokens and emitted one more: step j
     # computes the token at known + j.
@@ -123,6 +126,7 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
     run = PagedRun(steps, known + 1, owed, growth)
     run.context_total = sum(known.tolist()) + size  # each reads one more (plan.batch may pad)
     run.step_reserved_tokens = reserved
+    run.kv_shared_tokens = s.shared_kv_tokens()
     return run
 
 
@@ -135,7 +139,7 @@ def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
     known = s.requests.prompt_tokens[ids] + generated
     if size > s.token_budget or (known - computed != 1).any():  # the method: no wrapper
         return None  # not all planned, or a prompt (chunk) still to compute
-    if s.can_join(size):
+    if s.can_join(size) or _head_may_join_later(s):
         return None
     owed = s.requests.output_tokens[ids] - generated
     steps, growth, reserved = _block_growth(s, ids, computed, int(owed.min()))
@@ -143,15 +147,23 @@ def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
         return None  # the first step's allocations would fail and preempt
     run = PagedContinuedRun(steps, known, ids, int(reserved[0]), owed, growth)
     run.step_reserved_tokens = reserved
+    run.kv_shared_tokens = s.shared_kv_tokens()
     return run
 
 
 def admits_arrival(s: PagedScheduler, req_id: int) -> bool:
     """FCFS: a run exists only while the head cannot join, and an arrival queues behind it."""
-    if s.never_fits(req_id):
+    if s.never_fits(req_id) or s.cache_may_admit(req_id):
         return True  # turned away, so a later arrival might join: say yes (always safe)
     # As the head, with the free blocks of the run's start (never fewer later: safe).
     return s.arrival_can_join(req_id)
+
+
+def _head_may_join_later(s: PagedScheduler) -> bool:
+    """Whether the prefix cache could let the blocked FCFS head join within a run, other
+    than by an eviction (which `allocations_keeping_head` stops a run before)."""
+    head = s.fcfs_head()
+    return head is not None and s.quotes_running_output(head)
 
 
 def advance(
@@ -184,6 +196,8 @@ def _allocate(s: PagedScheduler, growth: _Growth, num_steps: int) -> None:
 
 def _decode(s: PagedScheduler, ids: np.ndarray, num_steps: int, owed: np.ndarray) -> StepResult:
     """`num_steps` decode iterations of `ids`, which owed `owed` tokens; those done finish."""
+    if s.caching:
+        _cache_filled(s, ids, num_steps)
     s.computed[ids] += num_steps
     s.peak_computed[ids] = np.maximum(s.peak_computed[ids], s.computed[ids])
     s.generated[ids] += num_steps
@@ -191,3 +205,16 @@ def _decode(s: PagedScheduler, ids: np.ndarray, num_steps: int, owed: np.ndarray
     if len(done):
         s.release(done)
     return StepResult(EMPTY_IDS, done)
+
+
+def _cache_filled(s: PagedScheduler, ids: np.ndarray, num_steps: int) -> None:
+    """Cache the blocks `num_steps` decode steps fill, in the order `schedule` caches them:
+    step by step, batch order within a step. Step j computes the token at computed + j,
+    so a request's block k (holding tokens up to (k + 1) b) fills at step (k + 1) b - computed - 1."""
+    block = s.cfg.block_size_tokens
+    filled = []
+    for index, (req, computed) in enumerate(zip(ids.tolist(), s.computed[ids].tolist(), strict=True)):
+        for k in range(computed // block, (computed + num_steps) // block):
+            filled.append(((k + 1) * block - computed - 1, index, req, (k + 1) * block))
+    for _step, _index, req, tokens in sorted(filled):
+        s.cache_full(req, tokens)

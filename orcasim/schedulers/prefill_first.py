@@ -48,7 +48,7 @@ import numpy as np
 from orcasim.cost.base import Batch
 from orcasim.requests import Requests
 from orcasim.schedulers.base import FastForward, SchedulerOutput
-from orcasim.schedulers.paged import PagedConfig, PagedScheduler, Plan
+from orcasim.schedulers.paged import Admission, PagedConfig, PagedScheduler, Plan
 
 
 class PrefillFirstScheduler(PagedScheduler):
@@ -84,7 +84,7 @@ class PrefillFirstScheduler(PagedScheduler):
     def _swap_in(self, plan: Plan) -> None:
         """Swapped-out requests, oldest first, join this decode iteration while they fit."""
         while self.swapped and (fit := self._swap_in_blocks_fit(self.swapped[0])) is not None:
-            self._join(plan, self.swapped[0], *fit)
+            self._join(plan, self.swapped[0], fit)
 
     def _blocks_kept_free_alone(self) -> int:
         # Alone, a request must still pass can_allocate or can_swap_in at its peak.
@@ -101,12 +101,12 @@ class PrefillFirstScheduler(PagedScheduler):
             return self.swapped[0]
         return super()._next_candidate()
 
-    def _admission(self, req: int, plan: Plan) -> tuple[int, int] | None:
+    def _admission(self, req: int, plan: Plan) -> Admission | None:
         if self.swapped and req == self.swapped[0]:
             return self._swap_in_blocks_fit(req)
         return super()._admission(req, plan)
 
-    def _swap_in_blocks_fit(self, req: int) -> tuple[int, int] | None:
+    def _swap_in_blocks_fit(self, req: int) -> Admission | None:
         """can_swap_in: its blocks plus one for this step's token, above the watermark."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
@@ -114,7 +114,7 @@ class PrefillFirstScheduler(PagedScheduler):
         if self.allocator.num_free_blocks - (cpu_blocks + 1) < self.watermark_blocks:
             return None
         need = self.allocator.blocks_to_hold(req, int(self.computed[req]) + 1)
-        return 1, need
+        return Admission(1, need, [])
 
     def _fits_batch(self, plan: Plan, num_new: int) -> bool:
         if not self.pad_prompts:
