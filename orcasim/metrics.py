@@ -61,6 +61,7 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) ->
         out.update(_distribution(done[m].dropna().to_numpy(), m))
     out.update(_iteration_stats(it))
     out.update(kv_memory_stats(it))
+    out.update(prefix_cache_stats(done))
     out.update(littles_law(done))
     out.update(saturation(reqs, warmup_s))
     return out
@@ -111,6 +112,19 @@ def kv_memory_stats(it: pd.DataFrame) -> dict[str, float]:
         "preemptions": float(it["preemptions"].sum()) if "preemptions" in it else 0.0,
         "recomputed_tokens": float(it["recomputed_tokens"].sum()) if "recomputed_tokens" in it
         else 0.0,
+    }
+
+
+def prefix_cache_stats(done: pd.DataFrame) -> dict[str, float]:
+    """The prefix cache's hit rate (prompt tokens found cached at first admission over all
+    prompt tokens, vLLM's measure) and the prefill tokens it saved over every admission
+    (a request preempted by recompute looks again); 0 where nothing was cached."""
+    if "cached_tokens" not in done:
+        return {"prefix_hit_rate": 0.0, "prefill_tokens_saved": 0.0}
+    prompt_tokens = float(done["prompt_tokens"].sum())
+    return {
+        "prefix_hit_rate": float(done["cached_tokens"].sum()) / prompt_tokens if prompt_tokens else 0.0,
+        "prefill_tokens_saved": float(done["prefill_saved_tokens"].sum()),
     }
 
 

@@ -123,10 +123,11 @@ def run_system(
     run = engine.run()
     warn_rejected(system.name, run.rejected_ids)
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
-    reqs["preemptions"] = engine.scheduler.preemptions_per_request
+    add_scheduler_columns(reqs, [engine.scheduler])
     iters = run.recorder.iterations_frame()
     summary = measured_summary(scenario, system.name, reqs, iters)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())
+    summary["cache_evictions"] = float(engine.scheduler.cache_evictions())
     return SystemResult(system.name, reqs, iters, summary)
 
 
@@ -190,8 +191,16 @@ def fleet_requests(system_name: str, requests: Requests, run: EngineRun,
     """The per-request frame of a fleet's run, with each request's evictions (wherever)."""
     warn_rejected(system_name, run.rejected_ids)
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
-    reqs["preemptions"] = sum(r.scheduler.preemptions_per_request for r in replicas)
+    add_scheduler_columns(reqs, [r.scheduler for r in replicas])
     return reqs
+
+
+def add_scheduler_columns(reqs: pd.DataFrame, schedulers: list[Scheduler]) -> None:
+    """Per-request counts the schedulers keep (wherever the request ran): evictions, and
+    the prefix cache's hit at first admission and prefill tokens saved over all admissions."""
+    reqs["preemptions"] = sum(s.preemptions_per_request for s in schedulers)
+    reqs["cached_tokens"] = sum(s.cached_tokens for s in schedulers)
+    reqs["prefill_saved_tokens"] = sum(s.prefill_saved_tokens for s in schedulers)
 
 
 def run_cluster(
@@ -206,6 +215,7 @@ def run_cluster(
     summary = measured_summary(scenario, system.name, reqs, iters)
     summary["replicas"] = float(len(fleet.replicas))
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
+    summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
     return SystemResult(system.name, reqs, iters, summary, per_replica)
 
@@ -235,6 +245,7 @@ def run_disaggregated(
         summary[f"{pool}_busy_fraction"] = float(rows["busy_fraction"].mean())
         summary[f"{pool}_replicas"] = float(len(rows))
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
+    summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     return SystemResult(system.name, reqs, iters, summary, per_replica)
 
 

@@ -243,6 +243,10 @@ class Scheduler(ABC):
         without applying a pending jump."""
         return len(self.active_ids()) + len(self.queued_ids())
 
+    def cache_evictions(self) -> int:
+        """Cached KV blocks whose content was dropped to make room (prefix caching)."""
+        return 0
+
     @abstractmethod
     def kv_in_use_tokens(self) -> int:
         """KV allocated now (reserved slabs or whole blocks), in tokens."""

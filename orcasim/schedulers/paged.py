@@ -485,6 +485,9 @@ class PagedScheduler(Scheduler):
     def queued_ids(self) -> list[int]:
         return sorted(self.swapped) + sorted(self.resumable) + super().queued_ids()
 
+    def cache_evictions(self) -> int:
+        return self.allocator.evictions
+
     def kv_in_use_tokens(self) -> int:
         return self.allocator.allocated_tokens
 

@@ -6,14 +6,37 @@ import warnings
 from typing import Self
 
 import numpy as np
-from pydantic import PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.requests import ClientLoop, Requests
+from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.lengths import LengthDist, LognormalLength, TokenCount
-from orcasim.workload.traces import read_trace
+from orcasim.workload.traces import read_trace_with_content
+
+
+class SystemPromptConfig(Strict):
+    """A shared system prompt: a `fraction` of the requests start with one of `variants`
+    system prompts of `tokens` tokens each (chosen uniformly), put before their own
+    prompt, whose length `prompt_tokens` (or the trace) gives. What a prefix cache shares."""
+
+    tokens: PositiveInt
+    fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    variants: PositiveInt = 1
+
+    def content(self, rng: np.random.Generator, own_tokens: np.ndarray) -> PromptContent:
+        """Each request's segments: a system prompt (ids 0..variants-1) if it carries one,
+        then its own text (ids after them); outputs get ids of their own after those."""
+        n = len(own_tokens)
+        carries = rng.random(n) < self.fraction
+        variant = rng.integers(0, self.variants, size=n)
+        prompts = []
+        for i, (has, which, own) in enumerate(zip(carries.tolist(), variant.tolist(),
+                                                    own_tokens.tolist(), strict=True)):
+            system = (which, self.tokens) if has else ()
+            prompts.append((*system, self.variants + i, own))
+        return PromptContent(prompts, np.arange(n, dtype=np.int64) + self.variants + n)
 
 
 class WorkloadConfig(Strict):
@@ -24,10 +47,14 @@ class WorkloadConfig(Strict):
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
     max_tokens: TokenCount
+    system_prompt: SystemPromptConfig | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
         if isinstance(self.arrival, TraceArrival):
+            if self.system_prompt is not None and self.arrival.format == "mooncake":
+                raise ScenarioError("workload.system_prompt must not be set with a mooncake "
+                                    "trace: its hash_ids already say what the prompts share")
             for key in ("prompt_tokens", "output_tokens"):
                 if getattr(self, key) is not None:
                     raise ScenarioError(f"{key} must not be set: a trace supplies the lengths")
@@ -57,9 +84,9 @@ def warn_if_clipped(key: str, dist: LengthDist | None) -> None:
 
 def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests:
     """Draw (or read) the requests. Raises ValueError if a request exceeds `max_tokens`."""
-    clients = None
+    clients, content = None, None
     if isinstance(cfg.arrival, TraceArrival):
-        arrival_s, prompt, output = read_trace(
+        (arrival_s, prompt, output), content = read_trace_with_content(
             cfg.arrival.path, cfg.arrival.format, cfg.arrival.max_requests or cfg.num_requests
         )
         arrival_s = arrival_s / cfg.arrival.speedup
@@ -73,9 +100,16 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
         prompt = cfg.prompt_tokens.sample(rng, n)
         output = cfg.output_tokens.sample(rng, n)
+    if cfg.system_prompt is not None and content is not None:
+        raise ScenarioError("workload.system_prompt must not be set with a trace whose "
+                            "hash_ids already say what the prompts share (mooncake)")
+    if cfg.system_prompt is not None:  # drawn last: a seed's lengths stay what they were
+        content = cfg.system_prompt.content(rng, prompt)
+        prompt = np.array([sum(segments[1::2]) for segments in content.prompts], dtype=np.int64)
     _check_fits(prompt + output, cfg.max_tokens)
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
-    return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients)
+    return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
+                    content=content)
 
 
 def _check_fits(total_tokens: np.ndarray, max_tokens: int) -> None:

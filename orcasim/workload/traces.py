@@ -2,6 +2,13 @@
 
 Every reader returns (arrival_s, prompt_tokens, output_tokens), arrivals relative to the
 first request and sorted. A bad row is an error that names its line.
+
+Mooncake's `hash_ids` also say which prompts share prefixes (`read_trace_with_content`):
+id j of a request names its tokens [512 j, 512 (j + 1)), and the ids are prefix hashes, so
+equal ids mean equal prompts up to that block's end (in the conversation trace every one
+of its 182,790 ids sits at one position after one predecessor, as a prefix hash must).
+They become the content segments of `orcasim.requests.PromptContent`, one per 512-token
+block, the last one as long as the prompt has left; outputs are content of their own.
 """
 
 from __future__ import annotations
@@ -14,24 +21,63 @@ import pandas as pd
 
 from orcasim.config import ScenarioError
 from orcasim.paths import read_csv, read_json, resolve_data_path
+from orcasim.requests import PromptContent
 from orcasim.workload.lengths import LENGTH_EXPECTED, bad_lengths
 
 ORCASIM_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 Trace = tuple[np.ndarray, np.ndarray, np.ndarray]
+MOONCAKE_BLOCK_TOKENS = 512  # the block size of Mooncake's hash_ids (FAST'25 traces README)
 
 
 MEASURED_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
 
 
 def read_trace(path: str, fmt: str = "auto", max_requests: int | None = None) -> Trace:
+    return read_trace_with_content(path, fmt, max_requests)[0]
+
+
+def read_trace_with_content(
+    path: str, fmt: str = "auto", max_requests: int | None = None
+) -> tuple[Trace, PromptContent | None]:
+    """The trace and, where its format says (Mooncake's hash_ids), what its prompts share."""
     resolved = resolve_data_path(path)
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
     prompt = _token_counts(rows, "prompt_tokens", resolved, offset)
     output = _token_counts(rows, "output_tokens", resolved, offset)
-    return _sorted_from_zero(arrival_s, prompt, output)
+    trace = _sorted_from_zero(arrival_s, prompt, output)
+    if fmt != "mooncake":
+        return trace, None
+    order = np.argsort(arrival_s, kind="stable")
+    content = _mooncake_content(rows["hash_ids"].tolist(), prompt, resolved, offset)
+    prompts = [content.prompts[i] for i in order.tolist()]
+    return trace, PromptContent(prompts, content.output_ids[order])
+
+
+def _mooncake_content(
+    hash_ids: list[object], prompt: np.ndarray, path: Path, line_offset: int
+) -> PromptContent:
+    """One segment per 512-token block, named by its hash id; each output its own id."""
+    prompts: list[tuple[int, ...]] = []
+    largest = -1
+    for row, (ids, tokens) in enumerate(zip(hash_ids, prompt.tolist(), strict=True)):
+        blocks = -(-tokens // MOONCAKE_BLOCK_TOKENS)
+        if not (isinstance(ids, list) and len(ids) == blocks
+                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+            raise ScenarioError(
+                f"{path.name} line {row + line_offset}: hash_ids = {str(ids)[:60]}, expected "
+                f"{blocks} integer id(s) >= 0, one per {MOONCAKE_BLOCK_TOKENS} tokens of "
+                f"input_length = {tokens}")
+        last = tokens - MOONCAKE_BLOCK_TOKENS * (blocks - 1)
+        segments: list[int] = []
+        for j, block_id in enumerate(ids):
+            segments += [block_id, MOONCAKE_BLOCK_TOKENS if j < blocks - 1 else last]
+        prompts.append(tuple(segments))
+        largest = max(largest, *ids)
+    output_ids = np.arange(len(prompts), dtype=np.int64) + largest + 1  # after every block id
+    return PromptContent(prompts, output_ids)
 
 
 def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
@@ -163,19 +209,18 @@ def _read_csv(path: Path, columns: tuple[str, ...], max_requests: int | None) ->
 
 
 def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
-    records: list[tuple[object, object, object]] = []
+    records: list[tuple[object, object, object, object]] = []
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
             if max_requests is not None and len(records) >= max_requests:
                 break
             try:
                 obj = json.loads(line)
-                records.append(
-                    (obj["timestamp"], obj["input_length"], obj["output_length"])
-                )
+                records.append((obj["timestamp"], obj["input_length"], obj["output_length"],
+                                obj.get("hash_ids")))
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise ScenarioError(f"{path.name} line {line_no}: bad Mooncake record ({e})") from None
-    return pd.DataFrame(records, columns=["timestamp", "prompt_tokens", "output_tokens"])
+    return pd.DataFrame(records, columns=["timestamp", "prompt_tokens", "output_tokens", "hash_ids"])
 
 
 def _numbers(rows: pd.DataFrame, column: str, path: Path, line_offset: int) -> np.ndarray:

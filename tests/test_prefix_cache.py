@@ -1,0 +1,403 @@
+"""Prefix caching: block hashes, the reference-counted pool with LRU eviction, and the
+paged schedulers' use of it (vLLM v1's KVCacheManager semantics)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orcasim.closed_loop import arrival_source
+from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.engine import Engine
+from orcasim.memory import PagedAllocator
+from orcasim.prefix import block_hashes
+from orcasim.requests import PromptContent, Requests
+from orcasim.run import run_scenario
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.chunked import ChunkedConfig
+from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+from orcasim.workload.traces import read_trace_with_content
+from tests.conftest import examples
+from tests.kv_driver import drive
+
+ONE_SECOND = LinearCostConfig(kind="linear", base_s=1.0)
+PER_TOKEN = LinearCostConfig(kind="linear", base_s=0.01, per_token_s=0.001)
+UNBOUNDED_TOKENS = 2**40  # a pool no trace here fills: nothing is ever evicted
+
+
+# Block hashes ------------------------------------------------------------------------
+
+def test_block_hashes_are_equal_exactly_over_the_common_prefix() -> None:
+    """Blocks of 16 tokens. A = segment 5 (40 tokens); B = segment 5 cut at 32, then
+    segment 6; C = segment 7 then segment 5. A and B share blocks ending at 16 and 32 and
+    no more (A's third block holds 5's tokens 32-40, B's holds 6's); C shares none."""
+    a = block_hashes([(0, 5, 40), (0, 99, 8)], 16, 3)
+    b = block_hashes([(0, 5, 32), (0, 6, 16)], 16, 3)
+    c = block_hashes([(0, 7, 16), (0, 5, 32)], 16, 3)
+    assert len(a) == len(b) == len(c) == 3
+    assert a[:2] == b[:2] and a[2] != b[2]
+    assert not set(c) & set(a) and not set(c) & set(b)
+    # Only full blocks: 40 prompt tokens and nothing after hold two.
+    assert block_hashes([(0, 5, 40)], 16, 10) == a[:2]
+
+
+def test_block_hashes_do_not_depend_on_how_a_segment_is_reached() -> None:
+    """A block that straddles two segments is named by both: the same two segments give the
+    same hash, another second segment does not."""
+    first = block_hashes([(0, 1, 10), (0, 2, 30)], 16, 2)
+    again = block_hashes([(0, 1, 10), (0, 2, 6)], 16, 1)
+    other = block_hashes([(0, 1, 10), (0, 3, 30)], 16, 1)
+    assert first[0] == again[0] != other[0]
+
+
+# The pool -----------------------------------------------------------------------------
+
+def test_a_hit_shares_blocks_and_eviction_takes_the_least_recently_freed() -> None:
+    """Pool of 4 blocks of 2 tokens. Request 1 computes blocks named h1, h2 and finishes;
+    request 2 hits both, holds them with no new block; after it finishes the free queue
+    holds the never-used blocks 2 and 3 first, then 1 and 0 (a table is freed tail first),
+    so a request needing 3 blocks evicts block 1 (h2) and keeps h1 cached."""
+    pool = PagedAllocator(4, 2, caching=True)
+    assert pool.allocate(1, 2) == [0, 1]
+    pool.cache(1, [11, 12])
+    pool.free(1)
+    assert pool.num_free_blocks == 4 and pool.lookup([11, 12, 13]) == [0, 1]
+    assert pool.num_evictable([0, 1]) == 2
+    pool.share(2, [0, 1])
+    assert pool.num_free_blocks == 2 and pool.tables[2] == [0, 1]
+    pool.free(2)
+    assert pool.free_pool() == ((1, 0), 2)
+    assert pool.allocate(3, 3) == [2, 3, 1]
+    assert pool.evictions == 1 and pool.lookup([11, 12]) == [0]
+    pool.check_invariants()
+
+
+def test_a_shared_block_returns_to_the_pool_only_when_its_last_holder_frees_it() -> None:
+    pool = PagedAllocator(3, 4, caching=True)
+    pool.allocate(1, 1)
+    pool.cache(1, [7])
+    pool.share(2, pool.lookup([7]))
+    assert pool.num_shared_holds == 1 and pool.num_free_blocks == 2
+    pool.free(1)
+    assert pool.num_free_blocks == 2 and pool.num_shared_holds == 0
+    pool.free(2)
+    assert pool.num_free_blocks == 3
+    pool.check_invariants()
+
+
+def test_the_audit_catches_a_corrupt_cache() -> None:
+    pool = PagedAllocator(4, 2, caching=True)
+    pool.allocate(1, 2)
+    pool.cache(1, [11, 12])
+    pool.check_invariants()
+    pool._hash_of[1] = 99  # the two maps disagree
+    with pytest.raises(AssertionError, match="the cache's two maps disagree"):
+        pool.check_invariants()
+
+
+CHAINS = [[1, 2, 3, 4], [1, 2, 5, 6], [1, 7], [8, 9, 10], [1, 2, 3, 11]]  # shared prefixes
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(st.integers(1, 12), st.lists(st.tuples(st.sampled_from(["admit", "free"]),
+                                              st.integers(0, 5), st.integers(0, 4)), max_size=60))
+def test_pool_invariants_under_random_hits_and_frees(num_blocks: int, ops: list) -> None:
+    """Requests take their longest cached prefix, then new blocks, and cache them all: a
+    held block is never evicted (it keeps its hash), capacity is never exceeded, and
+    references go back to zero."""
+    pool = PagedAllocator(num_blocks, 4, caching=True)
+    chain_of: dict[int, list[int]] = {}
+    for op, req, chain_index in ops:
+        if op == "free" or req in pool.tables:
+            pool.free(req)
+        else:
+            chain = CHAINS[chain_index]
+            hits = pool.lookup(chain)
+            need = len(chain) - len(hits)
+            if need + pool.num_evictable(hits) <= pool.num_free_blocks:
+                if hits:
+                    pool.share(req, hits)
+                assert pool.allocate(req, need) is not None
+                pool.cache(req, chain)
+                chain_of[req] = chain
+        named = {b: h for h, b in pool.cache_state()}
+        for held_req, table in pool.tables.items():
+            for block, block_hash in zip(table, chain_of[held_req], strict=True):
+                assert named[block] == block_hash  # held, so never evicted: still named
+        assert 0 <= pool.num_free_blocks <= num_blocks
+        pool.check_invariants()
+    for req in list(pool.tables):
+        pool.free(req)
+    assert pool.num_free_blocks == num_blocks and pool.num_shared_holds == 0
+    pool.check_invariants()
+
+
+# The schedulers ---------------------------------------------------------------------
+
+def _content(prompts: list[tuple[int, ...]], first_output_id: int = 1000) -> PromptContent:
+    return PromptContent(prompts, np.arange(len(prompts), dtype=np.int64) + first_output_id)
+
+
+def _run(requests: Requests, cfg: PagedConfig | ChunkedConfig, kv_tokens: int,
+         cost: LinearCostConfig = ONE_SECOND, mode: str = "reference"
+         ) -> tuple[PagedScheduler, np.ndarray, np.ndarray]:
+    requests = requests.for_run()
+    scheduler = build_scheduler(cfg, requests, kv_tokens)
+    assert isinstance(scheduler, PagedScheduler)
+    run = Engine(requests, scheduler, LinearCost(cost), mode,
+                 arrivals=arrival_source(requests)).run()
+    return scheduler, run.recorder.first_token_s, run.recorder.first_scheduled_s
+
+
+def test_a_shared_system_prompt_is_prefilled_once() -> None:
+    """Blocks of 16; iterations cost 0.01 s + 1 ms a token. Two requests of 40 prompt
+    tokens that start with the same 32-token system prompt, the second arriving after the
+    first finished: it finds 2 blocks cached and prefills 8 tokens (TTFT 0.018 s) where
+    without caching it prefills 40 (0.050 s)."""
+    content = _content([(1, 32, 2, 8), (1, 32, 3, 8)])
+    requests = Requests(np.array([0.0, 10.0]), np.array([40, 40]), np.array([2, 2]),
+                        np.array([64, 64]), content=content)
+    for caching, ttft_s, cached in ((True, 0.018, 32), (False, 0.050, 0)):
+        cfg = PagedConfig(kind="paged", enable_prefix_caching=caching)
+        scheduler, first_token_s, _ = _run(requests, cfg, 1024, PER_TOKEN)
+        assert first_token_s[1] - 10.0 == pytest.approx(ttft_s, abs=1e-12)
+        assert scheduler.cached_tokens.tolist() == [0, cached]
+
+
+def test_a_prompt_fully_cached_still_computes_its_last_token() -> None:
+    """vLLM v1 recomputes the last prompt token for its logits: an identical 32-token
+    prompt (two full blocks) hits one block, not two, and prefills 16 tokens."""
+    content = _content([(1, 32), (1, 32)])
+    requests = Requests(np.array([0.0, 10.0]), np.array([32, 32]), np.array([1, 1]),
+                        np.array([64, 64]), content=content)
+    scheduler, _, _ = _run(requests, PagedConfig(kind="paged", enable_prefix_caching=True), 1024)
+    assert scheduler.cached_tokens.tolist() == [0, 16]
+
+
+def test_a_conversation_turn_reuses_the_previous_answer() -> None:
+    """Turn 2 resends turn 1's prompt (16 tokens) and answer (17 tokens: the 16 whose KV
+    was computed, and the last, never fed back) plus 15 new tokens: it finds 2 blocks."""
+    content = PromptContent([(1, 16), (1, 16, 1000, 17, 2, 15)], np.array([1000, 1001]))
+    requests = Requests(np.array([0.0, 100.0]), np.array([16, 48]), np.array([17, 1]),
+                        np.array([64, 64]), content=content)
+    scheduler, _, _ = _run(requests, PagedConfig(kind="paged", enable_prefix_caching=True), 1024)
+    assert scheduler.cached_tokens.tolist() == [0, 32]
+
+
+def test_prefix_caching_needs_vllm_v1s_rules() -> None:
+    with pytest.raises(ValueError, match="needs preemption: recompute"):
+        PagedConfig(kind="paged", enable_prefix_caching=True, preemption="swap",
+                    kv_bytes_per_token=1)
+    with pytest.raises(ValueError, match="applies only to policy: mixed"):
+        PagedConfig(kind="paged", enable_prefix_caching=True, policy="prefill_first")
+
+
+def _independent_hits(prompts: list[tuple[int, ...]], prompt_tokens: list[int], block: int) -> int:
+    """Cached prompt tokens an unbounded cache gives, counted from the segments alone: a
+    block's key is the list of segments up to its end, and a request hits the leading
+    blocks whose keys an earlier request's prompt had, but never its last prompt token."""
+    seen: set[tuple] = set()
+    hits = 0
+    for segments, tokens in zip(prompts, prompt_tokens, strict=True):
+        flat = [(segments[k], segments[k + 1]) for k in range(0, len(segments), 2)]
+        keys = []
+        for end in range(block, tokens + 1, block):
+            prefix, left = [], end
+            for seg_id, length in flat:
+                prefix.append((seg_id, min(length, left)))
+                left -= min(length, left)
+                if not left:
+                    break
+            keys.append(tuple(prefix))
+        leading = 0
+        while leading < (tokens - 1) // block and keys[leading] in seen:
+            leading += 1
+        hits += leading * block
+        seen.update(keys)
+    return hits
+
+
+@st.composite
+def shared_prefix_traces(draw: st.DrawFn) -> Requests:
+    """Prompts from a few shared starts (a system prompt, a document) and text of their own."""
+    n = draw(st.integers(1, 25))
+    starts = draw(st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=3), min_size=1,
+                           max_size=3))
+    prompts, prompt_tokens = [], []
+    for i in range(n):
+        start = draw(st.sampled_from(starts))
+        depth = draw(st.integers(0, len(start)))
+        segments: list[int] = []
+        for level, tokens in enumerate(start[:depth]):
+            segments += [10 * starts.index(start) + level, tokens]  # a shared tree of ids
+        own = draw(st.integers(0 if segments else 1, 30))
+        if own:
+            segments += [500 + i, own]
+        prompts.append(tuple(segments))
+        prompt_tokens.append(sum(segments[1::2]))
+    gaps_s = draw(st.lists(st.floats(0.0, 3.0), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 8), min_size=n, max_size=n))
+    return Requests(np.cumsum(gaps_s), np.array(prompt_tokens, dtype=np.int64),
+                    np.array(outputs, dtype=np.int64), np.full(n, 200, dtype=np.int64),
+                    content=_content(prompts))
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_prefix_traces(), st.sampled_from([1, 4, 16]))
+def test_an_unbounded_cache_hits_every_repeated_block(requests: Requests, block: int) -> None:
+    """Without eviction and without chunking, every block an earlier prompt held is
+    cached by the time a later request is admitted (FCFS, the earlier one first): the
+    hits equal the count made from the segments alone."""
+    assert requests.content is not None
+    cfg = PagedConfig(kind="paged", enable_prefix_caching=True, block_size_tokens=block)
+    scheduler, _, _ = _run(requests, cfg, UNBOUNDED_TOKENS // block * block)
+    expected = _independent_hits(requests.content.prompts, requests.prompt_tokens.tolist(), block)
+    assert int(scheduler.cached_tokens.sum()) == expected
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_prefix_traces(), st.integers(2, 30), st.integers(1, 12),
+       st.sampled_from(["paged", "chunked"]))
+def test_caching_changes_when_tokens_are_computed_not_which(
+    requests: Requests, num_blocks: int, extra_blocks: int, kind: str
+) -> None:
+    """With caching on or off every request emits its output tokens, and requests are
+    first scheduled in arrival order (FCFS)."""
+    block = 4
+    for caching in (False, True):
+        cfg = (PagedConfig(kind="paged", block_size_tokens=block, max_num_batched_tokens=256,
+                           enable_prefix_caching=caching)
+               if kind == "paged" else
+               ChunkedConfig(kind="chunked", block_size_tokens=block, chunk_size_tokens=16,
+                             enable_prefix_caching=caching))
+        scheduler, _, first_scheduled_s = _run(requests, cfg, (num_blocks + extra_blocks) * block)
+        ran = ~np.isin(np.arange(len(requests)), scheduler.rejected_ids)
+        assert (scheduler.generated[ran] == requests.output_tokens[ran]).all()
+        assert (np.diff(first_scheduled_s[ran]) >= 0).all()
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_prefix_traces(), st.integers(4, 40))
+def test_the_hit_rate_never_falls_as_the_cache_grows(requests: Requests, num_blocks: int) -> None:
+    block = 4
+    cfg = PagedConfig(kind="paged", block_size_tokens=block, max_num_batched_tokens=256,
+                      enable_prefix_caching=True)
+    hits = [int(_run(requests, cfg, blocks * block)[0].cached_tokens.sum())
+            for blocks in (num_blocks, 2 * num_blocks, 8 * num_blocks, UNBOUNDED_TOKENS // block)]
+    assert hits == sorted(hits)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_prefix_traces(), st.integers(8, 40), st.sampled_from(["paged", "chunked"]))
+def test_the_pool_stays_sound_at_every_step(requests: Requests, num_blocks: int, kind: str) -> None:
+    """Driven step by step: the pool's audit passes after every plan, and every block is
+    back (held by nobody) once the requests are done."""
+    block = 4
+    cfg = (PagedConfig(kind="paged", block_size_tokens=block, max_num_batched_tokens=256,
+                       enable_prefix_caching=True) if kind == "paged" else
+           ChunkedConfig(kind="chunked", block_size_tokens=block, chunk_size_tokens=8,
+                         enable_prefix_caching=True))
+    scheduler = build_scheduler(cfg, requests, num_blocks * block)
+    assert isinstance(scheduler, PagedScheduler)
+    drive(scheduler, requests, lambda s, _out: s.allocator.check_invariants())  # type: ignore[attr-defined]
+    assert scheduler.allocator.num_free_blocks == num_blocks
+    assert scheduler.allocator.num_shared_holds == 0
+
+
+# Mooncake -------------------------------------------------------------------------
+
+def _independent_mooncake_hits(path: Path, block: int) -> tuple[int, int]:
+    """Cached prompt tokens an unbounded cache of `block`-token blocks gives the trace, from
+    its hash_ids alone: a block is named by the 512-token block id holding its last token
+    and that token's offset in it (ids are prefix hashes, so that names the whole prefix)."""
+    seen: set[tuple[int, int]] = set()
+    hits = total = 0
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        ids, tokens = record["hash_ids"], record["input_length"]
+        keys = [(ids[(end - 1) // 512], (end - 1) % 512) for end in range(block, tokens + 1, block)]
+        leading = 0
+        while leading < (tokens - 1) // block and keys[leading] in seen:
+            leading += 1
+        hits += leading * block
+        total += tokens
+        seen.update(keys)
+    return hits, total
+
+
+def test_mooncake_hash_ids_hit_as_often_as_counted_from_the_trace(tmp_path: Path) -> None:
+    """The first 300 requests of Mooncake's conversation trace (all arriving at once, in
+    file order) through an unbounded cache: the hits equal the independent count."""
+    source = Path(__file__).parents[1] / "orcasim/data/traces/mooncake_conversation_first1000.jsonl"
+    path = tmp_path / "head.jsonl"
+    lines = source.read_text().splitlines()[:300]
+    path.write_text("\n".join(json.dumps({**json.loads(x), "timestamp": 0}) for x in lines) + "\n")
+    (arrival_s, prompt, output), content = read_trace_with_content(str(path))
+    requests = Requests(arrival_s, prompt, np.ones_like(output), np.full(len(prompt), 2**20),
+                        content=content)
+    cfg = PagedConfig(kind="paged", enable_prefix_caching=True, max_num_batched_tokens=2**20,
+                      max_num_seqs=1024)
+    scheduler, _, _ = _run(requests, cfg, UNBOUNDED_TOKENS // 16 * 16)
+    hits, total = _independent_mooncake_hits(path, 16)
+    assert int(scheduler.cached_tokens.sum()) == hits
+    assert int(prompt.sum()) == total
+
+
+# The shipped scenarios -------------------------------------------------------------
+
+SCENARIOS = Path(__file__).parents[1] / "scenarios" / "prefix"
+
+
+@pytest.mark.parametrize(("scenario", "shorter", "least_hit_rate"), [
+    ("chat.yaml", "workload.num_requests=300", 0.6),  # 0.9 x 1,488 of ~1,650 tokens: ~0.81
+    ("mooncake.yaml", "workload.arrival.max_requests=60", 0.02),
+])
+def test_the_prefix_scenarios_hit_only_with_caching_on(
+    scenario: str, shorter: str, least_hit_rate: float
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short replay may be flagged saturated
+        result = run_scenario(SCENARIOS / scenario, (shorter, "warmup_s=0"), base_dir=SCENARIOS)
+    off, on = (result.systems[name].summary for name in ("vllm", "vllm-prefix-cache"))
+    assert off["prefix_hit_rate"] == 0 and off["cache_evictions"] == 0
+    assert on["prefix_hit_rate"] >= least_hit_rate
+    assert on["ttft_s_p50"] < off["ttft_s_p50"]
+    requests = result.systems["vllm-prefix-cache"].requests
+    assert (requests["cached_tokens"] <= requests["prefill_saved_tokens"]).all()
+    assert (requests["cached_tokens"] < requests["prompt_tokens"]).all()
+
+
+def test_a_system_prompt_is_put_before_each_carrier_s_own_prompt() -> None:
+    """Seeded: 1,000 requests, 60% carry one of 3 system prompts of 100 tokens; their
+    prompts grow by exactly 100 tokens, the lengths drawn before are unchanged, and the
+    content adds up."""
+    from orcasim.workload import WorkloadConfig, generate_requests
+
+    base = dict(num_requests=1000, arrival={"kind": "poisson", "rate_per_s": 1.0},
+                prompt_tokens={"kind": "uniform", "low": 1, "high": 50},
+                output_tokens={"kind": "constant", "value": 5}, max_tokens=200)
+    plain = generate_requests(WorkloadConfig(**base), np.random.default_rng(3))
+    shared = generate_requests(
+        WorkloadConfig(**base, system_prompt={"tokens": 100, "fraction": 0.6, "variants": 3}),
+        np.random.default_rng(3))
+    assert shared.content is not None and plain.content is None
+    shared.content.check(shared.prompt_tokens)
+    grew = shared.prompt_tokens - plain.prompt_tokens
+    assert set(grew.tolist()) == {0, 100}
+    assert abs((grew == 100).mean() - 0.6) < 0.05  # 1,000 draws: 3.1 standard deviations
+    assert {p[0] for p, g in zip(shared.content.prompts, grew, strict=True) if g} == {0, 1, 2}
+    np.testing.assert_array_equal(shared.arrival_s, plain.arrival_s)
+
+
+def test_a_system_prompt_with_a_mooncake_trace_is_refused() -> None:
+    from orcasim.workload import WorkloadConfig
+
+    with pytest.raises(ValueError, match="hash_ids already say"):
+        WorkloadConfig(arrival={"kind": "trace", "path": "x.jsonl", "format": "mooncake"},
+                       max_tokens=10, system_prompt={"tokens": 5})
