@@ -336,6 +336,41 @@ def check(
 
 
 @app.command()
+def model(
+    spec: Annotated[str, typer.Argument(help="A catalog name (llama3-70b) or a Hugging Face "
+                                             "config.json path.")],
+    gpu: Annotated[str | None, typer.Option(help="A GPU from the catalog, for per-GPU figures.")] = None,
+    tensor_parallel: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    pipeline_parallel: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
+) -> None:
+    """Parameters (total and active), weight and KV bytes, FLOPs per token, and with --gpu
+    the per-GPU weights and KV capacity of a deployment."""
+    from orcasim.cost.catalog import (
+        HardwareConfig,
+        check_deployment,
+        model_figures,
+        model_from_argument,
+    )
+
+    try:
+        spec_model = model_from_argument(spec)
+        hw = None
+        if gpu is not None:
+            hw = HardwareConfig.model_validate({"gpu": gpu, "tensor_parallel": tensor_parallel,
+                                                "pipeline_parallel": pipeline_parallel})
+            check_deployment(spec_model, hw, 1)
+        figures = model_figures(spec_model, hw)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    table = Table(title=f"{spec_model.name}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in figures.items():
+        table.add_row(key, f"{value:,.0f}" if value >= 100 else f"{value:g}")
+    console.print(table)
+
+
+@app.command()
 def capacity(
     spec: Annotated[Path, typer.Argument(help="Scenario YAML, or a sweep file whose grid "
                                                "lists configurations to search.")],

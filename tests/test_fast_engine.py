@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cost import CostConfig, CostModel, Deployment, OverheadConfig, build_cost_model
-from orcasim.cost.catalog import HardwareConfig, gpu_spec, model_spec
+from orcasim.cost.catalog import HardwareConfig, ModelSpec, gpu_spec, model_spec
 from orcasim.cost.fitted import FittedCostConfig
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.profile import ProfileCostConfig
@@ -157,6 +157,12 @@ def contents(draw: st.DrawFn, prompt: list[int], output: list[int]) -> PromptCon
 DEPLOYMENTS = {tp: Deployment(model=model_spec("llama2-7b"),
                               hardware=HardwareConfig(gpu=gpu_spec("a100-80gb"), tensor_parallel=tp))
                for tp in (1, 2)}
+# Mixture of experts and latent attention in fp8 (DeepSeek-V3 on 8 H200s): the roofline's
+# expert and MLA terms under the same fast paths.
+DEPLOYMENTS[8] = Deployment(
+    model=ModelSpec.model_validate({"hf_config": "hf_configs/deepseek-v3/config.json",
+                                    "weight_dtype": "fp8"}),
+    hardware=HardwareConfig(gpu=gpu_spec("h200"), tensor_parallel=8))
 VIDUR_PROFILE = dict(kind="profile",
                      mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
 DISTSERVE = dict(kind="fitted", path="profiles/distserve/profiler-a100-80g.vllm.json",
@@ -192,7 +198,8 @@ def costs(draw: st.DrawFn) -> tuple[CostConfig, Deployment | None]:
                    per_token_s=draw(st.floats(0.0, 1e-3)),
                    per_context_token_s=draw(st.floats(0.0, 1e-4)))
         return LinearCostConfig(**cfg, overhead=draw(overheads(launches=False))), None
-    deployment = DEPLOYMENTS[draw(st.sampled_from([1, 2]))] if kind in ("roofline", "profile") else None
+    tp = draw(st.sampled_from([1, 2, 8] if kind == "roofline" else [1, 2]))  # profile: dense only
+    deployment = DEPLOYMENTS[tp] if kind in ("roofline", "profile") else None
     overhead = draw(overheads(launches=deployment is not None))
     strategies = {
         "roofline": lambda: RooflineCostConfig(kind="roofline", overhead=overhead),

@@ -13,13 +13,58 @@ import math
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from orcasim.config import ScenarioError, Strict
+from orcasim.cost.hf_config import resolve_hf_model
 from orcasim.paths import PACKAGE_DATA_DIR
 
 CATALOG_DIR = PACKAGE_DATA_DIR / "catalog"
 GIB = 1024**3
+
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+PRECISION_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+class MoESpec(Strict):
+    """Mixture-of-experts MLPs: each token goes to `experts_per_token` of `num_experts`
+    routed experts (gated MLPs of `expert_intermediate_size`), plus always-on shared
+    experts of `shared_intermediate_size` in all; `dense_layers` (0-based) keep a dense
+    MLP of the model's `intermediate_size` instead (DeepSeek's first layers)."""
+
+    num_experts: PositiveInt
+    experts_per_token: PositiveInt
+    expert_intermediate_size: PositiveInt
+    shared_intermediate_size: NonNegativeInt = 0
+    dense_layers: list[NonNegativeInt] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _top_k(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            raise ScenarioError(f"model.moe.experts_per_token = {self.experts_per_token} exceeds "
+                                f"num_experts = {self.num_experts}; expected at most that")
+        return self
+
+
+class MLASpec(Strict):
+    """Multi-head latent attention (DeepSeek-V2, section 2.1): K and V come from a latent of
+    `kv_lora_rank` (plus a shared RoPE key of `qk_rope_head_dim`), which is all the KV cache
+    holds; queries go through a `q_lora_rank` latent when it is set."""
+
+    kv_lora_rank: PositiveInt
+    q_lora_rank: PositiveInt | None = None
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
 
 
 class ModelSpec(Strict):
@@ -38,13 +83,32 @@ class ModelSpec(Strict):
     tied_embeddings: bool = True
     bias: bool = True
     dtype_bytes: PositiveInt = 2  # bf16 / fp16 weights, activations and KV cache
+    # Storage precision of the weights and of the KV cache, if not `dtype_bytes` (fp8
+    # checkpoints, an fp8 KV cache): what memory holds and what each iteration reads.
+    weight_dtype: Precision | None = None
+    kv_cache_dtype: Precision | None = None
+    head_size: PositiveInt | None = None  # None: hidden_size / num_heads (Qwen3 sets its own)
+    qkv_bias: bool | None = None  # None: as `bias` (Qwen2 has biases on Q, K, V only)
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
     source: str = ""
     notes: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_hf_config(cls, data: Any) -> Any:
+        """`{hf_config: path, ...}`: the fields of that config.json (see orcasim.cost.hf_config)."""
+        if isinstance(data, dict) and "hf_config" in data:
+            return resolve_hf_model(data)
+        return data
+
     @model_validator(mode="after")
     def _divisible(self) -> ModelSpec:
-        if self.hidden_size % self.num_heads:
+        if self.head_size is None and self.hidden_size % self.num_heads:
             raise ScenarioError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
+            raise ScenarioError(f"model.moe.dense_layers {self.moe.dense_layers} names a layer "
+                                f"beyond the model's {self.num_layers}; expected 0-based indices")
         if self.num_heads % self.kv_heads:
             raise ScenarioError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
         return self
@@ -55,21 +119,64 @@ class ModelSpec(Strict):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def weight_element_bytes(self) -> float:
+        return PRECISION_BYTES[self.weight_dtype] if self.weight_dtype else self.dtype_bytes
+
+    @property
+    def kv_element_bytes(self) -> float:
+        return PRECISION_BYTES[self.kv_cache_dtype] if self.kv_cache_dtype else self.dtype_bytes
 
     @property
     def ffn_size(self) -> int:
         return self.intermediate_size or 4 * self.hidden_size
 
-    def layer_params(self) -> int:
-        """Weights of one decoder layer (attention, MLP, two norms, biases if any)."""
-        d, hd = self.hidden_size, self.head_dim
-        qkv_out = (self.num_heads + 2 * self.kv_heads) * hd
-        attention = d * qkv_out + self.num_heads * hd * d
-        mlp = (3 if self.gated_mlp else 2) * d * self.ffn_size
+    def attention_params(self) -> int:
+        """Weights of one layer's attention: Q, K, V and output projections (MLA: its
+        down- and up-projections and their norms), with biases where the model has them."""
+        d, heads = self.hidden_size, self.num_heads
+        if self.mla is not None:
+            m = self.mla
+            qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = (d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk_dim
+                 if m.q_lora_rank else d * heads * qk_dim)
+            kv = (d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+                  + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim))
+            return q + kv + heads * m.v_head_dim * d
+        hd = self.head_dim
+        qkv_out = (heads + 2 * self.kv_heads) * hd
+        qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
+        return d * qkv_out + heads * hd * d + (qkv_out if qkv_bias else 0) + (d if self.bias else 0)
+
+    def _gated_mlp_params(self, width: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * width
+
+    def mlp_params(self, layer: int, active: bool = False) -> int:
+        """Weights of layer `layer`'s MLP; `active`: only those one token uses (its top-k
+        routed experts, the shared ones and the router)."""
+        moe = self.moe
+        if moe is None or layer in moe.dense_layers:
+            biases = self.ffn_size * (2 if self.gated_mlp else 1) + self.hidden_size if self.bias else 0
+            return self._gated_mlp_params(self.ffn_size) + biases
+        routed = moe.experts_per_token if active else moe.num_experts
+        expert = 3 * self.hidden_size * moe.expert_intermediate_size  # SwiGLU experts
+        return (self.hidden_size * moe.num_experts + routed * expert
+                + 3 * self.hidden_size * moe.shared_intermediate_size)
+
+    def layer_params(self, layer: int = 0, active: bool = False) -> int:
+        """Weights of decoder layer `layer` (attention, MLP, norms, biases if any)."""
+        d = self.hidden_size
         norms = 2 * d * (2 if self.bias else 1)  # gain (and bias) of two layer norms
-        biases = (qkv_out + d + (self.ffn_size * (2 if self.gated_mlp else 1)) + d) if self.bias else 0
-        return attention + mlp + norms + biases
+        if self.mla is not None:  # the latents' norms are counted with the attention
+            norms = 2 * d
+        return self.attention_params() + self.mlp_params(layer, active) + norms
+
+    def _all_layers_params(self, active: bool) -> int:
+        if self.moe is None:
+            return self.num_layers * self.layer_params()
+        return sum(self.layer_params(i, active) for i in range(self.num_layers))
 
     def embedding_params(self) -> int:
         """Token embedding, LM head if untied, learned positions, and the final norm."""
@@ -79,14 +186,27 @@ class ModelSpec(Strict):
         return tok + head + pos + self.hidden_size * (2 if self.bias else 1)
 
     def param_count(self) -> int:
-        return self.num_layers * self.layer_params() + self.embedding_params()
+        return self._all_layers_params(active=False) + self.embedding_params()
 
-    def weight_bytes(self) -> int:
-        return self.param_count() * self.dtype_bytes
+    def active_param_count(self) -> int:
+        """Parameters one token uses: all of a dense model; a MoE's routed top-k, shared
+        experts and routers, not its other experts (the embedding table counts whole, as
+        the published figures count it)."""
+        return self._all_layers_params(active=True) + self.embedding_params()
 
-    def kv_bytes_per_token(self) -> int:
-        """K and V of every layer: 2 * layers * kv_heads * head_dim * dtype bytes (GQA shrinks it)."""
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype_bytes
+    def weight_bytes(self) -> float:
+        return self.param_count() * self.weight_element_bytes
+
+    def kv_values_per_token_per_layer(self) -> int:
+        """Values a layer caches per token: K and V of every KV head (GQA shrinks it), or
+        MLA's latent and shared RoPE key."""
+        if self.mla is not None:
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self) -> float:
+        """KV cache bytes of one token over every layer."""
+        return self.num_layers * self.kv_values_per_token_per_layer() * self.kv_element_bytes
 
     def flops_per_token(self, context_tokens: int) -> float:
         """Forward FLOPs for one token attending to `context_tokens` keys.
@@ -95,8 +215,13 @@ class ModelSpec(Strict):
         context * (heads * head_dim) for QK^T and AV: the forward third of PaLM's
         6N + 12LHQT per token (Chowdhery et al. 2022, Appendix B).
         """
-        matmul_params = self.num_layers * self.layer_params() + self.vocab_size * self.hidden_size
-        attention = 4 * self.num_layers * context_tokens * self.num_heads * self.head_dim
+        matmul_params = self._all_layers_params(active=True) + self.vocab_size * self.hidden_size
+        if self.mla is not None:  # per query head: QK over nope + rope dims, AV over v dims
+            m = self.mla
+            per_pair = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
+            attention = 2 * self.num_layers * context_tokens * self.num_heads * per_pair
+        else:
+            attention = 4 * self.num_layers * context_tokens * self.num_heads * self.head_dim
         return 2.0 * matmul_params + attention
 
 
@@ -198,9 +323,11 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     With fewer KV heads than tensor-parallel ranks (GQA) each rank keeps a replica of one
     head, as Megatron and vLLM do.
     """
-    heads_per_gpu = max(model.kv_heads / hw.tensor_parallel, 1.0)
     layers = layers_per_stage(model, hw.pipeline_parallel)
-    return 2.0 * layers * heads_per_gpu * model.head_dim * model.dtype_bytes
+    if model.mla is not None:  # the latent is not split by heads: every rank keeps it whole
+        return float(layers * model.kv_values_per_token_per_layer() * model.kv_element_bytes)
+    heads_per_gpu = max(model.kv_heads / hw.tensor_parallel, 1.0)
+    return 2.0 * layers * heads_per_gpu * model.head_dim * model.kv_element_bytes
 
 
 def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
@@ -234,3 +361,30 @@ class Deployment(Strict):
     @property
     def kv_bytes_per_token_per_gpu(self) -> float:
         return kv_bytes_per_token_per_gpu(self.model, self.hardware)
+
+
+def model_figures(model: ModelSpec, hw: HardwareConfig | None = None) -> dict[str, float]:
+    """What follows from a model (and a deployment, if given): what `orcasim model` prints."""
+    figures = {
+        "parameters": float(model.param_count()),
+        "active_parameters": float(model.active_param_count()),
+        "weight_bytes": float(model.weight_bytes()),
+        "kv_bytes_per_token": float(model.kv_bytes_per_token()),
+        "flops_per_token_at_context_1": model.flops_per_token(1),
+        "flops_per_token_at_context_4096": model.flops_per_token(4096),
+    }
+    if hw is not None:
+        figures["gpus"] = float(hw.num_gpus)
+        figures["weight_bytes_per_gpu"] = model.weight_bytes() / hw.num_gpus
+        figures["kv_bytes_per_token_per_gpu"] = kv_bytes_per_token_per_gpu(model, hw)
+        figures["kv_capacity_tokens"] = float(derive_kv_capacity_tokens(model, hw))
+    return figures
+
+
+def model_from_argument(value: str) -> ModelSpec:
+    """A catalog name, or the path of a Hugging Face config.json."""
+    fields = {"hf_config": value} if value.endswith(".json") else _resolve("models", value)
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as e:  # a config whose fields do not make a model
+        raise ScenarioError(e.errors()[0]['msg'].removeprefix('Value error, ')) from None

@@ -39,9 +39,16 @@ class Op:
     count: int = 1
 
 
-def _matmul(name: str, k: float, m: float, dt: int, bias: bool) -> Op:
-    weight = (k * m + (m if bias else 0)) * dt
-    return Op(name, 2.0 * k * m, weight, (k + m) * dt)
+def _matmul(name: str, k: float, m: float, dt: float, bias: bool, weight_dt: float | None = None,
+            count: int = 1) -> Op:
+    """(N, k) by (k, m); weights stored at `weight_dt` bytes (fp8, int4) if not at `dt`."""
+    weight = (k * m + (m if bias else 0)) * (dt if weight_dt is None else weight_dt)
+    return Op(name, 2.0 * k * m, weight, (k + m) * dt, count)
+
+
+def _per_head_matmul(name: str, heads: float, k: float, m: float, dt: float, weight_dt: float) -> Op:
+    """A (k, m) matmul per head (a batched GEMM over `heads`), for every token."""
+    return Op(name, 2.0 * heads * k * m, heads * k * m * weight_dt, heads * (k + m) * dt)
 
 
 def _elementwise(name: str, read: float, write: float, dt: int, count: int = 1) -> Op:
@@ -53,27 +60,132 @@ def heads_per_rank(model: ModelSpec, tp: int) -> tuple[float, float]:
     return model.num_heads / tp, max(model.kv_heads / tp, 1.0)
 
 
-def token_ops(model: ModelSpec, tp: int) -> list[Op]:
-    """The token-batched operators of one layer, named as in Vidur's mlp.csv."""
-    d, hd, dt, bias = model.hidden_size, model.head_dim, model.dtype_bytes, model.bias
-    q_heads, kv_heads = heads_per_rank(model, tp)
-    qkv_width = (q_heads + 2 * kv_heads) * hd
-    ffn = model.ffn_size / tp
-    up_width = ffn * (2 if model.gated_mlp else 1)  # SwiGLU fuses gate and up projections
-    ops = [
-        _elementwise("input_layernorm", d, d, dt),
-        _matmul("attn_pre_proj", d, qkv_width, dt, bias),
-        _matmul("attn_post_proj", q_heads * hd, d, dt, bias),
-        _elementwise("post_attention_layernorm", d, d, dt),
-        _matmul("mlp_up_proj", d, up_width, dt, bias),
-        _elementwise("mlp_act", up_width, ffn, dt),
-        _matmul("mlp_down_proj", ffn, d, dt, bias),
-        _elementwise("add", 2 * d, d, dt, count=2),  # the two residual connections
+def token_ops(model: ModelSpec, tp: int, moe_layer: bool = False) -> list[Op]:
+    """The token-batched operators of one layer, named as in Vidur's mlp.csv. A MoE layer's
+    routed experts are not among them (`ExpertOp`): its router and shared experts are."""
+    d, dt = model.hidden_size, model.dtype_bytes
+    ops = [_elementwise("input_layernorm", d, d, dt), *_attention_token_ops(model, tp),
+           _elementwise("post_attention_layernorm", d, d, dt)]
+    if moe_layer and model.moe is not None:
+        ops.append(_matmul("moe_router", d, model.moe.num_experts, dt, False, model.weight_element_bytes))
+        if model.moe.shared_intermediate_size:
+            ops += _mlp_ops(model, model.moe.shared_intermediate_size / tp, "shared_expert_")
+    else:
+        ops += _mlp_ops(model, model.ffn_size / tp, "mlp_")
+    ops.append(_elementwise("add", 2 * d, d, dt, count=2))  # the two residual connections
+    return ops
+
+
+def _mlp_ops(model: ModelSpec, ffn: float, prefix: str) -> list[Op]:
+    d, dt, wdt = model.hidden_size, model.dtype_bytes, model.weight_element_bytes
+    gated = model.gated_mlp or prefix != "mlp_"  # experts are SwiGLU
+    bias = model.bias and prefix == "mlp_"
+    up_width = ffn * (2 if gated else 1)  # SwiGLU fuses gate and up projections
+    return [
+        _matmul(f"{prefix}up_proj", d, up_width, dt, bias, wdt),
+        _elementwise(f"{prefix}act", up_width, ffn, dt),
+        _matmul(f"{prefix}down_proj", ffn, d, dt, bias, wdt),
     ]
+
+
+def _attention_token_ops(model: ModelSpec, tp: int) -> list[Op]:
+    """Projections into and out of attention (and RoPE), per token, on one rank."""
+    d, hd, dt, bias, wdt = (model.hidden_size, model.head_dim, model.dtype_bytes, model.bias,
+                            model.weight_element_bytes)
+    q_heads, kv_heads = heads_per_rank(model, tp)
+    if model.mla is not None:
+        return _mla_token_ops(model, tp)
+    qkv_width = (q_heads + 2 * kv_heads) * hd
+    qkv_bias = bias if model.qkv_bias is None else model.qkv_bias
+    ops = [_matmul("attn_pre_proj", d, qkv_width, dt, qkv_bias, wdt),
+           _matmul("attn_post_proj", q_heads * hd, d, dt, bias, wdt)]
     if model.positional == "rope":
         rotated = (q_heads + kv_heads) * hd
-        ops.insert(2, _elementwise("attn_rope", rotated, rotated, dt))
+        ops.insert(1, _elementwise("attn_rope", rotated, rotated, dt))
     return ops
+
+
+def _mla_token_ops(model: ModelSpec, tp: int) -> list[Op]:
+    """MLA in the absorbed form (DeepSeek-V2 section 2.1.2, as vLLM and SGLang decode):
+    queries are projected into the KV latent (W_UK folded into the query), attention runs
+    over the latent, and W_UV lifts its output per head; the latent's down-projection is
+    replicated on every rank, the per-head weights are split."""
+    assert model.mla is not None
+    m, d, dt, wdt = model.mla, model.hidden_size, model.dtype_bytes, model.weight_element_bytes
+    heads = model.num_heads / tp
+    qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
+    ops = []
+    if m.q_lora_rank:
+        ops += [_matmul("mla_q_down", d, m.q_lora_rank, dt, False, wdt),
+                _matmul("mla_q_up", m.q_lora_rank, heads * qk_dim, dt, False, wdt)]
+    else:
+        ops.append(_matmul("mla_q_proj", d, heads * qk_dim, dt, False, wdt))
+    latent = m.kv_lora_rank + m.qk_rope_head_dim
+    return ops + [
+        _matmul("mla_kv_down", d, latent, dt, False, wdt),
+        _per_head_matmul("mla_q_absorb", heads, m.qk_nope_head_dim, m.kv_lora_rank, dt, wdt),
+        _per_head_matmul("mla_v_up", heads, m.kv_lora_rank, m.v_head_dim, dt, wdt),
+        _elementwise("attn_rope", (heads + 1) * m.qk_rope_head_dim, (heads + 1) * m.qk_rope_head_dim, dt),
+        _matmul("attn_post_proj", heads * m.v_head_dim, d, dt, False, wdt),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertOp:
+    """A MoE layer's routed experts on one rank (experts split by TP, each a SwiGLU MLP).
+
+    Each token runs `experts_per_token` experts; an iteration reads the weights of the
+    experts any of its N tokens chose. Under uniform, independent routing that is, in
+    expectation, E (1 - (1 - k/E)^N) experts: every expert for large batches, about
+    k N for small ones. (Real routers are skewed, which hits fewer; state it if it matters.)
+    """
+
+    num_experts: int
+    experts_per_token: int
+    flops_per_token: float
+    weight_bytes_per_expert: float
+    bytes_per_token: float
+    kernels: int = 3  # the fused gate-and-up GEMM, the activation, the down GEMM
+
+    def experts_hit(self, num_tokens: np.ndarray | float) -> np.ndarray:
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        return self.num_experts * (1.0 - np.power(miss, np.asarray(num_tokens, dtype=np.float64)))
+
+
+def expert_op(model: ModelSpec, tp: int) -> ExpertOp | None:
+    """The routed experts of one MoE layer on one rank (None for a dense model)."""
+    if model.moe is None:
+        return None
+    moe, d, dt = model.moe, model.hidden_size, model.dtype_bytes
+    width = moe.expert_intermediate_size / tp
+    per_expert_params = 3.0 * d * width
+    k = moe.experts_per_token
+    # Per routed token: the input in, gate-and-up out and back in, the activation, the output.
+    bytes_per_token = k * (d + 2.0 * width + 2.0 * width + width + width + d) * dt
+    return ExpertOp(moe.num_experts, k, 2.0 * k * per_expert_params,
+                    per_expert_params * model.weight_element_bytes, bytes_per_token)
+
+
+def attention_constants(model: ModelSpec, tp: int) -> tuple[float, float, float]:
+    """One layer's attention on one rank: FLOPs per query-key pair, bytes per context
+    token (its KV read) and bytes per query token (Q read, O written, its new KV written).
+
+    Multi-head attention: 2 head_dim FLOPs for QK^T and 2 for AV per pair and query head.
+    MLA in the absorbed form: QK^T over the latent and the RoPE key, AV over the latent,
+    per query head; the context is read once as the latent, shared by the heads.
+    """
+    q_heads, kv_heads = heads_per_rank(model, tp)
+    dt, kv_dt = model.dtype_bytes, model.kv_element_bytes
+    if model.mla is not None:
+        m = model.mla
+        latent = m.kv_lora_rank + m.qk_rope_head_dim
+        flops_per_pair = q_heads * (2.0 * latent + 2.0 * m.kv_lora_rank)
+        return flops_per_pair, latent * kv_dt, q_heads * (latent + m.kv_lora_rank) * dt + latent * kv_dt
+    hd = model.head_dim
+    kv_per_token = 2.0 * kv_heads * hd
+    if kv_dt == dt:
+        return 4.0 * hd * q_heads, kv_per_token * dt, (2.0 * q_heads * hd + kv_per_token) * dt
+    return 4.0 * hd * q_heads, kv_per_token * kv_dt, 2.0 * q_heads * hd * dt + kv_per_token * kv_dt
 
 
 def attention_flops_bytes(
@@ -89,20 +201,17 @@ def attention_flops_bytes(
     """
     q = query_tokens.astype(np.float64)
     c = context_tokens.astype(np.float64)
-    q_heads, kv_heads = heads_per_rank(model, tp)
-    hd, dt = model.head_dim, model.dtype_bytes
+    flops_per_pair, kv_bytes, query_bytes = attention_constants(model, tp)
     pairs = q * (c - q) + q * (q + 1.0) / 2.0
-    flops = 4.0 * hd * q_heads * pairs
-    kv_per_token = 2.0 * kv_heads * hd
-    bytes_ = (c * kv_per_token + q * 2.0 * q_heads * hd + q * kv_per_token) * dt
-    return flops, bytes_
+    return flops_per_pair * pairs, c * kv_bytes + q * query_bytes
 
 
 def lm_head_op(model: ModelSpec, tp: int) -> Op:
     """Final norm and the vocabulary projection, applied to one token per request."""
     vocab = model.vocab_size / tp
     d, dt = model.hidden_size, model.dtype_bytes
-    return Op("lm_head", 2.0 * d * vocab + ELEMENTWISE_FLOPS * d, d * vocab * dt, (2 * d + vocab) * dt)
+    weight_bytes = d * vocab * model.weight_element_bytes
+    return Op("lm_head", 2.0 * d * vocab + ELEMENTWISE_FLOPS * d, weight_bytes, (2 * d + vocab) * dt)
 
 
 def embedding_op(model: ModelSpec) -> Op:

@@ -54,12 +54,26 @@ class ProfileCostConfig(CostConfigBase):
         return self
 
 
+def _check_profiled_shape(model: ModelSpec) -> None:
+    """The vendored tables time dense bf16/fp16 layers with multi-head or grouped attention."""
+    unprofiled = [what for what, present in (
+        ("mixture-of-experts layers (model.moe)", model.moe is not None),
+        ("latent attention (model.mla)", model.mla is not None),
+        (f"{model.weight_dtype} weights", model.weight_dtype not in (None, "bf16", "fp16")),
+        (f"an {model.kv_cache_dtype} KV cache", model.kv_cache_dtype not in (None, "bf16", "fp16")),
+    ) if present]
+    if unprofiled:
+        raise ScenarioError(f"cost.kind = 'profile': model {model.name} has {', '.join(unprofiled)}, "
+                            "which its tables do not time; expected cost.kind roofline")
+
+
 class ProfileCost(CostModel):
     """Iteration time = layers x (token ops + attention + 2 all-reduces) + sends + ends."""
 
     def __init__(self, cfg: ProfileCostConfig, deployment: Deployment) -> None:
         self.cfg = cfg
         self.model, hw = deployment.model, deployment.hardware
+        _check_profiled_shape(self.model)
         self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
         self.roofline = Roofline(cfg.roofline, deployment)
         self.token_ops, self.embedding = mlp_table(cfg.mlp_csv, self.model, self.tp)

@@ -31,10 +31,12 @@ from pydantic import Field, NonNegativeFloat
 from orcasim.cost.base import Batch, CostModel, DecodeLine
 from orcasim.cost.catalog import Deployment
 from orcasim.cost.flops import (
+    ExpertOp,
     Op,
+    attention_constants,
     attention_flops_bytes,
     embedding_op,
-    heads_per_rank,
+    expert_op,
     lm_head_op,
     token_ops,
 )
@@ -71,6 +73,12 @@ class Roofline(CostModel):
         self.ops = token_ops(self.model, self.tp)
         self._op_terms = [(op.count, op.flops_per_token, op.weight_bytes, op.bytes_per_token)
                           for op in self.ops]
+        # A mixture-of-experts model: its MoE layers run other token ops, and the experts.
+        self.experts: ExpertOp | None = expert_op(self.model, self.tp)
+        moe = self.model.moe
+        self.num_moe_layers = 0 if moe is None else self.model.num_layers - len(moe.dense_layers)
+        self.num_dense_layers = self.model.num_layers - self.num_moe_layers
+        self.moe_ops = token_ops(self.model, self.tp, moe_layer=True) if moe else []
         self.tp_link = tensor_parallel_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.pp_link = pipeline_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
@@ -89,6 +97,24 @@ class Roofline(CostModel):
         """The token-batched operators of one layer on one rank (what Vidur's mlp.csv times)."""
         # (A float in gives a numpy scalar out, which every caller treats as an array.)
         return sum(op.count * self.op_time_s(op, num_tokens) for op in self.ops)  # type: ignore[return-value]
+
+    def moe_layer_extra_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
+        """A MoE layer's own token ops and routed experts (its attention is any layer's)."""
+        assert self.experts is not None
+        n = np.asarray(num_tokens, dtype=np.float64)
+        ops = sum(op.count * self.op_time_s(op, n) for op in self.moe_ops)
+        experts = self.experts
+        compute = experts.flops_per_token * n / self.flops_per_s
+        memory = (experts.experts_hit(n) * experts.weight_bytes_per_expert
+                  + experts.bytes_per_token * n) / self.bytes_per_s
+        return ops + np.maximum(compute, memory) + experts.kernels * self.cfg.kernel_overhead_s
+
+    def _layers_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
+        """Every layer's token-batched work (dense layers, MoE layers) on one rank."""
+        if self.experts is None:
+            return self.model.num_layers * self.token_ops_per_layer_s(num_tokens)
+        return (self.num_dense_layers * self.token_ops_per_layer_s(num_tokens)
+                + self.num_moe_layers * self.moe_layer_extra_s(num_tokens))
 
     def attention_per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
         """Attention of one layer, summed over requests (the last axis); one kernel launch.
@@ -114,7 +140,7 @@ class Roofline(CostModel):
 
     def _fixed_s(self, num_tokens: np.ndarray | float, batch_size: int) -> np.ndarray:
         """Everything but attention: it depends only on the token and request counts."""
-        layers = self.model.num_layers * self.token_ops_per_layer_s(num_tokens)
+        layers = self._layers_s(num_tokens)
         ends = self.op_time_s(embedding_op(self.model), num_tokens)
         ends = ends + self.op_time_s(lm_head_op(self.model, self.tp), batch_size)
         comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(num_tokens)
@@ -134,7 +160,10 @@ class Roofline(CostModel):
             # _op_scalar_s inlined (a call per op costs more than its arithmetic): same order
             memory_s = (weight_bytes + bytes_per_token * n) / bps
             per_layer += count * (max(flops_per_token * n / fps, memory_s) + overhead_s)
-        layers = self.model.num_layers * per_layer
+        if self.experts is None:
+            layers = self.model.num_layers * per_layer
+        else:  # the numpy path's own arithmetic: MoE models are rarer, not the hot path
+            layers = float(self._layers_s(num_tokens))
         ends = self._op_scalar_s(self.embedding, num_tokens)
         ends = ends + self._op_scalar_s(self.lm_head, batch_size)
         comm = 0.0  # exactly what the numpy zeros of one GPU add
@@ -230,13 +259,8 @@ class _AttentionTerms:
     """
 
     def __init__(self, cost: Roofline) -> None:
-        model, tp = cost.model, cost.tp
-        q_heads, kv_heads = heads_per_rank(model, tp)
-        kv_per_token = 2.0 * kv_heads * model.head_dim
         self.cost = cost
-        self.flops_per_pair = 4.0 * model.head_dim * q_heads
-        self.kv_bytes = kv_per_token * model.dtype_bytes
-        self.query_bytes = (2.0 * q_heads * model.head_dim + kv_per_token) * model.dtype_bytes
+        self.flops_per_pair, self.kv_bytes, self.query_bytes = attention_constants(cost.model, cost.tp)
         self.half_flops_per_pair = self.flops_per_pair / 2.0
         consts = (self.half_flops_per_pair, self.kv_bytes, self.query_bytes)
         self.whole = all(float(x).is_integer() for x in consts)

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from orcasim.run import run_scenario  # noqa: E402
+from scenarios.markdown import markdown_table  # noqa: E402
 from tests.test_prefix_cache import _independent_mooncake_hits  # noqa: E402
 
 OUT = ROOT / "results" / "prefix"
@@ -125,18 +126,6 @@ def summary_lines(tables: dict[str, pd.DataFrame], unbounded_rate: float) -> lis
     ]
 
 
-def fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
-
-
-def markdown(frame: pd.DataFrame) -> list[str]:
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in frame.itertuples(index=False)]
-    return lines
-
-
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     tables = {"mooncake": mooncake_off_on(), "mooncake_pool": pool_sweep(), "chat": chat_rates()}
@@ -163,7 +152,7 @@ def main() -> None:
         f"{MOONCAKE_SPEEDUP:g} of their rate ({3.09 * MOONCAKE_SPEEDUP:.2f} req/s), on "
         "Llama-3.1-8B and one H100-80GB under vLLM v1's scheduler (`scenarios/prefix/mooncake.yaml`).",
         "",
-        *markdown(tables["mooncake"]),
+        *markdown_table(tables["mooncake"]),
         "",
         "### The unbounded cache against the trace's own count",
         "",
@@ -179,14 +168,14 @@ def main() -> None:
         "larger pools are what-ifs, as if the GPU had that much memory for KV, which also",
         "lets more requests run at once):",
         "",
-        *markdown(tables["mooncake_pool"]),
+        *markdown_table(tables["mooncake_pool"]),
         "",
         "## A chat service with shared system prompts",
         "",
         "90% of requests start with one of 4 system prompts of 1,500 tokens; Llama-3-8B on one",
         "A100-80GB (`scenarios/prefix/chat.yaml`), across arrival rates:",
         "",
-        *markdown(tables["chat"]),
+        *markdown_table(tables["chat"]),
     ]
     (OUT / "README.md").write_text("\n".join(lines) + "\n")
     print((OUT / "README.md").read_text())

@@ -1,0 +1,190 @@
+"""A model from its Hugging Face `config.json`: `model: {hf_config: path/to/config.json}`.
+
+The reader knows the fields of the common families (by `model_type`): Llama, Mistral,
+Qwen2/Qwen3 and Mixtral, Qwen2-MoE/Qwen3-MoE, DeepSeek-V2/V3, gpt-oss, OPT and GPT-2. It
+reads layers, hidden size, heads, KV heads, head dim, MLP and expert widths, vocabulary,
+tied embeddings and context length into a `ModelSpec`. A field that would change the
+cost and that orcasim does not model (a sliding window, a vision tower) is an error
+naming it, never a silent default; fields that only describe numerics (RoPE scaling,
+norm epsilon, initialiser ranges) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orcasim.config import ScenarioError
+
+Config = dict[str, Any]
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def model_fields_from_hf(path: Path) -> dict[str, Any]:
+    """The `ModelSpec` fields of the model whose config.json is at `path`."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ScenarioError(f"model.hf_config = {str(path)!r}: cannot read it as JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ScenarioError(f"model.hf_config = {str(path)!r}: expected a JSON object")
+    model_type = str(config.get("model_type", ""))
+    reader = READERS.get(model_type)
+    if reader is None:
+        raise ScenarioError(f"model.hf_config = {str(path)!r}: model_type = {model_type!r} is not "
+                            f"a family orcasim reads; expected one of {', '.join(sorted(READERS))}")
+    for key, modelled in UNMODELLED.items():
+        if key in config and not modelled(config):
+            raise ScenarioError(f"model.hf_config = {str(path)!r}: {key} = {config[key]!r} changes "
+                                "the cost and is not modelled; expected a model without it")
+    fields = reader(config)
+    fields.setdefault("name", str(config.get("_name_or_path") or path.parent.name or model_type))
+    fields["source"] = f"{path.name} ({model_type})"
+    return fields
+
+
+def _need(config: Config, *keys: str) -> Any:
+    """The first of `keys` present (families name the same field differently)."""
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    raise ScenarioError(f"model.hf_config: missing {keys[0]}, which {config.get('model_type')} "
+                        "configs have")
+
+
+def _llama_like(config: Config) -> dict[str, Any]:
+    heads = _need(config, "num_attention_heads")
+    fields: dict[str, Any] = {
+        "num_layers": _need(config, "num_hidden_layers"),
+        "hidden_size": _need(config, "hidden_size"),
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "intermediate_size": _need(config, "intermediate_size"),
+        "gated_mlp": True,
+        "vocab_size": _need(config, "vocab_size"),
+        "max_seq_len": _need(config, "max_position_embeddings"),
+        "positional": "rope",
+        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "bias": False,
+    }
+    if config.get("head_dim"):
+        fields["head_size"] = config["head_dim"]
+    if config["model_type"] in ("qwen2", "qwen2_moe") or config.get("attention_bias"):
+        fields["qkv_bias"] = True  # Qwen2's Q, K and V projections have biases
+    moe = _moe(config)
+    if moe is not None:
+        fields["moe"] = moe
+    return fields
+
+
+def _moe(config: Config) -> dict[str, Any] | None:
+    """Routed and shared experts, and which layers stay dense, in each family's words."""
+    family = config["model_type"]
+    num_experts = config.get("num_local_experts") or config.get("num_experts") \
+        or config.get("n_routed_experts")
+    if not num_experts:
+        return None
+    layers = range(int(_need(config, "num_hidden_layers")))
+    expert_width = int(config.get("moe_intermediate_size") or _need(config, "intermediate_size"))
+    shared_width = int(config.get("shared_expert_intermediate_size") or 0)  # Qwen2-MoE
+    if family.startswith("deepseek"):
+        shared_width = int(config.get("n_shared_experts") or 0) * expert_width
+        first, step = int(config.get("first_k_dense_replace") or 0), int(config.get("moe_layer_freq") or 1)
+        dense = [i for i in layers if i < first or i % step]
+    elif family.startswith("qwen"):
+        step, only_mlp = int(config.get("decoder_sparse_step") or 1), config.get("mlp_only_layers") or []
+        dense = [i for i in layers if i in only_mlp or (i + 1) % step]
+    else:  # Mixtral, gpt-oss: every layer
+        dense = []
+    return {
+        "num_experts": num_experts,
+        "experts_per_token": _need(config, "num_experts_per_tok", "experts_per_token"),
+        "expert_intermediate_size": expert_width,
+        "shared_intermediate_size": shared_width,
+        "dense_layers": dense,
+    }
+
+
+def _deepseek(config: Config) -> dict[str, Any]:
+    fields = _llama_like({**config, "num_key_value_heads": config["num_attention_heads"]})
+    fields["mla"] = {
+        "kv_lora_rank": _need(config, "kv_lora_rank"),
+        "q_lora_rank": config.get("q_lora_rank"),
+        "qk_nope_head_dim": _need(config, "qk_nope_head_dim"),
+        "qk_rope_head_dim": _need(config, "qk_rope_head_dim"),
+        "v_head_dim": _need(config, "v_head_dim"),
+    }
+    fields["head_size"] = fields["mla"]["qk_nope_head_dim"] + fields["mla"]["qk_rope_head_dim"]
+    return fields
+
+
+def _gpt_oss(config: Config) -> dict[str, Any]:
+    fields = _llama_like(config)
+    fields["qkv_bias"] = True  # gpt-oss's attention projections have biases
+    return fields
+
+
+def _opt(config: Config) -> dict[str, Any]:
+    if config.get("word_embed_proj_dim", config["hidden_size"]) != config["hidden_size"]:
+        raise ScenarioError("model.hf_config: word_embed_proj_dim differs from hidden_size "
+                            "(OPT-350m's projection), which is not modelled")
+    return {
+        "num_layers": _need(config, "num_hidden_layers"),
+        "hidden_size": _need(config, "hidden_size"),
+        "num_heads": _need(config, "num_attention_heads"),
+        "intermediate_size": _need(config, "ffn_dim"),
+        "vocab_size": _need(config, "vocab_size"),
+        # OPT's learned position table has two extra rows (an offset of 2).
+        "max_seq_len": int(_need(config, "max_position_embeddings")),
+        "positional": "learned",
+        "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "bias": bool(config.get("enable_bias", True)),
+    }
+
+
+def _gpt2(config: Config) -> dict[str, Any]:
+    hidden = _need(config, "n_embd", "hidden_size")
+    return {
+        "num_layers": _need(config, "n_layer", "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": _need(config, "n_head", "num_attention_heads"),
+        "intermediate_size": config.get("n_inner") or 4 * hidden,
+        "vocab_size": _need(config, "vocab_size"),
+        "max_seq_len": _need(config, "n_positions", "max_position_embeddings"),
+        "positional": "learned",
+        "tied_embeddings": True,
+        "bias": True,
+    }
+
+
+READERS: dict[str, Callable[[Config], dict[str, Any]]] = {
+    **{family: _llama_like for family in LLAMA_LIKE},
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
+    "opt": _opt, "gpt2": _gpt2,
+}
+
+# Fields that change the cost, with when they are harmless (absent, null, or switched off).
+UNMODELLED: dict[str, Callable[[Config], bool]] = {
+    "sliding_window": lambda c: c.get("sliding_window") is None
+    or c.get("use_sliding_window") is False,
+    "layer_types": lambda c: all(t == "full_attention" for t in c.get("layer_types") or []),
+    "vision_config": lambda c: False,
+    "attention_chunk_size": lambda c: c.get("attention_chunk_size") is None,
+}
+
+
+def resolve_hf_model(value: dict[str, Any]) -> dict[str, Any]:
+    """`{hf_config: path, ...}`: the config's fields, with any other keys given overriding
+    them (say, `dtype_bytes` or `name`). The path is looked up as data paths are."""
+    from orcasim.paths import resolve_data_path
+
+    rest = {k: v for k, v in value.items() if k != "hf_config"}
+    try:
+        path = resolve_data_path(str(value["hf_config"]))
+    except FileNotFoundError as e:
+        raise ScenarioError(f"model.hf_config = {value['hf_config']!r}: {e}") from None
+    return {**model_fields_from_hf(path), **rest}

@@ -1,0 +1,158 @@
+"""Models from their Hugging Face configs: parameters, KV bytes and costs against published
+figures, mixture-of-experts and latent attention, precision, and bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.cost.base import Batch
+from orcasim.cost.catalog import (
+    Deployment,
+    HardwareConfig,
+    ModelSpec,
+    kv_bytes_per_token_per_gpu,
+    model_from_argument,
+    model_spec,
+)
+from orcasim.cost.flops import expert_op
+from orcasim.cost.profile import ProfileCost, ProfileCostConfig
+from orcasim.cost.roofline import Roofline, RooflineCostConfig
+
+# Published counts are rounded to three significant figures (a model card's "46.7B").
+PUBLISHED_RTOL = 0.006
+
+
+def hf(name: str, **extra: object) -> ModelSpec:
+    return ModelSpec.model_validate({"hf_config": f"hf_configs/{name}/config.json", **extra})
+
+
+@pytest.mark.parametrize(("name", "total", "active"), [
+    ("llama-3.1-70b", 70.6e9, 70.6e9),  # Llama 3.1 model card
+    ("mixtral-8x7b", 46.7e9, 12.9e9),  # Mixtral of Experts (Jiang et al. 2024), section 2
+    ("deepseek-v3", 671e9, 37e9),  # DeepSeek-V3 technical report, abstract (MTP excluded)
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9),  # Qwen3 model card
+    ("qwen2-7b", 7.61e9, 7.61e9),  # Qwen2 technical report, Table 1 (7.6B; 7.07B non-embedding)
+    ("opt-13b", 12.85e9, 12.85e9),  # the catalog's opt-13b, which the OPT paper lists as 13B
+])
+def test_parameter_counts_match_the_published_figures(name: str, total: float, active: float) -> None:
+    model = hf(name)
+    # The "activated" counts of DeepSeek-V3 and Qwen3 are truncated, not rounded (37.55B is
+    # published as 37B, 3.353B as 3.3B): within 2%, and never below the published figure.
+    truncated = name in ("deepseek-v3", "qwen3-30b-a3b")
+    rtol = 0.02 if truncated else PUBLISHED_RTOL
+    assert not truncated or model.active_param_count() >= active
+    assert model.param_count() == pytest.approx(total, rel=PUBLISHED_RTOL)
+    assert model.active_param_count() == pytest.approx(active, rel=rtol)
+
+
+def test_gpt2_small_has_exactly_its_124439808_parameters() -> None:
+    assert hf("gpt2").param_count() == 124_439_808
+
+
+def test_a_config_and_its_catalog_entry_agree() -> None:
+    """The catalog's llama3-70b and Llama-3.1-70B's config differ only in context length."""
+    catalog, config = model_spec("llama3-70b"), hf("llama-3.1-70b")
+    assert catalog.param_count() == config.param_count()
+    assert catalog.kv_bytes_per_token() == config.kv_bytes_per_token()
+    assert (catalog.max_seq_len, config.max_seq_len) == (8192, 131072)
+
+
+def test_kv_bytes_per_token_by_hand() -> None:
+    # Llama-3.1-70B: 2 (K, V) x 80 layers x 8 KV heads x 128 x 2 bytes.
+    assert hf("llama-3.1-70b").kv_bytes_per_token() == 2 * 80 * 8 * 128 * 2 == 327_680
+    # DeepSeek-V3 (MLA): 61 layers x (512 latent + 64 RoPE key) x 2 bytes; fp8 halves it.
+    assert hf("deepseek-v3").kv_bytes_per_token() == 61 * 576 * 2 == 70_272
+    assert hf("deepseek-v3", kv_cache_dtype="fp8").kv_bytes_per_token() == 35_136
+    # Mixtral: GQA with 8 KV heads, the experts hold no KV.
+    assert hf("mixtral-8x7b").kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2
+
+
+def test_latent_attention_keeps_the_whole_latent_on_every_rank() -> None:
+    model = hf("deepseek-v3")
+    for tp in (1, 8):
+        hw = HardwareConfig(gpu="h200", tensor_parallel=tp)
+        assert kv_bytes_per_token_per_gpu(model, hw) == model.kv_bytes_per_token()
+    gqa = hf("llama-3.1-70b")
+    assert kv_bytes_per_token_per_gpu(gqa, HardwareConfig(gpu="h200", tensor_parallel=8)) == \
+        gqa.kv_bytes_per_token() / 8
+
+
+def test_fp8_weights_halve_the_weight_bytes() -> None:
+    assert hf("deepseek-v3", weight_dtype="fp8").weight_bytes() * 2 == hf("deepseek-v3").weight_bytes()
+    assert hf("mixtral-8x7b", weight_dtype="int4").weight_bytes() * 4 == hf("mixtral-8x7b").weight_bytes()
+
+
+def test_moe_layers_follow_each_familys_rule() -> None:
+    deepseek = hf("deepseek-v3")
+    assert deepseek.moe is not None and deepseek.moe.dense_layers == [0, 1, 2]  # first_k_dense_replace
+    assert deepseek.moe.shared_intermediate_size == 2048  # one shared expert
+    mixtral = hf("mixtral-8x7b")
+    assert mixtral.moe is not None and mixtral.moe.dense_layers == []
+
+
+def test_experts_hit_grow_from_top_k_to_all() -> None:
+    """Uniform routing: one token reads its k experts' weights, a large batch all of them,
+    and the expectation E (1 - (1 - k/E)^N) never falls as the batch grows."""
+    op = expert_op(hf("mixtral-8x7b"), 1)
+    assert op is not None
+    hits = op.experts_hit(np.arange(1, 200))
+    assert hits[0] == pytest.approx(2.0) and hits[-1] == pytest.approx(8.0)
+    assert (np.diff(hits) >= 0).all()
+    assert op.experts_hit(2.0) == pytest.approx(8 * (1 - 0.75**2))
+
+
+def _decode_s(model: ModelSpec, batch: int, gpu: str = "h100-80gb", tp: int = 1) -> float:
+    cost = Roofline(RooflineCostConfig(kind="roofline"),
+                    Deployment(model=model, hardware=HardwareConfig(gpu=gpu, tensor_parallel=tp)))
+    return cost.iteration_time_s(Batch(np.ones(batch, dtype=np.int64), np.full(batch, 1024, dtype=np.int64)))
+
+
+def test_a_moe_decode_step_reads_the_active_weights_alone_and_all_in_a_big_batch() -> None:
+    """Mixtral at batch 1 reads its 12.9B active parameters, so it decodes about as fast as
+    a dense model of that size and far faster than one of its 46.7B; at batch 512 every
+    expert is hit and it reads them all (weight-bound either way on an H100)."""
+    mixtral = hf("mixtral-8x7b")
+    assert _decode_s(mixtral, 1) < 0.4 * _decode_s(model_spec("llama3-70b"), 1)
+    one, many = _decode_s(mixtral, 1), _decode_s(mixtral, 512)
+    weight_s = mixtral.weight_bytes() / (3.35e12 * 0.8)  # H100 HBM at the roofline's 80%
+    assert many > weight_s > one
+
+
+def test_the_profile_cost_refuses_what_its_tables_do_not_time() -> None:
+    deployment = Deployment(model=hf("mixtral-8x7b"), hardware=HardwareConfig(gpu="a100-80gb"))
+    cfg = ProfileCostConfig(kind="profile",
+                            mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
+    with pytest.raises(ScenarioError, match="mixture-of-experts layers"):
+        ProfileCost(cfg, deployment)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"model_type": "mamba"}, "model_type = 'mamba' is not a family orcasim reads"),
+    ({"model_type": "llama", "hidden_size": 64}, "missing num_attention_heads"),
+    ({"model_type": "mistral", "num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 2,
+      "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64,
+      "sliding_window": 32}, "sliding_window = 32 changes the cost and is not modelled"),
+    ({"model_type": "llama", "vision_config": {}}, "vision_config"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_a_config_orcasim_cannot_model_is_a_one_line_error(
+    tmp_path: Path, config: object, message: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ScenarioError, match=message):
+        model_from_argument(str(path))
+
+
+def test_mistral_without_a_window_reads_and_a_missing_file_is_named(tmp_path: Path) -> None:
+    config = json.loads(Path("orcasim/data/hf_configs/mistral-7b-v0.1/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "sliding_window": None}))
+    assert model_from_argument(str(path)).param_count() == pytest.approx(7.24e9, rel=PUBLISHED_RTOL)
+    with pytest.raises(ScenarioError, match="file 'nowhere.json' not found"):
+        model_from_argument("nowhere.json")
