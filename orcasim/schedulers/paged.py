@@ -160,9 +160,14 @@ class PagedScheduler(Scheduler):
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens)
         self.watermark_blocks = int(cfg.watermark * num_blocks)
         # Peak KV: every token but the last generated one, whose KV is never computed.
+        # A session workload writes each row at arrival (orcasim.sessions): its peaks are
+        # bounded by the workload's plan here, and `never_fits` reads the row when asked.
+        self._num_blocks = num_blocks
+        self._rows_at_arrival = requests.sessions is not None
         self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
-        peak_blocks = blocks_for(self._peak_tokens, cfg.block_size_tokens)
-        self._fits_alone = peak_blocks + self._blocks_kept_free_alone() <= num_blocks
+        if requests.sessions is not None:
+            self._peak_tokens = requests.sessions.peak_bound_tokens()
+        self._fits_alone = self._fits_alone_with(self._peak_tokens)
         self.swap_capacity_blocks = self._swap_capacity_blocks(kv_bytes_per_token)
         self.swapped_blocks = 0  # blocks now held in CPU memory
         n = len(requests)
@@ -188,6 +193,10 @@ class PagedScheduler(Scheduler):
         self.kv_bytes_per_token = float(kv_bytes)
         return int(self.cfg.swap_space_bytes // (kv_bytes * self.cfg.block_size_tokens))
 
+    def _fits_alone_with(self, peak_tokens: np.ndarray) -> np.ndarray:
+        peak_blocks = blocks_for(peak_tokens, self.cfg.block_size_tokens)
+        return peak_blocks + self._blocks_kept_free_alone() <= self._num_blocks
+
     def _blocks_kept_free_alone(self) -> int:
         """Blocks a request running alone must leave free; more means it never fits."""
         return 0
@@ -195,17 +204,23 @@ class PagedScheduler(Scheduler):
     def _check_budget(self) -> None:
         """Without chunking the longest (re)prefill must fit one step's token budget."""
         # After a recompute preemption a request prefills prompt + generated tokens at once.
+        # A session workload's peaks are bounds over its steps (see `_setup`).
         longest = np.where(self._fits_alone, self._peak_tokens, 0)
         i = int(np.argmax(longest)) if len(longest) else 0
+        what = "a session step" if self._rows_at_arrival else f"request {i}"
         if len(longest) and longest[i] > self.token_budget:
             raise ScenarioError(
-                f"scheduler.max_num_batched_tokens = {self.token_budget} is below request "
-                f"{i}'s prompt + output - 1 = {int(longest[i])} tokens, which it must "
+                f"scheduler.max_num_batched_tokens = {self.token_budget} is below {what}'s "
+                f"prompt + output - 1 = {int(longest[i])} tokens, which it must "
                 f"prefill in one step without chunking; expected >= {int(longest[i])} "
                 "(or use kind: chunked)"
             )
 
     def never_fits(self, req_id: int) -> bool:
+        if self._rows_at_arrival:
+            r = self.requests
+            peak_tokens = int(r.prompt_tokens[req_id] + r.output_tokens[req_id]) - 1
+            return not bool(self._fits_alone_with(np.array([peak_tokens]))[0])
         return not bool(self._fits_alone[req_id])
 
     def known_tokens(self, req_id: int) -> int:
