@@ -3,8 +3,9 @@
 The workload (`orcasim.workload.sessions.SessionPlan`) fixes every session's steps in
 advance; this source decides, as the run goes, when each is sent and what its prompt
 holds. A step is sent as `branches` calls with the same prompt. Once `wait_for` of them
-are done, the session's context grows by the step's message and those calls' answers (in
-branch order; a call turned away as too large adds no answer), and the next step is sent
+are done (calls reported done at one time count in branch order), the session's context
+grows by the step's message and those calls' answers (in branch order; a call turned away
+as too large adds no answer), and the next step is sent
 `pause_s` later (think or tool time); calls still running then are left to finish, and
 their answers are not used. A turned-away call thus counts as done: the session goes on,
 as an agent goes on after a failed call, rather than stopping with its steps unsent.
@@ -121,7 +122,10 @@ class SessionSource(ArrivalSource):
     # The sessions' side.
 
     def _record(self, req_ids: Iterable[int], time_s: float, answered: bool) -> None:
-        for req_id in req_ids:
+        # In id order (a step's branches are consecutive ids, in branch order): which of
+        # several answers at one time a step keeps must not depend on how a stepper
+        # lists its completions (the fused Orca loop lists them backwards).
+        for req_id in sorted(req_ids):
             s, t = int(self.session_ids[req_id]), int(self.call_step[req_id])
             if self._step[s] != t:
                 continue  # a straggler of a step that has moved on: its answer is unused

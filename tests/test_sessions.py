@@ -20,7 +20,7 @@ from orcasim.engine import Engine
 from orcasim.metrics import requests_frame
 from orcasim.requests import Requests
 from orcasim.run import run_scenario
-from orcasim.scenario import scenario_from_dict
+from orcasim.scenario import scenario_from_dict, set_dotted
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.session_metrics import session_columns, sessions_frame
@@ -315,11 +315,7 @@ def session_scenario(**changes: Any) -> dict:
     data["kv_capacity_tokens"] = 50_000
     data["systems"].append({"name": "paged", "scheduler": {"kind": "paged"}})
     for key, value in changes.items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[last] = value
+        set_dotted(data, key, value)
     return data
 
 
@@ -386,3 +382,29 @@ def test_a_disaggregated_cluster_is_refused() -> None:
     data["systems"] = [{"name": "split", "scheduler": {"kind": "paged"}, "cluster": cluster}]
     with pytest.raises(ScenarioError, match=r"systems\[0\].cluster \(split\): a disaggregated"):
         scenario_from_dict(data)
+
+
+# Other loops: a colocated cluster, and Orca's pipelined engine.
+
+@pytest.mark.parametrize("router", [{"kind": "session"}, {"kind": "round_robin"}])
+def test_a_cluster_runs_sessions_alike_in_both_modes(router: dict) -> None:
+    data = session_scenario()
+    data["systems"] = [{"name": "pool", "scheduler": {"kind": "paged", "max_num_seqs": 2},
+                        "cluster": {"replicas": 2, "router": router}}]
+    fast = run_scenario(data).systems["pool"]
+    reference = run_scenario(session_scenario(**{"engine.mode": "reference"}) | {
+        "systems": data["systems"]}).systems["pool"]
+    pd.testing.assert_frame_equal(fast.sessions, reference.sessions, rtol=EXACT_RTOL)
+    assert fast.summary["sessions_completed"] == 12.0
+    if router["kind"] == "session":  # every call of a session on its first call's replica
+        assert (fast.requests.groupby("session_id")["replica"].nunique() == 1).all()
+
+
+def test_orcas_pipelined_engine_runs_sessions() -> None:
+    data = session_scenario(**{"model": "llama3-8b"})
+    data |= {"hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2}, "cost": {"kind": "roofline"}}
+    del data["kv_capacity_tokens"]
+    data["systems"] = [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}]
+    result = run_scenario(data).systems["orca"]
+    assert result.sessions is not None and result.summary["sessions_completed"] == 12.0
+    assert (result.sessions["end_s"] > result.sessions["start_s"]).all()
