@@ -408,3 +408,31 @@ def test_orcas_pipelined_engine_runs_sessions() -> None:
     result = run_scenario(data).systems["orca"]
     assert result.sessions is not None and result.summary["sessions_completed"] == 12.0
     assert (result.sessions["end_s"] > result.sessions["start_s"]).all()
+
+
+def test_conversations_are_agents_without_fan_out() -> None:
+    # The same hand-computed run as the agents above, in a conversation's words.
+    data = session_scenario()
+    data["workload"]["arrival"] = {
+        "kind": "conversations", "num_sessions": 2, "concurrent_sessions": 1,
+        "system_prompt": {"tokens": 10}, "turns": {"kind": "constant", "value": 3},
+        "user_tokens": {"kind": "constant", "value": 5},
+        "output_tokens": {"kind": "constant", "value": 3},
+        "think_time": {"kind": "constant", "value_s": 0.5}, "max_context_tokens": 1000}
+    data |= {"cost": {"kind": "linear", "base_s": 1.0}}
+    result = run_scenario(data).systems["orca"]
+    mine = result.requests[result.requests["session_id"] == 0]
+    assert mine["prompt_tokens"].tolist() == [15, 23, 31]
+    assert mine["arrival_s"].tolist() == [0.0, 3.5, 7.0]
+    assert result.sessions is not None and result.sessions["task_time_s"].tolist() == [10.0, 10.0]
+
+
+@pytest.mark.parametrize("name", ["react", "tree_of_thoughts"])
+def test_the_agent_scenarios_run(name: str) -> None:
+    from orcasim.scenario import load_scenario
+
+    scenario = load_scenario(f"scenarios/agents/{name}.yaml", ["workload.arrival.num_sessions=6"])
+    result = run_scenario(scenario)
+    assert set(result.systems) == {"request_level", "orca", "paged"}
+    for system in result.systems.values():
+        assert system.summary["sessions_completed"] == 6.0
