@@ -369,6 +369,9 @@ def test_the_run_folder_holds_a_session_table(tmp_path) -> None:
     ({"workload.arrival.think_time": {"kind": "constant", "value_s": 1}}, "unknown key 'think_time'"),
     ({"workload.arrival.system_prompt": {"tokens": 10, "shared_fraction": 2}},
      "shared_fraction = 2.0: expected a number from 0 to 1"),
+    # Some step's prompt and answer may reach more than a budget of 1,024 tokens.
+    ({"systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_batched_tokens": 1024}}]},
+     r"max_num_batched_tokens = 1024 is below a session step's prompt \+ output - 1 = \d+ tokens"),
 ])
 def test_bad_session_input_is_one_line(changes: dict, message: str) -> None:
     with pytest.raises(ScenarioError, match=message) as err:
@@ -436,3 +439,17 @@ def test_the_agent_scenarios_run(name: str) -> None:
     assert set(result.systems) == {"request_level", "orca", "paged"}
     for system in result.systems.values():
         assert system.summary["sessions_completed"] == 6.0
+
+
+MEAN_SIGMAS = 5.0  # a sample share within 5 standard errors of the configured one
+
+
+def test_the_shared_system_prompt_goes_to_its_fraction_of_sessions() -> None:
+    num, share = 4000, 0.3
+    requests = table(agents(num_sessions=num, system_prompt=SystemPrompt(tokens=10, shared_fraction=share),
+                            steps=const(1)))
+    ids = requests.sessions.system_ids  # type: ignore[union-attr]
+    shared = ids == 0
+    assert abs(shared.mean() - share) <= MEAN_SIGMAS * np.sqrt(share * (1 - share) / num)
+    own = ids[~shared]
+    assert len(np.unique(own)) == len(own) and (own > 0).all()  # each its own text

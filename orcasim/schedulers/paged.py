@@ -160,13 +160,15 @@ class PagedScheduler(Scheduler):
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens)
         self.watermark_blocks = int(cfg.watermark * num_blocks)
         # Peak KV: every token but the last generated one, whose KV is never computed.
-        # A session workload writes each row at arrival (orcasim.sessions): its peaks are
-        # bounded by the workload's plan here, and `never_fits` reads the row when asked.
         self._num_blocks = num_blocks
         self._rows_at_arrival = requests.sessions is not None
         self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
         if requests.sessions is not None:
-            self._peak_tokens = requests.sessions.peak_bound_tokens()
+            # Rows are written at arrival (orcasim.sessions), and `never_fits` reads them
+            # then. Here, for `_check_budget`: each step's bound, where a call that fits
+            # alone may reach it (a longer one is turned away).
+            room_tokens = (num_blocks - self._blocks_kept_free_alone()) * cfg.block_size_tokens
+            self._peak_tokens = np.minimum(requests.sessions.peak_bound_tokens(), room_tokens)
         self._fits_alone = self._fits_alone_with(self._peak_tokens)
         self.swap_capacity_blocks = self._swap_capacity_blocks(kv_bytes_per_token)
         self.swapped_blocks = 0  # blocks now held in CPU memory
@@ -204,7 +206,6 @@ class PagedScheduler(Scheduler):
     def _check_budget(self) -> None:
         """Without chunking the longest (re)prefill must fit one step's token budget."""
         # After a recompute preemption a request prefills prompt + generated tokens at once.
-        # A session workload's peaks are bounds over its steps (see `_setup`).
         longest = np.where(self._fits_alone, self._peak_tokens, 0)
         i = int(np.argmax(longest)) if len(longest) else 0
         what = "a session step" if self._rows_at_arrival else f"request {i}"
