@@ -29,7 +29,7 @@ from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
 from orcasim.workload.lengths import ConstantLength, UniformLength
 from orcasim.workload.sessions import AgentArrival, FanOut, SystemPrompt, draw_plan
 from tests.conftest import BASE, examples
-from tests.test_fast_engine import KINDS, _scheduler, assert_same_run, costs
+from tests.test_fast_engine import KINDS, _scheduler, assert_same_run, cost_model, costs
 
 EXACT_RTOL = 1e-12  # sums of the same floats in another order
 # N = X (R + Z) over a window of a few hundred cycles: edge effects of a cycle or two.
@@ -63,19 +63,9 @@ def table(arrival: AgentArrival, max_tokens: int = 2000, seed: int = 0) -> Reque
 def run(requests: Requests, scheduler: Any = ORCA, kv_capacity_tokens: int = 10_000,
         cost: Any = UNIT_COST, mode: str = "fast") -> tuple[pd.DataFrame, SessionSource]:
     """One engine run; the per-request frame (with session columns) and the source."""
-    requests = requests.for_run()
-    engine = Engine(requests, build_scheduler(scheduler, requests, kv_capacity_tokens),
-                    build_cost(cost), mode, arrivals=arrival_source(requests))
-    result = engine.run()
-    source = engine.arrivals
-    assert isinstance(source, SessionSource)
-    reqs = requests_frame(requests, result.recorder, result.rejected_ids)
-    return session_columns(reqs, source), source
-
-
-def build_cost(cfg: Any) -> Any:
-    from orcasim.cost import build_cost_model
-    return build_cost_model(cfg, None)
+    case = dict(requests=requests, scheduler=scheduler, kv_capacity_tokens=kv_capacity_tokens,
+                cost=cost, warmup_s=0.0)
+    return run_case(case, mode)
 
 
 # The context, by hand.
@@ -208,8 +198,7 @@ def session_cases(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict:
 
 
 def run_case(case: dict, mode: str) -> tuple[pd.DataFrame, SessionSource]:
-    from tests.test_fast_engine import cost_model
-
+    """`case` (as `session_cases` draws it) on the engine in `mode`."""
     requests = case["requests"].for_run()
     scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
     engine = Engine(requests, scheduler, cost_model(case), mode,  # type: ignore[arg-type]
