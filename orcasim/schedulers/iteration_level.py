@@ -57,20 +57,25 @@ class IterationLevelScheduler(Scheduler):
         self.reservation_tokens = reservation_tokens(requests, cfg.kv_reservation)
         self.kv_reservation = cfg.kv_reservation
         self._rows_at_arrival = requests.sessions is not None
+        self._reservation_memo: dict[tuple[int, int, int], int] = {}
 
     def add_request(self, req_id: int) -> None:
         self._reservation_of(req_id)
         super().add_request(req_id)
 
     def _reservation_of(self, req_id: int) -> int:
-        """`req_id`'s reservation, made now from its row where rows are written at arrival."""
-        if self._rows_at_arrival:
-            r = self.requests
-            row = slice(req_id, req_id + 1)
-            one = Requests(r.arrival_s[row], r.prompt_tokens[row], r.output_tokens[row],
-                           r.max_tokens[row])
-            self.reservation_tokens[req_id] = reservation_tokens(one, self.kv_reservation)[0]
-        return int(self.reservation_tokens[req_id])
+        """`req_id`'s reservation, made now from its row where rows are written at arrival
+        (memoised by the row's lengths: the loop asks about the next arrival often)."""
+        if not self._rows_at_arrival:
+            return int(self.reservation_tokens[req_id])
+        r = self.requests
+        key = (r.prompt_tokens.item(req_id), r.output_tokens.item(req_id), r.max_tokens.item(req_id))
+        need = self._reservation_memo.get(key)
+        if need is None:
+            one = Requests(np.zeros(1), *(np.array([k], dtype=np.int64) for k in key))
+            need = self._reservation_memo[key] = int(reservation_tokens(one, self.kv_reservation)[0])
+        self.reservation_tokens[req_id] = need
+        return need
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._admit()
