@@ -72,7 +72,8 @@ class IterationLevelScheduler(Scheduler):
         key = (r.prompt_tokens.item(req_id), r.output_tokens.item(req_id), r.max_tokens.item(req_id))
         need = self._reservation_memo.get(key)
         if need is None:
-            one = Requests(np.zeros(1), *(np.array([k], dtype=np.int64) for k in key))
+            prompt, output, limit = (np.array([k], dtype=np.int64) for k in key)
+            one = Requests(np.zeros(1), prompt, output, limit)
             need = self._reservation_memo[key] = int(reservation_tokens(one, self.kv_reservation)[0])
         self.reservation_tokens[req_id] = need
         return need
