@@ -61,6 +61,13 @@ TABLE_METRICS = {
     "queue_delay_s_p50": "queue p50 (s)",
     "batch_size_mean": "batch mean",
 }
+# A session workload's rows (orcasim.session_metrics), shown when its summary has them.
+SESSION_TABLE_METRICS = {
+    "tasks_per_hour": "tasks/hour",
+    "task_time_p50_s": "task p50 (s)",
+    "task_time_p99_s": "task p99 (s)",
+    "task_queued_share": "task queued share",
+}
 
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.")]
 SetOpt = Annotated[
@@ -97,7 +104,8 @@ def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
     table.add_column("metric", style="bold")
     for system in summary:
         table.add_column(system, justify="right")
-    for key, label in TABLE_METRICS.items():
+    sessions = any("tasks_per_hour" in m for m in summary.values())
+    for key, label in (TABLE_METRICS | (SESSION_TABLE_METRICS if sessions else {})).items():
         table.add_row(label, *(f"{m.get(key, float('nan')):.4g}" for m in summary.values()))
     if any("slo_attainment" in m for m in summary.values()):
         table.add_row("SLO attainment", *(f"{m.get('slo_attainment', float('nan')):.3f}"

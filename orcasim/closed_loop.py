@@ -68,6 +68,10 @@ class ClosedLoopSource(ArrivalSource):
 
 def arrival_source(requests: Requests) -> ArrivalSource:
     """The source a run of `requests` (a run's own table, see `Requests.for_run`) uses."""
+    if requests.sessions is not None:
+        from orcasim.sessions import SessionSource  # it imports the workload's modules
+
+        return SessionSource(requests)
     if requests.clients is None:
         return ArrivalSource(requests.arrival_s)
     return ClosedLoopSource(requests)

@@ -247,7 +247,7 @@ class Engine:
         self.mode = mode
         self.row_breaks_s = tuple(row_breaks_s)
         self.recorder = Recorder(len(requests))
-        assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
+        assert arrivals is not None or not requests.closed_loop, "a closed loop needs its source"
         self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
         # Fast mode on the plain Orca scheduler runs the fused loop (orcasim.orca_fast),
         # which equals the generic one bit for bit; `fused=False` keeps the generic one.

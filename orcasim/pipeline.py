@@ -146,7 +146,7 @@ class PipelineEngine:
         self.requests, self.scheduler, self.cost = requests, scheduler, cost
         self.num_stages = num_stages
         self.recorder = Recorder(len(requests))
-        assert arrivals is not None or requests.clients is None, "a closed loop needs its source"
+        assert arrivals is not None or not requests.closed_loop, "a closed loop needs its source"
         self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
 
     def run(self) -> EngineRun:

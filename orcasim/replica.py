@@ -270,7 +270,7 @@ class Replica:
             self.scheduler.add_request(req_id)
         del inbox[:k]
         if len(rejected) > before:  # turned away: answered at once
-            self.source.on_finished(np.array(rejected[before:], dtype=np.int64), now_s)
+            self.source.on_rejected(np.array(rejected[before:], dtype=np.int64), now_s)
 
     def inbox_due(self) -> bool:
         """Whether a delivered request waits to be admitted at this boundary."""

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from orcasim.workload.sessions import SessionPlan
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class Requests:
     With `clients` set (a closed-loop workload) arrival times depend on the system, so
     `arrival_s` is NaN here; each run works on its own copy (`for_run`), whose arrival
     times its arrival source writes as the k-th arrival, in time order, gets id k.
+    With `sessions` set, the whole row is written then (lengths, session, content), so
+    nothing may read a row before it arrives (the arrival source writes the next one
+    early, for the loop's questions about it).
     """
 
     arrival_s: np.ndarray  # float64 (n,)
@@ -67,6 +74,8 @@ class Requests:
     session_ids: np.ndarray | None = None
     # What the prompts hold (shared prefixes), for prefix caching; None: all unique.
     content: PromptContent | None = None
+    # A session workload's steps (`orcasim.sessions`): each run writes every row as it arrives.
+    sessions: SessionPlan | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -84,8 +93,22 @@ class Requests:
     def total_tokens(self) -> np.ndarray:
         return self.prompt_tokens + self.output_tokens
 
+    @property
+    def closed_loop(self) -> bool:
+        """Whether arrivals depend on the system (clients or sessions): see `for_run`."""
+        return self.clients is not None or self.sessions is not None
+
     def for_run(self) -> Requests:
-        """The table one system's run uses: this one, or for a closed loop a copy to fill."""
-        if self.clients is None:
+        """The table one system's run uses: this one, or for a closed loop a copy to fill
+        (for sessions, a fresh copy of every array a run writes)."""
+        if not self.closed_loop:
             return self
-        return dataclasses.replace(self, arrival_s=np.full(len(self), np.nan))
+        arrival_s = np.full(len(self), np.nan)
+        if self.sessions is None:
+            return dataclasses.replace(self, arrival_s=arrival_s)
+        assert self.content is not None and self.session_ids is not None
+        content = PromptContent(list(self.content.prompts), self.content.output_ids.copy())
+        return dataclasses.replace(
+            self, arrival_s=arrival_s, prompt_tokens=self.prompt_tokens.copy(),
+            output_tokens=self.output_tokens.copy(), max_tokens=self.max_tokens.copy(),
+            session_ids=self.session_ids.copy(), content=content)

@@ -5,6 +5,7 @@
         summary.csv             one row per system
         scenario.yaml           the resolved scenario (after --set overrides)
         <system>/requests.parquet
+        <system>/sessions.parquet  a session workload's rows, one per session
         <system>/iterations.parquet
         <system>/replicas.csv   a cluster's per-replica summaries (replicas_<system>.png plots them)
         *.png                   plots
@@ -168,6 +169,8 @@ def _fill_run(result: RunResult, tmp: Path, plots: bool) -> None:
         r.iterations.to_parquet(tmp / name / "iterations.parquet", index=False)
         if r.replicas is not None:  # a cluster: one summary row per replica
             r.replicas.to_csv(tmp / name / "replicas.csv")
+        if r.sessions is not None:  # a session workload: one row per session
+            r.sessions.to_parquet(tmp / name / "sessions.parquet", index=False)
     if plots:
         from orcasim.plots import run_figures
 

@@ -32,7 +32,10 @@ from orcasim.scenario import (
     scenario_from_dict,
 )
 from orcasim.schedulers import Scheduler, build_scheduler
+from orcasim.session_metrics import session_columns, sessions_frame, sessions_summary
+from orcasim.sessions import SessionSource
 from orcasim.slo import slo_summary
+from orcasim.sources import ArrivalSource
 from orcasim.workload import generate_requests
 
 
@@ -48,6 +51,7 @@ class SystemResult:
     iterations: pd.DataFrame
     summary: dict[str, float]
     replicas: pd.DataFrame | None = None
+    sessions: pd.DataFrame | None = None  # a session workload: one row per session
 
 
 @dataclass
@@ -94,9 +98,9 @@ def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     `OverheadConfig.request_latency_s`); the same table when there is none."""
     if latency_s == 0:
         return requests
-    if requests.clients is not None:
-        raise ScenarioError("cost.overhead.request_latency_s is not supported with closed_loop "
-                            "arrivals; expected 0")
+    if requests.closed_loop:
+        raise ScenarioError("cost.overhead.request_latency_s is not supported with closed_loop, "
+                            "conversations or agents arrivals; expected 0")
     return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
 
 
@@ -128,7 +132,18 @@ def run_system(
     summary = measured_summary(scenario, system.name, reqs, iters)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())
     summary["cache_evictions"] = float(engine.scheduler.cache_evictions())
-    return SystemResult(system.name, reqs, iters, summary)
+    return with_sessions(SystemResult(system.name, reqs, iters, summary), engine.arrivals,
+                         scenario.warmup_s)
+
+
+def with_sessions(result: SystemResult, source: ArrivalSource, warmup_s: float) -> SystemResult:
+    """`result` with its per-session rows and summary, where the workload is sessions."""
+    if not isinstance(source, SessionSource):
+        return result
+    reqs = session_columns(result.requests, source)
+    sessions = sessions_frame(reqs, source)
+    summary = {**result.summary, **sessions_summary(sessions, source, warmup_s)}
+    return dataclasses.replace(result, requests=reqs, summary=summary, sessions=sessions)
 
 
 def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
@@ -217,7 +232,8 @@ def run_cluster(
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
-    return SystemResult(system.name, reqs, iters, summary, per_replica)
+    return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),
+                         fleet.source, scenario.warmup_s)
 
 
 def run_disaggregated(

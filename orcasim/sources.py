@@ -46,3 +46,8 @@ class ArrivalSource:
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
+
+    def on_rejected(self, req_ids: Iterable[int], time_s: float) -> None:
+        """Requests turned away at `time_s` (never fit): as done, unless a source tells
+        them apart (a session's call that got no answer, `orcasim.sessions`)."""
+        self.on_finished(req_ids, time_s)

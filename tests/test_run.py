@@ -19,7 +19,7 @@ C2_QUEUE_DELAY_RATIO = 0.2
 REQUEST_COLUMNS = [
     "id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens",
     "output_tokens", "queue_delay_s", "ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token",
-    "rejected", "preemptions",
+    "rejected", "preemptions", "cached_tokens", "prefill_saved_tokens",
 ]
 
 

@@ -52,8 +52,31 @@ class IterationLevelScheduler(Scheduler):
         self.max_batch_size = cfg.max_batch_size
         self.running: list[int] = []  # admitted, in admission (= arrival) order
         self.reserved_tokens = 0
-        # KV tokens each request reserves while admitted (int64, by id)
+        # KV tokens each request reserves while admitted (int64, by id). A session
+        # workload writes each row at arrival (orcasim.sessions): its entries are made then.
         self.reservation_tokens = reservation_tokens(requests, cfg.kv_reservation)
+        self.kv_reservation = cfg.kv_reservation
+        self._rows_at_arrival = requests.sessions is not None
+        self._reservation_memo: dict[tuple[int, int, int], int] = {}
+
+    def add_request(self, req_id: int) -> None:
+        self._reservation_of(req_id)
+        super().add_request(req_id)
+
+    def _reservation_of(self, req_id: int) -> int:
+        """`req_id`'s reservation, made now from its row where rows are written at arrival
+        (memoised by the row's lengths: the loop asks about the next arrival often)."""
+        if not self._rows_at_arrival:
+            return int(self.reservation_tokens[req_id])
+        r = self.requests
+        key = (r.prompt_tokens.item(req_id), r.output_tokens.item(req_id), r.max_tokens.item(req_id))
+        need = self._reservation_memo.get(key)
+        if need is None:
+            prompt, output, limit = (np.array([k], dtype=np.int64) for k in key)
+            one = Requests(np.zeros(1), prompt, output, limit)
+            need = self._reservation_memo[key] = int(reservation_tokens(one, self.kv_reservation)[0])
+        self.reservation_tokens[req_id] = need
+        return need
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._admit()
@@ -103,7 +126,7 @@ class IterationLevelScheduler(Scheduler):
             self.running.remove(req_id)
 
     def never_fits(self, req_id: int) -> bool:
-        return bool(self.reservation_tokens[req_id] > self.kv_capacity_tokens)
+        return self._reservation_of(req_id) > self.kv_capacity_tokens
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
@@ -139,7 +162,7 @@ class IterationLevelScheduler(Scheduler):
         # Mirrors _admit: FCFS, so a non-empty queue blocks every later arrival too. A
         # request larger than the whole cache may be turned away instead of queued, and
         # then a later one could join: say yes (always safe) rather than reason about it.
-        need = int(self.reservation_tokens[req_id])
+        need = self._reservation_of(req_id)
         if need > self.kv_capacity_tokens:
             return True
         return (

@@ -185,9 +185,16 @@ class PagedScheduler(Scheduler):
         self.hasher = BlockHasher(requests, cfg.block_size_tokens)
         self.watermark_blocks = int(cfg.watermark * num_blocks)
         # Peak KV: every token but the last generated one, whose KV is never computed.
+        self._num_blocks = num_blocks
+        self._rows_at_arrival = requests.sessions is not None
         self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
-        peak_blocks = blocks_for(self._peak_tokens, cfg.block_size_tokens)
-        self._fits_alone = peak_blocks + self._blocks_kept_free_alone() <= num_blocks
+        if requests.sessions is not None:
+            # Rows are written at arrival (orcasim.sessions), and `never_fits` reads them
+            # then. Here, for `_check_budget`: each step's bound, where a call that fits
+            # alone may reach it (a longer one is turned away).
+            room_tokens = (num_blocks - self._blocks_kept_free_alone()) * cfg.block_size_tokens
+            self._peak_tokens = np.minimum(requests.sessions.peak_bound_tokens(), room_tokens)
+        self._fits_alone = self._fits_alone_with(self._peak_tokens)
         self.swap_capacity_blocks = self._swap_capacity_blocks(kv_bytes_per_token)
         self.swapped_blocks = 0  # blocks now held in CPU memory
         n = len(requests)
@@ -213,6 +220,10 @@ class PagedScheduler(Scheduler):
         self.kv_bytes_per_token = float(kv_bytes)
         return int(self.cfg.swap_space_bytes // (kv_bytes * self.cfg.block_size_tokens))
 
+    def _fits_alone_with(self, peak_tokens: np.ndarray) -> np.ndarray:
+        peak_blocks = blocks_for(peak_tokens, self.cfg.block_size_tokens)
+        return peak_blocks + self._blocks_kept_free_alone() <= self._num_blocks
+
     def _blocks_kept_free_alone(self) -> int:
         """Blocks a request running alone must leave free; more means it never fits."""
         return 0
@@ -222,15 +233,26 @@ class PagedScheduler(Scheduler):
         # After a recompute preemption a request prefills prompt + generated tokens at once.
         longest = np.where(self._fits_alone, self._peak_tokens, 0)
         i = int(np.argmax(longest)) if len(longest) else 0
+        what = "a session step" if self._rows_at_arrival else f"request {i}"
         if len(longest) and longest[i] > self.token_budget:
             raise ScenarioError(
-                f"scheduler.max_num_batched_tokens = {self.token_budget} is below request "
-                f"{i}'s prompt + output - 1 = {int(longest[i])} tokens, which it must "
+                f"scheduler.max_num_batched_tokens = {self.token_budget} is below {what}'s "
+                f"prompt + output - 1 = {int(longest[i])} tokens, which it must "
                 f"prefill in one step without chunking; expected >= {int(longest[i])} "
                 "(or use kind: chunked)"
             )
 
+    def add_request(self, req_id: int) -> None:
+        # A session run writes a row when it arrives (and may rewrite the next one before):
+        # hashes computed while it was pending would be of another row.
+        self.hasher.forget(req_id)
+        super().add_request(req_id)
+
     def never_fits(self, req_id: int) -> bool:
+        if self._rows_at_arrival:
+            r = self.requests
+            peak_tokens = int(r.prompt_tokens[req_id] + r.output_tokens[req_id]) - 1
+            return not bool(self._fits_alone_with(np.array([peak_tokens]))[0])
         return not bool(self._fits_alone[req_id])
 
     def known_tokens(self, req_id: int) -> int:

@@ -13,6 +13,7 @@ from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.lengths import LengthDist, LognormalLength, TokenCount
+from orcasim.workload.sessions import AgentArrival, ConversationArrival, draw_plan
 from orcasim.workload.traces import read_trace_with_content
 
 
@@ -40,7 +41,8 @@ class SystemPromptConfig(Strict):
 
 
 class WorkloadConfig(Strict):
-    """The offered load. With a trace arrival the trace supplies the lengths."""
+    """The offered load. With a trace arrival the trace supplies the lengths; with a
+    session arrival (conversations, agents) the sessions do, and their steps are the requests."""
 
     num_requests: PositiveInt | None = None
     arrival: Arrival
@@ -58,6 +60,13 @@ class WorkloadConfig(Strict):
             for key in ("prompt_tokens", "output_tokens"):
                 if getattr(self, key) is not None:
                     raise ScenarioError(f"{key} must not be set: a trace supplies the lengths")
+            return self
+        if isinstance(self.arrival, ConversationArrival | AgentArrival):
+            for key in ("num_requests", "prompt_tokens", "output_tokens", "system_prompt"):
+                if getattr(self, key) is not None:
+                    raise ScenarioError(f"{key} must not be set: with arrival.kind = "
+                                        f"{self.arrival.kind} the sessions make the requests "
+                                        "(a shared system prompt is arrival.system_prompt)")
             return self
         missing = [k for k in ("num_requests", "prompt_tokens", "output_tokens") if getattr(self, k) is None]
         if missing:
@@ -85,6 +94,10 @@ def warn_if_clipped(key: str, dist: LengthDist | None) -> None:
 def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests:
     """Draw (or read) the requests. Raises ValueError if a request exceeds `max_tokens`."""
     clients, content = None, None
+    if isinstance(cfg.arrival, ConversationArrival | AgentArrival):
+        from orcasim.sessions import session_table  # it imports this package's modules
+
+        return session_table(draw_plan(cfg.arrival.shape(), cfg.max_tokens, rng), cfg.max_tokens)
     if isinstance(cfg.arrival, TraceArrival):
         (arrival_s, prompt, output), content = read_trace_with_content(
             cfg.arrival.path, cfg.arrival.format, cfg.arrival.max_requests or cfg.num_requests

@@ -9,6 +9,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 from orcasim.config import Strict
 from orcasim.workload.closed_loop import ClosedLoopArrival
+from orcasim.workload.sessions import AgentArrival, ConversationArrival
 
 
 class PoissonArrival(Strict):
@@ -72,6 +73,7 @@ class TraceArrival(Strict):
 
 GeneratedArrival = PoissonArrival | GammaArrival | ConstantArrival
 Arrival = Annotated[
-    PoissonArrival | GammaArrival | ConstantArrival | TraceArrival | ClosedLoopArrival,
+    PoissonArrival | GammaArrival | ConstantArrival | TraceArrival | ClosedLoopArrival
+    | ConversationArrival | AgentArrival,
     Field(discriminator="kind"),
 ]

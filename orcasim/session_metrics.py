@@ -1,0 +1,98 @@
+"""Per-session rows and their summary, for session workloads (`orcasim.sessions`).
+
+A session's task time runs from its first step's send to its last step's end (when the
+calls that step waits for are done). It splits exactly into time at the server (each
+step, from its send to its end) and time in tools or thinking (from a step's end to the
+next send). `queued_s` is the part at the server before any call of a step was first
+scheduled (a call turned away counts as queued until it is answered).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from orcasim.sessions import SessionSource
+
+SECONDS_PER_HOUR = 3600.0
+TASK_PERCENTILES = (50, 90, 99)
+
+
+def session_columns(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
+    """The per-request frame with each call's session, step (within it) and branch."""
+    plan = source.plan
+    session = source.session_ids.copy()
+    step = source.call_step - plan.step_start[session]
+    return reqs.assign(session_id=session, session_step=step, branch=source.call_branch)
+
+
+def sessions_frame(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
+    """One flat row per session (the requests frame must have `session_columns`)."""
+    plan, num = source.plan, source.plan.num_sessions
+    steps = _step_rows(reqs, source).groupby(np.repeat(np.arange(num), np.diff(plan.step_start)))
+    calls = reqs.groupby("session_id")
+    start_s = source.step_sent_s[plan.step_start[:-1]]
+    end_s = source.step_done_s[plan.step_start[1:] - 1]
+    server_s = steps["latency_s"].sum().to_numpy()
+    return pd.DataFrame({
+        "session_id": np.arange(num, dtype=np.int64),
+        "start_s": start_s,
+        "end_s": end_s,
+        "task_time_s": end_s - start_s,
+        "steps": np.diff(plan.step_start),
+        "calls": _per_session(calls, "id", num, "size"),
+        "server_s": server_s,
+        "tool_s": (end_s - start_s) - server_s,
+        "queued_s": steps["queued_s"].sum().to_numpy(),
+        "step_latency_mean_s": steps["latency_s"].mean().to_numpy(),
+        "step_latency_max_s": steps["latency_s"].max().to_numpy(),
+        "prompt_tokens": _per_session(calls, "prompt_tokens", num),
+        "output_tokens": _per_session(calls, "output_tokens", num),
+        "rejected_calls": _per_session(calls, "rejected", num),
+    })
+
+
+def _per_session(calls: pd.api.typing.DataFrameGroupBy, column: str, num: int,
+                 how: str = "sum") -> np.ndarray:
+    totals = calls[column].agg(how)
+    return totals.reindex(range(num), fill_value=0).to_numpy().astype(np.int64)
+
+
+def _step_rows(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
+    """Per global step: its latency at the server, and the part before its first schedule."""
+    sent_s, done_s = source.step_sent_s, source.step_done_s
+    first_s = np.full(len(sent_s), np.nan)
+    scheduled = reqs["first_scheduled_s"].to_numpy()
+    step = source.call_step
+    order = np.argsort(step, kind="stable")  # the earliest schedule among a step's calls
+    np.fmin.at(first_s, step[order], scheduled[order])
+    latency_s = done_s - sent_s
+    queued_s = np.where(np.isnan(first_s), latency_s, np.minimum(first_s, done_s) - sent_s)
+    return pd.DataFrame({"latency_s": latency_s, "queued_s": queued_s})
+
+
+def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
+                     warmup_s: float = 0.0) -> dict[str, float]:
+    """Tasks completed per hour, task time and step latency percentiles, and where task
+    time went, over the sessions (and steps) that start at or after `warmup_s`."""
+    done = sessions[(sessions["start_s"] >= warmup_s) & sessions["end_s"].notna()]
+    nan = float("nan")
+    span_s = float(done["end_s"].max() - done["start_s"].min()) if len(done) else 0.0
+    total_s = float(done["task_time_s"].sum())
+    out = {
+        "sessions_completed": float(len(done)),
+        "tasks_per_hour": len(done) * SECONDS_PER_HOUR / span_s if span_s > 0 else nan,
+        "task_time_mean_s": float(done["task_time_s"].mean()) if len(done) else nan,
+        "task_queued_share": float(done["queued_s"].sum()) / total_s if total_s > 0 else nan,
+        "task_server_share": float(done["server_s"].sum()) / total_s if total_s > 0 else nan,
+        "task_tool_share": float(done["tool_s"].sum()) / total_s if total_s > 0 else nan,
+        "steps_per_task_mean": float(done["steps"].mean()) if len(done) else nan,
+    }
+    sent_s = source.step_sent_s
+    latency_s = (source.step_done_s - sent_s)[sent_s >= warmup_s]
+    latency_s = latency_s[~np.isnan(latency_s)]
+    times_s = done["task_time_s"].to_numpy()
+    for p in TASK_PERCENTILES:
+        out[f"task_time_p{p}_s"] = float(np.percentile(times_s, p)) if len(times_s) else nan
+        out[f"step_latency_p{p}_s"] = float(np.percentile(latency_s, p)) if len(latency_s) else nan
+    return out

@@ -1,0 +1,444 @@
+"""Session workloads (conversations, agents): steps in order, contexts as specified,
+the response-time law over steps, determinism, fast mode equal to reference mode, and
+one-line errors for bad input."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orcasim.closed_loop import arrival_source
+from orcasim.config import ScenarioError
+from orcasim.cost.linear import LinearCostConfig
+from orcasim.engine import Engine
+from orcasim.metrics import requests_frame
+from orcasim.requests import Requests
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict, set_dotted
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig
+from orcasim.session_metrics import session_columns, sessions_frame
+from orcasim.sessions import SessionSource, session_table
+from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
+from orcasim.workload.lengths import ConstantLength, UniformLength
+from orcasim.workload.sessions import AgentArrival, FanOut, SystemPrompt, draw_plan
+from tests.conftest import BASE, examples
+from tests.test_fast_engine import KINDS, _scheduler, assert_same_run, cost_model, costs
+
+EXACT_RTOL = 1e-12  # sums of the same floats in another order
+# N = X (R + Z) over a window of a few hundred cycles: edge effects of a cycle or two.
+RESPONSE_TIME_LAW_REL_TOL = 0.02
+
+ORCA = IterationLevelConfig(kind="iteration_level", max_batch_size=4)
+UNIT_COST = LinearCostConfig(kind="linear", base_s=1.0)  # every iteration takes 1 s
+
+
+def const(value: int) -> ConstantLength:
+    return ConstantLength(kind="constant", value=value)
+
+
+def agents(**changes: Any) -> AgentArrival:
+    """Two agents of three steps each, one at a time: a system prompt of 10 shared tokens,
+    observations of 5, answers of 3, a 0.5 s tool between steps."""
+    fields: dict[str, Any] = dict(
+        kind="agents", num_sessions=2, concurrent_sessions=1,
+        system_prompt=SystemPrompt(tokens=10), steps=const(3), observation_tokens=const(5),
+        output_tokens=const(3), tool_time=ConstantThink(kind="constant", value_s=0.5),
+        max_context_tokens=1000)
+    fields.update(changes)
+    return AgentArrival(**fields)
+
+
+def table(arrival: AgentArrival, max_tokens: int = 2000, seed: int = 0) -> Requests:
+    plan = draw_plan(arrival.shape(), max_tokens, np.random.default_rng(seed))
+    return session_table(plan, max_tokens)
+
+
+def run(requests: Requests, scheduler: Any = ORCA, kv_capacity_tokens: int = 10_000,
+        cost: Any = UNIT_COST, mode: str = "fast") -> tuple[pd.DataFrame, SessionSource]:
+    """One engine run; the per-request frame (with session columns) and the source."""
+    case = dict(requests=requests, scheduler=scheduler, kv_capacity_tokens=kv_capacity_tokens,
+                cost=cost, warmup_s=0.0)
+    return run_case(case, mode)
+
+
+# The context, by hand.
+
+def test_an_agents_context_grows_by_each_observation_and_answer() -> None:
+    # Session 0 alone (concurrency 1). Ids: 0 the shared system prompt, 1-2 each session's
+    # own (unused: all share), 3-8 the six observations, 9-14 the six answers.
+    reqs, source = run(table(agents()))
+    content = source.content
+    mine = reqs[reqs["session_id"] == 0].sort_values("session_step")
+    assert mine["prompt_tokens"].tolist() == [10 + 5, 10 + 5 + 3 + 5, 10 + 5 + 3 + 5 + 3 + 5]
+    ids = mine["id"].tolist()
+    assert [content.prompts[i] for i in ids] == [
+        (0, 10, 3, 5),
+        (0, 10, 3, 5, 9, 3, 4, 5),
+        (0, 10, 3, 5, 9, 3, 4, 5, 10, 3, 5, 5),
+    ]
+    assert content.output_ids[ids].tolist() == [9, 10, 11]
+    content.check(source.requests.prompt_tokens)
+
+
+def test_steps_follow_each_other_by_the_tool_time() -> None:
+    # Unit iterations: a step's prompt takes 1 s and emits the first of 3 tokens, so each
+    # call lasts 3 s; the next is sent 0.5 s later. Session 1 starts when 0 ends.
+    reqs, source = run(table(agents()))
+    assert source.step_sent_s.tolist() == [0.0, 3.5, 7.0, 10.0, 13.5, 17.0]
+    assert source.step_done_s.tolist() == [3.0, 6.5, 10.0, 13.0, 16.5, 20.0]
+    assert reqs["arrival_s"].tolist() == source.step_sent_s.tolist()  # one call a step
+    sessions = sessions_frame(reqs, source)
+    assert sessions["task_time_s"].tolist() == [10.0, 10.0]
+    assert sessions["server_s"].tolist() == [9.0, 9.0]
+    assert sessions["tool_s"].tolist() == [1.0, 1.0]
+    assert sessions["queued_s"].tolist() == [0.0, 0.0]
+
+
+def test_truncation_drops_the_oldest_turns_and_keeps_the_system_prompt() -> None:
+    # Limit 30: system 10, turns of 8 (observation 5, answer 3), a new observation of 5.
+    # Ids: 0 system, 2-5 observations, 6-9 answers. Step 2 would be 10 + 8 + 8 + 5 = 31:
+    # turn 0 goes; step 3 likewise drops turn 1.
+    reqs, source = run(table(agents(steps=const(4), num_sessions=1, max_context_tokens=30)))
+    ids = reqs.sort_values("session_step")["id"].tolist()
+    assert [source.content.prompts[i] for i in ids] == [
+        (0, 10, 2, 5),
+        (0, 10, 2, 5, 6, 3, 3, 5),
+        (0, 10, 3, 5, 7, 3, 4, 5),
+        (0, 10, 4, 5, 8, 3, 5, 5),
+    ]
+    assert reqs["prompt_tokens"].max() <= 30
+
+
+def test_a_fan_out_goes_on_with_the_first_answers_and_leaves_the_rest() -> None:
+    # Three branches, wait for two; answers of 2, 4 and 3 tokens (unit iterations: they
+    # finish at 2, 4 and 3 s). The step is done at 3 s with branches 0 and 2; the next is
+    # sent at 3.5 s while branch 1 still runs, and quotes answers 0 and 2, in branch order.
+    requests = table(agents(num_sessions=1, steps=const(2), system_prompt=None,
+                            fan_out=FanOut(branches=3, wait_for=2)))
+    requests.sessions.output_tokens[0] = [2, 4, 3]  # type: ignore[union-attr]
+    reqs, source = run(requests)
+    assert source.step_done_s[0] == 3.0 and source.step_sent_s[1] == 3.5
+    # Ids: no system prompt, observations 0-1, answers 2-4 (step 0) and 5-7 (step 1).
+    second = reqs[reqs["session_step"] == 1]
+    assert second["arrival_s"].tolist() == [3.5, 3.5, 3.5]
+    assert {source.content.prompts[i] for i in second["id"]} == {(0, 5, 2, 2, 4, 3, 1, 5)}
+    assert reqs.loc[reqs["session_step"] == 0, "finish_s"].tolist() == [2.0, 4.0, 3.0]
+
+
+def test_a_rejected_call_counts_as_done_without_an_answer() -> None:
+    # KV of 40 tokens under Orca's max reservation per request: a prompt + output over 40
+    # never fits. Steps of 15, then 23, 31, 39, 47 tokens of prompt (+3 of answer): step 3
+    # (39 + 3) and step 4 are turned away at once; the session goes on past them, and its
+    # context grows by their observations only.
+    scheduler = IterationLevelConfig(kind="iteration_level", max_batch_size=4,
+                                     kv_reservation="oracle")
+    reqs, source = run(table(agents(num_sessions=1, steps=const(5))), scheduler,
+                       kv_capacity_tokens=40)
+    assert reqs["prompt_tokens"].tolist() == [15, 23, 31, 39, 44]
+    assert reqs["rejected"].tolist() == [False, False, False, True, True]
+    assert np.isnan(reqs["finish_s"].iloc[3])
+    # Step 3 is answered (turned away) at its send, 10.5 s; step 4 follows 0.5 s later.
+    assert source.step_sent_s.tolist()[3:] == [10.5, 11.0]
+    assert source.step_done_s.tolist()[3:] == [10.5, 11.0]
+    sessions = sessions_frame(reqs, source)
+    assert sessions["rejected_calls"].tolist() == [2]
+    assert sessions["end_s"].tolist() == [11.0]
+
+
+def test_sessions_start_at_a_fixed_concurrency() -> None:
+    # Three agents at a time over seven sessions: three start at 0, and each later one
+    # starts exactly when another ends.
+    reqs, source = run(table(agents(num_sessions=7, concurrent_sessions=3,
+                                    steps=UniformLength(kind="uniform", low=1, high=4))))
+    sessions = sessions_frame(reqs, source)
+    assert (sessions["start_s"][:3] == 0.0).all()
+    ends = sorted(sessions["end_s"].tolist())
+    assert sorted(sessions["start_s"][3:].tolist()) == ends[:4]
+
+
+# Properties over random plans and systems.
+
+@st.composite
+def session_cases(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict:
+    """A small random session workload, scheduler and cost model (as `scenarios` draws)."""
+    branches = draw(st.integers(1, 3))
+    start: dict[str, Any] = (
+        {"concurrent_sessions": draw(st.integers(1, 3))} if draw(st.booleans())
+        else {"concurrent_sessions": None, "session_rate_per_s": draw(st.floats(0.2, 5.0))})
+    pause = draw(st.sampled_from([ConstantThink(kind="constant", value_s=0.0),
+                                  ConstantThink(kind="constant", value_s=0.3),
+                                  ExponentialThink(kind="exponential", mean_s=0.4)]))
+    system = draw(st.sampled_from([None, SystemPrompt(tokens=8, shared_fraction=0.5)]))
+    arrival = agents(
+        num_sessions=draw(st.integers(1, 5)), **start,
+        system_prompt=system, steps=UniformLength(kind="uniform", low=1, high=4),
+        observation_tokens=UniformLength(kind="uniform", low=1, high=20),
+        output_tokens=UniformLength(kind="uniform", low=1, high=15), tool_time=pause,
+        fan_out=FanOut(branches=branches, wait_for=draw(st.integers(1, branches))),
+        max_context_tokens=draw(st.integers(28, 90)))
+    max_tokens = arrival.max_context_tokens + 15 + draw(st.integers(0, 10))
+    requests = table(arrival, max_tokens, seed=draw(st.integers(0, 2**16)))
+    kind = draw(st.sampled_from(kinds))
+    scheduler = _scheduler(draw, kind, max_tokens)
+    if kind in ("paged", "chunked"):  # down to half the longest call: rejections, preemptions
+        block = scheduler.block_size_tokens  # type: ignore[union-attr]
+        kv_capacity_tokens = -(-draw(st.integers(max_tokens // 2, max_tokens * 4)) // block) * block
+    else:
+        kv_capacity_tokens = draw(st.integers(max_tokens // 2, max_tokens * 6))
+    cost, deployment = draw(costs())
+    return dict(requests=requests, scheduler=scheduler, cost=cost, deployment=deployment,
+                kv_capacity_tokens=kv_capacity_tokens, warmup_s=draw(st.sampled_from([0.0, 0.5])))
+
+
+def run_case(case: dict, mode: str) -> tuple[pd.DataFrame, SessionSource]:
+    """`case` (as `session_cases` draws it) on the engine in `mode`."""
+    requests = case["requests"].for_run()
+    scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
+    engine = Engine(requests, scheduler, cost_model(case), mode,  # type: ignore[arg-type]
+                    row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(requests))
+    result = engine.run()
+    source = engine.arrivals
+    assert isinstance(source, SessionSource)
+    reqs = requests_frame(requests, result.recorder, result.rejected_ids)
+    return session_columns(reqs, source), source
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_mode_matches_reference_for_sessions(kind: str, data: st.DataObject) -> None:
+    # Prompts are made from completions (which answers came first), so they are outputs too.
+    case = data.draw(session_cases(kinds=(kind,)))
+    assert_same_run(case)
+    fast, _ = run_case(case, "fast")
+    reference, _ = run_case(case, "reference")
+    for column in ("prompt_tokens", "output_tokens", "session_id", "session_step", "branch"):
+        assert fast[column].tolist() == reference[column].tolist(), column
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(session_cases())
+def test_steps_are_strictly_ordered_and_contexts_stay_consistent(case: dict) -> None:
+    reqs, source = run_case(case, "fast")
+    plan = source.plan
+    source.content.check(source.requests.prompt_tokens)
+    assert (reqs["prompt_tokens"] <= plan.max_context_tokens).all()
+    assert len(reqs) == plan.num_requests and reqs["arrival_s"].notna().all()
+    for t, calls in reqs.groupby(source.call_step):
+        assert len(calls) == plan.branches and (calls["arrival_s"] == source.step_sent_s[t]).all()
+        answered = calls.loc[~calls["rejected"], "finish_s"].sort_values().tolist()
+        if len(answered) == plan.branches:  # the step waits for the first `wait_for`
+            assert source.step_done_s[t] == answered[plan.wait_for - 1]
+        assert source.step_done_s[t] >= source.step_sent_s[t]
+    last = plan.step_start[1:] - 1
+    follows = np.setdiff1d(np.arange(len(plan.pause_s)), last)
+    # Step t + 1 is sent exactly its pause after step t is done, never sooner.
+    np.testing.assert_array_equal(source.step_sent_s[follows + 1],
+                                  source.step_done_s[follows] + plan.pause_s[follows])
+
+
+def test_a_later_prompt_extends_an_earlier_one_until_truncation() -> None:
+    # Without a limit, each prompt begins with the whole previous prompt and its answer.
+    reqs, source = run(table(agents(num_sessions=3, concurrent_sessions=3,
+                                    steps=const(4), observation_tokens=UniformLength(
+                                        kind="uniform", low=1, high=30))))
+    for _, calls in reqs.sort_values("session_step").groupby("session_id"):
+        prompts = [source.content.prompts[i] for i in calls["id"]]
+        outputs = source.content.output_ids[calls["id"].to_numpy()]
+        for t in range(1, len(prompts)):
+            head = prompts[t][: len(prompts[t - 1]) + 2]
+            assert head[:-2] == prompts[t - 1] and head[-2] == outputs[t - 1]
+
+
+# The response-time law and determinism.
+
+def test_concurrent_agents_obey_the_response_time_law_over_steps() -> None:
+    # N agents always busy (the next task starts when one ends) until the last task starts:
+    # over that window N = X_steps (R_step + Z), Z the pause after each step (0 after a
+    # task's last), X_steps the steps sent per second (Lazowska et al. 1984, section 3.3).
+    num_agents = 6
+    arrival = agents(num_sessions=300, concurrent_sessions=num_agents,
+                     steps=UniformLength(kind="uniform", low=2, high=8),
+                     observation_tokens=UniformLength(kind="uniform", low=10, high=200),
+                     output_tokens=UniformLength(kind="uniform", low=5, high=60),
+                     tool_time=ExponentialThink(kind="exponential", mean_s=0.5),
+                     max_context_tokens=1500)
+    cost = LinearCostConfig(kind="linear", base_s=0.01, per_token_s=1e-4, per_context_token_s=1e-6)
+    requests = table(arrival, seed=3)
+    _, source = run(requests, ORCA, kv_capacity_tokens=100_000, cost=cost)
+    plan = source.plan
+    window_s = float(source.step_sent_s[plan.step_start[-2]])  # the last task's start
+    inside = source.step_sent_s < window_s
+    cycle_s = (source.step_done_s - source.step_sent_s + plan.pause_s)[inside]
+    throughput_per_s = inside.sum() / window_s
+    population = throughput_per_s * cycle_s.mean()
+    assert window_s > 200 * cycle_s.mean()
+    assert population == pytest.approx(num_agents, rel=RESPONSE_TIME_LAW_REL_TOL)
+
+
+SCENARIO_WORKLOAD = {
+    "max_tokens": 3000,
+    "arrival": {
+        "kind": "agents", "num_sessions": 12, "concurrent_sessions": 3,
+        "system_prompt": {"tokens": 200, "shared_fraction": 0.5},
+        "steps": {"kind": "uniform", "low": 2, "high": 6},
+        "observation_tokens": {"kind": "uniform", "low": 20, "high": 300},
+        "output_tokens": {"kind": "uniform", "low": 5, "high": 80},
+        "tool_time": {"kind": "exponential", "mean_s": 1.0},
+        "fan_out": {"branches": 2, "wait_for": 1},
+        "max_context_tokens": 2000,
+    },
+}
+
+
+def session_scenario(**changes: Any) -> dict:
+    data = copy.deepcopy(BASE)
+    data["workload"] = copy.deepcopy(SCENARIO_WORKLOAD)
+    data["kv_capacity_tokens"] = 50_000
+    data["systems"].append({"name": "paged", "scheduler": {"kind": "paged"}})
+    for key, value in changes.items():
+        set_dotted(data, key, value)
+    return data
+
+
+def test_a_session_scenario_is_deterministic_per_seed() -> None:
+    first, again = run_scenario(session_scenario()), run_scenario(session_scenario())
+    other = run_scenario(session_scenario(seed=8))
+    for name, result in first.systems.items():
+        assert result.sessions is not None
+        pd.testing.assert_frame_equal(result.requests, again.systems[name].requests)
+        pd.testing.assert_frame_equal(result.sessions, again.systems[name].sessions)
+        assert not result.requests["prompt_tokens"].equals(other.systems[name].requests["prompt_tokens"])
+
+
+def test_session_summary_and_table() -> None:
+    result = run_scenario(session_scenario()).systems["orca"]
+    sessions, summary = result.sessions, result.summary
+    assert sessions is not None and len(sessions) == 12
+    np.testing.assert_allclose(sessions["task_time_s"], sessions["server_s"] + sessions["tool_s"],
+                               rtol=EXACT_RTOL)
+    assert (sessions["queued_s"] <= sessions["server_s"]).all()
+    total_s = sessions["task_time_s"].sum()
+    assert summary["task_queued_share"] == pytest.approx(sessions["queued_s"].sum() / total_s)
+    span_s = sessions["end_s"].max() - sessions["start_s"].min()
+    assert summary["tasks_per_hour"] == pytest.approx(12 * 3600 / span_s)
+    assert summary["task_time_p50_s"] == pytest.approx(np.percentile(sessions["task_time_s"], 50))
+    assert summary["sessions_completed"] == 12.0
+    assert sessions["calls"].sum() == len(result.requests)
+    assert (sessions["prompt_tokens"].to_numpy()
+            == result.requests.groupby("session_id")["prompt_tokens"].sum().to_numpy()).all()
+
+
+def test_the_run_folder_holds_a_session_table(tmp_path) -> None:
+    from orcasim.results import write_run
+
+    out = write_run(run_scenario(session_scenario()), tmp_path / "run", plots=False)
+    table = pd.read_parquet(out / "paged" / "sessions.parquet")
+    assert len(table) == 12 and "task_time_s" in table and "queued_s" in table
+
+
+# Bad input: one line naming the key, the value and what is expected.
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"workload.arrival.session_rate_per_s": 1.0},
+     "concurrent_sessions and session_rate_per_s given; expected exactly one"),
+    ({"workload.arrival.fan_out": {"branches": 2, "wait_for": 3}},
+     "wait_for = 3 exceeds branches = 2; expected wait_for <= branches"),
+    ({"workload.arrival.max_context_tokens": 300},
+     "max_context_tokens = 300 is below the system prompt plus the longest message"),
+    ({"workload.max_tokens": 2000}, "workload.max_tokens = 2000 is below max_context_tokens plus"),
+    ({"workload.num_requests": 10}, "num_requests must not be set: with arrival.kind = agents"),
+    ({"workload.arrival.think_time": {"kind": "constant", "value_s": 1}}, "unknown key 'think_time'"),
+    ({"workload.arrival.system_prompt": {"tokens": 10, "shared_fraction": 2}},
+     "shared_fraction = 2.0: expected a number from 0 to 1"),
+    # Some step's prompt and answer may reach more than a budget of 1,024 tokens.
+    ({"systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_batched_tokens": 1024}}]},
+     r"max_num_batched_tokens = 1024 is below a session step's prompt \+ output - 1 = \d+ tokens"),
+])
+def test_bad_session_input_is_one_line(changes: dict, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message) as err:
+        run_scenario(session_scenario(**changes))
+    assert "\n" not in str(err.value)
+
+
+def test_a_disaggregated_cluster_is_refused() -> None:
+    data = session_scenario()
+    cluster = {"prefill": {"count": 1}, "decode": {"count": 1}, "link": {"latency_s": 0.5}}
+    data["systems"] = [{"name": "split", "scheduler": {"kind": "paged"}, "cluster": cluster}]
+    with pytest.raises(ScenarioError, match=r"systems\[0\].cluster \(split\): a disaggregated"):
+        scenario_from_dict(data)
+
+
+# Other loops: a colocated cluster, and Orca's pipelined engine.
+
+@pytest.mark.parametrize("router", [{"kind": "session"}, {"kind": "round_robin"}])
+def test_a_cluster_runs_sessions_alike_in_both_modes(router: dict) -> None:
+    data = session_scenario()
+    data["systems"] = [{"name": "pool", "scheduler": {"kind": "paged", "max_num_seqs": 2},
+                        "cluster": {"replicas": 2, "router": router}}]
+    fast = run_scenario(data).systems["pool"]
+    reference = run_scenario(session_scenario(**{"engine.mode": "reference"}) | {
+        "systems": data["systems"]}).systems["pool"]
+    pd.testing.assert_frame_equal(fast.sessions, reference.sessions, rtol=EXACT_RTOL)
+    assert fast.summary["sessions_completed"] == 12.0
+    if router["kind"] == "session":  # every call of a session on its first call's replica
+        assert (fast.requests.groupby("session_id")["replica"].nunique() == 1).all()
+
+
+def test_orcas_pipelined_engine_runs_sessions() -> None:
+    data = session_scenario(**{"model": "llama3-8b"})
+    data |= {"hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2}, "cost": {"kind": "roofline"}}
+    del data["kv_capacity_tokens"]
+    data["systems"] = [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}]
+    result = run_scenario(data).systems["orca"]
+    assert result.sessions is not None and result.summary["sessions_completed"] == 12.0
+    assert (result.sessions["end_s"] > result.sessions["start_s"]).all()
+
+
+def test_conversations_are_agents_without_fan_out() -> None:
+    # The same hand-computed run as the agents above, in a conversation's words.
+    data = session_scenario()
+    data["workload"]["arrival"] = {
+        "kind": "conversations", "num_sessions": 2, "concurrent_sessions": 1,
+        "system_prompt": {"tokens": 10}, "turns": {"kind": "constant", "value": 3},
+        "user_tokens": {"kind": "constant", "value": 5},
+        "output_tokens": {"kind": "constant", "value": 3},
+        "think_time": {"kind": "constant", "value_s": 0.5}, "max_context_tokens": 1000}
+    data |= {"cost": {"kind": "linear", "base_s": 1.0}}
+    result = run_scenario(data).systems["orca"]
+    mine = result.requests[result.requests["session_id"] == 0]
+    assert mine["prompt_tokens"].tolist() == [15, 23, 31]
+    assert mine["arrival_s"].tolist() == [0.0, 3.5, 7.0]
+    assert result.sessions is not None and result.sessions["task_time_s"].tolist() == [10.0, 10.0]
+
+
+@pytest.mark.parametrize("name", ["react", "tree_of_thoughts"])
+def test_the_agent_scenarios_run(name: str) -> None:
+    from orcasim.scenario import load_scenario
+
+    scenario = load_scenario(f"scenarios/agents/{name}.yaml", ["workload.arrival.num_sessions=6"])
+    result = run_scenario(scenario)
+    assert set(result.systems) == {"request_level", "orca", "paged"}
+    for system in result.systems.values():
+        assert system.summary["sessions_completed"] == 6.0
+
+
+MEAN_SIGMAS = 5.0  # a sample share within 5 standard errors of the configured one
+
+
+def test_the_shared_system_prompt_goes_to_its_fraction_of_sessions() -> None:
+    num, share = 4000, 0.3
+    requests = table(agents(num_sessions=num, system_prompt=SystemPrompt(tokens=10, shared_fraction=share),
+                            steps=const(1)))
+    ids = requests.sessions.system_ids  # type: ignore[union-attr]
+    shared = ids == 0
+    assert abs(shared.mean() - share) <= MEAN_SIGMAS * np.sqrt(share * (1 - share) / num)
+    own = ids[~shared]
+    assert len(np.unique(own)) == len(own) and (own > 0).all()  # each its own text
