@@ -357,6 +357,7 @@ SCENARIOS = Path(__file__).parents[1] / "scenarios" / "prefix"
 @pytest.mark.parametrize(("scenario", "shorter", "least_hit_rate"), [
     ("chat.yaml", "workload.num_requests=300", 0.6),  # 0.9 x 1,488 of ~1,650 tokens: ~0.81
     ("mooncake.yaml", "workload.arrival.max_requests=60", 0.02),
+    ("conversations.yaml", "workload.arrival.num_sessions=20", 0.5),  # the history: ~0.9
 ])
 def test_the_prefix_scenarios_hit_only_with_caching_on(
     scenario: str, shorter: str, least_hit_rate: float
