@@ -38,7 +38,7 @@ def test_every_catalog_entry_validates_and_cites_a_source() -> None:
     for name in known_names("gpus"):
         assert gpu_spec(name).source, name
     assert {"gpt3-13b", "gpt3-101b", "gpt3-175b", "gpt3-341b", "opt-66b", "llama3-70b"} <= set(known_names("models"))
-    assert set(known_names("gpus")) == {"a100-40gb", "a100-80gb", "h100-80gb", "h200"}
+    assert set(known_names("gpus")) == {"a100-40gb", "a100-80gb", "h100-80gb", "h200", "b200", "mi300x"}
 
 
 @pytest.mark.parametrize("name,published", sorted(PUBLISHED_PARAMS.items()))
@@ -110,7 +110,7 @@ def test_scenario_accepts_inline_specs(base_dict: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("key,value,known", [
     ("model", "gpt-5", "gpt3-175b"),
-    ("hardware", {"gpu": "b200"}, "a100-40gb"),
+    ("hardware", {"gpu": "tpu-v5e"}, "a100-40gb"),
 ])
 def test_unknown_names_list_the_known_ones(base_dict: dict[str, Any], key: str, value: Any, known: str) -> None:
     top = {"model": "gpt3-13b", "hardware": {"gpu": "a100-80gb"}, key: value}

@@ -156,3 +156,24 @@ def test_mistral_without_a_window_reads_and_a_missing_file_is_named(tmp_path: Pa
     assert model_from_argument(str(path)).param_count() == pytest.approx(7.24e9, rel=PUBLISHED_RTOL)
     with pytest.raises(ScenarioError, match="file 'nowhere.json' not found"):
         model_from_argument("nowhere.json")
+
+
+def test_fp8_weights_run_their_gemms_at_the_fp8_peak_where_the_gpu_has_one() -> None:
+    """4,096 tokens of prefill: fp8 weights on an H100 (fp8 tensor cores) halve the
+    compute-bound GEMMs and leave attention as it was; on an A100 (none) they only save
+    weight reads, which compute-bound GEMMs do not feel."""
+    def costs(gpu: str, **extra: object) -> Roofline:
+        return Roofline(RooflineCostConfig(kind="roofline"), Deployment(
+            model=hf("llama-3.1-70b", **extra), hardware=HardwareConfig(gpu=gpu, tensor_parallel=8)))
+
+    q = c = np.array([4096])
+    for gpu, speedup in (("h100-80gb", 1978.9 / 989.4), ("a100-80gb", 1.0)):  # the datasheets'
+        bf16, fp8 = costs(gpu), costs(gpu, weight_dtype="fp8")
+        for slow, fast in zip(bf16.ops, fp8.ops, strict=True):
+            launch_s = bf16.cfg.kernel_overhead_s
+            ratio = float((bf16.op_time_s(slow, 4096.0) - launch_s)
+                          / (fp8.op_time_s(fast, 4096.0) - launch_s))
+            # GEMMs (compute-bound) by the peaks' ratio; elementwise ops are memory-bound.
+            expected = speedup if slow.name.endswith("proj") else 1.0
+            assert ratio == pytest.approx(expected, rel=1e-9), (gpu, slow.name)
+        assert float(bf16.attention_per_layer_s(q, c)) == float(fp8.attention_per_layer_s(q, c))

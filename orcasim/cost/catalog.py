@@ -230,6 +230,7 @@ class GpuSpec(Strict):
 
     name: str = "custom"
     peak_flops: PositiveFloat  # dense bf16, FLOP/s
+    peak_flops_fp8: PositiveFloat | None = None  # dense fp8; None: no fp8 tensor cores
     hbm_bandwidth_bytes_per_s: PositiveFloat
     memory_bytes: PositiveFloat
     nvlink_bandwidth_bytes_per_s: PositiveFloat  # total per GPU, both directions

@@ -68,7 +68,12 @@ class Roofline(CostModel):
         self.model = deployment.model
         hw = deployment.hardware
         self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
+        # Attention runs at the bf16 peak; GEMMs over fp8 weights at the fp8 peak where the
+        # GPU has fp8 tensor cores (W8A8, as vLLM runs fp8 checkpoints on Hopper and later).
         self.flops_per_s = hw.gpu.peak_flops * cfg.compute_efficiency
+        self.gemm_flops_per_s = self.flops_per_s
+        if deployment.model.weight_dtype == "fp8" and hw.gpu.peak_flops_fp8:
+            self.gemm_flops_per_s = hw.gpu.peak_flops_fp8 * cfg.compute_efficiency
         self.bytes_per_s = hw.gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency
         self.ops = token_ops(self.model, self.tp)
         self._op_terms = [(op.count, op.flops_per_token, op.weight_bytes, op.bytes_per_token)
@@ -89,7 +94,7 @@ class Roofline(CostModel):
     def op_time_s(self, op: Op, num_tokens: np.ndarray | float) -> np.ndarray:
         """One run of `op` over `num_tokens` tokens (elementwise over an array)."""
         n = np.asarray(num_tokens, dtype=np.float64)
-        compute = op.flops_per_token * n / self.flops_per_s
+        compute = op.flops_per_token * n / self.gemm_flops_per_s
         memory = (op.weight_bytes + op.bytes_per_token * n) / self.bytes_per_s
         return np.maximum(compute, memory) + self.cfg.kernel_overhead_s
 
@@ -104,7 +109,7 @@ class Roofline(CostModel):
         n = np.asarray(num_tokens, dtype=np.float64)
         ops = sum(op.count * self.op_time_s(op, n) for op in self.moe_ops)
         experts = self.experts
-        compute = experts.flops_per_token * n / self.flops_per_s
+        compute = experts.flops_per_token * n / self.gemm_flops_per_s
         memory = (experts.experts_hit(n) * experts.weight_bytes_per_expert
                   + experts.bytes_per_token * n) / self.bytes_per_s
         return ops + np.maximum(compute, memory) + experts.kernels * self.cfg.kernel_overhead_s
@@ -148,14 +153,14 @@ class Roofline(CostModel):
 
     def _op_scalar_s(self, op: Op, n: float) -> float:
         """`op_time_s` on Python floats: the same IEEE operations without numpy's overhead."""
-        compute = op.flops_per_token * n / self.flops_per_s
+        compute = op.flops_per_token * n / self.gemm_flops_per_s
         memory = (op.weight_bytes + op.bytes_per_token * n) / self.bytes_per_s
         return max(compute, memory) + self.cfg.kernel_overhead_s
 
     def _fixed_scalar_s(self, num_tokens: float, batch_size: float) -> float:
         """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
         per_layer, n = 0.0, num_tokens  # sum() over the ops, unrolled: runs on every memo miss
-        fps, bps, overhead_s = self.flops_per_s, self.bytes_per_s, self.cfg.kernel_overhead_s
+        fps, bps, overhead_s = self.gemm_flops_per_s, self.bytes_per_s, self.cfg.kernel_overhead_s
         for count, flops_per_token, weight_bytes, bytes_per_token in self._op_terms:
             # _op_scalar_s inlined (a call per op costs more than its arithmetic): same order
             memory_s = (weight_bytes + bytes_per_token * n) / bps
