@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 
@@ -15,3 +17,17 @@ def markdown_table(frame: pd.DataFrame) -> list[str]:
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     return lines + ["| " + " | ".join(cell(v) for v in row) + " |"
                     for row in frame.itertuples(index=False)]
+
+
+def section(title: str, *body: str | list[str]) -> list[str]:
+    """A `## title` section: its paragraphs (strings) and tables (lists of lines)."""
+    lines = [f"## {title}", ""]
+    for part in body:
+        lines += [*part, ""] if isinstance(part, list) else [part, ""]
+    return lines
+
+
+def write_readme(path: Path, lines: list[str]) -> None:
+    """Write a report's README (and echo it, as the report scripts do)."""
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+    print(path.read_text())

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from orcasim.run import run_scenario  # noqa: E402
-from scenarios.markdown import markdown_table  # noqa: E402
+from scenarios.markdown import markdown_table, section, write_readme  # noqa: E402
 
 OUT = ROOT / "results" / "agents"
 HERE = ROOT / "scenarios" / "agents"
@@ -92,16 +92,10 @@ def main() -> None:
         "caching on. `task_queued_share` is the share of task time spent waiting for the",
         "server to start a call.",
         "",
-        "## What it shows",
-        "",
-        *findings(table),
-        "",
-        "## The table",
-        "",
-        *markdown_table(table),
+        *section("What it shows", findings(table)),
+        *section("The table", markdown_table(table)),
     ]
-    (OUT / "README.md").write_text("\n".join(lines) + "\n")
-    print((OUT / "README.md").read_text())
+    write_readme(OUT / "README.md", lines)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from orcasim.cost.catalog import HardwareConfig, ModelSpec, model_figures  # noqa: E402
 from orcasim.run import run_scenario  # noqa: E402
-from scenarios.markdown import markdown_table  # noqa: E402
+from scenarios.markdown import markdown_table, section, write_readme  # noqa: E402
 
 OUT = ROOT / "results" / "models"
 SCENARIO = ROOT / "scenarios" / "models" / "dense_vs_moe.yaml"
@@ -103,20 +103,12 @@ def main() -> None:
         "(`scenarios/models/dense_vs_moe.yaml`: ShareGPT lengths, Poisson arrivals, the roofline",
         "cost), under Orca (batch 64, reserving max_tokens) and vLLM's paged scheduler.",
         "",
-        "## What it shows",
-        "",
-        *findings(shape, table),
-        "",
-        "## The models on one H100-80GB (`orcasim model ... --gpu h100-80gb`)",
-        "",
-        *markdown_table(shape),
-        "",
-        "## Runs",
-        "",
-        *markdown_table(table),
+        *section("What it shows", findings(shape, table)),
+        *section("The models on one H100-80GB (`orcasim model ... --gpu h100-80gb`)",
+                 markdown_table(shape)),
+        *section("Runs", markdown_table(table)),
     ]
-    (OUT / "README.md").write_text("\n".join(lines) + "\n")
-    print((OUT / "README.md").read_text())
+    write_readme(OUT / "README.md", lines)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from orcasim.run import run_scenario  # noqa: E402
-from scenarios.markdown import markdown_table  # noqa: E402
+from scenarios.markdown import markdown_table, section, write_readme  # noqa: E402
 from tests.test_prefix_cache import _independent_mooncake_hits  # noqa: E402
 
 OUT = ROOT / "results" / "prefix"
@@ -153,10 +153,7 @@ def main() -> None:
         "readmissions after a recompute preemption too; `cache_evictions` counts cached",
         "blocks whose content was dropped to make room.",
         "",
-        "## What it shows",
-        "",
-        *findings,
-        "",
+        *section("What it shows", findings),
         "## Mooncake's conversation trace",
         "",
         f"The first 1,000 requests of the trace (mean prompt 13.7k tokens), replayed at "
@@ -181,24 +178,19 @@ def main() -> None:
         "",
         *markdown_table(tables["mooncake_pool"]),
         "",
-        "## A chat service with shared system prompts",
-        "",
-        "90% of requests start with one of 4 system prompts of 1,500 tokens; Llama-3-8B on one",
-        "A100-80GB (`scenarios/prefix/chat.yaml`), across arrival rates:",
-        "",
-        *markdown_table(tables["chat"]),
-        "",
-        "## Multi-turn conversations",
-        "",
-        "Conversations of 2-12 turns start at 0.5 a second; each turn resends the whole history",
-        "(a shared 1,000-token system prompt, every earlier message and answer) and the user",
-        "thinks 15 s on average between turns (`scenarios/prefix/conversations.yaml`,",
-        "Llama-3-8B on one A100-80GB). `task_time` is a conversation's, first turn to last answer:",
-        "",
-        *markdown_table(tables["conversations"]),
+        *section("A chat service with shared system prompts",
+                 "90% of requests start with one of 4 system prompts of 1,500 tokens; Llama-3-8B "
+                 "on one A100-80GB (`scenarios/prefix/chat.yaml`), across arrival rates:",
+                 markdown_table(tables["chat"])),
+        *section("Multi-turn conversations",
+                 "Conversations of 2-12 turns start at 0.5 a second; each turn resends the whole "
+                 "history (a shared 1,000-token system prompt, every earlier message and answer) "
+                 "and the user thinks 15 s on average between turns "
+                 "(`scenarios/prefix/conversations.yaml`, Llama-3-8B on one A100-80GB). "
+                 "`task_time` is a conversation's, first turn to last answer:",
+                 markdown_table(tables["conversations"])),
     ]
-    (OUT / "README.md").write_text("\n".join(lines) + "\n")
-    print((OUT / "README.md").read_text())
+    write_readme(OUT / "README.md", lines)
 
 
 if __name__ == "__main__":
