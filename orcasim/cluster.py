@@ -16,7 +16,16 @@ filled in turn, deterministically):
 * `least_kv`: most free KV;
 * `power_of_two`: two distinct random replicas, the one with fewer requests;
 * `session`: a session's first request goes where `fallback` says, the rest follow it
-  (a request without a session is its own).
+  (a request without a session is its own);
+* `prefix_affinity`: the replica whose prefix cache holds most of the request's prompt,
+  unless the fleet is out of balance. SGLang's cache-aware policy (sgl-router,
+  `CacheAwarePolicy`, with its defaults): when the most and least loaded replicas differ
+  by more than `balance_abs_threshold` requests and by a ratio above
+  `balance_rel_threshold`, the least loaded; otherwise the replica with the longest cached
+  prefix if it covers more than `cache_threshold` of the prompt (the least loaded of any
+  tied), else the least loaded. Where SGLang's router keeps its own approximate tree of
+  what it sent where, this one reads the replicas' real caches at the arrival, as a router
+  fed by the engines' KV events (Dynamo's) does.
 """
 
 from __future__ import annotations
@@ -27,7 +36,14 @@ from dataclasses import dataclass
 from typing import Annotated, Literal, Self
 
 import numpy as np
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from orcasim.config import ScenarioError, Strict
 from orcasim.cost import CostConfig
@@ -68,6 +84,13 @@ LoadRouterKind = Literal["random", "round_robin", "least_outstanding", "least_to
                          "least_kv", "power_of_two"]
 
 
+class PrefixAffinityRouterConfig(_RouterBase):
+    kind: Literal["prefix_affinity"]
+    cache_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    balance_abs_threshold: NonNegativeInt = 32
+    balance_rel_threshold: float = Field(default=1.0001, ge=1.0)
+
+
 class SessionRouterConfig(_RouterBase):
     kind: Literal["session"]
     fallback: LoadRouterKind = "least_outstanding"
@@ -76,7 +99,7 @@ class SessionRouterConfig(_RouterBase):
 RouterConfig = Annotated[
     RandomRouterConfig | RoundRobinRouterConfig | LeastOutstandingRouterConfig
     | LeastTokensRouterConfig | LeastKvRouterConfig | PowerOfTwoRouterConfig
-    | SessionRouterConfig,
+    | SessionRouterConfig | PrefixAffinityRouterConfig,
     Field(discriminator="kind"),
 ]
 
@@ -247,6 +270,28 @@ class PowerOfTwoRouter(Router):
         return b if self.replicas[b].num_requests() < self.replicas[a].num_requests() else a
 
 
+class PrefixAffinityRouter(Router):
+    """See `prefix_affinity` in the module docstring."""
+
+    def __init__(self, replicas: Sequence[Replica], rng: np.random.Generator,
+                 cfg: PrefixAffinityRouterConfig) -> None:
+        super().__init__(replicas, rng)
+        self.cfg = cfg
+
+    def pick(self, req_id: int, time_s: float) -> int:
+        loads = [load.requests for load in self._loads(time_s)]  # applies pending jumps
+        most, least = max(loads), min(loads)
+        if most - least > self.cfg.balance_abs_threshold and most > least * self.cfg.balance_rel_threshold:
+            return self._least([float(x) for x in loads])
+        cached = [r.scheduler.cached_prefix_tokens(req_id) for r in self.replicas]
+        best = max(cached)
+        prompt_tokens = int(self.replicas[0].scheduler.requests.prompt_tokens[req_id])
+        if best == 0 or best <= self.cfg.cache_threshold * prompt_tokens:
+            return self._least([float(x) for x in loads])
+        # The least loaded of the replicas holding the longest prefix.
+        return self._least([float(x) if c == best else float("inf") for x, c in zip(loads, cached, strict=True)])
+
+
 class SessionRouter(Router):
     """A session's requests on one replica: the first placed by `fallback`."""
 
@@ -283,6 +328,8 @@ def build_router(cfg: _RouterBase, replicas: Sequence[Replica], rng: np.random.G
             return LeastKvRouter(replicas, rng)
         case PowerOfTwoRouterConfig():
             return PowerOfTwoRouter(replicas, rng)
+        case PrefixAffinityRouterConfig():
+            return PrefixAffinityRouter(replicas, rng, cfg)
         case SessionRouterConfig(fallback=fallback):
             inner = build_router(_ROUTER_CONFIGS[fallback].model_validate({"kind": fallback}),
                                  replicas, rng)

@@ -402,3 +402,45 @@ def test_a_system_prompt_with_a_mooncake_trace_is_refused() -> None:
     with pytest.raises(ValueError, match="hash_ids already say"):
         WorkloadConfig(arrival={"kind": "trace", "path": "x.jsonl", "format": "mooncake"},
                        max_tokens=10, system_prompt={"tokens": 5})
+
+
+# Routing for the cache ---------------------------------------------------------------
+
+def _conversation_fleet(router: dict, mode: str = "fast") -> dict:
+    """20 conversations of 3-6 turns on 4 replicas of a chunked, caching scheduler."""
+    return {
+        "name": "fleet", "seed": 5,
+        "workload": {"max_tokens": 4096, "arrival": {
+            "kind": "conversations", "num_sessions": 20, "concurrent_sessions": 8,
+            "system_prompt": {"tokens": 64, "shared_fraction": 1.0},
+            "turns": {"kind": "uniform", "low": 3, "high": 6},
+            "user_tokens": {"kind": "uniform", "low": 20, "high": 200},
+            "output_tokens": {"kind": "uniform", "low": 10, "high": 100},
+            "think_time": {"kind": "exponential", "mean_s": 1.0},
+            "max_context_tokens": 3000}},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+        "kv_capacity_tokens": 8192, "engine": {"mode": mode},
+        "systems": [{"name": "c", "scheduler": {"kind": "chunked", "chunk_size_tokens": 256,
+                                                "enable_prefix_caching": True},
+                     "cluster": {"replicas": 4, "router": router}}],
+    }
+
+
+def test_prefix_affinity_routing_finds_a_conversation_s_history() -> None:
+    """Round-robin scatters a conversation's turns over the replicas, so a turn rarely
+    finds its history cached; routing by the cached prefix sends it back to it."""
+    rates = {}
+    for router in ({"kind": "round_robin"}, {"kind": "prefix_affinity"}):
+        result = run_scenario(_conversation_fleet(router))
+        rates[router["kind"]] = result.systems["c"].summary["prefix_hit_rate"]
+    assert rates["prefix_affinity"] > rates["round_robin"] + 0.2, rates
+
+
+def test_prefix_affinity_routing_is_exact_in_fast_mode() -> None:
+    """The router reads the replicas' caches at each arrival: fast mode must show it what
+    reference mode does, so the same requests go to the same replicas and hit alike."""
+    frames = {mode: run_scenario(_conversation_fleet({"kind": "prefix_affinity"}, mode))
+              .systems["c"].requests for mode in ("fast", "reference")}
+    for column in ("replica", "cached_tokens", "arrival_s"):
+        np.testing.assert_array_equal(frames["fast"][column], frames["reference"][column], column)
+    np.testing.assert_allclose(frames["fast"]["finish_s"], frames["reference"]["finish_s"], rtol=1e-9)

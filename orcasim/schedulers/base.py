@@ -243,6 +243,11 @@ class Scheduler(ABC):
         without applying a pending jump."""
         return len(self.active_ids()) + len(self.queued_ids())
 
+    def cached_prefix_tokens(self, req_id: int) -> int:
+        """Prompt tokens of `req_id` (not yet added here) this scheduler's prefix cache holds,
+        for a router to weigh; 0 without a prefix cache."""
+        return 0
+
     def cache_evictions(self) -> int:
         """Cached KV blocks whose content was dropped to make room (prefix caching)."""
         return 0

@@ -43,7 +43,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 from orcasim.config import ScenarioError, Strict
 from orcasim.cost.base import Batch
 from orcasim.memory import PagedAllocator, blocks_for
-from orcasim.prefix import BlockHasher
+from orcasim.prefix import BlockHasher, block_hashes, sequence_segments
 from orcasim.requests import Requests
 from orcasim.schedulers import paged_runs
 from orcasim.schedulers.base import (
@@ -509,6 +509,15 @@ class PagedScheduler(Scheduler):
 
     def cache_evictions(self) -> int:
         return self.allocator.evictions
+
+    def cached_prefix_tokens(self, req_id: int) -> int:
+        if not self.caching:
+            return 0
+        block = self.cfg.block_size_tokens
+        # Not remembered: the request may go elsewhere (and a session row may be rewritten).
+        hashes = block_hashes(sequence_segments(self.requests, req_id), block,
+                              (int(self.requests.prompt_tokens[req_id]) - 1) // block)
+        return len(self.allocator.lookup(hashes)) * block
 
     def kv_in_use_tokens(self) -> int:
         return self.allocator.allocated_tokens
