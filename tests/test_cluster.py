@@ -163,6 +163,8 @@ def test_session_affinity_keeps_a_session_on_one_replica() -> None:
     ({"replicas": 0}, "replicas"),
     ({"replicas": [{"count": 0}]}, "count"),
     ({"router": {"kind": "session", "fallback": "session"}}, "fallback"),
+    ({"router": {"kind": "prefix_affinity", "balance_rel_threshold": 0.5}}, "balance_rel_threshold"),
+    ({"router": {"kind": "prefix_affinity", "cache_threshold": 2}}, "cache_threshold"),
 ])
 def test_bad_cluster_keys_are_one_line_errors(change: dict, needle: str) -> None:
     data = {**BASE, "systems": [{"name": "c", "scheduler": {"kind": "iteration_level",
