@@ -1,0 +1,139 @@
+"""results/models/operators.md: the roofline's MoE and MLA operators against measured kernels.
+
+    python scenarios/models/validate_operators.py        # a few seconds
+
+The measurements are NVIDIA aiconfigurator's (Apache-2.0, vendored under
+orcasim/data/profiles/aiconfigurator/): vLLM 0.14.0's fused MoE kernel in bf16 with the
+experts split by tensor parallelism (no expert parallelism) on an H100-SXM (balanced
+routing) and an A100-SXM (power-law routing, exponent 1.01: the only A100 distribution),
+and vLLM's MLA decode module (DeepSeek-V3's latent shape, bf16 KV cache) on an H100. Nothing
+is fitted: the roofline's defaults (70% of the bf16 peak, 80% of HBM bandwidth, 5 us a
+kernel) price each measured shape, and the error is prediction / measurement - 1, reported
+by regime (tokens for MoE, KV tokens read for MLA), since where it binds decides whether
+the roofline applies.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from orcasim.cost.catalog import Deployment, HardwareConfig, ModelSpec  # noqa: E402
+from orcasim.cost.flops import expert_op  # noqa: E402
+from orcasim.cost.roofline import Roofline, RooflineCostConfig  # noqa: E402
+from scenarios.markdown import markdown_table, section, write_readme  # noqa: E402
+
+DATA = ROOT / "orcasim" / "data" / "profiles" / "aiconfigurator"
+OUT = ROOT / "results" / "models"
+TARGET = 0.15  # the issue's bar: median |error| per operator
+MOE_TABLES = {"h100-80gb": DATA / "h100_sxm/moe/vllm/0.14.0/moe_perf.parquet",
+              "a100-80gb": DATA / "a100_sxm/moe/vllm/0.14.0/moe_perf.parquet"}
+MLA_TABLE = DATA / "h100_sxm/mla/vllm/0.14.0/generation_mla_perf.parquet"
+TOKEN_BINS = [0, 64, 256, 1024, 4096, np.inf]
+KV_BINS = [0, 1e4, 1e5, 1e6, np.inf]
+
+
+def _moe_layer(hidden: int, inter: int, topk: int, experts: int) -> ModelSpec:
+    """One MoE layer of the measured shape (attention is not timed here)."""
+    return ModelSpec(name="moe", num_layers=1, hidden_size=hidden, num_heads=16, num_kv_heads=16,
+                     intermediate_size=inter, gated_mlp=True, vocab_size=1000, max_seq_len=4096,
+                     positional="rope", tied_embeddings=False, bias=False,
+                     moe={"num_experts": experts, "experts_per_token": topk,
+                          "expert_intermediate_size": inter})
+
+
+def moe_errors(gpu: str) -> pd.DataFrame:
+    table = pd.read_parquet(MOE_TABLES[gpu])
+    frames = []
+    for (hidden, inter, topk, experts, tp), rows in table.groupby(
+            ["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]):
+        model = _moe_layer(int(hidden), int(inter), int(topk), int(experts))
+        cost = Roofline(RooflineCostConfig(kind="roofline"),
+                        Deployment(model=model, hardware=HardwareConfig(gpu=gpu)))
+        op = expert_op(model, int(tp))
+        assert op is not None
+        n = rows["num_tokens"].to_numpy(dtype=np.float64)
+        compute_s = op.flops_per_token * n / cost.gemm_flops_per_s
+        memory_s = (op.experts_hit(n) * op.weight_bytes_per_expert + op.bytes_per_token * n) / cost.bytes_per_s
+        predicted_ms = (np.maximum(compute_s, memory_s) + op.kernels * cost.cfg.kernel_overhead_s) * 1e3
+        frames.append(pd.DataFrame({"num_tokens": n, "compute_bound": compute_s > memory_s,
+                                    "error": predicted_ms / rows["latency"].to_numpy() - 1}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def mla_errors() -> pd.DataFrame:
+    table = pd.read_parquet(MLA_TABLE)
+    model = ModelSpec.model_validate({"hf_config": "hf_configs/deepseek-v3/config.json"})
+    frames = []
+    for heads, rows in table.groupby("num_heads"):
+        tp = model.num_heads // int(heads)  # the rank's query heads
+        cost = Roofline(RooflineCostConfig(kind="roofline"),
+                        Deployment(model=model, hardware=HardwareConfig(gpu="h100-80gb", tensor_parallel=tp)))
+        predicted_ms = [float(cost.attention_per_layer_s(np.ones(b, dtype=np.int64),
+                                                         np.full(b, s + 1, dtype=np.int64))) * 1e3
+                        for b, s in zip(rows["batch_size"], rows["step"], strict=True)]
+        frames.append(pd.DataFrame({
+            "kv_tokens_read": (rows["batch_size"] * (rows["step"] + 1)).to_numpy(dtype=np.float64),
+            "error": np.array(predicted_ms) / rows["latency"].to_numpy() - 1}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def by_regime(errors: pd.DataFrame, column: str, bins: list[float]) -> pd.DataFrame:
+    grouped = errors.groupby(pd.cut(errors[column], bins), observed=True)["error"]
+    frame = pd.DataFrame({"median error": grouped.median(),
+                          "median |error|": grouped.apply(lambda e: e.abs().median()),
+                          "shapes": grouped.size()})
+    frame.index = [f"{int(i.left)}-{int(i.right) if np.isfinite(i.right) else 'inf'}" for i in frame.index]
+    return frame.rename_axis(column).reset_index()
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    moe = {gpu: moe_errors(gpu) for gpu in MOE_TABLES}
+    mla = mla_errors()
+    overall = pd.DataFrame([
+        {"operator": f"fused MoE, {gpu}", "median |error|": e["error"].abs().median(),
+         "memory-bound shapes": e.loc[~e["compute_bound"], "error"].abs().median(),
+         "compute-bound shapes": e.loc[e["compute_bound"], "error"].abs().median(), "shapes": len(e)}
+        for gpu, e in moe.items()
+    ] + [{"operator": "MLA decode, h100-80gb", "median |error|": mla["error"].abs().median(),
+          "memory-bound shapes": mla.loc[mla["kv_tokens_read"] > 1e6, "error"].abs().median(),
+          "compute-bound shapes": float("nan"), "shapes": len(mla)}])
+    lines = [
+        "# MoE and MLA operators against measured kernels",
+        "",
+        "Written by `python scenarios/models/validate_operators.py`. " + " ".join(
+            (__doc__ or "").split("\n\n")[2].split()),
+        "",
+        *section(f"Median |error| per operator (the issue's bar: {TARGET:.0%})", markdown_table(overall),
+                 "For MLA, \"memory-bound\" is the shapes reading over a million KV tokens."),
+        *[part for gpu, e in moe.items() for part in section(
+            f"Fused MoE on the {gpu}, by tokens in the batch", markdown_table(by_regime(e, "num_tokens", TOKEN_BINS)))],
+        *section("MLA decode on the h100-80gb, by KV tokens read (batch x context)",
+                 markdown_table(by_regime(mla, "kv_tokens_read", KV_BINS))),
+        *section("What is off, and why",
+                 "- MoE, large batches: the prediction is too fast, by 40-60% beyond 1,024 tokens. "
+                 "The fused MoE kernel's grouped GEMMs (a few hundred rows per expert) reach about a "
+                 "third of the bf16 peak, not the 70% a large dense GEMM does; the roofline has one "
+                 "compute efficiency for both. A per-operator efficiency would need a source (a "
+                 "kernel's measured throughput), not a fit to these tables.",
+                 "- MLA, small batches: vLLM's MLA decode module costs about 0.13-0.17 ms even for "
+                 "one request and a short context (its projections, the latent's up- and "
+                 "down-projections and several kernels), where the roofline prices one attention "
+                 "kernel: fixed per-layer time that belongs to the engine overhead model, not the "
+                 "roofline. Where the KV read dominates (over a million KV tokens) the roofline is "
+                 "within a few percent.",
+                 "- A100 routing is power-law skewed (exponent 1.01); the roofline assumes uniform "
+                 "routing, which hits more experts: its small-batch memory time is an upper bound."),
+    ]
+    write_readme(OUT / "operators.md", lines)
+
+
+if __name__ == "__main__":
+    main()
