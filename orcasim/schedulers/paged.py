@@ -26,6 +26,13 @@ plus generated tokens) runs in one step, so `max_num_batched_tokens` must cover 
 longest such sequence. `orcasim.schedulers.chunked` lifts that limit, and `orcasim.schedulers.prefill_first`
 follows vLLM before v1 (prompts in iterations of their own).
 
+Prefix caching (`enable_prefix_caching`, vLLM v1's `KVCacheManager`; off by default): a
+request with nothing computed (new, or preempted by recompute) starts from the longest
+cached prefix of its known tokens but the last (`_cache_hits`), whose blocks it shares
+(`PagedAllocator.share`); a hit on a block nobody holds counts against the free pool, as
+`allocate_slots` counts it. Full blocks are named by their hashes (`orcasim.prefix`) as
+they are scheduled (`cache_full`). Freed blocks keep their content until handed out again.
+
 The engine's fast mode skips `schedule` over runs of pure decodes, across KV block
 boundaries up to a completion or a preemption; `orcasim.schedulers.paged_runs` says when
 that is exact.
