@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.memory import PagedAllocator
-from orcasim.prefix import block_hashes
+from orcasim.prefix import OWN_OUTPUT, OWN_PROMPT, BlockHasher, block_hashes, sequence_segments
 from orcasim.requests import PromptContent, Requests
 from orcasim.run import run_scenario
 from orcasim.schedulers import build_scheduler
@@ -444,3 +445,98 @@ def test_prefix_affinity_routing_is_exact_in_fast_mode() -> None:
     for column in ("replica", "cached_tokens", "arrival_s"):
         np.testing.assert_array_equal(frames["fast"][column], frames["reference"][column], column)
     np.testing.assert_allclose(frames["fast"]["finish_s"], frames["reference"]["finish_s"], rtol=1e-9)
+
+
+# Named tests for what mutation testing found unpinned (quality/README.md) -------------
+
+def test_prompts_without_a_content_table_share_nothing() -> None:
+    """Without `Requests.content` every prompt and output is its own: two requests of the
+    same lengths, one after the other, find nothing cached."""
+    requests = Requests(np.array([0.0, 10.0]), np.array([40, 40]), np.array([2, 2]),
+                        np.array([64, 64]))
+    scheduler, _, _ = _run(requests, PagedConfig(kind="paged", enable_prefix_caching=True), 1024)
+    assert scheduler.cached_tokens.tolist() == [0, 0]
+    assert sequence_segments(requests, 1) == [(OWN_PROMPT, 1, 40), (OWN_OUTPUT, 1, 2)]
+
+
+def test_a_block_after_a_different_first_segment_differs() -> None:
+    """The chain carries the segments before: the same second segment after a different
+    first one gives different blocks (and after the same first one, the same)."""
+    a = block_hashes([(0, 1, 16), (0, 3, 32)], 16, 3)
+    b = block_hashes([(0, 2, 16), (0, 3, 32)], 16, 3)
+    c = block_hashes([(0, 1, 16), (0, 3, 32)], 16, 3)
+    assert not set(a) & set(b) and a == c
+
+
+def test_a_forgotten_request_is_hashed_afresh() -> None:
+    """A session run rewrites a pending row before it arrives (PagedScheduler.add_request
+    forgets what was hashed for it): forgetting drops the remembered hashes."""
+    content = PromptContent([(1, 32)], np.array([1000]))
+    requests = Requests(np.array([0.0]), np.array([32]), np.array([4]), np.array([64]),
+                        content=content)
+    hasher = BlockHasher(requests, 16)
+    before = hasher.hashes(0, 2)
+    content.prompts[0] = (2, 32)  # the row rewritten
+    assert hasher.hashes(0, 2) == before  # remembered
+    hasher.forget(0)
+    assert hasher.hashes(0, 2) != before
+
+
+def test_evictions_are_counted_one_by_one() -> None:
+    pool = PagedAllocator(2, 4, caching=True)
+    pool.allocate(1, 2)
+    pool.cache(1, [11, 12])
+    pool.free(1)
+    assert pool.allocate(2, 2) is not None
+    assert pool.evictions == 2 and pool.num_cached_blocks == 0
+
+
+def test_takes_before_evicting_counts_fresh_blocks_then_the_queue() -> None:
+    """Pool of 6 blocks: request 1 caches blocks 0-2 and frees them (queue 2, 1, 0), 3 blocks
+    were never used. A head starting from blocks 0 and 1 loses a hit after 3 fresh blocks
+    and 1 queued one (block 2) are handed out: 4; from nothing free, no limit."""
+    pool = PagedAllocator(6, 4, caching=True)
+    pool.allocate(1, 3)
+    pool.cache(1, [11, 12, 13])
+    pool.free(1)
+    assert pool.free_pool() == ((2, 1, 0), 3)
+    assert pool.takes_before_evicting([0, 1]) == 4
+    assert pool.takes_before_evicting([2]) == 3
+    pool.share(2, [0])
+    assert pool.takes_before_evicting([0]) is None  # held: never evicted
+
+
+def test_the_audit_catches_each_corruption_of_a_caching_pool() -> None:
+    def fresh() -> PagedAllocator:
+        pool = PagedAllocator(6, 2, caching=True)
+        pool.allocate(1, 2)
+        pool.cache(1, [11, 12])
+        pool.share(2, [0])
+        pool.check_invariants()
+        return pool
+
+    corruptions = {
+        "a block is free twice": lambda p: p._recycled.extend([5, 5]),
+        "shared holds miscounted": lambda p: setattr(p, "num_shared_holds", 0),
+        "a never-used block is cached": lambda p: p._hash_of.__setitem__(p._fresh, 99),
+        "the cache's two maps disagree": lambda p: p._blocks_of.__setitem__(77, {1: None}),
+    }
+    for message, corrupt in corruptions.items():
+        pool = fresh()
+        corrupt(pool)
+        with pytest.raises(AssertionError, match=message):
+            pool.check_invariants()
+
+
+def test_the_cache_summary_by_hand() -> None:
+    """Prompt tokens 100 and 300, 40 and 0 found cached at first admission, 40 and 64
+    saved over all admissions: hit rate 0.1, 104 tokens saved; a frame without the cache's
+    columns, or nothing finished, reads 0."""
+    from orcasim.metrics import prefix_cache_stats
+
+    done = pd.DataFrame({"prompt_tokens": [100, 300], "cached_tokens": [40, 0],
+                         "prefill_saved_tokens": [40, 64]})
+    assert prefix_cache_stats(done) == {"prefix_hit_rate": 0.1, "prefill_tokens_saved": 104.0}
+    assert prefix_cache_stats(done[["prompt_tokens"]]) == {"prefix_hit_rate": 0.0,
+                                                           "prefill_tokens_saved": 0.0}
+    assert prefix_cache_stats(done.iloc[:0]) == {"prefix_hit_rate": 0.0, "prefill_tokens_saved": 0.0}
