@@ -391,8 +391,10 @@ class PagedScheduler(Scheduler):
 
     def cache_full(self, req: int, tokens: int) -> None:
         """Name `req`'s full blocks up to `tokens` by their hashes, as it schedules them."""
+        if not self.caching:  # every decode step of every request passes here
+            return
         full_blocks = tokens // self.cfg.block_size_tokens
-        if self.caching and full_blocks > self.allocator.num_cached_of(req):
+        if full_blocks > self.allocator.num_cached_of(req):
             self.allocator.cache(req, self.hasher.hashes(req, full_blocks))
 
     def _count_hit(self, req: int, hit_tokens: int) -> None:
@@ -570,10 +572,10 @@ class PagedScheduler(Scheduler):
     def allocations_keeping_head(self) -> int | None:
         """How many blocks a run may take before one of them would evict a cached block
         the FCFS head starts from (None: no limit; see `cache_may_admit`)."""
-        req = self._next_candidate()
-        if req is None or not (self.caching and self.chunked_prefill):
+        if not (self.caching and self.chunked_prefill):
             return None
-        return self.allocator.takes_before_evicting(self._cache_hits(req))
+        req = self._next_candidate()
+        return None if req is None else self.allocator.takes_before_evicting(self._cache_hits(req))
 
     def _join_plan(self, num_decoding: int) -> Plan:
         """The plan an admission would join after `num_decoding` decodes took their tokens."""
