@@ -109,7 +109,8 @@ def _moe(config: Config) -> dict[str, Any] | None:
 
 
 def _deepseek(config: Config) -> dict[str, Any]:
-    fields = _llama_like({**config, "num_key_value_heads": config["num_attention_heads"]})
+    # MLA has no KV heads of its own: every query head reads the shared latent.
+    fields = _llama_like({**config, "num_key_value_heads": _need(config, "num_attention_heads")})
     fields["mla"] = {
         "kv_lora_rank": _need(config, "kv_lora_rank"),
         "q_lora_rank": config.get("q_lora_rank"),
@@ -128,12 +129,13 @@ def _gpt_oss(config: Config) -> dict[str, Any]:
 
 
 def _opt(config: Config) -> dict[str, Any]:
-    if config.get("word_embed_proj_dim", config["hidden_size"]) != config["hidden_size"]:
+    hidden = _need(config, "hidden_size")
+    if config.get("word_embed_proj_dim", hidden) != hidden:
         raise ScenarioError("model.hf_config: word_embed_proj_dim differs from hidden_size "
                             "(OPT-350m's projection), which is not modelled")
     return {
         "num_layers": _need(config, "num_hidden_layers"),
-        "hidden_size": _need(config, "hidden_size"),
+        "hidden_size": hidden,
         "num_heads": _need(config, "num_attention_heads"),
         "intermediate_size": _need(config, "ffn_dim"),
         "vocab_size": _need(config, "vocab_size"),

@@ -159,14 +159,8 @@ class Roofline(CostModel):
 
     def _fixed_scalar_s(self, num_tokens: float, batch_size: float) -> float:
         """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
-        per_layer, n = 0.0, num_tokens  # sum() over the ops, unrolled: runs on every memo miss
-        fps, bps, overhead_s = self.gemm_flops_per_s, self.bytes_per_s, self.cfg.kernel_overhead_s
-        for count, flops_per_token, weight_bytes, bytes_per_token in self._op_terms:
-            # _op_scalar_s inlined (a call per op costs more than its arithmetic): same order
-            memory_s = (weight_bytes + bytes_per_token * n) / bps
-            per_layer += count * (max(flops_per_token * n / fps, memory_s) + overhead_s)
         if self.experts is None:
-            layers = self.model.num_layers * per_layer
+            layers = self.model.num_layers * self._dense_layer_scalar_s(num_tokens)
         else:  # the numpy path's own arithmetic: MoE models are rarer, not the hot path
             layers = float(self._layers_s(num_tokens))
         ends = self._op_scalar_s(self.embedding, num_tokens)
@@ -175,6 +169,16 @@ class Roofline(CostModel):
         if self.tp > 1 or self.pipeline_stages > 1:
             comm = float(self.tp_all_reduce_s(num_tokens)) + float(self.pipeline_sends_s(num_tokens))
         return layers + ends + comm
+
+    def _dense_layer_scalar_s(self, n: float) -> float:
+        """`token_ops_per_layer_s` on Python floats, op by op in the same order (same bits)."""
+        per_layer = 0.0  # sum() over the ops, unrolled: runs on every memo miss
+        fps, bps, overhead_s = self.gemm_flops_per_s, self.bytes_per_s, self.cfg.kernel_overhead_s
+        for count, flops_per_token, weight_bytes, bytes_per_token in self._op_terms:
+            # _op_scalar_s inlined (a call per op costs more than its arithmetic): same order
+            memory_s = (weight_bytes + bytes_per_token * n) / bps
+            per_layer += count * (max(flops_per_token * n / fps, memory_s) + overhead_s)
+        return per_layer
 
     def _fixed_one_s(self, num_tokens: int, batch_size: int) -> float:
         """`_fixed_s` of one batch, memoised: an engine asks about the same counts again and again."""
