@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, format_validation_error
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -350,6 +351,10 @@ def model(
     gpu: Annotated[str | None, typer.Option(help="A GPU from the catalog, for per-GPU figures.")] = None,
     tensor_parallel: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
     pipeline_parallel: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
+    data_parallel_attention: Annotated[int, typer.Option(
+        help="Data-parallel attention groups (a MoE model's).")] = 1,
+    expert_parallel: Annotated[int, typer.Option(
+        help="Expert-parallel degree: 1, or tensor-parallel x data-parallel attention.")] = 1,
 ) -> None:
     """Parameters (total and active), weight and KV bytes, FLOPs per token, and with --gpu
     the per-GPU weights and KV capacity of a deployment."""
@@ -364,8 +369,12 @@ def model(
         spec_model = model_from_argument(spec)
         hw = None
         if gpu is not None:
-            hw = HardwareConfig.model_validate({"gpu": gpu, "tensor_parallel": tensor_parallel,
-                                                "pipeline_parallel": pipeline_parallel})
+            fields = {"gpu": gpu, "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
+                      "data_parallel_attention": data_parallel_attention, "expert_parallel": expert_parallel}
+            try:
+                hw = HardwareConfig.model_validate(fields)
+            except ValidationError as e:  # --tensor-parallel 0, an unknown GPU, an EP that cannot be
+                fail(format_validation_error(e, "hardware", fields).removeprefix("hardware: (top level): "))
             check_deployment(spec_model, hw, 1)
         figures = model_figures(spec_model, hw)
     except USER_ERRORS as e:

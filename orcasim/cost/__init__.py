@@ -31,7 +31,7 @@ def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> C
         return OverheadCost(gpu, cfg.overhead, None, 1)
     hw = deployment.hardware
     layers = layers_per_stage(deployment.model, hw.pipeline_parallel)
-    return OverheadCost(gpu, cfg.overhead, layers, hw.tensor_parallel)
+    return OverheadCost(gpu, cfg.overhead, layers, hw.tensor_parallel, hw.data_parallel_attention)
 
 
 def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel:

@@ -150,6 +150,14 @@ class ModelSpec(Strict):
         qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
         return d * qkv_out + heads * hd * d + (qkv_out if qkv_bias else 0) + (d if self.bias else 0)
 
+    def routed_expert_params(self) -> int:
+        """Weights of every routed expert of every MoE layer (what expert parallelism splits)."""
+        moe = self.moe
+        if moe is None:
+            return 0
+        moe_layers = self.num_layers - len(moe.dense_layers)
+        return moe_layers * moe.num_experts * 3 * self.hidden_size * moe.expert_intermediate_size
+
     def _gated_mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * width
 
@@ -282,17 +290,43 @@ class HardwareConfig(Strict):
     `activation_reserve_gib` is memory kept per GPU for activations and workspace, not
     for KV; 10% utilisation headroom plus this reserve follows vLLM's
     `gpu_memory_utilization = 0.9` default.
+
+    A mixture-of-experts model may also run its attention data-parallel
+    (`data_parallel_attention` groups of `tensor_parallel` GPUs, each with its own
+    requests and KV cache: SGLang's `--enable-dp-attention`, vLLM's `--data-parallel-size`)
+    and its routed experts expert-parallel (`expert_parallel` ranks, each holding whole
+    experts, `num_experts / expert_parallel` of them: vLLM's `--enable-expert-parallel`).
+    As in both engines, expert parallelism spans the attention GPUs of a stage, so it is
+    1 (experts split by tensor parallelism) or tensor_parallel x data_parallel_attention.
     """
 
     gpu: GpuRef
     tensor_parallel: PositiveInt = 1
     pipeline_parallel: PositiveInt = 1
+    data_parallel_attention: PositiveInt = 1
+    expert_parallel: PositiveInt = 1
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     activation_reserve_gib: float = Field(default=1.0, ge=0.0)
 
     @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.tensor_parallel * self.data_parallel_attention * self.pipeline_parallel
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return self.tensor_parallel * self.data_parallel_attention
+
+    @model_validator(mode="after")
+    def _expert_parallel_spans_the_stage(self) -> HardwareConfig:
+        ep, stage = self.expert_parallel, self.gpus_per_stage
+        if ep not in (1, stage) or (self.data_parallel_attention > 1 and ep != stage):
+            raise ScenarioError(
+                f"hardware.expert_parallel = {ep} with tensor_parallel = {self.tensor_parallel} and "
+                f"data_parallel_attention = {self.data_parallel_attention}: expected "
+                f"{stage} (tensor_parallel x data_parallel_attention: expert parallelism spans "
+                "the attention GPUs of a stage)" + ("" if self.data_parallel_attention > 1 else
+                                                     " or 1 (experts split by tensor parallelism)"))
+        return self
 
 
 def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_tokens: int,
@@ -311,6 +345,18 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
     if hardware.pipeline_parallel > model.num_layers:
         raise ScenarioError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
                          f"exceeds {model.name}'s {model.num_layers} layers")
+    _check_expert_parallel(model, hardware, where)
+
+
+def _check_expert_parallel(model: ModelSpec, hardware: HardwareConfig, where: str) -> None:
+    ep, dp = hardware.expert_parallel, hardware.data_parallel_attention
+    if model.moe is None and (ep > 1 or dp > 1):
+        key = "expert_parallel" if ep > 1 else "data_parallel_attention"
+        raise ScenarioError(f"{where}hardware.{key} = {max(ep, dp)} needs a mixture-of-experts "
+                            f"model; {model.name} is dense (expected 1; replicas: a cluster)")
+    if model.moe is not None and model.moe.num_experts % ep:
+        raise ScenarioError(f"{where}hardware.expert_parallel = {ep} does not divide {model.name}'s "
+                            f"{model.moe.num_experts} routed experts; expected a divisor")
 
 
 def layers_per_stage(model: ModelSpec, pipeline_parallel: int) -> int:
@@ -331,22 +377,40 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     return 2.0 * layers * heads_per_gpu * model.head_dim * model.kv_element_bytes
 
 
+def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
+    """Weights one GPU holds: its stage's share of everything but the routed experts split
+    by tensor parallelism (replicated over data-parallel attention groups), and of the
+    routed experts split by expert parallelism (or by tensor parallelism without it).
+
+    Without data parallelism or expert parallelism that is the weights / GPUs.
+    """
+    if hw.expert_parallel == 1 and hw.data_parallel_attention == 1:
+        return model.weight_bytes() / hw.num_gpus  # every weight split evenly
+    experts = model.routed_expert_params()
+    rest = model.param_count() - experts
+    expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
+    per_stage = rest / hw.tensor_parallel + experts / expert_ranks
+    return per_stage / hw.pipeline_parallel * model.weight_element_bytes
+
+
 def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
     """KV tokens the deployment can hold: (memory x utilisation - weights - reserve) / KV bytes.
 
-    Per GPU, since every GPU holds the same tokens' KV for its own layers and heads.
+    Per GPU, since every GPU holds the same tokens' KV for its own layers and heads; each
+    data-parallel attention group holds its own requests' KV, so the groups add up.
     Raises ValueError when the weights alone do not fit.
     """
-    weights_per_gpu = model.weight_bytes() / hw.num_gpus
+    weights_per_gpu = weight_bytes_per_gpu(model, hw)
     budget = hw.gpu.memory_bytes * hw.gpu_memory_utilization - hw.activation_reserve_gib * GIB
     free = budget - weights_per_gpu
     if free <= 0:
         raise ScenarioError(
             f"model {model.name} needs {weights_per_gpu / 1e9:.1f} GB of weights per GPU on "
             f"{hw.num_gpus} x {hw.gpu.name}, above the {budget / 1e9:.1f} GB budget; "
-            f"expected more GPUs (tensor_parallel x pipeline_parallel) or kv_capacity_tokens"
+            f"expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
+            f"fewer weight bytes (weight_dtype) or kv_capacity_tokens"
         )
-    return int(free // kv_bytes_per_token_per_gpu(model, hw))
+    return hw.data_parallel_attention * int(free // kv_bytes_per_token_per_gpu(model, hw))
 
 
 class Deployment(Strict):
@@ -376,7 +440,7 @@ def model_figures(model: ModelSpec, hw: HardwareConfig | None = None) -> dict[st
     }
     if hw is not None:
         figures["gpus"] = float(hw.num_gpus)
-        figures["weight_bytes_per_gpu"] = model.weight_bytes() / hw.num_gpus
+        figures["weight_bytes_per_gpu"] = weight_bytes_per_gpu(model, hw)
         figures["kv_bytes_per_token_per_gpu"] = kv_bytes_per_token_per_gpu(model, hw)
         figures["kv_capacity_tokens"] = float(derive_kv_capacity_tokens(model, hw))
     return figures

@@ -15,6 +15,7 @@ across `tp` ranks and replicates layer norms and residual adds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,38 +133,96 @@ def _mla_token_ops(model: ModelSpec, tp: int) -> list[Op]:
 
 @dataclass(frozen=True, slots=True)
 class ExpertOp:
-    """A MoE layer's routed experts on one rank (experts split by TP, each a SwiGLU MLP).
+    """A MoE layer's routed experts on its busiest rank, each a SwiGLU MLP.
 
-    Each token runs `experts_per_token` experts; an iteration reads the weights of the
-    experts any of its N tokens chose. Under uniform, independent routing that is, in
-    expectation, E (1 - (1 - k/E)^N) experts: every expert for large batches, about
-    k N for small ones. (Real routers are skewed, which hits fewer; state it if it matters.)
+    Without expert parallelism every rank holds every expert, split by tensor parallelism;
+    with it, a rank holds `num_experts` whole experts (E / EP). A token routes to expert i
+    of the rank with probability `pick_probabilities[i]` (its top-k includes i), tokens
+    independently, so an iteration of N tokens reads the weights of
+    sum_i 1 - (1 - q_i)^N experts and runs N sum_i q_i (token, expert) pairs. Under
+    uniform routing q = k/E: E (1 - (1 - k/E)^N) experts, every one for large batches,
+    about k N for small ones (`expert_routing_probabilities` for a skewed router).
     """
 
-    num_experts: int
+    num_experts: int  # on this rank
     experts_per_token: int
-    flops_per_token: float
+    total_experts: int  # in the layer
+    flops_per_pair: float
     weight_bytes_per_expert: float
-    bytes_per_token: float
+    bytes_per_pair: float
+    pick_probabilities: tuple[float, ...]
+    uniform: bool = True  # every q_i the same: the closed form
     kernels: int = 3  # the fused gate-and-up GEMM, the activation, the down GEMM
 
+    @property
+    def pairs_per_token(self) -> float:
+        """Expected (token, expert) pairs per token on this rank: k without expert parallelism."""
+        if self.uniform:  # k m / E: exactly k when the rank holds every expert
+            return self.experts_per_token * self.num_experts / self.total_experts
+        return math.fsum(self.pick_probabilities)
+
+    @property
+    def flops_per_token(self) -> float:
+        return self.flops_per_pair * self.pairs_per_token
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.bytes_per_pair * self.pairs_per_token
+
     def experts_hit(self, num_tokens: np.ndarray | float) -> np.ndarray:
-        miss = 1.0 - self.experts_per_token / self.num_experts
-        return self.num_experts * (1.0 - np.power(miss, np.asarray(num_tokens, dtype=np.float64)))
+        n = np.asarray(num_tokens, dtype=np.float64)
+        if self.uniform:
+            miss = 1.0 - self.pick_probabilities[0]
+            return self.num_experts * (1.0 - np.power(miss, n))
+        q = np.asarray(self.pick_probabilities)
+        return (1.0 - np.power(1.0 - q, n[..., None])).sum(axis=-1)
 
 
-def expert_op(model: ModelSpec, tp: int) -> ExpertOp | None:
-    """The routed experts of one MoE layer on one rank (None for a dense model)."""
+def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew: float) -> np.ndarray:
+    """The chance that a token's top-k includes each expert, most popular first.
+
+    Popularity follows Zipf's law with exponent `skew` (0: uniform, every expert k/E; real
+    routers are skewed, hot experts taking several times their share). A token picks k
+    distinct experts, so no expert exceeds 1 and they sum to k: the mass above 1 goes to
+    the others in proportion (water-filling).
+    """
+    weights = np.arange(1, num_experts + 1, dtype=np.float64) ** -skew
+    q = np.zeros(num_experts)
+    free = np.ones(num_experts, dtype=bool)
+    left = float(experts_per_token)
+    while True:
+        share = left * weights[free] / weights[free].sum()
+        full = share >= 1.0
+        if not full.any():
+            q[free] = share
+            return q
+        picked = np.flatnonzero(free)[full]
+        q[picked], free[picked] = 1.0, False
+        left -= len(picked)
+
+
+def expert_op(model: ModelSpec, tp: int, ep: int = 1, skew: float = 0.0) -> ExpertOp | None:
+    """The routed experts of one MoE layer on its busiest rank (None for a dense model).
+
+    With expert parallelism (`ep` > 1) experts are placed on ranks in popularity order,
+    round-robin (the even spread that expert-parallel load balancers such as DeepSeek's
+    EPLB aim for), so rank 0 holds the most popular of every `ep`: the busiest rank, whose
+    time every rank waits for.
+    """
     if model.moe is None:
         return None
     moe, d, dt = model.moe, model.hidden_size, model.dtype_bytes
-    width = moe.expert_intermediate_size / tp
+    k, e = moe.experts_per_token, moe.num_experts
+    width = moe.expert_intermediate_size / (tp if ep == 1 else 1)
     per_expert_params = 3.0 * d * width
-    k = moe.experts_per_token
     # Per routed token: the input in, gate-and-up out and back in, the activation, the output.
-    bytes_per_token = k * (d + 2.0 * width + 2.0 * width + width + width + d) * dt
-    return ExpertOp(moe.num_experts, k, 2.0 * k * per_expert_params,
-                    per_expert_params * model.weight_element_bytes, bytes_per_token)
+    bytes_per_pair = (d + 2.0 * width + 2.0 * width + width + width + d) * dt
+    if skew == 0.0:
+        q: tuple[float, ...] = (k / e,) * (e // ep)
+    else:
+        q = tuple(expert_routing_probabilities(e, k, skew)[::ep].tolist())
+    return ExpertOp(e // ep, k, e, 2.0 * per_expert_params, per_expert_params * model.weight_element_bytes,
+                    bytes_per_pair, q, uniform=skew == 0.0)
 
 
 def attention_constants(model: ModelSpec, tp: int) -> tuple[float, float, float]:

@@ -9,6 +9,10 @@ prompt (or chunk) tokens, on a deployment of L layers per pipeline stage:
          + per_iteration_s + [tensor_parallel > 1] * tensor_parallel_per_iteration_s
          + per_sequence_s * B + per_prefill_token_s * P          host work, not overlapped
 
+With data-parallel attention (a MoE deployment's `data_parallel_attention` groups) each
+group's engine process schedules and samples its own requests, side by side: B and P are
+a group's share, and the multi-process term applies as it does to tensor parallelism.
+
 `gpu_s` is the cost kind's own time (roofline, profile, fitted or linear). The host
 launches kernels asynchronously, so an iteration lasts at least as long as launching
 them all (a small model at a small batch, or a wide tensor-parallel group whose GPU time
@@ -78,7 +82,7 @@ class OverheadCost(CostModel):
 
     def __init__(
         self, inner: CostModel, cfg: OverheadConfig, layers_per_stage: int | None,
-        tensor_parallel: int,
+        tensor_parallel: int, data_parallel: int = 1,
     ) -> None:
         if cfg.launch_per_layer_s and layers_per_stage is None:
             raise ScenarioError(
@@ -87,10 +91,11 @@ class OverheadCost(CostModel):
             )
         self.inner = inner
         self.floor_s = (layers_per_stage or 0) * cfg.launch_per_layer_s
-        tp_s = cfg.tensor_parallel_per_iteration_s if tensor_parallel > 1 else 0.0
+        processes = tensor_parallel * data_parallel
+        tp_s = cfg.tensor_parallel_per_iteration_s if processes > 1 else 0.0
         self.fixed_s = cfg.per_iteration_s + tp_s
-        self.per_sequence_s = cfg.per_sequence_s
-        self.per_prefill_token_s = cfg.per_prefill_token_s
+        self.per_sequence_s = cfg.per_sequence_s / data_parallel
+        self.per_prefill_token_s = cfg.per_prefill_token_s / data_parallel
 
     def host_s(self, batch_size: int, prefill_tokens: int) -> float:
         """The host's work that the GPU waits for (one order of operations: the same bits)."""

@@ -7,6 +7,12 @@ stage to the next.
 
 The ring all-reduce moves 2(n-1)/n of the message over each link (a reduce-scatter then an
 all-gather, Patarasuk & Yuan 2009), so its time is latency + 2(n-1)/n * bytes / bandwidth.
+
+Expert parallelism moves tokens with two all-to-alls per MoE layer (dispatch to the
+experts' ranks, combine back). A rank's message is spread evenly over the ranks (its own
+share stays): what goes to ranks of its node crosses NVLink, the rest the network, both
+at once, so the slower of the two sets the time (DeepEP's kernels forward the two domains
+concurrently, deepseek-ai/DeepEP).
 """
 
 from __future__ import annotations
@@ -65,3 +71,21 @@ def pipeline_link(hw: HardwareConfig, efficiency: float, latency_s: float) -> Li
     if hw.num_gpus <= hw.gpu.gpus_per_node:
         return _nvlink(hw.gpu, efficiency, latency_s)
     return _network(hw.gpu, efficiency, latency_s)
+
+
+def all_to_all_s(size_bytes: np.ndarray | float, num_ranks: int, ranks_per_node: int,
+                 intra: Link, inter: Link) -> np.ndarray:
+    """Time of an all-to-all in which the busiest rank moves `size_bytes` (zero for one rank)."""
+    size = np.asarray(size_bytes, dtype=np.float64)
+    if num_ranks <= 1:
+        return np.zeros_like(size)
+    in_node = min(num_ranks, ranks_per_node)
+    intra_s = size * ((in_node - 1) / num_ranks) / intra.bandwidth_bytes_per_s
+    inter_s = size * ((num_ranks - in_node) / num_ranks) / inter.bandwidth_bytes_per_s
+    latency_s = inter.latency_s if num_ranks > in_node else intra.latency_s
+    return latency_s + np.maximum(intra_s, inter_s)
+
+
+def expert_parallel_links(hw: HardwareConfig, efficiency: float, latency_s: float) -> tuple[Link, Link]:
+    """NVLink inside a node, the network between nodes."""
+    return _nvlink(hw.gpu, efficiency, latency_s), _network(hw.gpu, efficiency, latency_s)

@@ -42,6 +42,8 @@ from orcasim.cost.flops import (
 )
 from orcasim.cost.overhead import CostConfigBase
 from orcasim.cost.parallel import (
+    all_to_all_s,
+    expert_parallel_links,
     pipeline_link,
     ring_all_reduce_s,
     send_recv_s,
@@ -58,6 +60,9 @@ class RooflineCostConfig(CostConfigBase):
     network_efficiency: float = Field(default=0.8, gt=0.0, le=1.0)
     kernel_overhead_s: NonNegativeFloat = 5.0e-6
     collective_latency_s: NonNegativeFloat = 1.0e-5
+    # Zipf exponent of a MoE router's expert popularity: 0 routes uniformly; a skewed
+    # router hits fewer experts and loads one expert-parallel rank more than the others.
+    expert_routing_skew: NonNegativeFloat = 0.0
 
 
 class Roofline(CostModel):
@@ -75,17 +80,32 @@ class Roofline(CostModel):
         if deployment.model.weight_dtype == "fp8" and hw.gpu.peak_flops_fp8:
             self.gemm_flops_per_s = hw.gpu.peak_flops_fp8 * cfg.compute_efficiency
         self.bytes_per_s = hw.gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency
+        # Data-parallel attention: each group attends to its own requests and runs its own
+        # tokens' dense operators. Balanced (the engine's dispatcher evens them out; the
+        # imbalance it leaves is not modelled), a group does 1/dp of the iteration's
+        # attention: as if at dp times the rate.
+        self.dp = hw.data_parallel_attention
+        self.attention_flops_per_s = self.flops_per_s * self.dp
+        self.attention_bytes_per_s = self.bytes_per_s * self.dp
         self.ops = token_ops(self.model, self.tp)
         self._op_terms = [(op.count, op.flops_per_token, op.weight_bytes, op.bytes_per_token)
                           for op in self.ops]
         # A mixture-of-experts model: its MoE layers run other token ops, and the experts.
-        self.experts: ExpertOp | None = expert_op(self.model, self.tp)
+        self.experts: ExpertOp | None = expert_op(self.model, self.tp, hw.expert_parallel,
+                                                  cfg.expert_routing_skew)
+        self.expert_parallel, self.gpus_per_node = hw.expert_parallel, hw.gpu.gpus_per_node
         moe = self.model.moe
         self.num_moe_layers = 0 if moe is None else self.model.num_layers - len(moe.dense_layers)
         self.num_dense_layers = self.model.num_layers - self.num_moe_layers
         self.moe_ops = token_ops(self.model, self.tp, moe_layer=True) if moe else []
         self.tp_link = tensor_parallel_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
         self.pp_link = pipeline_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
+        self.ep_links = expert_parallel_links(hw, cfg.network_efficiency, cfg.collective_latency_s)
+        # Tokens go to their experts in fp8 when the experts' GEMMs take fp8 inputs (DeepEP's
+        # FP8 dispatch for W8A8 experts) and come back in the activations' precision.
+        fp8_gemms = self.gemm_flops_per_s != self.flops_per_s
+        self.dispatch_bytes_per_pair = self.model.hidden_size * (1 if fp8_gemms else self.model.dtype_bytes)
+        self.combine_bytes_per_pair = self.model.hidden_size * self.model.dtype_bytes
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._fixed_memo: dict[tuple[int, int], float] = {}
         self.embedding, self.lm_head = embedding_op(self.model), lm_head_op(self.model, self.tp)
@@ -104,10 +124,11 @@ class Roofline(CostModel):
         return sum(op.count * self.op_time_s(op, num_tokens) for op in self.ops)  # type: ignore[return-value]
 
     def moe_layer_extra_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
-        """A MoE layer's own token ops and routed experts (its attention is any layer's)."""
+        """A MoE layer's own token ops (on a data-parallel group's share of the iteration's
+        `num_tokens`) and its routed experts on the busiest rank (attention is any layer's)."""
         assert self.experts is not None
         n = np.asarray(num_tokens, dtype=np.float64)
-        ops = sum(op.count * self.op_time_s(op, n) for op in self.moe_ops)
+        ops = sum(op.count * self.op_time_s(op, n / self.dp) for op in self.moe_ops)
         experts = self.experts
         compute = experts.flops_per_token * n / self.gemm_flops_per_s
         memory = (experts.experts_hit(n) * experts.weight_bytes_per_expert
@@ -118,7 +139,8 @@ class Roofline(CostModel):
         """Every layer's token-batched work (dense layers, MoE layers) on one rank."""
         if self.experts is None:
             return self.model.num_layers * self.token_ops_per_layer_s(num_tokens)
-        return (self.num_dense_layers * self.token_ops_per_layer_s(num_tokens)
+        group_tokens = np.asarray(num_tokens, dtype=np.float64) / self.dp
+        return (self.num_dense_layers * self.token_ops_per_layer_s(group_tokens)
                 + self.num_moe_layers * self.moe_layer_extra_s(num_tokens))
 
     def attention_per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
@@ -128,13 +150,43 @@ class Roofline(CostModel):
         grouping of the terms: the fast paths may list the same terms however they like.
         """
         flops, bytes_ = attention_flops_bytes(self.model, self.tp, query_tokens, context_tokens)
-        per_request = np.maximum(flops / self.flops_per_s, bytes_ / self.bytes_per_s)
+        per_request = np.maximum(flops / self.attention_flops_per_s, bytes_ / self.attention_bytes_per_s)
         return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
 
     def tp_all_reduce_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
-        """Two TP all-reduces of N x hidden per layer, over all layers."""
-        size = np.asarray(num_tokens, dtype=np.float64) * self.activation_bytes_per_token
-        return 2 * self.model.num_layers * ring_all_reduce_s(size, self.tp, self.tp_link)
+        """Two TP all-reduces of N x hidden per layer, over all layers; with data-parallel
+        attention, of a group's share, and a MoE layer's second is its experts' combine."""
+        if self.dp == 1:
+            size = np.asarray(num_tokens, dtype=np.float64) * self.activation_bytes_per_token
+            return 2 * self.model.num_layers * ring_all_reduce_s(size, self.tp, self.tp_link)
+        size = np.asarray(num_tokens, dtype=np.float64) / self.dp * self.activation_bytes_per_token
+        all_reduces = self.model.num_layers + self.num_dense_layers
+        return all_reduces * ring_all_reduce_s(size, self.tp, self.tp_link)
+
+    def expert_all_to_all_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
+        """Dispatch and combine of every MoE layer, when tokens live on their data-parallel
+        group and experts on other ranks. Without data-parallel attention every rank
+        already holds every token: the all-reduce combines."""
+        n = np.asarray(num_tokens, dtype=np.float64)
+        if self.dp == 1 or self.experts is None:
+            return np.zeros_like(n)
+        return self.num_moe_layers * (self.expert_dispatch_s(n) + self.expert_combine_s(n))
+
+    def expert_dispatch_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
+        """One MoE layer's dispatch. The busiest rank receives its experts' share of all N
+        tokens' top-k choices (no fewer than any rank sends): one message per (token,
+        expert) pair, as DeepEP's low-latency kernels send them."""
+        return self._expert_all_to_all_s(num_tokens, self.dispatch_bytes_per_pair)
+
+    def expert_combine_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
+        """One MoE layer's combine: the dispatch's pairs back, in the activations' precision."""
+        return self._expert_all_to_all_s(num_tokens, self.combine_bytes_per_pair)
+
+    def _expert_all_to_all_s(self, num_tokens: np.ndarray | float, bytes_per_pair: float) -> np.ndarray:
+        assert self.experts is not None
+        pairs = self.experts.pairs_per_token * np.asarray(num_tokens, dtype=np.float64)
+        return all_to_all_s(pairs * bytes_per_pair, self.expert_parallel, self.gpus_per_node,
+                            *self.ep_links)
 
     def pipeline_sends_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """One send/recv of N x hidden at each of the PP - 1 stage boundaries."""
@@ -143,12 +195,16 @@ class Roofline(CostModel):
             return np.zeros_like(size)
         return (self.pipeline_stages - 1) * send_recv_s(size, self.pp_link)
 
-    def _fixed_s(self, num_tokens: np.ndarray | float, batch_size: int) -> np.ndarray:
-        """Everything but attention: it depends only on the token and request counts."""
+    def _fixed_s(self, num_tokens: np.ndarray | float, batch_size: float) -> np.ndarray:
+        """Everything but attention: it depends only on the token and request counts (a
+        data-parallel group's ends and stage sends see its share of them)."""
         layers = self._layers_s(num_tokens)
-        ends = self.op_time_s(embedding_op(self.model), num_tokens)
-        ends = ends + self.op_time_s(lm_head_op(self.model, self.tp), batch_size)
-        comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(num_tokens)
+        group_tokens = np.asarray(num_tokens, dtype=np.float64) / self.dp
+        ends = self.op_time_s(embedding_op(self.model), group_tokens)
+        ends = ends + self.op_time_s(lm_head_op(self.model, self.tp), batch_size / self.dp)
+        comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(group_tokens)
+        if self.experts is not None:
+            comm = comm + self.expert_all_to_all_s(num_tokens)
         return layers + ends + comm
 
     def _op_scalar_s(self, op: Op, n: float) -> float:
@@ -159,10 +215,9 @@ class Roofline(CostModel):
 
     def _fixed_scalar_s(self, num_tokens: float, batch_size: float) -> float:
         """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
-        if self.experts is None:
-            layers = self.model.num_layers * self._dense_layer_scalar_s(num_tokens)
-        else:  # the numpy path's own arithmetic: MoE models are rarer, not the hot path
-            layers = float(self._layers_s(num_tokens))
+        if self.experts is not None:  # the numpy path itself: MoE models are not the hot path
+            return float(self._fixed_s(num_tokens, batch_size))
+        layers = self.model.num_layers * self._dense_layer_scalar_s(num_tokens)
         ends = self._op_scalar_s(self.embedding, num_tokens)
         ends = ends + self._op_scalar_s(self.lm_head, batch_size)
         comm = 0.0  # exactly what the numpy zeros of one GPU add
@@ -276,9 +331,10 @@ class _AttentionTerms:
         if self.whole:
             half, kv, query = (np.int64(x) for x in consts)
             self._ints = _IntConstants(np.int64(1), half, kv, query,
-                                       np.float64(cost.flops_per_s), np.float64(cost.bytes_per_s))
+                                       np.float64(cost.attention_flops_per_s),
+                                       np.float64(cost.attention_bytes_per_s))
             self._whole_terms = tuple(int(x) for x in consts)  # Python ints: exact, as int64
-        self.flops_per_s, self.bytes_per_s = cost.flops_per_s, cost.bytes_per_s
+        self.flops_per_s, self.bytes_per_s = cost.attention_flops_per_s, cost.attention_bytes_per_s
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
         # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
         compute_slope_s = self.flops_per_pair / self.flops_per_s
