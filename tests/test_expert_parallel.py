@@ -210,3 +210,27 @@ def test_the_all_to_all_agrees_with_deepeps_measurements_across_nodes() -> None:
     errors = all_to_all_errors()
     across = errors[errors["expert_parallel"] > 8]["error"].abs()
     assert across.max() <= 0.15 and across.median() <= 0.10
+
+
+def test_the_expert_parallel_scenario_runs_each_layout() -> None:
+    """scenarios/models/expert_parallel.yaml, shortened, at EP 1, 8 and 16 (the report's
+    overrides): every layout runs under both schedulers, KV never exceeds what the layout
+    holds, and at low load EP 16, reading half the experts a GPU that EP 8 does, decodes
+    fastest."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from orcasim.run import run_scenario
+    from scenarios.models.report import EP_SCENARIO, LAYOUTS
+
+    tpot = {}
+    for label in list(LAYOUTS)[:3]:
+        overrides = (*LAYOUTS[label][1], "workload.num_requests=120", "warmup_s=0",
+                     "workload.arrival.rate_per_s=2")
+        capacity = load_scenario(EP_SCENARIO, overrides).kv_capacity_tokens
+        result = run_scenario(EP_SCENARIO, overrides, base_dir=EP_SCENARIO.parent)
+        for system in ("orca", "vllm"):
+            summary = result.systems[system].summary
+            assert summary["requests_completed"] == 120
+            assert summary["kv_reserved_tokens_max"] <= capacity
+        tpot[label] = result.systems["vllm"].summary["tpot_s_p50"]
+    ep1, ep8, ep16 = tpot.values()
+    assert ep16 < ep8 and ep16 < ep1
