@@ -163,7 +163,11 @@ DEPLOYMENTS[8] = Deployment(
     model=ModelSpec.model_validate({"hf_config": "hf_configs/deepseek-v3/config.json",
                                     "weight_dtype": "fp8"}),
     hardware=HardwareConfig(gpu=gpu_spec("h200"), tensor_parallel=8))
-# The same model over two nodes: data-parallel attention, expert parallelism, all-to-alls.
+# gpt-oss-20b: sliding windows on every other layer, mxfp4 experts.
+DEPLOYMENTS[4] = Deployment(
+    model=ModelSpec.model_validate({"hf_config": "hf_configs/gpt-oss-20b/config.json"}),
+    hardware=HardwareConfig(gpu=gpu_spec("h100-80gb"), tensor_parallel=4))
+# DeepSeek-V3 over two nodes: data-parallel attention, expert parallelism, all-to-alls.
 DEPLOYMENTS[16] = Deployment(
     model=DEPLOYMENTS[8].model,
     hardware=HardwareConfig(gpu=gpu_spec("h200"), data_parallel_attention=16, expert_parallel=16))
@@ -202,13 +206,13 @@ def costs(draw: st.DrawFn) -> tuple[CostConfig, Deployment | None]:
                    per_token_s=draw(st.floats(0.0, 1e-3)),
                    per_context_token_s=draw(st.floats(0.0, 1e-4)))
         return LinearCostConfig(**cfg, overhead=draw(overheads(launches=False))), None
-    tp = draw(st.sampled_from([1, 2, 8, 16] if kind == "roofline" else [1, 2]))  # profile: dense only
+    tp = draw(st.sampled_from([1, 2, 4, 8, 16] if kind == "roofline" else [1, 2]))  # profile: dense only
     deployment = DEPLOYMENTS[tp] if kind in ("roofline", "profile") else None
     overhead = draw(overheads(launches=deployment is not None))
     strategies = {
         "roofline": lambda: RooflineCostConfig(  # a skewed router on the MoE deployments
             kind="roofline", overhead=overhead,
-            expert_routing_skew=draw(st.sampled_from([0.0, 1.1])) if tp >= 8 else 0.0),
+            expert_routing_skew=draw(st.sampled_from([0.0, 1.1])) if tp >= 4 else 0.0),
         "profile": lambda: ProfileCostConfig(**VIDUR_PROFILE, overhead=overhead),
         "fitted": lambda: FittedCostConfig(**DISTSERVE, overhead=overhead),
     }

@@ -31,8 +31,10 @@ CATALOG_DIR = PACKAGE_DATA_DIR / "catalog"
 GIB = 1024**3
 
 
-Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
-PRECISION_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
+# mxfp4 (OCP microscaling): blocks of 32 fp4 values sharing one 8-bit scale, 4.25 bits each.
+PRECISION_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+                                     "mxfp4": (32 * 0.5 + 1) / 32}
 
 
 class MoESpec(Strict):
@@ -46,6 +48,10 @@ class MoESpec(Strict):
     expert_intermediate_size: PositiveInt
     shared_intermediate_size: NonNegativeInt = 0
     dense_layers: list[NonNegativeInt] = Field(default_factory=list)
+    # The routed experts' storage precision, if not the model's weights' (gpt-oss ships its
+    # experts in mxfp4 and the rest in bf16): weight-only, the GEMMs still run at the
+    # model's compute precision.
+    expert_weight_dtype: Precision | None = None
 
     @model_validator(mode="after")
     def _top_k(self) -> MoESpec:
@@ -91,6 +97,11 @@ class ModelSpec(Strict):
     qkv_bias: bool | None = None  # None: as `bias` (Qwen2 has biases on Q, K, V only)
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    # Sliding-window attention (Mistral-7B-v0.1, gpt-oss, Gemma): a query attends to the
+    # last `sliding_window` tokens only, in `sliding_window_layers` (0-based; None: every
+    # layer), so its attention reads at most that many keys however long the context.
+    sliding_window: PositiveInt | None = None
+    sliding_window_layers: list[NonNegativeInt] | None = None
     source: str = ""
     notes: str = ""
 
@@ -109,6 +120,13 @@ class ModelSpec(Strict):
         if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
             raise ScenarioError(f"model.moe.dense_layers {self.moe.dense_layers} names a layer "
                                 f"beyond the model's {self.num_layers}; expected 0-based indices")
+        if self.sliding_window_layers is not None:
+            if self.sliding_window is None:
+                raise ScenarioError("model.sliding_window_layers is set without model.sliding_window; "
+                                    "expected the window's size in tokens")
+            if any(i >= self.num_layers for i in self.sliding_window_layers):
+                raise ScenarioError(f"model.sliding_window_layers {self.sliding_window_layers} names a "
+                                    f"layer beyond the model's {self.num_layers}; expected 0-based indices")
         if self.num_heads % self.kv_heads:
             raise ScenarioError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
         return self
@@ -120,6 +138,13 @@ class ModelSpec(Strict):
     @property
     def head_dim(self) -> int:
         return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def num_window_layers(self) -> int:
+        """Layers with sliding-window attention (0 without a window)."""
+        if self.sliding_window is None:
+            return 0
+        return self.num_layers if self.sliding_window_layers is None else len(set(self.sliding_window_layers))
 
     @property
     def weight_element_bytes(self) -> float:
@@ -202,8 +227,18 @@ class ModelSpec(Strict):
         the published figures count it)."""
         return self._all_layers_params(active=True) + self.embedding_params()
 
+    @property
+    def expert_element_bytes(self) -> float:
+        """Bytes a routed expert's weight takes (the model's, unless the experts have their own)."""
+        if self.moe is not None and self.moe.expert_weight_dtype is not None:
+            return PRECISION_BYTES[self.moe.expert_weight_dtype]
+        return self.weight_element_bytes
+
     def weight_bytes(self) -> float:
-        return self.param_count() * self.weight_element_bytes
+        if self.moe is None or self.moe.expert_weight_dtype is None:
+            return self.param_count() * self.weight_element_bytes
+        experts = self.routed_expert_params()
+        return (self.param_count() - experts) * self.weight_element_bytes + experts * self.expert_element_bytes
 
     def kv_values_per_token_per_layer(self) -> int:
         """Values a layer caches per token: K and V of every KV head (GQA shrinks it), or
@@ -228,8 +263,11 @@ class ModelSpec(Strict):
             m = self.mla
             per_pair = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
             attention = 2 * self.num_layers * context_tokens * self.num_heads * per_pair
-        else:
-            attention = 4 * self.num_layers * context_tokens * self.num_heads * self.head_dim
+        else:  # a sliding-window layer attends to the window's keys at most
+            keys = (self.num_layers - self.num_window_layers) * context_tokens
+            if self.sliding_window is not None:
+                keys += self.num_window_layers * min(context_tokens, self.sliding_window)
+            attention = 4 * keys * self.num_heads * self.head_dim
         return 2.0 * matmul_params + attention
 
 
@@ -389,8 +427,9 @@ def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     experts = model.routed_expert_params()
     rest = model.param_count() - experts
     expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
-    per_stage = rest / hw.tensor_parallel + experts / expert_ranks
-    return per_stage / hw.pipeline_parallel * model.weight_element_bytes
+    per_stage = (rest * model.weight_element_bytes / hw.tensor_parallel
+                 + experts * model.expert_element_bytes / expert_ranks)
+    return per_stage / hw.pipeline_parallel
 
 
 def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:

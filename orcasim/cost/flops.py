@@ -221,7 +221,7 @@ def expert_op(model: ModelSpec, tp: int, ep: int = 1, skew: float = 0.0) -> Expe
         q: tuple[float, ...] = (k / e,) * (e // ep)
     else:
         q = tuple(expert_routing_probabilities(e, k, skew)[::ep].tolist())
-    return ExpertOp(e // ep, k, e, 2.0 * per_expert_params, per_expert_params * model.weight_element_bytes,
+    return ExpertOp(e // ep, k, e, 2.0 * per_expert_params, per_expert_params * model.expert_element_bytes,
                     bytes_per_pair, q, uniform=skew == 0.0)
 
 

@@ -6,7 +6,10 @@ reads layers, hidden size, heads, KV heads, head dim, MLP and expert widths, voc
 tied embeddings and context length into a `ModelSpec`. A field that would change the
 cost and that orcasim does not model (a sliding window, a vision tower) is an error
 naming it, never a silent default; fields that only describe numerics (RoPE scaling,
-norm epsilon, initialiser ranges) are ignored.
+norm epsilon, initialiser ranges) are ignored. Sliding windows are read in each family's
+words: Mistral's `sliding_window` (every layer), `layer_types` (gpt-oss, Gemma: which layers
+are "sliding_attention"), Qwen2's `use_sliding_window` with `max_window_layers` (layers from
+that index on slide, as transformers' Qwen2Config lays them out).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ Config = dict[str, Any]
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
-def model_fields_from_hf(path: Path) -> dict[str, Any]:
-    """The `ModelSpec` fields of the model whose config.json is at `path`."""
+def model_fields_from_hf(path: Path, given: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The `ModelSpec` fields of the model whose config.json is at `path`; `given`: the
+    fields the scenario sets itself (a `weight_dtype` given overrides the checkpoint's)."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -41,9 +45,27 @@ def model_fields_from_hf(path: Path) -> dict[str, Any]:
             raise ScenarioError(f"model.hf_config = {str(path)!r}: {key} = {config[key]!r} changes "
                                 "the cost and is not modelled; expected a model without it")
     fields = reader(config)
+    if "weight_dtype" not in given:
+        fields |= _quantization(config, fields)
     fields.setdefault("name", str(config.get("_name_or_path") or path.parent.name or model_type))
     fields["source"] = f"{path.name} ({model_type})"
     return fields
+
+
+def _quantization(config: Config, fields: dict[str, Any]) -> dict[str, Any]:
+    """The weights' precision from `quantization_config`: fp8 checkpoints (DeepSeek-V3's,
+    Qwen's -FP8) store every linear weight in fp8; gpt-oss's mxfp4 quantizes the experts
+    only. Other schemes are errors: say `weight_dtype` instead."""
+    quant = config.get("quantization_config")
+    if not quant:
+        return {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "fp8":
+        return {"weight_dtype": "fp8"}
+    if method == "mxfp4" and "moe" in fields:
+        return {"moe": {**fields["moe"], "expert_weight_dtype": "mxfp4"}}
+    raise ScenarioError(f"model.hf_config: quantization_config.quant_method = {method!r} is not "
+                        "modelled; expected fp8 (or mxfp4 experts), or set model.weight_dtype")
 
 
 def _need(config: Config, *keys: str) -> Any:
@@ -77,7 +99,30 @@ def _llama_like(config: Config) -> dict[str, Any]:
     moe = _moe(config)
     if moe is not None:
         fields["moe"] = moe
-    return fields
+    return fields | _sliding_window(config)
+
+
+def _sliding_window(config: Config) -> dict[str, Any]:
+    """`sliding_window` and its layers, or nothing for a model that attends to everything."""
+    window = config.get("sliding_window")
+    if window is None or config.get("use_sliding_window") is False:
+        return {}
+    layers = int(_need(config, "num_hidden_layers"))
+    types = config.get("layer_types")
+    if types is not None:
+        unknown = sorted({t for t in types} - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise ScenarioError(f"model.hf_config: layer_types {unknown[0]!r} is not modelled; "
+                                "expected sliding_attention or full_attention layers")
+        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    elif config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+        sliding = list(range(int(config["max_window_layers"]), layers))  # Qwen2
+    else:
+        sliding = list(range(layers))  # Mistral: every layer
+    if not sliding:
+        return {}
+    return {"sliding_window": int(window),
+            "sliding_window_layers": None if len(sliding) == layers else sliding}
 
 
 def _moe(config: Config) -> dict[str, Any] | None:
@@ -171,9 +216,6 @@ READERS: dict[str, Callable[[Config], dict[str, Any]]] = {
 
 # Fields that change the cost, with when they are harmless (absent, null, or switched off).
 UNMODELLED: dict[str, Callable[[Config], bool]] = {
-    "sliding_window": lambda c: c.get("sliding_window") is None
-    or c.get("use_sliding_window") is False,
-    "layer_types": lambda c: all(t == "full_attention" for t in c.get("layer_types") or []),
     "vision_config": lambda c: False,
     "attention_chunk_size": lambda c: c.get("attention_chunk_size") is None,
 }
@@ -189,4 +231,4 @@ def resolve_hf_model(value: dict[str, Any]) -> dict[str, Any]:
         path = resolve_data_path(str(value["hf_config"]))
     except FileNotFoundError as e:
         raise ScenarioError(f"model.hf_config = {value['hf_config']!r}: {e}") from None
-    return {**model_fields_from_hf(path), **rest}
+    return {**model_fields_from_hf(path, frozenset(rest)), **rest}

@@ -59,6 +59,7 @@ def _check_profiled_shape(model: ModelSpec) -> None:
     unprofiled = [what for what, present in (
         ("mixture-of-experts layers (model.moe)", model.moe is not None),
         ("latent attention (model.mla)", model.mla is not None),
+        ("sliding-window attention (model.sliding_window)", model.sliding_window is not None),
         (f"{model.weight_dtype} weights", model.weight_dtype not in (None, "bf16", "fp16")),
         (f"an {model.kv_cache_dtype} KV cache", model.kv_cache_dtype not in (None, "bf16", "fp16")),
     ) if present]

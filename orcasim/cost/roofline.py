@@ -110,6 +110,10 @@ class Roofline(CostModel):
         self._fixed_memo: dict[tuple[int, int], float] = {}
         self.embedding, self.lm_head = embedding_op(self.model), lm_head_op(self.model, self.tp)
         self._attention = _AttentionTerms(self)
+        # Sliding-window layers attend to the last `sliding_window` tokens: their attention
+        # stops growing with the context, so it is priced apart (`window_attention_per_layer_s`).
+        self.window_layers = self.model.num_window_layers
+        self.full_layers = self.model.num_layers - self.window_layers
 
     def op_time_s(self, op: Op, num_tokens: np.ndarray | float) -> np.ndarray:
         """One run of `op` over `num_tokens` tokens (elementwise over an array)."""
@@ -152,6 +156,34 @@ class Roofline(CostModel):
         flops, bytes_ = attention_flops_bytes(self.model, self.tp, query_tokens, context_tokens)
         per_request = np.maximum(flops / self.attention_flops_per_s, bytes_ / self.attention_bytes_per_s)
         return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
+
+    def window_attention_per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
+        """A sliding-window layer's attention, summed over requests (the last axis).
+
+        Query j of q new tokens at position c - q + j sees min(c - q + j + 1, W) keys, so a
+        request covers sum over p = c-q+1..c of min(p, W) query-key pairs, and the kernel
+        reads the union of the windows: min(c, W + q - 1) tokens' KV.
+        """
+        window = self.model.sliding_window
+        assert window is not None
+        q, c = query_tokens.astype(np.int64), context_tokens.astype(np.int64)
+        first = c - q + 1  # keys the first new query sees, before the window caps them
+        pairs = np.where(c <= window, (first + c) * q // 2,
+                         np.where(first >= window, q * window,
+                                  (first + window) * (window - first + 1) // 2 + (c - window) * window))
+        flops_per_pair, kv_bytes, query_bytes = attention_constants(self.model, self.tp)
+        bytes_ = np.minimum(c, window + q - 1) * kv_bytes + q * query_bytes
+        per_request = np.maximum(pairs * flops_per_pair / self.attention_flops_per_s,
+                                 bytes_ / self.attention_bytes_per_s)
+        return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
+
+    def _attention_s(self, full_per_layer_s: float, query_tokens: np.ndarray,
+                     context_tokens: np.ndarray) -> float:
+        """Every layer's attention: full layers at `full_per_layer_s` each, windows apart."""
+        if not self.window_layers:
+            return self.model.num_layers * full_per_layer_s
+        window_s = float(self.window_attention_per_layer_s(query_tokens, context_tokens))
+        return self.full_layers * full_per_layer_s + self.window_layers * window_s
 
     def tp_all_reduce_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """Two TP all-reduces of N x hidden per layer, over all layers; with data-parallel
@@ -250,7 +282,7 @@ class Roofline(CostModel):
             return 0.0
         attention = self._attention.per_layer_s(batch.query_tokens, batch.context_tokens)
         fixed = self._fixed_one_s(batch.total_query_tokens, batch.size)
-        return float(fixed + self.model.num_layers * attention)
+        return float(fixed + self._attention_s(attention, batch.query_tokens, batch.context_tokens))
 
     def iteration_time_lists_s(
         self, query_tokens: list[int], context_tokens: list[int], query_total: int,
@@ -260,7 +292,10 @@ class Roofline(CostModel):
             return 0.0
         attention = self._attention.per_layer_lists_s(query_tokens, context_tokens)
         fixed = self._fixed_one_s(query_total, len(query_tokens))
-        return float(fixed + self.model.num_layers * attention)
+        if not self.window_layers:
+            return float(fixed + self.model.num_layers * attention)
+        q, c = np.array(query_tokens, dtype=np.int64), np.array(context_tokens, dtype=np.int64)
+        return float(fixed + self._attention_s(attention, q, c))
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """All steps at once, from two integer sums per step (see `_AttentionTerms`)."""
@@ -271,8 +306,13 @@ class Roofline(CostModel):
         if line is not None:  # the step's affine cost as one multiply-add
             first_s, slope_s = line
             return first_s + slope_s * np.arange(num_steps)
-        fixed_s, layers = self._fixed_one_s(size, size), self.model.num_layers
-        return fixed_s + layers * self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
+        fixed_s = self._fixed_one_s(size, size)
+        full = self._attention.decode_steps_per_layer_s(context_tokens, num_steps)
+        if not self.window_layers:
+            return fixed_s + self.model.num_layers * full
+        contexts = context_tokens[None, :] + np.arange(num_steps)[:, None]
+        window = self.window_attention_per_layer_s(np.ones_like(contexts), contexts)
+        return fixed_s + self.full_layers * full + self.window_layers * window
 
     def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
         line = self._decode_line_s(size, context_total) if size else None
@@ -282,7 +322,10 @@ class Roofline(CostModel):
         return DecodeLine(first_s, 0, 1, slope_s)
 
     def _decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
-        """Decode step k costs first + slope * k when every attention op is memory-bound."""
+        """Decode step k costs first + slope * k when every attention op is memory-bound
+        (and no layer's window stops a context's growth: then there is no line)."""
+        if self.window_layers:
+            return None
         line = self._attention.decode_line_s(size, context_total)
         if line is None:
             return None

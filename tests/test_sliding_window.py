@@ -1,0 +1,151 @@
+"""Sliding-window attention and checkpoint precision read from configs: gpt-oss (windows on
+every other layer, mxfp4 experts), Mistral-7B-v0.1 (a window on every layer), Qwen2's
+layout, fp8 checkpoints, and the window's cost against a brute-force count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.cost.base import Batch
+from orcasim.cost.catalog import Deployment, HardwareConfig, ModelSpec, model_from_argument
+from orcasim.cost.flops import attention_constants
+from orcasim.cost.profile import ProfileCost, ProfileCostConfig
+from orcasim.cost.roofline import Roofline, RooflineCostConfig
+from orcasim.scenario import load_scenario
+
+GIB = 1024**3
+
+
+def hf(name: str, **extra: object) -> ModelSpec:
+    return ModelSpec.model_validate({"hf_config": f"hf_configs/{name}/config.json", **extra})
+
+
+def roofline(model: ModelSpec, gpu: str = "h100-80gb", tp: int = 1) -> Roofline:
+    return Roofline(RooflineCostConfig(kind="roofline"),
+                    Deployment(model=model, hardware=HardwareConfig(gpu=gpu, tensor_parallel=tp)))
+
+
+@pytest.mark.parametrize(("name", "total", "active", "checkpoint_gib"), [
+    # The gpt-oss model card (OpenAI 2025), Table 1: parameters, active parameters per token
+    # (counting the unembedding, not the input embedding table), and checkpoint size.
+    ("gpt-oss-20b", 20.91e9, 3.61e9, 12.8),
+    ("gpt-oss-120b", 116.83e9, 5.13e9, 60.8),
+])
+def test_gpt_oss_matches_its_model_card(name: str, total: float, active: float, checkpoint_gib: float) -> None:
+    model = hf(name)
+    assert model.param_count() == pytest.approx(total, rel=0.006)
+    input_embedding = model.vocab_size * model.hidden_size
+    assert model.active_param_count() - input_embedding == pytest.approx(active, rel=0.006)
+    # mxfp4 experts (4.25 bits a weight), everything else bf16: the checkpoint's size.
+    assert model.moe is not None and model.moe.expert_weight_dtype == "mxfp4"
+    assert model.weight_bytes() / GIB == pytest.approx(checkpoint_gib, rel=0.01)
+
+
+def test_windows_are_read_in_each_familys_words(tmp_path: Path) -> None:
+    oss = hf("gpt-oss-20b")
+    assert oss.sliding_window == 128 and oss.sliding_window_layers == list(range(0, 24, 2))
+    assert oss.num_window_layers == 12
+    mistral = hf("mistral-7b-v0.1")
+    assert mistral.sliding_window == 4096 and mistral.sliding_window_layers is None
+    assert mistral.num_window_layers == 32
+    # Qwen2 slides from max_window_layers on, and only with use_sliding_window.
+    config = json.loads(Path("orcasim/data/hf_configs/qwen2-7b/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 4096,
+                                "max_window_layers": 20}))
+    qwen = model_from_argument(str(path))
+    assert qwen.sliding_window_layers == list(range(20, 28))
+    assert hf("qwen2-7b").sliding_window is None  # use_sliding_window: false
+
+
+def test_a_checkpoints_fp8_quantization_sets_the_weights_precision_unless_the_scenario_does(
+    tmp_path: Path,
+) -> None:
+    config = json.loads(Path("orcasim/data/hf_configs/deepseek-v3/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}))
+    assert model_from_argument(str(path)).weight_dtype == "fp8"
+    given = ModelSpec.model_validate({"hf_config": str(path), "weight_dtype": "bf16"})
+    assert given.weight_dtype == "bf16"
+
+
+def _brute_force(q: int, c: int, window: int) -> tuple[int, int]:
+    """Query-key pairs and KV tokens read, counted query by query."""
+    pairs = sum(min(position + 1, window) for position in range(c - q, c))
+    first_key = max(0, c - q - window + 1)
+    return pairs, c - first_key
+
+
+def test_a_window_layers_attention_counts_what_each_query_sees() -> None:
+    cost = roofline(hf("mistral-7b-v0.1"))
+    window = 4096
+    flops_per_pair, kv_bytes, query_bytes = attention_constants(cost.model, 1)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        c = int(rng.integers(1, 3 * window))
+        q = int(rng.choice([1, int(rng.integers(1, c + 1))]))
+        pairs, keys = _brute_force(q, c, window)
+        want = max(pairs * flops_per_pair / cost.flops_per_s,
+                   (keys * kv_bytes + q * query_bytes) / cost.bytes_per_s) + cost.cfg.kernel_overhead_s
+        got = float(cost.window_attention_per_layer_s(np.array([q]), np.array([c])))
+        assert got == pytest.approx(want, rel=1e-14), (q, c)
+
+
+def test_past_the_window_a_decode_step_stops_growing() -> None:
+    """Mistral-7B-v0.1 slides on every layer: a step at 8k or 32k of context costs what it
+    does at the window; without the window it keeps growing."""
+    windowed = roofline(hf("mistral-7b-v0.1"))
+    full = roofline(hf("mistral-7b-v0.1", sliding_window=None))
+
+    def step(cost: Roofline, context: int) -> float:
+        return cost.iteration_time_s(Batch(np.ones(32, dtype=np.int64), np.full(32, context, dtype=np.int64)))
+
+    assert step(windowed, 1000) == step(full, 1000)
+    assert step(windowed, 4096) == step(windowed, 8192) == step(windowed, 32768)
+    assert step(full, 32768) > 3 * step(windowed, 32768)
+
+
+def test_decode_steps_agree_with_each_iteration_across_the_window() -> None:
+    """Contexts that cross the window within the run: no line, and every step priced as the
+    iteration itself would be."""
+    cost = roofline(hf("gpt-oss-20b"), tp=4)
+    contexts = np.array([5, 100, 127, 128, 129, 3000])
+    assert cost.decode_line(len(contexts), int(contexts.sum())) is None
+    steps = cost.decode_steps_s(contexts, 40)
+    ones = np.ones_like(contexts)
+    expected = [cost.iteration_time_s(Batch(ones, contexts + k)) for k in range(40)]
+    np.testing.assert_allclose(steps, expected, rtol=1e-13)
+    lists = cost.iteration_time_lists_s([1] * 6, (contexts + 7).tolist(), 6, int(contexts.sum()) + 42)
+    assert lists == pytest.approx(expected[7], rel=1e-13)
+
+
+def test_flops_per_token_count_the_windows_keys() -> None:
+    model = hf("gpt-oss-20b")
+    per_key = 4 * model.num_heads * model.head_dim
+    assert model.flops_per_token(100_128) - model.flops_per_token(128) == 12 * 100_000 * per_key
+
+
+def test_the_profile_cost_refuses_a_windowed_model() -> None:
+    deployment = Deployment(model=hf("mistral-7b-v0.1"), hardware=HardwareConfig(gpu="a100-80gb"))
+    cfg = ProfileCostConfig(kind="profile",
+                            mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
+    with pytest.raises(ScenarioError, match="sliding-window attention"):
+        ProfileCost(cfg, deployment)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("model.sliding_window=null", "model.sliding_window_layers=[0]"),
+     "sliding_window_layers is set without model.sliding_window"),
+    (("model.sliding_window_layers=[40]",), "names a layer beyond the model's 32"),
+])
+def test_a_bad_window_is_a_one_line_error(overrides: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message) as caught:
+        load_scenario("scenarios/models/dense_vs_moe.yaml",
+                      ["model.hf_config=hf_configs/mistral-7b-v0.1/config.json", *overrides])
+    assert "\n" not in str(caught.value)
