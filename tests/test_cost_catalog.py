@@ -137,3 +137,16 @@ def test_cli_reports_an_unknown_model_on_one_line(tmp_path: Path) -> None:
     p = orcasim("validate", str(bad))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "unknown model 'gpt3-13'" in p.stderr and "gpt3-175b" in p.stderr
+
+
+def test_the_2026_catalog_entries_come_from_their_configs_at_their_release_precision() -> None:
+    """Catalog names for current models resolve through their shipped configs: DeepSeek-V3
+    as released in fp8 (671 GB of weights), gpt-oss with its mxfp4 experts and windows."""
+    deepseek = model_spec("deepseek-v3")
+    assert deepseek.name == "deepseek-v3" and deepseek.weight_dtype == "fp8"
+    assert deepseek.weight_bytes() == pytest.approx(671e9, rel=0.001)
+    oss = model_spec("gpt-oss-120b")
+    assert oss.sliding_window == 128 and oss.moe is not None and oss.moe.expert_weight_dtype == "mxfp4"
+    assert model_spec("llama3.1-70b").param_count() == model_spec("llama3-70b").param_count()
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b"):
+        assert model_spec(name).moe is not None and model_spec(name).source
