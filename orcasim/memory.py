@@ -92,7 +92,9 @@ class PagedAllocator:
         self._recycled: list[int] = []  # without caching: freed blocks; pop() = the last freed
         self._queue: OrderedDict[int, None] = OrderedDict()  # with caching: freed, oldest first
         self._fresh = 0  # blocks from here on were never used
-        self._refs: dict[int, int] = {}  # block -> the tables holding it, for blocks in use
+        # Block -> the tables holding it, for blocks in use. Kept with caching only: without
+        # it nothing is shared, every held block has one holder, and the hot path skips it.
+        self._refs: dict[int, int] = {}
         self.tables: dict[int, list[int]] = {}
         self._hash_of: dict[int, int] = {}  # cached block -> its hash
         self._blocks_of: dict[int, dict[int, None]] = {}  # hash -> its blocks, first cached first
@@ -146,7 +148,10 @@ class PagedAllocator:
                 taken.append(block)
             return taken
         recycled = self._recycled
-        taken = [recycled.pop() for _ in range(min(count, len(recycled)))]
+        start = len(recycled) - min(count, len(recycled))
+        taken = recycled[start:]
+        taken.reverse()  # the last freed first
+        del recycled[start:]
         fresh = count - len(taken)
         if fresh:
             taken.extend(range(self._fresh, self._fresh + fresh))
@@ -165,6 +170,8 @@ class PagedAllocator:
         self.evictions += 1
 
     def _hold(self, blocks: list[int]) -> None:
+        if not self.caching:
+            return  # one holder each, counted by the tables alone
         refs = self._refs
         for block in blocks:
             assert block not in refs, "a new block is already held"
@@ -200,6 +207,9 @@ class PagedAllocator:
         """Drop `req_id`'s hold on its blocks; those nobody else holds go back to the pool,
         last block first. The number of blocks in its table (0 if it had none)."""
         blocks = self.tables.pop(req_id, [])
+        if not self.caching:  # nobody else holds them: all go back, the last block first
+            self._recycled.extend(reversed(blocks))
+            return len(blocks)
         self._num_cached.pop(req_id, None)
         refs = self._refs
         back = self._queue if self.caching else None
@@ -244,7 +254,7 @@ class PagedAllocator:
 
     def share(self, req_id: int, blocks: list[int]) -> None:
         """A cache hit: `blocks` (from `lookup`) start `req_id`'s empty table."""
-        assert not self.tables.get(req_id), "a hit starts an empty table"
+        assert self.caching and not self.tables.get(req_id), "a hit starts an empty table of a caching pool"
         refs, queue = self._refs, self._queue
         for block in blocks:
             held = refs.get(block, 0)
@@ -284,7 +294,10 @@ class PagedAllocator:
         assert len(counts) + self.num_free_blocks == self.num_blocks, "blocks lost or invented"
         assert not set(counts) & set(free), "a block is both free and owned"
         assert all(b < self._fresh for b in held + free), "a never-used block is in use"
-        assert counts == self._refs, "reference counts disagree with the tables"
+        if self.caching:
+            assert counts == self._refs, "reference counts disagree with the tables"
+        else:  # nothing is shared without caching, and no counts are kept
+            assert not self._refs and len(held) == len(counts), "reference counts disagree with the tables"
         assert self.num_shared_holds == len(held) - len(counts), "shared holds miscounted"
         assert self.caching or not (self._queue or self._hash_of), "a cache without caching"
         assert all(b < self._fresh for b in self._hash_of), "a never-used block is cached"
