@@ -141,3 +141,160 @@ def test_a_batch_given_as_lists_costs_what_the_arrays_cost(model: ModelSpec, har
         lists = cost.iteration_time_lists_s(query.tolist(), context.tolist(), int(query.sum()),
                                             int(context.sum()))
         assert lists == cost.iteration_time_s(Batch(query, context))
+
+
+# --- communication, experts and the host under parallelism, by hand -------------------------
+
+NVLINK_H200_S_PER_BYTE = 1 / (900e9 / 2 * 0.8)  # one direction of NVLink at the roofline's 80%
+LATENCY_S = 1e-5
+
+
+def _h200(model: ModelSpec, **hardware: object) -> Roofline:
+    hw = HardwareConfig.model_validate({"gpu": "h200", **hardware})
+    return Roofline(RooflineCostConfig(kind="roofline"), Deployment(model=model, hardware=hw))
+
+
+def test_tensor_parallel_all_reduces_by_hand() -> None:
+    """Two all-reduces of N x hidden a layer (DeepSeek-V3, TP 8, 61 layers); with 4
+    data-parallel groups of 2 GPUs, a group's N/4 tokens, and a MoE layer's second all-reduce
+    becomes its experts' combine: 61 + 3 dense layers' all-reduces."""
+    model = hf("deepseek-v3", weight_dtype="fp8")
+    tokens, row_bytes = 1000, 7168 * 2
+    tp8 = _h200(model, tensor_parallel=8)
+    ring8 = LATENCY_S + 2 * 7 / 8 * tokens * row_bytes * NVLINK_H200_S_PER_BYTE
+    assert float(tp8.tp_all_reduce_s(tokens)) == pytest.approx(122 * ring8, rel=1e-12)
+    groups = _h200(model, tensor_parallel=2, data_parallel_attention=4, expert_parallel=8)
+    ring2 = LATENCY_S + 2 * 1 / 2 * tokens / 4 * row_bytes * NVLINK_H200_S_PER_BYTE
+    assert float(groups.tp_all_reduce_s(tokens)) == pytest.approx((61 + 3) * ring2, rel=1e-12)
+    assert float(tp8.expert_all_to_all_s(tokens)) == 0.0  # every rank holds every token
+    assert float(groups.expert_all_to_all_s(tokens)) > 0.0
+
+
+def test_pipeline_stages_send_their_activations_by_hand() -> None:
+    model = model_from_argument("llama3-70b")
+    two = _h200(model, tensor_parallel=2, pipeline_parallel=2)
+    send = LATENCY_S + 512 * 8192 * 2 * NVLINK_H200_S_PER_BYTE
+    assert float(two.pipeline_sends_s(512)) == pytest.approx(send, rel=1e-12)
+    assert float(_h200(model, tensor_parallel=2).pipeline_sends_s(512)) == 0.0
+    # A lone GPU pays no collective at all; two stages do, on the scalar path as on numpy's.
+    one = _h200(model)
+    assert one._fixed_one_s(512, 4) == float(one._fixed_s(512, 4))
+    assert two._fixed_one_s(512, 4) == pytest.approx(float(two._fixed_s(512, 4)), rel=1e-15)
+    assert two._fixed_one_s(512, 4) > _h200(model, tensor_parallel=2)._fixed_one_s(512, 4)
+
+
+def test_a_data_parallel_groups_ends_see_its_share() -> None:
+    """The embedding gathers a group's N/DP tokens, the LM head its B/DP requests."""
+    model = hf("deepseek-v3", weight_dtype="fp8")
+    cost = _h200(model, data_parallel_attention=8, expert_parallel=8)
+    tokens, requests = 4096.0, 64.0
+    expected = (cost._layers_s(tokens) + cost.op_time_s(cost.embedding, tokens / 8)
+                + cost.op_time_s(cost.lm_head, requests / 8) + cost.tp_all_reduce_s(tokens)
+                + cost.pipeline_sends_s(tokens / 8) + cost.expert_all_to_all_s(tokens))
+    assert float(cost._fixed_s(tokens, requests)) == float(expected)
+    assert float(cost._fixed_s(tokens, requests)) > float(cost._layers_s(tokens) + cost.expert_all_to_all_s(tokens))
+
+
+@pytest.mark.parametrize("tokens", [1.0, 16.0, 8192.0])
+def test_a_moe_layers_experts_by_hand(tokens: float) -> None:
+    """Qwen3-30B-A3B on one H100 (no shared experts): the router, then the experts'
+    max(FLOPs, bytes) and three kernels. One token reads 8 experts' weights (memory-bound);
+    8,192 tokens run 65,536 expert passes (compute-bound)."""
+    model = hf("qwen3-30b-a3b")
+    cost = Roofline(RooflineCostConfig(kind="roofline"),
+                    Deployment(model=model, hardware=HardwareConfig(gpu="h100-80gb")))
+    d, width, k, experts = 2048, 768, 8, 128
+    flops = 2 * 3 * d * width * k * tokens
+    hit = experts * (1 - (1 - k / experts) ** tokens)
+    pair_bytes = (d + 6 * width + d) * 2
+    memory = (hit * 3 * d * width * 2 + pair_bytes * k * tokens) / (3.35e12 * 0.8)
+    ops = sum(op.count * float(cost.op_time_s(op, tokens)) for op in cost.moe_ops)
+    expected = ops + max(flops / (989.4e12 * 0.7), memory) + 3 * 5e-6
+    assert float(cost.moe_layer_extra_s(tokens)) == pytest.approx(expected, rel=1e-12)
+    assert (flops / (989.4e12 * 0.7) > memory) == (tokens > 1000)
+
+
+def test_data_parallel_hosts_by_hand() -> None:
+    """Four groups, one GPU each: the multi-process term applies, and a group's host handles
+    its quarter of the sequences and of the prompt tokens (a 2-token prompt counts)."""
+    from orcasim.cost.linear import LinearCost, LinearCostConfig
+    from orcasim.cost.overhead import OverheadConfig, OverheadCost
+
+    cfg = OverheadConfig(per_iteration_s=1e-3, per_sequence_s=1e-4, per_prefill_token_s=1e-5,
+                         tensor_parallel_per_iteration_s=7e-3)
+    gpu = LinearCost(LinearCostConfig(kind="linear", base_s=0.01))
+    cost = OverheadCost(gpu, cfg, None, tensor_parallel=1, data_parallel=4)
+    query, context = [2, 1, 1, 1], [2, 50, 60, 70]
+    host_s = 1e-3 + 7e-3 + 4 / 4 * 1e-4 + 2 / 4 * 1e-5
+    batch = Batch(np.array(query, dtype=np.int64), np.array(context, dtype=np.int64))
+    assert cost.iteration_time_s(batch) == pytest.approx(0.01 + host_s, rel=1e-12)
+    assert cost.iteration_time_lists_s(query, context, 5, 182) == pytest.approx(0.01 + host_s, rel=1e-12)
+    empty = np.zeros(0, dtype=np.int64)
+    assert cost.iteration_time_s(Batch(empty, empty)) == 0.0
+    assert cost.iteration_time_lists_s([], [], 0, 0) == 0.0
+    # No requests, no host work: the GPU model's own steps pass through.
+    np.testing.assert_array_equal(cost.decode_steps_s(empty, 3), gpu.decode_steps_s(empty, 3))
+    steps = cost.decode_steps_s(np.array([10, 20]), 2)
+    assert steps[0] == pytest.approx(0.01 + 1e-3 + 7e-3 + 2 / 4 * 1e-4, rel=1e-12)
+    # One host on top of another is not a plain line: no closed form.
+    assert OverheadCost(cost, cfg, None, tensor_parallel=1).decode_line(2, 30) is None
+
+
+def test_parameter_counts_of_small_models_by_hand() -> None:
+    """Every term of the count on shapes small enough to add up by hand."""
+    # GPT-style: learned positions, biases everywhere, a plain (ungated) MLP of 4d.
+    gpt = ModelSpec(num_layers=2, hidden_size=8, num_heads=2, vocab_size=10, max_seq_len=16)
+    attention = 8 * 24 + 8 * 8 + 24 + 8  # QKV and output weights, their biases
+    mlp = 2 * 8 * 32 + 32 + 8  # up and down, their biases
+    norms = 2 * 8 * 2  # two layer norms, gain and bias
+    assert gpt.layer_params() == attention + mlp + norms
+    assert gpt.embedding_params() == 10 * 8 + 16 * 8 + 8 * 2  # tied head, positions, final norm
+    assert gpt.param_count() == 2 * gpt.layer_params() + gpt.embedding_params()
+    assert gpt.routed_expert_params() == 0
+    # Gated MLP with biases: the fused gate-and-up bias is twice the width.
+    gated = gpt.model_copy(update={"gated_mlp": True, "intermediate_size": 4})
+    assert gated.mlp_params(0) == 3 * 8 * 4 + 2 * 4 + 8
+    # RoPE without biases: no position table, RMS norms with a gain only.
+    rope = gpt.model_copy(update={"positional": "rope", "bias": False, "tied_embeddings": False})
+    assert rope.embedding_params() == 2 * 10 * 8 + 8
+    assert rope.layer_params() == 8 * 24 + 8 * 8 + 2 * 8 * 32 + 2 * 8
+
+
+def test_latent_attention_parameters_by_hand() -> None:
+    model = hf("deepseek-v3")
+    d, heads = 7168, 128
+    q = d * 1536 + 1536 + 1536 * heads * 192  # down, its norm, up
+    kv = d * (512 + 64) + 512 + 512 * heads * (128 + 128)  # down, its norm, up to K-nope and V
+    assert model.attention_params() == q + kv + heads * 128 * d
+    direct = model.model_copy(update={"mla": model.mla.model_copy(update={"q_lora_rank": None})})
+    assert direct.attention_params() == d * heads * 192 + kv + heads * 128 * d
+    assert model.layer_params(0) - model.attention_params() - model.mlp_params(0) == 2 * d
+
+
+def test_config_readers_fix_what_a_family_implies(tmp_path: Path) -> None:
+    """DeepSeek: every query head reads the shared latent, head size nope + rope; gpt-oss:
+    biased attention projections; a quantization_config that is not a table is refused."""
+    config = json.loads(Path("orcasim/data/hf_configs/deepseek-v3/config.json").read_text())
+    model = model_from_argument(write_config(tmp_path, {**config, "num_key_value_heads": 1}))
+    assert (model.kv_heads, model.head_dim) == (128, 192)
+    assert hf("gpt-oss-20b").qkv_bias is True
+    with pytest.raises(ScenarioError, match="quant_method = None is not modelled"):
+        model_from_argument(write_config(tmp_path, {**config, "quantization_config": "fp8"}))
+
+
+def test_deployment_limits_are_inclusive_and_name_their_place() -> None:
+    from orcasim.cost.catalog import check_deployment
+
+    model = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_heads=4, max_seq_len=128)
+    check_deployment(model, HardwareConfig(gpu="h200", pipeline_parallel=4), 128)  # both at the limit
+    with pytest.raises(ScenarioError, match=r"^workload.max_tokens = 129 exceeds model tiny's context"):
+        check_deployment(model, None, 129)
+    with pytest.raises(ScenarioError, match=r"^systems\[0\].hardware.pipeline_parallel = 5 exceeds tiny's 4 layers"):
+        check_deployment(model, HardwareConfig(gpu="h200", pipeline_parallel=5), 1, "systems[0].")
+    with pytest.raises(ScenarioError, match=r"^x.hardware.tensor_parallel = 3 does not divide tiny's 4"):
+        check_deployment(model, HardwareConfig(gpu="h200", tensor_parallel=3), 1, "x.")
+    for hardware, key in (({"data_parallel_attention": 2, "expert_parallel": 2}, "expert_parallel = 2"),
+                          ({"tensor_parallel": 2, "data_parallel_attention": 2, "expert_parallel": 4},
+                           "expert_parallel = 4")):
+        with pytest.raises(ScenarioError, match=rf"^y.hardware.{key} needs a mixture-of-experts model"):
+            check_deployment(model, HardwareConfig.model_validate({"gpu": "h200", **hardware}), 1, "y.")
