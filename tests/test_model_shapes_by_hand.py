@@ -298,3 +298,97 @@ def test_deployment_limits_are_inclusive_and_name_their_place() -> None:
                            "expert_parallel = 4")):
         with pytest.raises(ScenarioError, match=rf"^y.hardware.{key} needs a mixture-of-experts model"):
             check_deployment(model, HardwareConfig.model_validate({"gpu": "h200", **hardware}), 1, "y.")
+
+
+# --- per-layer operators and attention constants, by hand ------------------------------------
+
+def _op_table(model: ModelSpec, tp: int, moe_layer: bool = False) -> dict[str, tuple[float, float, float, int]]:
+    return {op.name: (op.flops_per_token, op.weight_bytes, op.bytes_per_token, op.count)
+            for op in token_ops(model, tp, moe_layer=moe_layer)}
+
+
+def test_a_dense_layers_operators_by_hand() -> None:
+    """Llama-3-70B on 8 GPUs: 8 query heads and 1 KV head a rank, head 128, SwiGLU width
+    28,672 / 8, RoPE on Q and K, no biases; two residual adds."""
+    model = model_from_argument("llama3-70b")
+    d, q, kv, hd, f = 8192, 8, 1, 128, 28672 // 8
+    qkv = (q + 2 * kv) * hd
+    assert _op_table(model, 8) == {
+        "input_layernorm": (8 * d, 0, 2 * d * 2, 1),
+        "attn_pre_proj": (2 * d * qkv, d * qkv * 2, (d + qkv) * 2, 1),
+        "attn_rope": (8 * (q + kv) * hd, 0, 2 * (q + kv) * hd * 2, 1),
+        "attn_post_proj": (2 * q * hd * d, q * hd * d * 2, (q * hd + d) * 2, 1),
+        "post_attention_layernorm": (8 * d, 0, 2 * d * 2, 1),
+        "mlp_up_proj": (2 * d * 2 * f, d * 2 * f * 2, (d + 2 * f) * 2, 1),
+        "mlp_act": (8 * f, 0, (2 * f + f) * 2, 1),
+        "mlp_down_proj": (2 * f * d, f * d * 2, (f + d) * 2, 1),
+        "add": (8 * d, 0, 3 * d * 2, 2),
+    }
+
+
+def test_biases_where_each_model_has_them() -> None:
+    """OPT: biases on every projection and no RoPE; Qwen2: biases on Q, K and V only."""
+    opt = _op_table(model_from_argument("opt-13b"), 1)
+    d = 5120
+    assert "attn_rope" not in opt
+    assert opt["attn_pre_proj"][1] == (d * 3 * d + 3 * d) * 2
+    assert opt["attn_post_proj"][1] == (d * d + d) * 2
+    assert opt["mlp_up_proj"][1] == (d * 4 * d + 4 * d) * 2
+    qwen = _op_table(hf("qwen2-7b"), 1)
+    d, qkv = 3584, (28 + 2 * 4) * 128
+    assert qwen["attn_pre_proj"][1] == (d * qkv + qkv) * 2
+    assert qwen["attn_post_proj"][1] == 28 * 128 * d * 2
+    assert qwen["mlp_down_proj"][1] == 18944 * d * 2
+
+
+def test_a_moe_layers_own_operators_by_hand() -> None:
+    """DeepSeek-V3's MoE layer on 8 GPUs: a replicated router (7,168 x 256, no bias) and one
+    shared SwiGLU expert of width 2,048 / 8; its routed experts are apart (ExpertOp)."""
+    model = hf("deepseek-v3")
+    table = _op_table(model, 8, moe_layer=True)
+    d, width = 7168, 2048 // 8
+    assert table["moe_router"] == (2 * d * 256, d * 256 * 2, (d + 256) * 2, 1)
+    assert table["shared_expert_up_proj"] == (2 * d * 2 * width, d * 2 * width * 2, (d + 2 * width) * 2, 1)
+    assert table["shared_expert_down_proj"][:2] == (2 * width * d, width * d * 2)
+    assert not any(name.startswith("mlp_") for name in table)
+    assert "moe_router" not in _op_table(model, 8)  # a dense layer of the same model
+
+
+@pytest.mark.parametrize(("name", "tp", "kv_dtype", "expected"), [
+    # (FLOPs per query-key pair, KV bytes per context token, bytes per query token)
+    ("llama3-70b", 8, None, (4 * 128 * 8, 2 * 1 * 128 * 2, (2 * 8 * 128 + 2 * 128) * 2)),
+    ("llama3-70b", 8, "fp8", (4 * 128 * 8, 2 * 1 * 128 * 1, 2 * 8 * 128 * 2 + 2 * 128 * 1)),
+    ("deepseek-v3", 8, None, (16 * (2 * 576 + 2 * 512), 576 * 2, 16 * (576 + 512) * 2 + 576 * 2)),
+    ("deepseek-v3", 8, "fp8", (16 * (2 * 576 + 2 * 512), 576 * 1, 16 * (576 + 512) * 2 + 576 * 1)),
+])
+def test_attention_constants_by_hand(name: str, tp: int, kv_dtype: str | None, expected: tuple) -> None:
+    from orcasim.cost.flops import attention_constants
+
+    base = model_from_argument(name) if name == "llama3-70b" else hf(name)
+    model = base.model_copy(update={"kv_cache_dtype": kv_dtype})
+    assert attention_constants(model, tp) == expected
+
+
+def test_expert_layouts_in_each_familys_words(tmp_path: Path) -> None:
+    """Qwen2-MoE: a shared expert of its own width, MoE every `decoder_sparse_step` layers
+    unless listed in mlp_only_layers; DeepSeek: n_shared_experts of the expert width, dense
+    before first_k_dense_replace and off the moe_layer_freq; gpt-oss names top-k its way."""
+    qwen = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
+            "intermediate_size": 256, "vocab_size": 100, "max_position_embeddings": 64, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    moe = model_from_argument(write_config(tmp_path, qwen)).moe
+    assert moe is not None and (moe.dense_layers, moe.shared_intermediate_size) == ([], 0)
+    moe = model_from_argument(write_config(tmp_path, {**qwen, "decoder_sparse_step": 2, "mlp_only_layers": [1],
+                                                      "shared_expert_intermediate_size": 96})).moe
+    assert moe is not None and (moe.dense_layers, moe.shared_intermediate_size) == ([0, 1, 2, 4], 96)
+    deepseek = {**qwen, "model_type": "deepseek_v2", "n_routed_experts": 8, "num_experts": None,
+                "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}
+    moe = model_from_argument(write_config(tmp_path, deepseek)).moe
+    assert moe is not None and (moe.dense_layers, moe.shared_intermediate_size) == ([], 0)
+    moe = model_from_argument(write_config(tmp_path, {**deepseek, "first_k_dense_replace": 1, "moe_layer_freq": 2,
+                                                      "n_shared_experts": 2})).moe
+    assert moe is not None and (moe.dense_layers, moe.shared_intermediate_size) == ([0, 1, 3, 5], 64)
+    oss = {**qwen, "model_type": "gpt_oss", "num_local_experts": 8, "num_experts": None,
+           "num_experts_per_tok": None, "experts_per_token": 3}
+    moe = model_from_argument(write_config(tmp_path, oss)).moe
+    assert moe is not None and (moe.experts_per_token, moe.num_experts, moe.dense_layers) == (3, 8, [])
