@@ -392,3 +392,56 @@ def test_expert_layouts_in_each_familys_words(tmp_path: Path) -> None:
            "num_experts_per_tok": None, "experts_per_token": 3}
     moe = model_from_argument(write_config(tmp_path, oss)).moe
     assert moe is not None and (moe.experts_per_token, moe.num_experts, moe.dense_layers) == (3, 8, [])
+
+
+def test_the_ends_of_the_model_by_hand() -> None:
+    """The LM head (a rank's share of the vocabulary, for one token a request) and the
+    embedding gather (a learned position row too, for GPT-2)."""
+    llama = model_from_argument("llama3-70b")
+    from orcasim.cost.flops import embedding_op, lm_head_op
+
+    head = lm_head_op(llama, 8)
+    vocab = 128256 / 8
+    assert (head.name, head.flops_per_token, head.weight_bytes, head.bytes_per_token) == (
+        "lm_head", 2.0 * 8192 * vocab + 8 * 8192, 8192 * vocab * 2, (2 * 8192 + vocab) * 2)
+    assert lm_head_op(hf("llama-3.1-70b", weight_dtype="fp8"), 8).weight_bytes == 128256 * 8192 / 8  # fp8
+    emb = embedding_op(llama)
+    assert (emb.name, emb.flops_per_token, emb.weight_bytes, emb.bytes_per_token) == ("emb", 0.0, 0.0, 2 * 8192 * 2)
+    assert embedding_op(hf("gpt2")).bytes_per_token == 3 * 768 * 2  # token row, position row, output
+
+
+def test_fractional_attention_constants_take_the_exact_fallback() -> None:
+    """A KV cache in mxfp4 (0.53 bytes a value) of heads of 15 makes the per-token constants
+    fractional: the whole-number shortcut steps aside and lists, arrays and the formula agree."""
+    model = ModelSpec(num_layers=2, hidden_size=60, num_heads=4, kv_cache_dtype="mxfp4")
+    cost = _h200(model)
+    assert not cost._attention.whole
+    query, context = np.array([1, 1, 300]), np.array([500, 70, 300])
+    formula = float(cost.attention_per_layer_s(query, context))
+    assert cost._attention.per_layer_s(query, context) == formula
+    assert cost._attention.per_layer_lists_s(query.tolist(), context.tolist()) == formula
+    assert _h200(model_from_argument("llama3-70b"), tensor_parallel=8)._attention.whole
+
+
+def test_config_defaults_and_names(tmp_path: Path) -> None:
+    """Llama-family embeddings are untied unless the config says so; Qwen2-MoE biases its
+    Q, K, V like Qwen2; a model is named by _name_or_path, else its folder; a bad file is
+    named in the error."""
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    path = folder / "config.json"
+    path.write_text(json.dumps(base))
+    model = model_from_argument(str(path))
+    assert (model.tied_embeddings, model.qkv_bias, model.name) == (False, None, "my-model")
+    path.write_text(json.dumps({**base, "tie_word_embeddings": True, "_name_or_path": "org/tiny"}))
+    assert (model_from_argument(str(path)).tied_embeddings, model_from_argument(str(path)).name) == (True, "org/tiny")
+    path.write_text(json.dumps({**base, "model_type": "qwen2_moe"}))
+    assert model_from_argument(str(path)).qkv_bias is True
+    path.write_text("{not json")
+    with pytest.raises(ScenarioError, match=f"model.hf_config = '{path}': cannot read it as JSON"):
+        model_from_argument(str(path))
+    path.write_text(json.dumps({**base, "vision_config": {}}))
+    with pytest.raises(ScenarioError, match=f"model.hf_config = '{path}': vision_config"):
+        model_from_argument(str(path))
