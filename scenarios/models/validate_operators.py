@@ -1,6 +1,8 @@
 """results/models/operators.md: the roofline's MoE and MLA operators against measured kernels.
 
     python scenarios/models/validate_operators.py        # a few seconds
+    python scenarios/models/validate_operators.py --gpu b200 --moe-table B200/moe_perf.parquet \
+        [--mla-table B200/generation_mla_perf.parquet]   # another GPU's tables: printed only
 
 The measurements are NVIDIA aiconfigurator's (Apache-2.0, vendored under
 orcasim/data/profiles/aiconfigurator/): vLLM 0.14.0's fused MoE kernel in bf16 with the
@@ -15,6 +17,7 @@ the roofline applies.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -55,8 +58,13 @@ def _moe_layer(hidden: int, inter: int, topk: int, experts: int) -> ModelSpec:
                           "expert_intermediate_size": inter})
 
 
-def moe_errors(gpu: str) -> pd.DataFrame:
-    table = pd.read_parquet(MOE_TABLES[gpu])
+def moe_errors(gpu: str, path: Path | None = None) -> pd.DataFrame:
+    """Every measured fused-MoE shape of `gpu` (its vendored table, or `path`: aiconfigurator's
+    moe_perf layout), 16-bit and without expert parallelism, priced by the roofline."""
+    table = pd.read_parquet(MOE_TABLES[gpu] if path is None else path)
+    table = table[table["moe_dtype"].isin(["bfloat16", "float16"]) & (table["moe_ep_size"] == 1)]
+    if table.empty:
+        raise SystemExit(f"{path}: no 16-bit rows without expert parallelism to compare")
     frames = []
     for (hidden, inter, topk, experts, tp), rows in table.groupby(
             ["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]):
@@ -74,14 +82,15 @@ def moe_errors(gpu: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def mla_errors() -> pd.DataFrame:
-    table = pd.read_parquet(MLA_TABLE)
+def mla_errors(gpu: str = "h100-80gb", path: Path | None = None) -> pd.DataFrame:
+    table = pd.read_parquet(MLA_TABLE if path is None else path)
+    table = table[table["kv_cache_dtype"].isin(["bfloat16", "float16"])]
     model = ModelSpec.model_validate({"hf_config": "hf_configs/deepseek-v3/config.json"})
     frames = []
     for heads, rows in table.groupby("num_heads"):
         tp = model.num_heads // int(heads)  # the rank's query heads
         cost = Roofline(RooflineCostConfig(kind="roofline"),
-                        Deployment(model=model, hardware=HardwareConfig(gpu="h100-80gb", tensor_parallel=tp)))
+                        Deployment(model=model, hardware=HardwareConfig(gpu=gpu, tensor_parallel=tp)))
         # The timed module (vLLM's MLA forward) runs the absorbed per-head matmuls around the
         # kernel: the query into the latent (W_UK) and the output out of it (W_UV).
         absorbed = [op for op in cost.ops if op.name in ("mla_q_absorb", "mla_v_up")]
@@ -124,7 +133,31 @@ def by_regime(errors: pd.DataFrame, column: str, bins: list[float]) -> pd.DataFr
     return frame.rename_axis(column).reset_index()
 
 
+def held_out(gpu: str, moe_table: Path, mla_table: Path | None) -> None:
+    """Another GPU's measured tables, scored as the shipped ones are; printed, not written."""
+    moe = moe_errors(gpu, moe_table)
+    print(f"fused MoE on {gpu}: median |error| {moe['error'].abs().median():.3f} over {len(moe)} shapes, "
+          f"{(moe.loc[~moe['compute_bound'], 'error'].abs().median()):.3f} memory-bound")
+    print("\n".join(markdown_table(by_regime(moe, "num_tokens", TOKEN_BINS))))
+    if mla_table is not None:
+        mla = mla_errors(gpu, mla_table)
+        kv_bound = mla.loc[mla["kv_tokens_read"] > 1e6, "error"].abs().median()
+        print(f"MLA decode on {gpu}: median |error| {mla['error'].abs().median():.3f} over {len(mla)} shapes, "
+              f"{kv_bound:.3f} over a million KV tokens read")
+        print("\n".join(markdown_table(by_regime(mla, "kv_tokens_read", KV_BINS))))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu", help="a GPU of the catalog, for another GPU's tables")
+    parser.add_argument("--moe-table", type=Path, help="that GPU's moe_perf.parquet (aiconfigurator)")
+    parser.add_argument("--mla-table", type=Path, help="that GPU's generation_mla_perf.parquet")
+    args = parser.parse_args()
+    if args.gpu or args.moe_table:
+        if not (args.gpu and args.moe_table):
+            parser.error("--gpu and --moe-table go together")
+        held_out(args.gpu, args.moe_table, args.mla_table)
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     moe = {gpu: moe_errors(gpu) for gpu in MOE_TABLES}
     mla = mla_errors()
