@@ -171,9 +171,9 @@ class Roofline(CostModel):
         pairs = np.where(c <= window, (first + c) * q // 2,
                          np.where(first >= window, q * window,
                                   (first + window) * (window - first + 1) // 2 + (c - window) * window))
-        flops_per_pair, kv_bytes, query_bytes = attention_constants(self.model, self.tp)
-        bytes_ = np.minimum(c, window + q - 1) * kv_bytes + q * query_bytes
-        per_request = np.maximum(pairs * flops_per_pair / self.attention_flops_per_s,
+        terms = self._attention  # the per-token constants, computed once
+        bytes_ = np.minimum(c, window + q - 1) * terms.kv_bytes + q * terms.query_bytes
+        per_request = np.maximum(pairs * terms.flops_per_pair / self.attention_flops_per_s,
                                  bytes_ / self.attention_bytes_per_s)
         return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
 
@@ -232,8 +232,8 @@ class Roofline(CostModel):
         data-parallel group's ends and stage sends see its share of them)."""
         layers = self._layers_s(num_tokens)
         group_tokens = np.asarray(num_tokens, dtype=np.float64) / self.dp
-        ends = self.op_time_s(embedding_op(self.model), group_tokens)
-        ends = ends + self.op_time_s(lm_head_op(self.model, self.tp), batch_size / self.dp)
+        ends = self.op_time_s(self.embedding, group_tokens)
+        ends = ends + self.op_time_s(self.lm_head, batch_size / self.dp)
         comm = self.tp_all_reduce_s(num_tokens) + self.pipeline_sends_s(group_tokens)
         if self.experts is not None:
             comm = comm + self.expert_all_to_all_s(num_tokens)
