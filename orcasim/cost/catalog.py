@@ -181,7 +181,10 @@ class ModelSpec(Strict):
         if moe is None:
             return 0
         moe_layers = self.num_layers - len(moe.dense_layers)
-        return moe_layers * moe.num_experts * 3 * self.hidden_size * moe.expert_intermediate_size
+        return moe_layers * moe.num_experts * self._params_per_expert(moe)
+
+    def _params_per_expert(self, moe: MoESpec) -> int:
+        return 3 * self.hidden_size * moe.expert_intermediate_size  # SwiGLU experts
 
     def _gated_mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * width
@@ -194,7 +197,7 @@ class ModelSpec(Strict):
             biases = self.ffn_size * (2 if self.gated_mlp else 1) + self.hidden_size if self.bias else 0
             return self._gated_mlp_params(self.ffn_size) + biases
         routed = moe.experts_per_token if active else moe.num_experts
-        expert = 3 * self.hidden_size * moe.expert_intermediate_size  # SwiGLU experts
+        expert = self._params_per_expert(moe)
         return (self.hidden_size * moe.num_experts + routed * expert
                 + 3 * self.hidden_size * moe.shared_intermediate_size)
 
