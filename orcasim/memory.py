@@ -211,17 +211,14 @@ class PagedAllocator:
             self._recycled.extend(reversed(blocks))
             return len(blocks)
         self._num_cached.pop(req_id, None)
-        refs = self._refs
-        back = self._queue if self.caching else None
+        refs, queue = self._refs, self._queue
         for block in reversed(blocks):
             left = refs.pop(block) - 1  # not inside an assert: python -O drops asserts
             if left:
                 refs[block] = left
                 self.num_shared_holds -= 1
-            elif back is not None:
-                back[block] = None
-            else:
-                self._recycled.append(block)
+            else:  # its last holder is done: the free queue's tail, content kept
+                queue[block] = None
         return len(blocks)
 
     # Prefix caching (vLLM v1's KVCacheManager: get_computed_blocks, allocate_slots).
