@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -77,18 +78,22 @@ def shapes() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _sweep(scenario: Path, overrides: tuple[str, ...], rates: tuple[float, ...]) -> Iterator[dict]:
+    """One row per rate and system: the rate, the system and its summary."""
+    for rate in rates:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # saturation is in the table
+            result = run_scenario(scenario, (*overrides, f"workload.arrival.rate_per_s={rate}"),
+                                  base_dir=scenario.parent)
+        for system, r in result.systems.items():
+            yield {"system": system, "rate_per_s": rate, **{c: r.summary[c] for c in COLUMNS}}
+
+
 def runs() -> pd.DataFrame:
     rows = []
     for label, keys in MODELS.items():
         overrides = tuple(f"model.{k}={v}" for k, v in keys.items())
-        for rate in RATES:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # saturation is in the table
-                result = run_scenario(SCENARIO, (*overrides, f"workload.arrival.rate_per_s={rate}"),
-                                      base_dir=SCENARIO.parent)
-            for system, r in result.systems.items():
-                rows.append({"model": label, "system": system, "rate_per_s": rate,
-                             **{c: r.summary[c] for c in COLUMNS}})
+        rows += [{"model": label, **row} for row in _sweep(SCENARIO, overrides, RATES)]
     return pd.DataFrame(rows)
 
 
@@ -117,15 +122,8 @@ def ep_shapes() -> pd.DataFrame:
 def ep_runs() -> pd.DataFrame:
     rows = []
     for label, (gpus, overrides) in LAYOUTS.items():
-        for rate in EP_RATES:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # saturation is in the table
-                result = run_scenario(EP_SCENARIO, (*overrides, f"workload.arrival.rate_per_s={rate}"),
-                                      base_dir=EP_SCENARIO.parent)
-            for system, r in result.systems.items():
-                rows.append({"layout": label, "system": system, "rate_per_s": rate,
-                             **{c: r.summary[c] for c in COLUMNS},
-                             "tokens_per_s_per_gpu": r.summary["throughput_tokens_per_s"] / gpus})
+        rows += [{"layout": label, **row, "tokens_per_s_per_gpu": row["throughput_tokens_per_s"] / gpus}
+                 for row in _sweep(EP_SCENARIO, overrides, EP_RATES)]
     return pd.DataFrame(rows)
 
 
