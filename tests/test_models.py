@@ -124,11 +124,15 @@ def test_a_moe_decode_step_reads_the_active_weights_alone_and_all_in_a_big_batch
     assert many > weight_s > one
 
 
-def test_the_profile_cost_refuses_what_its_tables_do_not_time() -> None:
-    deployment = Deployment(model=hf("mixtral-8x7b"), hardware=HardwareConfig(gpu="a100-80gb"))
+@pytest.mark.parametrize(("name", "message"), [
+    ("mixtral-8x7b", "mixture-of-experts layers"),
+    ("mistral-7b-v0.1", "sliding-window attention"),
+])
+def test_the_profile_cost_refuses_what_its_tables_do_not_time(name: str, message: str) -> None:
+    deployment = Deployment(model=hf(name), hardware=HardwareConfig(gpu="a100-80gb"))
     cfg = ProfileCostConfig(kind="profile",
                             mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
-    with pytest.raises(ScenarioError, match="mixture-of-experts layers"):
+    with pytest.raises(ScenarioError, match=message):
         ProfileCost(cfg, deployment)
 
 

@@ -14,7 +14,6 @@ from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch
 from orcasim.cost.catalog import Deployment, HardwareConfig, ModelSpec, model_from_argument
 from orcasim.cost.flops import attention_constants
-from orcasim.cost.profile import ProfileCost, ProfileCostConfig
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
 from orcasim.scenario import load_scenario
 
@@ -129,14 +128,6 @@ def test_flops_per_token_count_the_windows_keys() -> None:
     model = hf("gpt-oss-20b")
     per_key = 4 * model.num_heads * model.head_dim
     assert model.flops_per_token(100_128) - model.flops_per_token(128) == 12 * 100_000 * per_key
-
-
-def test_the_profile_cost_refuses_a_windowed_model() -> None:
-    deployment = Deployment(model=hf("mistral-7b-v0.1"), hardware=HardwareConfig(gpu="a100-80gb"))
-    cfg = ProfileCostConfig(kind="profile",
-                            mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
-    with pytest.raises(ScenarioError, match="sliding-window attention"):
-        ProfileCost(cfg, deployment)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
