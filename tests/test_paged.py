@@ -16,7 +16,10 @@ from kv_driver import (
 
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
+from orcasim.schedulers.base import STEP_BY_STEP
+from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
 from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+from orcasim.schedulers.prefill_first import PrefillFirstScheduler
 from tests.conftest import examples
 
 EXAMPLES = 60
@@ -252,3 +255,52 @@ def test_memory_settings_are_checked_by_validate(override: str, message: str) ->
     )
     assert p.returncode == 2 and message in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def _loop_only(cls: type[PagedScheduler]) -> type[PagedScheduler]:
+    """`cls` with `_schedule_running`'s per-request loop alone (no `_decode_all`)."""
+
+    class LoopOnly(cls):  # type: ignore[valid-type, misc]
+        fast_forward = STEP_BY_STEP
+
+        def _decode_all(self, plan) -> bool:  # type: ignore[no-untyped-def]
+            return False
+
+    return LoopOnly
+
+
+def _steps(sched: PagedScheduler, reqs) -> list[tuple]:
+    """Every plan and the KV state after it: what `schedule` decided, block by block."""
+    seen: list[tuple] = []
+
+    def look(s, out) -> None:  # type: ignore[no-untyped-def]
+        tables = tuple(sorted((r, tuple(t)) for r, t in s.allocator.tables.items()))
+        seen.append((out.req_ids.tolist(), out.num_new_tokens.tolist(), out.preemptions,
+                     out.recomputed_tokens, out.swap_time_s, out.kv_reserved_tokens,
+                     out.kv_used_tokens, s.allocator.free_pool(), tables, list(s.running)))
+
+    drive(sched, reqs, look)
+    return seen
+
+
+@given(paged_cases(), st.sampled_from(["paged", "prefill_first", "chunked"]), st.integers(1, 12))
+@settings(max_examples=examples(EXAMPLES * 2), deadline=None)
+def test_decoding_everyone_at_once_plans_what_the_loop_plans(case, kind: str, chunk: int) -> None:
+    """`_decode_all` is a shortcut of the per-request loop: the same plans, preemptions and
+    blocks at every step, for every paged policy (reference mode runs it too, so the
+    fast-against-reference tests cannot see a difference between the two)."""
+    reqs, capacity, cfg = case
+    if kind == "chunked":
+        cfg = {**{k: v for k, v in cfg.items() if k != "max_num_batched_tokens"},
+               "kind": "chunked", "chunk_size_tokens": chunk}
+        config = ChunkedConfig.model_validate(cfg)
+        classes: tuple[type[PagedScheduler], ...] = (ChunkedScheduler, _loop_only(ChunkedScheduler))
+    else:
+        config = PagedConfig.model_validate({
+            **cfg, "kind": "paged", "policy": "mixed" if kind == "paged" else "prefill_first",
+            "max_num_batched_tokens": max(cfg["max_num_batched_tokens"], cfg["max_num_seqs"])})
+        cls = PagedScheduler if kind == "paged" else PrefillFirstScheduler
+        classes = (cls, _loop_only(cls))
+    shortcut, loop = (_steps(c(config, reqs, capacity), reqs) for c in classes)  # type: ignore[arg-type]
+    assert shortcut == loop
+

@@ -161,7 +161,7 @@ class PagedScheduler(Scheduler):
 
     chunked_prefill = False
     fast_forward = FastForward(
-        assumes=("schedule", "update_from_output", "_schedule_running", "_make_room",
+        assumes=("schedule", "update_from_output", "_schedule_running", "_decode_all", "_make_room",
                  "_preempt", "_admit", "_admissible_head", "_admission", "_next_candidate",
                  "_join", "_take_candidate", "_num_new_tokens", "_grow", "_fits_batch", "_reserved_blocks",
                  "_add_running", "_cost_batch", "_join_plan", "release", "never_fits",
@@ -282,6 +282,8 @@ class PagedScheduler(Scheduler):
         return self._output(plan)
 
     def _schedule_running(self, plan: Plan) -> None:
+        if self._decode_all(plan):
+            return
         i = 0
         while i < len(self.running):
             req = self.running[i]
@@ -290,6 +292,36 @@ class PagedScheduler(Scheduler):
                 return
             self._add(plan, req, num_new)
             i += 1
+
+    def _decode_all(self, plan: Plan) -> bool:
+        """The loop of `_schedule_running` at once when it cannot preempt: every running
+        request decodes one token and the blocks they take leave `spare_blocks_per_step`
+        free (so every `_grow` succeeds, `prefill_first`'s included). The same plan, the
+        same blocks in the same order (`allocate_one_each`); False: nothing changed, the
+        loop decides. Most iterations are this; the loop costs Python work per request."""
+        running = self.running
+        size = len(running)
+        if self.caching or size == 0 or size > plan.budget_tokens:
+            return False  # caching names blocks one request at a time (`cache_full`)
+        ids = np.array(running, dtype=np.int64)
+        computed = self.computed[ids]
+        if not np.all(self.requests.prompt_tokens[ids] + self.generated[ids] - computed == 1):
+            return False  # a prompt (chunk) to compute
+        tables = self.allocator.tables
+        short = blocks_for(computed + 1, self.cfg.block_size_tokens) - \
+            np.array([len(tables.get(r, ())) for r in running], dtype=np.int64)
+        takers = ids[short > 0]
+        if len(takers) + self.spare_blocks_per_step > self.allocator.num_free_blocks:
+            return False
+        if int(short.max()) > 1:
+            return False  # a table short of more than this token's block: the loop grows it
+        blocks = self.allocator.allocate_one_each(takers.tolist())  # not in the assert: -O drops it
+        assert blocks is not None, "the free blocks were counted"
+        plan.recomputed_tokens += int(np.count_nonzero(self.peak_computed[ids] > computed))
+        plan.ids.extend(running)
+        plan.num_new.extend([1] * size)
+        plan.budget_tokens -= size
+        return True
 
     def _make_room(self, req: int, num_new: int, plan: Plan) -> bool:
         """Grow `req`'s blocks, preempting the newest running requests; False if `req` went."""
