@@ -126,6 +126,43 @@ def test_orca_admission_stops_at_first_request_that_does_not_fit() -> None:
     assert out.req_ids.tolist() == [0]  # request 1 needs 30 > 25 free; request 2 may not skip it
 
 
+
+def _orca_with(max_tokens: list[int], max_batch_size: int, capacity: int):  # noqa: ANN202
+    n = len(max_tokens)
+    reqs = Requests(np.zeros(n), np.full(n, 4), np.full(n, 2), np.array(max_tokens))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=max_batch_size)
+    return build_scheduler(cfg, reqs, capacity)
+
+
+def test_orca_admits_an_arrival_that_fits_exactly_and_nothing_past_the_kv() -> None:
+    """`admits_arrival` (where a fast-mode jump must be cut) says what `schedule` would do:
+    an exact fit of the free KV joins, one token more does not; one larger than the whole
+    cache is turned away, so it is a yes (a later arrival might join)."""
+    sched = _orca_with([20, 40, 60, 41, 61], max_batch_size=4, capacity=60)
+    assert sched.admits_arrival(2)  # 60 of 60, nothing reserved
+    assert sched.admits_arrival(4)  # 61 > 60: never fits
+    sched.add_request(0)
+    sched.update_from_output(sched.schedule(0.0))  # 0 runs, 20 reserved
+    assert sched.admits_arrival(1)  # 20 + 40 = 60: exact fit
+    assert not sched.admits_arrival(3)  # 20 + 41 = 61
+    assert not sched.admits_arrival(2)  # the whole cache, but 20 are taken
+
+
+def test_orca_admits_no_arrival_into_a_full_batch_or_behind_a_waiting_head() -> None:
+    full = _orca_with([10, 10, 10], max_batch_size=2, capacity=100)
+    for i in range(2):
+        full.add_request(i)
+    full.update_from_output(full.schedule(0.0))
+    assert len(full.running) == 2 and not full.admits_arrival(2)  # KV has room; the batch has none
+    fcfs = _orca_with([20, 41, 10], max_batch_size=4, capacity=60)
+    fcfs.add_request(0)
+    fcfs.update_from_output(fcfs.schedule(0.0))
+    fcfs.add_request(1)  # 20 + 41 > 60: it waits at the head
+    fcfs.update_from_output(fcfs.schedule(1.0))
+    assert fcfs.num_waiting == 1
+    assert not fcfs.admits_arrival(2)  # 10 would fit, but FCFS never skips the head
+
+
 def test_request_level_waits_for_max_queue_delay() -> None:
     reqs = Requests(np.array([0.0, 0.1]), np.array([4, 4]), np.array([2, 2]), np.array([10, 10]))
     cfg = RequestLevelConfig(kind="request_level", max_batch_size=4, max_queue_delay_s=0.5)
