@@ -188,3 +188,40 @@ def test_request_level_padding_costs_the_longest_member() -> None:
         steps += 1
         out = sched.schedule(0.0)
     assert steps == 4 and result.finished_ids.tolist() == [0, 1]
+
+
+def _static_steps(padding: bool) -> tuple[list[tuple[list[int], ...]], object]:
+    """Every plan of a static batch of prompts [3, 9] and outputs [2, 4], and the scheduler."""
+    reqs = Requests(np.zeros(2), np.array([3, 9]), np.array([2, 4]), np.array([20, 20]))
+    cfg = RequestLevelConfig(kind="request_level", max_batch_size=2, padding=padding,
+                             max_queue_delay_s=10.0)
+    sched = build_scheduler(cfg, reqs, 100)
+    assert sched.schedule(0.0).kv_reserved_tokens == 0  # idle: nothing reserved
+    sched.add_request(0)
+    sched.add_request(1)
+    steps, out = [], sched.schedule(0.0)  # a full batch forms at once, before the delay
+    results = []
+    while not out.is_empty:
+        assert out.kv_reserved_tokens == 40  # both reservations (max_tokens), held throughout
+        steps.append((out.num_new_tokens.tolist(), out.batch.query_tokens.tolist(),
+                      out.batch.context_tokens.tolist()))
+        results.append(sched.update_from_output(out))
+        out = sched.schedule(0.0)
+    assert [r.finished_ids.tolist() for r in results] == [[], [], [], [0, 1]]
+    assert results[-1].first_token_ids.tolist() == [0, 1]  # tokens reach users at the end
+    assert sched.computed.tolist() == [4, 12] and sched.generated.tolist() == [2, 4]
+    return steps, sched
+
+
+def test_a_static_batch_by_hand_unpadded() -> None:
+    """Request 0 (2 tokens) stops computing after step 1 and leaves the cost; request 1 runs on."""
+    steps, _ = _static_steps(padding=False)
+    assert steps == [([3, 9], [3, 9], [3, 9]), ([1, 1], [1, 1], [4, 10]),
+                     ([0, 1], [1], [11]), ([0, 1], [1], [12])]
+
+
+def test_a_static_batch_by_hand_padded() -> None:
+    """Padded, both members cost as the longest prompt for the longest output."""
+    steps, _ = _static_steps(padding=True)
+    assert steps == [([3, 9], [9, 9], [9, 9]), ([1, 1], [1, 1], [10, 10]),
+                     ([0, 1], [1, 1], [11, 11]), ([0, 1], [1, 1], [12, 12])]
