@@ -117,6 +117,26 @@ def test_budget_and_max_num_seqs_limit_each_step():
     assert_paged_end_state(sched, reqs, trace)
 
 
+
+@pytest.mark.parametrize(("second_prompt", "joins"), [(5, True), (6, False)])
+def test_an_admission_may_leave_exactly_the_watermark_free(second_prompt: int, joins: bool):
+    """20 blocks of a token, 5 kept free: with 10 taken, a 5-token prompt leaves exactly 5."""
+    reqs = make_requests([10, second_prompt], [5, 1])
+    sched = _paged(reqs, capacity=20, block_size_tokens=1, watermark=0.25)
+    sched.add_request(0)
+    sched.add_request(1)
+    assert sched.schedule(0.0).req_ids.tolist() == ([0, 1] if joins else [0])
+
+
+@pytest.mark.parametrize(("second_prompt", "joins"), [(4, True), (5, False)])
+def test_prompts_may_fill_the_token_budget_exactly(second_prompt: int, joins: bool):
+    reqs = make_requests([4, second_prompt], [2, 2])
+    sched = _paged(reqs, capacity=64, max_num_batched_tokens=8)
+    sched.add_request(0)
+    sched.add_request(1)
+    assert sched.schedule(0.0).num_new_tokens.tolist() == ([4, second_prompt] if joins else [4])
+
+
 def test_block_size_that_does_not_divide_capacity_is_an_error():
     with pytest.raises(ValueError, match=r"block_size_tokens = 16 does not divide "
                                          r"kv_capacity_tokens = 100 \(whole blocks would lose 4 "
