@@ -24,7 +24,7 @@ for bit (tests/test_orca_fast.py), and with it reference mode.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,44 @@ if TYPE_CHECKING:
 def applies(scheduler: object) -> bool:
     """Only the plain scheduler: a subclass may plan differently."""
     return type(scheduler) is IterationLevelScheduler
+
+
+def decode_ends(
+    cost: CostModel, ends_s: list[float], start_s: float, cut_s: float, size: int,
+    context_total: int, num_steps: int, contexts: Callable[[], np.ndarray],
+) -> None:
+    """Append to `ends_s` (a unit's ends so far, maybe none) the ends of its next decode steps.
+
+    Up to `num_steps` steps of `size` requests holding `context_total` context tokens at the
+    first (`contexts()`: each one's, asked only when the cost has no line), stopping at the
+    first end at or after `cut_s`, where the generic stepper's `_jump_length` stops. Running
+    sums in order from the last end (or `start_s`): the same additions as one iteration at
+    a time, so a fused loop's ends are the generic loop's bits.
+    """
+    t = ends_s[-1] if ends_s else start_s
+    if t >= cut_s:
+        return
+    line = cost.decode_line(size, context_total)
+    if line is None:
+        for duration_s in cost.decode_steps_s(contexts(), num_steps).tolist():
+            t += duration_s
+            ends_s.append(t)
+            if t >= cut_s:
+                break
+        return
+    intercept_s, x0, dx, slope_s, floor_s, plus_s = line
+    if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
+        for k in range(num_steps):
+            t += max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s
+            ends_s.append(t)
+            if t >= cut_s:
+                break
+        return
+    for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
+        t += intercept_s + (x0 + dx * k) * slope_s
+        ends_s.append(t)
+        if t >= cut_s:
+            break
 
 
 @dataclass(slots=True)
@@ -183,40 +221,12 @@ class OrcaFusedStepper:
         return self._advance(n, jump.newcomers or [], jump.start_s, ends_s[0], ends_s[-1])
 
     def _extend(self, jump: _Jump, context_total: int, num_steps: int, ahead: int) -> None:
-        """Extend `jump.ends_s` (the plan's end, if any) by the members' decode steps' ends.
-
-        Up to `num_steps` steps, stopping at the first end at or after the known cut, where
-        the generic stepper's `_jump_length` stops. The members hold `context_total` tokens
-        at the first step (each base + iterations + `ahead`). Running sums in order: the
-        same additions as one iteration at a time.
-        """
-        ends_s, size = jump.ends_s, jump.size
-        cut_s = self.replica.cut_s(jump.start_s)  # past the run's end: it runs whole
-        t = ends_s[-1] if ends_s else jump.start_s
-        if t >= cut_s:
-            return
-        line = self.cost.decode_line(size, context_total)
-        if line is None:
-            context = np.array(self.base, dtype=np.int64) + (self.iterations + ahead)
-            for duration_s in self.cost.decode_steps_s(context, num_steps).tolist():
-                t += duration_s
-                ends_s.append(t)
-                if t >= cut_s:
-                    break
-            return
-        intercept_s, x0, dx, slope_s, floor_s, plus_s = line
-        if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
-            for k in range(num_steps):
-                t += max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s
-                ends_s.append(t)
-                if t >= cut_s:
-                    break
-            return
-        for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
-            t += intercept_s + (x0 + dx * k) * slope_s
-            ends_s.append(t)
-            if t >= cut_s:
-                break
+        """Extend `jump.ends_s` (the plan's end, if any) by the members' decode steps' ends,
+        up to `num_steps`, stopping at the known cut (`decode_ends`). The members hold
+        `context_total` tokens at the first step (each base + iterations + `ahead`)."""
+        decode_ends(self.cost, jump.ends_s, jump.start_s, self.replica.cut_s(jump.start_s),
+                    jump.size, context_total, num_steps,
+                    lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead))
 
     def _advance(
         self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float

@@ -45,6 +45,15 @@ def run_both(requests: Requests, cfg: IterationLevelConfig, make_cost, kv_capaci
 
 
 def assert_identical(runs: list[tuple[Engine, object]]) -> None:
+    assert_same_runs(runs)
+    (fused, _), (generic, _) = runs
+    for state in ("computed", "generated"):
+        assert np.array_equal(getattr(fused.scheduler, state), getattr(generic.scheduler, state))
+    assert fused.scheduler.reserved_tokens == generic.scheduler.reserved_tokens == 0
+
+
+def assert_same_runs(runs: list[tuple[Engine, object]]) -> None:
+    """A fused run and a generic one: the same arrivals, timestamps, rows, end and rejections."""
     (fused, fused_run), (generic, generic_run) = runs
     assert np.array_equal(fused.requests.arrival_s, generic.requests.arrival_s)
     for col in TIMESTAMPS:
@@ -54,9 +63,6 @@ def assert_identical(runs: list[tuple[Engine, object]]) -> None:
                                   generic_run.recorder.iterations_frame(), check_exact=True)
     assert fused_run.end_s == generic_run.end_s
     assert np.array_equal(fused_run.rejected_ids, generic_run.rejected_ids)
-    for state in ("computed", "generated"):
-        assert np.array_equal(getattr(fused.scheduler, state), getattr(generic.scheduler, state))
-    assert fused.scheduler.reserved_tokens == generic.scheduler.reserved_tokens == 0
 
 
 @st.composite

@@ -162,7 +162,7 @@ class PagedScheduler(Scheduler):
     chunked_prefill = False
     fast_forward = FastForward(
         assumes=("schedule", "update_from_output", "_schedule_running", "_decode_all", "_make_room",
-                 "_preempt", "_admit", "_admissible_head", "_admission", "_next_candidate",
+                 "_preempt", "admit", "_admissible_head", "_admission", "_next_candidate",
                  "_join", "_take_candidate", "_num_new_tokens", "_grow", "_fits_batch", "_reserved_blocks",
                  "_add_running", "_cost_batch", "_join_plan", "release", "never_fits",
                  "known_tokens", "_cache_hits", "cache_full", "quotes_running_output", "fcfs_head"),
@@ -278,7 +278,7 @@ class PagedScheduler(Scheduler):
         plan = Plan(self.token_budget)
         self._schedule_running(plan)
         if plan.preemptions == 0:
-            self._admit(plan)
+            self.admit(plan)
         return self._output(plan)
 
     def _schedule_running(self, plan: Plan) -> None:
@@ -362,7 +362,9 @@ class PagedScheduler(Scheduler):
         heads = [q[0] for q in (self.swapped, self.resumable) if q]
         return min(heads) if heads else self._peek_waiting()
 
-    def _admit(self, plan: Plan) -> None:
+    def admit(self, plan: Plan) -> None:
+        """FCFS admission into `plan` (its running part assembled): preempted requests first,
+        then waiting ones, while each fits. The fused loop (orcasim.paged_fast) calls it too."""
         while (head := self._admissible_head(plan)) is not None:
             self._join(plan, *head)
 

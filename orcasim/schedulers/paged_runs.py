@@ -34,6 +34,8 @@ exactly `blocks_for(computed)` blocks (its grow or admission asked for exactly t
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,42 +57,59 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class PagedRun(DecodeRun):
     owed: np.ndarray  # int64 (B,) output tokens each still owes after the plan's iteration
-    growth: _Growth
+    growth: BlockGrowth
 
 
 @dataclass(slots=True)
 class PagedContinuedRun(ContinuedRun):
     owed: np.ndarray  # int64 (B,) output tokens each still owes
-    growth: _Growth
+    growth: BlockGrowth
 
 
 @dataclass(slots=True)
-class _Growth:
-    """Who takes a KV block at which step of a run (see the module docstring)."""
+class BlockGrowth:
+    """Who takes a KV block at which step of a run, and what each step reserves (see the
+    module docstring). Plain lists: a run's batch is tens of requests, where numpy's
+    per-call cost exceeds the work."""
 
-    order: np.ndarray  # int64 (B,) ids by room, batch order within a room: one period's takers
-    cum: np.ndarray  # int64 (b,) blocks taken by steps 0..r of a period
+    order: list[int]  # ids by room, batch order within a room: one period's takers
+    cum: list[int]  # blocks taken by steps 0..r of a period (r < b)
     block_size_tokens: int
+    allocated_tokens: int  # KV allocated before the run's first step
 
     def takers(self, num_steps: int) -> list[int]:
         """Requests taking a block in the first `num_steps` steps, in allocation order."""
         periods, rem = divmod(num_steps, self.block_size_tokens)
-        head = int(self.cum[rem - 1]) if rem else 0
-        if periods == 0:
-            return self.order[:head].tolist()
-        return np.concatenate((np.tile(self.order, periods), self.order[:head])).tolist()
+        head = self.cum[rem - 1] if rem else 0
+        return self.order * periods + self.order[:head]
+
+    def reserved_at(self, step: int) -> int:
+        """KV reserved at step `step`, once its allocations are made."""
+        periods, rem = divmod(step, self.block_size_tokens)
+        taken = periods * len(self.order) + self.cum[rem]
+        return self.allocated_tokens + taken * self.block_size_tokens
+
+    def reserved_tokens(self, num_steps: int) -> np.ndarray:
+        """int64 (num_steps,): `reserved_at` of each of the first `num_steps` steps."""
+        block = self.block_size_tokens
+        j = np.arange(num_steps)
+        taken = (j // block) * len(self.order) + np.array(self.cum, dtype=np.int64)[j % block]
+        return self.allocated_tokens + taken * block
 
 
-def _block_growth(
-    s: PagedScheduler, ids: np.ndarray, position: np.ndarray, max_steps: int
-) -> tuple[int, _Growth, np.ndarray]:
-    """Steps (up to `max_steps`) before a step's blocks would not fit; who grows; reservations.
+def block_growth(
+    s: PagedScheduler, ids: list[int], position: list[int], max_steps: int
+) -> tuple[int, BlockGrowth]:
+    """Steps (up to `max_steps`) before a step's blocks would not fit, and who grows when.
 
     `position`: the token each of `ids` computes at the run's first step.
     """
     block, size = s.cfg.block_size_tokens, len(ids)
-    room = (-position) % block
-    cum = np.cumsum(np.bincount(room, minlength=block))
+    rooms = [-p % block for p in position]
+    counts = [0] * block
+    for room in rooms:
+        counts[room] += 1
+    cum = list(itertools.accumulate(counts))
     # Steps 0..j take (j // b) B + cum[j % b] blocks: the first period that takes more
     # than the free blocks is free // B, and within it the first r with cum[r] > over.
     # A policy may need blocks left free after each step (`spare_blocks_per_step`).
@@ -99,13 +118,9 @@ def _block_growth(
     if keeping_head is not None:
         available = min(available, keeping_head)
     period, over = divmod(available, size)
-    fits = period * block + int(np.searchsorted(cum, over, side="right")) if available >= 0 else 0
-    steps = min(max_steps, fits)
-    j = np.arange(steps)
-    taken = (j // block) * size + cum[j % block]
-    reserved = s.allocator.allocated_tokens + taken * block
-    growth = _Growth(ids[np.argsort(room, kind="stable")], cum, block)
-    return steps, growth, reserved
+    fits = period * block + bisect.bisect_right(cum, over) if available >= 0 else 0
+    order = [ids[i] for i in sorted(range(size), key=rooms.__getitem__)]  # stable
+    return min(max_steps, fits), BlockGrowth(order, cum, block, s.allocator.allocated_tokens)
 
 
 def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
@@ -122,10 +137,11 @@ def decode_run(s: PagedScheduler, plan: SchedulerOutput) -> PagedRun | None:
     # After the plan each has computed its known tokens and emitted one more: step j
     # computes the token at known + j.
     owed = s.requests.output_tokens[ids] - s.generated[ids] - 1
-    steps, growth, reserved = _block_growth(s, ids, known, int(owed.min()))
+    known_list = known.tolist()
+    steps, growth = block_growth(s, ids.tolist(), known_list, int(owed.min()))
     run = PagedRun(steps, known + 1, owed, growth)
-    run.context_total = sum(known.tolist()) + size  # each reads one more (plan.batch may pad)
-    run.step_reserved_tokens = reserved
+    run.context_total = sum(known_list) + size  # each reads one more (plan.batch may pad)
+    run.step_reserved_tokens = growth.reserved_tokens(steps)
     run.kv_shared_tokens = s.shared_kv_tokens()
     return run
 
@@ -142,11 +158,11 @@ def continue_run(s: PagedScheduler) -> PagedContinuedRun | None:
     if s.can_join(size) or _head_may_join_later(s):
         return None
     owed = s.requests.output_tokens[ids] - generated
-    steps, growth, reserved = _block_growth(s, ids, computed, int(owed.min()))
+    steps, growth = block_growth(s, s.running, computed.tolist(), int(owed.min()))
     if steps == 0:
         return None  # the first step's allocations would fail and preempt
-    run = PagedContinuedRun(steps, known, ids, int(reserved[0]), owed, growth)
-    run.step_reserved_tokens = reserved
+    run = PagedContinuedRun(steps, known, ids, growth.reserved_at(0), owed, growth)
+    run.step_reserved_tokens = growth.reserved_tokens(steps)
     run.kv_shared_tokens = s.shared_kv_tokens()
     return run
 
@@ -174,18 +190,18 @@ def advance(
     if num_iterations == 1:
         return first, NO_RESULT
     assert isinstance(run, PagedRun) and num_iterations <= run.num_steps + 1
-    _allocate(s, run.growth, num_iterations - 1)
+    allocate_steps(s, run.growth, num_iterations - 1)
     return first, _decode(s, plan.req_ids, num_iterations - 1, run.owed)
 
 
 def advance_run(s: PagedScheduler, run: ContinuedRun, num_steps: int) -> StepResult:
     """The steps' block allocations, in the order `schedule` makes them, then the decodes."""
     assert isinstance(run, PagedContinuedRun) and 1 <= num_steps <= run.num_steps
-    _allocate(s, run.growth, num_steps)
+    allocate_steps(s, run.growth, num_steps)
     return _decode(s, run.req_ids, num_steps, run.owed)
 
 
-def _allocate(s: PagedScheduler, growth: _Growth, num_steps: int) -> None:
+def allocate_steps(s: PagedScheduler, growth: BlockGrowth, num_steps: int) -> None:
     """The blocks of `num_steps` steps: step by step, batch order within a step, as
     `schedule` grows them (one call gives the same blocks: nothing is freed in between)."""
     takers = growth.takers(num_steps)

@@ -72,7 +72,7 @@ class PrefillFirstScheduler(PagedScheduler):
         plan = Plan(self.token_budget)
         if not self.swapped:
             plan.prompts_only = True
-            self._admit(plan)  # the candidates are the waiting queue: prompts
+            self.admit(plan)  # the candidates are the waiting queue: prompts
             if plan.ids:
                 return self._output(plan)
             plan.prompts_only = False

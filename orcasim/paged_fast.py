@@ -1,0 +1,350 @@
+"""Fast mode for vLLM's paged scheduler, fused: the generic fast stepper without its objects.
+
+The plain `PagedScheduler` (policy `mixed`, no prefix caching) fast-forwards through the
+generic hooks (`orcasim.schedulers.paged_runs`), which cost numpy work on small arrays and
+a `schedule` call with per-request work at every admission. This stepper runs the same
+units, as `OrcaFusedStepper` does for Orca (`orcasim.orca_fast`):
+
+* Implicit progress. Between units every running request has computed all its known
+  tokens but the last one it emitted, so its progress is one number: a request whose
+  known tokens are `base + g` once `g` iterations have ended. One counter moves every
+  member at once; the scheduler's `computed`/`generated` arrays are written back
+  (`_write_back`) before anything reads them: `load`, `close`, and a unit run by the
+  generic stepper.
+* A plan is what `schedule` makes when nobody is preempted: every running request decodes
+  one token (a block for those whose last block is full, in batch order: `_decode_all`'s
+  rule), then FCFS admission, the scheduler's own (`PagedScheduler.admit`).
+* Its decode run, and a continued run after completions, are the generic hooks' (the
+  block arithmetic is `paged_runs.block_growth`, the blocks `paged_runs.allocate_steps`),
+  priced as a line up to the known cut (`orca_fast.decode_ends`) and recorded from plain
+  numbers.
+
+Anything else (a step that would preempt, more decodes than the token budget, a prefill
+instance that holds finished requests' KV) is a unit of the generic stepper: progress is
+written back first and read back after, so the two loops take turns on one state.
+
+Exactness: the same plans, blocks, prices (`CostModel.iteration_time_lists_s` and
+`decode_line` promise `iteration_time_s`'s and `decode_steps_s`'s bits), additions and row
+formulas as the generic loop: per-request timestamps, rows and scheduler state equal it bit
+for bit (tests/test_paged_fast.py), and with it reference mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orcasim.generic_stepper import GenericStepper
+from orcasim.orca_fast import decode_ends
+from orcasim.replica import Load, scheduler_load
+from orcasim.schedulers import paged_runs
+from orcasim.schedulers.paged import PagedScheduler, Plan
+
+if TYPE_CHECKING:
+    from orcasim.cost.base import CostModel
+    from orcasim.recorder import Recorder
+    from orcasim.replica import Replica
+    from orcasim.schedulers.paged_runs import BlockGrowth
+
+
+def applies(scheduler: object) -> bool:
+    """The plain paged scheduler without prefix caching: a subclass may plan otherwise, and
+    a cache names blocks one request at a time."""
+    return type(scheduler) is PagedScheduler and not scheduler.caching
+
+
+@dataclass(slots=True)
+class _Unit:
+    """A pending unit of this loop: a plan's iteration and its decode run, or a continued run."""
+
+    start_s: float
+    ends_s: list[float]  # cut in place; the unit ends at the last
+    size: int
+    full: int  # iterations the unit has if nothing cuts it
+    context_total: int  # the plan's (or the continued run's first step's) context tokens
+    growth: BlockGrowth | None  # None: no decode run
+    kv_reserved_tokens: int  # the plan's (or the continued run's first step's) KV reserved
+    joiners: list[int] | None = None  # None: a continued run
+    query_total: int = 0
+    plan_s: float = 0.0
+    recomputed_tokens: int = 0
+    run_context_total: int = 0  # the run's context at its first step
+
+
+class PagedFusedStepper:
+    """One replica's fast stepper over a plain `PagedScheduler`, made once per run."""
+
+    plans_on_arrival = False
+
+    def __init__(self, scheduler: PagedScheduler, cost: CostModel, recorder: Recorder) -> None:
+        assert applies(scheduler)
+        self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
+        self.replica: Replica  # set by the replica that runs it
+        self.wake_s: float | None = None
+        self.generic = GenericStepper(scheduler, cost, recorder, True)
+        requests = scheduler.requests
+        self.prompt_tokens, self.output_tokens = requests.prompt_tokens, requests.output_tokens
+        self.block_size_tokens = scheduler.cfg.block_size_tokens
+        self.iterations = 0  # ended so far: the clock of implicit progress
+        # Parallel to scheduler.running (admission order):
+        self.base: list[int] = []  # known tokens are base + iterations
+        self.finish_at: list[int] = []  # the iteration count at which each finishes
+        self._unit: _Unit | None = None
+        self._delegated = False  # the pending unit is the generic stepper's
+        self.continuing = False  # the last unit was a run that was not cut
+
+    # The Stepper protocol.
+
+    def start(self, now_s: float) -> float | None:
+        """The generic stepper's `start`, specialised (same steps, same order)."""
+        self.wake_s = None
+        if self.scheduler.holds_finished:
+            return self._delegate(now_s)
+        if self.continuing and not self.replica.arrived:
+            self.continuing = False
+            unit = self._continued(now_s)
+            if unit is not None:
+                self._unit = unit
+                return unit.ends_s[-1]
+        self.continuing = False
+        return self._plan(now_s)
+
+    def ends_s(self) -> Sequence[float]:
+        if self._delegated:
+            return self.generic.ends_s()  # type: ignore[return-value]  # ascending either way
+        return () if self._unit is None else self._unit.ends_s
+
+    def cut(self, num_iterations: int) -> None:
+        if self._delegated:
+            self.generic.cut(num_iterations)
+            return
+        assert self._unit is not None and 1 <= num_iterations <= len(self._unit.ends_s)
+        del self._unit.ends_s[num_iterations:]
+
+    def finish(self) -> None:
+        if self._delegated:
+            self.generic.finish()
+            self._delegated = False
+            self.continuing = self.generic.continuing
+            self._read_back()
+            return
+        unit, self._unit = self._unit, None
+        assert unit is not None
+        if unit.joiners is None:
+            self._finish_continued(unit)
+        elif unit.growth is None:
+            self._finish_single(unit)
+        else:
+            self._finish_plan(unit)
+
+    def load(self) -> Load:
+        if self._delegated:
+            return self.generic.load()
+        unit = self._unit
+        self._write_back(skip=len(unit.joiners) if unit is not None and unit.joiners else 0)
+        load = scheduler_load(self.scheduler)
+        if unit is None or unit.joiners is not None:
+            return load
+        # A continued run's first step grows KV that its end allocates: report it as made,
+        # as the generic stepper does.
+        return dataclasses.replace(load, kv_used_tokens=unit.kv_reserved_tokens)
+
+    def close(self) -> None:
+        """The scheduler's per-request progress, as the generic stepper leaves it: all done."""
+        s = self.scheduler
+        assert not s.running and not s.num_waiting
+        done = ~np.isnan(self.recorder.finish_s)
+        s.generated[done] = self.output_tokens[done]
+        s.computed[done] = self.prompt_tokens[done] + self.output_tokens[done] - 1
+        s.peak_computed[done] = np.maximum(s.peak_computed[done], s.computed[done])
+
+    # Units run by the generic stepper, on the written-back state.
+
+    def _delegate(self, now_s: float) -> float | None:
+        self._write_back()
+        self.generic.replica = self.replica
+        self.generic.continuing = self.continuing
+        end_s = self.generic.start(now_s)
+        self.wake_s = self.generic.wake_s
+        self.continuing = self.generic.continuing
+        if end_s is None:
+            self._read_back()  # nothing ran; schedule changed nothing it would not redo
+            return None
+        self._delegated = True
+        return end_s
+
+    def _write_back(self, skip: int = 0) -> None:
+        """The running requests' progress into the scheduler's arrays, but the last `skip`
+        (a pending plan's joiners, whose arrays still hold what they held on joining)."""
+        s, g = self.scheduler, self.iterations
+        count = len(self.base) - skip
+        if count <= 0:
+            return
+        ids = np.array(s.running[:count], dtype=np.int64)
+        known = np.array(self.base[:count], dtype=np.int64) + g
+        s.computed[ids] = known - 1
+        s.generated[ids] = known - self.prompt_tokens[ids]
+        s.peak_computed[ids] = np.maximum(s.peak_computed[ids], known - 1)
+
+    def _read_back(self) -> None:
+        """Implicit progress from the scheduler's arrays (after a generic unit)."""
+        s, g = self.scheduler, self.iterations
+        ids = np.array(s.running, dtype=np.int64)
+        generated = s.generated[ids]
+        self.base = (self.prompt_tokens[ids] + generated - g).tolist()
+        self.finish_at = (self.output_tokens[ids] - generated + g).tolist()
+
+    # A plan and its decode run.
+
+    def _plan(self, now_s: float) -> float | None:
+        """`schedule`, then `decode_run`, as the generic stepper calls them."""
+        s, g, block = self.scheduler, self.iterations, self.block_size_tokens
+        running, base = s.running, self.base
+        decoding = len(running)
+        if decoding > s.token_budget:
+            return self._delegate(now_s)  # not every decode fits: schedule's loop decides
+        takers = [r for r, b in zip(running, base, strict=True) if (b + g - 1) % block == 0]
+        if len(takers) + s.spare_blocks_per_step > s.allocator.num_free_blocks:
+            return self._delegate(now_s)  # a decode would preempt
+        if takers:
+            s.allocator.allocate_one_each(takers)
+        plan = Plan(s.token_budget - decoding)
+        s.admit(plan)
+        s.recomputed_tokens_total += plan.recomputed_tokens
+        if not running:
+            return None
+        context = [b + g for b in base]
+        for req, num_new in zip(plan.ids, plan.num_new, strict=True):
+            generated = s.generated.item(req)
+            base.append(self.prompt_tokens.item(req) + generated - g)
+            self.finish_at.append(g + self.output_tokens.item(req) - generated)
+            context.append(s.computed.item(req) + num_new)
+        query = [1] * decoding + plan.num_new
+        query_total, context_total = decoding + sum(plan.num_new), sum(context)
+        plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)
+        plan_s += plan.swap_time_s
+        unit = _Unit(now_s, [now_s + plan_s], len(running), 1, context_total, None,
+                     s.allocator.allocated_tokens, plan.ids, query_total, plan_s,
+                     plan.recomputed_tokens)
+        self._unit = unit
+        if len(running) <= s.token_budget and not s.can_join(len(running)):
+            self._decode_run(unit)
+        return unit.ends_s[-1]
+
+    def _decode_run(self, unit: _Unit) -> None:
+        """`paged_runs.decode_run`: the plan's members decode on up to a completion or a
+        step whose blocks do not fit; its ends up to the known cut."""
+        s, g = self.scheduler, self.iterations
+        known = [b + g for b in self.base]  # before the plan: the run's first positions
+        steps, unit.growth = paged_runs.block_growth(s, s.running, known,
+                                                     min(self.finish_at) - g - 1)
+        unit.full = steps + 1
+        unit.run_context_total = sum(known) + unit.size
+        if steps:
+            decode_ends(self.cost, unit.ends_s, unit.start_s, self.replica.cut_s(unit.start_s),
+                        unit.size, unit.run_context_total, steps,
+                        lambda: np.array(known, dtype=np.int64) + 1)
+
+    def _finish_single(self, unit: _Unit) -> None:
+        """The plan's iteration alone (no decode run): `GenericStepper._finish_iteration`."""
+        end_s = unit.ends_s[0]
+        self.iterations += 1
+        self._apply_joiners(unit, end_s)
+        done = self._completions()
+        self.recorder.append_row(
+            unit.start_s, unit.plan_s, 1, unit.size, unit.query_total, unit.context_total,
+            unit.kv_reserved_tokens, self.scheduler.num_waiting, float(unit.context_total), 0,
+            unit.recomputed_tokens)
+        self._record(done, end_s)
+
+    def _finish_plan(self, unit: _Unit) -> None:
+        """The plan's iteration and `n - 1` steps of its run: `GenericStepper._finish_jump`."""
+        s, ends_s = self.scheduler, unit.ends_s
+        n = len(ends_s)
+        waiting = s.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        assert unit.growth is not None
+        if n > 1:
+            paged_runs.allocate_steps(s, unit.growth, n - 1)
+        self.iterations += n
+        self._apply_joiners(unit, ends_s[0])
+        done = self._completions()
+        self.recorder.jump_row(
+            unit.start_s, ends_s, unit.size, unit.query_total, unit.context_total,
+            unit.context_total, unit.size, unit.run_context_total, unit.kv_reserved_tokens,
+            waiting, 0, unit.recomputed_tokens, unit.growth.reserved_tokens(n - 1))
+        # As the generic stepper tells the source: the plan's completions at its end (only
+        # when nothing follows it), then the run's.
+        head, last = (done, []) if n == 1 else ([], done)
+        self._record(head, ends_s[0])
+        self._record(last, ends_s[-1])
+        self.continuing = n == unit.full
+
+    def _apply_joiners(self, unit: _Unit, first_token_s: float) -> None:
+        """Joiners scheduled at the unit's start; the new ones' first tokens at the plan's end."""
+        recorder = self.recorder
+        for req in unit.joiners or ():
+            if math.isnan(recorder.first_scheduled_s.item(req)):
+                recorder.first_scheduled_s[req] = unit.start_s
+            if math.isnan(recorder.first_token_s.item(req)):
+                recorder.first_token_s[req] = first_token_s
+
+    # A continued run.
+
+    def _continued(self, start_s: float) -> _Unit | None:
+        """`paged_runs.continue_run`: the running requests decode on, no `schedule` call."""
+        s, g = self.scheduler, self.iterations
+        size = len(s.running)
+        if not size or size > s.token_budget or s.can_join(size):
+            return None
+        computed = [b + g - 1 for b in self.base]
+        steps, growth = paged_runs.block_growth(s, s.running, computed, min(self.finish_at) - g)
+        if steps == 0:
+            return None  # the first step's allocations would fail and preempt
+        context_total = sum(computed) + size
+        unit = _Unit(start_s, [], size, steps, context_total, growth, growth.reserved_at(0))
+        decode_ends(self.cost, unit.ends_s, start_s, self.replica.cut_s(start_s), size,
+                    context_total, steps, lambda: np.array(computed, dtype=np.int64) + 1)
+        return unit
+
+    def _finish_continued(self, unit: _Unit) -> None:
+        s, ends_s = self.scheduler, unit.ends_s
+        n = len(ends_s)
+        waiting = s.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        assert unit.growth is not None
+        paged_runs.allocate_steps(s, unit.growth, n)
+        self.iterations += n
+        done = self._completions()
+        self.recorder.run_row(unit.start_s, ends_s, unit.size, unit.context_total,
+                              unit.kv_reserved_tokens, waiting, unit.growth.reserved_tokens(n))
+        self._record(done, ends_s[-1])
+        self.continuing = n == unit.full
+
+    # Completions.
+
+    def _completions(self) -> list[int]:
+        """Members whose last token ended now: dropped from the lists and released (their
+        blocks freed in batch order, as `release` frees them)."""
+        g = self.iterations
+        if min(self.finish_at, default=-1) != g:
+            return []
+        s = self.scheduler
+        done_at = [i for i, at in enumerate(self.finish_at) if at == g]
+        done = [s.running[i] for i in done_at]
+        for i in reversed(done_at):
+            del self.base[i]
+            del self.finish_at[i]
+        s.release(np.array(done, dtype=np.int64))
+        return done
+
+    def _record(self, done: list[int], end_s: float) -> None:
+        """Completions at `end_s`, told to the source."""
+        if done:
+            assert all(map(math.isnan, self.recorder.finish_s[done].tolist())), \
+                "a request finished twice"
+            self.recorder.finish_s[done] = end_s
+        self.replica.source.on_finished(done, end_s)

@@ -1,0 +1,117 @@
+"""The fused paged loop (orcasim.paged_fast) must equal the engine's generic fast loop bit for bit.
+
+Both are fast mode; test_fast_engine.py checks fast mode (fused where it applies, the
+default) against reference mode. Here the comparison is exact, as for the fused Orca loop
+(test_orca_fast.py): the same timestamps, rows, scheduler state and free-block order, on
+random paged scenarios (preemptions by recompute and swap, watermarks, tight budgets,
+warm-up breaks, closed loops) with every cost kind, and on a cluster behind a router that
+reads each replica's load.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_fast_engine import cost_model, scenarios
+from test_orca_fast import assert_same_runs
+
+from orcasim import engine, fleet
+from orcasim.closed_loop import arrival_source
+from orcasim.engine import Engine
+from orcasim.generic_stepper import GenericStepper
+from orcasim.paged_fast import applies
+from orcasim.requests import Requests
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict
+from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.chunked import ChunkedConfig
+from orcasim.schedulers.paged import PagedConfig
+from tests.conftest import examples
+
+STATE = ("computed", "generated", "peak_computed", "preemptions_per_request", "cpu_blocks")
+
+
+def run_both(case: dict) -> list[tuple[Engine, object]]:
+    out = []
+    for fused in (True, False):
+        requests = case["requests"].for_run()  # a closed loop's own arrival times
+        scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
+        engine = Engine(requests, scheduler, cost_model(case), "fast",
+                        (case["warmup_s"],), fused=fused, arrivals=arrival_source(requests))
+        assert engine.fused is (fused and applies(scheduler))
+        out.append((engine, engine.run()))
+    return out
+
+
+def assert_identical(runs: list[tuple[Engine, object]]) -> None:
+    assert_same_runs(runs)
+    (fused, _), (generic, _) = runs
+    for state in STATE:
+        assert np.array_equal(getattr(fused.scheduler, state), getattr(generic.scheduler, state)), state
+    for total in ("preemptions_total", "recomputed_tokens_total", "swapped_blocks"):
+        assert getattr(fused.scheduler, total) == getattr(generic.scheduler, total), total
+    assert fused.scheduler.allocator.free_pool() == generic.scheduler.allocator.free_pool()
+
+
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(kinds=("paged",)))
+def test_fused_paged_loop_equals_generic_loop(case: dict) -> None:
+    assert_identical(run_both(case))
+
+
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(closed_loop=True, kinds=("paged",)))
+def test_fused_paged_loop_equals_generic_loop_in_a_closed_loop(case: dict) -> None:
+    assert_identical(run_both(case))
+
+
+def test_fused_paged_loop_is_used_only_for_plain_paged_without_caching() -> None:
+    requests = Requests(np.zeros(2), np.ones(2, dtype=np.int64), np.ones(2, dtype=np.int64),
+                        np.full(2, 4, dtype=np.int64))
+    plain = PagedConfig(kind="paged", block_size_tokens=2)
+    assert applies(build_scheduler(plain, requests, 16))
+    caching = PagedConfig(kind="paged", block_size_tokens=2, enable_prefix_caching=True)
+    assert not applies(build_scheduler(caching, requests, 16))
+    v0 = PagedConfig(kind="paged", block_size_tokens=2, policy="prefill_first")
+    assert not applies(build_scheduler(v0, requests, 16))
+    chunked = ChunkedConfig(kind="chunked", block_size_tokens=2)
+    assert not applies(build_scheduler(chunked, requests, 16))
+
+
+CLUSTER = {
+    "name": "fleet", "seed": 3,
+    "workload": {"num_requests": 400, "arrival": {"kind": "poisson", "rate_per_s": 12.0},
+                 "prompt_tokens": {"kind": "uniform", "low": 1, "high": 300},
+                 "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
+                 "max_tokens": 500},
+    "kv_capacity_tokens": 2048,
+    "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6},
+}
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv",
+                                    "least_tokens"])
+def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
+    router: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routers read each replica's load between its units and inside them (a fused replica
+    writes its implicit progress back first): the same decisions, the same runs."""
+    data = {**CLUSTER, "systems": [{
+        "name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 16,
+                                      "max_num_batched_tokens": 600, "block_size_tokens": 16},
+        "cluster": {"replicas": 4, "router": {"kind": router}}}]}
+    fused = run_scenario(scenario_from_dict(data)).systems["vllm"]
+    kinds = []
+
+    def generic(scheduler, cost, recorder, mode, fused=True):  # type: ignore[no-untyped-def]
+        stepper = engine.stepper_for(scheduler, cost, recorder, mode, False)
+        kinds.append(type(stepper))
+        return stepper
+
+    monkeypatch.setattr(fleet, "stepper_for", generic)
+    unfused = run_scenario(scenario_from_dict(data)).systems["vllm"]
+    assert kinds == [GenericStepper] * 4
+    pd.testing.assert_frame_equal(fused.requests, unfused.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fused.iterations, unfused.iterations, check_exact=True)
