@@ -105,7 +105,7 @@ class Recorder:
         self, start_s: float, ends_s: Sequence[float] | np.ndarray, size: int, query_total: int,
         context_total: int, kv_used_tokens: int | None, run_size: int, run_context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int, preemptions: int = 0,
-        recomputed_tokens: int = 0, step_reserved_tokens: np.ndarray | None = None,
+        recomputed_tokens: int = 0, step_reserved_tokens: Sequence[int] | None = None,
         run_shared_tokens: int = 0,
     ) -> None:
         """`record_jump` from plain numbers: a plan of `size` requests, then its decode run.
@@ -130,7 +130,7 @@ class Recorder:
             used = float(kv_used_tokens)
         reserved, reserved_max = float(kv_reserved_tokens), kv_reserved_tokens
         if step_reserved_tokens is not None and steps:
-            held = np.concatenate(([kv_reserved_tokens], step_reserved_tokens[:steps]))
+            held = [kv_reserved_tokens, *step_reserved_tokens[:steps]]
             reserved, reserved_max = _reserved_mean_max(start_s, ends_s, held)
         self.append_row(
             start_s, end_s - start_s, n, size, query_total + steps * run_size,
@@ -149,7 +149,7 @@ class Recorder:
     def run_row(
         self, start_s: float, ends_s: Sequence[float] | np.ndarray, size: int, context_total: int,
         kv_reserved_tokens: int, num_waiting_sum: int,
-        step_reserved_tokens: np.ndarray | None = None, shared_tokens: int = 0,
+        step_reserved_tokens: Sequence[int] | None = None, shared_tokens: int = 0,
     ) -> None:
         """`record_run` from plain numbers: `size` requests decoding from `context_total`,
         reserving `kv_reserved_tokens` at every step, or step_reserved_tokens[j] at step j;
@@ -219,22 +219,25 @@ def _used_s(context_total: int, size: int, start_s: float,
 
 
 def _reserved_mean_max(
-    start_s: float, ends_s: Sequence[float] | np.ndarray, held_tokens: np.ndarray
+    start_s: float, ends_s: Sequence[float] | np.ndarray, held_tokens: Sequence[int]
 ) -> tuple[float, int]:
     """Time-weighted mean and max of KV held_tokens[j] over start_s..ends_s[0]..ends_s[j].
 
     A constant reservation is returned as is (no rounding); so is the max of a row of
-    no duration (which a time-weighted summary gives no weight).
+    no duration (which a time-weighted summary gives no weight). Python floats, summed in
+    order: the same bits whether the ends come as a list or an array (and cheaper than
+    numpy at a jump's tens of steps).
     """
-    most = int(held_tokens.max())
+    most = max(held_tokens)
     total_s = float(ends_s[-1]) - start_s
-    if most == int(held_tokens.min()) or total_s <= 0:
+    if most == min(held_tokens) or total_s <= 0:
         return float(most), most
-    ends = np.asarray(ends_s, dtype=np.float64)
-    durations_s = np.empty(len(ends))  # np.diff(ends, prepend=start_s), without its overhead
-    durations_s[0] = ends[0] - start_s
-    np.subtract(ends[1:], ends[:-1], out=durations_s[1:])
-    return float(np.dot(held_tokens, durations_s)) / total_s, most
+    ends = ends_s.tolist() if isinstance(ends_s, np.ndarray) else ends_s
+    held_s, before_s = 0.0, start_s
+    for held, end_s in zip(held_tokens, ends, strict=True):
+        held_s += held * (end_s - before_s)
+        before_s = end_s
+    return held_s / total_s, most
 
 
 def _run_context(context_total: int, size: int, steps: int) -> int:

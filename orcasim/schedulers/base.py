@@ -16,6 +16,7 @@ scheduler with a batching delay (Triton's max_queue_delay) can decide; none read
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -81,8 +82,8 @@ class DecodeRun:
     context_tokens: np.ndarray  # int64 (B,) context of the first decode step
     # Their total, memoised (a scheduler that knows it may set it): the recorder asks.
     context_total: int | None = field(default=None, init=False, repr=False, compare=False)
-    # int64 (num_steps,): KV reserved at step j, once that step's allocations are made.
-    step_reserved_tokens: np.ndarray | None = field(default=None, init=False, repr=False,
+    # (num_steps,): KV reserved at step j, once that step's allocations are made.
+    step_reserved_tokens: Sequence[int] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
     # KV the requests share (a prefix cache's blocks), counted once per holder beyond the
     # first: a step holds its context's KV less this.

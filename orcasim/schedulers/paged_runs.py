@@ -89,12 +89,16 @@ class BlockGrowth:
         taken = periods * len(self.order) + self.cum[rem]
         return self.allocated_tokens + taken * self.block_size_tokens
 
-    def reserved_tokens(self, num_steps: int) -> np.ndarray:
-        """int64 (num_steps,): `reserved_at` of each of the first `num_steps` steps."""
-        block = self.block_size_tokens
-        j = np.arange(num_steps)
-        taken = (j // block) * len(self.order) + np.array(self.cum, dtype=np.int64)[j % block]
-        return self.allocated_tokens + taken * block
+    def reserved_tokens(self, num_steps: int) -> list[int]:
+        """`reserved_at` of each of the first `num_steps` steps."""
+        block, size = self.block_size_tokens, len(self.order)
+        period = [self.allocated_tokens + taken * block for taken in self.cum]
+        reserved: list[int] = []
+        for p in range(-(-num_steps // block)):  # a period at a time: size blocks more each
+            more = p * size * block
+            reserved.extend([tokens + more for tokens in period])
+        del reserved[num_steps:]
+        return reserved
 
 
 def block_growth(
