@@ -194,8 +194,12 @@ class PagedAllocator:
             return None
         new = self._take(len(req_ids))
         self._hold(new)
+        tables = self.tables
         for req_id, block in zip(req_ids, new, strict=True):
-            self.tables.setdefault(req_id, []).append(block)
+            table = tables.get(req_id)  # not setdefault: it would build a list every call
+            if table is None:
+                tables[req_id] = table = []
+            table.append(block)
         return new
 
     def grow_to(self, req_id: int, tokens: int) -> list[int] | None:
@@ -235,6 +239,8 @@ class PagedAllocator:
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of `blocks` nobody holds: a hit on one takes it out of the free pool."""
+        if not blocks:  # no hits: every admission without caching asks
+            return 0
         refs = self._refs
         return sum(1 for block in blocks if block not in refs)
 
