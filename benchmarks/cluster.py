@@ -27,7 +27,7 @@ import engine as single  # noqa: E402 - benchmarks/engine.py, beside this file
 RESULTS = Path(__file__).parent / "results" / "cluster.json"
 NUM_REPLICAS = 16
 ROUTERS = ("round_robin", "least_outstanding")
-SIZES = {"iteration_level": (10_000, 100_000), "paged": (10_000, 30_000)}
+SIZES = {"iteration_level": (10_000, 100_000), "paged": (10_000, 100_000)}
 REPEATS = 3
 
 
