@@ -19,6 +19,7 @@ from test_orca_fast import assert_same_runs
 
 from orcasim import engine, fleet
 from orcasim.closed_loop import arrival_source
+from orcasim.cost.linear import LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.generic_stepper import GenericStepper
 from orcasim.paged_fast import applies
@@ -115,3 +116,24 @@ def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
     assert kinds == [GenericStepper] * 4
     pd.testing.assert_frame_equal(fused.requests, unfused.requests, check_exact=True)
     pd.testing.assert_frame_equal(fused.iterations, unfused.iterations, check_exact=True)
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_preempting_step_is_the_generic_steppers_and_the_fused_loop_resumes(
+    preemption: str,
+) -> None:
+    """4 blocks of 2 tokens; A (prompt 3) and B (prompt 2) both decode 4 tokens. At step 2 A
+    needs a third block: B is preempted, in a unit the generic stepper runs on the state the
+    fused loop wrote back; B comes back after A finishes, under the fused loop again."""
+    requests = Requests(np.zeros(2), np.array([3, 2]), np.array([4, 4]), np.array([7, 7]))
+    scheduler = PagedConfig(kind="paged", block_size_tokens=2, watermark=0.0,
+                            preemption=preemption, swap_space_bytes=100, kv_bytes_per_token=1,
+                            swap_bandwidth_bytes_per_s=1e3)
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 8,
+            "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=0.01,
+                                                      per_token_s=1e-3)}
+    runs = run_both(case)
+    assert_identical(runs)
+    (fused, fused_run), _ = runs
+    assert fused.scheduler.preemptions_per_request.tolist() == [0, 1]
+    assert fused_run.recorder.iterations_frame()["preemptions"].sum() == 1
