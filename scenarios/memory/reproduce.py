@@ -67,7 +67,10 @@ def write_trace(path: Path = TRACE, n: int = NUM_REQUESTS, seed: int = TRACE_SEE
 
 def run_rate(rate_per_s: float) -> pd.DataFrame:
     """Every system at one rate: one summary row per system."""
-    result = run_scenario(SCENARIO, (f"workload.arrival.speedup={rate_per_s}",))
+    # Reference mode: one row per iteration, so that the p99 below is an iteration's (a fast
+    # mode row covers a plan and the decode steps after it, averaging the stall away).
+    result = run_scenario(SCENARIO, (f"workload.arrival.speedup={rate_per_s}",
+                                     "engine.mode=reference"))
     frame = result.summary_frame()[COLUMNS]
     # The longest iterations are the stalls that chunked prefill bounds.
     frame["iteration_s_p99"] = [
