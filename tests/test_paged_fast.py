@@ -23,6 +23,7 @@ from orcasim.cost.linear import LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.generic_stepper import GenericStepper
 from orcasim.paged_fast import applies
+from orcasim.replica import Load, Replica
 from orcasim.requests import Requests
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
@@ -87,7 +88,7 @@ CLUSTER = {
                  "prompt_tokens": {"kind": "uniform", "low": 1, "high": 300},
                  "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
                  "max_tokens": 500},
-    "kv_capacity_tokens": 2048,
+    "kv_capacity_tokens": 1024,
     "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6},
 }
 
@@ -98,11 +99,24 @@ def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
     router: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Routers read each replica's load between its units and inside them (a fused replica
-    writes its implicit progress back first): the same decisions, the same runs."""
+    writes its implicit progress back first, and reports a continued run's first blocks as
+    taken): every load read is the generic fleet's, and so are the runs. A pool of 1,024
+    tokens preempts often, so units of the generic stepper are cut by deliveries too."""
     data = {**CLUSTER, "systems": [{
         "name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 16,
                                       "max_num_batched_tokens": 600, "block_size_tokens": 16},
         "cluster": {"replicas": 4, "router": {"kind": router}}}]}
+    looks: dict[bool, list[tuple[int, float, Load]]] = {True: [], False: []}
+    read = Replica.load
+
+    def recorded(fused: bool):  # type: ignore[no-untyped-def]
+        def load(replica: Replica, time_s: float) -> Load:
+            seen = read(replica, time_s)
+            looks[fused].append((replica.index, time_s, seen))
+            return seen
+        return load
+
+    monkeypatch.setattr(Replica, "load", recorded(True))
     fused = run_scenario(scenario_from_dict(data)).systems["vllm"]
     kinds = []
 
@@ -112,10 +126,29 @@ def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
         return stepper
 
     monkeypatch.setattr(fleet, "stepper_for", generic)
+    monkeypatch.setattr(Replica, "load", recorded(False))
     unfused = run_scenario(scenario_from_dict(data)).systems["vllm"]
     assert kinds == [GenericStepper] * 4
+    assert looks[True] == looks[False]
+    assert fused.summary["preemptions"] > 0
     pd.testing.assert_frame_equal(fused.requests, unfused.requests, check_exact=True)
     pd.testing.assert_frame_equal(fused.iterations, unfused.iterations, check_exact=True)
+
+
+def test_a_request_finishing_in_a_lone_plan_iteration_finishes() -> None:
+    """A plan with no decode run after it (the next request could join the next iteration:
+    a budget of 10 takes one 6-token prompt now and the other next), whose one member emits
+    its only token there: it finishes at that iteration's end, as in the generic loop."""
+    requests = Requests(np.zeros(2), np.array([6, 6]), np.array([1, 3]), np.array([9, 9]))
+    scheduler = PagedConfig(kind="paged", block_size_tokens=2, watermark=0.0,
+                            max_num_batched_tokens=10)
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 64,
+            "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=0.5)}
+    runs = run_both(case)
+    assert_identical(runs)
+    (_, fused_run), _ = runs
+    assert fused_run.recorder.finish_s.tolist() == [0.5, 2.0]
+    assert fused_run.recorder.iterations_frame()["num_iterations"].tolist()[0] == 1
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
