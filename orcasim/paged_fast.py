@@ -233,18 +233,20 @@ class PagedFusedStepper:
                      plan.recomputed_tokens)
         self._unit = unit
         if len(running) <= s.token_budget and not s.can_join(len(running)):
-            self._decode_run(unit)
+            # Each member's context in the plan is its known tokens (it computes them all):
+            # the positions its run computes first.
+            self._decode_run(unit, context)
         return unit.ends_s[-1]
 
-    def _decode_run(self, unit: _Unit) -> None:
-        """`paged_runs.decode_run`: the plan's members decode on up to a completion or a
-        step whose blocks do not fit; its ends up to the known cut."""
+    def _decode_run(self, unit: _Unit, known: list[int]) -> None:
+        """`paged_runs.decode_run`: the plan's members, which held `known` tokens before it,
+        decode on up to a completion or a step whose blocks do not fit; its ends up to the
+        known cut."""
         s, g = self.scheduler, self.iterations
-        known = [b + g for b in self.base]  # before the plan: the run's first positions
         steps, unit.growth = paged_runs.block_growth(s, s.running, known,
                                                      min(self.finish_at) - g - 1)
         unit.full = steps + 1
-        unit.run_context_total = sum(known) + unit.size
+        unit.run_context_total = unit.context_total + unit.size
         if steps:
             decode_ends(self.cost, unit.ends_s, unit.start_s, self.replica.cut_s(unit.start_s),
                         unit.size, unit.run_context_total, steps,
