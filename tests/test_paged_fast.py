@@ -170,3 +170,22 @@ def test_a_preempting_step_is_the_generic_steppers_and_the_fused_loop_resumes(
     (fused, fused_run), _ = runs
     assert fused.scheduler.preemptions_per_request.tolist() == [0, 1]
     assert fused_run.recorder.iterations_frame()["preemptions"].sum() == 1
+
+
+def test_a_batch_that_fills_the_token_budget_exactly_decodes_in_runs() -> None:
+    """Nine one-token prompts under a budget of nine tokens (the longest request's prompt +
+    output - 1, as a recompute would prefill it): all join at once, and their decodes, nine
+    tokens a step, fit the budget exactly, so they run as jumps in both loops."""
+    outputs = np.array([5, 6, 7, 8, 9, 9, 9, 9, 9])
+    requests = Requests(np.zeros(9), np.ones(9, dtype=np.int64), outputs, np.full(9, 10))
+    scheduler = PagedConfig(kind="paged", block_size_tokens=4, watermark=0.0,
+                            max_num_batched_tokens=9, max_num_seqs=9)
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 128,
+            "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=0.5)}
+    runs = run_both(case)
+    assert_identical(runs)
+    (_, fused_run), _ = runs
+    rows = fused_run.recorder.iterations_frame()
+    # The plan and 4 decodes to the first completion, then a step to each next one.
+    assert rows["num_iterations"].tolist() == [5, 1, 1, 1, 1]
+    assert rows["batch_size"].tolist() == [9, 8, 7, 6, 5]
