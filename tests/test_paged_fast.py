@@ -19,7 +19,7 @@ from test_orca_fast import assert_same_runs
 
 from orcasim import engine, fleet
 from orcasim.closed_loop import arrival_source
-from orcasim.cost.linear import LinearCostConfig
+from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.generic_stepper import GenericStepper
 from orcasim.paged_fast import applies
@@ -189,3 +189,30 @@ def test_a_batch_that_fills_the_token_budget_exactly_decodes_in_runs() -> None:
     # The plan and 4 decodes to the first completion, then a step to each next one.
     assert rows["num_iterations"].tolist() == [5, 1, 1, 1, 1]
     assert rows["batch_size"].tolist() == [9, 8, 7, 6, 5]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_jump_row_holds_the_reservations_of_its_steps_over_several_block_periods(
+    fused: bool,
+) -> None:
+    """One request (prompt 1, 12 tokens) and a second (prompt 3, 12 tokens) on blocks of 2:
+    a jump spans several block periods. Its row's mean reservation (time-weighted) and
+    maximum are those of the reference mode's one-iteration rows over the same span; both
+    loops share `BlockGrowth.reserved_tokens`, so only reference mode can check it."""
+    requests = Requests(np.zeros(2), np.array([1, 3]), np.array([12, 12]), np.full(2, 16))
+    scheduler = PagedConfig(kind="paged", block_size_tokens=2, watermark=0.0)
+    cost = LinearCost(LinearCostConfig(kind="linear", base_s=0.5, per_context_token_s=0.01))
+    rows = {}
+    for mode in ("fast", "reference"):
+        run_requests = requests.for_run()
+        sched = build_scheduler(scheduler, run_requests, 64)
+        engine = Engine(run_requests, sched, cost, mode, fused=fused)
+        rows[mode] = engine.run().recorder.iterations_frame()
+    fast, ref = rows["fast"], rows["reference"]
+    assert fast["num_iterations"].tolist() == [12] and len(ref) == 12
+    held_s = float((ref["kv_reserved_tokens"] * ref["duration_s"]).sum())
+    assert fast["kv_reserved_tokens"].iloc[0] == pytest.approx(held_s / ref["duration_s"].sum())
+    # Blocks of 2 tokens: the prefill holds 1 + 2 blocks (1 and 3 tokens), the last step
+    # 6 + 7 (12 and 14 tokens computed: prompt + output - 1).
+    assert ref["kv_reserved_tokens"].tolist()[0] == 2 * (1 + 2)
+    assert fast["kv_reserved_tokens_max"].iloc[0] == ref["kv_reserved_tokens_max"].max() == 26
