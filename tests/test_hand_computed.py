@@ -97,10 +97,11 @@ def test_a_paged_arrival_on_a_boundary_joins_there(mode: str) -> None:
     requests = Requests(np.array([0.0, 2.0, 2.25]), np.array([4, 4, 4]), np.array([6, 2, 2]),
                         np.array([16, 16, 16]))
     cfg = PagedConfig(kind="paged", max_num_seqs=8, block_size_tokens=4)
-    scheduler = build_scheduler(cfg, requests, 64)
-    run = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode).run()
-    assert run.recorder.first_scheduled_s.tolist() == [0.0, 2.0, 3.0]
-    assert run.recorder.finish_s.tolist() == [6.0, 4.0, 5.0]
+    for fused in (True, False):  # the fused paged loop and the generic stepper's cut
+        scheduler = build_scheduler(cfg, requests, 64)
+        run = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode, fused=fused).run()
+        assert run.recorder.first_scheduled_s.tolist() == [0.0, 2.0, 3.0], (mode, fused)
+        assert run.recorder.finish_s.tolist() == [6.0, 4.0, 5.0], (mode, fused)
 
 
 def test_freed_blocks_are_reused_last_in_first_out() -> None:
