@@ -104,6 +104,32 @@ def test_a_paged_arrival_on_a_boundary_joins_there(mode: str) -> None:
         assert run.recorder.finish_s.tolist() == [6.0, 4.0, 5.0], (mode, fused)
 
 
+
+@pytest.mark.parametrize("kind", ["iteration_level", "paged"])
+@pytest.mark.parametrize(("arrival_s", "waiting_sum"), [((0.5, 2.0), 9), ((5.0, 5.5), 1)])
+def test_a_blocked_arrival_on_a_boundary_waits_from_that_boundary(
+    kind: str, arrival_s: tuple[float, float], waiting_sum: int
+) -> None:
+    """Iterations of 1 s, a batch of one: request 0 decodes until 6 s; two more arrive and
+    cannot join, so neither cuts the jump. The reference loop counts one waiting in each
+    iteration that starts at or after its arrival: at 0.5 and exactly 2 s, 0 + 1 + 2 + 2 +
+    2 + 2 = 9 over the first six; exactly at the last inner boundary, 5 s, (and 5.5) 1.
+    Fast mode's one row says the same."""
+    requests = Requests(np.array([0.0, *arrival_s]), np.array([2, 2, 2]), np.array([6, 1, 1]),
+                        np.array([8, 8, 8]))
+    cfg = (IterationLevelConfig(kind="iteration_level", max_batch_size=1) if kind == "iteration_level"
+           else PagedConfig(kind="paged", max_num_seqs=1, block_size_tokens=2))
+    waiting = {}
+    for mode in ("fast", "reference"):
+        scheduler = build_scheduler(cfg, requests, 64)
+        rows = Engine(requests, scheduler, LinearCost(ONE_SECOND), mode).run().recorder \
+            .iterations_frame()
+        first = rows[rows["start_s"] < 6.0]
+        assert first["num_iterations"].sum() == 6, mode
+        waiting[mode] = int(first["num_waiting"].sum())
+    assert waiting == {"fast": waiting_sum, "reference": waiting_sum}
+
+
 def test_freed_blocks_are_reused_last_in_first_out() -> None:
     """vLLM's free-block queue: the blocks freed last are handed out first, in the order
     the freed table held them; never-used blocks come after, lowest first."""
