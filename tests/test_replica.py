@@ -145,6 +145,30 @@ def test_load_on_a_hand_traced_case() -> None:
         assert fleet.recorder.finish_s.tolist() == [5.0, 7.0, 8.0], mode
 
 
+@pytest.mark.parametrize("kind", ["iteration_level", "paged"])
+def test_a_router_at_an_iteration_end_sees_that_iteration_in_flight(kind: str) -> None:
+    """Request 0 (prompt 10, output 5) alone in 1 s iterations; request 1 arrives exactly
+    when the second iteration ends (2 s). Arrivals go first at equal times, so the router
+    sees the second token still in flight: 4 outstanding, in fast mode (where 2 s is
+    inside a pending jump, which the look splits) as in reference mode."""
+    requests = Requests(np.array([0.0, 2.0]), np.array([10, 7]), np.array([5, 2]),
+                        np.array([15, 9]))
+    scheduler = ({"kind": "iteration_level", "max_batch_size": 1} if kind == "iteration_level"
+                 else {"kind": "paged", "max_num_seqs": 1, "block_size_tokens": 5})
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "workload.num_requests": 2, "kv_capacity_tokens": 100, "engine.mode": mode,
+            "cost": {"kind": "linear", "base_s": 1.0},
+            "systems": [{"name": "s", "scheduler": scheduler, "cluster": {"replicas": 1}}],
+        })
+        fleet = build_fleet(scenario, scenario.systems[0], requests)
+        watching = _Watching(fleet.router.router)
+        fleet.router.router = watching
+        fleet.run()
+        seen = watching.seen[1][1][0]
+        assert (seen.running, seen.waiting, seen.outstanding_tokens) == (1, 0, 4), (mode, seen)
+        assert fleet.recorder.finish_s.tolist() == [5.0, 7.0], mode
+
 @pytest.mark.parametrize("kind", list(SCHEDULERS))
 def test_advance_stops_at_the_horizon_with_the_reference_state(kind: str) -> None:
     """A replica driven on its own: after `advance(t)` nothing it shows is past t, and its
