@@ -130,6 +130,23 @@ def test_a_blocked_arrival_on_a_boundary_waits_from_that_boundary(
     assert waiting == {"fast": waiting_sum, "reference": waiting_sum}
 
 
+
+@pytest.mark.parametrize("kind", ["iteration_level", "paged"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_no_row_straddles_a_warm_up_break_on_an_iteration_boundary(kind: str, fused: bool) -> None:
+    """Iterations of 1 s, one request decoding until 6 s, the warm-up ending exactly at
+    2 s: fast mode's jump is cut there, so a row starts at 2 s (the rows before it are the
+    warm-up's), in the fused loop and the generic stepper alike."""
+    requests = Requests(np.array([0.0]), np.array([2]), np.array([6]), np.array([8]))
+    cfg = (IterationLevelConfig(kind="iteration_level", max_batch_size=1) if kind == "iteration_level"
+           else PagedConfig(kind="paged", max_num_seqs=1, block_size_tokens=2))
+    scheduler = build_scheduler(cfg, requests, 64)
+    rows = Engine(requests, scheduler, LinearCost(ONE_SECOND), "fast", row_breaks_s=(2.0,),
+                  fused=fused).run().recorder.iterations_frame()
+    assert rows["start_s"].tolist() == [0.0, 2.0]
+    assert rows["num_iterations"].tolist() == [2, 4]
+
+
 def test_freed_blocks_are_reused_last_in_first_out() -> None:
     """vLLM's free-block queue: the blocks freed last are handed out first, in the order
     the freed table held them; never-used blocks come after, lowest first."""
