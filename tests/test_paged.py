@@ -94,6 +94,23 @@ def test_swap_falls_back_to_recompute_when_cpu_space_is_full():
     assert_paged_end_state(sched, reqs, trace)
 
 
+
+@pytest.mark.parametrize(("swap_blocks", "swapped"), [(2, True), (1, False)])
+def test_swap_space_may_fill_exactly(swap_blocks: int, swapped: bool):
+    """The victim B holds 2 blocks: CPU space for exactly 2 takes it (and a copy of 4
+    tokens x 3 bytes at 2 bytes/s costs 6 s each way); space for 1 falls back to recompute."""
+    reqs = make_requests([3, 2], [4, 4])
+    sched = _paged(reqs, capacity=8, block_size_tokens=2, preemption="swap",
+                   swap_space_bytes=swap_blocks * 2 * 3, kv_bytes_per_token=3,
+                   swap_bandwidth_bytes_per_s=2.0)
+    trace = drive(sched, reqs, check_paged_step)
+    assert sched.swap_capacity_blocks == swap_blocks
+    copies = [p.swap_time_s for p in trace.plans]
+    assert copies == ([0.0, 0.0, 6.0, 0.0, 6.0, 0.0] if swapped else [0.0] * 6)
+    assert sched.recomputed_tokens_total == (0 if swapped else 3)
+    assert_paged_end_state(sched, reqs, trace)
+
+
 def test_watermark_holds_back_admission_but_not_a_lone_request():
     reqs = make_requests([10, 8], [5, 1])
     held = _paged(reqs, capacity=20, block_size_tokens=1, watermark=0.25)  # 5 blocks kept free

@@ -159,3 +159,51 @@ def _check_prefill_first_step(sched, out) -> None:
     prompts, decodes = sched.computed[ids] == 0, known - sched.computed[ids] == 1
     assert prompts.all() or decodes.all()
     assert (out.num_new_tokens == known - sched.computed[ids]).all()  # never a chunk
+
+
+def test_decodes_are_costed_at_their_own_contexts_even_when_prompts_are_padded() -> None:
+    """Padding applies to prompt iterations only: a decode iteration of A (prompt 3) and B
+    (prompt 5) reads 4 and 6 tokens, not a padded batch."""
+    reqs = make_requests([3, 5], [3, 3])
+    sched = _sched(reqs, capacity=64, block_size_tokens=2, max_num_batched_tokens=16,
+                   max_num_seqs=4, pad_prompts=True)
+    batches = []
+    drive(sched, reqs, lambda s, out: batches.append(
+        (out.batch.query_tokens.tolist(), out.batch.context_tokens.tolist())))
+    assert batches[:2] == [([5, 5], [5, 5]), ([1, 1], [4, 6])]
+
+
+@pytest.mark.parametrize(("second_prompt", "joins"), [(4, True), (5, False)])
+def test_padded_prompts_may_fill_the_token_budget_exactly(second_prompt: int, joins: bool) -> None:
+    """Two prompts padded to the longer: 2 x 4 = 8 tokens fill a budget of 8; 2 x 5 do not."""
+    reqs = make_requests([4, second_prompt], [2, 2])
+    sched = _sched(reqs, capacity=64, block_size_tokens=2, max_num_batched_tokens=8,
+                   max_num_seqs=2, pad_prompts=True)
+    sched.add_request(0)
+    sched.add_request(1)
+    assert sched.schedule(0.0).req_ids.tolist() == ([0, 1] if joins else [0])
+
+
+@pytest.mark.parametrize("scheduler", [
+    {"kind": "paged", "policy": "prefill_first", "preemption": "swap"},
+    {"kind": "chunked", "preemption": "swap"},
+])
+def test_swap_space_is_sized_from_the_model_when_bytes_are_not_given(scheduler: dict) -> None:
+    """Without `kv_bytes_per_token` the bytes a block copies come from the scenario's model
+    and hardware (OPT-13B: 2 x 40 layers x 5120 x 2 bytes), for every paged policy."""
+    from orcasim.run import run_scenario
+    from orcasim.scenario import scenario_from_dict
+
+    data = {"name": "swap", "seed": 1, "model": "opt-13b", "hardware": {"gpu": "a100-80gb"},
+            "cost": {"kind": "roofline"},
+            "workload": {"num_requests": 5, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                         "prompt_tokens": {"kind": "uniform", "low": 8, "high": 64},
+                         "output_tokens": {"kind": "uniform", "low": 4, "high": 16},
+                         "max_tokens": 96},
+            "systems": [{"name": "s", "scheduler": scheduler}]}
+    result = run_scenario(scenario_from_dict(data))
+    assert result.systems["s"].summary["requests_completed"] == 5
+    cfg = scenario_from_dict(data).systems[0].scheduler
+    kv_bytes = 2 * 40 * 5120 * 2
+    sched = build_scheduler(cfg, make_requests([8], [4]), 1024, kv_bytes)
+    assert sched.swap_capacity_blocks == 4 * 2**30 // (kv_bytes * 16)

@@ -317,7 +317,8 @@ class PagedScheduler(Scheduler):
             return False  # a table short of more than this token's block: the loop grows it
         blocks = self.allocator.allocate_one_each(takers.tolist())  # not in the assert: -O drops it
         assert blocks is not None, "the free blocks were counted"
-        plan.recomputed_tokens += int(np.count_nonzero(self.peak_computed[ids] > computed))
+        # No recomputed tokens: a running request one token from its known ones has computed
+        # at least as many as ever (a recompute re-prefills all but the last known token).
         plan.ids.extend(running)
         plan.num_new.extend([1] * size)
         plan.budget_tokens -= size
