@@ -14,11 +14,12 @@ from kv_driver import (
     planned_tokens,
 )
 
+from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers.base import STEP_BY_STEP
 from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
-from orcasim.schedulers.paged import PagedConfig, PagedScheduler
+from orcasim.schedulers.paged import PagedConfig, PagedScheduler, num_blocks_for_capacity
 from orcasim.schedulers.prefill_first import PrefillFirstScheduler
 from tests.conftest import examples
 
@@ -152,6 +153,25 @@ def test_prompts_may_fill_the_token_budget_exactly(second_prompt: int, joins: bo
     sched.add_request(0)
     sched.add_request(1)
     assert sched.schedule(0.0).num_new_tokens.tolist() == ([4, second_prompt] if joins else [4])
+
+
+
+def test_a_pool_may_lose_exactly_one_percent_to_whole_blocks():
+    """1,600 tokens in blocks of 48: 33 blocks and 16 tokens (1%) unused, accepted; 1,601
+    would lose 17 (over 1%), an error naming the key."""
+    assert num_blocks_for_capacity(1600, 48) == 33
+    with pytest.raises(ScenarioError, match="block_size_tokens = 48 does not divide"):
+        num_blocks_for_capacity(1601, 48)
+
+
+def test_swap_without_the_bytes_of_a_token_is_an_error_naming_what_to_give():
+    reqs = make_requests([3, 2], [4, 4])
+    cfg = PagedConfig(kind="paged", preemption="swap")
+    with pytest.raises(ScenarioError, match=r"scheduler.preemption = 'swap' needs the bytes of "
+                       r"a token's KV: give scheduler.kv_bytes_per_token, or the scenario keys "
+                       r"'model' and 'hardware'"):
+        PagedScheduler(cfg, reqs, 64)
+    assert PagedScheduler(PagedConfig(kind="paged"), reqs, 64).swap_capacity_blocks == 0
 
 
 def test_block_size_that_does_not_divide_capacity_is_an_error():
