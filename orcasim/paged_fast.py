@@ -214,8 +214,9 @@ class PagedFusedStepper:
         if takers:
             s.allocator.allocate_one_each(takers)
         plan = Plan(s.token_budget - decoding)
-        s.admit(plan)
-        s.recomputed_tokens_total += plan.recomputed_tokens
+        if s.fcfs_head() is not None:  # else nobody to admit (most plans after completions)
+            s.admit(plan)
+            s.recomputed_tokens_total += plan.recomputed_tokens
         if not running:
             return None
         context = [b + g for b in base]

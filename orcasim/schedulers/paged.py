@@ -573,6 +573,8 @@ class PagedScheduler(Scheduler):
 
     def can_join(self, num_decoding: int) -> bool:
         """Whether the next `schedule`, with `num_decoding` decodes planned, would admit anyone."""
+        if self._next_candidate() is None:
+            return False  # nobody to admit (most runs): no plan to build
         return self._admissible_head(self._join_plan(num_decoding)) is not None
 
     def arrival_can_join(self, req_id: int) -> bool:
