@@ -131,17 +131,28 @@ def test_a_blocked_arrival_on_a_boundary_waits_from_that_boundary(
 
 
 
+class _NoLine(LinearCost):
+    """The linear cost without its decode line: the fused loops price each step instead."""
+
+    def decode_line(self, size: int, context_total: int) -> None:
+        return None
+
+
 @pytest.mark.parametrize("kind", ["iteration_level", "paged"])
 @pytest.mark.parametrize("fused", [True, False])
-def test_no_row_straddles_a_warm_up_break_on_an_iteration_boundary(kind: str, fused: bool) -> None:
+@pytest.mark.parametrize("cost", [LinearCost, _NoLine])
+def test_no_row_straddles_a_warm_up_break_on_an_iteration_boundary(
+    kind: str, fused: bool, cost: type[LinearCost]
+) -> None:
     """Iterations of 1 s, one request decoding until 6 s, the warm-up ending exactly at
     2 s: fast mode's jump is cut there, so a row starts at 2 s (the rows before it are the
-    warm-up's), in the fused loop and the generic stepper alike."""
+    warm-up's), in the fused loop (priced as a line or step by step) and the generic
+    stepper alike."""
     requests = Requests(np.array([0.0]), np.array([2]), np.array([6]), np.array([8]))
     cfg = (IterationLevelConfig(kind="iteration_level", max_batch_size=1) if kind == "iteration_level"
            else PagedConfig(kind="paged", max_num_seqs=1, block_size_tokens=2))
     scheduler = build_scheduler(cfg, requests, 64)
-    rows = Engine(requests, scheduler, LinearCost(ONE_SECOND), "fast", row_breaks_s=(2.0,),
+    rows = Engine(requests, scheduler, cost(ONE_SECOND), "fast", row_breaks_s=(2.0,),
                   fused=fused).run().recorder.iterations_frame()
     assert rows["start_s"].tolist() == [0.0, 2.0]
     assert rows["num_iterations"].tolist() == [2, 4]
