@@ -214,7 +214,7 @@ class PagedFusedStepper:
         if takers:
             s.allocator.allocate_one_each(takers)
         plan = Plan(s.token_budget - decoding)
-        if s.fcfs_head() is not None:  # else nobody to admit (most plans after completions)
+        if s.fcfs_head() is not None:  # else nobody is there to admit
             s.admit(plan)
             s.recomputed_tokens_total += plan.recomputed_tokens
         if not running:
