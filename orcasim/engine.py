@@ -1,8 +1,8 @@
 """The plain engine variant: one scheduler, one cost model, one iteration (or jump) at a time.
 
-`GenericStepper` is the `orcasim.replica.Stepper` of every scheduler; `Engine` runs one
-replica of it (or of the fused Orca loop) over a request table, on the clock loop of
-`orcasim.replica.drive`. Both modes share one skeleton:
+`GenericStepper` (`orcasim.generic_stepper`) is the `orcasim.replica.Stepper` of every
+scheduler; `Engine` runs one replica of it (or of a fused loop) over a request table, on the
+clock loop of `orcasim.replica.drive`. Both modes share one skeleton:
 
     admit every arrival at or before now
     plan = scheduler.schedule(now)
@@ -18,8 +18,9 @@ reference loop would admit it, and at `row_breaks_s` (the warm-up) so that no re
 row straddles one. When a run ends in completions, nothing has arrived and nobody waits,
 the rest of the batch decodes on: `Scheduler.continue_run` gives that run without a new
 `schedule` call, and the engine jumps over it the same way. For the plain Orca scheduler
-fast mode runs the same loop fused (`orcasim.orca_fast`): the same jumps and numbers, bit
-for bit, without the per-jump objects of these hooks.
+and the plain paged one (no prefix caching) fast mode runs the same loop fused
+(`orcasim.orca_fast`, `orcasim.paged_fast`): the same jumps and numbers, bit for bit,
+without the per-jump objects of these hooks.
 
 Simulated time is a running sum of iteration durations; `np.add.accumulate` adds in the
 same order, so both modes see the same boundaries.
