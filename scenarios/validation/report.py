@@ -128,6 +128,7 @@ def vllm_section() -> list[str]:
              "(p99 too) is in `vllm_fidelity.csv`; the CDFs are `vllm-*_cdf.png`.", ""]
     lines += before_lines(scenario)
     lines += calibration_lines()
+    lines += same_requests_lines()
     anchor = DISTSERVE_SIM.set_index("run")
     anchor["median_abs"] = anchor.abs().median(axis=1)
     lines += ["### DistServe's simulator on the same runs", "",
@@ -155,6 +156,41 @@ def before_lines(scenario) -> list[str]:
     for label, frame in rows.items():
         lines += [f"**{label}**: median |error| {overall(frame):.1%}", "", percent(frame), ""]
     return lines
+
+
+def idle_in_every_run(runs: list[pd.DataFrame]) -> list[int]:
+    """Indices of the requests that all the runs share (same prompt and output lengths) and
+    that reach an idle server in each: every earlier request had finished."""
+    shared = min(len(r) for r in runs)
+    out = []
+    for i in range(shared):
+        if len({(int(r["prompt_tokens"][i]), int(r["output_tokens"][i])) for r in runs}) > 1:
+            continue
+        if all(((r["arrival_s"] + r["e2e_s"])[:i] <= r["arrival_s"][i]).all() for r in runs):
+            out.append(i)
+    return out
+
+
+def same_requests_lines() -> list[str]:
+    """The same request on an idle server in every run: how much the real engine itself
+    varies from run to run, with nothing else in flight (the floor under any model)."""
+    runs = [pd.read_csv(path) for path in RUNS]
+    rows = []
+    for i in idle_in_every_run(runs):
+        ttft = [f"{1e3 * r['ttft_s'][i]:.1f}" for r in runs]
+        # Its TPOT only where it also finished before the next arrival, in every run.
+        alone = all(i + 1 >= len(r) or r["arrival_s"][i] + r["e2e_s"][i] <= r["arrival_s"][i + 1]
+                    for r in runs)
+        tpot = [f"{1e3 * r['tpot_s'][i]:.1f}" if alone else "-" for r in runs]
+        rows.append(f"| {i} | {runs[0]['prompt_tokens'][i]} | {runs[0]['output_tokens'][i]} | "
+                    f"{' / '.join(ttft)} | {' / '.join(tpot)} |")
+    names = " / ".join(path.stem.removeprefix("vllm-") for path in RUNS)
+    return ["### The same request, alone, in each run", "",
+            "The four runs share their first requests (the same prompt and output lengths). "
+            "Those that reach an idle server in every run, measured in each "
+            f"({names}), in ms (TPOT where the request also finished alone):", "",
+            "| request | prompt tokens | output tokens | TTFT | TPOT |", "|---|---|---|---|---|",
+            *rows, ""]
 
 
 def calibration_lines() -> list[str]:
