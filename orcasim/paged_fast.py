@@ -1,23 +1,29 @@
-"""Fast mode for vLLM's paged scheduler, fused: the generic fast stepper without its objects.
+"""Fast mode for vLLM's paged scheduler and Sarathi's chunked one, fused: the generic fast
+stepper without its objects.
 
-The plain `PagedScheduler` (policy `mixed`, no prefix caching) fast-forwards through the
-generic hooks (`orcasim.schedulers.paged_runs`), which cost numpy work on small arrays and
-a `schedule` call with per-request work at every admission. This stepper runs the same
-units, as `OrcaFusedStepper` does for Orca (`orcasim.orca_fast`):
+The plain `PagedScheduler` (policy `mixed`) and the `ChunkedScheduler`, without prefix
+caching, fast-forward through the generic hooks (`orcasim.schedulers.paged_runs`), which
+cost numpy work on small arrays and a `schedule` call with per-request work at every
+admission. This stepper runs the same units, as `OrcaFusedStepper` does for Orca
+(`orcasim.orca_fast`):
 
 * Implicit progress. Between units every running request has computed all its known
   tokens but the last one it emitted, so its progress is one number: a request whose
   known tokens are `base + g` once `g` iterations have ended. One counter moves every
   member at once; the scheduler's `computed`/`generated` arrays are written back
   (`_write_back`) before anything reads them: `load`, `close`, and a unit run by the
-  generic stepper.
+  generic stepper. The one exception is a prompt that a chunked plan left half done
+  (`partial`): it is always the newest running request, and its progress stays in the
+  scheduler's arrays.
 * A plan is what `schedule` makes when nobody is preempted: every running request decodes
   one token (a block for those whose last block is full, in batch order: `_decode_all`'s
-  rule), then FCFS admission, the scheduler's own (`PagedScheduler.admit`).
-* Its decode run, and a continued run after completions, are the generic hooks' (the
-  block arithmetic is `paged_runs.block_growth`, the blocks `paged_runs.allocate_steps`),
-  priced as a line up to the known cut (`orca_fast.decode_ends`) and recorded from plain
-  numbers.
+  rule), a half-done prompt takes its next chunk from what the budget leaves, then FCFS
+  admission, the scheduler's own (`PagedScheduler.admit`; under chunking its last joiner
+  may take a chunk too).
+* Its decode run (none while a chunk is left), and a continued run after completions, are
+  the generic hooks' (the block arithmetic is `paged_runs.block_growth`, the blocks
+  `paged_runs.allocate_steps`), priced as a line up to the known cut
+  (`orca_fast.decode_ends`) and recorded from plain numbers.
 
 Anything else (a step that would preempt, more decodes than the token budget, a prefill
 instance that holds finished requests' KV) is a unit of the generic stepper: progress is
@@ -43,6 +49,7 @@ from orcasim.generic_stepper import GenericStepper
 from orcasim.orca_fast import decode_ends
 from orcasim.replica import Load, scheduler_load
 from orcasim.schedulers import paged_runs
+from orcasim.schedulers.chunked import ChunkedScheduler
 from orcasim.schedulers.paged import PagedScheduler, Plan
 
 if TYPE_CHECKING:
@@ -53,9 +60,10 @@ if TYPE_CHECKING:
 
 
 def applies(scheduler: object) -> bool:
-    """The plain paged scheduler without prefix caching: a subclass may plan otherwise, and
-    a cache names blocks one request at a time."""
-    return type(scheduler) is PagedScheduler and not scheduler.caching
+    """The plain paged scheduler or Sarathi's chunked one, without prefix caching: another
+    subclass may plan otherwise (prefill-first), and a cache names blocks one request at a
+    time."""
+    return type(scheduler) in (PagedScheduler, ChunkedScheduler) and not scheduler.caching  # type: ignore[attr-defined]  # both have it
 
 
 @dataclass(slots=True)
@@ -74,10 +82,15 @@ class _Unit:
     plan_s: float = 0.0
     recomputed_tokens: int = 0
     run_context_total: int = 0  # the run's context at its first step
+    # The last `fresh` members of the implicit lists joined them in this plan: the
+    # scheduler's arrays still hold what they held before it.
+    fresh: int = 0
+    chunk_req: int = -1  # the request left with a prompt chunk after the plan (-1: none)
+    chunk_tokens: int = 0  # its tokens computed in the plan
 
 
 class PagedFusedStepper:
-    """One replica's fast stepper over a plain `PagedScheduler`, made once per run."""
+    """One replica's fast stepper over a plain paged or chunked scheduler, made once per run."""
 
     plans_on_arrival = False
 
@@ -91,9 +104,13 @@ class PagedFusedStepper:
         self.prompt_tokens, self.output_tokens = requests.prompt_tokens, requests.output_tokens
         self.block_size_tokens = scheduler.cfg.block_size_tokens
         self.iterations = 0  # ended so far: the clock of implicit progress
-        # Parallel to scheduler.running (admission order):
+        # Parallel to scheduler.running (admission order) but for `partial`:
         self.base: list[int] = []  # known tokens are base + iterations
         self.finish_at: list[int] = []  # the iteration count at which each finishes
+        # Chunked prefill: the running request with prompt tokens left after its last plan,
+        # always the newest (it took what was left of a budget, so nobody joined after it,
+        # and preemption takes the newest first). Its progress is the scheduler's own.
+        self.partial: int | None = None
         self._unit: _Unit | None = None
         self._delegated = False  # the pending unit is the generic stepper's
         self.continuing = False  # the last unit was a run that was not cut
@@ -146,7 +163,7 @@ class PagedFusedStepper:
         if self._delegated:
             return self.generic.load()
         unit = self._unit
-        self._write_back(skip=len(unit.joiners) if unit is not None and unit.joiners else 0)
+        self._write_back(skip=unit.fresh if unit is not None else 0)
         load = scheduler_load(self.scheduler)
         if unit is None or unit.joiners is not None:
             return load
@@ -196,6 +213,14 @@ class PagedFusedStepper:
         s, g = self.scheduler, self.iterations
         ids = np.array(s.running, dtype=np.int64)
         generated = s.generated[ids]
+        # A request that has emitted and has one known token left decodes next; any other
+        # has a prompt chunk left (a resumed one with one token left decodes it the same way).
+        decoding = (self.prompt_tokens[ids] + generated - s.computed[ids] == 1) & (generated > 0)
+        self.partial = None
+        if len(ids) and not decoding[-1]:
+            self.partial = s.running[-1]
+            ids, generated, decoding = ids[:-1], generated[:-1], decoding[:-1]
+        assert decoding.all(), "only the newest running request holds a prompt chunk"
         self.base = (self.prompt_tokens[ids] + generated - g).tolist()
         self.finish_at = (self.output_tokens[ids] - generated + g).tolist()
 
@@ -205,35 +230,54 @@ class PagedFusedStepper:
         """`schedule`, then `decode_run`, as the generic stepper calls them."""
         s, g, block = self.scheduler, self.iterations, self.block_size_tokens
         running, base = s.running, self.base
-        decoding = len(running)
+        decoding = len(base)
         if decoding > s.token_budget:
             return self._delegate(now_s)  # not every decode fits: schedule's loop decides
-        takers = [r for r, b in zip(running, base, strict=True) if (b + g - 1) % block == 0]
-        if len(takers) + s.spare_blocks_per_step > s.allocator.num_free_blocks:
-            return self._delegate(now_s)  # a decode would preempt
+        takers = [r for r, b in zip(running, base, strict=False) if (b + g - 1) % block == 0]
+        chunk, chunk_new, chunk_blocks = self.partial, 0, 0
+        if chunk is not None:  # next in `schedule`'s loop: a chunk of what the budget leaves
+            chunk_start = s.computed.item(chunk)
+            chunk_new = min(s.known_tokens(chunk) - chunk_start, s.token_budget - decoding)
+            chunk_blocks = s.allocator.blocks_to_hold(chunk, chunk_start + chunk_new)
+        if len(takers) + chunk_blocks + s.spare_blocks_per_step > s.allocator.num_free_blocks:
+            return self._delegate(now_s)  # a decode (or the chunk) would preempt
         if takers:
             s.allocator.allocate_one_each(takers)
         plan = Plan(s.token_budget - decoding)
+        if chunk_new:
+            s.allocator.grow_to(chunk, chunk_start + chunk_new)  # type: ignore[arg-type]  # chunk is set
+            s.add_to_plan(plan, chunk, chunk_new)  # type: ignore[arg-type]
         if s.fcfs_head() is not None:  # else nobody is there to admit
             s.admit(plan)
-            s.recomputed_tokens_total += plan.recomputed_tokens
+        s.recomputed_tokens_total += plan.recomputed_tokens
         if not running:
             return None
-        context = [b + g for b in base]
+        context, joiners, fresh, left = [b + g for b in base], [], 0, -1
         for req, num_new in zip(plan.ids, plan.num_new, strict=True):
-            generated = s.generated.item(req)
-            base.append(self.prompt_tokens.item(req) + generated - g)
+            computed, generated = s.computed.item(req), s.generated.item(req)
+            context.append(computed + num_new)
+            prompt = self.prompt_tokens.item(req)
+            if req != chunk:
+                joiners.append(req)  # a new member: scheduled now
+            if computed + num_new < prompt + generated:
+                left = req  # a chunk: it emits nothing (the plan's last)
+                continue
+            base.append(prompt + generated - g)  # it emits at the plan's end
             self.finish_at.append(g + self.output_tokens.item(req) - generated)
-            context.append(s.computed.item(req) + num_new)
+            fresh += 1
+            if req == chunk:
+                joiners.append(req)  # its first token comes now, if it is its first
+        self.partial = chunk if chunk is not None and not chunk_new else (left if left >= 0 else None)
         query = [1] * decoding + plan.num_new
         query_total, context_total = decoding + sum(plan.num_new), sum(context)
         plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)
         plan_s += plan.swap_time_s
-        unit = _Unit(now_s, [now_s + plan_s], len(running), 1, context_total, None,
-                     s.allocator.allocated_tokens, plan.ids, query_total, plan_s,
-                     plan.recomputed_tokens)
+        unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
+                     s.allocator.allocated_tokens, joiners, query_total, plan_s,
+                     plan.recomputed_tokens, fresh=fresh, chunk_req=left,
+                     chunk_tokens=plan.num_new[-1] if left >= 0 else 0)
         self._unit = unit
-        if len(running) <= s.token_budget and not s.can_join(len(running)):
+        if self.partial is None and len(running) <= s.token_budget and not s.can_join(len(running)):
             # Each member's context in the plan is its known tokens (it computes them all):
             # the positions its run computes first.
             self._decode_run(unit, context)
@@ -258,6 +302,10 @@ class PagedFusedStepper:
         end_s = unit.ends_s[0]
         self.iterations += 1
         self._apply_joiners(unit, end_s)
+        if unit.chunk_req >= 0:  # its prompt chunk: progress the implicit lists do not hold
+            s, req = self.scheduler, unit.chunk_req
+            s.computed[req] += unit.chunk_tokens
+            s.peak_computed[req] = max(s.peak_computed.item(req), s.computed.item(req))
         done = self._completions()
         self.recorder.append_row(
             unit.start_s, unit.plan_s, 1, unit.size, unit.query_total, unit.context_total,
@@ -293,7 +341,7 @@ class PagedFusedStepper:
         for req in unit.joiners or ():
             if math.isnan(recorder.first_scheduled_s.item(req)):
                 recorder.first_scheduled_s[req] = unit.start_s
-            if math.isnan(recorder.first_token_s.item(req)):
+            if req != unit.chunk_req and math.isnan(recorder.first_token_s.item(req)):
                 recorder.first_token_s[req] = first_token_s
 
     # A continued run.
@@ -302,6 +350,7 @@ class PagedFusedStepper:
         """`paged_runs.continue_run`: the running requests decode on, no `schedule` call."""
         s, g = self.scheduler, self.iterations
         size = len(s.running)
+        assert self.partial is None, "a run follows only a plan that left no prompt chunk"
         if not size or size > s.token_budget or s.can_join(size):
             return None
         computed = [b + g - 1 for b in self.base]

@@ -22,7 +22,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.generic_stepper import GenericStepper
-from orcasim.paged_fast import applies
+from orcasim.paged_fast import PagedFusedStepper, applies
 from orcasim.replica import Load, Replica
 from orcasim.requests import Requests
 from orcasim.run import run_scenario
@@ -58,18 +58,18 @@ def assert_identical(runs: list[tuple[Engine, object]]) -> None:
 
 
 @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(kinds=("paged",)))
+@given(scenarios(kinds=("paged", "chunked")))
 def test_fused_paged_loop_equals_generic_loop(case: dict) -> None:
     assert_identical(run_both(case))
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(closed_loop=True, kinds=("paged",)))
+@given(scenarios(closed_loop=True, kinds=("paged", "chunked")))
 def test_fused_paged_loop_equals_generic_loop_in_a_closed_loop(case: dict) -> None:
     assert_identical(run_both(case))
 
 
-def test_fused_paged_loop_is_used_only_for_plain_paged_without_caching() -> None:
+def test_fused_paged_loop_is_used_only_for_plain_paged_and_chunked_without_caching() -> None:
     requests = Requests(np.zeros(2), np.ones(2, dtype=np.int64), np.ones(2, dtype=np.int64),
                         np.full(2, 4, dtype=np.int64))
     plain = PagedConfig(kind="paged", block_size_tokens=2)
@@ -79,7 +79,22 @@ def test_fused_paged_loop_is_used_only_for_plain_paged_without_caching() -> None
     v0 = PagedConfig(kind="paged", block_size_tokens=2, policy="prefill_first")
     assert not applies(build_scheduler(v0, requests, 16))
     chunked = ChunkedConfig(kind="chunked", block_size_tokens=2)
-    assert not applies(build_scheduler(chunked, requests, 16))
+    assert applies(build_scheduler(chunked, requests, 16))
+    chunked_caching = ChunkedConfig(kind="chunked", block_size_tokens=2, enable_prefix_caching=True)
+    assert not applies(build_scheduler(chunked_caching, requests, 16))
+
+
+def generic_fleets(monkeypatch: pytest.MonkeyPatch) -> list[type]:
+    """From now on every replica's stepper is the generic one; the kinds made, in order."""
+    kinds: list[type] = []
+
+    def generic(scheduler, cost, recorder, mode, fused=True):  # type: ignore[no-untyped-def]
+        stepper = engine.stepper_for(scheduler, cost, recorder, mode, False)
+        kinds.append(type(stepper))
+        return stepper
+
+    monkeypatch.setattr(fleet, "stepper_for", generic)
+    return kinds
 
 
 CLUSTER = {
@@ -118,14 +133,7 @@ def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
 
     monkeypatch.setattr(Replica, "load", recorded(True))
     fused = run_scenario(scenario_from_dict(data)).systems["vllm"]
-    kinds = []
-
-    def generic(scheduler, cost, recorder, mode, fused=True):  # type: ignore[no-untyped-def]
-        stepper = engine.stepper_for(scheduler, cost, recorder, mode, False)
-        kinds.append(type(stepper))
-        return stepper
-
-    monkeypatch.setattr(fleet, "stepper_for", generic)
+    kinds = generic_fleets(monkeypatch)
     monkeypatch.setattr(Replica, "load", recorded(False))
     unfused = run_scenario(scenario_from_dict(data)).systems["vllm"]
     assert kinds == [GenericStepper] * 4
@@ -135,6 +143,17 @@ def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
     pd.testing.assert_frame_equal(fused.iterations, unfused.iterations, check_exact=True)
 
 
+def fused_small_run(requests: Requests, scheduler: PagedConfig | ChunkedConfig,
+                    base_s: float) -> tuple[Engine, object]:
+    """A hand-made case at `base_s` an iteration, 64 tokens of KV: both loops run it and
+    must agree; the fused loop's engine and run."""
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 64,
+            "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=base_s)}
+    runs = run_both(case)
+    assert_identical(runs)
+    return runs[0]
+
+
 def test_a_request_finishing_in_a_lone_plan_iteration_finishes() -> None:
     """A plan with no decode run after it (the next request could join the next iteration:
     a budget of 10 takes one 6-token prompt now and the other next), whose one member emits
@@ -142,11 +161,7 @@ def test_a_request_finishing_in_a_lone_plan_iteration_finishes() -> None:
     requests = Requests(np.zeros(2), np.array([6, 6]), np.array([1, 3]), np.array([9, 9]))
     scheduler = PagedConfig(kind="paged", block_size_tokens=2, watermark=0.0,
                             max_num_batched_tokens=10)
-    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 64,
-            "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=0.5)}
-    runs = run_both(case)
-    assert_identical(runs)
-    (_, fused_run), _ = runs
+    _, fused_run = fused_small_run(requests, scheduler, 0.5)
     assert fused_run.recorder.finish_s.tolist() == [0.5, 2.0]
     assert fused_run.recorder.iterations_frame()["num_iterations"].tolist()[0] == 1
 
@@ -216,3 +231,53 @@ def test_a_jump_row_holds_the_reservations_of_its_steps_over_several_block_perio
     # 6 + 7 (12 and 14 tokens computed: prompt + output - 1).
     assert ref["kv_reserved_tokens"].tolist()[0] == 2 * (1 + 2)
     assert fast["kv_reserved_tokens_max"].iloc[0] == ref["kv_reserved_tokens_max"].max() == 26
+
+
+def test_a_chunked_prefill_instance_reads_back_a_prompt_chunk_after_generic_units(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disaggregated prefill instance holds finished prompts' KV until it has moved, and
+    its units are the generic stepper's meanwhile; with 16-token chunks of prompts up to 90
+    tokens, some of those units end with a prompt half done. The fused loop reads it back as
+    its chunk and plans the rest: the same requests and rows as the generic loop."""
+    data = {**CLUSTER, "workload": {**CLUSTER["workload"], "num_requests": 120,
+                                    "prompt_tokens": {"kind": "uniform", "low": 20, "high": 90},
+                                    "output_tokens": {"kind": "uniform", "low": 1, "high": 20}},
+            "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 16},
+                         "cluster": {
+                             "prefill": {"count": 1, "scheduler": {
+                                 "kind": "chunked", "chunk_size_tokens": 16, "max_num_seqs": 4}},
+                             "decode": {"count": 1}, "link": {"latency_s": 0.05}}}]}
+    read_partials = []
+    read_back = PagedFusedStepper._read_back
+
+    def counted(stepper: PagedFusedStepper) -> None:
+        read_back(stepper)
+        read_partials.append(stepper.partial is not None)
+
+    monkeypatch.setattr(PagedFusedStepper, "_read_back", counted)
+    fused = run_scenario(scenario_from_dict(data)).systems["pd"]
+    assert any(read_partials)
+    kinds = generic_fleets(monkeypatch)
+    unfused = run_scenario(scenario_from_dict(data)).systems["pd"]
+    assert kinds == [GenericStepper] * 2
+    pd.testing.assert_frame_equal(fused.requests, unfused.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fused.iterations, unfused.iterations, check_exact=True)
+
+
+def test_a_prompt_chunked_over_plans_emits_its_first_token_at_the_last_chunk() -> None:
+    """Chunks of 4 tokens: A (prompt 1, 10 tokens) decodes one token an iteration and B
+    (prompt 7, 3 tokens) takes what is left: 3, 3, then its last prompt token, one short
+    of its known tokens after the second chunk but with nothing emitted yet. B's first
+    token comes at the third iteration's end (1 s each), its last two after it, A's at 10 s.
+    No decode run follows a plan that leaves a chunk; the third plan's does."""
+    requests = Requests(np.zeros(2), np.array([1, 7]), np.array([10, 3]), np.array([11, 10]))
+    scheduler = ChunkedConfig(kind="chunked", block_size_tokens=2, watermark=0.0,
+                              chunk_size_tokens=4)
+    engine_fused, fused_run = fused_small_run(requests, scheduler, 1.0)
+    assert fused_run.recorder.first_token_s.tolist() == [1.0, 3.0]
+    assert fused_run.recorder.finish_s.tolist() == [10.0, 5.0]
+    rows = fused_run.recorder.iterations_frame()
+    assert rows["num_iterations"].tolist() == [1, 1, 3, 5]
+    assert rows["tokens"].tolist() == [1 + 3, 1 + 3, 1 + 1 + 2 * 2, 5]
+    assert engine_fused.scheduler.computed.tolist() == [10, 9]

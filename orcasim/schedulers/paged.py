@@ -290,7 +290,7 @@ class PagedScheduler(Scheduler):
             num_new = self._num_new_tokens(req, plan.budget_tokens)
             if num_new == 0 or not self._make_room(req, num_new, plan):
                 return
-            self._add(plan, req, num_new)
+            self.add_to_plan(plan, req, num_new)
             i += 1
 
     def _decode_all(self, plan: Plan) -> bool:
@@ -382,7 +382,7 @@ class PagedScheduler(Scheduler):
         self.cache_full(req, int(self.computed[req]) + num_new)
         self._take_candidate(req, plan)
         self._add_running(req)
-        self._add(plan, req, num_new)
+        self.add_to_plan(plan, req, num_new)
 
     def _add_running(self, req: int) -> None:
         self.running.append(req)
@@ -467,7 +467,10 @@ class PagedScheduler(Scheduler):
             popped = self._pop_waiting()  # not inside the assert: python -O drops it
             assert popped == req
 
-    def _add(self, plan: Plan, req: int, num_new: int) -> None:
+    def add_to_plan(self, plan: Plan, req: int, num_new: int) -> None:
+        """`req` computes `num_new` tokens in `plan` (those it computed before and lost to a
+        recompute preemption count as recomputed). The fused loop (orcasim.paged_fast) adds
+        a prompt chunk left over from an earlier plan this way too."""
         redo = int(self.peak_computed[req] - self.computed[req])
         plan.recomputed_tokens += min(max(redo, 0), num_new)
         plan.ids.append(req)
