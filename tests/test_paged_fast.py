@@ -144,10 +144,10 @@ def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
 
 
 def fused_small_run(requests: Requests, scheduler: PagedConfig | ChunkedConfig,
-                    base_s: float) -> tuple[Engine, object]:
-    """A hand-made case at `base_s` an iteration, 64 tokens of KV: both loops run it and
-    must agree; the fused loop's engine and run."""
-    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 64,
+                    base_s: float, kv_capacity_tokens: int = 64) -> tuple[Engine, object]:
+    """A hand-made case at `base_s` an iteration: both loops run it and must agree; the
+    fused loop's engine and run."""
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": kv_capacity_tokens,
             "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=base_s)}
     runs = run_both(case)
     assert_identical(runs)
@@ -281,3 +281,22 @@ def test_a_prompt_chunked_over_plans_emits_its_first_token_at_the_last_chunk() -
     assert rows["num_iterations"].tolist() == [1, 1, 3, 5]
     assert rows["tokens"].tolist() == [1 + 3, 1 + 3, 1 + 1 + 2 * 2, 5]
     assert engine_fused.scheduler.computed.tolist() == [10, 9]
+
+
+def test_a_chunk_whose_blocks_do_not_fit_is_preempted_by_the_generic_stepper() -> None:
+    """Six blocks of 2 tokens, chunks of 4: A (prompt 1, 8 tokens) decodes while B (prompt 9)
+    takes 3 tokens a plan. At the third plan A's decode takes a fifth block and B's chunk
+    would need two more: B, the newest, is preempted (recompute) in a unit the generic
+    stepper runs, and prefills again from the start under the fused loop; A's growing table
+    preempts it twice more, and it finishes after A (1 s an iteration)."""
+    requests = Requests(np.zeros(2), np.array([1, 9]), np.array([8, 2]), np.array([9, 11]))
+    scheduler = ChunkedConfig(kind="chunked", block_size_tokens=2, watermark=0.0,
+                              chunk_size_tokens=4)
+    engine_fused, fused_run = fused_small_run(requests, scheduler, 1.0, kv_capacity_tokens=12)
+    assert engine_fused.scheduler.preemptions_per_request.tolist() == [0, 3]
+    rows = fused_run.recorder.iterations_frame()
+    assert rows["preemptions"].tolist() == [0, 0, 1, 0, 0, 1, 0, 1, 0, 0, 0]
+    assert rows["tokens"].tolist()[:4] == [1 + 3, 1 + 3, 1, 1 + 3]  # the third: A alone
+    assert rows["recomputed_tokens"].sum() == engine_fused.scheduler.recomputed_tokens_total > 0
+    assert fused_run.recorder.first_token_s.tolist() == [1.0, 11.0]
+    assert fused_run.recorder.finish_s.tolist() == [8.0, 12.0]
