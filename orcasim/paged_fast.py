@@ -209,18 +209,21 @@ class PagedFusedStepper:
         s.peak_computed[ids] = np.maximum(s.peak_computed[ids], known - 1)
 
     def _read_back(self) -> None:
-        """Implicit progress from the scheduler's arrays (after a generic unit)."""
+        """Implicit progress from the scheduler's arrays (after a generic unit).
+
+        No prompt is left half done there: this loop hands over a plan only when a decode or
+        the chunk would not fit, and then `schedule` preempts the newest request first, which
+        is the chunk, and admits nobody. A prefill instance that holds finished requests' KV
+        runs every unit through the generic stepper, so its lists stay empty (they would
+        hold its half-done prompts)."""
         s, g = self.scheduler, self.iterations
+        if s.holds_finished:
+            return
         ids = np.array(s.running, dtype=np.int64)
         generated = s.generated[ids]
-        # A request that has emitted and has one known token left decodes next; any other
-        # has a prompt chunk left (a resumed one with one token left decodes it the same way).
-        decoding = (self.prompt_tokens[ids] + generated - s.computed[ids] == 1) & (generated > 0)
+        assert np.all((self.prompt_tokens[ids] + generated - s.computed[ids] == 1)
+                      & (generated > 0)), "a generic unit left a prompt to compute"
         self.partial = None
-        if len(ids) and not decoding[-1]:
-            self.partial = s.running[-1]
-            ids, generated, decoding = ids[:-1], generated[:-1], decoding[:-1]
-        assert decoding.all(), "only the newest running request holds a prompt chunk"
         self.base = (self.prompt_tokens[ids] + generated - g).tolist()
         self.finish_at = (self.output_tokens[ids] - generated + g).tolist()
 
@@ -236,6 +239,8 @@ class PagedFusedStepper:
         takers = [r for r, b in zip(running, base, strict=False) if (b + g - 1) % block == 0]
         chunk, chunk_new, chunk_blocks = self.partial, 0, 0
         if chunk is not None:  # next in `schedule`'s loop: a chunk of what the budget leaves
+            # At least a token: the plan that left it half done gave it the budget's rest,
+            # at least one token, and nobody has joined the decodes since.
             chunk_start = s.computed.item(chunk)
             chunk_new = min(s.known_tokens(chunk) - chunk_start, s.token_budget - decoding)
             chunk_blocks = s.allocator.blocks_to_hold(chunk, chunk_start + chunk_new)
@@ -244,9 +249,9 @@ class PagedFusedStepper:
         if takers:
             s.allocator.allocate_one_each(takers)
         plan = Plan(s.token_budget - decoding)
-        if chunk_new:
-            s.allocator.grow_to(chunk, chunk_start + chunk_new)  # type: ignore[arg-type]  # chunk is set
-            s.add_to_plan(plan, chunk, chunk_new)  # type: ignore[arg-type]
+        if chunk is not None:
+            s.allocator.grow_to(chunk, chunk_start + chunk_new)
+            s.add_to_plan(plan, chunk, chunk_new)
         if s.fcfs_head() is not None:  # else nobody is there to admit
             s.admit(plan)
         s.recomputed_tokens_total += plan.recomputed_tokens
@@ -267,7 +272,7 @@ class PagedFusedStepper:
             fresh += 1
             if req == chunk:
                 joiners.append(req)  # its first token comes now, if it is its first
-        self.partial = chunk if chunk is not None and not chunk_new else (left if left >= 0 else None)
+        self.partial = left if left >= 0 else None
         query = [1] * decoding + plan.num_new
         query_total, context_total = decoding + sum(plan.num_new), sum(context)
         plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)

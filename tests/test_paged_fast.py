@@ -233,13 +233,13 @@ def test_a_jump_row_holds_the_reservations_of_its_steps_over_several_block_perio
     assert fast["kv_reserved_tokens_max"].iloc[0] == ref["kv_reserved_tokens_max"].max() == 26
 
 
-def test_a_chunked_prefill_instance_reads_back_a_prompt_chunk_after_generic_units(
+def test_a_chunked_prefill_instance_equals_the_generic_loop(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A disaggregated prefill instance holds finished prompts' KV until it has moved, and
-    its units are the generic stepper's meanwhile; with 16-token chunks of prompts up to 90
-    tokens, some of those units end with a prompt half done. The fused loop reads it back as
-    its chunk and plans the rest: the same requests and rows as the generic loop."""
+    """A disaggregated prefill instance holds finished prompts' KV until it has moved, so the
+    fused stepper hands every unit to the generic one; with 16-token chunks of prompts up to
+    90 tokens, most end with a prompt half done, which the fused lists never take up (they
+    stay empty): the same requests and rows as the generic loop."""
     data = {**CLUSTER, "workload": {**CLUSTER["workload"], "num_requests": 120,
                                     "prompt_tokens": {"kind": "uniform", "low": 20, "high": 90},
                                     "output_tokens": {"kind": "uniform", "low": 1, "high": 20}},
@@ -248,16 +248,17 @@ def test_a_chunked_prefill_instance_reads_back_a_prompt_chunk_after_generic_unit
                              "prefill": {"count": 1, "scheduler": {
                                  "kind": "chunked", "chunk_size_tokens": 16, "max_num_seqs": 4}},
                              "decode": {"count": 1}, "link": {"latency_s": 0.05}}}]}
-    read_partials = []
-    read_back = PagedFusedStepper._read_back
+    steppers: list[PagedFusedStepper] = []
+    made = PagedFusedStepper.__init__
 
-    def counted(stepper: PagedFusedStepper) -> None:
-        read_back(stepper)
-        read_partials.append(stepper.partial is not None)
+    def keep(stepper: PagedFusedStepper, *args) -> None:  # type: ignore[no-untyped-def]
+        made(stepper, *args)
+        steppers.append(stepper)
 
-    monkeypatch.setattr(PagedFusedStepper, "_read_back", counted)
+    monkeypatch.setattr(PagedFusedStepper, "__init__", keep)
     fused = run_scenario(scenario_from_dict(data)).systems["pd"]
-    assert any(read_partials)
+    prefill = [st for st in steppers if st.scheduler.holds_finished]
+    assert len(prefill) == 1 and prefill[0].base == [] and prefill[0].partial is None
     kinds = generic_fleets(monkeypatch)
     unfused = run_scenario(scenario_from_dict(data)).systems["pd"]
     assert kinds == [GenericStepper] * 2
