@@ -3,7 +3,8 @@
 Workload: ShareGPT lengths (prompt and output resampled from the Llama-2 tokenised trace),
 Poisson arrivals at 85% of each system's capacity, Llama-2-7B on one A100-80GB,
 `max_batch_size: 64`, iteration-level (Orca) and request-level schedulers, vLLM's paged
-scheduler with the same batch limit (`max_num_seqs: 64`, blocks of 16 tokens) and
+scheduler with the same batch limit (`max_num_seqs: 64`, blocks of 16 tokens) under both
+policies (`mixed`, vLLM v1, as `paged`; `prefill_first`, vLLM before v1) and
 Sarathi-Serve's chunked one (the same, chunks of 512 tokens), 10k / 100k / 1M requests. Capacity is measured, not assumed: the completion rate of a saturated run
 (every request arriving at once) in fast mode.
 
@@ -33,8 +34,8 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results" / "engine.json"
 SIZES = (10_000, 100_000, 1_000_000)
-SCHEDULERS = ("iteration_level", "request_level", "paged", "chunked")
-# Every size for every scheduler (paged and chunked at 1M take a few minutes each).
+SCHEDULERS = ("iteration_level", "request_level", "paged", "prefill_first", "chunked")
+# Every size for every scheduler (the paged kinds at 1M take a few minutes each).
 MAX_REQUESTS: dict[str, int] = {}
 LOAD_FRACTION = 0.85
 CAPACITY_REQUESTS = 4_000  # requests in the saturated run that measures capacity
@@ -95,6 +96,10 @@ def scheduler_keys(scheduler: str) -> dict[str, Any]:
         case "paged":
             # Without chunking the longest prompt + output - 1 must fit one step's budget.
             return {"kind": "paged", "max_num_seqs": MAX_BATCH_SIZE,
+                    "max_num_batched_tokens": MAX_TOKENS,
+                    "kv_bytes_per_token": LLAMA2_7B_KV_BYTES_PER_TOKEN}
+        case "prefill_first":  # vLLM before v1: prompts in iterations of their own
+            return {"kind": "paged", "policy": "prefill_first", "max_num_seqs": MAX_BATCH_SIZE,
                     "max_num_batched_tokens": MAX_TOKENS,
                     "kv_bytes_per_token": LLAMA2_7B_KV_BYTES_PER_TOKEN}
         case "chunked":  # Sarathi-Serve's default chunk

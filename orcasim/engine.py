@@ -18,9 +18,9 @@ reference loop would admit it, and at `row_breaks_s` (the warm-up) so that no re
 row straddles one. When a run ends in completions, nothing has arrived and nobody waits,
 the rest of the batch decodes on: `Scheduler.continue_run` gives that run without a new
 `schedule` call, and the engine jumps over it the same way. For the plain Orca scheduler
-and the plain paged and chunked ones (no prefix caching) fast mode runs the same loop fused
-(`orcasim.orca_fast`, `orcasim.paged_fast`): the same jumps and numbers, bit for bit,
-without the per-jump objects of these hooks.
+and the paged (either policy) and chunked ones (no prefix caching) fast mode runs the same
+loop fused (`orcasim.orca_fast`, `orcasim.paged_fast`): the same jumps and numbers, bit for
+bit, without the per-jump objects of these hooks.
 
 Simulated time is a running sum of iteration durations; `np.add.accumulate` adds in the
 same order, so both modes see the same boundaries.
@@ -77,8 +77,8 @@ def finished_run(recorder: Recorder, end_s: float, scheduler: Scheduler) -> Engi
 
 
 def fused_applies(scheduler: Scheduler) -> bool:
-    """Whether fast mode runs a fused loop for `scheduler` (plain Orca, or plain paged or
-    chunked without prefix caching) rather than the generic stepper."""
+    """Whether fast mode runs a fused loop for `scheduler` (plain Orca, or paged of either
+    policy or chunked, without prefix caching) rather than the generic stepper."""
     return orca_fast.applies(scheduler) or paged_fast.applies(scheduler)
 
 

@@ -1,16 +1,16 @@
-"""Fast mode for vLLM's paged scheduler and Sarathi's chunked one, fused: the generic fast
-stepper without its objects.
+"""Fast mode for vLLM's paged scheduler (both policies) and Sarathi's chunked one, fused:
+the generic fast stepper without its objects.
 
-The plain `PagedScheduler` (policy `mixed`) and the `ChunkedScheduler`, without prefix
-caching, fast-forward through the generic hooks (`orcasim.schedulers.paged_runs`), which
-cost numpy work on small arrays and a `schedule` call with per-request work at every
-admission. This stepper runs the same units, as `OrcaFusedStepper` does for Orca
-(`orcasim.orca_fast`):
+The `PagedScheduler` (policy `mixed`, vLLM v1), the `PrefillFirstScheduler` (policy
+`prefill_first`, vLLM before v1) and the `ChunkedScheduler`, without prefix caching,
+fast-forward through the generic hooks (`orcasim.schedulers.paged_runs`), which cost numpy
+work on small arrays and a `schedule` call with per-request work at every admission. This
+stepper runs the same units, as `OrcaFusedStepper` does for Orca (`orcasim.orca_fast`):
 
 * Implicit progress. Between units every running request has computed all its known
   tokens but the last one it emitted, so its progress is one number: a request whose
-  known tokens are `base + g` once `g` iterations have ended. One counter moves every
-  member at once; the scheduler's `computed`/`generated` arrays are written back
+  known tokens are `base + g` once `g` decode iterations have ended. One counter moves
+  every member at once; the scheduler's `computed`/`generated` arrays are written back
   (`_write_back`) before anything reads them: `load`, `close`, and a unit run by the
   generic stepper. The one exception is a prompt that a chunked plan left half done
   (`partial`): it is always the newest running request, and its progress stays in the
@@ -19,15 +19,18 @@ admission. This stepper runs the same units, as `OrcaFusedStepper` does for Orca
   one token (a block for those whose last block is full, in batch order: `_decode_all`'s
   rule), a half-done prompt takes its next chunk from what the budget leaves, then FCFS
   admission, the scheduler's own (`PagedScheduler.admit`; under chunking its last joiner
-  may take a chunk too).
-* Its decode run (none while a chunk is left), and a continued run after completions, are
-  the generic hooks' (the block arithmetic is `paged_runs.block_growth`, the blocks
-  `paged_runs.allocate_steps`), priced as a line up to the known cut
+  may take a chunk too). Prefill-first plans its prompts first, alone: if any is admitted
+  the iteration is theirs (priced padded where the scheduler pads), the decodes wait and
+  the counter stands still; its joiners take their places in `running`'s arrival order.
+* Its decode run (none while a chunk is left or decodes wait), and a continued run after
+  completions, are the generic hooks' (the block arithmetic is `paged_runs.block_growth`,
+  the blocks `paged_runs.allocate_steps`), priced as a line up to the known cut
   (`orca_fast.decode_ends`) and recorded from plain numbers.
 
-Anything else (a step that would preempt, more decodes than the token budget, a prefill
-instance that holds finished requests' KV) is a unit of the generic stepper: progress is
-written back first and read back after, so the two loops take turns on one state.
+Anything else (a step that would preempt, more decodes than the token budget, prefill-first's
+swap-ins, a prefill instance that holds finished requests' KV) is a unit of the generic
+stepper: progress is written back first and read back after, so the two loops take turns on
+one state.
 
 Exactness: the same plans, blocks, prices (`CostModel.iteration_time_lists_s` and
 `decode_line` promise `iteration_time_s`'s and `decode_steps_s`'s bits), additions and row
@@ -37,6 +40,7 @@ for bit (tests/test_paged_fast.py), and with it reference mode.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -51,6 +55,7 @@ from orcasim.replica import Load, scheduler_load
 from orcasim.schedulers import paged_runs
 from orcasim.schedulers.chunked import ChunkedScheduler
 from orcasim.schedulers.paged import PagedScheduler, Plan
+from orcasim.schedulers.prefill_first import PrefillFirstScheduler
 
 if TYPE_CHECKING:
     from orcasim.cost.base import CostModel
@@ -60,10 +65,10 @@ if TYPE_CHECKING:
 
 
 def applies(scheduler: object) -> bool:
-    """The plain paged scheduler or Sarathi's chunked one, without prefix caching: another
-    subclass may plan otherwise (prefill-first), and a cache names blocks one request at a
-    time."""
-    return type(scheduler) in (PagedScheduler, ChunkedScheduler) and not scheduler.caching  # type: ignore[attr-defined]  # both have it
+    """The paged scheduler (either policy) or Sarathi's chunked one, without prefix caching
+    (a cache names blocks one request at a time); a further subclass may plan otherwise."""
+    return (type(scheduler) in (PagedScheduler, ChunkedScheduler, PrefillFirstScheduler)
+            and not scheduler.caching)  # type: ignore[attr-defined]  # all three have it
 
 
 @dataclass(slots=True)
@@ -87,10 +92,15 @@ class _Unit:
     fresh: int = 0
     chunk_req: int = -1  # the request left with a prompt chunk after the plan (-1: none)
     chunk_tokens: int = 0  # its tokens computed in the plan
+    # A prefill-first prompt iteration: the running requests' decodes wait (the iteration
+    # counter does not move), and its joiners sit among them in arrival order.
+    prompts_only: bool = False
+    # The plan's KV in use: its context unpadded, and a prompt iteration's waiting decodes'.
+    kv_used_tokens: int = 0
 
 
 class PagedFusedStepper:
-    """One replica's fast stepper over a plain paged or chunked scheduler, made once per run."""
+    """One replica's fast stepper over a paged or chunked scheduler, made once per run."""
 
     plans_on_arrival = False
 
@@ -111,6 +121,9 @@ class PagedFusedStepper:
         # always the newest (it took what was left of a budget, so nobody joined after it,
         # and preemption takes the newest first). Its progress is the scheduler's own.
         self.partial: int | None = None
+        # vLLM before v1: prompts run in iterations of their own, and `running` is kept in
+        # arrival order (a request resumed after a recompute rejoins among older ones).
+        self.prompts_first = isinstance(scheduler, PrefillFirstScheduler)
         self._unit: _Unit | None = None
         self._delegated = False  # the pending unit is the generic stepper's
         self.continuing = False  # the last unit was a run that was not cut
@@ -163,7 +176,10 @@ class PagedFusedStepper:
         if self._delegated:
             return self.generic.load()
         unit = self._unit
-        self._write_back(skip=unit.fresh if unit is not None else 0)
+        if unit is not None and unit.prompts_only:
+            self._write_back(skip_ids=set(unit.joiners or ()))
+        else:
+            self._write_back(skip=unit.fresh if unit is not None else 0)
         load = scheduler_load(self.scheduler)
         if unit is None or unit.joiners is not None:
             return load
@@ -195,15 +211,20 @@ class PagedFusedStepper:
         self._delegated = True
         return end_s
 
-    def _write_back(self, skip: int = 0) -> None:
+    def _write_back(self, skip: int = 0, skip_ids: set[int] | None = None) -> None:
         """The running requests' progress into the scheduler's arrays, but the last `skip`
-        (a pending plan's joiners, whose arrays still hold what they held on joining)."""
+        or those in `skip_ids` (a pending plan's joiners, whose arrays still hold what they
+        held on joining)."""
         s, g = self.scheduler, self.iterations
         count = len(self.base) - skip
         if count <= 0:
             return
-        ids = np.array(s.running[:count], dtype=np.int64)
-        known = np.array(self.base[:count], dtype=np.int64) + g
+        members, base = s.running[:count], self.base[:count]
+        if skip_ids:
+            kept = [(r, b) for r, b in zip(members, base, strict=True) if r not in skip_ids]
+            members, base = [r for r, _ in kept], [b for _, b in kept]
+        ids = np.array(members, dtype=np.int64)
+        known = np.array(base, dtype=np.int64) + g
         s.computed[ids] = known - 1
         s.generated[ids] = known - self.prompt_tokens[ids]
         s.peak_computed[ids] = np.maximum(s.peak_computed[ids], known - 1)
@@ -233,6 +254,14 @@ class PagedFusedStepper:
         """`schedule`, then `decode_run`, as the generic stepper calls them."""
         s, g, block = self.scheduler, self.iterations, self.block_size_tokens
         running, base = s.running, self.base
+        if self.prompts_first:
+            if s.swapped:
+                return self._delegate(now_s)  # a decode iteration with swap-ins
+            if s.fcfs_head() is not None:  # the prompt phase: prompts alone, if any fit
+                prompts = Plan(s.token_budget, prompts_only=True)
+                s.admit(prompts)
+                if prompts.ids:
+                    return self._prompt_plan(now_s, prompts)
         decoding = len(base)
         if decoding > s.token_budget:
             return self._delegate(now_s)  # not every decode fits: schedule's loop decides
@@ -252,7 +281,7 @@ class PagedFusedStepper:
         if chunk is not None:
             s.allocator.grow_to(chunk, chunk_start + chunk_new)
             s.add_to_plan(plan, chunk, chunk_new)
-        if s.fcfs_head() is not None:  # else nobody is there to admit
+        if not self.prompts_first and s.fcfs_head() is not None:  # else nobody can join now
             s.admit(plan)
         s.recomputed_tokens_total += plan.recomputed_tokens
         if not running:
@@ -280,11 +309,47 @@ class PagedFusedStepper:
         unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
                      s.allocator.allocated_tokens, joiners, query_total, plan_s,
                      plan.recomputed_tokens, fresh=fresh, chunk_req=left,
-                     chunk_tokens=plan.num_new[-1] if left >= 0 else 0)
+                     chunk_tokens=plan.num_new[-1] if left >= 0 else 0,
+                     kv_used_tokens=context_total)
         self._unit = unit
         if self.partial is None and len(running) <= s.token_budget and not s.can_join(len(running)):
             # Each member's context in the plan is its known tokens (it computes them all):
             # the positions its run computes first.
+            self._decode_run(unit, context)
+        return unit.ends_s[-1]
+
+    def _prompt_plan(self, now_s: float, plan: Plan) -> float:
+        """A prefill-first prompt iteration that `plan` (the prompts admitted) makes: the
+        decodes wait. Its joiners take their places in the implicit lists (arrival order);
+        each emits its first token at the iteration's end. With decodes waiting the counter
+        stands still; without, the iteration is every member's, as a plan's is, and a decode
+        run may follow it, as `decode_run` allows."""
+        s, g = self.scheduler, self.iterations
+        base, finish_at = self.base, self.finish_at
+        waiting = len(base)
+        waiting_kv = sum(base) + waiting * (g - 1)  # the decodes' KV: known - 1 each
+        context = [s.computed.item(req) + n for req, n in zip(plan.ids, plan.num_new, strict=True)]
+        moves = 0 if waiting else 1  # the counter at the iteration's end, for the joiners
+        for req in sorted(plan.ids):  # ascending: each index counts the members before it
+            at = bisect.bisect_left(s.running, req)
+            generated = s.generated.item(req)
+            base.insert(at, self.prompt_tokens.item(req) + generated + 1 - g - moves)
+            finish_at.insert(at, g + moves + self.output_tokens.item(req) - generated - 1)
+        s.recomputed_tokens_total += plan.recomputed_tokens
+        query = plan.num_new
+        longest = s.padded_prompt_tokens(query)  # type: ignore[attr-defined]  # prompts_first
+        priced_query, priced_context = (query, context) if longest is None else \
+            ([longest] * len(query), [longest] * len(query))
+        query_total, context_total = sum(priced_query), sum(priced_context)
+        plan_s = self.cost.iteration_time_lists_s(priced_query, priced_context, query_total,
+                                                  context_total)
+        unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
+                     s.allocator.allocated_tokens, plan.ids, query_total, plan_s,
+                     plan.recomputed_tokens, fresh=len(query), prompts_only=bool(waiting),
+                     kv_used_tokens=waiting_kv + sum(context))
+        self._unit = unit
+        size = len(s.running)
+        if not waiting and size <= s.token_budget and not s.can_join(size):
             self._decode_run(unit, context)
         return unit.ends_s[-1]
 
@@ -296,7 +361,7 @@ class PagedFusedStepper:
         steps, unit.growth = paged_runs.block_growth(s, s.running, known,
                                                      min(self.finish_at) - g - 1)
         unit.full = steps + 1
-        unit.run_context_total = unit.context_total + unit.size
+        unit.run_context_total = unit.kv_used_tokens + unit.size  # its KV: unpadded
         if steps:
             decode_ends(self.cost, unit.ends_s, unit.start_s, self.replica.cut_s(unit.start_s),
                         unit.size, unit.run_context_total, steps,
@@ -305,7 +370,8 @@ class PagedFusedStepper:
     def _finish_single(self, unit: _Unit) -> None:
         """The plan's iteration alone (no decode run): `GenericStepper._finish_iteration`."""
         end_s = unit.ends_s[0]
-        self.iterations += 1
+        if not unit.prompts_only:  # the decodes computed a token each
+            self.iterations += 1
         self._apply_joiners(unit, end_s)
         if unit.chunk_req >= 0:  # its prompt chunk: progress the implicit lists do not hold
             s, req = self.scheduler, unit.chunk_req
@@ -314,7 +380,7 @@ class PagedFusedStepper:
         done = self._completions()
         self.recorder.append_row(
             unit.start_s, unit.plan_s, 1, unit.size, unit.query_total, unit.context_total,
-            unit.kv_reserved_tokens, self.scheduler.num_waiting, float(unit.context_total), 0,
+            unit.kv_reserved_tokens, self.scheduler.num_waiting, float(unit.kv_used_tokens), 0,
             unit.recomputed_tokens)
         self._record(done, end_s)
 
@@ -331,7 +397,7 @@ class PagedFusedStepper:
         done = self._completions()
         self.recorder.jump_row(
             unit.start_s, ends_s, unit.size, unit.query_total, unit.context_total,
-            unit.context_total, unit.size, unit.run_context_total, unit.kv_reserved_tokens,
+            unit.kv_used_tokens, unit.size, unit.run_context_total, unit.kv_reserved_tokens,
             waiting, 0, unit.recomputed_tokens, unit.growth.reserved_tokens(n - 1))
         # As the generic stepper tells the source: the plan's completions at its end (only
         # when nothing follows it), then the run's.

@@ -69,7 +69,7 @@ def test_fused_paged_loop_equals_generic_loop_in_a_closed_loop(case: dict) -> No
     assert_identical(run_both(case))
 
 
-def test_fused_paged_loop_is_used_only_for_plain_paged_and_chunked_without_caching() -> None:
+def test_fused_paged_loop_is_used_for_every_paged_policy_and_chunked_without_caching() -> None:
     requests = Requests(np.zeros(2), np.ones(2, dtype=np.int64), np.ones(2, dtype=np.int64),
                         np.full(2, 4, dtype=np.int64))
     plain = PagedConfig(kind="paged", block_size_tokens=2)
@@ -77,7 +77,7 @@ def test_fused_paged_loop_is_used_only_for_plain_paged_and_chunked_without_cachi
     caching = PagedConfig(kind="paged", block_size_tokens=2, enable_prefix_caching=True)
     assert not applies(build_scheduler(caching, requests, 16))
     v0 = PagedConfig(kind="paged", block_size_tokens=2, policy="prefill_first")
-    assert not applies(build_scheduler(v0, requests, 16))
+    assert applies(build_scheduler(v0, requests, 16))
     chunked = ChunkedConfig(kind="chunked", block_size_tokens=2)
     assert applies(build_scheduler(chunked, requests, 16))
     chunked_caching = ChunkedConfig(kind="chunked", block_size_tokens=2, enable_prefix_caching=True)
@@ -301,3 +301,28 @@ def test_a_chunk_whose_blocks_do_not_fit_is_preempted_by_the_generic_stepper() -
     assert rows["recomputed_tokens"].sum() == engine_fused.scheduler.recomputed_tokens_total > 0
     assert fused_run.recorder.first_token_s.tolist() == [1.0, 11.0]
     assert fused_run.recorder.finish_s.tolist() == [8.0, 12.0]
+
+
+def test_a_prefill_first_prompt_iteration_leaves_the_decodes_waiting() -> None:
+    """vLLM v0's policy, prompts padded to the longest: A (prompt 2, 4 tokens) runs alone
+    until B (prompt 3, 2 tokens) and C (prompt 5, 1 token) arrive at 1.5 s; at the next
+    boundary (2.3 s) their prompts run alone, padded to 2 x 5 tokens (1 s + 0.1 s a token:
+    2 s), while A's decode waits; then A and B decode together. The prompt row counts the
+    padded tokens and A's waiting KV (3 tokens) with the prompts' 8."""
+    requests = Requests(np.array([0.0, 1.5, 1.5]), np.array([2, 3, 5]), np.array([4, 2, 1]),
+                        np.array([6, 6, 6]))
+    scheduler = PagedConfig(kind="paged", policy="prefill_first", pad_prompts=True,
+                            block_size_tokens=2, watermark=0.0, max_num_batched_tokens=16,
+                            max_num_seqs=8)
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 64,
+            "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=1.0, per_token_s=0.1)}
+    runs = run_both(case)
+    assert_identical(runs)
+    (_, fused_run), _ = runs
+    assert fused_run.recorder.first_token_s.tolist() == pytest.approx([1.2, 4.3, 4.3])
+    assert fused_run.recorder.finish_s.tolist() == pytest.approx([6.6, 5.5, 4.3])
+    rows = fused_run.recorder.iterations_frame()
+    assert rows["num_iterations"].tolist() == [2, 1, 1, 1]
+    prompt_row = rows.iloc[1]
+    assert prompt_row["batch_size"] == 2 and prompt_row["tokens"] == 10
+    assert prompt_row["kv_used_tokens"] == 3 + 8

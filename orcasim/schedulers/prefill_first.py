@@ -36,7 +36,8 @@ Fast-forward (`orcasim.schedulers.paged_runs`) is exact here too: a decode itera
 every running request, whether anyone can join (a prompt, or a swap-in while anything is
 swapped) only gets less likely as free blocks fall, and a run stops before the first step
 that would leave no block free (`spare_blocks_per_step`), where `can_append_slot` could
-preempt; that step goes through `schedule`.
+preempt; that step goes through `schedule`. Fast mode runs these units in the fused paged
+loop (`orcasim.paged_fast`), which prices a prompt iteration by `padded_prompt_tokens`.
 """
 
 from __future__ import annotations
@@ -130,12 +131,20 @@ class PrefillFirstScheduler(PagedScheduler):
     def _add_running(self, req: int) -> None:
         bisect.insort(self.running, req)  # oldest first: ids are in arrival order
 
+    def padded_prompt_tokens(self, num_new: list[int]) -> int | None:
+        """The length every prompt of a prompt iteration computing `num_new` runs at, as one
+        causal sequence of that length, when the batch pads them (v0.2.2 to v0.3.3); None
+        when each runs at its own. The fused loop (orcasim.paged_fast) prices by it too."""
+        if not self.pad_prompts or len(num_new) < 2:
+            return None
+        return max(num_new)
+
     def _cost_batch(self, plan: Plan, num_new: np.ndarray, context: np.ndarray) -> Batch:
-        if not (self.pad_prompts and plan.prompts_only) or len(num_new) < 2:
+        longest = self.padded_prompt_tokens(plan.num_new) if plan.prompts_only else None
+        if longest is None:
             return Batch(num_new, context)
-        # Every prompt runs padded to the longest, as one causal sequence of that length.
-        longest = np.full(len(num_new), int(num_new.max()), dtype=np.int64)
-        return Batch(longest, longest.copy())
+        padded = np.full(len(num_new), longest, dtype=np.int64)
+        return Batch(padded, padded.copy())
 
     def _join_plan(self, num_decoding: int) -> Plan:
         # A prompt iteration carries no decodes: the whole budget is the prompts'.
