@@ -110,15 +110,16 @@ CLUSTER = {
 
 @pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv",
                                     "least_tokens"])
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
 def test_a_fleet_of_fused_paged_replicas_equals_the_generic_fleet(
-    router: str, monkeypatch: pytest.MonkeyPatch
+    router: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Routers read each replica's load between its units and inside them (a fused replica
     writes its implicit progress back first, and reports a continued run's first blocks as
     taken): every load read is the generic fleet's, and so are the runs. A pool of 1,024
     tokens preempts often, so units of the generic stepper are cut by deliveries too."""
     data = {**CLUSTER, "systems": [{
-        "name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 16,
+        "name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 16, "policy": policy,
                                       "max_num_batched_tokens": 600, "block_size_tokens": 16},
         "cluster": {"replicas": 4, "router": {"kind": router}}}]}
     looks: dict[bool, list[tuple[int, float, Load]]] = {True: [], False: []}
@@ -187,13 +188,15 @@ def test_a_preempting_step_is_the_generic_steppers_and_the_fused_loop_resumes(
     assert fused_run.recorder.iterations_frame()["preemptions"].sum() == 1
 
 
-def test_a_batch_that_fills_the_token_budget_exactly_decodes_in_runs() -> None:
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_a_batch_that_fills_the_token_budget_exactly_decodes_in_runs(policy: str) -> None:
     """Nine one-token prompts under a budget of nine tokens (the longest request's prompt +
-    output - 1, as a recompute would prefill it): all join at once, and their decodes, nine
+    output - 1, as a recompute would prefill it): all join at once (under prefill-first in
+    a prompt iteration of their own, nobody decoding beside them), and their decodes, nine
     tokens a step, fit the budget exactly, so they run as jumps in both loops."""
     outputs = np.array([5, 6, 7, 8, 9, 9, 9, 9, 9])
     requests = Requests(np.zeros(9), np.ones(9, dtype=np.int64), outputs, np.full(9, 10))
-    scheduler = PagedConfig(kind="paged", block_size_tokens=4, watermark=0.0,
+    scheduler = PagedConfig(kind="paged", block_size_tokens=4, watermark=0.0, policy=policy,
                             max_num_batched_tokens=9, max_num_seqs=9)
     case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 128,
             "warmup_s": 0.0, "cost": LinearCostConfig(kind="linear", base_s=0.5)}
@@ -326,3 +329,27 @@ def test_a_prefill_first_prompt_iteration_leaves_the_decodes_waiting() -> None:
     prompt_row = rows.iloc[1]
     assert prompt_row["batch_size"] == 2 and prompt_row["tokens"] == 10
     assert prompt_row["kv_used_tokens"] == 3 + 8
+
+
+def test_a_router_reads_a_prompt_iteration_of_an_idle_replica_as_not_yet_computed(
+    tmp_path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001 - a pytest path
+) -> None:
+    """Prefill-first, two replicas, `least_tokens`: A (prompt 100) starts a prompt iteration
+    alone on replica 0 at 0 s and C (prompt 60) on replica 1; B, at 0.5 s while both run,
+    goes where fewer tokens are outstanding: replica 1 (70 against A's 110, none of A's
+    prompt computed until its iteration ends), in both loops."""
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n0.0,60,10\n0.5,50,10\n")
+    data = {"name": "fleet", "seed": 0,
+            "workload": {"arrival": {"kind": "trace", "path": str(path)}, "max_tokens": 200},
+            "kv_capacity_tokens": 4096,
+            "cost": {"kind": "linear", "base_s": 1.0, "per_token_s": 0.01},
+            "systems": [{"name": "v0", "scheduler": {
+                "kind": "paged", "policy": "prefill_first", "max_num_seqs": 8,
+                "max_num_batched_tokens": 512},
+                "cluster": {"replicas": 2, "router": {"kind": "least_tokens"}}}]}
+    fused = run_scenario(scenario_from_dict(data)).systems["v0"].requests
+    assert fused["replica"].tolist() == [0, 1, 1]
+    generic_fleets(monkeypatch)
+    unfused = run_scenario(scenario_from_dict(data)).systems["v0"].requests
+    pd.testing.assert_frame_equal(fused, unfused, check_exact=True)
