@@ -283,7 +283,6 @@ class PagedFusedStepper:
             s.add_to_plan(plan, chunk, chunk_new)
         if not self.prompts_first and s.fcfs_head() is not None:  # else nobody can join now
             s.admit(plan)
-        s.recomputed_tokens_total += plan.recomputed_tokens
         if not running:
             return None
         context, joiners, fresh, left = [b + g for b in base], [], 0, -1
@@ -302,21 +301,39 @@ class PagedFusedStepper:
             if req == chunk:
                 joiners.append(req)  # its first token comes now, if it is its first
         self.partial = left if left >= 0 else None
-        query = [1] * decoding + plan.num_new
-        query_total, context_total = decoding + sum(plan.num_new), sum(context)
+        unit = self._priced(now_s, plan, [1] * decoding + plan.num_new, context, joiners,
+                            sum(context), fresh=fresh, chunk_req=left,
+                            chunk_tokens=plan.num_new[-1] if left >= 0 else 0)
+        if self.partial is None:
+            # Each member's context in the plan is its known tokens (it computes them all):
+            # the positions its run computes first.
+            self._maybe_decode_run(unit, context)
+        return unit.ends_s[-1]
+
+    def _priced(self, now_s: float, plan: Plan, query: list[int], context: list[int],
+                joiners: list[int], kv_used_tokens: int, **marks: int | bool) -> _Unit:
+        """The pending unit of a plan's iteration, priced on `query` and `context` (as the
+        cost model sees them) plus any swap copies; the plan's recomputed tokens counted,
+        as `PagedScheduler._output` counts them in the generic loop."""
+        s = self.scheduler
+        s.recomputed_tokens_total += plan.recomputed_tokens
+        query_total, context_total = sum(query), sum(context)
         plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)
         plan_s += plan.swap_time_s
         unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
                      s.allocator.allocated_tokens, joiners, query_total, plan_s,
-                     plan.recomputed_tokens, fresh=fresh, chunk_req=left,
-                     chunk_tokens=plan.num_new[-1] if left >= 0 else 0,
-                     kv_used_tokens=context_total)
+                     plan.recomputed_tokens, kv_used_tokens=kv_used_tokens,
+                     **marks)  # type: ignore[arg-type]  # the _Unit fields named
         self._unit = unit
-        if self.partial is None and len(running) <= s.token_budget and not s.can_join(len(running)):
-            # Each member's context in the plan is its known tokens (it computes them all):
-            # the positions its run computes first.
-            self._decode_run(unit, context)
-        return unit.ends_s[-1]
+        return unit
+
+    def _maybe_decode_run(self, unit: _Unit, known: list[int]) -> None:
+        """The decode run after a plan that every running request is in, if `decode_run`
+        would give one: all fit the budget and nobody could join."""
+        s = self.scheduler
+        size = len(s.running)
+        if size <= s.token_budget and not s.can_join(size):
+            self._decode_run(unit, known)
 
     def _prompt_plan(self, now_s: float, plan: Plan) -> float:
         """A prefill-first prompt iteration that `plan` (the prompts admitted) makes: the
@@ -335,22 +352,15 @@ class PagedFusedStepper:
             generated = s.generated.item(req)
             base.insert(at, self.prompt_tokens.item(req) + generated + 1 - g - moves)
             finish_at.insert(at, g + moves + self.output_tokens.item(req) - generated - 1)
-        s.recomputed_tokens_total += plan.recomputed_tokens
         query = plan.num_new
         longest = s.padded_prompt_tokens(query)  # type: ignore[attr-defined]  # prompts_first
         priced_query, priced_context = (query, context) if longest is None else \
             ([longest] * len(query), [longest] * len(query))
-        query_total, context_total = sum(priced_query), sum(priced_context)
-        plan_s = self.cost.iteration_time_lists_s(priced_query, priced_context, query_total,
-                                                  context_total)
-        unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
-                     s.allocator.allocated_tokens, plan.ids, query_total, plan_s,
-                     plan.recomputed_tokens, fresh=len(query), prompts_only=bool(waiting),
-                     kv_used_tokens=waiting_kv + sum(context))
-        self._unit = unit
-        size = len(s.running)
-        if not waiting and size <= s.token_budget and not s.can_join(size):
-            self._decode_run(unit, context)
+        unit = self._priced(now_s, plan, priced_query, priced_context, plan.ids,
+                            waiting_kv + sum(context), fresh=len(query),
+                            prompts_only=bool(waiting))
+        if not waiting:
+            self._maybe_decode_run(unit, context)
         return unit.ends_s[-1]
 
     def _decode_run(self, unit: _Unit, known: list[int]) -> None:
