@@ -128,14 +128,18 @@ def test_the_base_hooks_step_one_iteration_at_a_time() -> None:
     plan = scheduler.schedule(0.0)
     with pytest.raises(AssertionError, match="advances one iteration"):
         scheduler.advance(plan, None, 2)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotImplementedError, match="only schedulers whose continue_run returns a run"):
         scheduler.advance_run(None, 1)  # type: ignore[arg-type]  # no continued run exists
 
 
-@pytest.mark.parametrize("first_token_emitted", [True, False])
-def test_a_transferred_request_arrives_with_its_prompt_computed(first_token_emitted: bool) -> None:
+@pytest.mark.parametrize("first_token_emitted", [True, False, None])
+def test_a_transferred_request_arrives_with_its_prompt_computed(first_token_emitted: bool | None) -> None:
     scheduler = OneAtATime(_requests([5, 7], [3, 3], max_tokens=16), kv_capacity_tokens=16)
-    scheduler.mark_transferred(1, first_token_emitted)
+    if first_token_emitted is None:  # the default: DistServe's handover, first token emitted
+        scheduler.mark_transferred(1)
+        first_token_emitted = True
+    else:
+        scheduler.mark_transferred(1, first_token_emitted)
     # With its first token emitted elsewhere it only decodes; without, its first step
     # computes the last prompt token again to emit that token.
     expected = (7, 1) if first_token_emitted else (6, 0)
@@ -152,9 +156,11 @@ def _step_by_step(scheduler: RequestLevelScheduler, steps: int) -> tuple[np.ndar
 
 
 @pytest.mark.parametrize("padding", [True, False])
-def test_a_static_batch_jump_equals_its_steps(padding: bool) -> None:
-    """`advance(plan, run, n)` leaves every member's progress where n steps would, for each
-    n the run allows, and only the batch's last step makes its members visible."""
+@pytest.mark.parametrize("steps_before", [0, 1, 3])
+def test_a_static_batch_jump_equals_its_steps(padding: bool, steps_before: int) -> None:
+    """`advance(plan, run, n)`, from the batch's start or after some steps (a jump cut short
+    and planned again), leaves every member's progress where n steps would, for each n the
+    run allows, and only the batch's last step makes its members visible."""
     cfg = RequestLevelConfig(kind="request_level", max_batch_size=3, padding=padding)
     requests = _requests([5, 9, 2], [3, 7, 1])
 
@@ -162,6 +168,7 @@ def test_a_static_batch_jump_equals_its_steps(padding: bool) -> None:
         scheduler = RequestLevelScheduler(cfg, requests, 1024)
         for req_id in range(3):
             scheduler.add_request(req_id)
+        _step_by_step(scheduler, steps_before)
         return scheduler
 
     probe = fresh()
@@ -169,9 +176,10 @@ def test_a_static_batch_jump_equals_its_steps(padding: bool) -> None:
     run = probe.decode_run(plan)
     assert run is not None
     # Padded, every member runs to the longest output (7); unpadded, the 1-token member
-    # leaves the cost after the prompt step and the 3-token one after step 2: the run
-    # stops there, where the batch's cost changes.
-    assert run.num_steps == (6 if padding else 2)
+    # leaves the cost after the prompt step and the 3-token one after step 2: a run stops
+    # there, where the batch's cost changes.
+    assert run.num_steps == {(True, 0): 6, (True, 1): 5, (True, 3): 3,
+                             (False, 0): 2, (False, 1): 1, (False, 3): 3}[padding, steps_before]
     for n in range(1, run.num_steps + 2):
         jumped = fresh()
         first, last = jumped.advance(jumped.schedule(0.0), run, n)
@@ -179,7 +187,7 @@ def test_a_static_batch_jump_equals_its_steps(padding: bool) -> None:
         np.testing.assert_array_equal(jumped.computed, computed)
         np.testing.assert_array_equal(jumped.generated, generated)
         assert first.finished_ids.tolist() + last.finished_ids.tolist() == finished
-    if padding:  # the whole batch in one jump: every prompt token and every output token
+    if padding:  # to the batch's end: every prompt token and every output token but the last
         np.testing.assert_array_equal(jumped.computed, [5 + 2, 9 + 6, 2 + 0])
         np.testing.assert_array_equal(jumped.generated, [3, 7, 1])
         assert sorted(finished) == [0, 1, 2]
