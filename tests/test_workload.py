@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from orcasim.workload import arrivals, lengths
+from orcasim.config import ScenarioError
+from orcasim.workload import (
+    SystemPromptConfig,
+    WorkloadConfig,
+    arrivals,
+    generate_requests,
+    lengths,
+)
 from orcasim.workload.traces import read_trace
 
 SAMPLES = 200_000
@@ -138,3 +146,96 @@ def test_a_lognormal_clipped_far_from_its_mean_warns_with_the_real_one() -> None
         warnings.simplefilter("error")  # 700, sigma 1, max 3072: 659, within 10%: silent
         WorkloadConfig.model_validate({**keys, "prompt_tokens": {
             "kind": "lognormal", "mean": 700, "sigma": 1.0, "max": 3072}})
+
+
+# By hand: each rule of the generators and the workload table, on cases small enough to
+# compute in the test (the sample-mean tests above cannot see a shift of a token or two).
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def test_a_lognormal_length_is_rounded_then_clipped_to_its_support() -> None:
+    """P(k) is the mass the lognormal puts within half a token of k; 1 and `max` also take
+    the tails below 1.5 and above max - 0.5. The sample and the theory both follow it."""
+    dist = lengths.LognormalLength(kind="lognormal", mean=3.0, sigma=0.8, max=6)
+    mu = math.log(3.0) - 0.8**2 / 2
+    cdf = [_normal_cdf((math.log(k + 0.5) - mu) / 0.8) for k in range(1, 6)]
+    pmf = np.diff([0.0, *cdf, 1.0])  # P(1) .. P(6)
+    assert dist.mean_tokens() == pytest.approx(float(np.dot(np.arange(1, 7), pmf)), rel=1e-12)
+    x = dist.sample(np.random.default_rng(5), SAMPLES)
+    counts = np.bincount(x, minlength=8)[1:7]
+    assert counts.sum() == SAMPLES  # nothing below 1 or above max
+    se = np.sqrt(pmf * (1 - pmf) / SAMPLES)
+    assert np.all(np.abs(counts / SAMPLES - pmf) <= MEAN_SIGMAS * se), (counts / SAMPLES, pmf)
+
+
+@pytest.mark.parametrize("mean,sigma,limit", [(3.0, 1.5, 50), (100.0, 3.0, 4000), (700.0, 1.0, 3072)])
+def test_the_clipped_mean_is_the_integral_of_the_clipped_lognormal(mean: float, sigma: float,
+                                                                    limit: int) -> None:
+    dist = lengths.LognormalLength(kind="lognormal", mean=mean, sigma=sigma, max=limit)
+    mu = math.log(mean) - sigma**2 / 2
+    # E[min(max(X, 1), M)] over the normal density of ln X, by the trapezoid rule.
+    z = np.linspace(-12.0, 12.0, 400_001)
+    x = np.exp(mu + sigma * z)
+    density = np.exp(-z**2 / 2) / math.sqrt(2 * math.pi)
+    integral = float(np.trapezoid(np.clip(x, 1, limit) * density, z))
+    assert dist.clipped_mean_tokens() == pytest.approx(integral, rel=1e-7)
+
+
+def test_length_bounds_are_inclusive() -> None:
+    values = np.array([1, 10**9, 0, 10**9 + 1, 2.5, np.nan, np.inf, -3], dtype=np.float64)
+    assert lengths.bad_lengths(values).tolist() == [False, False, True, True, True, True, True, True]
+
+
+def _trace_workload(tmp_path: Path, **keys: object) -> WorkloadConfig:
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,3\n1,20,4\n3,5,1\n4,7,2\n")
+    arrival = {"kind": "trace", "path": str(f), **keys.pop("arrival", {})}  # type: ignore[dict-item]
+    return WorkloadConfig.model_validate({"arrival": arrival, "max_tokens": 64, **keys})
+
+
+def test_a_trace_is_sped_up_and_capped(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    fast = generate_requests(_trace_workload(tmp_path, arrival={"speedup": 2.0}), rng)
+    assert fast.arrival_s.tolist() == [0.0, 0.5, 1.5, 2.0]  # speedup divides the times
+    assert generate_requests(_trace_workload(tmp_path, num_requests=2), rng).prompt_tokens.tolist() == [10, 20]
+    capped = _trace_workload(tmp_path, num_requests=2, arrival={"max_requests": 3})
+    assert len(generate_requests(capped, rng)) == 3  # the trace's own cap comes first
+    assert len(generate_requests(_trace_workload(tmp_path), rng)) == 4
+
+
+def test_a_request_longer_than_max_tokens_is_named(tmp_path: Path) -> None:
+    cfg = _trace_workload(tmp_path, max_tokens=13)  # 13, 24, 6, 9: one over
+    with pytest.raises(ScenarioError, match=r"workload.max_tokens = 13 is below request 1's prompt "
+                                            r"\+ output = 24 tokens \(1 request\(s\) exceed it\); "
+                                            r"expected max_tokens >= 24$"):
+        generate_requests(cfg, np.random.default_rng(0))
+    cfg = _trace_workload(tmp_path, max_tokens=9)  # 13, 24, 6, 9: two over
+    with pytest.raises(ScenarioError, match=r"request 0's prompt \+ output = 13 tokens \(2 request"):
+        generate_requests(cfg, np.random.default_rng(0))
+    generate_requests(_trace_workload(tmp_path, max_tokens=24), np.random.default_rng(0))  # exact fit
+
+
+def test_a_system_prompt_names_its_segments_apart_from_the_requests_own() -> None:
+    cfg = SystemPromptConfig(tokens=5, variants=2)  # every request carries one of two
+    content = cfg.content(np.random.default_rng(0), np.array([3, 4, 1, 6], dtype=np.int64))
+    # (system id, 5, own id, own tokens): system ids 0-1, own text 2-5, outputs 6-9.
+    for i, segments in enumerate(content.prompts):
+        assert segments[0] in (0, 1) and segments[1:] == (5, 2 + i, [3, 4, 1, 6][i])
+    assert content.output_ids.tolist() == [6, 7, 8, 9]
+    none = SystemPromptConfig(tokens=5, fraction=0.0).content(np.random.default_rng(0),
+                                                              np.array([3, 4], dtype=np.int64))
+    assert none.prompts == [(1, 3), (2, 4)] and none.output_ids.tolist() == [3, 4]
+
+
+def test_a_system_prompt_is_refused_on_a_trace_that_says_what_prompts_share(tmp_path: Path) -> None:
+    f = tmp_path / "m.jsonl"  # a Mooncake trace, its format detected
+    f.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [0]}\n')
+    cfg = WorkloadConfig.model_validate({"arrival": {"kind": "trace", "path": str(f)},
+                                         "max_tokens": 64, "system_prompt": {"tokens": 4}})
+    with pytest.raises(ScenarioError, match=r"^workload.system_prompt must not be set with a trace "
+                                            r"whose hash_ids already say what the prompts share "
+                                            r"\(mooncake\)$"):
+        generate_requests(cfg, np.random.default_rng(0))
