@@ -15,6 +15,7 @@ from orcasim.workload import (
     arrivals,
     generate_requests,
     lengths,
+    sessions,
 )
 from orcasim.workload.traces import read_trace
 
@@ -239,3 +240,95 @@ def test_a_system_prompt_is_refused_on_a_trace_that_says_what_prompts_share(tmp_
                                             r"whose hash_ids already say what the prompts share "
                                             r"\(mooncake\)$"):
         generate_requests(cfg, np.random.default_rng(0))
+
+
+def test_an_empirical_length_column_is_read_and_checked(tmp_path: Path) -> None:
+    f = tmp_path / "lens.csv"
+    f.write_text("a,prompt\n1,7\n2,3\n3,7\n")
+    dist = lengths.EmpiricalLength(kind="empirical", path=str(f), column="prompt")
+    assert dist.values().tolist() == [7, 3, 7] and dist.values().dtype == np.int64
+    assert dist.mean_tokens() == pytest.approx(17 / 3)
+    assert set(dist.sample(np.random.default_rng(0), 100).tolist()) == {3, 7}
+    missing = lengths.EmpiricalLength(kind="empirical", path=str(f), column="output")
+    with pytest.raises(ScenarioError, match=r"^.*lens\.csv: no column 'output'; columns are a, prompt$"):
+        missing.values()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("prompt\n5\n6\n0\n2.5\n")  # the header is line 1: the first bad value is line 4
+    with pytest.raises(ScenarioError, match=r"^bad\.csv line 4: column 'prompt' = np\.float64\(0\.0\), "
+                                            r"expected an integer from 1 to 1,000,000,000$"):
+        lengths.load_length_column(str(bad), "prompt")
+
+
+def _conversations(**keys: object) -> sessions.SessionShape:
+    data = {"kind": "conversations", "num_sessions": 4, "turns": {"kind": "uniform", "low": 1, "high": 4},
+            "user_tokens": {"kind": "constant", "value": 5},
+            "output_tokens": {"kind": "constant", "value": 3},
+            "think_time": {"kind": "exponential", "mean_s": 2.0}, "max_context_tokens": 1000, **keys}
+    return sessions.ConversationArrival.model_validate(data).shape()
+
+
+def test_sessions_start_as_a_poisson_process_at_their_rate() -> None:
+    plan = sessions.draw_plan(_conversations(num_sessions=SAMPLES // 10, session_rate_per_s=4.0),
+                              2000, np.random.default_rng(0))
+    assert plan.start_s is not None and np.all(np.diff(plan.start_s) >= 0)
+    assert within_standard_errors(np.diff(plan.start_s, prepend=0.0), 0.25)
+    at_once = sessions.draw_plan(_conversations(concurrent_sessions=2), 2000, np.random.default_rng(0))
+    assert at_once.start_s is None and at_once.concurrent == 2
+
+
+def test_no_pause_follows_a_sessions_last_step() -> None:
+    plan = sessions.draw_plan(_conversations(concurrent_sessions=1), 2000, np.random.default_rng(3))
+    last = plan.step_start[1:] - 1
+    assert np.all(plan.pause_s[last] == 0.0)
+    assert np.all(np.delete(plan.pause_s, last) > 0.0)  # exponential think times elsewhere
+    assert len(plan.step_start) == 5 and len(set(np.diff(plan.step_start).tolist())) > 1
+
+
+def _plan(wait_for: int, max_context_tokens: int, num_sessions: int = 2) -> sessions.SessionPlan:
+    """Session 0 (system prompt of 10) takes steps 0 and 1, session 1 (none) step 2; two
+    branches a step."""
+    steps = [0, 2, 3][: num_sessions + 1]
+    total = steps[-1]
+    return sessions.SessionPlan(
+        None, 1, np.array([0, -1][:num_sessions], dtype=np.int64), 10, np.array(steps, dtype=np.int64),
+        np.arange(total, dtype=np.int64), np.array([5, 7, 3][:total], dtype=np.int64),
+        np.arange(2 * total, dtype=np.int64).reshape(total, 2),
+        np.array([[4, 9], [2, 6], [8, 1]][:total], dtype=np.int64).reshape(total, 2),
+        np.zeros(total), wait_for, max_context_tokens, 4096)
+
+
+@pytest.mark.parametrize("wait_for,limit,expected", [
+    # The context keeps each step's longest answer: step 1's prompt is 10 + 5 + 9 + 7 = 31;
+    # each bound adds the step's longest answer less its last token.
+    (1, 100, [10 + 5 + 9 - 1, 10 + 5 + 9 + 7 + 6 - 1, 3 + 8 - 1]),
+    (2, 100, [10 + 5 + 9 - 1, 10 + 5 + 4 + 9 + 7 + 6 - 1, 3 + 8 - 1]),  # both answers kept
+    (1, 20, [10 + 5 + 9 - 1, 20 + 6 - 1, 3 + 8 - 1]),  # the prompt is capped at the limit
+])
+def test_a_session_steps_peak_bound_by_hand(wait_for: int, limit: int, expected: list[int]) -> None:
+    assert _plan(wait_for, limit).peak_bound_tokens().tolist() == expected
+    empty = _plan(wait_for, limit, num_sessions=0).peak_bound_tokens()
+    assert empty.dtype == np.int64 and empty.tolist() == []
+
+
+def test_every_piece_of_session_text_has_its_own_id() -> None:
+    """Own system prompts (shared_fraction 0) take ids 1..S, after the shared one (0);
+    messages and answers follow: no two texts share an id, or a prefix cache would match them."""
+    plan = sessions.draw_plan(_conversations(concurrent_sessions=1, system_prompt={
+        "tokens": 4, "shared_fraction": 0.0}), 2000, np.random.default_rng(0))
+    assert plan.system_ids.tolist() == [1, 2, 3, 4]
+    ids = np.concatenate([plan.system_ids, plan.message_ids, plan.output_ids.ravel()])
+    assert len(np.unique(ids)) == len(ids) and ids.min() == 1
+
+
+@pytest.mark.parametrize("system", [None, {"tokens": 4}])
+def test_the_context_limit_may_hold_exactly_the_system_prompt_and_the_longest_message(
+        system: dict | None) -> None:
+    need = 5 + (4 if system else 0)
+    shape = _conversations(concurrent_sessions=1, system_prompt=system, max_context_tokens=need)
+    sessions.draw_plan(shape, 2000, np.random.default_rng(0))  # fits exactly
+    shape = _conversations(concurrent_sessions=1, system_prompt=system, max_context_tokens=need - 1)
+    with pytest.raises(ScenarioError, match=rf"^workload.arrival.max_context_tokens = {need - 1} is "
+                                            rf"below the system prompt plus the longest message = "
+                                            rf"{need} tokens, which truncation cannot drop; "
+                                            rf"expected max_context_tokens >= {need}$"):
+        sessions.draw_plan(shape, 2000, np.random.default_rng(0))

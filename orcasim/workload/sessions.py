@@ -208,7 +208,7 @@ def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) ->
     plan = SessionPlan(start_s, shape.concurrent_sessions or num, system_ids, system_tokens,
                        step_start, message_ids, message_tokens, output_ids, output_tokens,
                        pause_s, shape.fan_out.wait_for, shape.max_context_tokens, max_tokens)
-    _check_limits(plan, shape)
+    _check_limits(plan)
     return plan
 
 
@@ -223,7 +223,7 @@ def _system_prompts(cfg: SystemPrompt | None, num: int,
     return ids.astype(np.int64), cfg.tokens, num + 1
 
 
-def _check_limits(plan: SessionPlan, shape: SessionShape) -> None:
+def _check_limits(plan: SessionPlan) -> None:
     """Every step's prompt must be able to fit the context limit, and every call `max_tokens`."""
     longest_message = int(plan.message_tokens.max()) if len(plan.message_tokens) else 0
     need = plan.system_tokens + longest_message
