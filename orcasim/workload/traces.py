@@ -140,17 +140,20 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
             return rows, _numbers(rows, "timestamp", path, line_offset=1) / 1000.0, 1
         case "vllm":
             rows = _read_vllm_result(path).iloc[:max_requests]
-            return rows, rows["arrival_s"].to_numpy(dtype=np.float64), 0
+            return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LISTS
     raise ScenarioError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake or vllm")
 
 
+# The "line offset" of a vLLM result's rows: they are positions in its per-request lists
+# (the frame's index), not lines of the file.
+JSON_LISTS = 0
 VLLM_FIELDS = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
 
 
 def _is_vllm_result(path: Path) -> bool:
     try:
         doc = read_json(path)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ScenarioError):  # not one JSON document: JSON lines (Mooncake)
         return False
     return isinstance(doc, dict) and "input_lens" in doc
 
@@ -181,7 +184,8 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
         "ttft_s": ttft_s, "e2e_s": ttft_s + decode_s,
         "tpot_s": np.where(output > 1, decode_s / np.maximum(output - 1, 1), np.nan),
     })
-    return frame[ok].reset_index(drop=True)
+    # The index stays each request's position in the result's lists, which errors name.
+    return frame[ok]
 
 
 def _detect_format(path: Path) -> str:
@@ -250,8 +254,11 @@ def _raise_on_bad(
 ) -> None:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise ScenarioError(f"{path.name} line {_line_of(path, row, line_offset)}: {column} = "
-                            f"{raw.iloc[row]!r}, expected {expected}")
+        where = (f"request {raw.index[row]}" if line_offset == JSON_LISTS
+                 else f"line {_line_of(path, row, line_offset)}")
+        value = raw.iloc[row]
+        value = value.item() if isinstance(value, np.generic) else value  # 0, not np.int64(0)
+        raise ScenarioError(f"{path.name} {where}: {column} = {value!r}, expected {expected}")
 
 
 def _line_of(path: Path, row: int, line_offset: int) -> int:

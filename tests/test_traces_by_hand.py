@@ -1,0 +1,376 @@
+"""Trace readers by hand: tiny files, each format's rows, orders and errors computed in the test.
+
+Every file is written into `tmp_path`; every expected number and message is worked out from
+the file's few lines (the real traces' tests cannot see a shifted line number or block).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orcasim.config import ScenarioError
+from orcasim.workload.traces import read_measurements, read_trace, read_trace_with_content
+
+ORCASIM_HEADER = "arrival_s,prompt_tokens,output_tokens"
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+LENGTH_EXPECTED = r"an integer from 1 to 1,000,000,000"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    f = tmp_path / name
+    f.write_text(text)
+    return str(f)
+
+
+def _mooncake(tmp_path: Path, records: list[dict[str, object]], name: str = "m.jsonl") -> str:
+    return _write(tmp_path, name, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def _record(timestamp: object, tokens: object, ids: object, output: object = 2) -> dict[str, object]:
+    return {"timestamp": timestamp, "input_length": tokens, "output_length": output, "hash_ids": ids}
+
+
+def _vllm(tmp_path: Path, name: str = "r.json", **fields: object) -> str:
+    return _write(tmp_path, name, json.dumps(fields))
+
+
+# Ties: 60 requests, even rows at 1 s and odd rows at 0 s. Numpy's default (unstable) sort
+# shuffles ties this many; the readers must keep the file's order among them.
+TIES = 60
+TIE_ARRIVALS = [1 if i % 2 == 0 else 0 for i in range(TIES)]
+TIE_ORDER = [i for i in range(TIES) if i % 2] + [i for i in range(TIES) if i % 2 == 0]
+
+
+# orcasim CSV and the checks every format shares.
+
+
+def test_an_orcasim_trace_is_sorted_and_counted_from_its_first_arrival(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER},note\n3,10,2,a\n1,20,4,b\n")
+    arrival_s, prompt, output = read_trace(path)
+    assert arrival_s.tolist() == [0.0, 2.0] and prompt.tolist() == [20, 10]
+    assert output.tolist() == [4, 2]
+    # Whole seconds in the file are still seconds as floats; token counts are integers.
+    assert arrival_s.dtype == np.float64 and prompt.dtype == output.dtype == np.int64
+
+
+def test_requests_that_arrive_together_keep_their_file_order(tmp_path: Path) -> None:
+    rows = "".join(f"{a},{i + 1},1\n" for i, a in enumerate(TIE_ARRIVALS))
+    _, prompt, _ = read_trace(_write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n{rows}"))
+    assert prompt.tolist() == [i + 1 for i in TIE_ORDER]
+
+
+def test_an_empty_trace_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"^trace has no requests$"):
+        read_trace(_write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n"))
+
+
+def test_an_unknown_format_is_named_with_the_known_ones(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n0,1,1\n")
+    with pytest.raises(ScenarioError, match=r"^unknown trace format 'csv'; expected auto, orcasim, "
+                                            r"azure, mooncake or vllm$"):
+        read_trace(path, "csv")
+
+
+def test_a_file_of_unknown_columns_names_what_each_format_expects(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"^bad\.csv: cannot tell the trace format from columns "
+                                            r"\['a', 'b'\]; expected arrival_s, prompt_tokens, "
+                                            r"output_tokens \(orcasim\) or TIMESTAMP, ContextTokens, "
+                                            r"GeneratedTokens \(azure\)$"):
+        read_trace(_write(tmp_path, "bad.csv", "a,b\n1,2\n"))
+
+
+def test_a_format_forced_on_a_file_without_its_columns_names_the_missing_ones(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER},ttft_s\n0,1,1,0.1\n")
+    message = r"^t\.csv: missing column\(s\) TIMESTAMP, ContextTokens, GeneratedTokens$"
+    with pytest.raises(ScenarioError, match=message):
+        read_trace(path, "azure")  # the format asked for, not the one the columns suggest
+    with pytest.raises(ScenarioError, match=message):
+        read_measurements(path, "azure")
+
+
+def test_an_explicit_format_overrides_the_file_suffix(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(2000, 6, [1])], name="trace.log")
+    arrival_s, prompt, _ = read_trace(path, "mooncake")  # auto would read it as a CSV
+    assert arrival_s.tolist() == [0.0, 2.0] and prompt.tolist() == [5, 6]
+
+
+def test_max_requests_reads_only_the_first_rows_of_each_format(tmp_path: Path) -> None:
+    orcasim = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n0,1,1\n1,2,1\n2,3,1\n")
+    azure = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,1,1\n"
+                                      "2024-05-10 00:00:01,2,1\n2024-05-10 00:00:02,3,1\n")
+    vllm = _vllm(tmp_path, start_times=[0.0, 1.0, 2.0], input_lens=[1, 2, 3], output_lens=[1, 1, 1],
+                 ttfts=[0.1, 0.1, 0.1], itls=[[], [], []])
+    for path in (orcasim, azure, vllm):
+        assert read_trace(path, max_requests=2)[1].tolist() == [1, 2], path
+    # Mooncake stops before the line past the cap: its bad third record is never read.
+    mooncake = _write(tmp_path, "m.jsonl", json.dumps(_record(0, 1, [0])) + "\n"
+                      + json.dumps(_record(1, 2, [1])) + "\nnot json\n")
+    assert read_trace(mooncake, max_requests=2)[1].tolist() == [1, 2]
+
+
+def test_a_bad_orcasim_value_is_quoted_as_written_with_its_line(tmp_path: Path) -> None:
+    # Blank lines count: the bad row is the file's fifth line.
+    path = _write(tmp_path, "bad.csv", f"{ORCASIM_HEADER}\n\n0,1,1\n\n-1,1,1\n")
+    with pytest.raises(ScenarioError, match=r"^bad\.csv line 5: arrival_s = '-1', "
+                                            r"expected a number >= 0$"):
+        read_trace(path)
+    path = _write(tmp_path, "bad.csv", f"{ORCASIM_HEADER}\n0,1,1\nsoon,1,1\n")
+    with pytest.raises(ScenarioError, match=r"^bad\.csv line 3: arrival_s = 'soon', "
+                                            r"expected a number >= 0$"):
+        read_trace(path)
+
+
+# Azure: timestamps to seconds; its token columns take orcasim's names.
+
+
+def test_azure_timestamps_with_and_without_a_fraction_mix_in_one_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2023-11-16 18:15:46,10,2\n"
+                                     "2023-11-16 18:15:46.5,20,3\n")
+    arrival_s, prompt, output = read_trace(path)
+    assert arrival_s.tolist() == [0.0, 0.5]
+    assert prompt.tolist() == [10, 20] and output.tolist() == [2, 3]
+
+
+def test_a_bad_azure_timestamp_names_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\nyesterday,20,3\n")
+    with pytest.raises(ScenarioError, match=r"^a\.csv line 3: TIMESTAMP = 'yesterday', "
+                                            r"expected a timestamp$"):
+        read_trace(path)
+
+
+def test_a_bad_azure_token_count_is_named_by_its_orcasim_column_and_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n"
+                                     "2024-05-10 00:00:01,x,3\n")
+    with pytest.raises(ScenarioError, match=rf"^a\.csv line 3: prompt_tokens = 'x', "
+                                            rf"expected {LENGTH_EXPECTED}$"):
+        read_trace(path)
+
+
+# Mooncake: milliseconds, and hash_ids as one content segment per 512-token block.
+
+
+def test_mooncake_timestamps_are_milliseconds(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(2750, 5, [0]), _record(1500, 6, [1])])
+    arrival_s, prompt, _ = read_trace(path)
+    assert arrival_s.tolist() == [0.0, 1.25] and prompt.tolist() == [6, 5]
+
+
+def test_a_bad_mooncake_timestamp_names_its_line(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record("soon", 5, [1])])
+    with pytest.raises(ScenarioError, match=r"^m\.jsonl line 2: timestamp = 'soon', "
+                                            r"expected a number >= 0$"):
+        read_trace(path)
+
+
+def test_a_bad_mooncake_length_names_its_line(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1, "five", [1])])
+    with pytest.raises(ScenarioError, match=rf"^m\.jsonl line 2: prompt_tokens = 'five', "
+                                            rf"expected {LENGTH_EXPECTED}$"):
+        read_trace(path)
+
+
+def test_a_mooncake_prompt_is_cut_into_512_token_blocks_with_a_short_last_one(tmp_path: Path) -> None:
+    # 1100 = 512 + 512 + 76; 512 is one full block; 1 token is one short block.
+    path = _mooncake(tmp_path, [_record(0, 1100, [7, 8, 9]), _record(10, 512, [3]),
+                                _record(5, 1, [0])])
+    (_, prompt, _), content = read_trace_with_content(path)
+    assert content is not None
+    assert content.prompts == [(7, 512, 8, 512, 9, 76), (0, 1), (3, 512)]  # in arrival order
+    # Outputs are named after the largest block id (9, of the first record): 10, 11, 12 by
+    # file row, then put in arrival order like the prompts.
+    assert content.output_ids.tolist() == [10, 12, 11]
+    content.check(prompt)
+
+
+def test_output_ids_follow_the_largest_block_id_even_when_it_is_zero(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1, 7, [0])])
+    _, content = read_trace_with_content(path)
+    assert content is not None and content.output_ids.tolist() == [1, 2]
+
+
+def test_only_a_mooncake_trace_says_what_its_prompts_share(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n0,1,1\n")
+    assert read_trace_with_content(path)[1] is None
+
+
+def test_mooncake_content_keeps_the_file_order_among_simultaneous_arrivals(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(1000 * a, i + 1, [i]) for i, a in enumerate(TIE_ARRIVALS)])
+    (_, prompt, _), content = read_trace_with_content(path)
+    assert content is not None
+    assert content.prompts == [(i, i + 1) for i in TIE_ORDER]
+    assert content.output_ids.tolist() == [TIES + i for i in TIE_ORDER]  # largest id is 59
+    content.check(prompt)  # the content lines up with the trace's own order
+
+
+@pytest.mark.parametrize(("ids", "tokens", "shown", "blocks"), [
+    ([1, 2], 5, r"\[1, 2\]", 1),    # one too many
+    ([4], 600, r"\[4\]", 2),        # one too few: 600 tokens are two blocks
+    (None, 600, "None", 2),         # no hash_ids at all
+    ([-1], 5, r"\[-1\]", 1),
+    ([True], 5, r"\[True\]", 1),    # a JSON boolean is no id
+    ([1.5], 5, r"\[1\.5\]", 1),
+])
+def test_hash_ids_must_be_one_integer_id_of_at_least_0_per_block(
+        tmp_path: Path, ids: object, tokens: int, shown: str, blocks: int) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1, tokens, ids)])
+    with pytest.raises(ScenarioError, match=rf"^m\.jsonl line 2: hash_ids = {shown}, expected "
+                                            rf"{blocks} integer id\(s\) >= 0, one per 512 tokens "
+                                            rf"of input_length = {tokens}$"):
+        read_trace_with_content(path)
+
+
+def test_a_long_hash_ids_list_is_cut_to_60_characters_in_the_error(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, list(range(30)))])
+    shown = r"\[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1"  # 60 characters
+    with pytest.raises(ScenarioError, match=rf"^m\.jsonl line 1: hash_ids = {shown}, expected 1 "):
+        read_trace(path)
+
+
+def test_a_one_record_json_file_is_mooncake_unless_it_holds_input_lens(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0])], name="one.json")
+    assert read_trace(path)[1].tolist() == [5]
+    # Any other JSON is a Mooncake record too, and a bad one is named by its line.
+    path = _write(tmp_path, "five.json", "5\n")
+    with pytest.raises(ScenarioError, match=r"^five\.json line 1: bad Mooncake record "
+                                            r"\('int' object is not subscriptable\)$"):
+        read_trace(path)
+
+
+# vLLM benchmark results: parallel lists; failed requests dropped.
+
+
+def test_a_vllm_result_drops_failed_and_empty_requests_but_keeps_one_token_ones(tmp_path: Path) -> None:
+    path = _vllm(tmp_path, start_times=[100.0, 99.0, 98.0, 101.5], input_lens=[5, 6, 7, 8],
+                 output_lens=[3, 2, 0, 1], ttfts=[0.1] * 4, itls=[[0.1, 0.1], [0.1], [], []],
+                 errors=["", "timeout", "", ""])
+    arrival_s, prompt, output = read_trace(path)
+    # Kept: request 0 and request 3 (one token). Dropped: an error, and no output.
+    assert arrival_s.tolist() == [0.0, 1.5]
+    assert prompt.tolist() == [5, 8] and output.tolist() == [3, 1]
+
+
+def test_a_vllm_result_without_an_errors_list_keeps_every_request(tmp_path: Path) -> None:
+    path = _vllm(tmp_path, start_times=[5.0, 6.0], input_lens=[5, 6], output_lens=[2, 3],
+                 ttfts=[0.1, 0.1], itls=[[0.1], [0.1, 0.1]])
+    assert read_trace(path)[1].tolist() == [5, 6]
+
+
+def test_a_vllm_result_in_which_every_request_failed_has_no_requests(tmp_path: Path) -> None:
+    path = _vllm(tmp_path, start_times=[5.0, 6.0], input_lens=[5, 6], output_lens=[2, 3],
+                 ttfts=[0.1, 0.1], itls=[[0.1], [0.1, 0.1]], errors=["timeout", "reset"])
+    with pytest.raises(ScenarioError, match=r"^trace has no requests$"):
+        read_trace(path)
+
+
+def test_a_vllm_result_lacking_fields_names_them_all(tmp_path: Path) -> None:
+    path = _vllm(tmp_path, name="old.json", input_lens=[5], output_lens=[3], ttfts=[0.1])
+    with pytest.raises(ScenarioError, match=r"^old\.json: a vLLM benchmark result lacks start_times, "
+                                            r"itls; save it with --save-result --save-detailed "
+                                            r"\(vLLM 0\.15 or newer records start_times\)$"):
+        read_trace(path)
+
+
+def test_vllm_lists_of_different_lengths_are_an_error(tmp_path: Path) -> None:
+    path = _vllm(tmp_path, start_times=[0.0, 1.0], input_lens=[5], output_lens=[3], ttfts=[0.1],
+                 itls=[[0.1, 0.1]])
+    with pytest.raises(ScenarioError, match=r"^r\.json: the per-request lists start_times, "
+                                            r"input_lens, output_lens, ttfts, itls differ in length$"):
+        read_trace(path)
+
+
+def test_vllm_measurements_are_ttft_plus_the_gaps_and_their_mean(tmp_path: Path) -> None:
+    # Binary fractions, so every sum is exact: E2E = TTFT + sum(itls), TPOT = mean(itls).
+    path = _vllm(tmp_path, start_times=[10.0, 10.5, 11.0], input_lens=[5, 6, 7],
+                 output_lens=[3, 1, 2], ttfts=[0.25, 0.5, 0.125], itls=[[0.5, 0.25], [], [0.75]])
+    measured = read_measurements(path)
+    assert measured.columns.tolist() == ["ttft_s", "tpot_s", "e2e_s"]
+    assert measured["ttft_s"].tolist() == [0.25, 0.5, 0.125]
+    assert measured["e2e_s"].tolist() == [1.0, 0.5, 0.875]  # 0.25 + 0.5 + 0.25
+    tpot = measured["tpot_s"].tolist()
+    assert tpot[0] == 0.375 and np.isnan(tpot[1]) and tpot[2] == 0.75  # one token: no gap
+
+
+# read_measurements on orcasim logs.
+
+
+def test_a_missing_tpot_is_derived_from_ttft_and_e2e_over_the_gaps(tmp_path: Path) -> None:
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},ttft_s,e2e_s\n0,10,2,0.25,0.75\n"
+                                       "1,10,5,0.5,1.5\n2,10,1,0.125,0.125\n")
+    measured = read_measurements(path)
+    assert measured.columns.tolist() == ["ttft_s", "tpot_s", "e2e_s"]
+    assert (measured.dtypes == np.float64).all()
+    tpot = measured["tpot_s"].tolist()
+    # Two tokens: one gap of 0.5; five tokens: four gaps of 0.25; one token: none.
+    assert tpot[0] == 0.5 and tpot[1] == 0.25 and np.isnan(tpot[2])
+
+
+def test_a_one_token_request_has_no_tpot_even_when_the_log_gives_one(tmp_path: Path) -> None:
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},tpot_s,e2e_s\n0,10,3,1,3\n1,10,1,0,1\n")
+    measured = read_measurements(path)
+    assert measured.columns.tolist() == ["ttft_s", "tpot_s", "e2e_s"]
+    assert (measured.dtypes == np.float64).all()  # whole seconds in the file are still floats
+    assert measured["tpot_s"].tolist()[0] == 1.0 and np.isnan(measured["tpot_s"].tolist()[1])
+    assert measured["e2e_s"].tolist() == [3.0, 1.0]
+    assert measured["ttft_s"].isna().all()  # not in the log
+
+
+def test_a_zero_latency_is_measured_and_an_empty_one_is_not(tmp_path: Path) -> None:
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},ttft_s\n0,10,3,0\n1,10,3,\n")
+    ttft = read_measurements(path)["ttft_s"].tolist()
+    assert ttft[0] == 0.0 and np.isnan(ttft[1])
+    bad = _write(tmp_path, "bad.csv", f"{ORCASIM_HEADER},ttft_s\n0,10,3,0\n1,10,3,x\n")
+    with pytest.raises(ScenarioError, match=r"^bad\.csv line 3: ttft_s = 'x', "
+                                            r"expected a number of seconds >= 0 or empty$"):
+        read_measurements(bad)
+
+
+def test_measurements_keep_the_trace_order_among_simultaneous_arrivals(tmp_path: Path) -> None:
+    rows = "".join(f"{a},10,2,{i}\n" for i, a in enumerate(TIE_ARRIVALS))
+    measured = read_measurements(_write(tmp_path, "run.csv", f"{ORCASIM_HEADER},ttft_s\n{rows}"))
+    assert measured["ttft_s"].tolist() == [float(i) for i in TIE_ORDER]
+
+
+def test_a_bad_output_count_in_a_log_names_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},ttft_s\n0,10,3,0.1\n1,10,x,0.1\n")
+    with pytest.raises(ScenarioError, match=rf"^run\.csv line 3: output_tokens = 'x', "
+                                            rf"expected {LENGTH_EXPECTED}$"):
+        read_measurements(path)
+
+
+def test_a_log_without_measured_columns_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER}\n0,10,3\n")
+    with pytest.raises(ScenarioError, match=r"^run\.csv: no measured column; expected any of "
+                                            r"ttft_s, tpot_s, e2e_s$"):
+        read_measurements(path)
+
+
+def test_a_trace_format_without_latencies_has_no_measurements(tmp_path: Path) -> None:
+    azure = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n")
+    mooncake = _mooncake(tmp_path, [_record(0, 5, [0])])
+    for path, name, fmt in ((azure, r"a\.csv", "azure"), (mooncake, r"m\.jsonl", "mooncake")):
+        with pytest.raises(ScenarioError, match=rf"^{name}: format '{fmt}' holds no measured "
+                                                r"latencies; expected an orcasim CSV with ttft_s, "
+                                                r"tpot_s or e2e_s, or a vLLM benchmark result$"):
+            read_measurements(path)
+
+
+def test_a_mooncake_trace_saved_as_json_lines_under_a_json_name_reads(tmp_path: Path) -> None:
+    # Two records: not one JSON document, so not a vLLM result; Mooncake's JSON lines.
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1000, 600, [0, 1])], name="two.json")
+    arrival_s, prompt, _ = read_trace(path)
+    assert arrival_s.tolist() == [0.0, 1.0] and prompt.tolist() == [5, 600]
+
+
+def test_a_bad_vllm_length_is_named_by_its_request_in_the_result(tmp_path: Path) -> None:
+    # Request 1 failed and is dropped; request 3's prompt length is 0: the error names its
+    # position in the result's lists, and the value as JSON has it.
+    path = _vllm(tmp_path, start_times=[1.0, 2.0, 3.0, 4.0], input_lens=[5, 6, 7, 0],
+                 output_lens=[2, 2, 2, 2], ttfts=[0.1] * 4, itls=[[0.1]] * 4,
+                 errors=["", "timeout", "", ""])
+    with pytest.raises(ScenarioError, match=r"^r\.json request 3: prompt_tokens = 0, expected "
+                                            + LENGTH_EXPECTED + "$"):
+        read_trace(path)
