@@ -17,6 +17,7 @@ from orcasim.requests import ClientLoop, Requests
 from orcasim.run import make_requests, run_scenario
 from orcasim.scenario import load_scenario
 from orcasim.schedulers import build_scheduler
+from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.schedulers.paged import PagedConfig
 from orcasim.workload.closed_loop import ClosedLoopArrival, ConstantThink, ExponentialThink
 from tests.conftest import make_scenario
@@ -170,6 +171,32 @@ def test_a_turned_away_request_frees_its_client_at_once() -> None:
     # Two 1 s iterations each; the rejection answers at its arrival (2.5 s).
     assert reqs["arrival_s"].tolist() == [0.0, 2.5, 3.0]
     assert reqs["finish_s"].tolist()[::2] == [2.0, 5.0]
+
+
+@pytest.mark.parametrize("kind", ["iteration_level", "paged"])
+def test_turned_away_requests_are_answered_on_time_in_fast_mode(kind: str) -> None:
+    """Four clients out of step; every third request can never fit. Each rejection is
+    answered at its arrival, inside whatever jump is pending, so its client comes back on
+    time: the fused and generic fast loops give reference mode's timestamps."""
+    n = 60
+    prompt = np.where(np.arange(n) % 3 == 2, 40, 8)
+    think_s = 0.25 + 0.5 * (np.arange(n) % 4)  # clients out of step with each other
+    requests = Requests(np.full(n, np.nan), prompt, 3 + np.arange(n) % 7, prompt + 10,
+                        ClientLoop(4, think_s)).for_run()
+    cost = LinearCost(LinearCostConfig(kind="linear", base_s=1.0))
+    config = (IterationLevelConfig(kind="iteration_level", max_batch_size=4) if kind == "iteration_level"
+              else PagedConfig(kind="paged", max_num_seqs=4, block_size_tokens=4))
+    frames = {}
+    for mode, fused in (("reference", True), ("fast", True), ("fast", False)):
+        scheduler = build_scheduler(config, requests, 32 if kind == "paged" else 36)
+        run = Engine(requests, scheduler, cost, mode, fused=fused,  # type: ignore[arg-type]
+                     arrivals=ClosedLoopSource(requests)).run()
+        frames[mode, fused] = requests_frame(requests, run.recorder, run.rejected_ids)
+    reference = frames["reference", True]
+    assert reference["rejected"].sum() == n // 3
+    for key, frame in frames.items():
+        for column in ("arrival_s", "first_token_s", "finish_s"):
+            assert frame[column].equals(reference[column]), (key, column)
 
 
 def test_pipelined_orca_runs_a_closed_loop() -> None:

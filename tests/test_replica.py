@@ -15,7 +15,7 @@ import pytest
 
 from orcasim.cluster import Router
 from orcasim.cost.linear import LinearCost, LinearCostConfig
-from orcasim.engine import Engine
+from orcasim.engine import Engine, EngineMode
 from orcasim.fleet import build_fleet
 from orcasim.replica import Load
 from orcasim.requests import Requests
@@ -30,6 +30,10 @@ SCHEDULERS = {
     "prefill_first": {"kind": "paged", "policy": "prefill_first", "max_num_seqs": 8,
                       "block_size_tokens": 16},
     "chunked": {"kind": "chunked", "chunk_size_tokens": 128, "block_size_tokens": 16},
+    # Prefix caching keeps the generic stepper in fast mode (no fused loop): its continued
+    # runs report the KV their first step allocates (`GenericStepper.load`).
+    "paged_cached": {"kind": "paged", "max_num_seqs": 8, "block_size_tokens": 16,
+                     "enable_prefix_caching": True},
 }
 ROUTERS = ("random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
            "power_of_two")
@@ -73,6 +77,7 @@ def test_an_arrival_on_a_boundary_joins_there() -> None:
         run = Engine(requests, scheduler, cost, mode).run()  # type: ignore[arg-type]
         assert run.recorder.first_scheduled_s.tolist() == [0.0, 1.0, 2.0], mode
         assert run.recorder.finish_s.tolist() == [3.0, 4.0, 5.0], mode
+        assert run.end_s == 5.0, mode  # the last iteration's end
 
 
 class _Watching(Router):
@@ -198,3 +203,80 @@ def test_advance_stops_at_the_horizon_with_the_reference_state(kind: str) -> Non
             seen.append(replica.load(float(t)))
         loads[mode] = seen
     assert loads["fast"] == loads["reference"]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_an_arrival_at_the_horizon_of_advance_joins_at_that_boundary(mode: EngineMode) -> None:
+    """A replica driven on its own, 1 s iterations: `advance(2.0)` takes every event before
+    2 s and none at it, so request 1, handed over at 2.0 s, joins the iteration that starts
+    there, as the clock loop's arrivals-first order has it (not the one after)."""
+    from orcasim.fleet import replica_for, replica_specs
+    from orcasim.recorder import Recorder
+    from orcasim.sources import ArrivalSource
+
+    requests = Requests(np.array([0.0, 2.0]), np.array([10, 7]), np.array([5, 2]), np.array([15, 9]))
+    scenario = make_scenario(**{
+        "workload.num_requests": 2, "kv_capacity_tokens": 100, "engine.mode": mode,
+        "cost": {"kind": "linear", "base_s": 1.0},
+        "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 2},
+                     "cluster": {"replicas": 1}}]})
+    spec = replica_specs(scenario, scenario.systems[0])[0]
+    from orcasim.cost import build_cost_model
+
+    source, recorder = ArrivalSource(requests.arrival_s), Recorder(2)
+    replica = replica_for(spec, requests, build_cost_model(spec.cost), source, recorder, mode)
+    for time_s in (0.0, 2.0):
+        replica.advance(time_s)
+        for req_id in source.take_until(time_s):  # taken from the source as it is handed over
+            replica.add_request(req_id, time_s)
+    replica.advance(100.0)
+    assert recorder.first_scheduled_s.tolist() == [0.0, 2.0]
+    assert recorder.finish_s.tolist() == [5.0, 4.0]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_routed_arrival_at_a_jumps_last_inner_boundary_cuts_it_there(mode: str) -> None:
+    """Two replicas, round robin, 1 s iterations. Request 0 (output 5) decodes alone on
+    replica 0, request 1 (output 1) is done on replica 1 at 1 s, and request 2 comes to
+    replica 0 at 4 s. The router's look at 4 s applies replica 0's jump up to 3 s, and the
+    new jump ends at 4 s and 5 s: the delivery falls exactly on its last inner boundary,
+    where it must cut, so request 2 joins at 4 s (done at 6 s), as in reference mode."""
+    requests = Requests(np.array([0.0, 0.0, 4.0]), np.array([10, 7, 7]), np.array([5, 1, 2]),
+                        np.array([15, 8, 9]))
+    scenario = make_scenario(**{
+        "workload.num_requests": 3, "kv_capacity_tokens": 100, "engine.mode": mode,
+        "cost": {"kind": "linear", "base_s": 1.0},
+        "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 2},
+                     "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}]})
+    fleet = build_fleet(scenario, scenario.systems[0], requests)
+    run = fleet.run()
+    assert fleet.assigned.tolist() == [0, 1, 0]
+    assert fleet.recorder.first_scheduled_s.tolist() == [0.0, 0.0, 4.0]
+    assert fleet.recorder.finish_s.tolist() == [5.0, 1.0, 6.0] and run.end_s == 6.0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_router_inside_a_continued_runs_first_step_sees_its_new_block(caching: bool) -> None:
+    """Blocks of 4 tokens, 1 s iterations. A (prompt 3, output 10) and B (prompt 3, output 2)
+    start together; B finishes at 2 s and A decodes on alone without a `schedule` call (a
+    continued run), its first step writing token 5, which takes a second block. C arrives at
+    2.5 s: the router sees that block in use (8 tokens), as in reference mode, whether the
+    generic stepper (prefix caching) or the fused loop runs the replica."""
+    requests = Requests(np.array([0.0, 0.0, 2.5]), np.array([3, 3, 3]), np.array([10, 2, 1]),
+                        np.array([13, 5, 4]))
+    seen = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "workload.num_requests": 3, "kv_capacity_tokens": 100, "engine.mode": mode,
+            "cost": {"kind": "linear", "base_s": 1.0},
+            "systems": [{"name": "s", "cluster": {"replicas": 1}, "scheduler": {
+                "kind": "paged", "max_num_seqs": 4, "block_size_tokens": 4,
+                "enable_prefix_caching": caching}}]})
+        fleet = build_fleet(scenario, scenario.systems[0], requests)
+        watching = _Watching(fleet.router.router)
+        fleet.router.router = watching
+        fleet.run()
+        seen[mode] = watching.seen[2][1][0]
+        assert fleet.recorder.finish_s.tolist() == [10.0, 2.0, 4.0], mode
+    assert seen["fast"] == seen["reference"]
+    assert (seen["fast"].running, seen["fast"].outstanding_tokens, seen["fast"].kv_used_tokens) == (1, 8, 8)
