@@ -280,3 +280,27 @@ def test_a_router_inside_a_continued_runs_first_step_sees_its_new_block(caching:
         assert fleet.recorder.finish_s.tolist() == [10.0, 2.0, 4.0], mode
     assert seen["fast"] == seen["reference"]
     assert (seen["fast"].running, seen["fast"].outstanding_tokens, seen["fast"].kv_used_tokens) == (1, 8, 8)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_router_inside_a_jumps_first_iteration_sees_only_that_iterations_blocks(caching: bool) -> None:
+    """Blocks of 4 tokens, 1 s iterations. A (prompt 4, output 3) prefills from 0 s; its
+    decode steps (from 1 s) need a second block. C arrives at 0.5 s: the router sees the
+    prompt's one block, not the block the run's first step will take, as in reference mode."""
+    requests = Requests(np.array([0.0, 0.5]), np.array([4, 3]), np.array([3, 1]), np.array([7, 4]))
+    seen = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "workload.num_requests": 2, "kv_capacity_tokens": 100, "engine.mode": mode,
+            "cost": {"kind": "linear", "base_s": 1.0},
+            "systems": [{"name": "s", "cluster": {"replicas": 1}, "scheduler": {
+                "kind": "paged", "max_num_seqs": 1, "block_size_tokens": 4,
+                "enable_prefix_caching": caching}}]})
+        fleet = build_fleet(scenario, scenario.systems[0], requests)
+        watching = _Watching(fleet.router.router)
+        fleet.router.router = watching
+        fleet.run()
+        seen[mode] = watching.seen[1][1][0]
+        assert fleet.recorder.finish_s.tolist() == [3.0, 4.0], mode
+    assert seen["fast"] == seen["reference"]
+    assert (seen["fast"].running, seen["fast"].outstanding_tokens, seen["fast"].kv_used_tokens) == (1, 7, 4)
