@@ -255,52 +255,45 @@ def test_a_routed_arrival_at_a_jumps_last_inner_boundary_cuts_it_there(mode: str
     assert fleet.recorder.finish_s.tolist() == [5.0, 1.0, 6.0] and run.end_s == 6.0
 
 
+def _seen_by_the_router(requests: Requests, caching: bool, mode: str, max_num_seqs: int,
+                        decision: int) -> tuple[Load, list[float]]:
+    """One paged replica (blocks of 4 tokens) behind a router, 1 s iterations: the load the
+    router saw at its `decision`-th pick, and every request's finish time."""
+    scenario = make_scenario(**{
+        "workload.num_requests": len(requests), "kv_capacity_tokens": 100, "engine.mode": mode,
+        "cost": {"kind": "linear", "base_s": 1.0},
+        "systems": [{"name": "s", "cluster": {"replicas": 1}, "scheduler": {
+            "kind": "paged", "max_num_seqs": max_num_seqs, "block_size_tokens": 4,
+            "enable_prefix_caching": caching}}]})
+    fleet = build_fleet(scenario, scenario.systems[0], requests)
+    watching = _Watching(fleet.router.router)
+    fleet.router.router = watching
+    fleet.run()
+    return watching.seen[decision][1][0], fleet.recorder.finish_s.tolist()
+
+
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_router_inside_a_continued_runs_first_step_sees_its_new_block(caching: bool) -> None:
-    """Blocks of 4 tokens, 1 s iterations. A (prompt 3, output 10) and B (prompt 3, output 2)
-    start together; B finishes at 2 s and A decodes on alone without a `schedule` call (a
-    continued run), its first step writing token 5, which takes a second block. C arrives at
-    2.5 s: the router sees that block in use (8 tokens), as in reference mode, whether the
-    generic stepper (prefix caching) or the fused loop runs the replica."""
+    """A (prompt 3, output 10) and B (prompt 3, output 2) start together; B finishes at 2 s
+    and A decodes on alone without a `schedule` call (a continued run), its first step
+    writing token 5, which takes a second block. C arrives at 2.5 s: the router sees that
+    block in use (8 tokens), as in reference mode, whether the generic stepper (prefix
+    caching) or the fused loop runs the replica."""
     requests = Requests(np.array([0.0, 0.0, 2.5]), np.array([3, 3, 3]), np.array([10, 2, 1]),
                         np.array([13, 5, 4]))
-    seen = {}
-    for mode in ("fast", "reference"):
-        scenario = make_scenario(**{
-            "workload.num_requests": 3, "kv_capacity_tokens": 100, "engine.mode": mode,
-            "cost": {"kind": "linear", "base_s": 1.0},
-            "systems": [{"name": "s", "cluster": {"replicas": 1}, "scheduler": {
-                "kind": "paged", "max_num_seqs": 4, "block_size_tokens": 4,
-                "enable_prefix_caching": caching}}]})
-        fleet = build_fleet(scenario, scenario.systems[0], requests)
-        watching = _Watching(fleet.router.router)
-        fleet.router.router = watching
-        fleet.run()
-        seen[mode] = watching.seen[2][1][0]
-        assert fleet.recorder.finish_s.tolist() == [10.0, 2.0, 4.0], mode
-    assert seen["fast"] == seen["reference"]
-    assert (seen["fast"].running, seen["fast"].outstanding_tokens, seen["fast"].kv_used_tokens) == (1, 8, 8)
+    fast, finish = _seen_by_the_router(requests, caching, "fast", 4, 2)
+    reference, reference_finish = _seen_by_the_router(requests, caching, "reference", 4, 2)
+    assert fast == reference and finish == reference_finish == [10.0, 2.0, 4.0]
+    assert (fast.running, fast.outstanding_tokens, fast.kv_used_tokens) == (1, 8, 8)
 
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_a_router_inside_a_jumps_first_iteration_sees_only_that_iterations_blocks(caching: bool) -> None:
-    """Blocks of 4 tokens, 1 s iterations. A (prompt 4, output 3) prefills from 0 s; its
-    decode steps (from 1 s) need a second block. C arrives at 0.5 s: the router sees the
-    prompt's one block, not the block the run's first step will take, as in reference mode."""
+    """A (prompt 4, output 3) prefills from 0 s; its decode steps (from 1 s) need a second
+    block. C arrives at 0.5 s: the router sees the prompt's one block, not the block the
+    run's first step will take, as in reference mode."""
     requests = Requests(np.array([0.0, 0.5]), np.array([4, 3]), np.array([3, 1]), np.array([7, 4]))
-    seen = {}
-    for mode in ("fast", "reference"):
-        scenario = make_scenario(**{
-            "workload.num_requests": 2, "kv_capacity_tokens": 100, "engine.mode": mode,
-            "cost": {"kind": "linear", "base_s": 1.0},
-            "systems": [{"name": "s", "cluster": {"replicas": 1}, "scheduler": {
-                "kind": "paged", "max_num_seqs": 1, "block_size_tokens": 4,
-                "enable_prefix_caching": caching}}]})
-        fleet = build_fleet(scenario, scenario.systems[0], requests)
-        watching = _Watching(fleet.router.router)
-        fleet.router.router = watching
-        fleet.run()
-        seen[mode] = watching.seen[1][1][0]
-        assert fleet.recorder.finish_s.tolist() == [3.0, 4.0], mode
-    assert seen["fast"] == seen["reference"]
-    assert (seen["fast"].running, seen["fast"].outstanding_tokens, seen["fast"].kv_used_tokens) == (1, 7, 4)
+    fast, finish = _seen_by_the_router(requests, caching, "fast", 1, 1)
+    reference, reference_finish = _seen_by_the_router(requests, caching, "reference", 1, 1)
+    assert fast == reference and finish == reference_finish == [3.0, 4.0]
+    assert (fast.running, fast.outstanding_tokens, fast.kv_used_tokens) == (1, 7, 4)
