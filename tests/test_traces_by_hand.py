@@ -135,18 +135,14 @@ def test_azure_timestamps_with_and_without_a_fraction_mix_in_one_file(tmp_path: 
     assert prompt.tolist() == [10, 20] and output.tolist() == [2, 3]
 
 
-def test_a_bad_azure_timestamp_names_its_line(tmp_path: Path) -> None:
-    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\nyesterday,20,3\n")
-    with pytest.raises(ScenarioError, match=r"^a\.csv line 3: TIMESTAMP = 'yesterday', "
-                                            r"expected a timestamp$"):
-        read_trace(path)
-
-
-def test_a_bad_azure_token_count_is_named_by_its_orcasim_column_and_line(tmp_path: Path) -> None:
-    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n"
-                                     "2024-05-10 00:00:01,x,3\n")
-    with pytest.raises(ScenarioError, match=rf"^a\.csv line 3: prompt_tokens = 'x', "
-                                            rf"expected {LENGTH_EXPECTED}$"):
+@pytest.mark.parametrize("second_row,message", [
+    ("yesterday,20,3", r"TIMESTAMP = 'yesterday', expected a timestamp"),
+    # A token count is named by the orcasim column it becomes.
+    ("2024-05-10 00:00:01,x,3", rf"prompt_tokens = 'x', expected {LENGTH_EXPECTED}"),
+])
+def test_a_bad_azure_row_names_its_line_and_column(tmp_path: Path, second_row: str, message: str) -> None:
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n{second_row}\n")
+    with pytest.raises(ScenarioError, match=rf"^a\.csv line 3: {message}$"):
         read_trace(path)
 
 
@@ -159,17 +155,14 @@ def test_mooncake_timestamps_are_milliseconds(tmp_path: Path) -> None:
     assert arrival_s.tolist() == [0.0, 1.25] and prompt.tolist() == [6, 5]
 
 
-def test_a_bad_mooncake_timestamp_names_its_line(tmp_path: Path) -> None:
-    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record("soon", 5, [1])])
-    with pytest.raises(ScenarioError, match=r"^m\.jsonl line 2: timestamp = 'soon', "
-                                            r"expected a number >= 0$"):
-        read_trace(path)
-
-
-def test_a_bad_mooncake_length_names_its_line(tmp_path: Path) -> None:
-    path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1, "five", [1])])
-    with pytest.raises(ScenarioError, match=rf"^m\.jsonl line 2: prompt_tokens = 'five', "
-                                            rf"expected {LENGTH_EXPECTED}$"):
+@pytest.mark.parametrize("record,message", [
+    (_record("soon", 5, [1]), r"timestamp = 'soon', expected a number >= 0"),
+    (_record(1, "five", [1]), rf"prompt_tokens = 'five', expected {LENGTH_EXPECTED}"),
+])
+def test_a_bad_mooncake_record_names_its_line(tmp_path: Path, record: dict[str, object],
+                                              message: str) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0]), record])
+    with pytest.raises(ScenarioError, match=rf"^m\.jsonl line 2: {message}$"):
         read_trace(path)
 
 
