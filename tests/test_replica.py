@@ -174,25 +174,31 @@ def test_a_router_at_an_iteration_end_sees_that_iteration_in_flight(kind: str) -
         assert (seen.running, seen.waiting, seen.outstanding_tokens) == (1, 0, 4), (mode, seen)
         assert fleet.recorder.finish_s.tolist() == [5.0, 7.0], mode
 
+def _lone_replica(scenario, requests: Requests, mode: EngineMode):  # noqa: ANN001, ANN202 - a test helper
+    """The scenario's one replica, driven on its own over `requests`: the replica, its
+    arrival source (the caller hands requests over from it) and its recorder."""
+    from orcasim.cost import build_cost_model
+    from orcasim.fleet import replica_for, replica_specs
+    from orcasim.recorder import Recorder
+    from orcasim.sources import ArrivalSource
+
+    spec = replica_specs(scenario, scenario.systems[0])[0]
+    source, recorder = ArrivalSource(requests.arrival_s), Recorder(len(requests))
+    replica = replica_for(spec, requests, build_cost_model(spec.cost), source, recorder, mode)
+    return replica, source, recorder
+
+
 @pytest.mark.parametrize("kind", list(SCHEDULERS))
 def test_advance_stops_at_the_horizon_with_the_reference_state(kind: str) -> None:
     """A replica driven on its own: after `advance(t)` nothing it shows is past t, and its
     load at t is the reference loop's, at every t of a grid."""
-    from orcasim.fleet import replica_for, replica_specs
-    from orcasim.sources import ArrivalSource
-
     loads = {}
-    for mode in ("fast", "reference"):
+    modes: tuple[EngineMode, ...] = ("fast", "reference")
+    for mode in modes:
         scenario = _scenario(SCHEDULERS[kind], mode, {"replicas": 1},
                              **{"workload.arrival": {"kind": "poisson", "rate_per_s": 1e9}})
         requests = make_requests_for(scenario)
-        spec = replica_specs(scenario, scenario.systems[0])[0]
-        from orcasim.cost import build_cost_model
-        from orcasim.recorder import Recorder
-
-        source = ArrivalSource(requests.arrival_s)
-        replica = replica_for(spec, requests, build_cost_model(spec.cost), source,
-                              Recorder(len(requests)), mode)
+        replica, source, _ = _lone_replica(scenario, requests, mode)
         for req_id in source.take_until(float(requests.arrival_s.max())):
             replica.add_request(req_id, float(requests.arrival_s[req_id]))
         seen = []
@@ -210,21 +216,13 @@ def test_an_arrival_at_the_horizon_of_advance_joins_at_that_boundary(mode: Engin
     """A replica driven on its own, 1 s iterations: `advance(2.0)` takes every event before
     2 s and none at it, so request 1, handed over at 2.0 s, joins the iteration that starts
     there, as the clock loop's arrivals-first order has it (not the one after)."""
-    from orcasim.fleet import replica_for, replica_specs
-    from orcasim.recorder import Recorder
-    from orcasim.sources import ArrivalSource
-
     requests = Requests(np.array([0.0, 2.0]), np.array([10, 7]), np.array([5, 2]), np.array([15, 9]))
     scenario = make_scenario(**{
         "workload.num_requests": 2, "kv_capacity_tokens": 100, "engine.mode": mode,
         "cost": {"kind": "linear", "base_s": 1.0},
         "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 2},
                      "cluster": {"replicas": 1}}]})
-    spec = replica_specs(scenario, scenario.systems[0])[0]
-    from orcasim.cost import build_cost_model
-
-    source, recorder = ArrivalSource(requests.arrival_s), Recorder(2)
-    replica = replica_for(spec, requests, build_cost_model(spec.cost), source, recorder, mode)
+    replica, source, recorder = _lone_replica(scenario, requests, mode)
     for time_s in (0.0, 2.0):
         replica.advance(time_s)
         for req_id in source.take_until(time_s):  # taken from the source as it is handed over
