@@ -349,6 +349,17 @@ def test_a_rejected_arrival_inside_a_jump_never_waits() -> None:
     assert iters["num_waiting"].tolist() == [7, 0]  # request 1 waits in iterations 4-10
 
 
+def test_a_jump_whose_only_arrival_is_rejected_counts_nobody_waiting() -> None:
+    # A static batch admits nobody until it ends, so request 1, arriving mid-batch, does
+    # not cut it; it can never fit and is turned away: nobody waits in any iteration.
+    case = _case([0.0, 3.5], [5, 5], [10, 2],
+                 RequestLevelConfig(kind="request_level", max_batch_size=4))
+    case["requests"].max_tokens[1] = 2 * case["kv_capacity_tokens"]
+    iters = assert_same_run(case)
+    assert iters["num_iterations"].tolist() == [10]
+    assert iters["num_waiting"].tolist() == [0]
+
+
 PAGED = PagedConfig(kind="paged", block_size_tokens=4)
 
 
