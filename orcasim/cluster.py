@@ -302,13 +302,15 @@ class SessionRouter(Router):
         self.home: dict[int, int] = {}
 
     def pick(self, req_id: int, time_s: float) -> int:
-        if self.session_ids is None:
-            return self.fallback.pick(req_id, time_s)
-        session = int(self.session_ids[req_id])
-        home = self.home.get(session)
-        if home is None:
-            home = self.home[session] = self.fallback.pick(req_id, time_s)
-            self.fallback.last = home
+        session = None if self.session_ids is None else int(self.session_ids[req_id])
+        if session in self.home:
+            return self.home[session]
+        home = self.fallback.pick(req_id, time_s)
+        # The fallback's turn moves with its own choices only (round robin's next, the
+        # replica ties go after), as if it had routed the placed requests alone.
+        self.fallback.last = home
+        if session is not None:
+            self.home[session] = home
         return home
 
 

@@ -158,6 +158,23 @@ def test_session_affinity_keeps_a_session_on_one_replica() -> None:
     assert len(set(homes.values())) == 4  # sessions spread over the fleet
 
 
+@pytest.mark.parametrize("fallback", ["round_robin", "least_outstanding", "least_kv"])
+def test_a_session_router_without_sessions_routes_as_its_fallback(fallback: str) -> None:
+    # Every request is its own session: the same replicas as the fallback alone (round
+    # robin once sent all of them to replica 0, its turn never moving).
+    def assigned(router: dict) -> list[int]:
+        scenario = make_scenario(**{
+            "workload.num_requests": 120,
+            "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                         "cluster": {"replicas": 3, "router": router}}],
+        })
+        return run_scenario(scenario).systems["c"].requests["replica"].tolist()
+
+    session = assigned({"kind": "session", "fallback": fallback})
+    assert session == assigned({"kind": fallback})
+    assert sorted(set(session)) == [0, 1, 2]
+
+
 @pytest.mark.parametrize(("change", "needle"), [
     ({"router": {"kind": "nearest"}}, "router"),
     ({"replicas": 0}, "replicas"),
