@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.cost.overhead import OverheadConfig, OverheadCost
 from orcasim.engine import Engine
 from orcasim.memory import PagedAllocator
 from orcasim.metrics import littles_law, requests_frame
@@ -138,24 +139,34 @@ class _NoLine(LinearCost):
         return None
 
 
+def _one_second_with_overhead(cfg: LinearCostConfig) -> OverheadCost:
+    """Iterations of 1 s, half of it the engine's own (a line with a host term on top)."""
+    host = OverheadConfig(per_iteration_s=0.25, per_sequence_s=0.25,
+                          tensor_parallel_per_iteration_s=0.0)
+    return OverheadCost(LinearCost(cfg.model_copy(update={"base_s": 0.5})), host, None, 1)
+
+
 @pytest.mark.parametrize("kind", ["iteration_level", "paged"])
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("cost", [LinearCost, _NoLine])
+@pytest.mark.parametrize("cost", [LinearCost, _NoLine, _one_second_with_overhead])
+@pytest.mark.parametrize("break_s", [1.0, 2.0])
 def test_no_row_straddles_a_warm_up_break_on_an_iteration_boundary(
-    kind: str, fused: bool, cost: type[LinearCost]
+    kind: str, fused: bool, cost: type[LinearCost], break_s: float
 ) -> None:
     """Iterations of 1 s, one request decoding until 6 s, the warm-up ending exactly at
-    2 s: fast mode's jump is cut there, so a row starts at 2 s (the rows before it are the
-    warm-up's), in the fused loop (priced as a line or step by step) and the generic
+    the prompt's end (1 s) or a decode step's (2 s): fast mode's jump is cut there, so a
+    row starts at the break (the rows before it are the warm-up's), in the fused loop
+    (priced as a line, a line with an engine's overhead, or step by step) and the generic
     stepper alike."""
     requests = Requests(np.array([0.0]), np.array([2]), np.array([6]), np.array([8]))
     cfg = (IterationLevelConfig(kind="iteration_level", max_batch_size=1) if kind == "iteration_level"
            else PagedConfig(kind="paged", max_num_seqs=1, block_size_tokens=2))
     scheduler = build_scheduler(cfg, requests, 64)
-    rows = Engine(requests, scheduler, cost(ONE_SECOND), "fast", row_breaks_s=(2.0,),
+    rows = Engine(requests, scheduler, cost(ONE_SECOND), "fast", row_breaks_s=(break_s,),
                   fused=fused).run().recorder.iterations_frame()
-    assert rows["start_s"].tolist() == [0.0, 2.0]
-    assert rows["num_iterations"].tolist() == [2, 4]
+    assert rows["start_s"].tolist() == [0.0, break_s]
+    assert rows["num_iterations"].tolist() == [break_s, 6 - break_s]
+    assert rows["duration_s"].sum() == 6.0
 
 
 def test_freed_blocks_are_reused_last_in_first_out() -> None:
