@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orcasim.cluster import LinkConfig
 from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
@@ -175,3 +176,103 @@ def test_bad_disaggregation_keys_are_one_line_errors(cluster: dict, needle: str)
     with pytest.raises(ScenarioError) as err:
         scenario_from_dict(data)
     assert "\n" not in str(err.value) and needle in str(err.value), str(err.value)
+
+
+def test_a_link_s_transfer_time_by_hand() -> None:
+    # bytes / bandwidth + latency, from the preset or the keys that override it.
+    assert LinkConfig().transfer_s(3e9) == 5e-6 + 3e9 / 300e9  # NVLink 3, one way
+    assert LinkConfig(kind="infiniband").transfer_s(5e9) == 5e-6 + 0.2
+    assert LinkConfig(kind="ethernet").transfer_s(25e9) == 50e-6 + 2.0
+    assert LinkConfig(kind="ethernet", bandwidth_bytes_per_s=1e9).transfer_s(3e9) == 50e-6 + 3.0
+    assert LinkConfig(kind="ethernet", latency_s=0.0).transfer_s(25e9) == 2.0  # 0 overrides
+    assert LinkConfig(latency_s=0.25).transfer_s(0.0) == 0.25
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_the_kv_of_the_prompt_moves_at_the_link_s_speed(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """OPT-13B keeps 40 layers x (K and V) x 5,120 x 2 bytes = 819,200 bytes a token. A
+    prompt of 1,000 tokens over a 1 GB/s link with 0.5 s of latency moves in
+    0.5 + 0.8192 s; its decodes start then."""
+    trace = _trace(tmp_path, [(0.0, 1000, 3)])
+    changes = _disagg(trace, mode=mode, link={"bandwidth_bytes_per_s": 1e9, "latency_s": 0.5})
+    changes.update({"model": "opt-13b", "workload.max_tokens": 2048,
+                    "kv_capacity_tokens": 4096})
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    transfer_s = 0.5 + 1000 * 819_200 / 1e9
+    assert reqs["kv_transfer_s"].tolist() == [transfer_s]
+    assert reqs["first_token_s"].tolist() == [1.0]
+    assert reqs["finish_s"].tolist() == [1.0 + transfer_s + 2.0]
+
+
+ORCA = {"kind": "iteration_level", "max_batch_size": 4}
+
+
+@pytest.mark.parametrize("capacity_tokens", [9, 16])
+def test_an_orca_prefill_instance_reserves_the_prompt_and_one_token(
+    tmp_path, capacity_tokens: int,  # noqa: ANN001 - a pytest path
+) -> None:
+    """Prompts of 8: an Orca prefill instance reserves 9 tokens a request (the prompt and
+    its one token there). A pool of 9 holds one at a time, exactly; so does a pool of 16
+    (two would need 18): the second prompt runs [1, 2]."""
+    trace = _trace(tmp_path, [(0.0, 8, 2), (0.0, 8, 2)])
+    changes = _disagg(trace, prefill={"scheduler": ORCA, "kv_capacity_tokens": capacity_tokens})
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 2.0]
+    assert not reqs["rejected"].any()
+
+
+ALL_ROUTERS = ["random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
+               "power_of_two", "session", "prefix_affinity"]
+
+
+@pytest.mark.parametrize("router", ALL_ROUTERS)
+def test_every_router_routes_both_pools(router: str) -> None:
+    """Each router, in both pools at once (two instances each): fast equals reference,
+    every request is prefilled and decoded once, and the load routers read each pool's
+    loads at the moment they route."""
+    frames = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "seed": 3, "workload.num_requests": 60, "engine.mode": mode,
+            "workload.arrival": {"kind": "poisson", "rate_per_s": 12.0},
+            "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                         "cluster": {"prefill": {"count": 2, "router": {"kind": router}},
+                                     "decode": {"count": 2, "router": {"kind": router}},
+                                     "link": {"latency_s": 0.01}}}],
+        })
+        frames[mode] = run_scenario(scenario).systems["pd"].requests
+    fast, reference = frames["fast"], frames["reference"]
+    for column in ("first_token_s", "finish_s", "prefill_replica", "decode_replica"):
+        assert np.array_equal(fast[column], reference[column], equal_nan=True), column
+    assert fast["finish_s"].notna().all()
+    assert sorted(set(fast["prefill_replica"])) == [0, 1]
+    assert sorted(set(fast.loc[fast["output_tokens"] > 1, "decode_replica"])) == [0, 1]
+
+
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+def test_a_closed_loop_s_clients_send_again_when_a_request_ends_at_its_prefill() -> None:
+    """Closed-loop clients behind a disaggregated cluster: a one-token request ends at its
+    prefill (its only token is the prefill's) and one too long for the prefill pool is
+    turned away there; either way its client thinks and sends again, so every request of
+    the workload is sent, in fast and reference mode alike."""
+    frames = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "seed": 5, "workload.num_requests": 80, "engine.mode": mode,
+            "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
+                                 "think_time": {"kind": "exponential", "mean_s": 0.5}},
+            "workload.prompt_tokens": {"kind": "uniform", "low": 16, "high": 160},
+            "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 3},
+            "workload.max_tokens": 200,
+            "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                         "cluster": {"prefill": {"count": 1, "kv_capacity_tokens": 128},
+                                     "decode": {"count": 1}, "link": {"latency_s": 0.01}}}],
+        })
+        frames[mode] = run_scenario(scenario).systems["pd"].requests
+    fast, reference = frames["fast"], frames["reference"]
+    for column in ("arrival_s", "first_token_s", "finish_s"):
+        assert np.array_equal(fast[column], reference[column], equal_nan=True), column
+    assert len(fast) == 80 and fast["arrival_s"].notna().all()
+    one_token = fast["output_tokens"] == 1
+    assert one_token.any() and fast["rejected"].any()
+    assert fast.loc[one_token & ~fast["rejected"], "decode_replica"].eq(-1).all()
