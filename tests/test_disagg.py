@@ -276,3 +276,56 @@ def test_a_closed_loop_s_clients_send_again_when_a_request_ends_at_its_prefill()
     one_token = fast["output_tokens"] == 1
     assert one_token.any() and fast["rejected"].any()
     assert fast.loc[one_token & ~fast["rejected"], "decode_replica"].eq(-1).all()
+
+
+def test_each_pool_prices_its_iterations_with_its_own_cost(tmp_path) -> None:  # noqa: ANN001
+    """Prefill iterations of 2 s (the prefill pool's cost), decodes of 1 s (the scenario's):
+    prefill [0, 2], KV moved by 2.5, decodes [2.5, 3.5] and [3.5, 4.5]."""
+    trace = _trace(tmp_path, [(0.0, 4, 3)])
+    changes = _disagg(trace, prefill={"cost": {"kind": "linear", "base_s": 2.0}})
+    result = run_scenario(_scenario(changes)).systems["pd"]
+    assert result.requests["first_token_s"].tolist() == [2.0]
+    assert result.requests["finish_s"].tolist() == [4.5]
+    assert result.requests["first_scheduled_s"].tolist() == [0.0]
+    rows = result.iterations
+    assert rows.index.tolist() == list(range(len(rows)))  # one frame over both pools
+    assert rows.groupby("pool")["duration_s"].sum().to_dict() == {"prefill": 2.0, "decode": 2.0}
+
+
+def test_each_pool_is_priced_at_its_own_tensor_parallelism() -> None:
+    """A lone request: the TP-2 prefill instance takes what a colocated TP-2 replica takes
+    to its first token, and the TP-1 decode instance's steps take what a TP-1 replica's do
+    (the roofline, priced per pool's deployment)."""
+    def hardware(tp: int) -> dict:
+        return {"gpu": "a100-80gb", "tensor_parallel": tp}
+
+    scheduler = {"kind": "paged", "max_num_seqs": 8}
+    scenario = make_scenario(**{
+        "workload.num_requests": 1, "workload.prompt_tokens": {"kind": "constant", "value": 512},
+        "workload.output_tokens": {"kind": "constant", "value": 8}, "workload.max_tokens": 1024,
+        "model": "opt-13b", "hardware": hardware(1), "cost": {"kind": "roofline"},
+        "systems": [
+            {"name": "pd", "scheduler": scheduler,
+             "cluster": {"prefill": {"count": 1, "hardware": hardware(2)}, "decode": {"count": 1}}},
+            {"name": "tp2", "scheduler": scheduler,
+             "cluster": {"replicas": [{"count": 1, "hardware": hardware(2)}]}},
+            {"name": "tp1", "scheduler": scheduler},
+        ],
+    })
+    result = run_scenario(scenario).systems
+    pd_, tp2, tp1 = (result[n].requests.iloc[0] for n in ("pd", "tp2", "tp1"))
+    assert pd_["first_token_s"] == tp2["first_token_s"] < tp1["first_token_s"]
+    decode_s = pd_["finish_s"] - pd_["first_token_s"] - pd_["kv_transfer_s"]
+    assert decode_s == pytest.approx(tp1["finish_s"] - tp1["first_token_s"], rel=1e-12)
+    assert pd_["kv_transfer_s"] == pytest.approx(5e-6 + 512 * 819_200 / 300e9, rel=1e-12)
+
+
+def test_a_disaggregated_run_ends_at_its_last_event(tmp_path) -> None:  # noqa: ANN001
+    # The by-hand case above: the last decode ends at 3.5 s, after the one-token request.
+    from orcasim.disagg import build_disaggregated
+    from orcasim.run import make_requests
+
+    scenario = _scenario(_disagg(_trace(tmp_path, [(0.0, 4, 3), (0.0, 4, 1)])))
+    run = build_disaggregated(scenario, scenario.systems[0], make_requests(scenario)).run()
+    assert run.end_s == 3.5
+    assert run.recorder.finish_s.tolist() == [3.5, 1.0] and len(run.rejected_ids) == 0
