@@ -131,13 +131,15 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
     source = arrival_source(requests)
     recorder = Recorder(len(requests))
     replicas = []
-    built: dict[tuple[int, int], CostModel] = {}
+    built: dict[int, CostModel] = {}
     for index, spec in enumerate(replica_specs(scenario, system)):
-        key = (id(spec.cost), id(spec.hardware))
-        if key not in built:  # identical replicas share one (stateless) cost model
-            built[key] = build_cost_model(spec.cost, spec.deployment())
-        replicas.append(replica_for(spec, requests, built[key], source, shared_recorder(requests, recorder),
-                                    scenario.engine.mode, (scenario.warmup_s,), index))
+        # A group's replicas share one spec and one (stateless) cost model. Not keyed by
+        # cost and hardware alone: two groups may differ only in their model.
+        if id(spec) not in built:
+            built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
+        replicas.append(replica_for(spec, requests, built[id(spec)], source,
+                                    shared_recorder(requests, recorder), scenario.engine.mode,
+                                    (scenario.warmup_s,), index))
     for replica in replicas:
         replica.sole = len(replicas) == 1
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]

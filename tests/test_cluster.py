@@ -140,6 +140,29 @@ def test_a_heterogeneous_fleet_sends_more_to_the_faster_replicas() -> None:
     assert routed[0] > routed[2] and routed[1] > routed[2], routed
 
 
+@pytest.mark.parametrize("models", [("llama2-7b", "llama2-13b"), ("llama2-13b", "llama2-7b")])
+def test_each_group_of_a_fleet_is_priced_by_its_own_model(models: tuple[str, str]) -> None:
+    """Two groups that differ only in their model (the same hardware and cost config): a
+    lone request on each takes what a one-replica system of that model takes. (They once
+    shared the first group's cost model.)"""
+    common = {"workload.num_requests": 2, "workload.prompt_tokens": {"kind": "constant", "value": 512},
+              "workload.output_tokens": {"kind": "constant", "value": 8},
+              "workload.max_tokens": 1024, "workload.arrival": {"kind": "poisson", "rate_per_s": 0.01},
+              "model": models[0], "hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"}}
+    scheduler = {"kind": "paged", "max_num_seqs": 8}
+
+    def latency_s(model: str, cluster: dict | None) -> list[float]:
+        system = {"name": "c", "scheduler": scheduler} | ({"cluster": cluster} if cluster else {})
+        scenario = make_scenario(**{**common, "model": model}, systems=[system])
+        reqs = run_scenario(scenario).systems["c"].requests
+        return (reqs["finish_s"] - reqs["arrival_s"]).tolist()
+
+    fleet = latency_s(models[0], {"router": {"kind": "round_robin"},
+                                  "replicas": [{"count": 1}, {"count": 1, "model": models[1]}]})
+    alone = [latency_s(m, None)[0] for m in models]
+    assert fleet == pytest.approx(alone, rel=1e-12) and alone[0] != alone[1]
+
+
 def test_session_affinity_keeps_a_session_on_one_replica() -> None:
     n = 400
     rng = np.random.default_rng(0)
