@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from orcasim.config import ScenarioError
 from orcasim.fleet import build_fleet
 from orcasim.requests import Requests
-from orcasim.run import run_scenario
+from orcasim.run import SystemResult, run_scenario
 from orcasim.scenario import scenario_from_dict
 from tests.conftest import BASE, examples, make_scenario
 from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
@@ -238,3 +238,68 @@ def test_a_cluster_run_writes_its_replicas(tmp_path) -> None:  # noqa: ANN001 - 
     assert (out / "replicas_fleet.png").is_file() and (out / "replicas_pd.png").is_file()
     requests = pd.read_parquet(out / "pd" / "requests.parquet")
     assert {"prefill_replica", "decode_replica", "kv_transfer_s", "decode_wait_s"} <= set(requests)
+
+
+def _fleet_run(seed: int = 0, **changes: object) -> SystemResult:
+    scenario = make_scenario(**{
+        "seed": seed, "workload.num_requests": 60,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 4.0},
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"replicas": 3, "router": {"kind": "random"}}}],
+        **changes,
+    })
+    return run_scenario(scenario).systems["c"]
+
+
+def test_random_routing_follows_the_scenario_s_seed() -> None:
+    runs = [_fleet_run(seed=7) for _ in range(2)]
+    same = [run.requests["replica"].tolist() for run in runs]
+    assert same[0] == same[1] and sorted(set(same[0])) == [0, 1, 2]
+    rows = runs[0].iterations  # one frame over the replicas' rows
+    assert rows.index.tolist() == list(range(len(rows))) and rows["replica"].nunique() == 3
+    assert _fleet_run(seed=8).requests["replica"].tolist() != same[0]
+
+
+@pytest.mark.filterwarnings("ignore:.*can never fit")
+def test_a_fleet_turns_away_a_request_no_replica_can_hold(tmp_path) -> None:  # noqa: ANN001
+    # Request 1's prompt alone is larger than every replica's pool.
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,32,4\n0.5,300,4\n1.0,32,4\n")
+    scenario = make_scenario(**{
+        "workload.num_requests": 3, "kv_capacity_tokens": 256, "workload.max_tokens": 512,
+        "workload.arrival": {"kind": "trace", "path": str(trace)},
+        "workload.prompt_tokens": None, "workload.output_tokens": None,
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}],
+    })
+    result = run_scenario(scenario).systems["c"]
+    reqs = result.requests
+    assert reqs["rejected"].tolist() == [False, True, False]
+    assert reqs["finish_s"].notna().tolist() == [True, False, True]
+    assert reqs["replica"].tolist() == [0, 1, 0]
+    assert result.iterations.index.tolist() == list(range(len(result.iterations)))
+
+
+def test_a_cluster_without_a_replica_count_is_one_replica() -> None:
+    result = _fleet_run(**{"systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                                        "cluster": {"router": {"kind": "least_kv"}}}]})
+    assert result.requests["replica"].eq(0).all() and result.summary["replicas"] == 1.0
+
+
+def test_a_cluster_of_pipelined_replicas_times_requests_as_one_pipelined_server() -> None:
+    """Orca pipelined over two stages, as a one-replica cluster and as a plain system: the
+    same per-request times (the cluster builds the pipelined stepper too)."""
+    scheduler = {"kind": "iteration_level", "max_batch_size": 4}
+    scenario = make_scenario(**{
+        "workload.num_requests": 40, "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+        "cost": {"kind": "linear", "base_s": 0.02, "per_token_s": 1e-5},
+        "systems": [{"name": "plain", "scheduler": scheduler},
+                    {"name": "fleet", "scheduler": scheduler, "cluster": {"replicas": 1}},
+                    {"name": "unpipelined", "scheduler": scheduler,
+                     "cluster": {"replicas": [{"count": 1, "hardware": {"gpu": "a100-40gb"}}]}}],
+    })
+    systems = run_scenario(scenario).systems
+    plain, fleet = systems["plain"].requests, systems["fleet"].requests
+    for column in ("first_scheduled_s", "first_token_s", "finish_s"):
+        assert np.array_equal(plain[column], fleet[column]), column
+    assert not np.array_equal(plain["finish_s"], systems["unpipelined"].requests["finish_s"])

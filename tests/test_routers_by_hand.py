@@ -284,5 +284,8 @@ def test_a_session_config_builds_its_fallback() -> None:
                           np.random.default_rng(0), sessions)
     assert type(router) is SessionRouter and type(router.fallback) is LeastKvRouter
     assert router.session_ids is sessions and router.fallback.replicas == fleet
+    rng = np.random.default_rng(0)
+    drawn = build_router(SessionRouterConfig(kind="session", fallback="random"), fleet, rng)
+    assert drawn.fallback.rng is rng  # type: ignore[attr-defined]  # the run's generator
     default = build_router(SessionRouterConfig(kind="session"), fleet, np.random.default_rng(0))
     assert type(default.fallback) is LeastOutstandingRouter  # type: ignore[attr-defined]
