@@ -303,3 +303,47 @@ def test_a_cluster_of_pipelined_replicas_times_requests_as_one_pipelined_server(
     for column in ("first_scheduled_s", "first_token_s", "finish_s"):
         assert np.array_equal(plain[column], fleet[column]), column
     assert not np.array_equal(plain["finish_s"], systems["unpipelined"].requests["finish_s"])
+
+
+def test_each_replica_takes_its_group_s_keys_then_the_system_s_then_the_scenario_s() -> None:
+    """pool_specs by hand: a group's scheduler, cost, model, hardware and KV pool override
+    the system's and the scenario's; a group with its own model or hardware derives its own
+    KV pool from them (unless it names one); a plain group keeps the scenario's."""
+    from orcasim.cost.catalog import Deployment
+    from orcasim.fleet import replica_specs
+
+    base_hw = {"gpu": "a100-80gb"}
+    system_scheduler = {"kind": "paged", "max_num_seqs": 8}
+    scenario = make_scenario(**{
+        "model": "llama2-7b", "hardware": base_hw, "kv_capacity_tokens": 5000,
+        "cost": {"kind": "roofline"},
+        "systems": [{"name": "c", "scheduler": system_scheduler,
+                     "cost": {"kind": "linear", "base_s": 0.5},
+                     "cluster": {"replicas": [
+                         {"count": 2},
+                         {"count": 1, "model": "llama2-13b"},
+                         {"count": 1, "hardware": {"gpu": "a100-80gb", "tensor_parallel": 2}},
+                         {"count": 1, "model": "llama2-13b", "kv_capacity_tokens": 700,
+                          "scheduler": {"kind": "iteration_level", "max_batch_size": 2},
+                          "cost": {"kind": "linear", "base_s": 2.0}},
+                     ]}}],
+    })
+    specs = replica_specs(scenario, scenario.systems[0])
+    assert len(specs) == 5 and specs[0] is specs[1]  # a group's copies share one spec
+    plain, bigger, wider, own = specs[1:]
+    assert plain.model.name == "llama2-7b" and plain.kv_capacity_tokens == 5000
+    assert plain.scheduler.kind == "paged" and plain.cost.base_s == 0.5  # the system's cost
+    derived = Deployment(model=bigger.model, hardware=bigger.hardware).kv_capacity_tokens
+    assert bigger.model.name == "llama2-13b" and bigger.kv_capacity_tokens == derived != 5000
+    assert wider.hardware.tensor_parallel == 2 and wider.model.name == "llama2-7b"
+    assert wider.kv_capacity_tokens == Deployment(model=wider.model,
+                                                  hardware=wider.hardware).kv_capacity_tokens
+    assert own.kv_capacity_tokens == 700 and own.scheduler.kind == "iteration_level"
+    assert own.cost.base_s == 2.0 and own.hardware == plain.hardware
+    assert plain.deployment() == Deployment(model=plain.model, hardware=plain.hardware)
+    # Without a model or without hardware there is no deployment to price.
+    bare = make_scenario(**{"systems": [{"name": "c", "scheduler": system_scheduler,
+                                         "cluster": {"replicas": 2}}]})
+    assert [spec.deployment() for spec in replica_specs(bare, bare.systems[0])] == [None, None]
+    half = make_scenario(**{"model": "llama2-7b", "systems": bare.model_dump()["systems"]})
+    assert replica_specs(half, half.systems[0])[0].deployment() is None
