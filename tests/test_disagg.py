@@ -61,12 +61,16 @@ def _scenario(changes: dict):  # noqa: ANN202 - a Scenario
 
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])
-def test_a_request_through_both_pools_by_hand(tmp_path, mode: str) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("decode_scheduler", [PAGED, {"kind": "iteration_level", "max_batch_size": 4},
+                                              {"kind": "chunked", "chunk_size_tokens": 8}])
+def test_a_request_through_both_pools_by_hand(tmp_path, mode: str, decode_scheduler: dict) -> None:  # noqa: ANN001
     """Iterations of 1 s, a transfer of 0.5 s: prefill [0, 1] (first token at 1), KV moved
-    by 1.5, decodes [1.5, 2.5] and [2.5, 3.5] (tokens 2 and 3). A one-token request ends
-    at its prefill, which it shares with the first."""
+    by 1.5, decodes [1.5, 2.5] and [2.5, 3.5] (tokens 2 and 3), whatever schedules the
+    decode instance. A one-token request ends at its prefill, which it shares with the
+    first."""
     trace = _trace(tmp_path, [(0.0, 4, 3), (0.0, 4, 1)])
-    result = run_scenario(_scenario(_disagg(trace, mode=mode))).systems["pd"]
+    changes = _disagg(trace, mode=mode, decode={"scheduler": decode_scheduler})
+    result = run_scenario(_scenario(changes)).systems["pd"]
     reqs = result.requests
     assert reqs["first_token_s"].tolist() == [1.0, 1.0]
     assert reqs["finish_s"].tolist() == [3.5, 1.0]

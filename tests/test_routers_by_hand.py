@@ -183,6 +183,11 @@ def test_prefix_affinity_goes_to_the_longest_cached_prefix() -> None:
     assert _affinity([10, 60, 80], [0, 1, 5])(0, 1.0).index == 2
 
 
+def test_prefix_affinity_on_one_replica_picks_it() -> None:
+    assert _affinity([80], [3])(0, 1.0).index == 0
+    assert _affinity([0], [3])(0, 1.0).index == 0
+
+
 def test_prefix_affinity_ties_on_the_prefix_go_to_the_less_loaded() -> None:
     assert _affinity([80, 30, 80, 80], [6, 0, 2, 4])(0, 1.0).index == 2
 
