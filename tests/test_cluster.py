@@ -305,6 +305,50 @@ def test_a_cluster_of_pipelined_replicas_times_requests_as_one_pipelined_server(
     assert not np.array_equal(plain["finish_s"], systems["unpipelined"].requests["finish_s"])
 
 
+def test_each_pipelined_replica_reports_as_itself() -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 20, "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+        "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                     "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}],
+    })
+    result = run_scenario(scenario).systems["c"]
+    assert result.requests["replica"].tolist() == [0, 1] * 10
+    assert sorted(set(result.iterations["replica"])) == [0, 1]
+
+
+def test_a_cluster_warns_of_an_unpipelined_scheduler_on_pipeline_stages() -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 10, "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 4},
+                     "cluster": {"replicas": 2}}],
+    })
+    with pytest.warns(UserWarning, match="'paged' with hardware.pipeline_parallel = 2"):
+        run_scenario(scenario)
+
+
+def test_a_cluster_s_replicas_size_their_swap_space_from_the_model() -> None:
+    """Swapping needs a token's KV bytes, which a replica takes from its deployment: a
+    one-replica cluster of swapping paged replicas preempts and swaps exactly as the
+    plain system does (and does not fail for want of the bytes)."""
+    scheduler = {"kind": "paged", "max_num_seqs": 32, "preemption": "swap",
+                 "swap_space_bytes": 2**30}
+    scenario = make_scenario(**{
+        "workload.num_requests": 60, "workload.arrival": {"kind": "poisson", "rate_per_s": 50.0},
+        "workload.output_tokens": {"kind": "uniform", "low": 100, "high": 200},
+        "workload.max_tokens": 300, "model": "opt-13b", "hardware": {"gpu": "a100-80gb"},
+        "kv_capacity_tokens": 2000, "cost": {"kind": "linear", "base_s": 0.01},
+        "systems": [{"name": "plain", "scheduler": scheduler},
+                    {"name": "fleet", "scheduler": scheduler, "cluster": {"replicas": 1}}],
+    })
+    systems = run_scenario(scenario).systems
+    plain, fleet = systems["plain"], systems["fleet"]
+    assert plain.requests["preemptions"].sum() > 0
+    for column in ("finish_s", "preemptions"):
+        assert np.array_equal(plain.requests[column], fleet.requests[column]), column
+    assert fleet.iterations["recomputed_tokens"].sum() == 0  # swapped, not recomputed
+    assert fleet.iterations["duration_s"].sum() == plain.iterations["duration_s"].sum()
+
+
 def test_each_replica_takes_its_group_s_keys_then_the_system_s_then_the_scenario_s() -> None:
     """pool_specs by hand: a group's scheduler, cost, model, hardware and KV pool override
     the system's and the scenario's; a group with its own model or hardware derives its own
