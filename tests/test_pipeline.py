@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+from pydantic import TypeAdapter
 
 from orcasim import run_scenario
 from orcasim.cost.linear import LinearCost, LinearCostConfig
-from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineEngine
+from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineEngine, warn_unpipelined
 from orcasim.requests import Requests
+from orcasim.schedulers import SchedulerConfig
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from tests.conftest import make_scenario
 
@@ -74,3 +78,59 @@ def test_pipeline_rejects_a_request_that_can_never_fit() -> None:
                          num_stages=2).run()
     assert run.rejected_ids.tolist() == [1]
     assert np.isnan(run.recorder.finish_s[1]) and not np.isnan(run.recorder.finish_s[[0, 2]]).any()
+
+
+@pytest.mark.parametrize("capacity_tokens", [14, 21])
+def test_a_pipeline_keeps_one_batch_per_stage_in_flight_by_hand(capacity_tokens: int) -> None:
+    """Two stages of 0.5 s, batches of one, three requests at 0 (prompt 4, 3 tokens out,
+    7 tokens reserved each; a pool of 14 holds two exactly, one of 21 all three, but a
+    third batch would have no stage to enter). Requests 0 and 1 alternate,
+    each iteration taking both stages, the second half a stage behind: 0 runs [0, 1],
+    [1, 2], [2, 3]; 1 runs [0.5, 1.5], [1.5, 2.5], [2.5, 3.5]. Two batches are in flight
+    at once, never a third, so request 2 waits for 0's KV and runs alone from 3.0, an
+    iteration at a time: [3, 4], [4, 5], [5, 6]."""
+    reqs = requests(3)
+    sched = PipelinedIterationLevelScheduler(IterationLevelConfig(kind="iteration_level", max_batch_size=1),
+                                             reqs, kv_capacity_tokens=capacity_tokens)
+    run = PipelineEngine(reqs, sched, LinearCost(LinearCostConfig(kind="linear", base_s=1.0)),
+                         num_stages=2).run()
+    rows = run.recorder.iterations_frame()
+    assert rows["start_s"].tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0]
+    assert rows["duration_s"].tolist() == [1.0] * 9  # from stage 1's start to the last's end
+    assert run.recorder.first_scheduled_s.tolist() == [0.0, 0.5, 3.0]
+    assert run.recorder.first_token_s.tolist() == [1.0, 1.5, 4.0]
+    assert run.recorder.finish_s.tolist() == [3.0, 3.5, 6.0]
+    assert run.end_s == 6.0
+
+
+@pytest.mark.parametrize(("cfg", "stages", "warns"), [
+    ({"kind": "paged"}, 2, True), ({"kind": "chunked", "chunk_size_tokens": 64}, 4, True),
+    ({"kind": "paged", "policy": "prefill_first"}, 2, True), ({"kind": "paged"}, 1, False),
+    ({"kind": "iteration_level", "max_batch_size": 4}, 2, False),
+    ({"kind": "request_level", "max_batch_size": 4}, 2, False),
+])
+def test_a_scheduler_that_keeps_one_batch_in_flight_is_named_on_pipeline_stages(
+    cfg: dict, stages: int, warns: bool,
+) -> None:
+    config = TypeAdapter(SchedulerConfig).validate_python(cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_unpipelined(config, stages)
+    messages = [str(w.message) for w in caught]
+    if not warns:
+        assert messages == []
+        return
+    assert messages == [
+        f"scheduler.kind = '{cfg['kind']}' with hardware.pipeline_parallel = {stages}: one batch "
+        "at a time passes through all stages (only iteration_level keeps several in flight, as "
+        "Orca does)"]
+    assert caught[0].category is UserWarning
+
+
+def test_a_pipelined_system_warns_of_an_unpipelined_scheduler() -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 5, "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+        "systems": [{"name": "v", "scheduler": {"kind": "paged", "max_num_seqs": 4}}],
+    })
+    with pytest.warns(UserWarning, match="'paged' with hardware.pipeline_parallel = 2"):
+        run_scenario(scenario)
