@@ -233,3 +233,32 @@ def test_replaying_a_closed_loop_on_a_real_server_is_refused() -> None:
     scenario = load_scenario("scenarios/closed_loop.yaml")
     with pytest.raises(ValueError, match=r"^workload.arrival.kind = closed_loop: replay expects"):
         replay(None, scenario, Path("scenarios"))  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:c: .*can never fit")
+@pytest.mark.parametrize("kind", ["iteration_level", "paged"])
+def test_turned_away_requests_are_answered_on_time_behind_a_router(kind: str) -> None:
+    """The same clients on two replicas behind round robin: a replica that does not see
+    every arrival cannot plan its jump's end at a rejection, so the delivery of a request
+    that can never fit cuts the pending jump there, and its client comes back on time."""
+    scheduler = ({"kind": "iteration_level", "max_batch_size": 4, "kv_reservation": "oracle"}
+                 if kind == "iteration_level"
+                 else {"kind": "paged", "max_num_seqs": 4, "block_size_tokens": 4})
+    frames = {}
+    for mode in ("reference", "fast"):
+        scenario = make_scenario(**{
+            "seed": 2, "workload.num_requests": 60, "engine.mode": mode,
+            "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
+                                 "think_time": {"kind": "exponential", "mean_s": 0.7}},
+            "workload.prompt_tokens": {"kind": "uniform", "low": 4, "high": 60},
+            "workload.output_tokens": {"kind": "uniform", "low": 3, "high": 9},
+            "workload.max_tokens": 80, "kv_capacity_tokens": 40,
+            "cost": {"kind": "linear", "base_s": 1.0},
+            "systems": [{"name": "c", "scheduler": scheduler,
+                         "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}],
+        })
+        frames[mode] = run_scenario(scenario).systems["c"].requests
+    reference, fast = frames["reference"], frames["fast"]
+    assert reference["rejected"].sum() >= 5 and (~reference["rejected"]).sum() >= 20
+    for column in ("arrival_s", "first_token_s", "finish_s", "replica"):
+        assert fast[column].equals(reference[column]), column
