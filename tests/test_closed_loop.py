@@ -235,7 +235,7 @@ def test_replaying_a_closed_loop_on_a_real_server_is_refused() -> None:
         replay(None, scenario, Path("scenarios"))  # type: ignore[arg-type]
 
 
-@pytest.mark.filterwarnings("ignore:c: .*can never fit")
+@pytest.mark.filterwarnings("ignore:.*can never fit")
 @pytest.mark.parametrize("kind", ["iteration_level", "paged"])
 def test_turned_away_requests_are_answered_on_time_behind_a_router(kind: str) -> None:
     """The same clients on two replicas behind round robin: a replica that does not see
