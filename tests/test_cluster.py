@@ -391,3 +391,16 @@ def test_each_replica_takes_its_group_s_keys_then_the_system_s_then_the_scenario
     assert [spec.deployment() for spec in replica_specs(bare, bare.systems[0])] == [None, None]
     half = make_scenario(**{"model": "llama2-7b", "systems": bare.model_dump()["systems"]})
     assert replica_specs(half, half.systems[0])[0].deployment() is None
+
+
+def test_a_fleet_run_ends_at_its_last_finish_though_a_replica_stayed_idle() -> None:
+    # Two requests on three replicas: the third never works, and does not move the end.
+    requests = Requests(np.array([0.0, 0.1]), np.array([8, 8]), np.array([2, 3]), np.full(2, 96))
+    scenario = make_scenario(**{
+        "workload.num_requests": 2, "cost": {"kind": "linear", "base_s": 0.125},
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"replicas": 3, "router": {"kind": "round_robin"}}}],
+    })
+    run = build_fleet(scenario, scenario.systems[0], requests).run()
+    assert run.recorder.finish_s.tolist() == [0.25, 0.475]
+    assert run.end_s == 0.475

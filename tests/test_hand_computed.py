@@ -343,3 +343,16 @@ def test_the_summary_judges_saturation_after_the_warm_up() -> None:
     after = summarize(reqs, iters, warmup_s=300.0)
     assert after["saturation_growth_requests"] == pytest.approx(0.0, abs=1e-9)
     assert summarize(reqs, iters)["saturation_growth_requests"] < -50
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_row_break_cuts_the_jumps_in_time_order(fused: bool) -> None:
+    """Breaks at 4 s and 2 s (given in any order): one request decoding until 6 s has rows
+    starting at 0, 2 and 4."""
+    requests = Requests(np.array([0.0]), np.array([2]), np.array([6]), np.array([8]))
+    scheduler = build_scheduler(IterationLevelConfig(kind="iteration_level", max_batch_size=1),
+                                requests, 64)
+    rows = Engine(requests, scheduler, LinearCost(ONE_SECOND), "fast", row_breaks_s=(4.0, 2.0),
+                  fused=fused).run().recorder.iterations_frame()
+    assert rows["start_s"].tolist() == [0.0, 2.0, 4.0]
+    assert rows["num_iterations"].tolist() == [2, 2, 2]
