@@ -134,3 +134,20 @@ def test_a_pipelined_system_warns_of_an_unpipelined_scheduler() -> None:
     })
     with pytest.warns(UserWarning, match="'paged' with hardware.pipeline_parallel = 2"):
         run_scenario(scenario)
+
+
+def test_an_arrival_at_a_flight_s_end_joins_the_batch_formed_after_it() -> None:
+    """Request 1 arrives at 1.0, exactly when request 0's first flight ends: the flight
+    ends first, so the next batch holds both (0's second token, 1's prompt), [1, 2], then
+    [2, 3] (0 finishes) and 1 alone [3, 4]. Planning the arrival first would launch it
+    alone into the free stage, a batch ahead of 0."""
+    reqs = Requests(np.array([0.0, 1.0]), np.full(2, 4, np.int64), np.full(2, 3, np.int64),
+                    np.full(2, 7, np.int64))
+    sched = PipelinedIterationLevelScheduler(IterationLevelConfig(kind="iteration_level", max_batch_size=4),
+                                             reqs, kv_capacity_tokens=100)
+    run = PipelineEngine(reqs, sched, LinearCost(LinearCostConfig(kind="linear", base_s=1.0)),
+                         num_stages=2).run()
+    rows = run.recorder.iterations_frame()
+    assert rows["start_s"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert rows["batch_size"].tolist() == [1, 2, 2, 1]
+    assert run.recorder.finish_s.tolist() == [3.0, 4.0]
