@@ -404,3 +404,21 @@ def test_a_fleet_run_ends_at_its_last_finish_though_a_replica_stayed_idle() -> N
     run = build_fleet(scenario, scenario.systems[0], requests).run()
     assert run.recorder.finish_s.tolist() == [0.25, 0.475]
     assert run.end_s == 0.475
+
+
+def test_a_router_reads_the_load_of_pipelined_replicas() -> None:
+    """least_tokens over two pipelined Orca replicas: the router asks each for its load at
+    every arrival; both are used, and the result does not depend on the engine's mode."""
+    frames = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "workload.num_requests": 30, "engine.mode": mode,
+            "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+            "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                         "cluster": {"replicas": 2, "router": {"kind": "least_tokens"}}}],
+        })
+        frames[mode] = run_scenario(scenario).systems["c"].requests
+    assert sorted(set(frames["fast"]["replica"])) == [0, 1]
+    assert frames["fast"]["finish_s"].notna().all()
+    for column in ("replica", "first_token_s", "finish_s"):
+        assert frames["fast"][column].equals(frames["reference"][column]), column
