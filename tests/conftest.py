@@ -6,6 +6,7 @@ import copy
 import os
 from typing import Any
 
+import pandas as pd
 import pytest
 from hypothesis import settings
 
@@ -51,6 +52,15 @@ def make_scenario(**changes: Any) -> Scenario:
     for path, value in changes.items():
         set_dotted(data, path, value)
     return scenario_from_dict(data)
+
+
+def requests_in_both_modes(system: str, **changes: Any) -> dict[str, pd.DataFrame]:
+    """`system`'s per-request frame from `make_scenario(**changes)` run in fast and in
+    reference mode, keyed by mode (for tests that fast mode is exact)."""
+    from orcasim.run import run_scenario
+
+    return {mode: run_scenario(make_scenario(**changes, **{"engine.mode": mode}))
+            .systems[system].requests for mode in ("fast", "reference")}
 
 
 @pytest.fixture

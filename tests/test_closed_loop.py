@@ -20,7 +20,7 @@ from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.schedulers.paged import PagedConfig
 from orcasim.workload.closed_loop import ClosedLoopArrival, ConstantThink, ExponentialThink
-from tests.conftest import make_scenario
+from tests.conftest import make_scenario, requests_in_both_modes
 
 SAMPLES = 200_000
 MEAN_SIGMAS = 5.0  # sample mean within 5 standard errors of the theoretical mean
@@ -244,20 +244,17 @@ def test_turned_away_requests_are_answered_on_time_behind_a_router(kind: str) ->
     scheduler = ({"kind": "iteration_level", "max_batch_size": 4, "kv_reservation": "oracle"}
                  if kind == "iteration_level"
                  else {"kind": "paged", "max_num_seqs": 4, "block_size_tokens": 4})
-    frames = {}
-    for mode in ("reference", "fast"):
-        scenario = make_scenario(**{
-            "seed": 2, "workload.num_requests": 60, "engine.mode": mode,
-            "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
-                                 "think_time": {"kind": "exponential", "mean_s": 0.7}},
-            "workload.prompt_tokens": {"kind": "uniform", "low": 4, "high": 60},
-            "workload.output_tokens": {"kind": "uniform", "low": 3, "high": 9},
-            "workload.max_tokens": 80, "kv_capacity_tokens": 40,
-            "cost": {"kind": "linear", "base_s": 1.0},
-            "systems": [{"name": "c", "scheduler": scheduler,
-                         "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}],
-        })
-        frames[mode] = run_scenario(scenario).systems["c"].requests
+    frames = requests_in_both_modes("c", **{
+        "seed": 2, "workload.num_requests": 60,
+        "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
+                             "think_time": {"kind": "exponential", "mean_s": 0.7}},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 4, "high": 60},
+        "workload.output_tokens": {"kind": "uniform", "low": 3, "high": 9},
+        "workload.max_tokens": 80, "kv_capacity_tokens": 40,
+        "cost": {"kind": "linear", "base_s": 1.0},
+        "systems": [{"name": "c", "scheduler": scheduler,
+                     "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}],
+    })
     reference, fast = frames["reference"], frames["fast"]
     assert reference["rejected"].sum() >= 5 and (~reference["rejected"]).sum() >= 20
     for column in ("arrival_s", "first_token_s", "finish_s", "replica"):

@@ -22,7 +22,7 @@ from orcasim.fleet import build_fleet
 from orcasim.requests import Requests
 from orcasim.run import SystemResult, run_scenario
 from orcasim.scenario import scenario_from_dict
-from tests.conftest import BASE, examples, make_scenario
+from tests.conftest import BASE, examples, make_scenario, requests_in_both_modes
 from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
@@ -409,15 +409,11 @@ def test_a_fleet_run_ends_at_its_last_finish_though_a_replica_stayed_idle() -> N
 def test_a_router_reads_the_load_of_pipelined_replicas() -> None:
     """least_tokens over two pipelined Orca replicas: the router asks each for its load at
     every arrival; both are used, and the result does not depend on the engine's mode."""
-    frames = {}
-    for mode in ("fast", "reference"):
-        scenario = make_scenario(**{
-            "workload.num_requests": 30, "engine.mode": mode,
-            "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
-            "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
-                         "cluster": {"replicas": 2, "router": {"kind": "least_tokens"}}}],
-        })
-        frames[mode] = run_scenario(scenario).systems["c"].requests
+    frames = requests_in_both_modes("c", **{
+        "workload.num_requests": 30, "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+        "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                     "cluster": {"replicas": 2, "router": {"kind": "least_tokens"}}}],
+    })
     assert sorted(set(frames["fast"]["replica"])) == [0, 1]
     assert frames["fast"]["finish_s"].notna().all()
     for column in ("replica", "first_token_s", "finish_s"):

@@ -14,7 +14,7 @@ from orcasim.cluster import LinkConfig
 from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
-from tests.conftest import BASE, examples, make_scenario
+from tests.conftest import BASE, examples, make_scenario, requests_in_both_modes
 from tests.test_queueing_theory import LITTLE_REL_TOL
 
 PAGED = {"kind": "paged", "max_num_seqs": 8, "block_size_tokens": 4, "watermark": 0.0}
@@ -234,17 +234,14 @@ def test_every_router_routes_both_pools(router: str) -> None:
     """Each router, in both pools at once (two instances each): fast equals reference,
     every request is prefilled and decoded once, and the load routers read each pool's
     loads at the moment they route."""
-    frames = {}
-    for mode in ("fast", "reference"):
-        scenario = make_scenario(**{
-            "seed": 3, "workload.num_requests": 60, "engine.mode": mode,
-            "workload.arrival": {"kind": "poisson", "rate_per_s": 12.0},
-            "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
-                         "cluster": {"prefill": {"count": 2, "router": {"kind": router}},
-                                     "decode": {"count": 2, "router": {"kind": router}},
-                                     "link": {"latency_s": 0.01}}}],
-        })
-        frames[mode] = run_scenario(scenario).systems["pd"].requests
+    frames = requests_in_both_modes("pd", **{
+        "seed": 3, "workload.num_requests": 60,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 12.0},
+        "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"prefill": {"count": 2, "router": {"kind": router}},
+                                 "decode": {"count": 2, "router": {"kind": router}},
+                                 "link": {"latency_s": 0.01}}}],
+    })
     fast, reference = frames["fast"], frames["reference"]
     for column in ("first_token_s", "finish_s", "prefill_replica", "decode_replica"):
         assert np.array_equal(fast[column], reference[column], equal_nan=True), column
@@ -259,20 +256,17 @@ def test_a_closed_loop_s_clients_send_again_when_a_request_ends_at_its_prefill()
     prefill (its only token is the prefill's) and one too long for the prefill pool is
     turned away there; either way its client thinks and sends again, so every request of
     the workload is sent, in fast and reference mode alike."""
-    frames = {}
-    for mode in ("fast", "reference"):
-        scenario = make_scenario(**{
-            "seed": 5, "workload.num_requests": 80, "engine.mode": mode,
-            "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
-                                 "think_time": {"kind": "exponential", "mean_s": 0.5}},
-            "workload.prompt_tokens": {"kind": "uniform", "low": 16, "high": 160},
-            "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 3},
-            "workload.max_tokens": 200,
-            "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
-                         "cluster": {"prefill": {"count": 1, "kv_capacity_tokens": 128},
-                                     "decode": {"count": 1}, "link": {"latency_s": 0.01}}}],
-        })
-        frames[mode] = run_scenario(scenario).systems["pd"].requests
+    frames = requests_in_both_modes("pd", **{
+        "seed": 5, "workload.num_requests": 80,
+        "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
+                             "think_time": {"kind": "exponential", "mean_s": 0.5}},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 16, "high": 160},
+        "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 3},
+        "workload.max_tokens": 200,
+        "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"prefill": {"count": 1, "kv_capacity_tokens": 128},
+                                 "decode": {"count": 1}, "link": {"latency_s": 0.01}}}],
+    })
     fast, reference = frames["fast"], frames["reference"]
     for column in ("arrival_s", "first_token_s", "finish_s"):
         assert np.array_equal(fast[column], reference[column], equal_nan=True), column
