@@ -264,7 +264,9 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                                       (cluster.decode, requests))):
         base = Recorder(len(requests))
         for spec in pool_specs(scenario, system, pool):
-            cost = built.setdefault(id(spec), build_cost_model(spec.cost, spec.deployment()))
+            if id(spec) not in built:  # a pool's instances share one spec and cost model
+                built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
+            cost = built[id(spec)]
             replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
                                   scenario.engine.mode, (scenario.warmup_s,), index,
                                   fused=k == 0)
