@@ -40,9 +40,9 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import build_router
-from orcasim.cost import CostModel, build_cost_model
+from orcasim.cost import CostModel
 from orcasim.engine import EngineRun
-from orcasim.fleet import ReplicaSpec, pool_specs, replica_for
+from orcasim.fleet import ReplicaSpec, cost_models, pool_specs, replica_for
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Router, drive, shared_recorder
 from orcasim.requests import Requests
@@ -263,10 +263,8 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     for k, (pool, view) in enumerate(((cluster.prefill, prefill_requests),
                                       (cluster.decode, requests))):
         base = Recorder(len(requests))
-        for spec in pool_specs(scenario, system, pool):
-            if id(spec) not in built:  # a pool's instances share one spec and cost model
-                built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
-            cost = built[id(spec)]
+        specs = pool_specs(scenario, system, pool)
+        for spec, cost in zip(specs, cost_models(specs, built), strict=True):
             replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
                                   scenario.engine.mode, (scenario.warmup_s,), index,
                                   fused=k == 0)

@@ -8,6 +8,7 @@ runs them behind its router on one clock loop (`orcasim.replica.drive`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,16 @@ def replica_for(
     scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes)
     stepper = stepper_for(scheduler, cost, recorder, mode, fused)
     return Replica(stepper, source, recorder, row_breaks_s, index)
+
+
+def cost_models(specs: Sequence[ReplicaSpec], built: dict[int, CostModel]) -> list[CostModel]:
+    """Each replica's cost model, built once per spec into `built`: a group's replicas share
+    one spec and one (stateless) model. Keyed by the whole spec, not by cost and hardware
+    alone: two groups may differ only in their model."""
+    for spec in specs:
+        if id(spec) not in built:
+            built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
+    return [built[id(spec)] for spec in specs]
 
 
 def replica_specs(scenario: Scenario, system: SystemConfig) -> list[ReplicaSpec]:
@@ -132,12 +143,9 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
     recorder = Recorder(len(requests))
     replicas = []
     built: dict[int, CostModel] = {}
-    for index, spec in enumerate(replica_specs(scenario, system)):
-        # A group's replicas share one spec and one (stateless) cost model. Not keyed by
-        # cost and hardware alone: two groups may differ only in their model.
-        if id(spec) not in built:
-            built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
-        replicas.append(replica_for(spec, requests, built[id(spec)], source,
+    specs = replica_specs(scenario, system)
+    for index, (spec, cost) in enumerate(zip(specs, cost_models(specs, built), strict=True)):
+        replicas.append(replica_for(spec, requests, cost, source,
                                     shared_recorder(requests, recorder), scenario.engine.mode,
                                     (scenario.warmup_s,), index))
     for replica in replicas:
