@@ -327,3 +327,38 @@ def test_a_disaggregated_run_ends_at_its_last_event(tmp_path) -> None:  # noqa: 
     run = build_disaggregated(scenario, scenario.systems[0], make_requests(scenario)).run()
     assert run.end_s == 3.5
     assert run.recorder.finish_s.tolist() == [3.5, 1.0] and len(run.rejected_ids) == 0
+
+
+def test_the_prefill_view_of_the_arrivals_is_the_workloads_own() -> None:
+    # The prefill pool reads the workload's arrivals through this view: every question is
+    # the inner source's, and only a completion means something else (a prefill done).
+    from orcasim.disagg import PrefillSource
+    from orcasim.sources import ArrivalSource
+
+    inner, done = ArrivalSource(np.array([1.0, 2.0, 2.0, 5.0])), []
+    view = PrefillSource(inner, lambda ids, t: done.append((ids.tolist(), t)))
+    assert view.times_until(2.0).tolist() == [1.0, 2.0, 2.0]
+    assert list(view.take_until(2.0)) == [0, 1, 2]
+    assert view.next_index == inner.next_index == 3
+    assert view.times_until(4.9).tolist() == []
+    assert view.times_until(5.0).tolist() == [5.0]
+    view.on_finished([2, 0], 7.5)
+    assert done == [([2, 0], 7.5)]
+
+
+def test_transfers_in_flight_arrive_in_ready_order_with_ids_breaking_ties() -> None:
+    from orcasim.disagg import BridgeSource
+    from orcasim.sources import ArrivalSource
+
+    delivered: list[tuple[int, float]] = []
+    bridge = BridgeSource(4, ArrivalSource(np.zeros(4)), lambda r, t: delivered.append((r, t)))
+    for ready_s, req_id in ((3.0, 2), (1.5, 3), (3.0, 0), (4.0, 1)):
+        bridge.push(ready_s, req_id)
+    assert bridge.times_until(3.0).tolist() == [1.5, 3.0, 3.0]
+    assert bridge.times_until(1.4).size == 0
+    assert bridge.times_until(1.4).dtype == np.float64
+    assert bridge.next_index == 3 and bridge.next_time_s() == 1.5
+    assert bridge.take_until(3.0) == [3, 0, 2]
+    assert delivered == [(3, 1.5), (0, 3.0), (2, 3.0)]
+    assert bridge.times_until(10.0).tolist() == [4.0]
+    assert np.isnan(bridge.arrival_s[1]) and bridge.arrival_s[2] == 3.0
