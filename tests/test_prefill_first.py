@@ -112,6 +112,25 @@ def test_nothing_is_prefilled_while_a_request_is_swapped_out() -> None:
     assert_paged_end_state(sched, reqs, trace)
 
 
+def test_a_swap_in_that_leaves_exactly_the_watermark_comes_back() -> None:
+    # Three blocks of 4 tokens. A's prompt runs alone, then B's and C's: the pool is full.
+    # At step 2, A needs a second block: C and then B (a free block per running sequence)
+    # are swapped out, 4 tokens each at 1 byte/s. A finishes at step 3, leaving 3 blocks
+    # free. At step 4, B comes back (3 - (1 + 1) = 1 >= 0 blocks above the watermark),
+    # then C with exactly none to spare (2 - (1 + 1) = 0 >= 0): both decode together.
+    reqs = make_requests([4, 1, 2], [3, 3, 3], arrivals=[0, 1, 1])
+    sched = _sched(reqs, capacity=12, block_size_tokens=4, preemption="swap",
+                   swap_space_bytes=100, kv_bytes_per_token=1, swap_bandwidth_bytes_per_s=1.0)
+    swapped = []
+    trace = drive(sched, reqs, lambda s, out: swapped.append(list(s.swapped)))
+    assert planned_tokens(trace) == [{0: 4}, {1: 1, 2: 2}, {0: 1}, {0: 1}, {1: 1, 2: 1},
+                                     {1: 1, 2: 1}]
+    assert swapped == [[], [], [1, 2], [1, 2], [], []]
+    assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 8.0, 0.0, 8.0, 0.0]
+    assert trace.finish_step == {0: 3, 1: 5, 2: 5}
+    assert_paged_end_state(sched, reqs, trace)
+
+
 def test_a_readmitted_request_decodes_in_arrival_order() -> None:
     # B (id 1) is preempted and readmitted after C (id 2) started: running stays [0, 1, 2].
     reqs = make_requests([8, 7, 1], [6, 3, 8], arrivals=[0, 0, 1])
