@@ -445,3 +445,295 @@ def test_config_defaults_and_names(tmp_path: Path) -> None:
     path.write_text(json.dumps({**base, "vision_config": {}}))
     with pytest.raises(ScenarioError, match=f"model.hf_config = '{path}': vision_config"):
         model_from_argument(str(path))
+
+
+# --- what the second cost run found unpinned (2026-12-01) -------------------------------------
+
+def test_every_projection_reads_its_weights_at_their_own_precision(tmp_path: Path) -> None:
+    """fp8 weights under bf16 activations: each projection reads half the weight bytes of
+    bf16 and the same FLOPs and activation bytes; OPT's down projection keeps its bias."""
+    for name in ("llama3-70b", "opt-13b"):
+        bf16 = _op_table(model_from_argument(name), 1)
+        fp8 = _op_table(model_from_argument(name).model_copy(update={"weight_dtype": "fp8"}), 1)
+        assert list(fp8) == list(bf16)
+        for op, (flops, weights, activations, count) in bf16.items():
+            assert fp8[op] == (flops, weights / 2, activations, count), (name, op)
+    d = 5120
+    assert _op_table(model_from_argument("opt-13b"), 1)["mlp_down_proj"][1] == (4 * d * d + d) * 2
+    # DeepSeek's router, and MLA without a query latent (DeepSeek-V2-Lite's shape): one
+    # projection of the hidden state to every head's query, no bias.
+    assert _op_table(hf("deepseek-v3", weight_dtype="fp8"), 8, moe_layer=True)["moe_router"][1] == 7168 * 256
+    config = json.loads(Path("orcasim/data/hf_configs/deepseek-v3/config.json").read_text())
+    direct = model_from_argument(write_config(tmp_path, {**config, "q_lora_rank": None}))
+    q_proj = {op.name: op for op in token_ops(direct.model_copy(update={"weight_dtype": "fp8"}), 8)}["mla_q_proj"]
+    heads, qk = 128 // 8, 128 + 64
+    assert (q_proj.flops_per_token, q_proj.weight_bytes, q_proj.bytes_per_token) == (
+        2 * 7168 * heads * qk, 7168 * heads * qk * 1, (7168 + heads * qk) * 2)
+
+
+def test_a_dense_layers_operators_run_in_the_layers_order() -> None:
+    assert list(_op_table(model_from_argument("llama3-70b"), 8)) == [
+        "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+        "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
+
+
+def test_a_moe_models_dense_and_moe_layers_run_their_own_operators() -> None:
+    """DeepSeek-V3's three dense layers run a dense MLP; its MoE layers run the router and
+    the shared expert, whose time `moe_layer_extra_s` adds to the routed experts'."""
+    model = hf("deepseek-v3", weight_dtype="fp8")
+    cost = _h200(model, tensor_parallel=8)
+    assert [op.name for op in cost.ops] == [op.name for op in token_ops(model, 8, moe_layer=False)]
+    assert "mlp_up_proj" in [op.name for op in cost.ops]
+    moe_ops = token_ops(model, 8, moe_layer=True)
+    assert [op.name for op in cost.moe_ops] == [op.name for op in moe_ops]
+    assert "moe_router" in [op.name for op in cost.moe_ops]
+    assert (cost.num_dense_layers, cost.num_moe_layers) == (3, 58)
+    experts_only = _h200(model, tensor_parallel=8)
+    experts_only.moe_ops = []
+    own = sum(op.count * float(cost.op_time_s(op, 64.0)) for op in moe_ops)
+    assert float(cost.moe_layer_extra_s(64.0)) == pytest.approx(
+        float(experts_only.moe_layer_extra_s(64.0)) + own, rel=1e-12)
+
+
+def test_one_expert_a_rank_is_hit_by_a_tokens_top_k_alone() -> None:
+    """Mixtral over 8 data-parallel groups, EP 8: each rank holds one of the 8 experts, and
+    N tokens miss it with probability (1 - 2/8)^N."""
+    from orcasim.cost.flops import expert_op
+
+    op = expert_op(model_from_argument("mixtral-8x7b"), 1, ep=8)
+    assert op is not None and op.num_experts == 1
+    n = np.array([1.0, 3.0])
+    np.testing.assert_allclose(op.experts_hit(n), 1 - (1 - 2 / 8) ** n, rtol=1e-15)
+
+
+def test_a_kv_cache_wider_than_the_activations_by_hand() -> None:
+    """fp32 KV under bf16 activations: 4 bytes a cached value, 2 a query's."""
+    from orcasim.cost.flops import attention_constants
+
+    model = model_from_argument("llama3-70b").model_copy(update={"kv_cache_dtype": "fp32"})
+    assert attention_constants(model, 8) == (4 * 128 * 8, 2 * 128 * 4, 2 * 8 * 128 * 2 + 2 * 128 * 4)
+
+
+def test_expert_dispatch_moves_the_activations_precision_unless_the_experts_take_fp8() -> None:
+    """Qwen3-30B-A3B in bf16 over 2 groups: dispatch and combine both move 2 bytes a value;
+    DeepSeek-V3's fp8 experts take 1 byte a value in and give 2 back."""
+    bf16 = _h200(hf("qwen3-30b-a3b"), data_parallel_attention=2, expert_parallel=2)
+    assert bf16.dispatch_bytes_per_pair == bf16.combine_bytes_per_pair == 2048 * 2
+    assert float(bf16.expert_dispatch_s(512)) == float(bf16.expert_combine_s(512))
+    fp8 = _h200(hf("deepseek-v3", weight_dtype="fp8"), data_parallel_attention=8, expert_parallel=8)
+    assert (fp8.dispatch_bytes_per_pair, fp8.combine_bytes_per_pair) == (7168, 7168 * 2)
+
+
+def test_all_to_alls_come_only_with_data_parallel_attention() -> None:
+    """Experts split by tensor and expert parallelism over the same GPUs: every rank already
+    holds every token, so the all-reduce combines (no all-to-all). Two groups of one GPU
+    each: the busiest rank's pairs, half of them to the other GPU of the node."""
+    model = hf("qwen3-30b-a3b")
+    tokens = np.array([1.0, 512.0])
+    for layout in ({"tensor_parallel": 2, "expert_parallel": 2}, {"tensor_parallel": 2}, {}):
+        cost = _h200(model, **layout)
+        result = cost.expert_all_to_all_s(tokens)
+        assert result.shape == (2,) and result.dtype == np.float64 and not result.any(), layout
+    two = _h200(model, data_parallel_attention=2, expert_parallel=2)
+    pairs = tokens * 8 / 2
+    one_way = LATENCY_S + pairs * 2048 * 2 * (1 / 2) * NVLINK_H200_S_PER_BYTE
+    np.testing.assert_allclose(two.expert_all_to_all_s(tokens), 48 * 2 * one_way, rtol=1e-12)
+
+
+def test_a_collective_over_one_gpu_is_zero_of_the_messages_shape() -> None:
+    from orcasim.cost.parallel import Link, all_to_all_s, ring_all_reduce_s
+
+    link, sizes = Link(1e9, 1e-5), np.array([1e6, 2e6])
+    for result in (ring_all_reduce_s(sizes, 1, link), all_to_all_s(sizes, 1, 8, link, link)):
+        assert result.shape == (2,) and result.dtype == np.float64 and not result.any()
+    # Two ranks: half the message crosses, on either collective's formula.
+    np.testing.assert_allclose(all_to_all_s(sizes, 2, 8, link, link), 1e-5 + sizes / 2 / 1e9, rtol=1e-15)
+    np.testing.assert_allclose(ring_all_reduce_s(sizes, 2, link), 1e-5 + sizes / 1e9, rtol=1e-15)
+    sends = _h200(model_from_argument("llama3-70b")).pipeline_sends_s(np.array([1.0, 9.0]))
+    assert sends.shape == (2,) and sends.dtype == np.float64 and not sends.any()
+
+
+def test_a_tensor_parallel_group_wider_than_a_node_all_reduces_over_the_network() -> None:
+    """TP 16 on 8-GPU H200 nodes: the ring runs at the network's 50 GB/s (80% of it),
+    with the configured latency."""
+    cost = _h200(model_from_argument("llama3-70b").model_copy(update={"num_heads": 64}), tensor_parallel=16)
+    ring = LATENCY_S + 2 * 15 / 16 * 100 * 8192 * 2 / (50e9 * 0.8)
+    assert float(cost.tp_all_reduce_s(100)) == pytest.approx(2 * 80 * ring, rel=1e-12)
+
+
+@pytest.mark.parametrize("hardware", [{"tensor_parallel": 2}, {"pipeline_parallel": 2},
+                                      {"tensor_parallel": 2, "pipeline_parallel": 2}, {}])
+@pytest.mark.parametrize(("tokens", "requests"), [(512, 4), (4096, 4096)])
+def test_the_scalar_path_prices_one_batch_as_numpy_does(hardware: dict, tokens: int, requests: int) -> None:
+    """Collectives under TP 2 or PP 2 alone, and an LM head over 4,096 requests (where its
+    compute binds): the memoised scalar path gives numpy's value."""
+    cost = _h200(model_from_argument("llama3-70b"), **hardware)
+    assert cost._fixed_one_s(tokens, requests) == pytest.approx(float(cost._fixed_s(tokens, requests)), rel=1e-15)
+    head = cost.lm_head
+    assert head.flops_per_token * requests / cost.gemm_flops_per_s > (
+        head.weight_bytes + head.bytes_per_token * requests) / cost.bytes_per_s or requests < 4096
+
+
+def test_an_empty_batch_costs_nothing_and_has_no_decode_line() -> None:
+    for model in (model_from_argument("llama3-70b"), hf("mistral-7b-v0.1")):
+        cost = _h200(model)
+        empty = np.zeros(0, dtype=np.int64)
+        assert cost.iteration_time_s(Batch(empty, empty)) == 0.0
+        assert cost.iteration_time_lists_s([], [], 0, 0) == 0.0
+        np.testing.assert_array_equal(cost.decode_steps_s(empty, 3), np.zeros(3))
+        assert cost.decode_line(0, 0) is None
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "mistral-7b-v0.1"])
+def test_one_requests_decode_steps_cost_what_each_step_costs(name: str) -> None:
+    """A lone request, on the line (Llama) and off it (Mistral's window layers)."""
+    cost = _h200(model_from_argument(name) if name == "llama3-70b" else hf(name))
+    steps = cost.decode_steps_s(np.array([3000]), 4)  # inside Mistral's 4,096 window
+    one = np.ones(1, dtype=np.int64)
+    expected = [cost.iteration_time_s(Batch(one, np.array([3000 + k]))) for k in range(4)]
+    np.testing.assert_allclose(steps, expected, rtol=1e-12)
+    assert steps[3] > steps[0]
+
+
+def test_a_host_over_a_plain_decode_line_adds_its_decode_terms_only() -> None:
+    """A decode step has no prompt token: the per-prefill-token term stays out of the line.
+    A GPU model without a line (a window model) leaves the host without one too."""
+    from orcasim.cost.linear import LinearCost, LinearCostConfig
+    from orcasim.cost.overhead import OverheadConfig, OverheadCost
+
+    cfg = OverheadConfig(per_iteration_s=1e-3, per_sequence_s=1e-4, per_prefill_token_s=1e-2)
+    gpu = LinearCost(LinearCostConfig(kind="linear", base_s=0.01, per_context_token_s=1e-6))
+    line = OverheadCost(gpu, cfg, None, tensor_parallel=1).decode_line(4, 100)
+    assert line is not None and line.plus_s == pytest.approx(1e-3 + 4 * 1e-4, rel=1e-12)
+    window = _h200(hf("mistral-7b-v0.1"))
+    assert OverheadCost(window, cfg, None, tensor_parallel=1).decode_line(4, 100) is None
+
+
+def test_weights_per_gpu_by_hand() -> None:
+    """Mixtral in bf16 over TP 2 x PP 2: every weight split by the 4 GPUs, experts by TP.
+    gpt-oss-20b over 2 data-parallel groups with EP 2: the bf16 non-expert weights whole
+    on each GPU, half of the mxfp4 experts (17 bytes a block of 32 values)."""
+    from orcasim.cost.catalog import weight_bytes_per_gpu
+
+    mixtral = model_from_argument("mixtral-8x7b")
+    tp_pp = HardwareConfig(gpu="h200", tensor_parallel=2, pipeline_parallel=2)
+    assert weight_bytes_per_gpu(mixtral, tp_pp) == pytest.approx(mixtral.param_count() * 2 / 4, rel=1e-15)
+    oss = hf("gpt-oss-20b")
+    experts = oss.routed_expert_params()
+    dp_ep = HardwareConfig(gpu="h200", data_parallel_attention=2, expert_parallel=2)
+    assert weight_bytes_per_gpu(oss, dp_ep) == pytest.approx(
+        (oss.param_count() - experts) * 2 + experts * (17 / 32) / 2, rel=1e-15)
+
+
+def test_weights_that_leave_no_room_for_one_tokens_kv_are_an_error() -> None:
+    """A made-up GPU of exactly the weights plus one token's KV holds one token; a byte
+    less holds none, which is an error naming the figures in GB."""
+    from orcasim.cost.catalog import derive_kv_capacity_tokens, kv_bytes_per_token_per_gpu
+
+    model = ModelSpec(num_layers=2, hidden_size=64, num_heads=4, vocab_size=100, max_seq_len=64)
+    gpu = {"peak_flops": 1e12, "hbm_bandwidth_bytes_per_s": 1e12, "nvlink_bandwidth_bytes_per_s": 1e9,
+           "node_network_bytes_per_s": 1e9}
+
+    def deployment(memory_bytes: float) -> HardwareConfig:
+        return HardwareConfig.model_validate({"gpu": {**gpu, "memory_bytes": memory_bytes},
+                                              "gpu_memory_utilization": 1.0, "activation_reserve_gib": 0})
+
+    weights = model.weight_bytes()
+    kv = kv_bytes_per_token_per_gpu(model, deployment(1e9))
+    assert derive_kv_capacity_tokens(model, deployment(weights + kv)) == 1
+    message = (r"^model custom needs 0\.0 GB of weights per GPU on 1 x custom, leaving no room "
+               r"for KV in the 0\.0 GB budget; expected more GPUs")
+    with pytest.raises(ScenarioError, match=message):
+        derive_kv_capacity_tokens(model, deployment(weights + kv - 1))
+    big = model_from_argument("llama3-70b")
+    with pytest.raises(ScenarioError, match=r"needs 141\.1 GB of weights per GPU on 1 x h100-80gb, "
+                                            r"leaving no room for KV in the 70\.9 GB budget"):
+        derive_kv_capacity_tokens(big, HardwareConfig(gpu="h100-80gb"))
+
+
+def test_a_dense_model_refuses_expert_and_data_parallelism_by_its_key() -> None:
+    from orcasim.cost.catalog import check_deployment
+
+    dense = model_from_argument("llama3-70b")
+    for hardware in ({"tensor_parallel": 2, "expert_parallel": 2},
+                     {"data_parallel_attention": 2, "expert_parallel": 2}):
+        with pytest.raises(ScenarioError, match=r"^hardware\.expert_parallel = 2 needs a mixture-of-experts "
+                                                r"model; llama3-70b is dense"):
+            check_deployment(dense, HardwareConfig.model_validate({"gpu": "h200", **hardware}), 1)
+
+
+def test_an_unknown_name_says_which_catalog_it_looked_in() -> None:
+    from orcasim.cost.catalog import gpu_spec, model_spec
+
+    with pytest.raises(ScenarioError, match=r"^unknown model 'llama-9'; known models: "):
+        model_spec("llama-9")
+    with pytest.raises(ScenarioError, match=r"^unknown gpu 'z100'; known gpus: "):
+        gpu_spec("z100")
+
+
+def test_a_config_that_makes_no_model_is_one_line_without_pydantics_prefix(tmp_path: Path) -> None:
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5, "num_hidden_layers": 2,
+              "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    with pytest.raises(ScenarioError) as caught:
+        model_from_argument(write_config(tmp_path, config))
+    assert not str(caught.value).startswith("Value error") and "\n" not in str(caught.value)
+    assert "num_heads" in str(caught.value) or "hidden_size" in str(caught.value)
+
+
+def test_config_errors_name_the_file_and_the_family(tmp_path: Path) -> None:
+    path = write_config(tmp_path, [1, 2])
+    with pytest.raises(ScenarioError, match=f"^model.hf_config = '{path}': expected a JSON object$"):
+        model_from_argument(path)
+    path = write_config(tmp_path, {"hidden_size": 64})
+    with pytest.raises(ScenarioError, match=f"^model.hf_config = '{path}': model_type = '' is not a family"):
+        model_from_argument(path)
+    with pytest.raises(ScenarioError, match="^model.hf_config: missing num_attention_heads, which qwen2 configs have$"):
+        model_from_argument(write_config(tmp_path, {"model_type": "qwen2", "hidden_size": 64}))
+
+
+def test_a_llama_config_with_attention_bias_biases_q_k_and_v(tmp_path: Path) -> None:
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    assert model_from_argument(write_config(tmp_path, base)).qkv_bias is None
+    biased = model_from_argument(write_config(tmp_path, {**base, "attention_bias": True}))
+    assert biased.qkv_bias is True and biased.bias is False
+    # The biases count: 3 x 64 on Q, K and V, none on the output projection.
+    plain = model_from_argument(write_config(tmp_path, base))
+    assert biased.attention_params() - plain.attention_params() == 3 * 64
+
+
+def test_chunked_attention_is_refused_only_when_set(tmp_path: Path) -> None:
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    assert model_from_argument(write_config(tmp_path, {**base, "attention_chunk_size": None})).num_layers == 2
+    with pytest.raises(ScenarioError, match="attention_chunk_size = 8192 changes the cost and is not modelled"):
+        model_from_argument(write_config(tmp_path, {**base, "attention_chunk_size": 8192}))
+
+
+def test_qwens_window_is_off_unless_its_config_switches_it_on(tmp_path: Path) -> None:
+    """transformers' Qwen2Config defaults use_sliding_window to False: a config without the
+    key attends to everything. Mistral's has no such key: its window is always on."""
+    qwen = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4,
+            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64,
+            "sliding_window": 32, "max_window_layers": 2}
+    assert model_from_argument(write_config(tmp_path, qwen)).sliding_window is None
+    on = model_from_argument(write_config(tmp_path, {**qwen, "use_sliding_window": True}))
+    assert (on.sliding_window, on.sliding_window_layers) == (32, [2, 3])
+    mistral = model_from_argument(write_config(tmp_path, {**qwen, "model_type": "mistral"}))
+    assert (mistral.sliding_window, mistral.sliding_window_layers) == (32, None)
+
+
+def test_qwens_sparse_step_puts_experts_on_every_steps_last_layer(tmp_path: Path) -> None:
+    """vLLM's Qwen2-MoE: layer i has experts when (i + 1) % decoder_sparse_step == 0."""
+    qwen = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 7,
+            "intermediate_size": 256, "vocab_size": 100, "max_position_embeddings": 64, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 3}
+    moe = model_from_argument(write_config(tmp_path, qwen)).moe
+    assert moe is not None and moe.dense_layers == [0, 1, 3, 4, 6]
+
+
+def test_a_scenarios_own_weight_dtype_overrides_the_checkpoints(tmp_path: Path) -> None:
+    config = json.loads(Path("orcasim/data/hf_configs/deepseek-v3/config.json").read_text())
+    path = write_config(tmp_path, {**config, "quantization_config": {"quant_method": "fp8"}})
+    assert ModelSpec.model_validate({"hf_config": path}).weight_dtype == "fp8"
+    assert ModelSpec.model_validate({"hf_config": path, "weight_dtype": "bf16"}).weight_dtype == "bf16"

@@ -390,10 +390,9 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
 
 
 def _check_expert_parallel(model: ModelSpec, hardware: HardwareConfig, where: str) -> None:
-    ep, dp = hardware.expert_parallel, hardware.data_parallel_attention
-    if model.moe is None and (ep > 1 or dp > 1):
-        key = "expert_parallel" if ep > 1 else "data_parallel_attention"
-        raise ScenarioError(f"{where}hardware.{key} = {max(ep, dp)} needs a mixture-of-experts "
+    ep = hardware.expert_parallel  # > 1 with data-parallel attention too (HardwareConfig)
+    if model.moe is None and ep > 1:
+        raise ScenarioError(f"{where}hardware.expert_parallel = {ep} needs a mixture-of-experts "
                             f"model; {model.name} is dense (expected 1; replicas: a cluster)")
     if model.moe is not None and model.moe.num_experts % ep:
         raise ScenarioError(f"{where}hardware.expert_parallel = {ep} does not divide {model.name}'s "
@@ -423,10 +422,9 @@ def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     by tensor parallelism (replicated over data-parallel attention groups), and of the
     routed experts split by expert parallelism (or by tensor parallelism without it).
 
-    Without data parallelism or expert parallelism that is the weights / GPUs.
+    Without data-parallel attention that is the weights / GPUs (expert parallelism then
+    spans the tensor-parallel ranks, `HardwareConfig`).
     """
-    if hw.expert_parallel == 1 and hw.data_parallel_attention == 1:
-        return model.weight_bytes() / hw.num_gpus  # every weight split evenly
     experts = model.routed_expert_params()
     rest = model.param_count() - experts
     expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
@@ -440,19 +438,19 @@ def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
 
     Per GPU, since every GPU holds the same tokens' KV for its own layers and heads; each
     data-parallel attention group holds its own requests' KV, so the groups add up.
-    Raises ValueError when the weights alone do not fit.
+    Raises ScenarioError when the weights leave no room for one token's KV.
     """
     weights_per_gpu = weight_bytes_per_gpu(model, hw)
     budget = hw.gpu.memory_bytes * hw.gpu_memory_utilization - hw.activation_reserve_gib * GIB
-    free = budget - weights_per_gpu
-    if free <= 0:
+    tokens_per_gpu = int((budget - weights_per_gpu) // kv_bytes_per_token_per_gpu(model, hw))
+    if tokens_per_gpu < 1:  # weights over the budget, or too close to it for one token's KV
         raise ScenarioError(
             f"model {model.name} needs {weights_per_gpu / 1e9:.1f} GB of weights per GPU on "
-            f"{hw.num_gpus} x {hw.gpu.name}, above the {budget / 1e9:.1f} GB budget; "
-            f"expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
+            f"{hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / 1e9:.1f} GB "
+            f"budget; expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
             f"fewer weight bytes (weight_dtype) or kv_capacity_tokens"
         )
-    return hw.data_parallel_attention * int(free // kv_bytes_per_token_per_gpu(model, hw))
+    return hw.data_parallel_attention * tokens_per_gpu
 
 
 class Deployment(Strict):

@@ -40,11 +40,10 @@ class Op:
     count: int = 1
 
 
-def _matmul(name: str, k: float, m: float, dt: float, bias: bool, weight_dt: float | None = None,
-            count: int = 1) -> Op:
-    """(N, k) by (k, m); weights stored at `weight_dt` bytes (fp8, int4) if not at `dt`."""
-    weight = (k * m + (m if bias else 0)) * (dt if weight_dt is None else weight_dt)
-    return Op(name, 2.0 * k * m, weight, (k + m) * dt, count)
+def _matmul(name: str, k: float, m: float, dt: float, bias: bool, weight_dt: float) -> Op:
+    """(N, k) by (k, m) in `dt`-byte activations; weights stored at `weight_dt` bytes (the
+    activations' precision, or fp8, int4)."""
+    return Op(name, 2.0 * k * m, (k * m + (m if bias else 0)) * weight_dt, (k + m) * dt)
 
 
 def _per_head_matmul(name: str, heads: float, k: float, m: float, dt: float, weight_dt: float) -> Op:

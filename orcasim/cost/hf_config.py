@@ -105,7 +105,10 @@ def _llama_like(config: Config) -> dict[str, Any]:
 def _sliding_window(config: Config) -> dict[str, Any]:
     """`sliding_window` and its layers, or nothing for a model that attends to everything."""
     window = config.get("sliding_window")
-    if window is None or config.get("use_sliding_window") is False:
+    # Qwen's configs switch the window on with use_sliding_window, off when absent
+    # (transformers' Qwen2Config and Qwen3Config default it to False); Mistral's has no such key.
+    uses = config.get("use_sliding_window", False if config["model_type"].startswith("qwen") else None)
+    if window is None or uses is False:
         return {}
     layers = int(_need(config, "num_hidden_layers"))
     types = config.get("layer_types")
@@ -115,7 +118,7 @@ def _sliding_window(config: Config) -> dict[str, Any]:
             raise ScenarioError(f"model.hf_config: layer_types {unknown[0]!r} is not modelled; "
                                 "expected sliding_attention or full_attention layers")
         sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    elif config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+    elif uses and config.get("max_window_layers") is not None:
         sliding = list(range(int(config["max_window_layers"]), layers))  # Qwen2
     else:
         sliding = list(range(layers))  # Mistral: every layer

@@ -334,11 +334,12 @@ class Roofline(CostModel):
 
 
 def _fsum_last_axis(values: np.ndarray) -> np.ndarray | float:
-    """Sums over the last axis, each exactly rounded (math.fsum, Shewchuk's algorithm)."""
+    """Sums over the last axis of a vector (one batch) or a matrix (a batch's steps, a row
+    each), each exactly rounded (math.fsum, Shewchuk's algorithm)."""
     if values.ndim == 1:
         return math.fsum(values.tolist())
-    rows = values.reshape(-1, values.shape[-1]).tolist()
-    return np.array([math.fsum(row) for row in rows]).reshape(values.shape[:-1])
+    assert values.ndim == 2, values.shape
+    return np.array([math.fsum(row) for row in values.tolist()])
 
 
 @dataclass(frozen=True, slots=True)
