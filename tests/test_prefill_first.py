@@ -69,6 +69,20 @@ def test_padded_prompts_are_costed_at_the_longest() -> None:
     assert plan.batch.context_tokens.tolist() == [40, 40]
 
 
+def test_unpadded_prompts_are_costed_at_their_own_lengths() -> None:
+    # The same prompts without padding (the default, vLLM from v0.4): all three fit the
+    # budget of 100 (10 + 40 + 40 = 90), each priced at its own length.
+    reqs = make_requests([10, 40, 40], [2, 2, 2])
+    sched = _sched(reqs, capacity=400, block_size_tokens=2, max_num_batched_tokens=100, max_num_seqs=8)
+    for req in range(3):
+        sched.add_request(req)
+    plan = sched.schedule(0.0)
+    assert plan.req_ids.tolist() == [0, 1, 2]
+    assert plan.batch.query_tokens.tolist() == [10, 40, 40]
+    assert plan.batch.context_tokens.tolist() == [10, 40, 40]
+    assert sched.padded_prompt_tokens([10, 40]) is None
+
+
 def test_the_watermark_holds_even_when_nothing_runs() -> None:
     # 100 blocks of one token, 5 kept free. Peak 95 tokens needs 95 + 1 + 5 > 100: rejected.
     reqs = make_requests([95, 90], [1, 4], max_tokens=100)
