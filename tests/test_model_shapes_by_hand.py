@@ -737,3 +737,14 @@ def test_a_scenarios_own_weight_dtype_overrides_the_checkpoints(tmp_path: Path) 
     path = write_config(tmp_path, {**config, "quantization_config": {"quant_method": "fp8"}})
     assert ModelSpec.model_validate({"hf_config": path}).weight_dtype == "fp8"
     assert ModelSpec.model_validate({"hf_config": path, "weight_dtype": "bf16"}).weight_dtype == "bf16"
+
+
+def test_a_scenarios_weight_dtype_stands_in_for_a_quantization_orcasim_does_not_read(tmp_path: Path) -> None:
+    """The error for an AWQ checkpoint says to set model.weight_dtype: doing so is enough."""
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64,
+            "quantization_config": {"quant_method": "awq"}}
+    path = write_config(tmp_path, base)
+    with pytest.raises(ScenarioError, match="or set model.weight_dtype"):
+        model_from_argument(path)
+    assert ModelSpec.model_validate({"hf_config": path, "weight_dtype": "int4"}).weight_element_bytes == 0.5

@@ -114,12 +114,11 @@ def _mla_token_ops(model: ModelSpec, tp: int) -> list[Op]:
     m, d, dt, wdt = model.mla, model.hidden_size, model.dtype_bytes, model.weight_element_bytes
     heads = model.num_heads / tp
     qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
-    ops = []
     if m.q_lora_rank:
-        ops += [_matmul("mla_q_down", d, m.q_lora_rank, dt, False, wdt),
-                _matmul("mla_q_up", m.q_lora_rank, heads * qk_dim, dt, False, wdt)]
+        ops = [_matmul("mla_q_down", d, m.q_lora_rank, dt, False, wdt),
+               _matmul("mla_q_up", m.q_lora_rank, heads * qk_dim, dt, False, wdt)]
     else:
-        ops.append(_matmul("mla_q_proj", d, heads * qk_dim, dt, False, wdt))
+        ops = [_matmul("mla_q_proj", d, heads * qk_dim, dt, False, wdt)]
     latent = m.kv_lora_rank + m.qk_rope_head_dim
     return ops + [
         _matmul("mla_kv_down", d, latent, dt, False, wdt),
