@@ -108,7 +108,7 @@ def test_a_moved_key_names_its_new_place() -> None:
 
 def test_launches_need_the_layer_count() -> None:
     overhead = OverheadConfig(launch_per_layer_s=1e-4)
-    with pytest.raises(ValueError, match="launch_per_layer_s needs the layer count"):
+    with pytest.raises(ValueError, match="^cost.overhead.launch_per_layer_s needs the layer count: give the scenario keys 'model' and 'hardware'$"):
         build_cost_model(LinearCostConfig(**LINEAR, overhead=overhead))
 
 

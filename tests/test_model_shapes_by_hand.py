@@ -110,7 +110,8 @@ def test_opt_and_gpt2_configs_read_their_own_fields_and_defaults(tmp_path: Path)
     model = model_from_argument(write_config(tmp_path, {**opt, "enable_bias": False,
                                                         "tie_word_embeddings": False}))
     assert (model.tied_embeddings, model.bias) == (False, False)
-    with pytest.raises(ScenarioError, match="word_embed_proj_dim differs from hidden_size"):
+    with pytest.raises(ScenarioError, match=r"^model.hf_config: word_embed_proj_dim differs from hidden_size \(OPT-350m's projection\), "
+                                               r"which is not modelled$"):
         model_from_argument(write_config(tmp_path, {**opt, "word_embed_proj_dim": 256}))
     # GPT-2 under the names newer configs use, with its MLP width given.
     gpt2 = {"model_type": "gpt2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3,
@@ -667,7 +668,7 @@ def test_an_unknown_name_says_which_catalog_it_looked_in() -> None:
 
     with pytest.raises(ScenarioError, match=r"^unknown model 'llama-9'; known models: "):
         model_spec("llama-9")
-    with pytest.raises(ScenarioError, match=r"^unknown gpu 'z100'; known gpus: "):
+    with pytest.raises(ScenarioError, match=r"^unknown gpu 'z100'; known gpus: a100-40gb, a100-80gb, "):
         gpu_spec("z100")
 
 
@@ -685,7 +686,10 @@ def test_config_errors_name_the_file_and_the_family(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=f"^model.hf_config = '{path}': expected a JSON object$"):
         model_from_argument(path)
     path = write_config(tmp_path, {"hidden_size": 64})
-    with pytest.raises(ScenarioError, match=f"^model.hf_config = '{path}': model_type = '' is not a family"):
+    with pytest.raises(ScenarioError, match=f"^model.hf_config = '{path}': model_type = '' is not a family "
+                                            "orcasim reads; expected one of deepseek_v2, deepseek_v3, gpt2, "
+                                            "gpt_oss, llama, mistral, mixtral, opt, qwen2, qwen2_moe, qwen3, "
+                                            "qwen3_moe$"):
         model_from_argument(path)
     with pytest.raises(ScenarioError, match="^model.hf_config: missing num_attention_heads, which qwen2 configs have$"):
         model_from_argument(write_config(tmp_path, {"model_type": "qwen2", "hidden_size": 64}))
@@ -748,3 +752,12 @@ def test_a_scenarios_weight_dtype_stands_in_for_a_quantization_orcasim_does_not_
     with pytest.raises(ScenarioError, match="or set model.weight_dtype"):
         model_from_argument(path)
     assert ModelSpec.model_validate({"hf_config": path, "weight_dtype": "int4"}).weight_element_bytes == 0.5
+
+
+def test_an_unknown_kind_of_layer_is_named_with_the_kinds_orcasim_reads(tmp_path: Path) -> None:
+    config = {"model_type": "mistral", "num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64,
+              "sliding_window": 32, "layer_types": ["sliding_attention", "chunked_attention"]}
+    with pytest.raises(ScenarioError, match="^model.hf_config: layer_types 'chunked_attention' is not modelled; "
+                                            "expected sliding_attention or full_attention layers$"):
+        model_from_argument(write_config(tmp_path, config))
