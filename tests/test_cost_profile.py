@@ -15,7 +15,12 @@ from orcasim.cost import Batch
 from orcasim.cost.catalog import Deployment, HardwareConfig, model_spec
 from orcasim.cost.interp import SlicedTable2D, Table1D
 from orcasim.cost.profile import ProfileCost, ProfileCostConfig
-from orcasim.cost.profile_tables import mlp_table
+from orcasim.cost.profile_tables import (
+    aiconfigurator_attention,
+    mlp_table,
+    network_table,
+    vidur_attention,
+)
 from orcasim.paths import PACKAGE_DATA_DIR
 from tests.conftest import examples
 
@@ -141,3 +146,220 @@ def test_profile_scenario_runs_and_counts_out_of_range_iterations() -> None:
     assert summary.loc["request-level", "cost_out_of_range"] > 0
     assert summary.loc["orca-roofline", "cost_out_of_range"] == 0
     assert (summary["requests_completed"] == 30).all()
+
+
+# --- tables and the profile cost by hand (what the mutation run found unpinned) ----------------
+
+SEND_RECV_A100 = f"{VIDUR}/network/a100_dgx/send_recv.csv"
+VIDUR_OPS = ["input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+             "mlp_up_proj", "mlp_act", "mlp_down_proj", "add"]
+
+
+def _raw(path: str) -> pd.DataFrame:
+    return pd.read_csv(PACKAGE_DATA_DIR / path)
+
+
+def test_a_layers_token_ops_are_vidurs_medians_in_seconds_with_two_residual_adds() -> None:
+    row = _raw(MLP_70B_A100).query("num_tensor_parallel_workers == 2 and num_tokens == 64").iloc[0]
+    per_layer_ms = sum(row[f"time_stats.{op}.median"] for op in VIDUR_OPS) + row["time_stats.add.median"]
+    ops, emb = mlp_table(MLP_70B_A100, model_spec("llama2-70b"), 2)
+    assert float(ops(64.0)[0]) == pytest.approx(per_layer_ms * 1e-3, rel=1e-12)
+    assert float(emb(64.0)[0]) == pytest.approx(row["time_stats.emb.median"] * 1e-3, rel=1e-12)
+
+
+def test_a_table_without_embedding_times_gives_a_free_embedding(tmp_path) -> None:  # noqa: ANN001
+    df = _raw(MLP_70B_A100).drop(columns=["time_stats.emb.median"])
+    path = tmp_path / "mlp.csv"
+    df.to_csv(path, index=False)
+    ops, emb = mlp_table(str(path), model_spec("llama2-70b"), 2)
+    assert float(emb(64.0)[0]) == 0.0 and float(ops(64.0)[0]) > 0.0
+
+
+def test_vidur_attention_tables_hold_their_medians_in_seconds() -> None:
+    df = _raw(ATTENTION_70B_TP2)
+    decode, prefill = _raw_attention_rows(df)
+    d_table, p_table = vidur_attention(ATTENTION_70B_TP2, model_spec("llama2-70b"), 2)
+    assert float(d_table(decode.batch_size, decode.kv_cache_size)[0]) == pytest.approx(
+        decode["time_stats.attn_decode.median"] * 1e-3, rel=1e-12)
+    assert float(p_table(prefill.kv_cache_size, prefill.prefill_chunk_size)[0]) == pytest.approx(
+        prefill["time_stats.attn_prefill.median"] * 1e-3, rel=1e-12)
+
+
+def _raw_attention_rows(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    decode = df[~df["is_prefill"].astype(bool)].query("batch_size == 8 and kv_cache_size == 1024").iloc[0]
+    prefill = df[df["is_prefill"].astype(bool)].query("kv_cache_size == 512 and prefill_chunk_size == 256").iloc[0]
+    return decode, prefill
+
+
+def test_a_collective_table_is_read_for_the_deployments_placement() -> None:
+    """Two workers in one node (2 per node), or across nodes (1 per node)."""
+    df = _raw(ALL_REDUCE_A100)
+    hw = HardwareConfig(gpu="a100-80gb", tensor_parallel=2)
+    for crosses, per_node in ((False, 2), (True, 1)):
+        row = df.query(f"num_workers == 2 and devices_per_node == {per_node}").iloc[3]
+        table = network_table(ALL_REDUCE_A100, "all_reduce", 2, hw, crosses)
+        assert float(table(row["size"])[0]) == pytest.approx(row["time_stats.all_reduce.median"] * 1e-3, rel=1e-12)
+    in_node = network_table(ALL_REDUCE_A100, "all_reduce", 2, hw)  # the default: inside a node
+    assert in_node.y.tolist() == network_table(ALL_REDUCE_A100, "all_reduce", 2, hw, False).y.tolist()
+    with pytest.raises(ScenarioError, match=r"^cost: .*all_reduce.csv has no rows for 16 workers with 1 per "
+                                            r"node; measured: \[8\]$"):
+        network_table(ALL_REDUCE_A100, "all_reduce", 16, hw, True)
+    with pytest.raises(ScenarioError, match=r"^cost: .*all_reduce.csv has no rows for num_workers = 3; "
+                                            r"measured: \[2, 4, 8, 16\]$"):
+        network_table(ALL_REDUCE_A100, "all_reduce", 3, hw)
+
+
+def test_a_table_of_another_shape_names_its_file() -> None:
+    with pytest.raises(ScenarioError, match=f"^cost: {MLP_70B_A100}: column 'n_embd'"):
+        mlp_table(MLP_70B_A100, model_spec("llama2-7b"), 1)
+    with pytest.raises(ScenarioError, match=f"^cost: {ATTENTION_70B_TP2}: column 'n_embd'"):
+        vidur_attention(ATTENTION_70B_TP2, model_spec("llama2-7b"), 2)
+    with pytest.raises(ScenarioError, match=f"^cost: {MLP_70B_A100} has no rows for num_tensor_parallel_workers = 16"):
+        mlp_table(MLP_70B_A100, model_spec("llama2-70b"), 16)
+
+
+def test_aiconfigurator_tables_by_hand() -> None:
+    """Decode: a generation row's latency; prefill: a context row of the smallest batch,
+    per sequence, at zero cached KV."""
+    directory = PACKAGE_DATA_DIR / "profiles/aiconfigurator/a100_sxm"
+    gen = pd.read_parquet(sorted(directory.rglob("generation_attention_perf.parquet"))[0])
+    ctx = pd.read_parquet(sorted(directory.rglob("context_attention_perf.parquet"))[0])
+    shape = "num_heads == 32 and num_key_value_heads == 4 and head_dim == 128"
+    g = gen.query(shape).iloc[5]
+    smallest = ctx.query(shape)["batch_size"].min()
+    c = ctx.query(f"{shape} and batch_size == {smallest}").iloc[2]
+    decode, prefill = aiconfigurator_attention("profiles/aiconfigurator/a100_sxm", model_spec("llama2-70b"), 2)
+    assert float(decode(g.batch_size, g.step)[0]) == pytest.approx(g.latency * 1e-3, rel=1e-12)
+    assert float(prefill(0.0, c.isl)[0]) == pytest.approx(c.latency / c.batch_size * 1e-3, rel=1e-12)
+    assert prefill.a.tolist() == [0.0]
+    with pytest.raises(ScenarioError, match="^cost: aiconfigurator_dir 'nowhere' is not a folder$"):
+        aiconfigurator_attention("nowhere", model_spec("llama2-70b"), 2)
+
+
+def test_aiconfigurator_rows_of_one_shape_bf16_kv_no_window_and_one_kernel() -> None:
+    from orcasim.cost.profile_tables import _select_heads
+
+    model = model_spec("llama2-70b")  # TP 2: 32 query heads, 4 KV heads, head_dim 128 a rank
+    rows = pd.DataFrame({
+        "num_heads": [32, 32, 32, 32, 32, 16, 32], "num_key_value_heads": [4, 4, 4, 4, 8, 4, 4],
+        "head_dim": [128, 128, 128, 128, 128, 128, 64],
+        "kv_cache_dtype": ["bfloat16", "bfloat16", "fp8", "bfloat16", "bfloat16", "bfloat16", "bfloat16"],
+        "window_size": [0, 0, 0, 128, 0, 0, 0],
+        "kernel_source": ["b_kernel", "a_kernel", "a_kernel", "a_kernel", "a_kernel", "a_kernel", "a_kernel"],
+    })
+    assert _select_heads(rows, model, 2, "x").index.tolist() == [1]
+    assert _select_heads(rows.iloc[[0]], model, 2, "x").index.tolist() == [0]
+    with pytest.raises(ScenarioError, match=r"^cost: no generation attention rows for 32 query heads, 4 KV heads, "
+                                            r"head_dim 128 per rank; measured \(heads, kv_heads, head_dim\): "
+                                            r"\[\(16, 4, 128\), \(32, 8, 128\)\]$"):
+        _select_heads(rows.iloc[[4, 5]], model, 2, "generation attention")
+
+
+def test_the_profile_cost_composes_its_parts_by_hand() -> None:
+    """Iteration = layers x (token ops + attention) + embedding + collectives + LM head.
+    Attention: the decodes as one batch at their mean KV, each prefill at its cached KV and
+    chunk; collectives: two all-reduces a layer from the table under TP 2."""
+    cost = llama70b_tp2(attention_csv=ATTENTION_70B_TP2, all_reduce_csv=ALL_REDUCE_A100)
+    d_table, p_table = vidur_attention(ATTENTION_70B_TP2, model_spec("llama2-70b"), 2)
+    ops, emb = mlp_table(MLP_70B_A100, model_spec("llama2-70b"), 2)
+    all_reduce = network_table(ALL_REDUCE_A100, "all_reduce", 2, HardwareConfig(gpu="a100-80gb", tensor_parallel=2))
+    query, context = np.array([1, 1, 64, 128]), np.array([100, 300, 64, 384])
+    tokens, layers = 194.0, 80
+    attention = (float(d_table(2, 200.0)[0]) + float(p_table(0.0, 64.0)[0]) + float(p_table(256.0, 128.0)[0]))
+    size = tokens * 8192 * 2
+    expected = (layers * (float(ops(tokens)[0]) + attention) + float(emb(tokens)[0])
+                + 2 * layers * float(all_reduce(size)[0])
+                + float(cost.roofline.op_time_s(cost.roofline.lm_head, 4.0)))
+    assert cost.iteration_time_s(Batch(query, context)) == pytest.approx(expected, rel=1e-12)
+    # Decodes alone, and a prompt alone: the other side of attention is zero.
+    decodes = cost.iteration_time_s(Batch(np.array([1, 1]), np.array([100, 300])))
+    no_attention = layers * float(ops(2.0)[0]) + float(emb(2.0)[0]) + 2 * layers * float(all_reduce(2 * 16384.0)[0]) \
+        + float(cost.roofline.op_time_s(cost.roofline.lm_head, 2.0))
+    assert decodes == pytest.approx(no_attention + layers * float(d_table(2, 200.0)[0]), rel=1e-12)
+    prompt = cost.iteration_time_s(Batch(np.array([64]), np.array([64])))
+    alone = layers * (float(ops(64.0)[0]) + float(p_table(0.0, 64.0)[0])) + float(emb(64.0)[0]) \
+        + 2 * layers * float(all_reduce(64 * 16384.0)[0]) + float(cost.roofline.op_time_s(cost.roofline.lm_head, 1.0))
+    assert prompt == pytest.approx(alone, rel=1e-12)
+    assert cost.out_of_range_count() == 0
+
+
+def test_without_tables_attention_and_collectives_come_from_the_roofline() -> None:
+    cost = llama70b_tp2()
+    query, context = np.array([1, 30]), np.array([500, 30])
+    ops, emb = mlp_table(MLP_70B_A100, model_spec("llama2-70b"), 2)
+    roofline = cost.roofline
+    expected = (80 * float(ops(31.0)[0]) + float(emb(31.0)[0]) + float(roofline.tp_all_reduce_s(31.0))
+                + float(roofline.op_time_s(roofline.lm_head, 2.0))
+                + 80 * float(roofline.attention_per_layer_s(query, context)))
+    assert cost.iteration_time_s(Batch(query, context)) == pytest.approx(expected, rel=1e-12)
+    steps = cost.decode_steps_s(np.array([100, 700]), 3)
+    one = np.ones(2, dtype=np.int64)
+    np.testing.assert_allclose(steps, [cost.iteration_time_s(Batch(one, np.array([100, 700]) + k))
+                                       for k in range(3)], rtol=1e-12)
+    empty = np.zeros(0, dtype=np.int64)
+    assert cost.iteration_time_s(Batch(empty, empty)) == 0.0
+    np.testing.assert_array_equal(cost.decode_steps_s(empty, 2), np.zeros(2))
+
+
+def test_pipeline_stages_send_from_the_send_recv_table() -> None:
+    dep = Deployment(model=model_spec("llama2-70b"),
+                     hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=2, pipeline_parallel=2))
+    plain = ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100), dep)
+    sends = ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, send_recv_csv=SEND_RECV_A100), dep)
+    table = network_table(SEND_RECV_A100, "send_recv", 2, dep.hardware)
+    tokens = np.array(64.0)
+    comm, outside = sends._communication(tokens)
+    assert float(comm) == pytest.approx(float(plain.roofline.tp_all_reduce_s(64.0)) + float(table(64 * 16384.0)[0]),
+                                        rel=1e-12)
+    assert not outside
+    plain_comm, _ = plain._communication(tokens)
+    assert float(plain_comm) == pytest.approx(float(plain.roofline.tp_all_reduce_s(64.0))
+                                              + float(plain.roofline.pipeline_sends_s(64.0)), rel=1e-12)
+
+
+def test_a_decode_step_past_the_tables_counts_every_step() -> None:
+    """5,000 decodes a step: beyond mlp.csv's 4,096 tokens, each of three steps is counted."""
+    cost = llama70b_tp2()
+    with pytest.warns(UserWarning, match="mlp.csv num_tokens queried outside"):
+        cost.decode_steps_s(np.full(5000, 10), 3)
+    assert cost.out_of_range_count() == 3
+
+
+def test_the_profile_cost_names_what_its_tables_do_not_time() -> None:
+    from orcasim.cost.profile import _check_profiled_shape
+
+    llama = model_spec("llama2-70b")
+    _check_profiled_shape(llama)
+    _check_profiled_shape(llama.model_copy(update={"weight_dtype": "fp16", "kv_cache_dtype": "bf16"}))
+    cases = [({"weight_dtype": "fp8"}, "fp8 weights"), ({"kv_cache_dtype": "fp8"}, "an fp8 KV cache"),
+             ({"sliding_window": 4096}, r"sliding-window attention \(model.sliding_window\)")]
+    for update, named in cases:
+        with pytest.raises(ScenarioError, match=f"^cost.kind = 'profile': model llama2-70b has {named}, which its "
+                                                "tables do not time; expected cost.kind roofline$"):
+            _check_profiled_shape(llama.model_copy(update=update))
+    with pytest.raises(ScenarioError, match=r"has mixture-of-experts layers \(model.moe\)"):
+        _check_profiled_shape(model_spec("mixtral-8x7b"))
+    with pytest.raises(ScenarioError, match=r"has latent attention \(model.mla\), fp8 weights, which"):
+        _check_profiled_shape(model_spec("deepseek-v3").model_copy(update={"moe": None}))
+
+
+def test_repeated_measurements_average_and_a_single_point_is_flat() -> None:
+    table = Table1D.from_points(np.array([2.0, 1.0, 2.0]), np.array([10.0, 4.0, 20.0]))
+    assert table.y.tolist() == [4.0, 15.0]
+    flat = Table1D.from_points(np.array([5.0]), np.array([3.0]))
+    values, outside = flat(np.array([4.0, 5.0, 6.0]))
+    assert values.tolist() == [3.0, 3.0, 3.0] and outside.tolist() == [True, False, True]
+    values, outside = table(np.array([1.0, 2.0]))  # the ends themselves: inside, measured
+    assert values.tolist() == [4.0, 15.0] and not outside.any()
+
+
+def test_a_one_slice_table_is_outside_off_its_slice() -> None:
+    one = SlicedTable2D.from_points(np.zeros(3), np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0]))
+    values, outside = one(np.array([0.0, 1.0, 0.0]), np.array([2.0, 2.0, 9.0]))
+    assert values.tolist() == [2.0, 2.0, 9.0] and outside.tolist() == [False, True, True]
+    two = SlicedTable2D.from_points(np.array([1.0, 1.0, 2.0, 2.0]), np.array([0.0, 10.0, 0.0, 10.0]),
+                                    np.array([0.0, 10.0, 0.0, 20.0]))
+    values, outside = two(np.array([1, 2]), np.array([5, 5]))  # integer queries are read as floats
+    assert values.tolist() == [5.0, 10.0] and not outside.any()
+    values, outside = two(np.array([0.5, 1.5]), np.array([10.0, 10.0]))
+    assert values.tolist() == [5.0, 15.0] and outside.tolist() == [True, False]

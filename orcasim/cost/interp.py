@@ -77,7 +77,7 @@ class SlicedTable2D:
         hi = np.clip(np.searchsorted(self.a, qa, side="left"), 1, len(self.a) - 1)
         lo = hi - 1
         values = np.empty(qa.shape)
-        outside = (qa < self.a[0]) | (qa > self.a[-1])
+        outside = np.asarray((qa < self.a[0]) | (qa > self.a[-1]))  # an array even for scalar queries
         for i in np.unique(lo):
             sel = lo == i
             z0, out0 = self.slices[i](qb[sel])
