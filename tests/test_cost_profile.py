@@ -363,3 +363,43 @@ def test_a_one_slice_table_is_outside_off_its_slice() -> None:
     assert values.tolist() == [5.0, 10.0] and not outside.any()
     values, outside = two(np.array([0.5, 1.5]), np.array([10.0, 10.0]))
     assert values.tolist() == [5.0, 15.0] and outside.tolist() == [True, False]
+
+
+def test_one_decode_reads_the_table_at_its_own_kv_beside_a_prompt() -> None:
+    cost = llama70b_tp2(attention_csv=ATTENTION_70B_TP2)
+    d_table, p_table = vidur_attention(ATTENTION_70B_TP2, model_spec("llama2-70b"), 2)
+    with_prompt = cost._attention(np.array([[1, 64]]), np.array([[700, 64]]))[0][0]
+    assert with_prompt == pytest.approx(80 * (float(d_table(1, 700.0)[0]) + float(p_table(0.0, 64.0)[0])), rel=1e-12)
+
+
+def test_each_out_of_range_warning_names_its_table() -> None:
+    dep = Deployment(model=model_spec("llama2-70b"),
+                     hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=2, pipeline_parallel=2))
+    cost = ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, attention_csv=ATTENTION_70B_TP2,
+                                         all_reduce_csv=ALL_REDUCE_A100, send_recv_csv=SEND_RECV_A100), dep)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cost.iteration_time_s(Batch(np.ones(300, dtype=np.int64), np.full(300, 1_000_000)))
+        cost.iteration_time_s(Batch(np.array([9000]), np.array([9000])))
+    named = sorted(str(w.message).split(" queried")[0] for w in caught)
+    assert named == ["profile cost: all_reduce.csv size", "profile cost: attention decode",
+                     "profile cost: attention prefill", "profile cost: mlp.csv num_tokens",
+                     "profile cost: send_recv.csv size"]
+    # Only the send table past its range: the iteration still counts as out of range.
+    comm, outside = cost._communication(np.array([2.0e6]))
+    assert bool(outside)
+
+
+def test_stages_across_nodes_send_at_one_gpu_a_node() -> None:
+    """TP 8 x PP 2 spans two 8-GPU nodes: the stage boundary crosses them (1 per node);
+    TP 4 x PP 2 fits one node: 2 workers in a node."""
+    def sends(tp: int) -> ProfileCost:
+        dep = Deployment(model=model_spec("llama2-70b"),
+                         hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=tp, pipeline_parallel=2))
+        return ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, send_recv_csv=SEND_RECV_A100), dep)
+
+    hw = HardwareConfig(gpu="a100-80gb")
+    across = network_table(SEND_RECV_A100, "send_recv", 2, hw, True)
+    inside = network_table(SEND_RECV_A100, "send_recv", 2, hw, False)
+    assert sends(8).send_recv.y.tolist() == across.y.tolist() != inside.y.tolist()
+    assert sends(4).send_recv.y.tolist() == inside.y.tolist()

@@ -156,3 +156,86 @@ def test_calibrated_scenario_runs() -> None:
     orca = result.systems["orca"].summary
     assert orca["requests_completed"] == 30
     assert orca["cost_out_of_range"] == 0
+
+
+# --- a cost calibrated from serving logs, loaded directly (what the mutation run found unpinned) ---
+
+def _calibrated(tmp_path: Path, cost: object, name: str = "cal.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"format": "orcasim-calibrated-cost/v1", "cost": cost}))
+    return path
+
+
+def test_a_calibrated_cost_is_built_as_if_the_scenario_held_its_block(tmp_path: Path) -> None:
+    from orcasim.cost.catalog import Deployment, HardwareConfig, model_spec
+    from orcasim.cost.roofline import RooflineCostConfig
+
+    block = {"kind": "roofline", "compute_efficiency": 0.5, "overhead": {"per_iteration_s": 0.002, "per_sequence_s": 1e-4}}
+    deployment = Deployment(model=model_spec("opt-13b"), hardware=HardwareConfig(gpu="a100-80gb"))
+    loaded = build_cost_model(FittedCostConfig(kind="fitted", path=str(_calibrated(tmp_path, block))), deployment)
+    inline = build_cost_model(RooflineCostConfig.model_validate(block), deployment)
+    batch = Batch(np.array([1, 1, 300]), np.array([500, 90, 300]))
+    assert loaded.iteration_time_s(batch) == inline.iteration_time_s(batch)
+    linear = build(_calibrated(tmp_path, {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4}, "lin.yaml"))
+    assert linear.iteration_time_s(batch) == pytest.approx(0.01 + 302 * 1e-4, rel=1e-15)
+
+
+def test_a_calibrated_cost_that_is_not_a_cost_block_names_its_file_and_key(tmp_path: Path) -> None:
+    path = _calibrated(tmp_path, {"kind": "linear", "base_s": -1.0})
+    with pytest.raises(ScenarioError, match=r"^cal\.yaml: cost: base_s = -1\.0: Input should be greater than or equal to 0$"):
+        build(path)
+    with pytest.raises(ScenarioError, match=r"^cal\.yaml: cost"):
+        build(_calibrated(tmp_path, None))
+
+
+def test_a_calibrated_cost_may_not_load_itself(tmp_path: Path) -> None:
+    path = _calibrated(tmp_path, {"kind": "fitted", "path": "cal.yaml"})
+    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': a calibrated cost may not load itself$"):
+        build(path)
+
+
+def test_the_contracts_defaults_price_steps_and_lists_by_iteration_time() -> None:
+    """A cost model that only prices a batch: its decode steps and its lists path are
+    `iteration_time_s`'s own, and it has no decode line."""
+    from orcasim.cost.base import CostModel
+
+    class Squares(CostModel):
+        def iteration_time_s(self, batch: Batch) -> float:
+            c = batch.context_tokens
+            return float((c.astype(np.float64) ** 2).sum() * 1e-9 + batch.total_query_tokens * 1e-4
+                         + batch.total_context_tokens * 1e-7)
+
+    cost = Squares()
+    context = np.array([10, 400, 75])
+    steps = cost.decode_steps_s(context, 4)
+    expected = [cost.iteration_time_s(Batch(np.ones(3, dtype=np.int64), context + j)) for j in range(4)]
+    assert steps.tolist() == expected and expected[3] > expected[0]
+    assert cost.iteration_time_lists_s([1, 30], [400, 30], 31, 430) == cost.iteration_time_s(
+        Batch(np.array([1, 30]), np.array([400, 30])))
+    assert cost.decode_line(3, 485) is None
+
+
+def test_distserve_prices_a_mixed_batch_as_its_prompts_plus_its_decodes_by_hand() -> None:
+    """A prompt of 100 beside 2 decodes at 500 and 700: the prefill formula (its constant
+    included) plus the small-batch decode terms without their constant (DistServe's
+    mixed-batch rule)."""
+    import json
+
+    from orcasim.paths import PACKAGE_DATA_DIR
+
+    entry = json.loads((PACKAGE_DATA_DIR / DISTSERVE).read_text())["facebook/opt-13b"]["1"]
+    a_p, b_p, c_p = entry["prefill"]
+    _, b_d, c_d = entry["decoding_smallbs"]
+    expected_ms = (a_p + b_p * 100 + c_p * 100 * 100) + (b_d * 1200 + c_d * 2)
+    got = distserve().iteration_time_s(batch([1, 100, 1], [500, 100, 700]))
+    assert got == pytest.approx(expected_ms * 1e-3, rel=1e-12)
+
+
+def test_distserve_needs_its_model_and_tensor_parallelism_and_reads_facebook_names() -> None:
+    message = ("^cost.path = 'profiler-a100-80g.vllm.json': a DistServe profile needs cost.model and "
+               "cost.tensor_parallel$")
+    for missing in ({"tensor_parallel": None}, {"model": None}):
+        with pytest.raises(ScenarioError, match=message):
+            distserve(**missing)
+    assert distserve(model="facebook/opt-13b").iteration_time_s(batch([1], [100])) == \
+        distserve().iteration_time_s(batch([1], [100]))
