@@ -186,8 +186,9 @@ def test_block_size_that_does_not_divide_capacity_is_an_error():
 
 
 def test_budget_below_the_longest_prefill_is_an_error():
-    with pytest.raises(ValueError, match=r"max_num_batched_tokens = 64 is below request 1's "
-                                         r"prompt \+ output - 1 = 109 tokens"):
+    with pytest.raises(ValueError, match=r"^scheduler.max_num_batched_tokens = 64 is below request 1's "
+                                         r"prompt \+ output - 1 = 109 tokens, which it must prefill in one "
+                                         r"step without chunking; expected >= 109 \(or use kind: chunked\)$"):
         _paged(make_requests([10, 100], [5, 10]), capacity=1024, max_num_batched_tokens=64)
 
 
