@@ -403,3 +403,41 @@ def test_stages_across_nodes_send_at_one_gpu_a_node() -> None:
     inside = network_table(SEND_RECV_A100, "send_recv", 2, hw, False)
     assert sends(8).send_recv.y.tolist() == across.y.tolist() != inside.y.tolist()
     assert sends(4).send_recv.y.tolist() == inside.y.tolist()
+
+
+def test_a_sliced_table_brackets_each_query_by_its_neighbouring_slices() -> None:
+    """Slices at a = 1, 2, 4 of z = a * b: queries below, between each pair, on a slice and
+    above extrapolate or interpolate from the two nearest."""
+    a = np.repeat([1.0, 2.0, 4.0], 2)
+    b = np.tile([0.0, 10.0], 3)
+    table = SlicedTable2D.from_points(a, b, a * b)
+    values, outside = table(np.array([0.5, 1.5, 2.0, 3.0, 5.0]), np.full(5, 10.0))
+    np.testing.assert_allclose(values, [5.0, 15.0, 20.0, 30.0, 50.0], rtol=1e-15)
+    assert outside.tolist() == [True, False, False, False, True]
+
+
+def test_tables_outside_the_data_say_what_is_missing(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ScenarioError, match=r"^cost: .*nowhere\.csv"):
+        mlp_table("nowhere.csv", model_spec("llama2-70b"), 2)
+    empty = tmp_path / "aic"
+    empty.mkdir()
+    with pytest.raises(ScenarioError, match=f"^cost: aiconfigurator_dir '{empty}' holds no "
+                                            "generation_attention_perf.parquet$"):
+        aiconfigurator_attention(str(empty), model_spec("llama2-70b"), 2)
+    with pytest.raises(ScenarioError, match=r"column 'n_embd' = \[8192\], expected 4096 for this model"):
+        mlp_table(MLP_70B_A100, model_spec("llama2-7b"), 1)
+
+
+def test_an_aiconfigurator_folder_is_found_beside_the_scenario(tmp_path) -> None:  # noqa: ANN001
+    import shutil
+
+    from orcasim.paths import SCENARIO_DIR
+
+    shutil.copytree(PACKAGE_DATA_DIR / "profiles/aiconfigurator/a100_sxm", tmp_path / "mine")
+    token = SCENARIO_DIR.set(tmp_path)
+    try:
+        decode, _ = aiconfigurator_attention("mine", model_spec("llama2-70b"), 2)
+    finally:
+        SCENARIO_DIR.reset(token)
+    reference, _ = aiconfigurator_attention("profiles/aiconfigurator/a100_sxm", model_spec("llama2-70b"), 2)
+    assert decode.a.tolist() == reference.a.tolist()

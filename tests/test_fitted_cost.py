@@ -239,3 +239,61 @@ def test_distserve_needs_its_model_and_tensor_parallelism_and_reads_facebook_nam
             distserve(**missing)
     assert distserve(model="facebook/opt-13b").iteration_time_s(batch([1], [100])) == \
         distserve().iteration_time_s(batch([1], [100]))
+
+
+def test_a_fitted_cost_names_its_file_and_what_it_lacks(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"format": FORMAT, "knots_tokens": KNOTS,
+                                    "coefficients_s": {"const": 1e-3}, "range": RANGE}))
+    with pytest.raises(ScenarioError, match=r"^bad\.yaml: coefficients_s lacks tokens, num_requests, "
+                                            r"sum_context_decode, sum_prefill_sq, tokens_over_64$"):
+        build(path)
+    path.write_text("format: [unclosed")
+    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': cannot read a fitted cost model"):
+        build(path)
+    path.write_text(yaml.safe_dump({"format": "other"}))
+    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': expected a YAML file with format: "):
+        build(path)
+
+
+def test_a_fitted_cost_without_knots_or_ranges_is_plain_and_never_out_of_range(tmp_path: Path) -> None:
+    path = tmp_path / "plain.yaml"
+    coef = dict(zip(term_names([]), [1e-3, 2e-5, 1e-4, 3e-7, 1e-8], strict=True))
+    path.write_text(yaml.safe_dump({"format": FORMAT, "coefficients_s": coef, "range": {}}))
+    cost = build(path)
+    assert cost.iteration_time_s(batch([1, 1], [10**6, 10**6])) > 0
+    cost.decode_steps_s(np.full(3, 10**6), 4)
+    assert cost.out_of_range_count() == 0
+
+
+def test_a_fitted_ranges_ends_are_inside(cost_file: Path) -> None:
+    """`tokens` and `max_context` span [1, 512]: a batch at those ends is inside, one
+    token more is out and warns naming the file."""
+    cost = build(cost_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cost.iteration_time_s(batch([1], [1]))
+        cost.decode_steps_s(np.array([512]), 1)
+    assert cost.out_of_range_count() == 0
+    with pytest.warns(RuntimeWarning, match=r"^cost model m\.yaml: .* is outside the fitted range"):
+        cost.iteration_time_s(batch([513], [513]))
+    assert cost.out_of_range_count() == 1
+
+
+def test_linear_decode_lines_start_at_one_request() -> None:
+    from orcasim.cost.linear import LinearCost, LinearCostConfig
+
+    cost = LinearCost(LinearCostConfig(kind="linear", base_s=0.01, per_token_s=1e-4, per_context_token_s=1e-6))
+    assert cost.decode_line(0, 0) is None
+    line = cost.decode_line(1, 100)
+    assert line is not None and line.intercept_s == pytest.approx(0.01 + 1e-4, rel=1e-15)
+
+
+def test_distserve_reads_the_capacity_of_its_model_and_tensor_parallelism(tmp_path: Path) -> None:
+    from orcasim.cost.distserve import _kv_capacity_tokens
+
+    table = tmp_path / "max_num_tokens.csv"
+    table.write_text("model,tp,pp,max_num_tokens\nm,1,1,100\nm,2,1,200\nm,1,2,300\nn,1,1,400\n")
+    assert [_kv_capacity_tokens(table, "m", tp) for tp in (1, 2, 4)] == [100.0, 200.0, float("inf")]
+    assert _kv_capacity_tokens(table, "n", 2) == float("inf")
+    assert _kv_capacity_tokens(tmp_path / "none.csv", "m", 1) == float("inf")
