@@ -406,13 +406,14 @@ def test_stages_across_nodes_send_at_one_gpu_a_node() -> None:
 
 
 def test_a_sliced_table_brackets_each_query_by_its_neighbouring_slices() -> None:
-    """Slices at a = 1, 2, 4 of z = a * b: queries below, between each pair, on a slice and
-    above extrapolate or interpolate from the two nearest."""
+    """Slices at a = 1, 2, 4 of z = a^2 b / 10 (curved in a, so each pair of slices gives
+    another line): queries below, between each pair, on a slice and above extrapolate or
+    interpolate from the two nearest."""
     a = np.repeat([1.0, 2.0, 4.0], 2)
     b = np.tile([0.0, 10.0], 3)
-    table = SlicedTable2D.from_points(a, b, a * b)
+    table = SlicedTable2D.from_points(a, b, a * a * b / 10)
     values, outside = table(np.array([0.5, 1.5, 2.0, 3.0, 5.0]), np.full(5, 10.0))
-    np.testing.assert_allclose(values, [5.0, 15.0, 20.0, 30.0, 50.0], rtol=1e-15)
+    np.testing.assert_allclose(values, [-0.5, 2.5, 4.0, 10.0, 22.0], rtol=1e-15)
     assert outside.tolist() == [True, False, False, False, True]
 
 

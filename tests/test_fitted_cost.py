@@ -274,6 +274,7 @@ def test_a_fitted_ranges_ends_are_inside(cost_file: Path) -> None:
         warnings.simplefilter("error")
         cost.iteration_time_s(batch([1], [1]))
         cost.decode_steps_s(np.array([512]), 1)
+        cost.decode_steps_s(np.array([1]), 1)  # max_context at its low end, 1
     assert cost.out_of_range_count() == 0
     with pytest.warns(RuntimeWarning, match=r"^cost model m\.yaml: .* is outside the fitted range"):
         cost.iteration_time_s(batch([513], [513]))
