@@ -442,3 +442,36 @@ def test_an_aiconfigurator_folder_is_found_beside_the_scenario(tmp_path) -> None
         SCENARIO_DIR.reset(token)
     reference, _ = aiconfigurator_attention("profiles/aiconfigurator/a100_sxm", model_spec("llama2-70b"), 2)
     assert decode.a.tolist() == reference.a.tolist()
+
+
+@pytest.mark.parametrize(("reader", "path", "column", "tp"), [
+    ("mlp", MLP_70B_A100, "n_head", 2), ("mlp", MLP_70B_A100, "n_kv_head", 2),
+    ("mlp", MLP_70B_A100, "n_expanded_embd", 2), ("attention", ATTENTION_70B_TP2, "n_q_head", 2),
+    ("attention", ATTENTION_70B_TP2, "n_kv_head", 2), ("attention", ATTENTION_70B_TP2, "num_tensor_parallel_workers", 2),
+])
+def test_a_table_measured_for_another_shape_is_refused_by_each_column(
+    tmp_path, reader: str, path: str, column: str, tp: int,  # noqa: ANN001
+) -> None:
+    df = _raw(path)
+    df[column] = df[column] + 1
+    copy = tmp_path / "t.csv"
+    df.to_csv(copy, index=False)
+    read = mlp_table if reader == "mlp" else vidur_attention
+    with pytest.raises(ScenarioError, match=f"column '{column}' = "):
+        read(str(copy), model_spec("llama2-70b"), tp)
+
+
+def test_aiconfigurator_tables_of_other_heads_are_refused_by_kind() -> None:
+    with pytest.raises(ScenarioError, match=r"^cost: no generation attention rows for 32 query heads, 32 KV heads"):
+        aiconfigurator_attention("profiles/aiconfigurator/a100_sxm", model_spec("llama2-7b"), 1)
+    from orcasim.cost.profile_tables import _select_heads
+
+    gen_ok = pd.DataFrame({"num_heads": [32], "num_key_value_heads": [4], "head_dim": [128], "kernel_source": ["k"]})
+    with pytest.raises(ScenarioError, match=r"^cost: no context attention rows"):
+        _select_heads(gen_ok.assign(num_heads=[16]), model_spec("llama2-70b"), 2, "context attention")
+
+
+def test_bf16_weights_and_an_fp16_cache_are_what_the_tables_time() -> None:
+    from orcasim.cost.profile import _check_profiled_shape
+
+    _check_profiled_shape(model_spec("llama2-70b").model_copy(update={"weight_dtype": "bf16", "kv_cache_dtype": "fp16"}))

@@ -298,3 +298,31 @@ def test_distserve_reads_the_capacity_of_its_model_and_tensor_parallelism(tmp_pa
     assert [_kv_capacity_tokens(table, "m", tp) for tp in (1, 2, 4)] == [100.0, 200.0, float("inf")]
     assert _kv_capacity_tokens(table, "n", 2) == float("inf")
     assert _kv_capacity_tokens(tmp_path / "none.csv", "m", 1) == float("inf")
+
+
+def test_fitted_decode_steps_check_the_batch_size_and_the_context_sum(cost_file: Path) -> None:
+    """600 decodes a step: beyond `tokens` (512), every step counted; 8 decodes reading 600
+    each: 4,800 KV tokens, beyond `sum_context_decode` (4,096)."""
+    for context, steps in ((np.full(600, 10), 2), (np.full(8, 600), 3)):
+        cost = build(cost_file)
+        with pytest.warns(RuntimeWarning, match=r"^cost model m\.yaml: a decode step of \d+ requests is outside "
+                                                r"the fitted range; the value is an extrapolation \(further cases "
+                                                r"are counted in cost_out_of_range\)$"):
+            cost.decode_steps_s(context, steps)
+        assert cost.out_of_range_count() == steps
+
+
+def test_the_formats_a_fitted_cost_reads_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump({"format": "other"}))
+    with pytest.raises(ScenarioError, match=r"expected a YAML file with format: orcasim-fitted-cost/v\d+ "
+                                            r"\(python -m calibrate fit\) or orcasim-calibrated-cost/v1 "
+                                            r"\(python -m calibrate logs\)$"):
+        build(path)
+
+
+def test_distserve_names_the_models_and_degrees_it_has() -> None:
+    with pytest.raises(ScenarioError, match=r"^cost.model = 'llama-9': expected one of facebook/opt-13b, "):
+        distserve(model="llama-9")
+    with pytest.raises(ScenarioError, match=r"^cost.tensor_parallel = 3: facebook/opt-13b was profiled at 1, 2, "):
+        distserve(tensor_parallel=3)
