@@ -326,3 +326,15 @@ def test_distserve_names_the_models_and_degrees_it_has() -> None:
         distserve(model="llama-9")
     with pytest.raises(ScenarioError, match=r"^cost.tensor_parallel = 3: facebook/opt-13b was profiled at 1, 2, "):
         distserve(tensor_parallel=3)
+
+
+def test_a_decode_steps_token_count_is_checked_on_its_own(tmp_path: Path) -> None:
+    """Fitted on batches of up to 1,000 requests but 512 tokens: 600 decodes are out."""
+    path = tmp_path / "m.yaml"
+    doc = {"format": FORMAT, "knots_tokens": KNOTS, "coefficients_s": COEF,
+           "range": {**RANGE, "num_requests": [1, 1000], "sum_context_decode": [0, 10**6]}}
+    path.write_text(yaml.safe_dump(doc))
+    cost = build(path)
+    with pytest.warns(RuntimeWarning, match="a decode step of 600 requests"):
+        cost.decode_steps_s(np.full(600, 10), 2)
+    assert cost.out_of_range_count() == 2
