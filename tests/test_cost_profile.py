@@ -475,3 +475,18 @@ def test_bf16_weights_and_an_fp16_cache_are_what_the_tables_time() -> None:
     from orcasim.cost.profile import _check_profiled_shape
 
     _check_profiled_shape(model_spec("llama2-70b").model_copy(update={"weight_dtype": "bf16", "kv_cache_dtype": "fp16"}))
+
+
+def test_a_send_or_an_attention_lookup_past_its_table_counts_the_iteration() -> None:
+    """One GPU a stage (no all-reduce), two stages: a send of 5,000 tokens' activations is
+    past send_recv.csv's 64 MiB. And a lone decode at a KV length past the attention table,
+    beside a prompt inside it, counts the iteration too."""
+    dep = Deployment(model=model_spec("llama2-70b"), hardware=HardwareConfig(gpu="a100-80gb", pipeline_parallel=2))
+    cost = ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, send_recv_csv=SEND_RECV_A100), dep)
+    with pytest.warns(UserWarning, match="send_recv.csv size"):
+        _, outside = cost._communication(np.array(5000.0))
+    assert bool(outside)
+    tables = llama70b_tp2(attention_csv=ATTENTION_70B_TP2)
+    with pytest.warns(UserWarning, match="attention decode"):
+        tables.iteration_time_s(Batch(np.array([1, 64]), np.array([10**6, 64])))
+    assert tables.out_of_range_count() == 1

@@ -338,3 +338,21 @@ def test_a_decode_steps_token_count_is_checked_on_its_own(tmp_path: Path) -> Non
     with pytest.warns(RuntimeWarning, match="a decode step of 600 requests"):
         cost.decode_steps_s(np.full(600, 10), 2)
     assert cost.out_of_range_count() == 2
+
+
+def test_a_fitted_batch_below_the_knot_has_no_hinge_term(cost_file: Path) -> None:
+    """One decode at 100 tokens of context: const + tokens + requests + decode context; the
+    hinge max(0, tokens - 64) adds nothing."""
+    expected = 1e-3 + 2e-5 * 1 + 1e-4 * 1 + 3e-7 * 100
+    assert build(cost_file).iteration_time_s(batch([1], [100])) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_decode_steps_context_sum_is_checked_on_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    doc = {"format": FORMAT, "knots_tokens": KNOTS, "coefficients_s": COEF,
+           "range": {**RANGE, "max_context": [1, 10**6]}}
+    path.write_text(yaml.safe_dump(doc))
+    cost = build(path)
+    with pytest.warns(RuntimeWarning, match="a decode step of 8 requests"):
+        cost.decode_steps_s(np.full(8, 600), 2)  # 4,800 and 4,808 KV tokens, past 4,096
+    assert cost.out_of_range_count() == 2
