@@ -540,3 +540,19 @@ def test_the_cache_summary_by_hand() -> None:
     assert prefix_cache_stats(done[["prompt_tokens"]]) == {"prefix_hit_rate": 0.0,
                                                            "prefill_tokens_saved": 0.0}
     assert prefix_cache_stats(done.iloc[:0]) == {"prefix_hit_rate": 0.0, "prefill_tokens_saved": 0.0}
+
+
+def test_a_replica_reports_the_prompt_blocks_it_holds_for_a_request_by_hand() -> None:
+    """What a prefix-affinity router reads. Blocks of 4; request 0 (prompt of 12 tokens of
+    segment 1) ran first and its three blocks are cached. A later prompt of the same 8
+    tokens finds one block: its last token is always recomputed, so of 8 only (8 - 1) // 4
+    = 1 block counts; a prompt of 9 finds both; a prompt of other text (segment 7) finds
+    the one block it cached itself when it ran; without caching, nothing counts."""
+    content = _content([(1, 12), (1, 8), (1, 9), (7, 8)])
+    requests = Requests(np.array([0.0, 10.0, 10.0, 10.0]), np.array([12, 8, 9, 8]), np.array([2, 2, 2, 2]),
+                        np.array([16, 16, 16, 16]), content=content)
+    cfg = PagedConfig(kind="paged", enable_prefix_caching=True, block_size_tokens=4)
+    scheduler, _, _ = _run(requests, cfg, 1024)
+    assert [scheduler.cached_prefix_tokens(r) for r in (1, 2, 3)] == [4, 8, 4]
+    plain, _, _ = _run(requests, PagedConfig(kind="paged", block_size_tokens=4), 1024)
+    assert plain.cached_prefix_tokens(1) == 0
