@@ -556,3 +556,21 @@ def test_a_replica_reports_the_prompt_blocks_it_holds_for_a_request_by_hand() ->
     assert [scheduler.cached_prefix_tokens(r) for r in (1, 2, 3)] == [4, 8, 4]
     plain, _, _ = _run(requests, PagedConfig(kind="paged", block_size_tokens=4), 1024)
     assert plain.cached_prefix_tokens(1) == 0
+
+
+def test_a_prompt_quoting_a_running_requests_output_is_named() -> None:
+    """Request 1's prompt quotes request 0's output (content 1000, the third segment id);
+    request 2's does not. Only while request 0 runs, and only with caching, does that
+    matter to the fast-forward."""
+    content = PromptContent([(5, 4), (7, 3, 1000, 5), (7, 3, 9, 5)], np.array([1000, 1001, 1002]))
+    requests = Requests(np.zeros(3), np.array([4, 8, 8]), np.array([50, 2, 2]), np.array([64, 64, 64]),
+                        content=content).for_run()
+    for caching in (True, False):
+        scheduler = build_scheduler(PagedConfig(kind="paged", enable_prefix_caching=caching, max_num_seqs=1),
+                                    requests, 1024)
+        assert isinstance(scheduler, PagedScheduler)
+        assert not scheduler.quotes_running_output(1)  # nobody runs yet
+        scheduler.add_request(0)
+        scheduler.schedule(0.0)
+        assert scheduler.running == [0]
+        assert [scheduler.quotes_running_output(r) for r in (1, 2)] == [caching, False]
