@@ -490,3 +490,24 @@ def test_a_send_or_an_attention_lookup_past_its_table_counts_the_iteration() -> 
     with pytest.warns(UserWarning, match="attention decode"):
         tables.iteration_time_s(Batch(np.array([1, 64]), np.array([10**6, 64])))
     assert tables.out_of_range_count() == 1
+
+
+def test_aiconfigurator_context_rows_are_read_per_sequence_and_named_when_missing(tmp_path) -> None:  # noqa: ANN001
+    """A copy whose context table starts at batch 2: prefill is a 2-sequence row's latency
+    / 2; a copy without our head shape in its context table is refused by that table's name."""
+    import shutil
+
+    source = PACKAGE_DATA_DIR / "profiles/aiconfigurator/a100_sxm/attention"
+    shape = "num_heads == 32 and num_key_value_heads == 4 and head_dim == 128"
+    for name, keep in (("twos", "batch_size >= 2"), ("other", "num_key_value_heads == 8")):
+        folder = tmp_path / name
+        shutil.copytree(source, folder)
+        path = sorted(folder.rglob("context_attention_perf.parquet"))[0]
+        pd.read_parquet(path).query(keep).to_parquet(path)
+    ctx = pd.read_parquet(sorted((tmp_path / "twos").rglob("context_attention_perf.parquet"))[0]).query(shape)
+    row = ctx[ctx["batch_size"] == ctx["batch_size"].min()].iloc[0]
+    assert row.batch_size == 2
+    _, prefill = aiconfigurator_attention(str(tmp_path / "twos"), model_spec("llama2-70b"), 2)
+    assert float(prefill(0.0, row.isl)[0]) == pytest.approx(row.latency / 2 * 1e-3, rel=1e-12)
+    with pytest.raises(ScenarioError, match=r"^cost: no context attention rows for 32 query heads, 4 KV heads"):
+        aiconfigurator_attention(str(tmp_path / "other"), model_spec("llama2-70b"), 2)

@@ -356,3 +356,12 @@ def test_a_decode_steps_context_sum_is_checked_on_its_own(tmp_path: Path) -> Non
     with pytest.warns(RuntimeWarning, match="a decode step of 8 requests"):
         cost.decode_steps_s(np.full(8, 600), 2)  # 4,800 and 4,808 KV tokens, past 4,096
     assert cost.out_of_range_count() == 2
+
+
+def test_an_out_of_range_warning_names_the_model_and_the_case(cost_file: Path) -> None:
+    with pytest.warns(RuntimeWarning, match=r"^cost model m\.yaml: tokens = 513 is outside the fitted range"):
+        build(cost_file).iteration_time_s(batch([513], [513]))
+    context = np.full(9, 8000, dtype=np.int64)  # 72,000 KV tokens; DistServe's capacity is 66,144
+    with pytest.warns(RuntimeWarning, match=r"^cost model profiler-a100-80g\.vllm\.json\[facebook/opt-13b, tp=1\]: "
+                                            r"a batch reading 72000 KV tokens is outside the fitted range"):
+        distserve().iteration_time_s(Batch(np.ones(9, dtype=np.int64), context))
