@@ -22,6 +22,10 @@ from orcasim.cost.catalog import (
 from orcasim.cost.flops import token_ops
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
 
+# A Llama-family config small enough to read by hand (the config readers' tests vary it).
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+
 
 def hf(name: str, **extra: object) -> ModelSpec:
     return ModelSpec.model_validate({"hf_config": f"hf_configs/{name}/config.json", **extra})
@@ -428,8 +432,7 @@ def test_config_defaults_and_names(tmp_path: Path) -> None:
     """Llama-family embeddings are untied unless the config says so; Qwen2-MoE biases its
     Q, K, V like Qwen2; a model is named by _name_or_path, else its folder; a bad file is
     named in the error."""
-    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    base = TINY_LLAMA
     folder = tmp_path / "my-model"
     folder.mkdir()
     path = folder / "config.json"
@@ -696,8 +699,7 @@ def test_config_errors_name_the_file_and_the_family(tmp_path: Path) -> None:
 
 
 def test_a_llama_config_with_attention_bias_biases_q_k_and_v(tmp_path: Path) -> None:
-    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    base = TINY_LLAMA
     assert model_from_argument(write_config(tmp_path, base)).qkv_bias is None
     biased = model_from_argument(write_config(tmp_path, {**base, "attention_bias": True}))
     assert biased.qkv_bias is True and biased.bias is False
@@ -707,8 +709,7 @@ def test_a_llama_config_with_attention_bias_biases_q_k_and_v(tmp_path: Path) -> 
 
 
 def test_chunked_attention_is_refused_only_when_set(tmp_path: Path) -> None:
-    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    base = TINY_LLAMA
     assert model_from_argument(write_config(tmp_path, {**base, "attention_chunk_size": None})).num_layers == 2
     with pytest.raises(ScenarioError, match="attention_chunk_size = 8192 changes the cost and is not modelled"):
         model_from_argument(write_config(tmp_path, {**base, "attention_chunk_size": 8192}))
@@ -745,9 +746,7 @@ def test_a_scenarios_own_weight_dtype_overrides_the_checkpoints(tmp_path: Path) 
 
 def test_a_scenarios_weight_dtype_stands_in_for_a_quantization_orcasim_does_not_read(tmp_path: Path) -> None:
     """The error for an AWQ checkpoint says to set model.weight_dtype: doing so is enough."""
-    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64,
-            "quantization_config": {"quant_method": "awq"}}
+    base = {**TINY_LLAMA, "quantization_config": {"quant_method": "awq"}}
     path = write_config(tmp_path, base)
     with pytest.raises(ScenarioError, match="or set model.weight_dtype"):
         model_from_argument(path)
