@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup run test test-deep mutate lint check bench bench-cluster bench-capacity calibrate clean
+.PHONY: setup run test test-deep mutate mutate-list mutate-all lint check bench bench-cluster bench-capacity calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +32,18 @@ test-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=explore ORCASIM_TEST_DEPTH=10 $(BIN)/python -m pytest -q -m "not slow"
 
 # Mutation testing of the modules [tool.mutmut] in pyproject.toml names; report in quality/.
+# One scope of quality/scopes.toml at a time (`make mutate SCOPE=cost`; `make mutate-list`
+# names them); every scope in turn is `make mutate-all` (hours on two cores).
+SCOPE ?= core
 mutate: $(STAMP)
-	rm -rf mutants
-	$(BIN)/mutmut run --max-children 2
-	$(BIN)/mutmut results --all true > quality/mutmut-results.txt
+	$(BIN)/python quality/mutate.py $(SCOPE)
+
+mutate-list: $(STAMP)
+	$(BIN)/python quality/mutate.py --list
+
+mutate-all: $(STAMP)
+	for scope in $$($(BIN)/python quality/mutate.py --list | cut -d' ' -f1); do \
+		$(BIN)/python quality/mutate.py $$scope || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

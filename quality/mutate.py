@@ -1,0 +1,152 @@
+"""Mutation testing, one scope at a time (`make mutate SCOPE=name`; quality/README.md).
+
+    python quality/mutate.py --list
+    python quality/mutate.py SCOPE [--max-children N] [--timeout-s S] [--tests T ...] [MUTANT ...]
+
+A scope (quality/scopes.toml) names the modules to mutate and the tests that name their
+behaviour. The run happens in a scratch copy of the working tree (`mutants-work/SCOPE`,
+git-ignored) whose `[tool.mutmut]` section is rewritten for the scope, so a scope never
+mutates another's modules and the checkout's own configuration stays as it is. Every
+mutant's fate goes to `quality/mutmut-results-SCOPE.txt`, the survivors' diffs to
+`quality/survivors-SCOPE.txt`, and the counts to stdout. Naming mutants (mutmut's names, or
+globs of them) reruns only those, in the same scratch copy: to check a new test against
+the survivors of a run, without the hours of the whole scope.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCOPES_PATH = ROOT / "quality" / "scopes.toml"
+COPIED = ("scenarios", "results", "tests")  # what every scope's tests read
+SKIPPED = {".venv", ".git", "mutants", "mutants-work", ".hypothesis", ".pytest_cache",
+           ".ruff_cache", ".mypy_cache", "__pycache__"}
+
+
+def load_scopes(path: Path = SCOPES_PATH) -> dict[str, dict]:
+    return tomllib.loads(path.read_text())["scopes"]
+
+
+def mutmut_section(scope: dict, package_modules: list[str], timeout_s: int) -> str:
+    """The `[tool.mutmut]` section for `scope`: everything but its modules left alone."""
+    keep = sorted(set(package_modules) - set(scope["modules"]))
+    tests = [f"tests/{name}.py" for name in scope["tests"]]
+    also_copy = [*COPIED, *scope.get("also_copy", [])]
+    return "\n".join([
+        "[tool.mutmut]",
+        'source_paths = ["orcasim"]',
+        f"also_copy = {_toml_list(also_copy)}",
+        f"do_not_mutate = {_toml_list(keep)}",
+        f"pytest_add_cli_args = {_toml_list([f'--timeout={timeout_s}'])}",
+        f"pytest_add_cli_args_test_selection = {_toml_list(tests)}",
+        "",
+    ])
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+def with_section(pyproject_text: str, section: str) -> str:
+    """`pyproject_text` with its `[tool.mutmut]` table replaced by `section`."""
+    pattern = re.compile(r"^\[tool\.mutmut\]\n(?:(?!^\[).*\n?)*", re.MULTILINE)
+    if not pattern.search(pyproject_text):
+        return pyproject_text.rstrip("\n") + "\n\n" + section
+    return pattern.sub(lambda _: section + "\n", pyproject_text, count=1)
+
+
+def prepare(scope_name: str, scope: dict, timeout_s: int) -> Path:
+    """The scratch copy for `scope_name`, refreshed from the working tree (mutmut's own
+    `mutants/` folder inside it is kept, so a rerun of named mutants is incremental)."""
+    work = ROOT / "mutants-work" / scope_name
+    work.mkdir(parents=True, exist_ok=True)
+    for entry in ROOT.iterdir():
+        if entry.name in SKIPPED:
+            continue
+        target = work / entry.name
+        if entry.is_dir():
+            shutil.copytree(entry, target, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(*SKIPPED))
+        else:
+            shutil.copy2(entry, target)
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "orcasim").rglob("*.py"))
+    missing = [m for m in scope["modules"] if m not in modules]
+    if missing:
+        raise ValueError(f"scope {scope_name!r}: modules: no module {missing[0]!r} in orcasim/")
+    pyproject = work / "pyproject.toml"
+    pyproject.write_text(with_section(pyproject.read_text(), mutmut_section(scope, modules, timeout_s)))
+    return work
+
+
+def fates(results_text: str) -> Counter[str]:
+    """Counts by fate of `mutmut results --all true` output."""
+    return Counter(line.rsplit(": ", 1)[1].strip() for line in results_text.splitlines()
+                   if ": " in line and "__mutmut_" in line)
+
+
+def run(scope_name: str, max_children: int, timeout_s: int, names: list[str],
+        tests: list[str] | None = None) -> int:
+    scopes = load_scopes()
+    if scope_name not in scopes:
+        print(f"error: scope {scope_name!r} is not in quality/scopes.toml "
+              f"(expected one of: {', '.join(scopes)})", file=sys.stderr)
+        return 2
+    scope = dict(scopes[scope_name])
+    if tests:  # a quicker first pass; survivors are then rerun with the scope's own tests
+        scope["tests"] = tests
+    try:
+        work = prepare(scope_name, scope, timeout_s)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    mutmut = shutil.which("mutmut") or str(Path(sys.executable).parent / "mutmut")
+    subprocess.run([mutmut, "run", "--max-children", str(max_children), *names], cwd=work)
+    results = subprocess.run([mutmut, "results", "--all", "true"], cwd=work,
+                             capture_output=True, text=True, check=True).stdout
+    (ROOT / "quality" / f"mutmut-results-{scope_name}.txt").write_text(results)
+    survivors = [line.split(":")[0].strip() for line in results.splitlines()
+                 if line.rstrip().endswith(": survived")]
+    diffs = [subprocess.run([mutmut, "show", name], cwd=work, capture_output=True,
+                            text=True).stdout for name in survivors]
+    (ROOT / "quality" / f"survivors-{scope_name}.txt").write_text("\n".join(diffs))
+    counts = fates(results)
+    total = sum(counts.values())
+    tested = total - counts.get("no tests", 0)
+    print(f"{scope_name}: {total} mutants, " + ", ".join(f"{n} {fate}" for fate, n in counts.most_common()))
+    if tested:
+        caught = counts.get("killed", 0) + counts.get("timeout", 0)
+        print(f"caught {caught} of {total} ({100 * caught / total:.1f}%); survivors' diffs in "
+              f"quality/survivors-{scope_name}.txt: classify each as a gap (write its test) "
+              "or equivalent (name why in quality/README.md)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("scope", nargs="?", help="a scope of quality/scopes.toml")
+    parser.add_argument("names", nargs="*", help="only these mutants (mutmut names or globs)")
+    parser.add_argument("--list", action="store_true", help="list the scopes")
+    parser.add_argument("--max-children", type=int, default=2)
+    parser.add_argument("--tests", nargs="+", metavar="TEST_FILE",
+                        help="run these test files (names as in scopes.toml) instead of the scope's")
+    parser.add_argument("--timeout-s", type=int, default=60,
+                        help="per-test timeout: a mutant that hangs a test is caught")
+    args = parser.parse_args(argv)
+    if args.list or not args.scope:
+        for name, scope in load_scopes().items():
+            print(f"{name:18} {scope['about']} ({len(scope['modules'])} modules, "
+                  f"{len(scope['tests'])} test files)")
+        return 0
+    return run(args.scope, args.max_children, args.timeout_s, args.names, args.tests)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
