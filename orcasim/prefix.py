@@ -76,3 +76,7 @@ class BlockHasher:
 
     def forget(self, req_id: int) -> None:
         self._hashes.pop(req_id, None)
+
+    def __len__(self) -> int:
+        """Requests whose hashes are kept."""
+        return len(self._hashes)

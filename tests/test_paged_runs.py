@@ -272,3 +272,112 @@ def test_no_run_while_a_blocked_head_quotes_a_running_output() -> None:
     run = other.continue_run()
     assert run is not None and run.num_steps == 19
 
+
+
+# Prefix caching's questions to the policy ----------------------------------------------------
+
+def _blocked_behind_a_full_batch(kind: str, caching: bool = True, prompt_1: tuple[int, ...] = (1, 8, 2, 4)
+                                 ) -> PagedScheduler:
+    """Blocks of 4, a pool of 10, `max_num_seqs: 2`. Request 0 (content 1, 8 tokens) runs
+    one iteration and finishes, leaving its two blocks cached and free; requests 2 and 3
+    (unique content) fill the batch and decode; request 1 (`prompt_1`) then waits behind
+    them. Block 0 and 1 were request 0's; 2 and 3 requests 2 and 3's prompts, 4 request 2's
+    first decode block; the free queue is 1, 0 (a table is freed tail first)."""
+    content = PromptContent([(1, 8), prompt_1, (9, 4), (7, 4)], np.array([1000, 1001, 1002, 1003]))
+    prompts = [8, sum(prompt_1[1::2]), 4, 4]
+    outputs = [1, 2, 20, 20]
+    requests = Requests(np.zeros(4), np.array(prompts), np.array(outputs),
+                        np.array(prompts) + np.array(outputs), content=content).for_run()
+    common = dict(block_size_tokens=BLOCK, max_num_seqs=2, enable_prefix_caching=caching)
+    config = ChunkedConfig(kind="chunked", chunk_size_tokens=64, **common) if kind == "chunked" \
+        else PagedConfig(kind="paged", **common)
+    scheduler = build_scheduler(config, requests, 10 * BLOCK)
+    assert isinstance(scheduler, PagedScheduler)
+    scheduler.add_request(0)
+    scheduler.add_request(2)
+    assert _step(scheduler, 1) == [0]
+    scheduler.add_request(3)
+    _step(scheduler, 1)
+    scheduler.add_request(1)
+    assert scheduler.running == [2, 3] and scheduler.fcfs_head() == 1
+    return scheduler
+
+
+def test_the_cache_may_admit_a_blocked_head_only_through_free_cached_blocks_when_chunking() -> None:
+    """With chunked prefill, a head whose cached prefix sits in free blocks may join within
+    a run (a run's allocations can evict those hits, and a shorter prefix can need fewer
+    blocks for the chunk that fits): request 1 starts from request 0's two free blocks, and
+    from one of them with a prompt that shares only the first. Without chunking, or with
+    the prefix held by nobody cached (unique content), or without caching, no."""
+    assert _blocked_behind_a_full_batch("chunked").cache_may_admit(1)
+    assert _blocked_behind_a_full_batch("chunked", prompt_1=(1, 4, 5, 8)).cache_may_admit(1)
+    assert not _blocked_behind_a_full_batch("chunked", prompt_1=(6, 12)).cache_may_admit(1)
+    assert not _blocked_behind_a_full_batch("paged").cache_may_admit(1)
+    assert not _blocked_behind_a_full_batch("chunked", caching=False).cache_may_admit(1)
+
+
+def test_a_head_quoting_a_running_output_may_be_admitted_only_with_caching() -> None:
+    """Request 1's prompt quotes request 2's output (content 1002), which request 2 caches
+    as it decodes: the cache may let it in within a run, whatever the policy."""
+    for kind in ("paged", "chunked"):
+        assert _blocked_behind_a_full_batch(kind, prompt_1=(9, 4, 1002, 4)).cache_may_admit(1)
+        assert not _blocked_behind_a_full_batch(kind, caching=False,
+                                                prompt_1=(9, 4, 1002, 4)).cache_may_admit(1)
+
+
+def test_a_run_may_take_the_blocks_before_the_heads_first_free_hit_by_hand() -> None:
+    """Chunked prefill with caching: the pool hands out its 5 never-used blocks first, then
+    the free queue 1, 0; request 1's hits are blocks 0 and 1, so the 6th block a run takes
+    (block 1) would evict one: a run may take 5. Without a head, or without chunking or
+    caching, there is no such limit."""
+    scheduler = _blocked_behind_a_full_batch("chunked")
+    assert scheduler.allocator.free_pool() == ((1, 0), 5)
+    assert scheduler.allocations_keeping_head() == 5
+    assert _blocked_behind_a_full_batch("chunked", prompt_1=(6, 12)).allocations_keeping_head() is None
+    assert _blocked_behind_a_full_batch("paged").allocations_keeping_head() is None
+    assert _blocked_behind_a_full_batch("chunked", caching=False).allocations_keeping_head() is None
+
+
+def test_a_run_stops_before_a_block_that_would_evict_the_heads_cached_prefix() -> None:
+    """The decoding requests 2 and 3 compute positions 5 and 4 next: blocks at steps 0
+    (request 3), 3 (2), 4, 7, 8, 11, 12, 15, ... With 7 free blocks a run has 15 steps;
+    when the blocked head starts from free cached blocks that the 6th block handed out
+    would evict, it has 11 (its blocks are those of steps 0-8), so the head's admission is
+    decided by `schedule` when it may change."""
+    limited = _blocked_behind_a_full_batch("chunked")
+    assert limited.allocator.num_free_blocks == 7 and limited.allocations_keeping_head() == 5
+    run = limited.continue_run()
+    assert run is not None and run.num_steps == 11
+    free = _blocked_behind_a_full_batch("chunked", prompt_1=(6, 12))
+    run = free.continue_run()
+    assert run is not None and run.num_steps == 15
+
+
+def test_a_run_with_no_free_block_lasts_until_someone_needs_one() -> None:
+    """Prompts 5, 6, 7 in a pool of exactly their 6 blocks: the decodes compute positions
+    5, 6, 7, none of which opens a block, and position 8 (request 2's, at step 1) does: a
+    run of one step. Prefill-first keeps a block free after every step: none there."""
+    for policy, steps in (("mixed", 1), ("prefill_first", 0)):
+        scheduler = _scheduler([5, 6, 7], [12, 12, 12], 6 * BLOCK, policy=policy, watermark=0.0)
+        plan = scheduler.schedule(0.0)
+        assert plan.req_ids.tolist() == [0, 1, 2] and scheduler.allocator.num_free_blocks == 0
+        run = scheduler.decode_run(plan)
+        assert isinstance(run, PagedRun) and run.num_steps == steps, policy
+
+
+def test_a_run_may_fill_the_token_budget_exactly() -> None:
+    """Chunks of 3 tokens, prompts of 2: iteration 1 plans 2 + 1 prompt tokens, iteration 2
+    one token each, which leaves request 2 its last prompt token (computed and emitting, as
+    a decode is). Three one-token requests take the whole budget and still run, to request
+    0's completion: it has emitted 2 of its 12 tokens, so 10 steps."""
+    requests = Requests(np.zeros(3), np.array([2, 2, 2]), np.array([12, 12, 12]),
+                        np.full(3, 14)).for_run()
+    scheduler = build_scheduler(ChunkedConfig(kind="chunked", block_size_tokens=BLOCK,
+                                              chunk_size_tokens=3), requests, 1024)
+    assert isinstance(scheduler, PagedScheduler)
+    for req in range(3):
+        scheduler.add_request(req)
+    _step(scheduler, 2)
+    assert len(scheduler.running) == 3 and scheduler.token_budget == 3
+    run = scheduler.continue_run()
+    assert run is not None and run.num_steps == 10

@@ -442,3 +442,47 @@ def test_the_shared_system_prompt_goes_to_its_fraction_of_sessions() -> None:
     assert abs(shared.mean() - share) <= MEAN_SIGMAS * np.sqrt(share * (1 - share) / num)
     own = ids[~shared]
     assert len(np.unique(own)) == len(own) and (own > 0).all()  # each its own text
+
+
+# The paged schedulers' bounds on a session's rows, which are written at arrival ---------
+
+def _one_call_session(message_tokens: int, output_tokens: int) -> Requests:
+    """One session of one step and one call: its peak bound is message + output - 1."""
+    from orcasim.requests import PromptContent
+    from orcasim.workload.sessions import SessionPlan
+
+    plan = SessionPlan(None, 1, np.array([-1]), 0, np.array([0, 1]), np.array([0]),
+                       np.array([message_tokens]), np.array([[1]]), np.array([[output_tokens]]),
+                       np.zeros(1), 1, 100_000, 100_000)
+    return Requests(np.full(1, np.nan), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64),
+                    np.full(1, 100_000), session_ids=np.zeros(1, dtype=np.int64),
+                    content=PromptContent([(0, 0)], np.array([1])), sessions=plan)
+
+
+@pytest.mark.parametrize(("peak_tokens", "never"), [(40, False), (41, True), (39, False)])
+def test_a_session_call_never_fits_by_its_row_at_arrival(peak_tokens: int, never: bool) -> None:
+    """A pool of 10 blocks of 4 tokens holds a call whose prompt + output - 1 is 40 tokens
+    (its last token's KV is never computed), not one of 41: read from the row the call's
+    arrival wrote, not from the plan's bound."""
+    from orcasim.schedulers.paged import PagedConfig
+
+    requests = _one_call_session(30, 30)
+    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=4), requests, 40)
+    requests.prompt_tokens[0], requests.output_tokens[0] = peak_tokens - 9, 10
+    assert scheduler.never_fits(0) is never
+
+
+def test_prefill_firsts_budget_check_bounds_a_session_step_by_the_room_alone() -> None:
+    """Prefill-first keeps a block free beside a request running alone (can_append_slot):
+    in a pool of 10 blocks of 4, a call fits alone up to 36 tokens, so a step bounded by
+    100 tokens needs a prefill budget of 36 (a longer call is turned away), not 40."""
+    from orcasim.schedulers.paged import PagedConfig
+
+    def build(budget_tokens: int) -> None:
+        cfg = PagedConfig(kind="paged", policy="prefill_first", block_size_tokens=4,
+                          max_num_seqs=4, max_num_batched_tokens=budget_tokens)
+        build_scheduler(cfg, _one_call_session(60, 41), 40)
+
+    build(36)
+    with pytest.raises(ScenarioError, match="below a session step's prompt \\+ output - 1 = 36 tokens"):
+        build(35)
