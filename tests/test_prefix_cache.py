@@ -576,17 +576,26 @@ def test_a_prompt_quoting_a_running_requests_output_is_named() -> None:
         assert [scheduler.quotes_running_output(r) for r in (1, 2)] == [caching, False]
 
 
+def _caching(prompts: list[tuple[int, ...]], outputs: list[int], kv_tokens: int = 64,
+             arrivals: list[float] | None = None) -> tuple[PagedScheduler, Requests]:
+    """A caching paged scheduler, blocks of 4, over requests with these prompt contents."""
+    prompt_tokens = [sum(segments[1::2]) for segments in prompts]
+    n = len(prompts)
+    requests = Requests(np.array(arrivals if arrivals is not None else [0.0] * n),
+                        np.array(prompt_tokens), np.array(outputs), np.full(n, 64),
+                        content=_content(prompts)).for_run()
+    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=4,
+                                            enable_prefix_caching=True), requests, kv_tokens)
+    assert isinstance(scheduler, PagedScheduler)
+    return scheduler, requests
+
+
 def test_a_request_whose_kv_moved_in_does_not_start_from_the_cache() -> None:
     """A decode instance with caching: request 0 (content 1, 10 tokens) ran here and left
     two blocks cached. Request 1, with the same prompt, arrives with its prompt's KV moved
     in (computed 10, its first token emitted): it computes only its next token and finds no
     hit (a hit would reset what it computed to the 8 cached tokens and compute 3)."""
-    content = _content([(1, 10), (1, 10)])
-    requests = Requests(np.zeros(2), np.array([10, 10]), np.array([1, 3]), np.array([64, 64]),
-                        content=content).for_run()
-    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=4,
-                                            enable_prefix_caching=True), requests, 64)
-    assert isinstance(scheduler, PagedScheduler)
+    scheduler, _ = _caching([(1, 10), (1, 10)], [1, 3])
     scheduler.add_request(0)
     scheduler.update_from_output(scheduler.schedule(0.0))
     assert not scheduler.running and scheduler.cached_prefix_tokens(1) == 8
@@ -605,12 +614,7 @@ def test_a_requests_saved_prefill_adds_up_over_its_admissions() -> None:
     needs a seventh block), request 1, the newest, is preempted by recompute; it joins
     again once request 0 is done, from those two blocks and its own third prompt block,
     still cached: 12 more saved, 20 in all, while the reported hit stays 8."""
-    content = _content([(1, 8), (1, 8, 2, 4)])
-    requests = Requests(np.array([0.0, 1.0]), np.array([8, 12]), np.array([12, 6]),
-                        np.array([64, 64]), content=content).for_run()
-    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=4,
-                                            enable_prefix_caching=True), requests, 6 * 4)
-    assert isinstance(scheduler, PagedScheduler)
+    scheduler, requests = _caching([(1, 8), (1, 8, 2, 4)], [12, 6], 6 * 4, [0.0, 1.0])
     trace = drive(scheduler, requests)
     assert scheduler.preemptions_per_request.tolist() == [0, 1]
     assert scheduler.cached_tokens.tolist() == [0, 8]
@@ -621,13 +625,8 @@ def test_a_requests_saved_prefill_adds_up_over_its_admissions() -> None:
 def test_the_hasher_keeps_no_finished_requests_hashes() -> None:
     """Hashes are kept while a request may still ask for them: after a run, none (a million
     requests' hashes would otherwise stay in memory)."""
-    content = _content([(1, 8), (1, 8, 2, 4), (3, 6)])
-    requests = Requests(np.array([0.0, 1.0, 2.0]), np.array([8, 12, 6]), np.array([5, 4, 3]),
-                        np.array([64, 64, 64]), content=content).for_run()
-    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=4,
-                                            enable_prefix_caching=True), requests, 64)
-    assert isinstance(scheduler, PagedScheduler)
-    drive(scheduler, requests, lambda s, _: None)
+    scheduler, requests = _caching([(1, 8), (1, 8, 2, 4), (3, 6)], [5, 4, 3], 64, [0.0, 1.0, 2.0])
+    drive(scheduler, requests)
     assert scheduler.cached_tokens.tolist() == [0, 8, 0]
     assert len(scheduler.hasher) == 0
 
@@ -637,12 +636,7 @@ def test_a_row_rewritten_before_its_arrival_is_hashed_afresh() -> None:
     arrives; the fast loop may ask about the pending call in between, which computes its
     hashes. Request 1's row first quotes nothing cached (content 5), then is rewritten to
     start with request 0's prompt (content 1): on arrival it finds those blocks."""
-    content = _content([(1, 8), (5, 12)])
-    requests = Requests(np.zeros(2), np.array([8, 12]), np.array([2, 2]), np.array([64, 64]),
-                        content=content).for_run()
-    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=4,
-                                            enable_prefix_caching=True), requests, 64)
-    assert isinstance(scheduler, PagedScheduler)
+    scheduler, requests = _caching([(1, 8), (5, 12)], [2, 2])
     scheduler.add_request(0)
     scheduler.update_from_output(scheduler.schedule(0.0))
     assert scheduler.admits_arrival(1)  # asks: hashes request 1's row as written now
