@@ -9,8 +9,9 @@ git-ignored) whose `[tool.mutmut]` section is rewritten for the scope, so a scop
 mutates another's modules and the checkout's own configuration stays as it is. Every
 mutant's fate goes to `quality/mutmut-results-SCOPE.txt`, the survivors' diffs to
 `quality/survivors-SCOPE.txt`, and the counts to stdout. Naming mutants (mutmut's names, or
-globs of them) reruns only those, in the same scratch copy: to check a new test against
-the survivors of a run, without the hours of the whole scope.
+globs of them) reruns only those, in the same scratch copy, and merges their new fates into
+the results file: to check a new test against the survivors of a run, without the hours of
+the whole scope.
 """
 
 from __future__ import annotations
@@ -88,8 +89,28 @@ def prepare(scope_name: str, scope: dict, timeout_s: int) -> Path:
 
 def fates(results_text: str) -> Counter[str]:
     """Counts by fate of `mutmut results --all true` output."""
-    return Counter(line.rsplit(": ", 1)[1].strip() for line in results_text.splitlines()
-                   if ": " in line and "__mutmut_" in line)
+    return Counter(parse_fates(results_text).values())
+
+
+def parse_fates(results_text: str) -> dict[str, str]:
+    """Mutant name -> fate, from `mutmut results --all true` output."""
+    out = {}
+    for line in results_text.splitlines():
+        if ": " in line and "__mutmut_" in line:
+            name, fate = line.strip().rsplit(": ", 1)
+            out[name] = fate
+    return out
+
+
+def merged(previous: dict[str, str], latest: dict[str, str]) -> dict[str, str]:
+    """The latest fates, and the previous ones of mutants this run did not check (a run of
+    named mutants reports every other one as "not checked")."""
+    return {name: previous.get(name, fate) if fate == "not checked" else fate
+            for name, fate in latest.items()}
+
+
+def format_fates(fates_by_name: dict[str, str]) -> str:
+    return "".join(f"    {name}: {fate}\n" for name, fate in fates_by_name.items())
 
 
 def run(scope_name: str, max_children: int, timeout_s: int, names: list[str],
@@ -109,9 +130,12 @@ def run(scope_name: str, max_children: int, timeout_s: int, names: list[str],
         return 2
     mutmut = shutil.which("mutmut") or str(Path(sys.executable).parent / "mutmut")
     subprocess.run([mutmut, "run", "--max-children", str(max_children), *names], cwd=work)
-    results = subprocess.run([mutmut, "results", "--all", "true"], cwd=work,
-                             capture_output=True, text=True, check=True).stdout
-    (ROOT / "quality" / f"mutmut-results-{scope_name}.txt").write_text(results)
+    latest = parse_fates(subprocess.run([mutmut, "results", "--all", "true"], cwd=work,
+                                        capture_output=True, text=True, check=True).stdout)
+    results_path = ROOT / "quality" / f"mutmut-results-{scope_name}.txt"
+    previous = parse_fates(results_path.read_text()) if results_path.exists() else {}
+    results = format_fates(merged(previous, latest) if names else latest)
+    results_path.write_text(results)
     survivors = [line.split(":")[0].strip() for line in results.splitlines()
                  if line.rstrip().endswith(": survived")]
     diffs = [subprocess.run([mutmut, "show", name], cwd=work, capture_output=True,

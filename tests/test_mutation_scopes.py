@@ -89,3 +89,17 @@ def test_an_unknown_scope_is_a_one_line_error(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "scope 'nosuch' is not in quality/scopes.toml" in err
     assert "core" in err
+
+
+def test_a_rerun_of_named_mutants_keeps_the_others_fates() -> None:
+    """mutmut reports every mutant a named run skipped as "not checked": the results file
+    keeps their earlier fates, and takes the rerun's for the others."""
+    previous = {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "survived",
+                "m.x_f__mutmut_3": "survived"}
+    latest = {"m.x_f__mutmut_1": "not checked", "m.x_f__mutmut_2": "killed",
+              "m.x_f__mutmut_3": "survived", "m.x_f__mutmut_4": "not checked"}
+    assert mutate.merged(previous, latest) == {
+        "m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "killed",
+        "m.x_f__mutmut_3": "survived", "m.x_f__mutmut_4": "not checked"}
+    text = mutate.format_fates(mutate.merged(previous, latest))
+    assert mutate.parse_fates(text) == mutate.merged(previous, latest)

@@ -144,6 +144,10 @@ def test_a_continued_run_equals_its_iterations_one_at_a_time(caching: bool, step
     assert isinstance(run, PagedContinuedRun)
     owed = [o - g for o, g in zip(OUTPUTS, probe.generated.tolist(), strict=True) if g < o]
     assert run.num_steps == min(owed) and run.req_ids.tolist() == probe.running
+    # The reservation a continued run reports: its first step's, once its blocks are taken.
+    assert run.step_reserved_tokens is not None
+    assert run.kv_reserved_tokens == run.step_reserved_tokens[0]
+    assert run.kv_reserved_tokens >= probe.allocator.allocated_tokens
     for n in range(1, run.num_steps + 1):
         jumped, stepped = (_scheduler(PROMPTS, OUTPUTS, caching=caching) for _ in range(2))
         _step(jumped, steps_before)
