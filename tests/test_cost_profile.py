@@ -253,6 +253,13 @@ def test_aiconfigurator_rows_of_one_shape_bf16_kv_no_window_and_one_kernel() -> 
                                             r"head_dim 128 per rank; measured \(heads, kv_heads, head_dim\): "
                                             r"\[\(16, 4, 128\), \(32, 8, 128\)\]$"):
         _select_heads(rows.iloc[[4, 5]], model, 2, "generation attention")
+    # A table of many shapes lists the first twelve, sorted: the message stays one line.
+    many = pd.DataFrame({"num_heads": np.arange(1, 15), "num_key_value_heads": np.ones(14, dtype=int),
+                         "head_dim": np.full(14, 128)})
+    with pytest.raises(ScenarioError) as error:
+        _select_heads(many, model, 2, "x")
+    listed = str(error.value).split("head_dim): ")[1]
+    assert listed == str([(h, 1, 128) for h in range(1, 13)])
 
 
 def test_the_profile_cost_composes_its_parts_by_hand() -> None:
@@ -511,3 +518,17 @@ def test_aiconfigurator_context_rows_are_read_per_sequence_and_named_when_missin
     assert float(prefill(0.0, row.isl)[0]) == pytest.approx(row.latency / 2 * 1e-3, rel=1e-12)
     with pytest.raises(ScenarioError, match=r"^cost: no context attention rows for 32 query heads, 4 KV heads"):
         aiconfigurator_attention(str(tmp_path / "other"), model_spec("llama2-70b"), 2)
+
+
+def test_a_query_on_a_measured_slice_reads_that_slice_alone() -> None:
+    """Prefill tables stop at the model length, so slices cover different ranges of b.
+    A query exactly on a measured a (the upper slice of its bracket, w = 1) is in range
+    where that slice is measured, however short its neighbour; and the slice's own value,
+    not an interpolation. Just off the slice, the short neighbour does count."""
+    table = SlicedTable2D.from_points(np.array([1.0, 1.0, 2.0, 2.0, 2.0]),
+                                      np.array([0.0, 10.0, 0.0, 50.0, 100.0]),
+                                      np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    values, outside = table(np.array([2.0, 2.0, 1.0]), np.array([50.0, 75.0, 5.0]))
+    assert values.tolist() == [4.0, 4.5, 1.5] and not outside.any()
+    _, outside = table(np.array([1.9]), np.array([50.0]))
+    assert outside.tolist() == [True]
