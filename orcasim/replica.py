@@ -278,11 +278,14 @@ class Replica:
 
     def _maybe_cut(self, req_id: int, time_s: float) -> None:
         """Cut the pending unit where the reference loop would admit `req_id` (or turn it
-        away, in a closed loop, where that is visible)."""
+        away, where that is visible: to a closed loop, or to a router that counts)."""
         ends_s = self.stepper.ends_s()
         if len(ends_s) < 2 or time_s > ends_s[-2]:
             return
-        if self.source.closed_loop and self.scheduler.never_fits(req_id):
+        if (self.source.closed_loop or not self.sole) and self.scheduler.never_fits(req_id):
+            # Turned away at the boundary: visible to a closed loop's client, and to a
+            # router that counts this replica's requests (`num_requests`, read between
+            # cuts), even while the head is blocked.
             self._cut_at(time_s)
             return
         if self._blocked:

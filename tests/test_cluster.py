@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -418,3 +419,31 @@ def test_a_router_reads_the_load_of_pipelined_replicas() -> None:
     assert frames["fast"]["finish_s"].notna().all()
     for column in ("replica", "first_token_s", "finish_s"):
         assert frames["fast"][column].equals(frames["reference"][column]), column
+
+
+@pytest.mark.parametrize(("router", "seed"), [("least_outstanding", 2), ("power_of_two", 7)])
+def test_a_counting_router_sees_a_turned_away_request_leave_at_its_boundary(
+    router: str, seed: int
+) -> None:
+    """`least_outstanding` and `power_of_two` count each replica's requests, its inbox
+    included, without applying a pending jump. A request that can never fit is turned away
+    at the first boundary after its arrival; the reference loop's count drops there. A jump
+    whose FCFS head is blocked used to go on past that boundary (a later arrival cannot
+    join), so fast mode counted the turned-away request until the jump ended, and routed
+    the next request elsewhere. Prompts up to 0.9 of a 1,024-token pool with outputs up to
+    300 make about one request in ten never fit; fast mode must route as reference does."""
+    frames = requests_in_both_modes(
+        "c", seed=seed, **{"workload.num_requests": 120,
+                           "workload.arrival": {"kind": "poisson", "rate_per_s": 15.0},
+                           "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 921},
+                           "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 300},
+                           "workload.max_tokens": 2000, "kv_capacity_tokens": 1024,
+                           "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4,
+                                    "per_context_token_s": 1e-6},
+                           "systems": [{"name": "c", "scheduler": {
+                               "kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 2048,
+                               "block_size_tokens": 16},
+                               "cluster": {"replicas": 2, "router": {"kind": router}}}]})
+    fast, reference = frames["fast"], frames["reference"]
+    assert reference["first_scheduled_s"].isna().sum() >= 3  # turned away
+    pd.testing.assert_frame_equal(fast, reference, check_exact=True)
