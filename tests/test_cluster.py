@@ -447,3 +447,32 @@ def test_a_counting_router_sees_a_turned_away_request_leave_at_its_boundary(
     fast, reference = frames["fast"], frames["reference"]
     assert reference["first_scheduled_s"].isna().sum() >= 3  # turned away
     pd.testing.assert_frame_equal(fast, reference, check_exact=True)
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(
+    router=st.sampled_from([r for r in ROUTERS if r != "session"]),
+    num_replicas=st.integers(2, 3),
+    scheduler=st.sampled_from(["mixed", "prefill_first", "chunked"]),
+    rate_per_s=st.sampled_from([5.0, 15.0, 40.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_fleet_with_requests_that_never_fit_routes_as_reference_mode_does(
+    router: str, num_replicas: int, scheduler: str, rate_per_s: float, seed: int
+) -> None:
+    """Fast mode is exact behind every router, while requests that can never fit are turned
+    away at replicas whose jumps are under way (the case of the test above, at random)."""
+    keys = {"mixed": {"kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 2048},
+            "prefill_first": {"kind": "paged", "policy": "prefill_first", "max_num_seqs": 8,
+                              "max_num_batched_tokens": 2048},
+            "chunked": {"kind": "chunked", "chunk_size_tokens": 256, "max_num_seqs": 8}}[scheduler]
+    frames = requests_in_both_modes("c", seed=seed, **{
+        "workload.num_requests": 80, "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 460},
+        "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 150},
+        "workload.max_tokens": 1000, "kv_capacity_tokens": 512,
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6},
+        "systems": [{"name": "c", "scheduler": {**keys, "block_size_tokens": 16},
+                     "cluster": {"replicas": num_replicas, "router": {"kind": router}}}]})
+    pd.testing.assert_frame_equal(frames["fast"], frames["reference"], check_exact=True)
+
