@@ -53,3 +53,64 @@ def test_sweep_folders_compare_point_by_point(tmp_path: Path) -> None:
     assert list(metrics) == ["p0000-r00/request-level", "p0000-r00/orca"]
     assert "workload.arrival.rate_per_s" not in metrics["p0000-r00/orca"]
     assert (deltas(metrics, metrics)["rel_change"] == 0).all()
+
+
+# By hand ---------------------------------------------------------------------------------
+
+def test_deltas_by_hand_with_labels_and_metrics_on_one_side_only() -> None:
+    """Rows: a's labels in order, then b's new ones; within a label, a's metrics then b's
+    new ones; a value missing on one side is NaN there, its change infinite."""
+    frame = deltas({"x": {"m": 1.0, "only_a": 2.0}, "gone": {"m": 4.0}},
+                   {"x": {"m": -1.0, "only_b": 3.0}, "new": {"m": 5.0}})
+    assert list(frame.columns) == ["label", "metric", "a", "b", "delta", "rel_change"]
+    assert list(zip(frame["label"], frame["metric"], strict=True)) == [
+        ("x", "m"), ("x", "only_a"), ("x", "only_b"), ("gone", "m"), ("new", "m")]
+    assert frame.iloc[0, 2:].tolist() == [1.0, -1.0, -2.0, -2.0]
+    for i in range(1, 5):
+        a, b, change = frame.loc[i, "a"], frame.loc[i, "b"], frame.loc[i, "rel_change"]
+        assert math.isnan(a) != math.isnan(b) and change == math.inf, i
+    empty = deltas({}, {})
+    assert empty.empty and list(empty.columns) == list(frame.columns)
+
+
+def test_relative_change_and_sameness_with_nan() -> None:
+    from orcasim.compare import same_value
+
+    assert same_value(math.nan, math.nan) and same_value(1.0, 1.0)
+    assert not same_value(1.0, math.nan) and not same_value(math.nan, 1.0)
+    assert relative_change(1.0, math.nan) == math.inf and relative_change(math.nan, 1.0) == math.inf
+    assert relative_change(math.nan, math.nan) == 0.0
+
+
+def test_a_summary_that_is_not_systems_of_numbers_is_a_one_line_error(tmp_path: Path) -> None:
+    import pytest
+
+    from orcasim.compare import read_metrics
+    from orcasim.config import ScenarioError
+
+    path = tmp_path / "summary.json"
+    for bad in ([1, 2], {"orca": [1.0]}, {"orca": {"e2e_s_p50": "fast"}}, {"orca": {"ok": True}},
+                {"orca": {"x": 1.0}, "other": 3.0}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ScenarioError) as error:
+            read_metrics(path)
+        assert str(error.value) == f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes it"
+    path.write_text(json.dumps({"orca": {"n": 3, "x": None}}))
+    metrics = read_metrics(path)
+    assert metrics["orca"]["n"] == 3.0 and isinstance(metrics["orca"]["n"], float)
+    assert math.isnan(metrics["orca"]["x"])
+
+
+def test_a_sweeps_labels_and_metrics_by_hand() -> None:
+    """A sweep table's rows are labelled pPPPP-rRR/system, and its metrics are every column
+    but the point, replication, seed, system and parameter columns (those between the seed
+    and the system)."""
+    import pandas as pd
+
+    from orcasim.compare import _sweep_metrics
+
+    table = pd.DataFrame({"point": [0, 3], "replication": [1, 0], "seed": [11, 12],
+                          "workload.arrival.rate_per_s": [1.0, 2.0], "system": ["orca", "vllm"],
+                          "e2e_s_p50": [0.5, 0.25], "requests_completed": [10, 20]})
+    assert _sweep_metrics(table) == {"p0000-r01/orca": {"e2e_s_p50": 0.5, "requests_completed": 10.0},
+                                     "p0003-r00/vllm": {"e2e_s_p50": 0.25, "requests_completed": 20.0}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -72,3 +73,73 @@ def test_disaggregated_runs_within_the_issue_bound() -> None:
     scored = table[table["metric"].isin(["ttft_s", "tpot_s"]) & table["percentile"].isin([50, 90])]
     for run, rows in scored.groupby("run"):
         assert rows["rel_error"].abs().median() <= DISAGG_RUN_MEDIAN, run
+
+
+# The splitwise comparison by hand --------------------------------------------------------
+
+LINEAR = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6}
+
+
+def _linear_scenario(**extra: object):  # noqa: ANN202 - a Scenario
+    from orcasim.scenario import scenario_from_dict
+
+    return scenario_from_dict({
+        "name": "v", "workload": {"num_requests": 1, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                                  "prompt_tokens": {"kind": "constant", "value": 8},
+                                  "output_tokens": {"kind": "constant", "value": 8}, "max_tokens": 64},
+        "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"}, "cost": LINEAR,
+        "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 8}}],
+        **extra})
+
+
+def test_splitwises_table_is_read_as_medians_in_seconds_without_the_failed_run(tmp_path: Path) -> None:
+    """Repeats are reduced to their median, milliseconds become seconds, other models and
+    the failed run (70B, TP 2, 64 prompts of 512) are dropped, and rows are numbered afresh."""
+    rows = ["model,tensor_parallel,prompt_size,batch_size,prompt_time,token_time",
+            "llama2-70b,2,512,64,794,30", "llama2-70b,2,128,1,100,40", "llama2-70b,2,128,1,300,50",
+            "llama2-70b,2,128,1,110,45", "bloom-176b,8,128,1,1,1", "llama2-70b,8,256,2,250,20"]
+    path = tmp_path / "perf.csv"
+    path.write_text("\n".join(rows) + "\n")
+    table = read_splitwise(str(path))
+    assert table.index.tolist() == [0, 1]
+    assert list(table.columns) == ["model", "tensor_parallel", "prompt_size", "batch_size",
+                                   "prompt_s", "token_s"]
+    assert table[["tensor_parallel", "prompt_size", "batch_size"]].values.tolist() == [[2, 128, 1], [8, 256, 2]]
+    assert table["prompt_s"].tolist() == [0.11, 0.25]
+    assert table["token_s"].tolist() == [0.045, 0.02]
+
+
+def test_the_iteration_table_prices_each_point_by_hand() -> None:
+    """A linear cost (10 ms + 0.1 ms a token + 1 us a context token): a prefill of 2 prompts
+    of 100 tokens costs 0.01 + 200e-4 + 200e-6 = 0.0302 s (each prompt reads its own 100);
+    the mean decode step of those two reads contexts 101 .. 227: 0.01 + 2e-4 + 2 x 164e-6."""
+    import pandas as pd
+
+    measured = pd.DataFrame({"model": ["llama2-7b"], "tensor_parallel": [1], "prompt_size": [100],
+                             "batch_size": [2], "prompt_s": [0.0302 / 2], "token_s": [0.010528]})
+    table = iteration_table(_linear_scenario(), measured)
+    assert table["prompt_sim_s"].tolist() == pytest.approx([0.0302], rel=1e-12)
+    assert table["token_sim_s"].tolist() == pytest.approx([0.01 + 2e-4 + 2 * 164e-6], rel=1e-12)
+    assert table["prompt_error"].tolist() == pytest.approx([1.0])
+    assert table["token_error"].tolist() == pytest.approx([0.0], abs=1e-12)
+    assert median_errors(table) == pytest.approx({"prefill": 1.0, "decode": 0.0}, abs=1e-12)
+
+
+def test_a_scenario_moved_to_another_tensor_parallel_degree_and_gpu() -> None:
+    """`at_tensor_parallel` changes only the degree (and the GPU, when given): a roofline
+    prices an iteration as a scenario written that way does."""
+    from orcasim.cost import Batch, build_cost_model
+    from orcasim.scenario import scenario_from_dict
+    from orcasim.validation import at_tensor_parallel
+
+    base = _linear_scenario(cost={"kind": "roofline"})
+    batch = Batch(np.array([64, 1]), np.array([64, 300]))
+    for tp, gpu in ((2, None), (2, "h100-80gb"), (1, "a100-40gb")):
+        moved = at_tensor_parallel(base, tp, gpu)
+        data = base.model_dump(mode="json", exclude_none=True)
+        data["hardware"] = {"gpu": gpu or "a100-80gb", "tensor_parallel": tp}
+        written = scenario_from_dict(data)
+        expected = build_cost_model(written.cost, written.deployment())
+        assert moved.iteration_time_s(batch) == expected.iteration_time_s(batch), (tp, gpu)
+    assert at_tensor_parallel(base, 2, "h100-80gb").iteration_time_s(batch) < \
+        at_tensor_parallel(base, 2).iteration_time_s(batch)

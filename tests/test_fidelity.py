@@ -1,0 +1,107 @@
+"""`orcasim fidelity`'s parts by hand: the percentile table, the headline error, the replay.
+
+tests/test_validation.py scores the shipped scenarios on the real runs; these cases pin
+what a score is made of, on numbers worked out here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orcasim.fidelity import COLUMNS, compare, fidelity_table, headline_error, replay_of
+from orcasim.scenario import scenario_from_dict
+
+
+def _frame(ttft: list[float], tpot: list[float], e2e: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e})
+
+
+def test_the_percentile_table_by_hand() -> None:
+    """Real TTFTs 1..5 s and simulated 2..6 s: p50 3 against 4 (+1/3), p90 4.6 against 5.6;
+    a metric the log lacks (all NaN) is left out; NaN requests are dropped first; a real
+    value of 0 has no relative error."""
+    real = _frame([1, 2, 3, 4, 5], [np.nan] * 5, [0.0, 0.0, 0.0, 0.0, np.nan])
+    simulated = _frame([2, 3, 4, 5, 6], [0.1] * 5, [1.0, 1.0, 1.0, 1.0, 1.0])
+    table = compare(real, simulated, (50, 90))
+    assert list(table.columns) == list(COLUMNS) == ["metric", "percentile", "real", "simulated", "rel_error"]
+    assert table[["metric", "percentile"]].values.tolist() == [["ttft_s", 50], ["ttft_s", 90],
+                                                               ["e2e_s", 50], ["e2e_s", 90]]
+    assert table["real"].tolist()[:2] == pytest.approx([3.0, 4.6])
+    assert table["simulated"].tolist()[:2] == pytest.approx([4.0, 5.6])
+    assert table["rel_error"].tolist()[:2] == pytest.approx([1 / 3, 5.6 / 4.6 - 1])
+    assert table["real"].tolist()[2:] == [0.0, 0.0] and table["rel_error"][2:].isna().all()
+    assert compare(real, simulated)["percentile"].tolist()[:3] == [50, 90, 99]  # the default
+    none = compare(real, _frame([np.nan] * 5, [np.nan] * 5, [np.nan] * 5))
+    assert none.empty and list(none.columns) == list(COLUMNS)
+
+
+def test_the_headline_error_is_the_median_over_p50_and_p90() -> None:
+    """|errors| 0.1, 0.3 (p50, p90 of one metric) and 0.2, 0.4 (another): median 0.25; p99
+    rows do not count, negative errors count by their size; no scored row: NaN."""
+    table = pd.DataFrame({"metric": ["a", "a", "a", "b", "b"], "percentile": [50, 90, 99, 50, 90],
+                          "rel_error": [0.1, -0.3, 5.0, 0.2, -0.4]})
+    assert headline_error(table) == pytest.approx(0.25)
+    assert headline_error(table, (99,)) == 5.0
+    assert math.isnan(headline_error(table[table["percentile"] == 99]))
+
+
+def _scenario() -> object:
+    return scenario_from_dict({
+        "name": "s", "seed": 1,
+        "workload": {"num_requests": 5, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "prompt_tokens": {"kind": "constant", "value": 8},
+                     "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 256},
+        "kv_capacity_tokens": 4096,
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+        "sweep": {"parameter": "seed", "values": [1, 2]},
+        "systems": [{"name": "a", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
+                    {"name": "b", "scheduler": {"kind": "request_level", "max_batch_size": 4}}]})
+
+
+def _run_log(tmp_path: Path) -> Path:
+    """Three requests at 0, 1 and 2 s, with what a real server measured."""
+    path = tmp_path / "run-7.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
+                    "0.0,10,3,0.05,0.02,0.09\n1.0,20,2,0.06,0.03,0.09\n2.0,30,5,0.07,0.01,0.11\n")
+    return path
+
+
+def test_the_replay_takes_the_runs_arrivals_and_lengths_and_keeps_the_rest(tmp_path: Path,
+                                                                           monkeypatch) -> None:  # noqa: ANN001
+    """The workload becomes the run's (its path resolved, the format passed on, the
+    scenario's max_tokens kept); a sweep is dropped (one replay per run); systems, cost and
+    seed and name stay."""
+    monkeypatch.chdir(tmp_path)
+    replay = replay_of(_scenario(), Path("run-7.csv"), "orcasim")
+    arrival = replay.workload.arrival
+    assert arrival.kind == "trace" and arrival.path == str(tmp_path / "run-7.csv")
+    assert arrival.format == "orcasim"
+    assert replay.workload.max_tokens == 256 and replay.sweep is None
+    assert [s.name for s in replay.systems] == ["a", "b"] and replay.seed == 1
+    assert replay.name == "s"
+
+
+def test_the_fidelity_table_runs_every_system_on_every_run(tmp_path: Path) -> None:
+    """Two runs and two systems: four blocks of rows with their run (the file's stem) and
+    system first; the figure frames, keyed run/system, stack the real requests and the
+    simulated ones, marked by `source`."""
+    first = _run_log(tmp_path)
+    second = tmp_path / "run-8.csv"
+    second.write_text(first.read_text())
+    table, frames = fidelity_table(_scenario(), [first, second], ["a", "b"], "orcasim")
+    assert list(table.columns) == ["run", "system", *COLUMNS]
+    assert table.index.tolist() == list(range(len(table)))
+    blocks = table[["run", "system"]].drop_duplicates().values.tolist()
+    assert blocks == [["run-7", "a"], ["run-7", "b"], ["run-8", "a"], ["run-8", "b"]]
+    assert len(table) == 4 * 3 * 3  # three metrics at p50, p90, p99
+    assert sorted(frames) == ["run-7/a", "run-7/b", "run-8/a", "run-8/b"]
+    frame = frames["run-7/a"]
+    assert frame["source"].tolist() == ["real"] * 3 + ["simulated"] * 3
+    assert frame[frame["source"] == "real"]["ttft_s"].tolist() == [0.05, 0.06, 0.07]
+    real_p50 = table[(table["run"] == "run-7") & (table["metric"] == "ttft_s")]["real"].iloc[0]
+    assert real_p50 == pytest.approx(0.06)
