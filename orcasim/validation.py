@@ -50,7 +50,8 @@ def at_tensor_parallel(scenario: Scenario, tp: int, gpu: str | None = None) -> C
     data["hardware"]["tensor_parallel"] = tp
     if gpu is not None:
         data["hardware"]["gpu"] = gpu
-    data["kv_capacity_tokens"] = data.get("kv_capacity_tokens") or 1  # not needed to price
+    # The dump carries the scenario's KV capacity (derived at its own degree, if it was):
+    # the move derives none, so a degree whose weights leave no room for KV still prices.
     moved = scenario_from_dict(data, f"{scenario.name} at TP {tp}")
     return build_cost_model(moved.cost, moved.deployment())
 

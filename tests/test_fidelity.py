@@ -105,3 +105,36 @@ def test_the_fidelity_table_runs_every_system_on_every_run(tmp_path: Path) -> No
     assert frame[frame["source"] == "real"]["ttft_s"].tolist() == [0.05, 0.06, 0.07]
     real_p50 = table[(table["run"] == "run-7") & (table["metric"] == "ttft_s")]["real"].iloc[0]
     assert real_p50 == pytest.approx(0.06)
+
+
+def test_the_runs_format_and_the_scenarios_folder_are_passed_on(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A log whose name would be read as another format (an orcasim CSV named .json, which
+    auto-detection takes for Mooncake) is read as the format given, in the measurements and
+    in the replay; a cost file named relative to the scenario's folder is found from any
+    working directory when that folder is given."""
+    import shutil
+
+    from orcasim.config import ScenarioError
+    from orcasim.paths import PACKAGE_DATA_DIR
+
+    log = tmp_path / "run-9.json"
+    log.write_text(_run_log(tmp_path).read_text())
+    folder = tmp_path / "scenario"
+    folder.mkdir()
+    shutil.copy(PACKAGE_DATA_DIR / "profiles/distserve/profiler-a100-80g.vllm.json", folder / "profile.json")
+    scenario = scenario_from_dict({
+        "name": "s", "workload": {"num_requests": 3, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                                  "prompt_tokens": {"kind": "constant", "value": 8},
+                                  "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 256},
+        "model": "opt-13b", "hardware": {"gpu": "a100-80gb"}, "kv_capacity_tokens": 4096,
+        "cost": {"kind": "fitted", "path": "profile.json", "model": "opt-13b", "tensor_parallel": 1},
+        "systems": [{"name": "a", "scheduler": {"kind": "paged", "max_num_seqs": 4}}]})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    table, _ = fidelity_table(scenario, [log], ["a"], "orcasim", base_dir=folder)
+    assert table["run"].unique().tolist() == ["run-9"] and len(table) == 9
+    with pytest.raises((ScenarioError, FileNotFoundError)):
+        fidelity_table(scenario, [log], ["a"], "auto", base_dir=folder)
+    with pytest.raises((ScenarioError, FileNotFoundError)):
+        fidelity_table(scenario, [log], ["a"], "orcasim")

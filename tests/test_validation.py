@@ -143,3 +143,24 @@ def test_a_scenario_moved_to_another_tensor_parallel_degree_and_gpu() -> None:
         assert moved.iteration_time_s(batch) == expected.iteration_time_s(batch), (tp, gpu)
     assert at_tensor_parallel(base, 2, "h100-80gb").iteration_time_s(batch) < \
         at_tensor_parallel(base, 2).iteration_time_s(batch)
+
+
+def test_the_iteration_table_prices_on_another_gpu_when_asked() -> None:
+    """`iteration_table(..., gpu)` prices every point on that GPU; and a degree whose
+    weights leave no room for KV (Llama-2-70B on one A100) still prices."""
+    import pandas as pd
+
+    from orcasim.cost import Batch
+    from orcasim.validation import at_tensor_parallel
+
+    base = _linear_scenario(cost={"kind": "roofline"})
+    measured = pd.DataFrame({"model": ["llama2-7b"], "tensor_parallel": [2], "prompt_size": [100],
+                             "batch_size": [2], "prompt_s": [0.05], "token_s": [0.02]})
+    on_h100 = iteration_table(base, measured, "h100-80gb")
+    prompts = np.full(2, 100)
+    h100 = at_tensor_parallel(base, 2, "h100-80gb")
+    assert on_h100["prompt_sim_s"].tolist() == [h100.iteration_time_s(Batch(prompts, prompts))]
+    assert on_h100["prompt_sim_s"][0] < iteration_table(base, measured)["prompt_sim_s"][0]
+    big = _linear_scenario(cost={"kind": "roofline"}, model="llama2-70b",
+                           hardware={"gpu": "a100-80gb", "tensor_parallel": 8})
+    assert at_tensor_parallel(big, 1).iteration_time_s(Batch(prompts, prompts)) > 0

@@ -1,0 +1,115 @@
+"""The regression check's rules by hand: when a metric has moved, the rows it reports, the
+baselines it writes. tests/test_regression.py runs the committed baselines themselves."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+from orcasim.regression import check, compare_to_baseline, moved
+
+SCENARIOS = Path(__file__).parent.parent / "scenarios" / "regression"
+
+
+def test_tolerance_rules() -> None:
+    assert not moved(1.0, 1.0 + 1e-12, 1e-9)
+    assert moved(1.0, 1.0 + 1e-6, 1e-9)
+    assert not moved(math.nan, math.nan, 1e-9)
+    assert moved(3.0, 4.0, 0.0)
+    rows = compare_to_baseline("s", {"a": {"x": 1.0, "gone": 2.0}}, {"a": {"x": 1.0, "new": 3.0}})
+    assert list(rows["metric"]) == ["gone", "new"]
+
+
+# The comparison by hand ------------------------------------------------------------------
+
+def test_a_metric_moves_past_its_relative_tolerance_plus_a_float_floor() -> None:
+    """Moved means |now - baseline| > rel_tol |baseline| + 1e-12 (the floor lets a zero
+    baseline carry rounding noise); a count (tolerance 0) moves on any change, with no floor.
+    A value that turns NaN, or stops being NaN, has moved."""
+    from orcasim.regression import ABS_TOL, DEFAULT_REL_TOL
+
+    assert (DEFAULT_REL_TOL, ABS_TOL) == (1e-9, 1e-12)
+    assert not moved(1000.0, 1000.0 + 0.5e-6, 1e-9)  # 0.5e-6 <= 1e-6 + 1e-12
+    assert moved(1000.0, 1000.0 + 2e-6, 1e-9)
+    assert moved(-1000.0, -1000.0 - 2e-6, 1e-9)  # |baseline|
+    assert not moved(0.0, 0.5e-12, 1e-9) and moved(0.0, 2e-12, 1e-9)  # the floor, at 0
+    assert not moved(2.0, 2.0 + 1.5e-12, 1e-9)  # 1.5e-12 <= 2e-9 + 1e-12
+    assert moved(0.0, 1e-13, 0.0) and moved(5.0, 5.0 + 1e-13, 0.0)  # counts: no floor
+    assert not moved(5.0, 5.0, 0.0)
+    assert moved(1.0, math.nan, 1e-9) and moved(math.nan, 1.0, 1e-9)
+    assert moved(1.0, math.nan, 0.0)
+
+
+def test_exactly_the_tolerance_is_not_a_move() -> None:
+    """From a zero baseline the tolerance is the floor alone, 1e-12, which a change of
+    exactly 1e-12 equals in floating point: not a move."""
+    assert 1e-12 - 0.0 == 1e-9 * 0.0 + 1e-12
+    assert not moved(0.0, 1e-12, 1e-9) and not moved(0.0, -1e-12, 1e-9)
+
+
+def test_counts_use_no_tolerance_and_every_other_metric_the_default() -> None:
+    from orcasim.regression import DEFAULT_REL_TOL, TOLERANCES, tolerance
+
+    assert TOLERANCES == {"requests_completed": 0.0, "iterations": 0.0, "cost_out_of_range": 0.0}
+    for metric in TOLERANCES:
+        assert tolerance(metric) == 0.0
+    assert tolerance("e2e_s_p50") == DEFAULT_REL_TOL
+    # A count one off is a move even at a size where the default tolerance would allow it.
+    rows = compare_to_baseline("s", {"a": {"iterations": 1e9, "e2e_s_p50": 1e9}},
+                               {"a": {"iterations": 1e9 + 1, "e2e_s_p50": 1e9 + 1}})
+    assert rows.values.tolist() == [["s", "a", "iterations", 1e9, 1e9 + 1, 1e-9]]
+
+
+def test_a_moved_systems_rows_by_hand() -> None:
+    """Every metric only one side has is a row (the other side NaN, the change infinite),
+    even one whose value was NaN; a metric present in both with NaN on both sides is not;
+    rows keep the baseline's order, then the new metrics."""
+    baseline = {"a": {"x": 1.0, "y": math.nan, "gone": 2.0, "gone_nan": math.nan}, "old": {"z": 4.0}}
+    now = {"a": {"x": 1.5, "y": math.nan, "new": 3.0}, "fresh": {"w": 5.0}}
+    rows = compare_to_baseline("s", baseline, now)
+    assert list(rows.columns) == ["scenario", "system", "metric", "baseline", "now", "rel_change"]
+    got = [(r.system, r.metric, r.baseline, r.now, r.rel_change) for r in rows.itertuples()]
+    assert got[0] == ("a", "x", 1.0, 1.5, 0.5)
+    assert [(s, m) for s, m, *_ in got] == [("a", "x"), ("a", "gone"), ("a", "gone_nan"),
+                                            ("a", "new"), ("old", "z"), ("fresh", "w")]
+    for s, m, b, n, change in got[1:]:
+        if m != "gone_nan":  # NaN on both sides, yet gone: a row all the same
+            assert math.isnan(b) != math.isnan(n) and change == math.inf, (s, m)
+    assert compare_to_baseline("s", baseline, baseline).empty
+
+
+def test_check_reports_a_missing_baseline_and_writes_readable_baselines(tmp_path: Path) -> None:
+    """One scenario without a baseline gives one row (scenario, "*", "(no baseline)");
+    `--update` writes each baseline as JSON indented by two, NaN as null, ending in a
+    newline; with nothing moved the frame is empty but has the columns."""
+    import json
+
+    scenarios = tmp_path / "regression"
+    scenarios.mkdir()
+    shutil.copy(SCENARIOS / "iteration_level.yaml", scenarios / "one.yaml")
+    shutil.copy(SCENARIOS / "iteration_level.yaml", scenarios / "two.yaml")
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    rows = check(scenarios, baselines)
+    assert rows.values.tolist()[0][:3] == ["one", "*", "(no baseline)"]
+    assert rows["scenario"].tolist() == ["one", "two"] and rows.index.tolist() == [0, 1]
+    assert check(scenarios, baselines, update=True).empty
+    text = (baselines / "one.json").read_text()
+    assert text.endswith("}\n") and text.startswith('{\n  "')
+    assert json.loads(text) == json.loads((baselines / "two.json").read_text())
+    nothing = check(scenarios, baselines)
+    assert nothing.empty and list(nothing.columns) == ["scenario", "system", "metric", "baseline",
+                                                       "now", "rel_change"]
+    (baselines / "two.json").unlink()
+    rows = check(scenarios, baselines)
+    assert rows.values.tolist()[0][:3] == ["two", "*", "(no baseline)"] and rows.index.tolist() == [0]
+
+
+def test_a_folder_without_scenarios_is_an_error(tmp_path: Path) -> None:
+    import pytest
+
+    from orcasim.regression import regression_scenarios
+
+    with pytest.raises(FileNotFoundError, match=r"^.*empty: no regression scenarios \(\*\.yaml\)$"):
+        regression_scenarios(tmp_path / "empty")
