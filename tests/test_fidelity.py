@@ -138,3 +138,12 @@ def test_the_runs_format_and_the_scenarios_folder_are_passed_on(tmp_path: Path, 
         fidelity_table(scenario, [log], ["a"], "auto", base_dir=folder)
     with pytest.raises((ScenarioError, FileNotFoundError)):
         fidelity_table(scenario, [log], ["a"], "orcasim")
+
+
+def test_a_logs_format_is_detected_by_default(tmp_path: Path) -> None:
+    """Without a format, the log's is detected: an orcasim CSV, read and replayed."""
+    from orcasim.fidelity import read_real_run
+
+    log = _run_log(tmp_path)
+    assert read_real_run(log)["e2e_s"].tolist() == [0.09, 0.09, 0.11]
+    assert replay_of(_scenario(), log).workload.arrival.format == "auto"
