@@ -31,9 +31,9 @@ test: $(STAMP)
 test-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=explore ORCASIM_TEST_DEPTH=10 $(BIN)/python -m pytest -q -m "not slow"
 
-# Mutation testing of the modules [tool.mutmut] in pyproject.toml names; report in quality/.
-# One scope of quality/scopes.toml at a time (`make mutate SCOPE=cost`; `make mutate-list`
-# names them); every scope in turn is `make mutate-all` (hours on two cores).
+# Mutation testing (quality/README.md), one scope of quality/scopes.toml at a time
+# (`make mutate SCOPE=cost`; `make mutate-list` names them); every scope in turn is
+# `make mutate-all` (hours on two cores).
 SCOPE ?= core
 mutate: $(STAMP)
 	$(BIN)/python quality/mutate.py $(SCOPE)

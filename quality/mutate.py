@@ -87,11 +87,6 @@ def prepare(scope_name: str, scope: dict, timeout_s: int) -> Path:
     return work
 
 
-def fates(results_text: str) -> Counter[str]:
-    """Counts by fate of `mutmut results --all true` output."""
-    return Counter(parse_fates(results_text).values())
-
-
 def parse_fates(results_text: str) -> dict[str, str]:
     """Mutant name -> fate, from `mutmut results --all true` output."""
     out = {}
@@ -134,24 +129,27 @@ def run(scope_name: str, max_children: int, timeout_s: int, names: list[str],
                                         capture_output=True, text=True, check=True).stdout)
     results_path = ROOT / "quality" / f"mutmut-results-{scope_name}.txt"
     previous = parse_fates(results_path.read_text()) if results_path.exists() else {}
-    results = format_fates(merged(previous, latest) if names else latest)
-    results_path.write_text(results)
-    survivors = [line.split(":")[0].strip() for line in results.splitlines()
-                 if line.rstrip().endswith(": survived")]
+    final = merged(previous, latest) if names else latest
+    results_path.write_text(format_fates(final))
+    survivors = [name for name, fate in final.items() if fate == "survived"]
     diffs = [subprocess.run([mutmut, "show", name], cwd=work, capture_output=True,
                             text=True).stdout for name in survivors]
     (ROOT / "quality" / f"survivors-{scope_name}.txt").write_text("\n".join(diffs))
-    counts = fates(results)
-    total = sum(counts.values())
-    tested = total - counts.get("no tests", 0)
-    print(f"{scope_name}: {total} mutants, " + ", ".join(f"{n} {fate}" for fate, n in counts.most_common()))
-    if tested:
-        caught = counts.get("killed", 0) + counts.get("timeout", 0)
-        print(f"caught {caught} of {total} ({100 * caught / total:.1f}%); survivors' diffs in "
-              f"quality/survivors-{scope_name}.txt: classify each as a gap (write its test) "
-              "or equivalent (name why in quality/README.md)")
+    print(summary(scope_name, Counter(final.values())))
     return 0
 
+
+def summary(scope_name: str, counts: Counter[str]) -> str:
+    """The run's counts by fate, and what to do with the survivors."""
+    total = sum(counts.values())
+    lines = [f"{scope_name}: {total} mutants, "
+             + ", ".join(f"{n} {fate}" for fate, n in counts.most_common())]
+    if total > counts.get("no tests", 0):
+        caught = counts.get("killed", 0) + counts.get("timeout", 0)
+        lines.append(f"caught {caught} of {total} ({100 * caught / total:.1f}%); survivors' diffs "
+                     f"in quality/survivors-{scope_name}.txt: classify each as a gap (write its "
+                     "test) or equivalent (name why in quality/README.md)")
+    return "\n".join(lines)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

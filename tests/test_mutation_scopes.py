@@ -81,7 +81,10 @@ def test_fates_are_counted_from_mutmuts_results() -> None:
     text = ("    orcasim.x.x_f__mutmut_1: killed\n    orcasim.x.x_f__mutmut_2: survived\n"
             "    orcasim.x.x_g__mutmut_1: killed\n    orcasim.x.x_g__mutmut_2: no tests\n"
             "some other line\n")
-    assert mutate.fates(text) == {"killed": 2, "survived": 1, "no tests": 1}
+    assert mutate.parse_fates(text) == {"orcasim.x.x_f__mutmut_1": "killed",
+                                        "orcasim.x.x_f__mutmut_2": "survived",
+                                        "orcasim.x.x_g__mutmut_1": "killed",
+                                        "orcasim.x.x_g__mutmut_2": "no tests"}
 
 
 def test_an_unknown_scope_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,3 +106,13 @@ def test_a_rerun_of_named_mutants_keeps_the_others_fates() -> None:
         "m.x_f__mutmut_3": "survived", "m.x_f__mutmut_4": "not checked"}
     text = mutate.format_fates(mutate.merged(previous, latest))
     assert mutate.parse_fates(text) == mutate.merged(previous, latest)
+
+
+def test_the_summary_counts_caught_mutants_and_points_at_the_survivors() -> None:
+    from collections import Counter
+
+    text = mutate.summary("core", Counter({"killed": 6, "timeout": 1, "survived": 2, "no tests": 1}))
+    first, second = text.split("\n")
+    assert first == "core: 10 mutants, 6 killed, 2 survived, 1 timeout, 1 no tests"
+    assert second.startswith("caught 7 of 10 (70.0%); survivors' diffs in quality/survivors-core.txt")
+    assert mutate.summary("core", Counter({"no tests": 3})) == "core: 3 mutants, 3 no tests"
