@@ -77,7 +77,7 @@ def test_a_scopes_section_mutates_its_modules_only() -> None:
     assert appended["tool"]["mutmut"]["source_paths"] == ["orcasim"]
 
 
-def test_fates_are_counted_from_mutmuts_results() -> None:
+def test_fates_are_read_from_mutmuts_results() -> None:
     text = ("    orcasim.x.x_f__mutmut_1: killed\n    orcasim.x.x_f__mutmut_2: survived\n"
             "    orcasim.x.x_g__mutmut_1: killed\n    orcasim.x.x_g__mutmut_2: no tests\n"
             "some other line\n")

@@ -21,20 +21,28 @@ from orcasim.schedulers.paged_runs import BlockGrowth, PagedContinuedRun, PagedR
 BLOCK = 4
 
 
+def _build(prompts: list[int], outputs: list[int], kv_tokens: int = 1024, *, kind: str = "paged",
+           content: PromptContent | None = None, **cfg: object) -> PagedScheduler:
+    """A `kind` scheduler (blocks of 4 tokens) over requests of these lengths, none added."""
+    requests = Requests(np.zeros(len(prompts)), np.array(prompts), np.array(outputs),
+                        np.array(prompts) + np.array(outputs), content=content).for_run()
+    config = ChunkedConfig(kind="chunked", block_size_tokens=BLOCK, **cfg) if kind == "chunked" \
+        else PagedConfig(kind="paged", block_size_tokens=BLOCK, **cfg)
+    scheduler = build_scheduler(config, requests, kv_tokens)
+    assert isinstance(scheduler, PagedScheduler)
+    return scheduler
+
+
 def _scheduler(prompts: list[int], outputs: list[int], kv_tokens: int = 1024, *,
-               caching: bool = False, **cfg: object) -> PagedScheduler:
-    """Requests of these lengths, all added at once, blocks of 4 tokens. With caching,
-    each prompt is its own content and each output its own id, so no two blocks share a
-    hash."""
+               caching: bool = False, kind: str = "paged", **cfg: object) -> PagedScheduler:
+    """Requests of these lengths, all added at once. With caching, each prompt is its own
+    content and each output its own id, so no two blocks share a hash."""
     n = len(prompts)
     content = PromptContent([(10 + i, prompts[i]) for i in range(n)],
                             np.arange(n, dtype=np.int64) + 1000) if caching else None
-    requests = Requests(np.zeros(n), np.array(prompts), np.array(outputs),
-                        np.array(prompts) + np.array(outputs), content=content).for_run()
-    scheduler = build_scheduler(PagedConfig(kind="paged", block_size_tokens=BLOCK,
-                                            enable_prefix_caching=caching, **cfg),
-                                requests, kv_tokens)
-    assert isinstance(scheduler, PagedScheduler)
+    if caching:
+        cfg["enable_prefix_caching"] = True
+    scheduler = _build(prompts, outputs, kv_tokens, kind=kind, content=content, **cfg)
     for req in range(n):
         scheduler.add_request(req)
     return scheduler
@@ -183,16 +191,10 @@ def test_the_blocks_a_jump_fills_are_named_step_by_step_by_hand() -> None:
 # When there is no run ----------------------------------------------------------------------
 
 def _one_running(prompts: list[int], outputs: list[int], kv_tokens: int = 1024, *,
-                 caching: bool = False, content: PromptContent | None = None,
+                 kind: str = "paged", content: PromptContent | None = None,
                  **cfg: object) -> PagedScheduler:
     """Request 0 alone after its prompt's iteration; the others not yet added."""
-    n = len(prompts)
-    requests = Requests(np.zeros(n), np.array(prompts), np.array(outputs),
-                        np.array(prompts) + np.array(outputs), content=content).for_run()
-    config = ChunkedConfig(kind="chunked", block_size_tokens=BLOCK, **cfg) if "chunk_size_tokens" in cfg \
-        else PagedConfig(kind="paged", block_size_tokens=BLOCK, enable_prefix_caching=caching, **cfg)
-    scheduler = build_scheduler(config, requests, kv_tokens)
-    assert isinstance(scheduler, PagedScheduler)
+    scheduler = _build(prompts, outputs, kv_tokens, kind=kind, content=content, **cfg)
     scheduler.add_request(0)
     _step(scheduler, 1)
     return scheduler
@@ -247,7 +249,7 @@ def test_no_run_when_its_first_step_needs_a_block_none_is_free() -> None:
 def test_no_run_while_a_prompt_chunk_is_left() -> None:
     """Chunks of 4: a 10-token prompt takes three iterations (4, 4, 2 tokens); only after
     the last does it decode, and only then is there a run."""
-    scheduler = _one_running([10], [5], chunk_size_tokens=4)
+    scheduler = _one_running([10], [5], kind="chunked", chunk_size_tokens=4)
     assert scheduler.computed[0] == 4 and scheduler.continue_run() is None
     plan = scheduler.schedule(0.0)
     assert plan.num_new_tokens.tolist() == [4] and scheduler.decode_run(plan) is None
@@ -264,14 +266,16 @@ def test_no_run_while_a_blocked_head_quotes_a_running_output() -> None:
     become hits for it, so what it will take changes within a run: no run, and the hook
     admits such an arrival. Request 2, quoting nothing, blocks nothing."""
     content = PromptContent([(5, 4), (7, 3, 1000, 5), (7, 3, 9, 5)], np.array([1000, 1001, 1002]))
-    scheduler = _one_running([4, 8, 8], [20, 2, 2], caching=True, content=content, max_num_seqs=1)
+    scheduler = _one_running([4, 8, 8], [20, 2, 2], content=content, max_num_seqs=1,
+                             enable_prefix_caching=True)
     assert scheduler.admits_arrival(1) and not scheduler.admits_arrival(2)
     scheduler.add_request(1)
     assert scheduler.continue_run() is None
     plan = scheduler.schedule(0.0)
     assert plan.req_ids.tolist() == [0] and scheduler.decode_run(plan) is None
 
-    other = _one_running([4, 8, 8], [20, 2, 2], caching=True, content=content, max_num_seqs=1)
+    other = _one_running([4, 8, 8], [20, 2, 2], content=content, max_num_seqs=1,
+                             enable_prefix_caching=True)
     other.add_request(2)
     run = other.continue_run()
     assert run is not None and run.num_steps == 19
@@ -288,15 +292,9 @@ def _blocked_behind_a_full_batch(kind: str, caching: bool = True, prompt_1: tupl
     them. Block 0 and 1 were request 0's; 2 and 3 requests 2 and 3's prompts, 4 request 2's
     first decode block; the free queue is 1, 0 (a table is freed tail first)."""
     content = PromptContent([(1, 8), prompt_1, (9, 4), (7, 4)], np.array([1000, 1001, 1002, 1003]))
-    prompts = [8, sum(prompt_1[1::2]), 4, 4]
-    outputs = [1, 2, 20, 20]
-    requests = Requests(np.zeros(4), np.array(prompts), np.array(outputs),
-                        np.array(prompts) + np.array(outputs), content=content).for_run()
-    common = dict(block_size_tokens=BLOCK, max_num_seqs=2, enable_prefix_caching=caching)
-    config = ChunkedConfig(kind="chunked", chunk_size_tokens=64, **common) if kind == "chunked" \
-        else PagedConfig(kind="paged", **common)
-    scheduler = build_scheduler(config, requests, 10 * BLOCK)
-    assert isinstance(scheduler, PagedScheduler)
+    chunk = {"chunk_size_tokens": 64} if kind == "chunked" else {}
+    scheduler = _build([8, sum(prompt_1[1::2]), 4, 4], [1, 2, 20, 20], 10 * BLOCK, kind=kind,
+                       content=content, max_num_seqs=2, enable_prefix_caching=caching, **chunk)
     scheduler.add_request(0)
     scheduler.add_request(2)
     assert _step(scheduler, 1) == [0]
@@ -374,13 +372,7 @@ def test_a_run_may_fill_the_token_budget_exactly() -> None:
     one token each, which leaves request 2 its last prompt token (computed and emitting, as
     a decode is). Three one-token requests take the whole budget and still run, to request
     0's completion: it has emitted 2 of its 12 tokens, so 10 steps."""
-    requests = Requests(np.zeros(3), np.array([2, 2, 2]), np.array([12, 12, 12]),
-                        np.full(3, 14)).for_run()
-    scheduler = build_scheduler(ChunkedConfig(kind="chunked", block_size_tokens=BLOCK,
-                                              chunk_size_tokens=3), requests, 1024)
-    assert isinstance(scheduler, PagedScheduler)
-    for req in range(3):
-        scheduler.add_request(req)
+    scheduler = _scheduler([2, 2, 2], [12, 12, 12], kind="chunked", chunk_size_tokens=3)
     _step(scheduler, 2)
     assert len(scheduler.running) == 3 and scheduler.token_budget == 3
     run = scheduler.continue_run()
