@@ -421,6 +421,20 @@ def test_a_router_reads_the_load_of_pipelined_replicas() -> None:
         assert frames["fast"][column].equals(frames["reference"][column]), column
 
 
+def _oversized_fleet_frames(seed: int, num_requests: int, rate_per_s: float, kv_tokens: int,
+                           scheduler: dict, router: str, num_replicas: int) -> dict[str, pd.DataFrame]:
+    """A fleet in both modes whose prompts go up to 0.9 of a replica's pool and outputs up to
+    0.29 of it (300 tokens of 1,024): about one request in ten can never fit."""
+    return requests_in_both_modes("c", seed=seed, **{
+        "workload.num_requests": num_requests,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": int(0.9 * kv_tokens)},
+        "workload.output_tokens": {"kind": "uniform", "low": 1, "high": kv_tokens * 300 // 1024},
+        "workload.max_tokens": kv_tokens * 2000 // 1024, "kv_capacity_tokens": kv_tokens,
+        "systems": [{"name": "c", "scheduler": {**scheduler, "block_size_tokens": 16},
+                     "cluster": {"replicas": num_replicas, "router": {"kind": router}}}]})
+
+
 @pytest.mark.parametrize(("router", "seed"), [("least_outstanding", 2), ("power_of_two", 7)])
 def test_a_counting_router_sees_a_turned_away_request_leave_at_its_boundary(
     router: str, seed: int
@@ -430,20 +444,9 @@ def test_a_counting_router_sees_a_turned_away_request_leave_at_its_boundary(
     at the first boundary after its arrival; the reference loop's count drops there. A jump
     whose FCFS head is blocked used to go on past that boundary (a later arrival cannot
     join), so fast mode counted the turned-away request until the jump ended, and routed
-    the next request elsewhere. Prompts up to 0.9 of a 1,024-token pool with outputs up to
-    300 make about one request in ten never fit; fast mode must route as reference does."""
-    frames = requests_in_both_modes(
-        "c", seed=seed, **{"workload.num_requests": 120,
-                           "workload.arrival": {"kind": "poisson", "rate_per_s": 15.0},
-                           "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 921},
-                           "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 300},
-                           "workload.max_tokens": 2000, "kv_capacity_tokens": 1024,
-                           "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4,
-                                    "per_context_token_s": 1e-6},
-                           "systems": [{"name": "c", "scheduler": {
-                               "kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 2048,
-                               "block_size_tokens": 16},
-                               "cluster": {"replicas": 2, "router": {"kind": router}}}]})
+    the next request elsewhere. Fast mode must route as reference does."""
+    frames = _oversized_fleet_frames(seed, 120, 15.0, 1024, {
+        "kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 2048}, router, 2)
     fast, reference = frames["fast"], frames["reference"]
     assert reference["first_scheduled_s"].isna().sum() >= 3  # turned away
     pd.testing.assert_frame_equal(fast, reference, check_exact=True)
@@ -466,13 +469,5 @@ def test_a_fleet_with_requests_that_never_fit_routes_as_reference_mode_does(
             "prefill_first": {"kind": "paged", "policy": "prefill_first", "max_num_seqs": 8,
                               "max_num_batched_tokens": 2048},
             "chunked": {"kind": "chunked", "chunk_size_tokens": 256, "max_num_seqs": 8}}[scheduler]
-    frames = requests_in_both_modes("c", seed=seed, **{
-        "workload.num_requests": 80, "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
-        "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 460},
-        "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 150},
-        "workload.max_tokens": 1000, "kv_capacity_tokens": 512,
-        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6},
-        "systems": [{"name": "c", "scheduler": {**keys, "block_size_tokens": 16},
-                     "cluster": {"replicas": num_replicas, "router": {"kind": router}}}]})
+    frames = _oversized_fleet_frames(seed, 80, rate_per_s, 512, keys, router, num_replicas)
     pd.testing.assert_frame_equal(frames["fast"], frames["reference"], check_exact=True)
-

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from orcasim.fidelity import COLUMNS, compare, fidelity_table, headline_error, replay_of
-from orcasim.scenario import scenario_from_dict
+from tests.conftest import make_scenario
 
 
 def _frame(ttft: list[float], tpot: list[float], e2e: list[float]) -> pd.DataFrame:
@@ -50,17 +50,13 @@ def test_the_headline_error_is_the_median_over_p50_and_p90() -> None:
     assert math.isnan(headline_error(table[table["percentile"] == 99]))
 
 
-def _scenario() -> object:
-    return scenario_from_dict({
-        "name": "s", "seed": 1,
-        "workload": {"num_requests": 5, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
-                     "prompt_tokens": {"kind": "constant", "value": 8},
-                     "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 256},
-        "kv_capacity_tokens": 4096,
-        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
-        "sweep": {"parameter": "seed", "values": [1, 2]},
+def _scenario(**changes: object) -> object:
+    """The tests' base scenario, seed 1, with two systems and a sweep a replay must drop."""
+    return make_scenario(**{
+        "seed": 1, "workload.max_tokens": 256, "sweep": {"parameter": "seed", "values": [1, 2]},
         "systems": [{"name": "a", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
-                    {"name": "b", "scheduler": {"kind": "request_level", "max_batch_size": 4}}]})
+                    {"name": "b", "scheduler": {"kind": "request_level", "max_batch_size": 4}}],
+        **changes})
 
 
 def _run_log(tmp_path: Path) -> Path:
@@ -83,7 +79,7 @@ def test_the_replay_takes_the_runs_arrivals_and_lengths_and_keeps_the_rest(tmp_p
     assert arrival.format == "orcasim"
     assert replay.workload.max_tokens == 256 and replay.sweep is None
     assert [s.name for s in replay.systems] == ["a", "b"] and replay.seed == 1
-    assert replay.name == "s"
+    assert replay.name == "test"
 
 
 def test_the_fidelity_table_runs_every_system_on_every_run(tmp_path: Path) -> None:
@@ -122,11 +118,8 @@ def test_the_runs_format_and_the_scenarios_folder_are_passed_on(tmp_path: Path, 
     folder = tmp_path / "scenario"
     folder.mkdir()
     shutil.copy(PACKAGE_DATA_DIR / "profiles/distserve/profiler-a100-80g.vllm.json", folder / "profile.json")
-    scenario = scenario_from_dict({
-        "name": "s", "workload": {"num_requests": 3, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
-                                  "prompt_tokens": {"kind": "constant", "value": 8},
-                                  "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 256},
-        "model": "opt-13b", "hardware": {"gpu": "a100-80gb"}, "kv_capacity_tokens": 4096,
+    scenario = _scenario(**{
+        "sweep": None, "model": "opt-13b", "hardware": {"gpu": "a100-80gb"},
         "cost": {"kind": "fitted", "path": "profile.json", "model": "opt-13b", "tensor_parallel": 1},
         "systems": [{"name": "a", "scheduler": {"kind": "paged", "max_num_seqs": 4}}]})
     elsewhere = tmp_path / "elsewhere"

@@ -80,16 +80,12 @@ def test_disaggregated_runs_within_the_issue_bound() -> None:
 LINEAR = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 1e-6}
 
 
-def _linear_scenario(**extra: object):  # noqa: ANN202 - a Scenario
-    from orcasim.scenario import scenario_from_dict
+def _linear_scenario(**changes: object):  # noqa: ANN202 - a Scenario
+    """The tests' base scenario on Llama-2-7B and an A100-80GB, its KV capacity derived."""
+    from tests.conftest import make_scenario
 
-    return scenario_from_dict({
-        "name": "v", "workload": {"num_requests": 1, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
-                                  "prompt_tokens": {"kind": "constant", "value": 8},
-                                  "output_tokens": {"kind": "constant", "value": 8}, "max_tokens": 64},
-        "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"}, "cost": LINEAR,
-        "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 8}}],
-        **extra})
+    return make_scenario(**{"model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+                            "kv_capacity_tokens": None, "cost": LINEAR, **changes})
 
 
 def test_splitwises_table_is_read_as_medians_in_seconds_without_the_failed_run(tmp_path: Path) -> None:
