@@ -92,6 +92,9 @@ class PagedAllocator:
         self._recycled: list[int] = []  # without caching: freed blocks; pop() = the last freed
         self._queue: OrderedDict[int, None] = OrderedDict()  # with caching: freed, oldest first
         self._fresh = 0  # blocks from here on were never used
+        # Blocks nobody holds (never used, freed, or cached and evictable): kept as a count,
+        # not summed from the pools, because every admission and decode step asks.
+        self.num_free_blocks = num_blocks
         # Block -> the tables holding it, for blocks in use. Kept with caching only: without
         # it nothing is shared, every held block has one holder, and the hot path skips it.
         self._refs: dict[int, int] = {}
@@ -101,11 +104,6 @@ class PagedAllocator:
         self._num_cached: dict[int, int] = {}  # request -> leading blocks of its table cached
         self.evictions = 0  # cached blocks handed out again (their content lost)
         self.num_shared_holds = 0  # holds beyond a block's first: sum of (references - 1)
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks nobody holds: never used, freed, or cached and evictable."""
-        return len(self._recycled) + len(self._queue) + self.num_blocks - self._fresh
 
     @property
     def num_allocated_blocks(self) -> int:
@@ -134,10 +132,12 @@ class PagedAllocator:
 
     def blocks_to_hold(self, req_id: int, tokens: int) -> int:
         """How many more blocks `req_id` needs for its table to hold `tokens` tokens."""
-        return max(0, blocks_for(tokens, self.block_size_tokens) - self.num_blocks_of(req_id))
+        table = self.tables.get(req_id)
+        return max(0, blocks_for(tokens, self.block_size_tokens) - (len(table) if table else 0))
 
     def _take(self, count: int) -> list[int]:
         """`count` free blocks, in the order the pool hands them out (see the class)."""
+        self.num_free_blocks -= count
         if self.caching:
             fresh = min(count, self.num_blocks - self._fresh)
             taken = list(range(self._fresh, self._fresh + fresh))
@@ -213,6 +213,7 @@ class PagedAllocator:
         blocks = self.tables.pop(req_id, [])
         if not self.caching:  # nobody else holds them: all go back, the last block first
             self._recycled.extend(reversed(blocks))
+            self.num_free_blocks += len(blocks)
             return len(blocks)
         self._num_cached.pop(req_id, None)
         refs, queue = self._refs, self._queue
@@ -223,6 +224,7 @@ class PagedAllocator:
                 self.num_shared_holds -= 1
             else:  # its last holder is done: the free queue's tail, content kept
                 queue[block] = None
+                self.num_free_blocks += 1
         return len(blocks)
 
     # Prefix caching (vLLM v1's KVCacheManager: get_computed_blocks, allocate_slots).
@@ -265,6 +267,7 @@ class PagedAllocator:
                 self.num_shared_holds += 1
             else:
                 del queue[block]
+                self.num_free_blocks -= 1
             refs[block] = held + 1
         self.tables[req_id] = list(blocks)
         self._num_cached[req_id] = len(blocks)
@@ -294,7 +297,9 @@ class PagedAllocator:
             assert len(table) == len(set(table)), f"request {req_id}'s table lists a block twice"
         free = self._recycled + list(self._queue)
         assert len(free) == len(set(free)), "a block is free twice"
-        assert len(counts) + self.num_free_blocks == self.num_blocks, "blocks lost or invented"
+        pooled = len(free) + self.num_blocks - self._fresh
+        assert len(counts) + pooled == self.num_blocks, "blocks lost or invented"
+        assert self.num_free_blocks == pooled, "free blocks miscounted"
         assert not set(counts) & set(free), "a block is both free and owned"
         assert all(b < self._fresh for b in held + free), "a never-used block is in use"
         if self.caching:

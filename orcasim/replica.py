@@ -147,11 +147,19 @@ class Replica:
         self._blocked = False  # an arrival during the pending unit could not join (FCFS)
         self.arrived = False  # whether the last PLAN admitted a request that was due
         self.version = 0  # moves on whenever the next event may have changed (see `drive`)
+        # Where a fleet's loop collects the replicas whose version moved (see `drive`).
+        self.moved: list[Replica] | None = None
         # Whether every arrival of `source` comes here (no router in between): only then
         # does the next arrival say where a jump will be cut (`cut_s`).
         self.sole = True
 
     # The clock loop's side.
+
+    def _touch(self) -> None:
+        """The next event may have changed: a new version, told to the fleet's loop."""
+        self.version += 1
+        if self.moved is not None:
+            self.moved.append(self)
 
     def next_event(self) -> tuple[float, int] | None:
         """(time, priority) of this replica's next step, or None while it waits for work."""
@@ -166,7 +174,7 @@ class Replica:
         event = self.next_event()
         assert event is not None, "a replica without an event was stepped"
         time_s, kind = event
-        self.version += 1
+        self._touch()
         self.now_s = time_s
         if kind == END:
             self._end()
@@ -175,7 +183,7 @@ class Replica:
 
     def add_request(self, req_id: int, time_s: float) -> None:
         """A request routed here at its arrival time `time_s` (the loop's now)."""
-        self.version += 1
+        self._touch()
         self.inbox.append(req_id)
         if self.unit_end_s is None or self.stepper.plans_on_arrival:
             if self.plan_at_s is None or time_s < self.plan_at_s:
@@ -186,7 +194,7 @@ class Replica:
     def wake(self, time_s: float) -> None:
         """Something outside changed what the scheduler could do at `time_s` (KV it held
         moved away): look again there, as the reference loop would at its next boundary."""
-        self.version += 1
+        self._touch()
         if self.unit_end_s is None:
             if self.plan_at_s is None or time_s < self.plan_at_s:
                 self.plan_at_s = time_s
@@ -227,7 +235,7 @@ class Replica:
         k = bisect.bisect_left(ends_s, time_s)
         if k == 0 or k >= len(ends_s):
             return
-        self.version += 1
+        self._touch()
         self.stepper.cut(k)
         self.now_s = float(ends_s[k - 1])
         self._end()
@@ -376,6 +384,7 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
     inputs = [(source, route), *bridges]
     heap: list[tuple[float, int, int, int]] = []
     pushed = [-1] * len(replicas)  # the version of each replica's live entry
+    moved: list[Replica] = []  # replicas whose version moved since the last push
 
     def push(replica: Replica) -> None:
         pushed[replica.index] = replica.version
@@ -385,30 +394,40 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
 
     for index, replica in enumerate(replicas):
         assert replica.index == index, "replicas must be numbered by their position"
+        replica.moved = moved
         push(replica)
     end_s = 0.0
-    while True:
-        while heap and heap[0][3] != replicas[heap[0][2]].version:
-            heapq.heappop(heap)
-        arrival_s, k = min((s.next_time_s() if s.pending() else math.inf, k)
-                           for k, (s, _) in enumerate(inputs))
-        if heap and (heap[0][0], heap[0][1]) < (arrival_s, ARRIVAL):
-            if wait_until is not None:
-                wait_until(heap[0][0])
-            replica = replicas[heapq.heappop(heap)[2]]
-            replica.step()
-            end_s = max(end_s, replica.now_s)
-        elif arrival_s < math.inf:
-            if wait_until is not None:
-                wait_until(arrival_s)
-            source_k, route_k = inputs[k]
-            for req_id in source_k.take_until(arrival_s):
-                route_k(req_id, arrival_s).add_request(req_id, arrival_s)
-        else:
-            return end_s
-        for replica in replicas:  # a step or a delivery may move others (completions, KV)
-            if replica.version != pushed[replica.index]:
-                push(replica)
+    try:
+        while True:
+            while heap and heap[0][3] != replicas[heap[0][2]].version:
+                heapq.heappop(heap)
+            if bridges:
+                arrival_s, k = min((s.next_time_s() if s.pending() else math.inf, k)
+                                   for k, (s, _) in enumerate(inputs))
+            else:
+                arrival_s, k = source.next_time_s() if source.pending() else math.inf, 0
+            if heap and (heap[0][0], heap[0][1]) < (arrival_s, ARRIVAL):
+                if wait_until is not None:
+                    wait_until(heap[0][0])
+                replica = replicas[heapq.heappop(heap)[2]]
+                replica.step()
+                end_s = max(end_s, replica.now_s)
+            elif arrival_s < math.inf:
+                if wait_until is not None:
+                    wait_until(arrival_s)
+                source_k, route_k = inputs[k]
+                for req_id in source_k.take_until(arrival_s):
+                    route_k(req_id, arrival_s).add_request(req_id, arrival_s)
+            else:
+                return end_s
+            # A step or a delivery may move others (completions, KV, a router's look).
+            for replica in moved:
+                if replica.version != pushed[replica.index]:
+                    push(replica)
+            moved.clear()
+    finally:
+        for replica in replicas:
+            replica.moved = None
 
 
 def _drive_one(replica: Replica, source: ArrivalSource, route: Router,

@@ -191,6 +191,7 @@ def test_the_audit_catches_each_corruption() -> None:
     corruptions = {
         "reference counts disagree with the tables": lambda a: a.tables.setdefault(3, []).append(0),
         "blocks lost or invented": lambda a: a._recycled.clear(),
+        "free blocks miscounted": lambda a: setattr(a, "num_free_blocks", a.num_free_blocks + 1),
         "a block is both free and owned": lambda a: a._recycled.__setitem__(0, 1),
         "a never-used block is in use": never_used,
         "table lists a block twice": held_twice,

@@ -148,6 +148,25 @@ def test_a_batch_given_as_lists_costs_what_the_arrays_cost(model: ModelSpec, har
         assert lists == cost.iteration_time_s(Batch(query, context))
 
 
+@pytest.mark.parametrize(("name", "gpu"), [("deepseek-v3", "a100-80gb"), ("deepseek-v3", "h200"),
+                                           ("llama-3.1-70b", "h200"), ("opt-13b", "a100-80gb")])
+def test_a_decode_term_priced_as_memory_bound_has_the_bits_of_the_roofline_max(name: str, gpu: str) -> None:
+    """The lists' shortcut for decodes (the memory side alone, below
+    `decode_memory_below_tokens`) gives the bits `max(compute, memory)` gives, one request at
+    a time, at contexts around the bound and, for MLA's low ridge, on both sides of it."""
+    model = ModelSpec.model_validate({"hf_config": f"hf_configs/{name}/config.json"})
+    hw = HardwareConfig.model_validate({"gpu": gpu})
+    terms = Roofline(RooflineCostConfig(kind="roofline"), Deployment(model=model, hardware=hw))._attention
+    bound = terms.decode_memory_below_tokens
+    assert bound == min(terms.ridge_tokens * (1 - 1e-6), 1e6 * terms.query_bytes / terms.kv_bytes)
+    around = [int(bound) + d for d in range(-40, 41)] + [1, 2, 16, 4095]
+    for context in around:
+        one, c = np.array([1]), np.array([context])
+        assert terms.per_layer_lists_s([1], [context]) == terms.per_layer_s(one, c), context
+    compute_bound = [c for c in around if c > terms.ridge_tokens]
+    assert bool(compute_bound) == (name == "deepseek-v3")  # MLA: decodes past 301-713 tokens
+
+
 # --- communication, experts and the host under parallelism, by hand -------------------------
 
 NVLINK_H200_S_PER_BYTE = 1 / (900e9 / 2 * 0.8)  # one direction of NVLink at the roofline's 80%

@@ -385,6 +385,14 @@ class _AttentionTerms:
         memory_slope_s = self.kv_bytes / self.bytes_per_s
         excess_s = compute_slope_s - memory_slope_s
         self.ridge_tokens = self.query_bytes / self.bytes_per_s / excess_s if excess_s > 0 else np.inf
+        # Below this context a decode term's memory side exceeds its compute side by a
+        # relative margin of at least 1e-12 (memory - compute = query_bytes / bytes_per_s
+        # - c * excess_s: at least 1e-6 of query_bytes / bytes_per_s below 0.999999 of the
+        # ridge, and memory is at most 1e6 of that below 1e6 query_bytes / kv_bytes tokens),
+        # far above their rounding (~1e-16): `max` picks the memory side's bits, and
+        # `per_layer_lists_s` computes that side alone.
+        self.decode_memory_below_tokens = min(self.ridge_tokens * (1.0 - 1e-6),
+                                              1e6 * self.query_bytes / max(self.kv_bytes, 1.0))
 
     def per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """`Roofline.attention_per_layer_s` of one batch, bit for bit."""
@@ -409,8 +417,11 @@ class _AttentionTerms:
             q, c = np.array(query_tokens, dtype=np.int64), np.array(context_tokens, dtype=np.int64)
             return float(self.cost.attention_per_layer_s(q, c))
         half, kv, qb = self._whole_terms
-        fps, bps = self.flops_per_s, self.bytes_per_s
-        terms = [max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
+        fps, bps, below = self.flops_per_s, self.bytes_per_s, self.decode_memory_below_tokens
+        # A decode (q = 1) below the ridge is memory-bound: its term is the memory side's
+        # bits, as `max` would pick them (see `decode_memory_below_tokens`), at a third of the work.
+        terms = [(c * kv + qb) / bps if q == 1 and c < below
+                 else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
                  for q, c in zip(query_tokens, context_tokens, strict=True)]
         return math.fsum(terms) + self.kernel_overhead_s
 

@@ -263,12 +263,12 @@ class PagedScheduler(Scheduler):
         return not bool(self._fits_alone[req_id])
 
     def known_tokens(self, req_id: int) -> int:
-        return int(self.requests.prompt_tokens[req_id] + self.generated[req_id])
+        return self.requests.prompt_tokens.item(req_id) + self.generated.item(req_id)
 
     def _num_new_tokens(self, req_id: int, budget_tokens: int, computed_tokens: int | None = None) -> int:
         """Tokens to compute now: all that are known, or a chunk of them when chunking
         (`computed_tokens`: where it would start, if not from its computed tokens)."""
-        start = int(self.computed[req_id]) if computed_tokens is None else computed_tokens
+        start = self.computed.item(req_id) if computed_tokens is None else computed_tokens
         need = self.known_tokens(req_id) - start
         if self.chunked_prefill:
             return min(need, budget_tokens)
@@ -360,8 +360,10 @@ class PagedScheduler(Scheduler):
 
     def _next_candidate(self) -> int | None:
         """FCFS head: preempted requests (all admitted before any waiting one), oldest first."""
+        if not (self.swapped or self.resumable):  # nobody preempted: most calls
+            return self._peek_waiting()
         heads = [q[0] for q in (self.swapped, self.resumable) if q]
-        return min(heads) if heads else self._peek_waiting()
+        return min(heads)
 
     def admit(self, plan: Plan) -> None:
         """FCFS admission into `plan` (its running part assembled): preempted requests first,
@@ -399,15 +401,15 @@ class PagedScheduler(Scheduler):
         """What `req` would take if, as the head, it could join `plan` now; else None."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        hits = self._cache_hits(req)
-        start = int(self.computed[req]) + len(hits) * self.cfg.block_size_tokens
+        hits = self._cache_hits(req) if self.caching else []
+        start = self.computed.item(req) + len(hits) * self.cfg.block_size_tokens
         num_new = self._num_new_tokens(req, plan.budget_tokens, start)
         if num_new == 0 or not self._fits_batch(plan, num_new):
             return None
         need = self.allocator.blocks_to_hold(req, start + num_new) - len(hits)
         # A hit on a block nobody holds takes it out of the free pool (vLLM v1's
         # allocate_slots counts it as allocated).
-        taken = need + self.allocator.num_evictable(hits)
+        taken = need + self.allocator.num_evictable(hits) if hits else need
         if taken + self._reserved_blocks() > self.allocator.num_free_blocks:
             return None  # FCFS: never skip ahead of a request that does not fit
         return Admission(num_new, need, hits)

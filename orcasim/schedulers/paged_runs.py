@@ -109,11 +109,10 @@ def block_growth(
     `position`: the token each of `ids` computes at the run's first step.
     """
     block, size = s.cfg.block_size_tokens, len(ids)
-    rooms = [-p % block for p in position]
-    counts = [0] * block
-    for room in rooms:
-        counts[room] += 1
-    cum = list(itertools.accumulate(counts))
+    by_room: list[list[int]] = [[] for _ in range(block)]  # batch order within a room
+    for req, p in zip(ids, position, strict=True):
+        by_room[-p % block].append(req)
+    cum = list(itertools.accumulate(map(len, by_room)))
     # Steps 0..j take (j // b) B + cum[j % b] blocks: the first period that takes more
     # than the free blocks is free // B, and within it the first r with cum[r] > over.
     # A policy may need blocks left free after each step (`spare_blocks_per_step`).
@@ -123,7 +122,7 @@ def block_growth(
         available = min(available, keeping_head)
     period, over = divmod(available, size)
     fits = period * block + bisect.bisect_right(cum, over) if available >= 0 else 0
-    order = [ids[i] for i in sorted(range(size), key=rooms.__getitem__)]  # stable
+    order = list(itertools.chain.from_iterable(by_room))
     return min(max_steps, fits), BlockGrowth(order, cum, block, s.allocator.allocated_tokens)
 
 
