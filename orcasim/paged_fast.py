@@ -471,7 +471,7 @@ class PagedFusedStepper:
         for i in reversed(done_at):
             del self.base[i]
             del self.finish_at[i]
-        s.release(np.array(done, dtype=np.int64))
+        s.release(done)
         return done
 
     def _record(self, done: list[int], end_s: float) -> None:

@@ -516,19 +516,21 @@ class PagedScheduler(Scheduler):
             self.release(done)
         return StepResult(first, done)
 
-    def release(self, done: np.ndarray) -> None:
+    def release(self, done: np.ndarray | list[int]) -> None:
         """Free finished requests' blocks, in batch order, and drop them from `running`.
 
         A prefill instance of a disaggregated cluster (`holds_finished`) keeps them until
         the KV has moved to a decode instance (`release_held`).
         """
-        for req in done.tolist():
+        ids = done.tolist() if isinstance(done, np.ndarray) else done
+        for req in ids:
             if self.holds_finished:
                 self.held.add(req)
             else:
                 self.allocator.free(req)
-            self.hasher.forget(req)
-        finished = set(done.tolist())
+            if self.caching:  # only a cache hashes blocks
+                self.hasher.forget(req)
+        finished = set(ids)
         self.running = [r for r in self.running if r not in finished]
 
     def has_unfinished(self) -> bool:
