@@ -179,6 +179,24 @@ def test_a_mooncake_prompt_is_cut_into_512_token_blocks_with_a_short_last_one(tm
     content.check(prompt)
 
 
+def test_a_mooncake_trace_without_hash_ids_gives_lengths_and_says_nothing_of_sharing(tmp_path: Path) -> None:
+    """Lengths-only JSON lines (a trace of other origin in Mooncake's fields) read as a trace
+    without content, as a CSV does; a trace that names some rows' blocks must name all."""
+    plain = [{"timestamp": t, "input_length": n, "output_length": 3} for t, n in ((0, 600), (500, 7))]
+    (arrival_s, prompt, output), content = read_trace_with_content(_mooncake(tmp_path, plain))
+    assert (arrival_s.tolist(), prompt.tolist(), output.tolist(), content) == ([0.0, 0.5], [600, 7], [3, 3], None)
+    mixed = _mooncake(tmp_path, [_record(0, 5, [0]), plain[1]], name="mixed.jsonl")
+    with pytest.raises(ScenarioError, match=r"^mixed\.jsonl line 2: hash_ids = None, expected 1 integer"):
+        read_trace(mixed)
+
+
+def test_a_truncated_json_file_is_named_as_neither_format(tmp_path: Path) -> None:
+    path = _write(tmp_path, "bench.json", '{"backend": "vllm", "input_lens": [10, 20')
+    with pytest.raises(ScenarioError, match=r"^bench\.json line 1: bad Mooncake record \(.*\); nor is the "
+                                            r"file one JSON document with input_lens \(a vLLM benchmark result\)$"):
+        read_trace(path)
+
+
 def test_output_ids_follow_the_largest_block_id_even_when_it_is_zero(tmp_path: Path) -> None:
     path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1, 7, [0])])
     _, content = read_trace_with_content(path)
@@ -229,7 +247,8 @@ def test_a_one_record_json_file_is_mooncake_unless_it_holds_input_lens(tmp_path:
     # Any other JSON is a Mooncake record too, and a bad one is named by its line.
     path = _write(tmp_path, "five.json", "5\n")
     with pytest.raises(ScenarioError, match=r"^five\.json line 1: bad Mooncake record "
-                                            r"\('int' object is not subscriptable\)$"):
+                                            r"\('int' object is not subscriptable\); nor is the file one "
+                                            r"JSON document with input_lens"):
         read_trace(path)
 
 

@@ -48,10 +48,11 @@ def read_trace_with_content(
     prompt = _token_counts(rows, "prompt_tokens", resolved, offset)
     output = _token_counts(rows, "output_tokens", resolved, offset)
     trace = _sorted_from_zero(arrival_s, prompt, output)
-    if fmt != "mooncake":
+    hash_ids = rows["hash_ids"].tolist() if fmt == "mooncake" else []
+    if all(ids is None for ids in hash_ids):  # lengths alone: nothing said about sharing
         return trace, None
     order = np.argsort(arrival_s, kind="stable")
-    content = _mooncake_content(rows["hash_ids"].tolist(), prompt, resolved, offset)
+    content = _mooncake_content(hash_ids, prompt, resolved, offset)
     prompts = [content.prompts[i] for i in order.tolist()]
     return trace, PromptContent(prompts, content.output_ids[order])
 
@@ -223,7 +224,11 @@ def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
                 records.append((obj["timestamp"], obj["input_length"], obj["output_length"],
                                 obj.get("hash_ids")))
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ScenarioError(f"{path.name} line {line_no}: bad Mooncake record ({e})") from None
+                # A .json file is a vLLM benchmark result when it parses as one document.
+                also = ("; nor is the file one JSON document with input_lens (a vLLM "
+                        "benchmark result)") if path.suffix == ".json" else ""
+                raise ScenarioError(
+                    f"{path.name} line {line_no}: bad Mooncake record ({e}){also}") from None
     return pd.DataFrame(records, columns=["timestamp", "prompt_tokens", "output_tokens", "hash_ids"])
 
 
