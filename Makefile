@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup run test test-deep mutate mutate-list mutate-all lint check bench bench-cluster bench-capacity calibrate clean
+.PHONY: setup run test test-deep mutate mutate-list mutate-all lint check bench bench-cluster bench-capacity bench-instructions calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,9 @@ bench-cluster: $(STAMP)
 
 bench-capacity: $(STAMP)
 	$(BIN)/python benchmarks/capacity.py
+
+bench-instructions: $(STAMP)  # needs valgrind: instructions per simulated request, noise-free
+	$(BIN)/python benchmarks/instructions.py
 
 # Profile the tiny model on this CPU, fit, and replay a real serving run against the simulation.
 calibrate: $(STAMP)

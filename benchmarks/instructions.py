@@ -1,0 +1,92 @@
+"""Instructions a simulation executes, counted by valgrind: `python benchmarks/instructions.py`.
+
+Wall and CPU seconds on a shared machine move by 30% from one run to the next, more than
+most changes to the engine's inner loop. The number of instructions executed does not: it
+is the same on every run of the same code. This runs the workload of benchmarks/engine.py
+(ShareGPT lengths, Llama-2-7B on one A100-80GB, roofline cost, Poisson arrivals at a fixed
+rate near 85% of one replica's capacity) at two sizes under valgrind's cachegrind (no cache
+simulation) and reports the difference per request, so that start-up (imports, building the
+scenario) cancels. Needs `valgrind` on the PATH; each case takes about a minute.
+
+    python benchmarks/instructions.py [--kinds paged cluster ...] [--sizes 400 4000]
+
+`cluster` is 16 replicas behind round-robin (benchmarks/cluster.py's fleet). Compare two
+commits by running this in a checkout of each (PYTHONPATH set to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cluster as fleet  # noqa: E402 - benchmarks/cluster.py, beside this file
+import engine as single  # noqa: E402 - benchmarks/engine.py, beside this file
+
+KINDS = ("paged", "prefill_first", "chunked", "iteration_level", "cluster")
+# Near 85% of one Llama-2-7B replica's paged capacity in benchmarks/engine.py (measured
+# there): fixed here so that both sizes, and every commit compared, see the same arrivals.
+RATE_PER_S = 1.379229996856809
+NUM_REPLICAS = fleet.NUM_REPLICAS
+REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def scenario_dict(kind: str, num_requests: int) -> dict[str, Any]:
+    _, cost_keys = single.choose_cost("roofline")
+    if kind == "cluster":
+        return fleet.scenario_dict("paged", "round_robin", num_requests,
+                                   NUM_REPLICAS * RATE_PER_S, "fast", cost_keys)
+    return single.scenario_dict(kind, num_requests, RATE_PER_S, "fast", cost_keys)
+
+
+def child(kind: str, num_requests: int) -> None:
+    """One simulation in this process (what valgrind counts)."""
+    import warnings
+
+    from orcasim.run import run_scenario
+    from orcasim.scenario import scenario_from_dict
+
+    warnings.simplefilter("ignore")  # a saturation warning is not what is measured here
+    run_scenario(scenario_from_dict(scenario_dict(kind, num_requests)))
+
+
+def count(kind: str, num_requests: int) -> int:
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+           sys.executable, __file__, "--child", kind, str(num_requests)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    match = REFS.search(done.stderr)
+    assert match is not None, done.stderr[-2000:]
+    return int(match.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=["paged", "cluster"])
+    parser.add_argument("--sizes", nargs=2, type=int, default=[400, 4000], metavar=("SMALL", "LARGE"))
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]))
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not on the PATH")
+    small, large = sorted(args.sizes)
+    print(f"{'kind':<16} {'instructions / request':>24}   ({large} - {small} requests)")
+    rows = []
+    for kind in args.kinds:
+        start_s = time.perf_counter()
+        per_request = (count(kind, large) - count(kind, small)) / (large - small)
+        rows.append({"kind": kind, "instructions_per_request": per_request})
+        print(f"{kind:<16} {per_request:>24,.0f}   {time.perf_counter() - start_s:.0f} s", flush=True)
+    print(json.dumps({"sizes": [small, large], "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
