@@ -127,10 +127,12 @@ class BridgeSource(ArrivalSource):
 
 
 def prefill_view(requests: Requests) -> Requests:
-    """The requests as a prefill instance sees them: the prompt, then one token."""
+    """The requests as a prefill instance sees them: the prompt, then one token. Their
+    content goes with them: a prefix cache on the prefill side finds what prompts share."""
     ones = np.ones(len(requests), dtype=np.int64)
     return Requests(requests.arrival_s, requests.prompt_tokens, ones,
-                    requests.prompt_tokens + 1, session_ids=requests.session_ids)
+                    requests.prompt_tokens + 1, session_ids=requests.session_ids,
+                    content=requests.content)
 
 
 @dataclass

@@ -329,6 +329,25 @@ def test_a_disaggregated_run_ends_at_its_last_event(tmp_path) -> None:  # noqa: 
     assert run.recorder.finish_s.tolist() == [3.5, 1.0] and len(run.rejected_ids) == 0
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_prefill_instance_s_prefix_cache_finds_what_the_prompts_share(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """Two prompts of the same 600 tokens (Mooncake hash_ids 5, 6), the second sent at 10 s,
+    after the first's KV has moved away: its blocks stay cached on the prefill instance, so
+    the second starts from (600 - 1) // 4 = 149 blocks (596 tokens) and computes 4. A
+    third, sharing only the first 512-token block, hits 512 tokens."""
+    path = tmp_path / "trace.jsonl"
+    rows = [(0, 600, [5, 6]), (10_000, 600, [5, 6]), (20_000, 600, [5, 7])]
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 2, '
+                            f'"hash_ids": {ids}}}\n' for t, n, ids in rows))
+    cache = {"scheduler": {**PAGED, "enable_prefix_caching": True}}
+    changes = {**_disagg(str(path), prefill=cache, mode=mode), "workload.max_tokens": 1000,
+               "kv_capacity_tokens": 4000}
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["cached_tokens"].tolist() == [0, 596, 512]
+    assert reqs["prefill_saved_tokens"].tolist() == [0, 596, 512]
+    assert reqs["decode_replica"].tolist() == [0, 0, 0]
+
+
 def test_the_prefill_view_of_the_arrivals_is_the_workloads_own() -> None:
     # The prefill pool reads the workload's arrivals through this view: every question is
     # the inner source's, and only a completion means something else (a prefill done).
