@@ -348,6 +348,48 @@ def test_a_prefill_instance_s_prefix_cache_finds_what_the_prompts_share(tmp_path
     assert reqs["decode_replica"].tolist() == [0, 0, 0]
 
 
+def _shared_prefix_trace(tmp_path, seed: int, num_requests: int) -> str:  # noqa: ANN001
+    """Mooncake records whose prompts start with 0 to 4 blocks of one of four prefixes."""
+    rng = np.random.default_rng(seed)
+    sent_ms = np.cumsum(rng.exponential(150.0, num_requests)).astype(int)
+    lines = []
+    for i, t in enumerate(sent_ms.tolist()):
+        blocks, prefix, share = int(rng.integers(1, 5)), int(rng.integers(0, 4)), int(rng.integers(0, 5))
+        ids = [100 * prefix + j for j in range(min(share, blocks))]
+        ids += [10_000 + 10 * i + j for j in range(blocks - len(ids))]
+        lines.append(f'{{"timestamp": {t}, "input_length": {512 * (blocks - 1) + int(rng.integers(1, 513))}, '
+                     f'"output_length": {int(rng.integers(1, 40))}, "hash_ids": {ids}}}\n')
+    path = tmp_path / f"shared{seed}.jsonl"
+    path.write_text("".join(lines))
+    return str(path)
+
+
+@pytest.mark.parametrize(("seed", "prefill_kind", "router", "counts"), [
+    (0, "paged", "prefix_affinity", (2, 1)), (1, "chunked", "least_kv", (2, 2)),
+    (2, "chunked", "round_robin", (1, 2)),
+])
+def test_a_caching_prefill_pool_runs_as_reference_mode_does(
+    tmp_path, seed: int, prefill_kind: str, router: str, counts: tuple[int, int],  # noqa: ANN001
+) -> None:
+    """Prefix caching on the prefill side (its pool runs the generic stepper, the decode
+    pool the fused loop) over prompts that share prefixes: the same hits, replicas and
+    timestamps in both modes."""
+    prefill = {"kind": prefill_kind, "max_num_seqs": 16, "enable_prefix_caching": True,
+               **({"max_num_batched_tokens": 4096} if prefill_kind == "paged" else {"chunk_size_tokens": 512})}
+    frames = requests_in_both_modes("pd", **{
+        "seed": seed, "workload.num_requests": None, "workload.prompt_tokens": None,
+        "workload.output_tokens": None, "workload.max_tokens": 4096, "kv_capacity_tokens": 6000,
+        "workload.arrival": {"kind": "trace", "path": _shared_prefix_trace(tmp_path, seed, 80)},
+        "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 4096},
+                     "cluster": {"prefill": {"count": counts[0], "router": {"kind": router}, "scheduler": prefill},
+                                 "decode": {"count": counts[1]}, "link": {"latency_s": 0.01}}}],
+    })
+    fast, reference = frames["fast"], frames["reference"]
+    assert fast["cached_tokens"].sum() > 0 and fast["finish_s"].notna().all()
+    for column in ("first_token_s", "finish_s", "prefill_replica", "decode_replica", "cached_tokens"):
+        assert np.array_equal(fast[column], reference[column], equal_nan=True), column
+
+
 def test_the_prefill_view_of_the_arrivals_is_the_workloads_own() -> None:
     # The prefill pool reads the workload's arrivals through this view: every question is
     # the inner source's, and only a completion means something else (a prefill done).
