@@ -275,4 +275,6 @@ class OrcaFusedStepper:
             self.recorder.finish_s[req] = finish_s
             done.append(req)
         self.scheduler.reserved_tokens -= freed
+        done.reverse()  # batch order, as the generic stepper tells them: a router downstream
+        # (a disaggregated cluster's decode pool) sees simultaneous completions in that order
         self.replica.source.on_finished(done, finish_s)  # a closed loop's clients send again

@@ -119,16 +119,18 @@ def test_decode_admission_waits_for_decode_kv(tmp_path) -> None:  # noqa: ANN001
     prefill_router=st.sampled_from(["round_robin", "least_outstanding", "random"]),
     decode_router=st.sampled_from(["least_kv", "least_tokens", "power_of_two"]),
     decode_kind=st.sampled_from(["paged", "iteration_level", "chunked"]),
+    prefill_kind=st.sampled_from(["paged", "iteration_level"]),
     first_token=st.sampled_from(["prefill", "decode"]),
     rate_per_s=st.floats(2.0, 40.0), seed=st.integers(0, 2**16),
 )
 def test_fast_equals_reference_and_nothing_is_lost(
     prefill_count: int, decode_count: int, prefill_router: str, decode_router: str,
-    decode_kind: str, first_token: str, rate_per_s: float, seed: int,
+    decode_kind: str, prefill_kind: str, first_token: str, rate_per_s: float, seed: int,
 ) -> None:
-    decode_scheduler = {"paged": {"kind": "paged", "max_num_seqs": 16},
-                        "iteration_level": {"kind": "iteration_level", "max_batch_size": 16},
-                        "chunked": {"kind": "chunked", "chunk_size_tokens": 256}}[decode_kind]
+    schedulers = {"paged": {"kind": "paged", "max_num_seqs": 16},
+                  "iteration_level": {"kind": "iteration_level", "max_batch_size": 16},
+                  "chunked": {"kind": "chunked", "chunk_size_tokens": 256}}
+    decode_scheduler, prefill_scheduler = schedulers[decode_kind], schedulers[prefill_kind]
     frames = {}
     for mode in ("fast", "reference"):
         scenario = make_scenario(**{
@@ -137,7 +139,8 @@ def test_fast_equals_reference_and_nothing_is_lost(
             "kv_capacity_tokens": 8000,
             "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 16},
                          "cluster": {
-                             "prefill": {"count": prefill_count, "router": {"kind": prefill_router}},
+                             "prefill": {"count": prefill_count, "router": {"kind": prefill_router},
+                                         "scheduler": prefill_scheduler},
                              "decode": {"count": decode_count, "router": {"kind": decode_router},
                                         "scheduler": decode_scheduler},
                              "link": {"latency_s": 0.01}, "first_token": first_token}}],
@@ -223,6 +226,18 @@ def test_an_orca_prefill_instance_reserves_the_prompt_and_one_token(
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 2.0]
     assert not reqs["rejected"].any()
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_prompts_prefilled_together_reach_the_decode_router_in_batch_order(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """Two prompts prefilled in one Orca iteration [0, 1] finish together: round robin
+    over two decode instances sends them, in batch order, to 0 and 1 (the fused Orca loop
+    once told them last first: 1 and 0 in fast mode)."""
+    trace = _trace(tmp_path, [(0.0, 4, 3), (0.0, 4, 3)])
+    changes = _disagg(trace, prefill={"scheduler": ORCA}, decode={"count": 2}, mode=mode)
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 1.0]
+    assert reqs["decode_replica"].tolist() == [0, 1]
 
 
 ALL_ROUTERS = ["random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
