@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -48,6 +48,7 @@ from orcasim.replica import Replica, Router, drive, shared_recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers.paged import PagedScheduler
+from orcasim.sessions import SessionSource
 from orcasim.sources import ArrivalSource
 
 
@@ -126,13 +127,25 @@ class BridgeSource(ArrivalSource):
         self.inner.on_finished(req_ids, time_s)
 
 
-def prefill_view(requests: Requests) -> Requests:
+def prefill_view(requests: Requests, source: ArrivalSource) -> Requests:
     """The requests as a prefill instance sees them: the prompt, then one token. Their
-    content goes with them: a prefix cache on the prefill side finds what prompts share."""
+    content goes with them: a prefix cache on the prefill side finds what prompts share.
+
+    A session workload's `source` writes each row as it arrives (`orcasim.sessions`): the
+    view shares the written columns and keeps its own limit, prompt + 1, in step."""
     ones = np.ones(len(requests), dtype=np.int64)
-    return Requests(requests.arrival_s, requests.prompt_tokens, ones,
+    sessions = None if requests.sessions is None else replace(requests.sessions, prefill_only=True)
+    view = Requests(requests.arrival_s, requests.prompt_tokens, ones,
                     requests.prompt_tokens + 1, session_ids=requests.session_ids,
-                    content=requests.content)
+                    content=requests.content, sessions=sessions)
+    if isinstance(source, SessionSource):
+        prompt, limit = requests.prompt_tokens, view.max_tokens
+
+        def written(req_id: int) -> None:
+            limit[req_id] = prompt[req_id] + 1
+
+        source.row_written.append(written)
+    return view
 
 
 @dataclass
@@ -258,7 +271,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     cluster = system.cluster
     assert cluster is not None and cluster.prefill is not None and cluster.decode is not None
     source = arrival_source(requests)
-    prefill_requests = prefill_view(requests)
+    prefill_requests = prefill_view(requests, source)
     pools: list[list[Replica]] = [[], []]
     built: dict[int, CostModel] = {}
     index = 0

@@ -262,7 +262,8 @@ def run_disaggregated(
         summary[f"{pool}_replicas"] = float(len(rows))
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
-    return SystemResult(system.name, reqs, iters, summary, per_replica)
+    return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),
+                         fleet.source, scenario.warmup_s)
 
 
 def pool_summaries(iters: pd.DataFrame, end_s: float, warmup_s: float) -> pd.DataFrame:

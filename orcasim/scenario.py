@@ -150,7 +150,6 @@ class Scenario(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ScenarioError(f"system names must be unique; repeated: {', '.join(dupes)}")
-        self._check_sessions()
         blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
         if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
             raise ScenarioError(
@@ -159,18 +158,6 @@ class Scenario(Strict):
                 "so no request could ever be admitted"
             )
         return self
-
-    def _check_sessions(self) -> None:
-        """A session's next step follows its last one's completion, which a disaggregated
-        cluster reports through its decode pool's bridge: not modelled, so refused."""
-        kind = self.workload.arrival.kind
-        if kind not in ("conversations", "agents"):
-            return
-        for i, system in enumerate(self.systems):
-            if system.cluster is not None and system.cluster.disaggregated:
-                raise ScenarioError(
-                    f"systems[{i}].cluster ({system.name}): a disaggregated cluster cannot run "
-                    f"workload.arrival.kind = {kind}; expected a colocated cluster or one replica")
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
         return system.cost if system.cost is not None else self.cost

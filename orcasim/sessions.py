@@ -25,7 +25,7 @@ jump's last boundary, and what they send is sent at or after it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -66,6 +66,9 @@ class SessionSource(ArrivalSource):
         self._done: list[list[tuple[int, bool]]] = [[] for _ in range(plan.num_sessions)]
         self.next_index = 0
         self._next_session = 0
+        # Called with a row's id once it is written (or rewritten): a view of the table
+        # (a disaggregated cluster's prefill side) keeps its own columns in step.
+        self.row_written: list[Callable[[int], None]] = []
         self._start_sessions()
 
     def _start_sessions(self) -> None:
@@ -190,6 +193,8 @@ class SessionSource(ArrivalSource):
         self.content.prompts[i] = segments
         self.content.output_ids[i] = plan.output_ids[t, b]
         self.call_step[i], self.call_branch[i] = t, b
+        for written in self.row_written:
+            written(i)
 
     def _write_ahead(self) -> None:
         """The next send's row, for the loop's questions about the next arrival."""

@@ -20,7 +20,7 @@ from orcasim.engine import Engine
 from orcasim.metrics import requests_frame
 from orcasim.requests import Requests
 from orcasim.run import run_scenario
-from orcasim.scenario import scenario_from_dict, set_dotted
+from orcasim.scenario import set_dotted
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.session_metrics import session_columns, sessions_frame
@@ -368,12 +368,50 @@ def test_bad_session_input_is_one_line(changes: dict, message: str) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_a_disaggregated_cluster_is_refused() -> None:
-    data = session_scenario()
-    cluster = {"prefill": {"count": 1}, "decode": {"count": 1}, "link": {"latency_s": 0.5}}
-    data["systems"] = [{"name": "split", "scheduler": {"kind": "paged"}, "cluster": cluster}]
-    with pytest.raises(ScenarioError, match=r"systems\[0\].cluster \(split\): a disaggregated"):
-        scenario_from_dict(data)
+@pytest.mark.parametrize("prefill_scheduler", [
+    {"kind": "chunked", "chunk_size_tokens": 256, "max_num_seqs": 4, "enable_prefix_caching": True},
+    {"kind": "iteration_level", "max_batch_size": 4},
+])
+def test_a_disaggregated_cluster_runs_sessions_alike_in_both_modes(prefill_scheduler: dict) -> None:
+    """Agents over two prefill and two decode instances: a step's calls are sent when the
+    last one's required answers are done on the decode side; both modes give the same
+    sessions, replicas and cache hits; behind the session router a session's calls share a
+    prefill instance, whose prefix cache finds each step's history."""
+    cluster = {"prefill": {"count": 2, "router": {"kind": "session"}, "scheduler": prefill_scheduler},
+               "decode": {"count": 2}, "link": {"latency_s": 0.01}}
+    systems = [{"name": "split", "scheduler": {"kind": "paged", "max_num_seqs": 4}, "cluster": cluster}]
+    fast, reference = (run_scenario(session_scenario(**{"engine.mode": mode}) | {"systems": systems})
+                       .systems["split"] for mode in ("fast", "reference"))
+    assert fast.sessions is not None and reference.sessions is not None
+    pd.testing.assert_frame_equal(fast.sessions, reference.sessions, rtol=EXACT_RTOL)
+    for column in ("prompt_tokens", "output_tokens", "session_id", "session_step", "branch",
+                   "prefill_replica", "decode_replica", "cached_tokens"):
+        assert fast.requests[column].tolist() == reference.requests[column].tolist(), column
+    np.testing.assert_allclose(fast.requests["finish_s"], reference.requests["finish_s"], rtol=EXACT_RTOL)
+    assert fast.summary["sessions_completed"] == 12.0 and fast.requests["finish_s"].notna().all()
+    assert (fast.requests.groupby("session_id")["prefill_replica"].nunique() == 1).all()
+    assert (fast.requests["cached_tokens"].sum() > 0) == ("enable_prefix_caching" in prefill_scheduler)
+
+
+def test_the_prefill_view_of_a_session_table_keeps_each_call_to_its_prompt_and_one_token() -> None:
+    """Rows are written as the calls are sent; the view's limit follows each (prompt + 1),
+    its output is one token, and its plan bounds a call's peak KV by the prompt alone."""
+    from orcasim.disagg import prefill_view
+
+    requests = table(agents(num_sessions=3, concurrent_sessions=2,
+                            output_tokens=UniformLength(kind="uniform", low=2, high=9))).for_run()
+    source = arrival_source(requests)
+    view = prefill_view(requests, source)
+    while source.pending():  # every call answered a second after it was sent
+        time_s = source.next_time_s()
+        source.on_finished(list(source.take_until(time_s)), time_s + 1.0)
+    assert requests.prompt_tokens.min() > 0 and view.output_tokens.tolist() == [1] * len(requests)
+    assert view.max_tokens.tolist() == (requests.prompt_tokens + 1).tolist()
+    assert view.content is requests.content and view.sessions is not None and view.sessions.prefill_only
+    plan = requests.sessions
+    assert plan is not None and not plan.prefill_only
+    longest_answer = plan.output_tokens.max(axis=1)
+    assert (view.sessions.peak_bound_tokens() == plan.peak_bound_tokens() - longest_answer + 1).all()
 
 
 # Other loops: a colocated cluster, and Orca's pipelined engine.

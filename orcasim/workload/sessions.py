@@ -162,6 +162,10 @@ class SessionPlan:
     wait_for: int
     max_context_tokens: int
     max_tokens: int  # each request's limit, prompt + output
+    # The plan as a disaggregated cluster's prefill instances serve it: each call only up
+    # to its first token (`peak_bound_tokens` bounds the prompt alone). The workload's
+    # source still writes every row from the whole plan.
+    prefill_only: bool = False
 
     @property
     def num_sessions(self) -> int:
@@ -177,7 +181,8 @@ class SessionPlan:
 
     def peak_bound_tokens(self) -> np.ndarray:
         """Per step, an upper bound on a call's prompt + output - 1 (its peak KV): the
-        context as if every step kept its longest answers, capped at the limit."""
+        context as if every step kept its longest answers, capped at the limit (a prefill
+        instance's output is one token: `prefill_only`)."""
         bounds = []
         for s in range(self.num_sessions):
             steps = slice(int(self.step_start[s]), int(self.step_start[s + 1]))
@@ -185,7 +190,8 @@ class SessionPlan:
             grown = np.cumsum(self.message_tokens[steps] + top.sum(axis=1)) - top.sum(axis=1)
             prompt = np.minimum(self.system_tokens * (self.system_ids[s] >= 0) + grown,
                                 self.max_context_tokens)
-            bounds.append(prompt + self.output_tokens[steps].max(axis=1) - 1)
+            output = 1 if self.prefill_only else self.output_tokens[steps].max(axis=1)
+            bounds.append(prompt + output - 1)
         return np.concatenate(bounds) if bounds else np.zeros(0, dtype=np.int64)
 
 
