@@ -438,3 +438,21 @@ def test_transfers_in_flight_arrive_in_ready_order_with_ids_breaking_ties() -> N
     assert delivered == [(3, 1.5), (0, 3.0), (2, 3.0)]
     assert bridge.times_until(10.0).tolist() == [4.0]
     assert np.isnan(bridge.arrival_s[1]) and bridge.arrival_s[2] == 3.0
+
+
+def test_the_shipped_conversations_on_a_disaggregated_cluster_run() -> None:
+    """scenarios/cluster/disagg_conversations.yaml, cut to 20 conversations: both systems
+    finish every one; the prefill instance's cache finds each turn's history."""
+    from orcasim.scenario import load_scenario
+
+    scenario = load_scenario("scenarios/cluster/disagg_conversations.yaml",
+                             ["workload.arrival.num_sessions=20", "warmup_s=0"])
+    result = run_scenario(scenario).systems
+    for name in ("colocated-x2", "pd-1p1d"):
+        assert result[name].summary["sessions_completed"] == 20.0, name
+        assert result[name].requests["finish_s"].notna().all(), name
+    pd_requests = result["pd-1p1d"].requests
+    assert (pd_requests.groupby("session_id")["prefill_replica"].nunique() == 1).all()
+    later_turns = pd_requests[pd_requests["session_step"] > 0]
+    # At least the shared 1,000-token system prompt's full 16-token blocks: 992 tokens.
+    assert (later_turns["cached_tokens"] >= 1000 // 16 * 16).all()
