@@ -25,7 +25,10 @@ here the KV moves at once and waits on the decode side. The two agree until the 
 pool's KV is full; past that, DistServe's prefill instances stall sooner.
 
 Everything runs on the one clock loop (`orcasim.replica.drive`): arrivals into the
-prefill pool, transfers (`BridgeSource`) into the decode pool.
+prefill pool, transfers (`BridgeSource`) into the decode pool. The prefill side reads
+the requests through `prefill_view`: with their content (a prefix cache there finds what
+prompts share) and, for a session workload, the rows its source writes as calls are sent
+(a step's calls go out when the last step's answers are done on the decode side).
 """
 
 from __future__ import annotations
