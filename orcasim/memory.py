@@ -132,8 +132,7 @@ class PagedAllocator:
 
     def blocks_to_hold(self, req_id: int, tokens: int) -> int:
         """How many more blocks `req_id` needs for its table to hold `tokens` tokens."""
-        table = self.tables.get(req_id)
-        return max(0, blocks_for(tokens, self.block_size_tokens) - (len(table) if table else 0))
+        return max(0, blocks_for(tokens, self.block_size_tokens) - self.num_blocks_of(req_id))
 
     def _take(self, count: int) -> list[int]:
         """`count` free blocks, in the order the pool hands them out (see the class)."""

@@ -401,7 +401,7 @@ class PagedScheduler(Scheduler):
         """What `req` would take if, as the head, it could join `plan` now; else None."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        hits = self._cache_hits(req) if self.caching else []
+        hits = self._cache_hits(req)
         start = self.computed.item(req) + len(hits) * self.cfg.block_size_tokens
         num_new = self._num_new_tokens(req, plan.budget_tokens, start)
         if num_new == 0 or not self._fits_batch(plan, num_new):
@@ -409,7 +409,7 @@ class PagedScheduler(Scheduler):
         need = self.allocator.blocks_to_hold(req, start + num_new) - len(hits)
         # A hit on a block nobody holds takes it out of the free pool (vLLM v1's
         # allocate_slots counts it as allocated).
-        taken = need + self.allocator.num_evictable(hits) if hits else need
+        taken = need + self.allocator.num_evictable(hits)
         if taken + self._reserved_blocks() > self.allocator.num_free_blocks:
             return None  # FCFS: never skip ahead of a request that does not fit
         return Admission(num_new, need, hits)
@@ -528,8 +528,7 @@ class PagedScheduler(Scheduler):
                 self.held.add(req)
             else:
                 self.allocator.free(req)
-            if self.caching:  # only a cache hashes blocks
-                self.hasher.forget(req)
+            self.hasher.forget(req)
         finished = set(ids)
         self.running = [r for r in self.running if r not in finished]
 

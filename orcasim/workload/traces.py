@@ -48,7 +48,9 @@ def read_trace_with_content(
     prompt = _token_counts(rows, "prompt_tokens", resolved, offset)
     output = _token_counts(rows, "output_tokens", resolved, offset)
     trace = _sorted_from_zero(arrival_s, prompt, output)
-    hash_ids = rows["hash_ids"].tolist() if fmt == "mooncake" else []
+    if fmt != "mooncake":
+        return trace, None
+    hash_ids = rows["hash_ids"].tolist()
     if all(ids is None for ids in hash_ids):  # lengths alone: nothing said about sharing
         return trace, None
     order = np.argsort(arrival_s, kind="stable")
