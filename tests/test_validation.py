@@ -160,3 +160,30 @@ def test_the_iteration_table_prices_on_another_gpu_when_asked() -> None:
     big = _linear_scenario(cost={"kind": "roofline"}, model="llama2-70b",
                            hardware={"gpu": "a100-80gb", "tensor_parallel": 8})
     assert at_tensor_parallel(big, 1).iteration_time_s(Batch(prompts, prompts)) > 0
+
+
+def test_the_reports_engine_speed_scales_the_whole_engine(tmp_path: Path) -> None:
+    """The report's per-run speed table (scenarios/validation/report.py): at 1 the scaled
+    engine is the shipped one, bit for bit; at 2 a lone request's prompt and decode steps
+    take twice as long (the request's way in, not engine time, stays)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from orcasim.fidelity import replay_of
+    from orcasim.run import run_scenario
+    from scenarios.validation.report import SYSTEM, VLLM, with_engine_speed
+
+    shipped = load_scenario(VLLM)
+    replay = GROUND_TRUTH / "vllm-100-1.csv"
+
+    def requests(scenario):
+        return run_scenario(replay_of(scenario, replay), base_dir=VALIDATION).systems[SYSTEM].requests
+
+    base = requests(shipped)
+    same = requests(with_engine_speed(shipped, 1.0, tmp_path))
+    assert np.array_equal(base["finish_s"].to_numpy(), same["finish_s"].to_numpy())
+    double = requests(with_engine_speed(shipped, 2.0, tmp_path))
+    way_in_s = shipped.cost.overhead.request_latency_s
+    # Request 0 arrives at an idle server and finishes before request 1 arrives.
+    assert double["ttft_s"][0] - way_in_s == pytest.approx(2 * (base["ttft_s"][0] - way_in_s), rel=1e-12)
+    assert double["tpot_s"][0] == pytest.approx(2 * base["tpot_s"][0], rel=1e-12)

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -31,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import splitwise_fit  # noqa: E402
 
-from orcasim.fidelity import fidelity_table  # noqa: E402
+from orcasim.fidelity import fidelity_table, headline_error  # noqa: E402
+from orcasim.paths import resolve_data_path  # noqa: E402
 from orcasim.plots import fidelity_cdfs  # noqa: E402
 from orcasim.results import save_figure  # noqa: E402
 from orcasim.scenario import load_scenario  # noqa: E402
@@ -129,6 +132,7 @@ def vllm_section() -> list[str]:
     lines += before_lines(scenario)
     lines += calibration_lines()
     lines += same_requests_lines()
+    lines += speed_lines(scenario)
     anchor = DISTSERVE_SIM.set_index("run")
     anchor["median_abs"] = anchor.abs().median(axis=1)
     lines += ["### DistServe's simulator on the same runs", "",
@@ -171,6 +175,12 @@ def idle_in_every_run(runs: list[pd.DataFrame]) -> list[int]:
     return out
 
 
+def finished_alone(runs: list[pd.DataFrame], i: int) -> bool:
+    """Whether request `i` finished before the next arrival in every run."""
+    return all(i + 1 >= len(r) or r["arrival_s"][i] + r["e2e_s"][i] <= r["arrival_s"][i + 1]
+               for r in runs)
+
+
 def same_requests_lines() -> list[str]:
     """The same request on an idle server in every run: how much the real engine itself
     varies from run to run, with nothing else in flight (the floor under any model)."""
@@ -179,9 +189,7 @@ def same_requests_lines() -> list[str]:
     for i in idle_in_every_run(runs):
         ttft = [f"{1e3 * r['ttft_s'][i]:.1f}" for r in runs]
         # Its TPOT only where it also finished before the next arrival, in every run.
-        alone = all(i + 1 >= len(r) or r["arrival_s"][i] + r["e2e_s"][i] <= r["arrival_s"][i + 1]
-                    for r in runs)
-        tpot = [f"{1e3 * r['tpot_s'][i]:.1f}" if alone else "-" for r in runs]
+        tpot = [f"{1e3 * r['tpot_s'][i]:.1f}" if finished_alone(runs, i) else "-" for r in runs]
         rows.append(f"| {i} | {runs[0]['prompt_tokens'][i]} | {runs[0]['output_tokens'][i]} | "
                     f"{' / '.join(ttft)} | {' / '.join(tpot)} |")
     names = " / ".join(path.stem.removeprefix("vllm-") for path in RUNS)
@@ -191,6 +199,105 @@ def same_requests_lines() -> list[str]:
             f"({names}), in ms (TPOT where the request also finished alone):", "",
             "| request | prompt tokens | output tokens | TTFT | TPOT |", "|---|---|---|---|---|",
             *rows, ""]
+
+
+# The engine speeds tried per run: every coefficient of the GPU profile and every engine
+# term times the factor (1: the shipped scenario; below 1, a faster engine).
+SPEED_FACTORS = np.round(np.arange(0.84, 1.1601, 0.02), 2)
+KNEE_RUN = "vllm-300-3"  # the run whose queue grows once KV memory fills
+# Bins of the simulated batch a request decoded in, for TPOT's real-to-simulated ratio.
+BATCH_BINS = [0, 10, 20, 40, 1024]
+
+
+def with_engine_speed(scenario, factor: float, folder: Path, overrides: tuple[str, ...] = ()):
+    """The vLLM scenario (with `overrides`, as `scenario` was loaded) with its whole engine
+    `factor` times as slow: DistServe's profile (a scaled copy written into `folder`) and
+    the scenario's engine terms."""
+    cost = scenario.cost
+    profile = json.loads(resolve_data_path(cost.path).read_text())
+    for entries in profile.values():
+        for entry in entries.values():
+            for key, value in entry.items():
+                if isinstance(value, list):  # coefficients; the batch threshold stays
+                    entry[key] = [float(factor) * c for c in value]
+    path = folder / f"profile_x{factor:.2f}.json"
+    path.write_text(json.dumps(profile))
+    terms = ("per_iteration_s", "per_sequence_s", "per_prefill_token_s")
+    sets = [f"cost.path={path}"] + [f"cost.overhead.{t}={float(factor) * getattr(cost.overhead, t)!r}"
+                                    for t in terms]
+    return load_scenario(VLLM, [*overrides, *sets])
+
+
+def speed_lines(scenario) -> list[str]:
+    """How much of each run's error one engine speed per run removes, beside the lone
+    requests' own speeds and the TPOT ratio by batch: a per-run speed, not a batch shape."""
+    errors, knee = {}, {}
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for factor in SPEED_FACTORS:
+            table, _ = fidelity_table(with_engine_speed(scenario, factor, Path(folder)), RUNS,
+                                      [SYSTEM], base_dir=HERE)
+            scored = table[table["percentile"].isin((50, 90))]
+            errors[factor] = {run: headline_error(t) for run, t in scored.groupby("run")}
+            knee[factor] = wide(table).loc[KNEE_RUN, "ttft_p90"]
+    frame = pd.DataFrame(errors)  # runs x factors
+    runs = [pd.read_csv(path) for path in RUNS]
+    lone = idle_in_every_run(runs)
+    alone = [i for i in lone if finished_alone(runs, i)]
+    rows = []
+    for index, (run, path) in enumerate(zip(frame.index, RUNS, strict=True)):
+        best = frame.loc[run].idxmin()
+        # The lone requests against their mean over the runs, this run's own speed: TTFT but
+        # of a run's first request (its engine's first step warms up), TPOT where it also
+        # finished alone.
+        ratios = [runs[index][metric][i] / np.mean([r[metric][i] for r in runs])
+                  for metric, ids in (("ttft_s", [i for i in lone if i > 0]), ("tpot_s", alone))
+                  for i in ids]
+        bins = tpot_ratio_by_batch(scenario, path)
+        rows.append(f"| {run} | {best:.2f} | {100 * frame.loc[run, best]:.1f} | "
+                    f"{100 * frame.loc[run, 1.0]:.1f} | {' / '.join(f'{r:.2f}' for r in ratios)} | "
+                    f"{' / '.join('-' if np.isnan(b) else f'{b:.2f}' for b in bins)} |")
+    bin_names = " / ".join(f"{lo + 1}-{hi}" if hi < 1024 else f"{lo + 1}+"
+                           for lo, hi in zip(BATCH_BINS, BATCH_BINS[1:], strict=False))
+    return ["### One engine speed per run", "",
+            "The shipped scenario's whole engine (DistServe's profile and the engine terms) "
+            f"made {SPEED_FACTORS[0]:.2f} to {SPEED_FACTORS[-1]:.2f} times as slow, in steps of "
+            "0.02, replayed on each run: the factor that fits each run best and its median "
+            "|error| there (%), against 1 (the shipped scenario); the lone requests (the table "
+            "above) over their mean across the runs, TTFT of those after the first (a run's "
+            "first step warms its engine up) and TPOT; and real over simulated TPOT "
+            f"(median) by the simulated batch a request decoded in ({bin_names} requests). "
+            "This fits one number per run, which the shipped scenario does not: it measures "
+            "how much of the error is the engine's speed in that run.", "",
+            "| run | best factor | error there | error at 1 | lone requests / their mean "
+            "| TPOT real / simulated by batch |", "|---|---|---|---|---|---|", *rows, "",
+            f"At the knee ({KNEE_RUN}) the TTFT tail is a queue's length, and it follows the "
+            "engine's speed steeply: its TTFT p90 error, %, at each factor:", "",
+            "| factor | " + " | ".join(f"{f:.2f}" for f in knee) + " |",
+            "|---|" + "---|" * len(knee),
+            "| TTFT p90 | " + " | ".join(f"{100 * e:+.0f}" for e in knee.values()) + " |", ""]
+
+
+def tpot_ratio_by_batch(scenario, path: Path) -> list[float]:
+    """Median real-over-simulated TPOT of the run's requests, binned by the mean simulated
+    batch over each request's decode (its first token to its last)."""
+    from orcasim.fidelity import read_real_run, replay_of
+    from orcasim.run import run_scenario
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_scenario(replay_of(scenario, path), base_dir=HERE).systems[SYSTEM]
+    simulated, iterations = result.requests, result.iterations
+    starts_s, batch = iterations["start_s"].to_numpy(), iterations["batch_size"].to_numpy()
+    duration_s = iterations["duration_s"].to_numpy()  # a row may be a run of iterations
+    first = np.searchsorted(starts_s, simulated["first_token_s"].to_numpy())
+    last = np.searchsorted(starts_s, simulated["finish_s"].to_numpy())
+    mean_batch = np.array([np.average(batch[a:b], weights=duration_s[a:b]) if b > a else np.nan
+                           for a, b in zip(first, last, strict=True)])
+    ratio = read_real_run(path)["tpot_s"].to_numpy() / simulated["tpot_s"].to_numpy()
+    frame = pd.DataFrame({"batch": mean_batch, "ratio": ratio}).dropna()
+    binned = frame.groupby(pd.cut(frame["batch"], BATCH_BINS), observed=False)["ratio"].median()
+    return binned.tolist()
 
 
 def calibration_lines() -> list[str]:
