@@ -6,6 +6,10 @@ pending send times matter: they are kept in a heap, and the k-th arrival in time
 gets id k. Ids therefore stay FCFS order, and the k-th request to arrive gets the k-th
 pre-drawn lengths, on every system alike.
 
+With a way in (`Requests.way_in`: requests reach the engine `latency_s` after they are
+sent) the heap holds send times and the engine sees each `latency_s` later; the send times
+go into the clients' table, the arrival times into the engine's.
+
 Fast mode stays exact: the engine reports completions at the boundary where they become
 visible, and a follow-up is sent at or after it, so it is in the heap before the loop
 next looks (see `orcasim.engine`). Requests with equal send times are interchangeable,
@@ -35,6 +39,10 @@ class ClosedLoopSource(ArrivalSource):
     def __init__(self, requests: Requests) -> None:
         assert requests.clients is not None, "a closed-loop source needs the workload's clients"
         self.arrival_s = requests.arrival_s  # this run's times: NaN until each arrives
+        way_in = requests.way_in
+        # Send times, where the engine sees requests later than they are sent.
+        self._sent_s = None if way_in is None else way_in.sent_s
+        self._latency_s = 0.0 if way_in is None else way_in.latency_s
         self._think_s = requests.clients.think_s.tolist()
         self._num_requests = len(requests)
         self._send_s = [0.0] * min(requests.clients.num_clients, self._num_requests)  # a heap
@@ -44,20 +52,25 @@ class ClosedLoopSource(ArrivalSource):
         return self.next_index < self._num_requests and bool(self._send_s)
 
     def next_time_s(self) -> float:
-        return self._send_s[0]
+        return self._send_s[0] + self._latency_s
 
     def take_until(self, now_s: float) -> range:
-        """Ids for the sends due by `now_s`, in time order; their arrival times are recorded."""
-        send_s, i = self._send_s, self.next_index
-        while i < self._num_requests and send_s and send_s[0] <= now_s:
-            self.arrival_s[i] = heapq.heappop(send_s)
+        """Ids for the requests at the engine by `now_s`, in time order; their arrival
+        times are recorded (and their send times, with a way in)."""
+        send_s, i, latency_s, sent_s = self._send_s, self.next_index, self._latency_s, self._sent_s
+        while i < self._num_requests and send_s and send_s[0] + latency_s <= now_s:
+            sent = heapq.heappop(send_s)
+            self.arrival_s[i] = sent + latency_s  # exact for a latency of 0
+            if sent_s is not None:
+                sent_s[i] = sent
             i += 1
         taken = range(self.next_index, i)
         self.next_index = i
         return taken
 
     def times_until(self, time_s: float) -> np.ndarray:
-        due_s = sorted(t for t in self._send_s if t <= time_s)
+        latency_s = self._latency_s
+        due_s = sorted(t + latency_s for t in self._send_s if t + latency_s <= time_s)
         return np.array(due_s[: self._num_requests - self.next_index], dtype=np.float64)
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:

@@ -25,6 +25,17 @@ class ClientLoop:
 
 
 @dataclass(frozen=True)
+class WayIn:
+    """A closed loop's way in: each request reaches the engine `latency_s` after its client
+    sent it (`OverheadConfig.request_latency_s`). The engine's table gets the arrival times
+    at the engine; the arrival source writes the send times into `sent_s`, the clients'
+    own table's `arrival_s`, from which latencies are measured."""
+
+    latency_s: float
+    sent_s: np.ndarray  # float64 (n,): NaN until each is sent
+
+
+@dataclass(frozen=True)
 class PromptContent:
     """What the prompts hold, for prefix caching: which requests share which prefixes.
 
@@ -76,6 +87,8 @@ class Requests:
     content: PromptContent | None = None
     # A session workload's steps (`orcasim.sessions`): each run writes every row as it arrives.
     sessions: SessionPlan | None = None
+    # A closed loop's table as the engine sees it, when requests reach it after they are sent.
+    way_in: WayIn | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)

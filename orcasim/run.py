@@ -23,7 +23,7 @@ from orcasim.metrics import requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
-from orcasim.requests import Requests
+from orcasim.requests import Requests, WayIn
 from orcasim.scenario import (
     Scenario,
     SystemConfig,
@@ -95,12 +95,14 @@ def request_latency_s(cost_cfg: CostConfig) -> float:
 
 def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     """`requests` as the engine sees them: `latency_s` after each was sent (see
-    `OverheadConfig.request_latency_s`); the same table when there is none."""
+    `OverheadConfig.request_latency_s`); the same table when there is none. A closed loop's
+    (a run's own table, `Requests.for_run`) gets arrival times of its own, which its
+    arrival source writes beside the send times in `requests.arrival_s` (`WayIn`)."""
     if latency_s == 0:
         return requests
     if requests.closed_loop:
-        raise ScenarioError("cost.overhead.request_latency_s is not supported with closed_loop, "
-                            "conversations or agents arrivals; expected 0")
+        return dataclasses.replace(requests, arrival_s=np.full(len(requests), np.nan),
+                                   way_in=WayIn(latency_s, requests.arrival_s))
     return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
 
 

@@ -52,6 +52,9 @@ class SessionSource(ArrivalSource):
         assert requests.content is not None and requests.session_ids is not None
         self.plan, self.requests, self.content = plan, requests, requests.content
         self.arrival_s = requests.arrival_s  # this run's times: NaN until each arrives
+        way_in = requests.way_in  # requests reach the engine later than they are sent
+        self._sent_s = None if way_in is None else way_in.sent_s
+        self._latency_s = 0.0 if way_in is None else way_in.latency_s
         self.session_ids = requests.session_ids
         self._num_requests = plan.num_requests
         self._sends: list[tuple[float, int, int]] = []  # heap of (send_s, session, branch)
@@ -93,15 +96,18 @@ class SessionSource(ArrivalSource):
         return self.next_index < self._num_requests and bool(self._sends)
 
     def next_time_s(self) -> float:
-        return self._sends[0][0]
+        return self._sends[0][0] + self._latency_s
 
     def take_until(self, now_s: float) -> range:
-        """Ids for the calls due by `now_s`, in time order; their rows are written."""
-        sends, i = self._sends, self.next_index
-        while i < self._num_requests and sends and sends[0][0] <= now_s:
+        """Ids for the calls at the engine by `now_s`, in time order; their rows are written
+        (and their send times, where they reach the engine later: `Requests.way_in`)."""
+        sends, i, latency_s, sent_s = self._sends, self.next_index, self._latency_s, self._sent_s
+        while i < self._num_requests and sends and sends[0][0] + latency_s <= now_s:
             send_s, s, b = heapq.heappop(sends)
             self._write_row(i, s, b)
-            self.arrival_s[i] = send_s
+            self.arrival_s[i] = send_s + latency_s  # exact for a latency of 0
+            if sent_s is not None:
+                sent_s[i] = send_s
             i += 1
         taken = range(self.next_index, i)
         self.next_index = i
@@ -109,10 +115,12 @@ class SessionSource(ArrivalSource):
         return taken
 
     def times_until(self, time_s: float) -> np.ndarray:
-        due = sorted(e for e in self._sends if e[0] <= time_s)[: self._num_requests - self.next_index]
+        latency_s = self._latency_s
+        due = sorted(e for e in self._sends if e[0] + latency_s <= time_s)
+        due = due[: self._num_requests - self.next_index]
         for k, (_, s, b) in enumerate(due):  # rows the loop may ask about before they arrive
             self._write_row(self.next_index + k, s, b)
-        return np.array([e[0] for e in due], dtype=np.float64)
+        return np.array([e[0] + latency_s for e in due], dtype=np.float64)
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Calls done at `time_s`: a step whose required calls are all done moves on."""

@@ -14,7 +14,7 @@ from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame
 from orcasim.requests import ClientLoop, Requests
-from orcasim.run import make_requests, run_scenario
+from orcasim.run import at_the_engine, make_requests, run_scenario
 from orcasim.scenario import load_scenario
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
@@ -259,3 +259,22 @@ def test_turned_away_requests_are_answered_on_time_behind_a_router(kind: str) ->
     assert reference["rejected"].sum() >= 5 and (~reference["rejected"]).sum() >= 20
     for column in ("arrival_s", "first_token_s", "finish_s", "replica"):
         assert fast[column].equals(reference[column]), column
+
+
+def test_a_way_in_shows_the_engine_each_send_its_latency_later() -> None:
+    # Two clients thinking 1 s; requests reach the engine 0.25 s after they are sent.
+    n = 3
+    clients = Requests(np.full(n, np.nan), np.full(n, 5), np.full(n, 2), np.full(n, 7),
+                       ClientLoop(2, np.full(n, 1.0)))
+    table = clients.for_run()
+    source = ClosedLoopSource(at_the_engine(table, 0.25))
+    assert source.next_time_s() == 0.25
+    assert source.take_until(0.2) == range(0)
+    assert source.take_until(0.25) == range(0, 2)
+    assert source.arrival_s[:2].tolist() == [0.25, 0.25]  # at the engine
+    assert table.arrival_s[:2].tolist() == [0.0, 0.0]  # as sent
+    source.on_finished([0], 2.0)  # its client sends again at 3.0, seen at 3.25
+    assert source.times_until(3.2).tolist() == []
+    assert source.times_until(4.0).tolist() == [3.25]
+    assert source.take_until(3.25) == range(2, 3)
+    assert (source.arrival_s[2], table.arrival_s[2]) == (3.25, 3.0)

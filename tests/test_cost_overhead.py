@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orcasim.config import ScenarioError
 from orcasim.cost import Batch, OverheadConfig, build_cost_model
 from orcasim.cost.catalog import Deployment, HardwareConfig, gpu_spec, model_spec
 from orcasim.cost.linear import LinearCostConfig
@@ -134,10 +133,26 @@ def test_request_latency_adds_to_ttft_and_e2e_only() -> None:
     assert shifted["arrival_s"].tolist() == base["arrival_s"].tolist()
 
 
-def test_request_latency_is_refused_in_a_closed_loop() -> None:
-    data = {**SCENARIO, "cost": {**LINEAR, "overhead": {"request_latency_s": 0.1}},
-            "workload": {**SCENARIO["workload"], "arrival": {
-                "kind": "closed_loop", "num_clients": 2,
-                "think_time": {"kind": "constant", "value_s": 0.0}}}}
-    with pytest.raises(ScenarioError, match="request_latency_s is not supported with closed_loop"):
-        run_scenario(scenario_from_dict(data))
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+@pytest.mark.parametrize("cluster", [None, {"replicas": 2, "router": {"kind": "round_robin"}},
+                                     {"prefill": {"count": 1}, "decode": {"count": 1}}])
+def test_request_latency_in_a_closed_loop_delays_each_send(mode: str, cluster) -> None:
+    # One client who sends again as soon as an answer is back: the engine is idle at each
+    # arrival, so a request takes as long as without the way in, plus the way in, and the
+    # next is sent when it is done.
+    def requests(latency_s: float):
+        system = {**SCENARIO["systems"][0], **({"cluster": cluster} if cluster else {})}
+        data = {**SCENARIO, "cost": {**LINEAR, "overhead": {**ZERO.model_dump(),
+                                                            "request_latency_s": latency_s}},
+                "engine": {"mode": mode}, "systems": [system],
+                "workload": {**SCENARIO["workload"], "arrival": {
+                    "kind": "closed_loop", "num_clients": 1,
+                    "think_time": {"kind": "constant", "value_s": 0.0}}}}
+        return run_scenario(scenario_from_dict(data)).systems["orca"].requests
+
+    base, late = requests(0.0), requests(0.1)
+    np.testing.assert_allclose(late["e2e_s"], base["e2e_s"] + 0.1, rtol=1e-12)
+    np.testing.assert_allclose(late["ttft_s"], base["ttft_s"] + 0.1, rtol=1e-12)
+    np.testing.assert_allclose(late["first_scheduled_s"] - late["arrival_s"], 0.1, rtol=1e-9)
+    assert late["arrival_s"][0] == 0.0  # sent at 0, seen at 0.1
+    assert late["arrival_s"][1:].tolist() == late["finish_s"][:-1].tolist()

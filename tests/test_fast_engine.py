@@ -22,7 +22,7 @@ from orcasim.cost.roofline import RooflineCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.requests import ClientLoop, PromptContent, Requests
-from orcasim.run import run_scenario
+from orcasim.run import at_the_engine, run_scenario
 from orcasim.scenario import scenario_from_dict
 from orcasim.schedulers import SchedulerConfig, build_scheduler
 from orcasim.schedulers.base import STEP_BY_STEP
@@ -125,8 +125,10 @@ def scenarios(
         content=draw(st.none() | contents(prompt, output)),
     )
     warmup_s = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
+    latency_s = draw(st.sampled_from([0.0, 0.0, 0.01, 0.2]))  # the way in (request_latency_s)
     return dict(requests=requests, scheduler=scheduler, cost=cost,
-                kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s, deployment=deployment)
+                kv_capacity_tokens=kv_capacity_tokens, warmup_s=warmup_s, deployment=deployment,
+                request_latency_s=latency_s)
 
 
 @st.composite
@@ -238,9 +240,11 @@ def cost_model(case: dict) -> CostModel:
 
 def simulate(case: dict, mode: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
     requests = case["requests"].for_run()  # a closed loop's own arrival times
-    scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
-    engine = Engine(requests, scheduler, cost_model(case), mode,
-                    row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(requests))
+    # As the engine sees them (a way in of request_latency_s); the frame is the clients'.
+    at_engine = at_the_engine(requests, case.get("request_latency_s", 0.0))
+    scheduler = build_scheduler(case["scheduler"], at_engine, case["kv_capacity_tokens"])
+    engine = Engine(at_engine, scheduler, cost_model(case), mode,
+                    row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(at_engine))
     rec = engine.run().recorder
     reqs, iters = requests_frame(requests, rec), rec.iterations_frame()
     reqs["cached_tokens"] = scheduler.cached_tokens

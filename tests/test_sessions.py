@@ -19,7 +19,7 @@ from orcasim.cost.linear import LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame
 from orcasim.requests import Requests
-from orcasim.run import run_scenario
+from orcasim.run import at_the_engine, run_scenario
 from orcasim.scenario import set_dotted
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
@@ -61,10 +61,11 @@ def table(arrival: AgentArrival, max_tokens: int = 2000, seed: int = 0) -> Reque
 
 
 def run(requests: Requests, scheduler: Any = ORCA, kv_capacity_tokens: int = 10_000,
-        cost: Any = UNIT_COST, mode: str = "fast") -> tuple[pd.DataFrame, SessionSource]:
+        cost: Any = UNIT_COST, mode: str = "fast",
+        request_latency_s: float = 0.0) -> tuple[pd.DataFrame, SessionSource]:
     """One engine run; the per-request frame (with session columns) and the source."""
     case = dict(requests=requests, scheduler=scheduler, kv_capacity_tokens=kv_capacity_tokens,
-                cost=cost, warmup_s=0.0)
+                cost=cost, warmup_s=0.0, request_latency_s=request_latency_s)
     return run_case(case, mode)
 
 
@@ -99,6 +100,18 @@ def test_steps_follow_each_other_by_the_tool_time() -> None:
     assert sessions["server_s"].tolist() == [9.0, 9.0]
     assert sessions["tool_s"].tolist() == [1.0, 1.0]
     assert sessions["queued_s"].tolist() == [0.0, 0.0]
+
+
+def test_each_call_reaches_the_engine_its_latency_after_it_is_sent() -> None:
+    # As above, each call 0.25 s on its way in (cost.overhead.request_latency_s): sent at
+    # 0, seen and scheduled at 0.25, done at 3.25; the next sent 0.5 s later, at 3.75.
+    reqs, source = run(table(agents()), request_latency_s=0.25)
+    assert source.step_sent_s.tolist() == [0.0, 3.75, 7.5, 10.75, 14.5, 18.25]
+    assert source.step_done_s.tolist() == [3.25, 7.0, 10.75, 14.0, 17.75, 21.5]
+    assert reqs["arrival_s"].tolist() == source.step_sent_s.tolist()  # as the client sent it
+    assert (reqs["first_scheduled_s"] - reqs["arrival_s"]).tolist() == [0.25] * 6
+    assert reqs["e2e_s"].tolist() == [3.25] * 6
+    assert sessions_frame(reqs, source)["server_s"].tolist() == [9.75, 9.75]
 
 
 def test_truncation_drops_the_oldest_turns_and_keeps_the_system_prompt() -> None:
@@ -194,15 +207,18 @@ def session_cases(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict:
         kv_capacity_tokens = draw(st.integers(max_tokens // 2, max_tokens * 6))
     cost, deployment = draw(costs())
     return dict(requests=requests, scheduler=scheduler, cost=cost, deployment=deployment,
-                kv_capacity_tokens=kv_capacity_tokens, warmup_s=draw(st.sampled_from([0.0, 0.5])))
+                kv_capacity_tokens=kv_capacity_tokens, warmup_s=draw(st.sampled_from([0.0, 0.5])),
+                request_latency_s=draw(st.sampled_from([0.0, 0.0, 0.01, 0.3])))
 
 
 def run_case(case: dict, mode: str) -> tuple[pd.DataFrame, SessionSource]:
-    """`case` (as `session_cases` draws it) on the engine in `mode`."""
+    """`case` (as `session_cases` draws it) on the engine in `mode`; the frame as the
+    clients see the calls (sent `request_latency_s` before the engine sees them)."""
     requests = case["requests"].for_run()
-    scheduler = build_scheduler(case["scheduler"], requests, case["kv_capacity_tokens"])
-    engine = Engine(requests, scheduler, cost_model(case), mode,  # type: ignore[arg-type]
-                    row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(requests))
+    at_engine = at_the_engine(requests, case.get("request_latency_s", 0.0))
+    scheduler = build_scheduler(case["scheduler"], at_engine, case["kv_capacity_tokens"])
+    engine = Engine(at_engine, scheduler, cost_model(case), mode,  # type: ignore[arg-type]
+                    row_breaks_s=(case["warmup_s"],), arrivals=arrival_source(at_engine))
     result = engine.run()
     source = engine.arrivals
     assert isinstance(source, SessionSource)
