@@ -476,8 +476,5 @@ class PagedFusedStepper:
 
     def _record(self, done: list[int], end_s: float) -> None:
         """Completions at `end_s`, told to the source."""
-        if done:
-            assert all(map(math.isnan, self.recorder.finish_s[done].tolist())), \
-                "a request finished twice"
-            self.recorder.finish_s[done] = end_s
+        self.recorder.record_finished(done, end_s)
         self.replica.source.on_finished(done, end_s)

@@ -103,3 +103,13 @@ def test_rows_that_start_late_are_short_or_take_no_time() -> None:
 def test_a_recorder_with_no_rows_gives_an_empty_frame() -> None:
     frame = Recorder(0).iterations_frame()
     assert len(frame) == 0 and list(frame.columns) == list(ITERATION_COLUMNS)
+
+
+def test_completions_told_as_a_list_are_recorded_once() -> None:
+    recorder = Recorder(4)
+    recorder.record_finished([2, 0], 1.5)
+    recorder.record_finished([], 2.0)
+    assert recorder.finish_s[[0, 2]].tolist() == [1.5, 1.5]
+    assert np.isnan(recorder.finish_s[[1, 3]]).all()
+    with pytest.raises(AssertionError, match="a request finished twice"):
+        recorder.record_finished([3, 2], 3.0)
