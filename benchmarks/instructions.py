@@ -1,12 +1,15 @@
 """Instructions a simulation executes, counted by valgrind: `python benchmarks/instructions.py`.
 
 Wall and CPU seconds on a shared machine move by 30% from one run to the next, more than
-most changes to the engine's inner loop. The number of instructions executed does not: it
-is the same on every run of the same code. This runs the workload of benchmarks/engine.py
-(ShareGPT lengths, Llama-2-7B on one A100-80GB, roofline cost, Poisson arrivals at a fixed
-rate near 85% of one replica's capacity) at two sizes under valgrind's cachegrind (no cache
-simulation) and reports the difference per request, so that start-up (imports, building the
-scenario) cancels. Needs `valgrind` on the PATH; each case takes about a minute.
+most changes to the engine's inner loop. The number of instructions executed hardly moves.
+This runs the workload of benchmarks/engine.py (ShareGPT lengths, Llama-2-7B on one
+A100-80GB, roofline cost, Poisson arrivals at a fixed rate near 85% of one replica's
+capacity) at two sizes under valgrind's cachegrind (no cache simulation) and reports the
+difference per request, so that start-up (imports, building the scenario) cancels. The
+children run with a fixed PYTHONHASHSEED: without it the count moves by about 2% from run
+to run of the same code (str hashes are salted per process, and set and dict orders
+follow them), with it by about 0.1%. Needs `valgrind` on the PATH; each case takes about
+a minute.
 
     python benchmarks/instructions.py [--kinds paged cluster ...] [--sizes 400 4000]
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +39,7 @@ KINDS = ("paged", "prefill_first", "chunked", "iteration_level", "cluster")
 # there): fixed here so that both sizes, and every commit compared, see the same arrivals.
 RATE_PER_S = 1.379229996856809
 NUM_REPLICAS = fleet.NUM_REPLICAS
+HASH_SEED = "0"
 REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -60,7 +65,8 @@ def child(kind: str, num_requests: int) -> None:
 def count(kind: str, num_requests: int) -> int:
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
            sys.executable, __file__, "--child", kind, str(num_requests)]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     match = REFS.search(done.stderr)
     assert match is not None, done.stderr[-2000:]
     return int(match.group(1).replace(",", ""))
