@@ -61,7 +61,7 @@ bench-cluster: $(STAMP)
 bench-capacity: $(STAMP)
 	$(BIN)/python benchmarks/capacity.py
 
-bench-instructions: $(STAMP)  # needs valgrind: instructions per simulated request, noise-free
+bench-instructions: $(STAMP)  # needs valgrind: instructions per simulated request (about 0.1% noise)
 	$(BIN)/python benchmarks/instructions.py
 
 # Profile the tiny model on this CPU, fit, and replay a real serving run against the simulation.

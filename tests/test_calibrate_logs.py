@@ -21,7 +21,7 @@ TRUE = {"overhead.per_iteration_s": 0.004, "overhead.per_sequence_s": 0.0006,
         "overhead.per_prefill_token_s": 2e-5}
 SCENARIO = {
     "name": "logs", "seed": 3, "kv_capacity_tokens": 8192,
-    "workload": {"num_requests": 120, "arrival": {"kind": "poisson", "rate_per_s": 4.0},
+    "workload": {"num_requests": 80, "arrival": {"kind": "poisson", "rate_per_s": 4.0},
                  "prompt_tokens": {"kind": "uniform", "low": 16, "high": 400},
                  "output_tokens": {"kind": "uniform", "low": 2, "high": 60}, "max_tokens": 512},
     "cost": {"kind": "linear", "base_s": 0.008, "per_token_s": 5e-5, "per_context_token_s": 2e-7,
