@@ -180,9 +180,9 @@ def test_the_reports_engine_speed_scales_the_whole_engine(tmp_path: Path) -> Non
         return run_scenario(replay_of(scenario, replay), base_dir=VALIDATION).systems[SYSTEM].requests
 
     base = requests(shipped)
-    same = requests(with_engine_speed(shipped, 1.0, tmp_path))
+    same = requests(with_engine_speed(1.0, tmp_path))
     assert np.array_equal(base["finish_s"].to_numpy(), same["finish_s"].to_numpy())
-    double = requests(with_engine_speed(shipped, 2.0, tmp_path))
+    double = requests(with_engine_speed(2.0, tmp_path))
     way_in_s = shipped.cost.overhead.request_latency_s
     # Request 0 arrives at an idle server and finishes before request 1 arrives.
     assert double["ttft_s"][0] - way_in_s == pytest.approx(2 * (base["ttft_s"][0] - way_in_s), rel=1e-12)

@@ -33,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import splitwise_fit  # noqa: E402
 
-from orcasim.fidelity import fidelity_table, headline_error  # noqa: E402
+from orcasim.fidelity import fidelity_table, headline_error, read_real_run, replay_of  # noqa: E402
 from orcasim.paths import resolve_data_path  # noqa: E402
 from orcasim.plots import fidelity_cdfs  # noqa: E402
 from orcasim.results import save_figure  # noqa: E402
+from orcasim.run import run_scenario  # noqa: E402
 from orcasim.scenario import load_scenario  # noqa: E402
 from orcasim.validation import iteration_table, median_errors  # noqa: E402
 
@@ -209,11 +210,10 @@ KNEE_RUN = "vllm-300-3"  # the run whose queue grows once KV memory fills
 BATCH_BINS = [0, 10, 20, 40, 1024]
 
 
-def with_engine_speed(scenario, factor: float, folder: Path, overrides: tuple[str, ...] = ()):
-    """The vLLM scenario (with `overrides`, as `scenario` was loaded) with its whole engine
-    `factor` times as slow: DistServe's profile (a scaled copy written into `folder`) and
-    the scenario's engine terms."""
-    cost = scenario.cost
+def with_engine_speed(factor: float, folder: Path, overrides: tuple[str, ...] = ()):
+    """The vLLM scenario (with `overrides`) with its whole engine `factor` times as slow:
+    DistServe's profile (a scaled copy written into `folder`) and the scenario's engine terms."""
+    cost = load_scenario(VLLM, list(overrides)).cost
     profile = json.loads(resolve_data_path(cost.path).read_text())
     for entries in profile.values():
         for entry in entries.values():
@@ -235,7 +235,7 @@ def speed_lines(scenario) -> list[str]:
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for factor in SPEED_FACTORS:
-            table, _ = fidelity_table(with_engine_speed(scenario, factor, Path(folder)), RUNS,
+            table, _ = fidelity_table(with_engine_speed(factor, Path(folder)), RUNS,
                                       [SYSTEM], base_dir=HERE)
             scored = table[table["percentile"].isin((50, 90))]
             errors[factor] = {run: headline_error(t) for run, t in scored.groupby("run")}
@@ -281,9 +281,6 @@ def speed_lines(scenario) -> list[str]:
 def tpot_ratio_by_batch(scenario, path: Path) -> list[float]:
     """Median real-over-simulated TPOT of the run's requests, binned by the mean simulated
     batch over each request's decode (its first token to its last)."""
-    from orcasim.fidelity import read_real_run, replay_of
-    from orcasim.run import run_scenario
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = run_scenario(replay_of(scenario, path), base_dir=HERE).systems[SYSTEM]
