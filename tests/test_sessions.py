@@ -114,6 +114,22 @@ def test_each_call_reaches_the_engine_its_latency_after_it_is_sent() -> None:
     assert sessions_frame(reqs, source)["server_s"].tolist() == [9.75, 9.75]
 
 
+def test_a_session_source_shows_the_engine_each_call_its_latency_later() -> None:
+    # One agent at a time: its first call is sent at 0 and seen at 0.25; once answered at
+    # 3.25, the next is sent after the 0.5 s tool, at 3.75, and seen at 4.0.
+    sent = table(agents()).for_run()  # the agents' own table: send times
+    source = SessionSource(at_the_engine(sent, 0.25))
+    assert source.next_time_s() == 0.25
+    assert source.times_until(0.2).tolist() == []
+    assert source.times_until(1.0).tolist() == [0.25]
+    assert source.take_until(0.25) == range(0, 1)
+    assert (source.arrival_s[0], sent.arrival_s[0]) == (0.25, 0.0)
+    source.on_finished([0], 3.25)
+    assert source.times_until(10.0).tolist() == [4.0]
+    assert source.take_until(4.0) == range(1, 2)
+    assert (source.arrival_s[1], sent.arrival_s[1]) == (4.0, 3.75)
+
+
 def test_truncation_drops_the_oldest_turns_and_keeps_the_system_prompt() -> None:
     # Limit 30: system 10, turns of 8 (observation 5, answer 3), a new observation of 5.
     # Ids: 0 system, 2-5 observations, 6-9 answers. Step 2 would be 10 + 8 + 8 + 5 = 31:
