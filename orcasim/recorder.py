@@ -185,14 +185,12 @@ class Recorder:
         """First tokens and completions that became visible at `end_s`."""
         if len(result.first_token_ids):
             self.first_token_s[result.first_token_ids] = end_s
-        done = result.finished_ids
-        if len(done):
-            assert all(map(math.isnan, self.finish_s[done].tolist())), "a request finished twice"
-            self.finish_s[done] = end_s
+        if len(result.finished_ids):
+            self.record_finished(result.finished_ids.tolist(), end_s)
 
     def record_finished(self, req_ids: list[int], end_s: float) -> None:
-        """Completions at `end_s`, given as a list: `record_result`'s, one at a time (a
-        fused loop has one or two, where indexing with a list costs more than the loop)."""
+        """Completions at `end_s`, one at a time (an iteration has a few, where indexing
+        with a list costs more than the loop); none may finish twice."""
         finish_s = self.finish_s
         for req in req_ids:
             assert math.isnan(finish_s.item(req)), "a request finished twice"
