@@ -161,6 +161,9 @@ class ClusterConfig(Strict):
     link: LinkConfig = LinkConfig()
     # Disaggregated: which instance streams the first token (see orcasim.disagg).
     first_token: Literal["prefill", "decode"] | None = None
+    # Disaggregated: when the KV moves (see orcasim.disagg). push: as the prefill ends, to
+    # wait on the decode side; pull: when the decode instance admits the request (DistServe).
+    handoff: Literal["push", "pull"] | None = None
 
     @model_validator(mode="after")
     def _one_shape(self) -> Self:
@@ -171,8 +174,9 @@ class ClusterConfig(Strict):
         if self.disaggregated and self.replicas is not None:
             raise ScenarioError("'replicas' is for a colocated cluster; a disaggregated one sizes "
                              "its pools with prefill.count and decode.count")
-        if not self.disaggregated and self.first_token is not None:
-            raise ScenarioError("'first_token' is for a disaggregated cluster (prefill and decode pools)")
+        for key in ("first_token", "handoff"):
+            if not self.disaggregated and getattr(self, key) is not None:
+                raise ScenarioError(f"'{key}' is for a disaggregated cluster (prefill and decode pools)")
         if self.disaggregated and self.router is not None:
             raise ScenarioError("'router' is for a colocated cluster; give each pool its own "
                              "(prefill.router, decode.router)")
@@ -190,6 +194,10 @@ class ClusterConfig(Strict):
     @property
     def first_token_from_decode(self) -> bool:
         return self.first_token == "decode"
+
+    @property
+    def pulls_kv(self) -> bool:
+        return self.handoff == "pull"
 
     def groups(self) -> list[ReplicaGroup]:
         if self.replicas is None or isinstance(self.replicas, int):

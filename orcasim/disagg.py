@@ -14,15 +14,25 @@ The shape of DistServe (OSDI'24), Splitwise and vLLM's and SGLang's disaggregate
 2. At that moment the decode pool's router picks a decode instance, and the KV moves over
    `link`: prompt tokens x the model's KV bytes per token, in `bytes / bandwidth +
    latency` (`LinkConfig`). The prefill instance holds the request's blocks until the
-   transfer ends (its admissions feel that back-pressure).
-3. The decode instance queues the request (prompt computed, one token emitted,
-   `Scheduler.mark_transferred`) and admits it FCFS when its own KV allows: decode-side
-   back-pressure. It emits the remaining tokens; TPOT covers the transfer and that wait.
+   transfer ends (its admissions feel that back-pressure). When it moves is `handoff`:
+   - `push` (the default; Splitwise, Mooncake): at once. The decode instance gets the
+     request when the transfer ends and queues it with its KV, which it admits FCFS when
+     its own KV allows (decode-side back-pressure; the waiting KV is counted nowhere).
+   - `pull` (DistServe; vLLM's disaggregated prefill, whose decode instance receives the
+     KV inside its own step): the decode instance gets the request at once and admits it
+     FCFS when it has blocks for it; only then is the KV copied in, one request after
+     another, and the iteration it joins waits for the copies (DistServe's
+     `DecodingStageFCFSScheduler.post_process` awaits each `migrate_blocks` in the decode
+     loop, `distserve/decoding_stage_scheduler.py` at 82831f1). Until then the prefill
+     instance holds the KV, so a full decode pool stalls the prefill pool's admissions.
+3. The decode instance runs the request (prompt computed, one token emitted,
+   `Scheduler.mark_transferred`) and emits the remaining tokens; TPOT covers the transfer
+   and the wait for the decode side's KV.
 
-One departure from DistServe, whose decode instance accepts (and only then pulls) a
-request when it has free blocks for it, leaving the KV on the prefill side meanwhile:
-here the KV moves at once and waits on the decode side. The two agree until the decode
-pool's KV is full; past that, DistServe's prefill instances stall sooner.
+A departure from DistServe that remains: its decode instance takes an accepted request
+into its batch only while the blocks of every running request, every accepted one and
+the request's own once more fit its pool (`_check_add_to_cur_batch`); here an admitted
+request runs at once.
 
 Everything runs on the one clock loop (`orcasim.replica.drive`): arrivals into the
 prefill pool, transfers (`BridgeSource`) into the decode pool. The prefill side reads
@@ -35,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,9 +53,11 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import build_router
+from orcasim.config import ScenarioError
 from orcasim.cost import CostModel
 from orcasim.engine import EngineRun
 from orcasim.fleet import ReplicaSpec, cost_models, pool_specs, replica_for
+from orcasim.generic_stepper import GenericStepper
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Router, drive, shared_recorder
 from orcasim.requests import Requests
@@ -96,9 +108,12 @@ class BridgeSource(ArrivalSource):
     closed_loop = False
 
     def __init__(self, num_requests: int, inner: ArrivalSource,
-                 on_delivered: Callable[[int, float], None]) -> None:
+                 on_delivered: Callable[[int, float], None],
+                 on_copied: Callable[[Sequence[tuple[int, float]], float], None],
+                 on_turned_away: Callable[[list[int], float], None]) -> None:
         self.arrival_s = np.full(num_requests, np.nan)
         self.inner, self.on_delivered = inner, on_delivered
+        self.on_copied, self.on_turned_away = on_copied, on_turned_away
         self._heap: list[tuple[float, int]] = []  # (ready time, id): ids break ties
 
     def push(self, ready_s: float, req_id: int) -> None:
@@ -128,6 +143,40 @@ class BridgeSource(ArrivalSource):
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         self.inner.on_finished(req_ids, time_s)
+
+    def on_rejected(self, req_ids: Iterable[int], time_s: float) -> None:
+        ids = list(req_ids)
+        self.on_turned_away(ids, time_s)  # a pulled request's KV is freed on the prefill side
+        super().on_rejected(ids, time_s)
+
+    def on_pulled(self, pulled: Sequence[tuple[int, float]], time_s: float) -> None:
+        self.on_copied(pulled, time_s)
+
+
+class KvReleases(ArrivalSource):
+    """Pulled copies in flight (`handoff: pull`): at each one's end the prefill instance
+    frees the request's blocks. An input of the clock loop that delivers no request."""
+
+    closed_loop = False
+
+    def __init__(self, release: Callable[[int, float], None]) -> None:
+        self.release = release
+        self._heap: list[tuple[float, int]] = []  # (copy's end, id): ids break ties
+
+    def push(self, end_s: float, req_id: int) -> None:
+        heapq.heappush(self._heap, (end_s, req_id))
+
+    def pending(self) -> bool:
+        return bool(self._heap)
+
+    def next_time_s(self) -> float:
+        return self._heap[0][0]
+
+    def take_until(self, now_s: float) -> list[int]:  # type: ignore[override]
+        while self._heap and self._heap[0][0] <= now_s:
+            end_s, req_id = heapq.heappop(self._heap)
+            self.release(req_id, end_s)
+        return []
 
 
 def prefill_view(requests: Requests, source: ArrivalSource) -> Requests:
@@ -164,13 +213,16 @@ class DisaggregatedFleet:
     decode_router: Router
     transfer_s: Callable[[int], float]  # a request's KV transfer time
     first_token_from_decode: bool = False
+    pull: bool = False  # handoff: pull (see the module docstring)
 
     def __post_init__(self) -> None:
         n = len(self.requests)
         self.prefill_replica = np.full(n, -1, dtype=np.int64)
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.kv_transfer_s = np.full(n, np.nan)
-        self.bridge = BridgeSource(n, self.source, self._delivered)
+        self.bridge = BridgeSource(n, self.source, self._delivered, self._copying,
+                                   self._turned_away)
+        self.releases = KvReleases(self._copied)
         for replica in self.prefill:
             replica.source = PrefillSource(self.source, self._prefilled)
         for replica in self.decode:
@@ -201,14 +253,33 @@ class DisaggregatedFleet:
             self.source.on_finished(done, time_s)
         for req_id in moving:
             decode = self.decode_router(req_id, time_s)
-            decode.scheduler.mark_transferred(req_id, not self.first_token_from_decode)
             self.decode_replica[req_id] = decode.index - len(self.prefill)
             transfer_s = self.transfer_s(req_id)
             self.kv_transfer_s[req_id] = transfer_s
-            self.bridge.push(time_s + transfer_s, req_id)
+            first_token_emitted = not self.first_token_from_decode
+            if self.pull:  # delivered now; the KV moves when the decode instance admits it
+                decode.scheduler.mark_transferred(req_id, first_token_emitted, transfer_s)
+                self.bridge.push(time_s, req_id)
+            else:
+                decode.scheduler.mark_transferred(req_id, first_token_emitted)
+                self.bridge.push(time_s + transfer_s, req_id)
 
     def _delivered(self, req_id: int, time_s: float) -> None:
+        if not self.pull:  # pushed: the KV has moved
+            self._release_prefill(req_id, time_s, wake=True)
+
+    def _copying(self, pulled: Sequence[tuple[int, float]], start_s: float) -> None:
+        """A decode iteration starting at `start_s` pulls these requests' KV in."""
+        for req_id, end_offset_s in pulled:
+            self.releases.push(start_s + end_offset_s, req_id)
+
+    def _copied(self, req_id: int, time_s: float) -> None:
         self._release_prefill(req_id, time_s, wake=True)
+
+    def _turned_away(self, req_ids: list[int], time_s: float) -> None:
+        """Turned away by a decode instance (it can never fit there): nothing will pull it."""
+        for req_id in req_ids:
+            self._release_prefill(req_id, time_s, wake=True)
 
     def _release_prefill(self, req_id: int, time_s: float, wake: bool) -> None:
         replica = self.prefill[int(self.prefill_replica[req_id])]
@@ -222,8 +293,10 @@ class DisaggregatedFleet:
         return self.decode[int(self.decode_replica[req_id])]
 
     def run(self) -> EngineRun:
-        end_s = drive(self.replicas, self.source, self._route_prefill,
-                      bridges=[(self.bridge, self._route_decode)])
+        bridges: list[tuple[ArrivalSource, Router]] = [(self.bridge, self._route_decode)]
+        if self.pull:
+            bridges.append((self.releases, self._route_decode))  # delivers no request
+        end_s = drive(self.replicas, self.source, self._route_prefill, bridges=bridges)
         for replica in self.replicas:
             replica.stepper.close()
         rejected = sorted({r for replica in self.replicas for r in replica.scheduler.rejected_ids})
@@ -305,9 +378,22 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                                   np.random.default_rng(seeds[2]), requests.session_ids)
     decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
                                  requests.session_ids)
+    if cluster.pulls_kv:
+        _check_pulls(decode)
     return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
                               prefill_router, decode_router, transfer_s,
-                              cluster.first_token_from_decode)
+                              cluster.first_token_from_decode, cluster.pulls_kv)
+
+
+def _check_pulls(decode: list[Replica]) -> None:
+    """A pulled handoff's copies are announced by the generic stepper (`take_pulled`);
+    a pipelined decode instance plans its own way."""
+    for replica in decode:
+        if not isinstance(replica.stepper, GenericStepper):
+            raise ScenarioError(
+                "cluster.handoff = 'pull' needs decode instances that run one batch at a "
+                "time; expected decode.hardware.pipeline_parallel = 1, or handoff: push"
+            )
 
 
 def _hold_finished(replica: Replica) -> None:

@@ -58,6 +58,8 @@ class GenericStepper:
                 return self._begin(now_s, self._run_ends(now_s, continued), None, continued)
         self.continuing = False
         plan = self.scheduler.schedule(now_s)
+        if plan.pulled:  # KV pulled in from prefill instances: they free it as copies end
+            self.replica.source.on_pulled(plan.pulled, now_s)
         if plan.is_empty:
             self.wake_s = plan.wake_at_s
             return None
@@ -157,7 +159,7 @@ class GenericStepper:
 
     def _plan_time_s(self, plan: SchedulerOutput) -> float:
         """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
-        return self.cost.iteration_time_s(plan.batch) + plan.swap_time_s
+        return self.cost.iteration_time_s(plan.batch) + plan.copy_time_s
 
     def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:
         """Iterations to run: up to the first boundary at or after the known cut."""

@@ -319,7 +319,7 @@ class PagedFusedStepper:
         s.recomputed_tokens_total += plan.recomputed_tokens
         query_total, context_total = sum(query), sum(context)
         plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)
-        plan_s += plan.swap_time_s
+        plan_s += plan.copy_time_s
         unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
                      s.allocator.allocated_tokens, joiners, query_total, plan_s,
                      plan.recomputed_tokens, kv_used_tokens=kv_used_tokens,

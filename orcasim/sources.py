@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -46,6 +46,12 @@ class ArrivalSource:
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
+
+    def on_pulled(self, pulled: Sequence[tuple[int, float]], time_s: float) -> None:
+        """KV pulled in by an iteration that starts at `time_s`: each request with the
+        seconds after it at which its copy ends. Only a disaggregated cluster's decode
+        instances pull (`orcasim.disagg.BridgeSource`); an arrival elsewhere has its KV."""
+        raise NotImplementedError(f"{type(self).__name__} delivers no KV to pull")
 
     def on_rejected(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests turned away at `time_s` (never fit): as done, unless a source tells

@@ -113,6 +113,80 @@ def test_decode_admission_waits_for_decode_kv(tmp_path) -> None:  # noqa: ANN001
     assert reqs["decode_wait_s"].tolist() == [0.0, 2.0]
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_pulled_copy_stalls_the_decode_loop_by_hand(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """Iterations of 1 s, copies of 0.5 s. Pushed, B's KV moves while A decodes: A [1.5,
+    2.5], then both [2.5, 3.5] and [3.5, 4.5]. Pulled (DistServe), each copy runs in the
+    decode loop before the iteration its request joins: A [1, 2.5]; B, prefilled by 2,
+    joins at 2.5 after its copy: [2.5, 4.0] and [4.0, 5.0], A waiting for it too."""
+    trace = _trace(tmp_path, [(0.0, 4, 4), (1.0, 4, 3)])
+    finish, busy = {}, {}
+    for handoff in ("push", "pull"):
+        changes = _disagg(trace, mode=mode)
+        changes["systems"][0]["cluster"]["handoff"] = handoff
+        result = run_scenario(_scenario(changes)).systems["pd"]
+        finish[handoff] = result.requests["finish_s"].tolist()
+        assert result.requests["first_token_s"].tolist() == [1.0, 2.0]
+        assert result.requests["kv_transfer_s"].tolist() == [0.5, 0.5]
+        decode = result.iterations[result.iterations["pool"] == "decode"]
+        busy[handoff] = (decode["start_s"].min(), decode["duration_s"].sum(),
+                         decode["num_iterations"].sum())
+    assert finish == {"push": [4.5, 4.5], "pull": [5.0, 5.0]}
+    # Three decode iterations either way; pulled, two copies inside the decode instance's time.
+    assert busy == {"push": (1.5, 3.0, 3), "pull": (1.0, 4.0, 3)}
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_full_decode_pool_stalls_the_prefill_pool_when_it_pulls(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """Each pool has room for one request (3 blocks of 4 tokens); iterations of 1 s, copies
+    of 0.5 s; A, B and C arrive at 0. Both ways A prefills [0, 1] and its KV has left by
+    1.5, so B prefills [1.5, 2.5], and the decode instance runs A until 4.5.
+    Pushed: B's KV leaves at 3.0 and waits on the decode side, so C prefills [3, 4]; B runs
+    [4.5, 5.5] and C [5.5, 6.5]. Pulled: B's KV stays on the prefill instance until the
+    decode instance takes B at 4.5 (copied by 5.0), so C prefills only [5, 6]; B runs
+    [4.5, 6.0] and C, taken at 6, [6.0, 7.5]."""
+    trace = _trace(tmp_path, [(0.0, 8, 4), (0.0, 8, 2), (0.0, 8, 2)])
+    expected = {"push": ([1.0, 2.5, 4.0], [4.5, 5.5, 6.5], [0.0, 1.5, 1.0]),
+                "pull": ([1.0, 2.5, 6.0], [4.5, 6.0, 7.5], [0.0, 2.0, 0.0])}
+    for handoff, (first_token_s, finish_s, decode_wait_s) in expected.items():
+        changes = _disagg(trace, mode=mode, prefill={"kv_capacity_tokens": 12},
+                          decode={"kv_capacity_tokens": 12})
+        changes["systems"][0]["cluster"]["handoff"] = handoff
+        reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+        assert reqs["first_token_s"].tolist() == first_token_s, handoff
+        assert reqs["finish_s"].tolist() == finish_s, handoff
+        assert reqs["decode_wait_s"].tolist() == decode_wait_s, handoff
+
+
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+def test_a_pulled_request_the_decode_instance_turns_away_frees_the_prefill_kv(tmp_path) -> None:  # noqa: ANN001
+    """A (8 + 8 tokens) can never fit the decode instance's 3 blocks: turned away there at
+    1, its first token out, and its prefill blocks freed then, so that B prefills [1, 2]
+    and, pulled at 2, decodes [2, 3.5]."""
+    trace = _trace(tmp_path, [(0.0, 8, 8), (0.0, 8, 2)])
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 12}, decode={"kv_capacity_tokens": 12})
+    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 2.0]
+    assert np.isnan(reqs["finish_s"][0]) and reqs["finish_s"][1] == 3.5
+    assert reqs["rejected"].tolist() == [True, False]
+
+
+def test_a_pipelined_decode_pool_cannot_pull() -> None:
+    scenario = make_scenario(**{
+        "workload.num_requests": 10, "model": "llama2-7b",
+        "hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"},
+        "systems": [{"name": "pd", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                     "cluster": {"prefill": {"count": 1},
+                                 "decode": {"count": 1, "hardware": {"gpu": "a100-80gb",
+                                                                     "pipeline_parallel": 2}},
+                                 "handoff": "pull"}}],
+    })
+    with pytest.raises(ScenarioError) as err:
+        run_scenario(scenario)
+    assert "\n" not in str(err.value) and "handoff" in str(err.value), str(err.value)
+
+
 @settings(max_examples=examples(25), deadline=None)
 @given(
     prefill_count=st.integers(1, 3), decode_count=st.integers(1, 3),
@@ -121,11 +195,13 @@ def test_decode_admission_waits_for_decode_kv(tmp_path) -> None:  # noqa: ANN001
     decode_kind=st.sampled_from(["paged", "iteration_level", "chunked"]),
     prefill_kind=st.sampled_from(["paged", "iteration_level"]),
     first_token=st.sampled_from(["prefill", "decode"]),
+    handoff=st.sampled_from(["push", "pull"]),
     rate_per_s=st.floats(2.0, 40.0), seed=st.integers(0, 2**16),
 )
 def test_fast_equals_reference_and_nothing_is_lost(
     prefill_count: int, decode_count: int, prefill_router: str, decode_router: str,
-    decode_kind: str, prefill_kind: str, first_token: str, rate_per_s: float, seed: int,
+    decode_kind: str, prefill_kind: str, first_token: str, handoff: str, rate_per_s: float,
+    seed: int,
 ) -> None:
     schedulers = {"paged": {"kind": "paged", "max_num_seqs": 16},
                   "iteration_level": {"kind": "iteration_level", "max_batch_size": 16},
@@ -143,7 +219,8 @@ def test_fast_equals_reference_and_nothing_is_lost(
                                          "scheduler": prefill_scheduler},
                              "decode": {"count": decode_count, "router": {"kind": decode_router},
                                         "scheduler": decode_scheduler},
-                             "link": {"latency_s": 0.01}, "first_token": first_token}}],
+                             "link": {"latency_s": 0.01}, "first_token": first_token,
+                             "handoff": handoff}}],
         })
         frames[mode] = run_scenario(scenario).systems["pd"].requests
     fast, reference = frames["fast"], frames["reference"]
@@ -176,6 +253,8 @@ def test_littles_law_holds_for_a_disaggregated_cluster() -> None:
       "decode": {"count": 1}}, "request_level"),
     ({"prefill": {"count": 1}, "decode": {"count": 1}, "link": {"kind": "pigeon"}}, "link"),
     ({"replicas": 2, "first_token": "decode"}, "first_token"),
+    ({"replicas": 2, "handoff": "pull"}, "handoff"),
+    ({"prefill": {"count": 1}, "decode": {"count": 1}, "handoff": "fetch"}, "handoff"),
 ])
 def test_bad_disaggregation_keys_are_one_line_errors(cluster: dict, needle: str) -> None:
     data = {**BASE, "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 4},
@@ -427,7 +506,8 @@ def test_transfers_in_flight_arrive_in_ready_order_with_ids_breaking_ties() -> N
     from orcasim.sources import ArrivalSource
 
     delivered: list[tuple[int, float]] = []
-    bridge = BridgeSource(4, ArrivalSource(np.zeros(4)), lambda r, t: delivered.append((r, t)))
+    bridge = BridgeSource(4, ArrivalSource(np.zeros(4)), lambda r, t: delivered.append((r, t)),
+                          lambda pulled, t: None, lambda ids, t: None)
     for ready_s, req_id in ((3.0, 2), (1.5, 3), (3.0, 0), (4.0, 1)):
         bridge.push(ready_s, req_id)
     assert bridge.times_until(3.0).tolist() == [1.5, 3.0, 3.0]

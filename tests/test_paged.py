@@ -55,7 +55,7 @@ def test_swap_keeps_kv_and_charges_pcie_copies():
     trace = drive(sched, reqs, check_paged_step)
     assert planned_tokens(trace) == [{0: 3, 1: 2}, {0: 1, 1: 1}, {0: 1}, {0: 1}, {1: 1}, {1: 1}]
     # Out at step 2 and back in at step 4: B's 2 blocks, 4 tokens, each way.
-    assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 0.0, 4.0, 0.0]
+    assert [p.copy_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 0.0, 4.0, 0.0]
     assert sched.recomputed_tokens_total == 0
     assert_paged_end_state(sched, reqs, trace)
 
@@ -78,7 +78,7 @@ def test_swap_accounting_across_several_victims_in_one_step():
     assert planned_tokens(trace) == [{0: 3, 1: 1, 2: 1}, {0: 1, 1: 1, 2: 1}, {0: 1},
                                      {1: 1, 2: 1}, {1: 1, 2: 1}]
     assert [p.preemptions for p in trace.plans] == [0, 0, 2, 0, 0]
-    assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 4.0, 0.0]  # out 2 blocks, in 2
+    assert [p.copy_time_s for p in trace.plans] == [0.0, 0.0, 4.0, 4.0, 0.0]  # out 2 blocks, in 2
     assert held[2] == (2, [0, 1, 1], [1, 2])  # after step 2's plan: both victims on the CPU
     assert held[3] == (0, [0, 0, 0], [])  # step 3 brought both back
     assert sched.preemptions_per_request.tolist() == [0, 1, 1]
@@ -106,7 +106,7 @@ def test_swap_space_may_fill_exactly(swap_blocks: int, swapped: bool):
                    swap_bandwidth_bytes_per_s=2.0)
     trace = drive(sched, reqs, check_paged_step)
     assert sched.swap_capacity_blocks == swap_blocks
-    copies = [p.swap_time_s for p in trace.plans]
+    copies = [p.copy_time_s for p in trace.plans]
     assert copies == ([0.0, 0.0, 6.0, 0.0, 6.0, 0.0] if swapped else [0.0] * 6)
     assert sched.recomputed_tokens_total == (0 if swapped else 3)
     assert_paged_end_state(sched, reqs, trace)
@@ -334,7 +334,7 @@ def _steps(sched: PagedScheduler, reqs) -> list[tuple]:
     def look(s, out) -> None:  # type: ignore[no-untyped-def]
         tables = tuple(sorted((r, tuple(t)) for r, t in s.allocator.tables.items()))
         seen.append((out.req_ids.tolist(), out.num_new_tokens.tolist(), out.preemptions,
-                     out.recomputed_tokens, out.swap_time_s, out.kv_reserved_tokens,
+                     out.recomputed_tokens, out.copy_time_s, out.kv_reserved_tokens,
                      out.kv_used_tokens, s.allocator.free_pool(), tables, list(s.running)))
 
     drive(sched, reqs, look)

@@ -122,7 +122,7 @@ def test_nothing_is_prefilled_while_a_request_is_swapped_out() -> None:
     trace = drive(sched, reqs, check_paged_step)
     assert planned_tokens(trace) == [{0: 8, 1: 7}, {0: 1}, {0: 1}, {0: 1}, {1: 1}, {2: 2},
                                      {1: 1}]
-    assert [p.swap_time_s for p in trace.plans] == [0.0, 8.0, 0.0, 0.0, 8.0, 0.0, 0.0]
+    assert [p.copy_time_s for p in trace.plans] == [0.0, 8.0, 0.0, 0.0, 8.0, 0.0, 0.0]
     assert_paged_end_state(sched, reqs, trace)
 
 
@@ -140,7 +140,7 @@ def test_a_swap_in_that_leaves_exactly_the_watermark_comes_back() -> None:
     assert planned_tokens(trace) == [{0: 4}, {1: 1, 2: 2}, {0: 1}, {0: 1}, {1: 1, 2: 1},
                                      {1: 1, 2: 1}]
     assert swapped == [[], [], [1, 2], [1, 2], [], []]
-    assert [p.swap_time_s for p in trace.plans] == [0.0, 0.0, 8.0, 0.0, 8.0, 0.0]
+    assert [p.copy_time_s for p in trace.plans] == [0.0, 0.0, 8.0, 0.0, 8.0, 0.0]
     assert trace.finish_step == {0: 3, 1: 5, 2: 5}
     assert_paged_end_state(sched, reqs, trace)
 

@@ -147,6 +147,28 @@ def test_a_transferred_request_arrives_with_its_prompt_computed(first_token_emit
     assert (scheduler.computed[0], scheduler.generated[0]) == (0, 0)
 
 
+@pytest.mark.parametrize("kind", ["iteration_level", "paged", "prefill_first", "chunked"])
+def test_pulled_kv_is_copied_before_the_iteration_that_admits_it(kind: str) -> None:
+    """Three transferred requests, two of them pulled (0.25 s and 0.5 s of copying), and
+    room for two: the first plan admits 0 and 1 and waits for both copies, one after the
+    other (ends 0.25 and 0.75 s in); request 2, admitted later, is copied then."""
+    config = CONFIGS[kind].model_copy(update={"max_batch_size" if kind == "iteration_level"
+                                              else "max_num_seqs": 2})
+    scheduler = build_scheduler(config, _requests([8, 8, 8], [2, 2, 2]), 1024)
+    for req_id, pull_s in ((0, 0.25), (1, 0.5), (2, 2.0)):
+        scheduler.mark_transferred(req_id, True, pull_s)
+        scheduler.add_request(req_id)
+    plan = scheduler.schedule(0.0)
+    assert plan.req_ids.tolist() == [0, 1]
+    assert plan.pulled == ((0, 0.25), (1, 0.75)) and plan.copy_time_s == 0.75
+    scheduler.update_from_output(plan)  # both finish: their second token
+    plan = scheduler.schedule(1.0)
+    assert plan.req_ids.tolist() == [2] and plan.pulled == ((2, 2.0),)
+    assert plan.copy_time_s == 2.0
+    scheduler.update_from_output(plan)
+    assert scheduler.take_pulled() == (0.0, ()) and not scheduler.has_unfinished()
+
+
 def _step_by_step(scheduler: RequestLevelScheduler, steps: int) -> tuple[np.ndarray, np.ndarray, list]:
     finished = []
     for _ in range(steps):

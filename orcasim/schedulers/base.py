@@ -40,8 +40,10 @@ class SchedulerOutput:
     blocks); `kv_used_tokens` the part holding real token state once this iteration ends
     (None where a scheduler does not track it). `preemptions` counts the requests evicted
     while planning it, `recomputed_tokens` the tokens it computes again after an eviction,
-    and `swap_time_s` is KV copying to or from CPU memory that the engine adds to the
-    iteration's duration.
+    and `copy_time_s` is KV copying that the engine adds to the iteration's duration: to or
+    from CPU memory, and KV pulled in from a prefill instance. `pulled` names the requests
+    whose KV is pulled in before this iteration, each with the seconds after the
+    iteration's start at which its copy ends (they run one after another, first).
     """
 
     req_ids: np.ndarray  # int64 (B,) requests that make progress
@@ -52,7 +54,8 @@ class SchedulerOutput:
     kv_used_tokens: int | None = None
     preemptions: int = 0
     recomputed_tokens: int = 0
-    swap_time_s: float = 0.0
+    copy_time_s: float = 0.0
+    pulled: tuple[tuple[int, float], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -171,6 +174,10 @@ class Scheduler(ABC):
         # tokens not prefilled thanks to the cache over every admission (readmissions too).
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         self.prefill_saved_tokens = np.zeros(n, dtype=np.int64)
+        # A pulled handoff (orcasim.disagg): copy seconds of KV still on a prefill instance,
+        # by id, and the ones admitted since the last plan was made (`take_pulled`).
+        self._pull_s: dict[int, float] = {}
+        self._pulled: list[tuple[int, float]] = []
 
     def add_request(self, req_id: int) -> None:
         """Queue a request, or reject it now (a value, not an error) if it can never fit."""
@@ -200,7 +207,24 @@ class Scheduler(ABC):
         if self._waiting_head > 4096 and self._waiting_head * 2 > len(self.waiting):
             del self.waiting[: self._waiting_head]  # compact now and then
             self._waiting_head = 0
+        if self._pull_s:  # admitted now: its KV moves in before the plan's iteration
+            copy_s = self._pull_s.pop(req, None)
+            if copy_s is not None:
+                self._pulled.append((req, copy_s))
         return req
+
+    def take_pulled(self) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """KV pulled in by the admissions since the last call, for the plan they join:
+        the copies' total seconds, and each request with the end of its copy (seconds
+        after the iteration's start; the copies run one after another, in admission order)."""
+        if not self._pulled:
+            return 0.0, ()
+        ends, total_s = [], 0.0
+        for req, copy_s in self._pulled:
+            total_s += copy_s
+            ends.append((req, total_s))
+        self._pulled.clear()
+        return total_s, tuple(ends)
 
     @abstractmethod
     def schedule(self, now_s: float) -> SchedulerOutput:
@@ -220,11 +244,18 @@ class Scheduler(ABC):
     def active_ids(self) -> list[int]:
         """The requests running now (admitted, holding KV, not finished)."""
 
-    def mark_transferred(self, req_id: int, first_token_emitted: bool = True) -> None:
+    def mark_transferred(self, req_id: int, first_token_emitted: bool = True,
+                         pull_s: float | None = None) -> None:
         """`req_id` will arrive with its prompt's KV computed elsewhere (a decode instance
         of a disaggregated cluster). With its first token emitted there, it only decodes
         here; without, its first step computes the last prompt token again to emit it
-        (vLLM's disaggregated prefill, whose decode instance streams every token)."""
+        (vLLM's disaggregated prefill, whose decode instance streams every token).
+
+        With `pull_s`, the KV is still on the prefill instance when the request arrives: it
+        is pulled in when this scheduler admits the request, and the iteration it joins
+        waits `pull_s` seconds for the copy (DistServe's decode instance; `take_pulled`)."""
+        if pull_s is not None:
+            self._pull_s[req_id] = pull_s
         prompt = self.requests.prompt_tokens[req_id]
         self.computed[req_id] = prompt if first_token_emitted else prompt - 1
         self.generated[req_id] = 1 if first_token_emitted else 0

@@ -84,8 +84,10 @@ class IterationLevelScheduler(Scheduler):
         known = self.requests.prompt_tokens[ids] + self.generated[ids]
         new_tokens = known - self.computed[ids]
         batch = Batch(new_tokens, known)  # its total context is the KV in use, memoised
+        pull_s, pulled = self.take_pulled()
         out = SchedulerOutput(
-            ids, new_tokens, batch, self.reserved_tokens, kv_used_tokens=batch.total_context_tokens
+            ids, new_tokens, batch, self.reserved_tokens, kv_used_tokens=batch.total_context_tokens,
+            copy_time_s=pull_s, pulled=pulled,
         )
         assert len(ids) <= self.max_batch_size
         assert self.reserved_tokens <= self.kv_capacity_tokens

@@ -136,7 +136,7 @@ class Plan:
     num_new: list[int] = field(default_factory=list)
     preemptions: int = 0
     recomputed_tokens: int = 0
-    swap_time_s: float = 0.0
+    copy_time_s: float = 0.0
 
 
 def num_blocks_for_capacity(kv_capacity_tokens: int, block_size_tokens: int) -> int:
@@ -348,7 +348,7 @@ class PagedScheduler(Scheduler):
         if self.cfg.preemption == "swap" and self.swapped_blocks + blocks <= self.swap_capacity_blocks:
             self.cpu_blocks[victim] = blocks
             self.swapped_blocks += blocks
-            plan.swap_time_s += self._copy_time_s(blocks)
+            plan.copy_time_s += self._copy_time_s(blocks)
             heapq.heappush(self.swapped, victim)
         else:  # recompute (also the fallback when CPU swap space is full)
             self.computed[victim] = 0
@@ -460,7 +460,7 @@ class PagedScheduler(Scheduler):
     def _take_candidate(self, req: int, plan: Plan) -> None:
         if self.swapped and self.swapped[0] == req:
             heapq.heappop(self.swapped)
-            plan.swap_time_s += self._copy_time_s(int(self.cpu_blocks[req]))
+            plan.copy_time_s += self._copy_time_s(int(self.cpu_blocks[req]))
             self.swapped_blocks -= int(self.cpu_blocks[req])
             self.cpu_blocks[req] = 0
         elif self.resumable and self.resumable[0] == req:
@@ -491,10 +491,11 @@ class PagedScheduler(Scheduler):
         assert self.allocator.num_blocks * self.cfg.block_size_tokens <= self.kv_capacity_tokens
         assert self.swapped_blocks <= self.swap_capacity_blocks
         self.recomputed_tokens_total += plan.recomputed_tokens
+        pull_s, pulled = self.take_pulled()
         return SchedulerOutput(
             ids, num_new, self._cost_batch(plan, num_new, context), allocated, kv_used_tokens=used,
             preemptions=plan.preemptions, recomputed_tokens=plan.recomputed_tokens,
-            swap_time_s=plan.swap_time_s,
+            copy_time_s=pull_s + plan.copy_time_s, pulled=pulled,
         )
 
     def _cost_batch(self, plan: Plan, num_new: np.ndarray, context: np.ndarray) -> Batch:
@@ -543,8 +544,9 @@ class PagedScheduler(Scheduler):
     def held_ids(self) -> list[int]:
         return sorted(self.held)
 
-    def mark_transferred(self, req_id: int, first_token_emitted: bool = True) -> None:
-        super().mark_transferred(req_id, first_token_emitted)
+    def mark_transferred(self, req_id: int, first_token_emitted: bool = True,
+                         pull_s: float | None = None) -> None:
+        super().mark_transferred(req_id, first_token_emitted, pull_s)
         self.peak_computed[req_id] = self.computed[req_id]  # moved in, not recomputed
 
     def active_ids(self) -> list[int]:
