@@ -62,6 +62,7 @@ from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Router, drive, shared_recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
+from orcasim.schedulers.distserve_decode import DistServeDecodeScheduler
 from orcasim.schedulers.paged import PagedScheduler
 from orcasim.sessions import SessionSource
 from orcasim.sources import ArrivalSource
@@ -378,18 +379,21 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                                   np.random.default_rng(seeds[2]), requests.session_ids)
     decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
                                  requests.session_ids)
-    if cluster.pulls_kv:
-        _check_pulls(decode)
+    _check_pulls(decode, cluster.pulls_kv)
     return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
                               prefill_router, decode_router, transfer_s,
                               cluster.first_token_from_decode, cluster.pulls_kv)
 
 
-def _check_pulls(decode: list[Replica]) -> None:
+def _check_pulls(decode: list[Replica], pulls: bool) -> None:
     """A pulled handoff's copies are announced by the generic stepper (`take_pulled`);
-    a pipelined decode instance plans its own way."""
+    a pipelined decode instance plans its own way. DistServe's decode policy accepts
+    requests whose KV it pulls."""
     for replica in decode:
-        if not isinstance(replica.stepper, GenericStepper):
+        if not pulls and isinstance(replica.scheduler, DistServeDecodeScheduler):
+            raise ScenarioError("decode.scheduler.policy = 'distserve_decode' accepts requests "
+                                "whose KV it pulls; expected cluster.handoff: pull")
+        if pulls and not isinstance(replica.stepper, GenericStepper):
             raise ScenarioError(
                 "cluster.handoff = 'pull' needs decode instances that run one batch at a "
                 "time; expected decode.hardware.pipeline_parallel = 1, or handoff: push"

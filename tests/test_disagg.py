@@ -172,6 +172,57 @@ def test_a_pulled_request_the_decode_instance_turns_away_frees_the_prefill_kv(tm
     assert reqs["rejected"].tolist() == [True, False]
 
 
+DISTSERVE_DECODE = {**PAGED, "policy": "distserve_decode"}
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+@pytest.mark.parametrize("policy", ["mixed", "distserve_decode"])
+def test_distserve_s_decode_instance_accepts_then_joins_by_hand(tmp_path, mode: str, policy: str) -> None:  # noqa: ANN001
+    """A (8 + 4 tokens) and B (8 + 2) prefill together [0, 1]; the decode instance has 6
+    blocks of 4 tokens; iterations of 1 s, copies of 0.5 s. vLLM-like (mixed) it takes both
+    at 1 (3 blocks each), copies both and decodes them [1, 3]: B ends at 3, A at 5.
+    DistServe's: it accepts A (2 blocks), which joins (3 blocks free >= its 3); B is
+    accepted only after that step, at 2.5 (its copy in [2.5, 4.0]), and cannot join while
+    fewer than its own 3 blocks are free again, so it runs [5, 6], after A."""
+    trace = _trace(tmp_path, [(0.0, 8, 4), (0.0, 8, 2)])
+    decode = {"kv_capacity_tokens": 24, "scheduler": {**PAGED, "policy": policy}}
+    changes = _disagg(trace, mode=mode, decode=decode)
+    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 1.0]
+    expected = {"mixed": ([5.0, 3.0], [0.0, 0.0]), "distserve_decode": ([5.0, 6.0], [0.0, 4.0])}
+    assert (reqs["finish_s"].tolist(), reqs["decode_wait_s"].tolist()) == expected[policy]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_distserve_s_decode_instance_accepts_a_request_handed_over_mid_run(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """A decodes alone from 1 ([1, 2.5] with its copy, then 1 s steps); B, prefilled [2, 3],
+    is accepted at the next step's start, 3.5, and decodes with A after its copy: [3.5,
+    5.0]. A then ends [6, 7]. Fast mode's run over A's steps must end at 3.5 for it."""
+    trace = _trace(tmp_path, [(0.0, 4, 6), (2.0, 4, 2)])
+    changes = _disagg(trace, mode=mode, decode={"scheduler": DISTSERVE_DECODE})
+    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 3.0]
+    assert reqs["finish_s"].tolist() == [7.0, 5.0]
+
+
+@pytest.mark.parametrize(("where", "handoff"), [("prefill", "pull"), ("decode", "push"),
+                                                 ("colocated", None)])
+def test_distserve_s_decode_policy_only_on_a_pulling_decode_pool(tmp_path, where: str,  # noqa: ANN001
+                                                                 handoff: str | None) -> None:
+    trace = _trace(tmp_path, [(0.0, 8, 4)])
+    changes = _disagg(trace, **{where: {"scheduler": DISTSERVE_DECODE}} if where != "colocated" else {})
+    cluster = changes["systems"][0]["cluster"]
+    if where == "colocated":
+        changes["systems"][0] = {"name": "pd", "scheduler": DISTSERVE_DECODE}
+    else:
+        cluster["handoff"] = handoff
+    with pytest.raises(ScenarioError) as err:
+        run_scenario(_scenario(changes))
+    assert "\n" not in str(err.value) and "distserve_decode" in str(err.value), str(err.value)
+
+
 def test_a_pipelined_decode_pool_cannot_pull() -> None:
     scenario = make_scenario(**{
         "workload.num_requests": 10, "model": "llama2-7b",
@@ -192,7 +243,7 @@ def test_a_pipelined_decode_pool_cannot_pull() -> None:
     prefill_count=st.integers(1, 3), decode_count=st.integers(1, 3),
     prefill_router=st.sampled_from(["round_robin", "least_outstanding", "random"]),
     decode_router=st.sampled_from(["least_kv", "least_tokens", "power_of_two"]),
-    decode_kind=st.sampled_from(["paged", "iteration_level", "chunked"]),
+    decode_kind=st.sampled_from(["paged", "iteration_level", "chunked", "distserve_decode"]),
     prefill_kind=st.sampled_from(["paged", "iteration_level"]),
     first_token=st.sampled_from(["prefill", "decode"]),
     handoff=st.sampled_from(["push", "pull"]),
@@ -205,7 +256,11 @@ def test_fast_equals_reference_and_nothing_is_lost(
 ) -> None:
     schedulers = {"paged": {"kind": "paged", "max_num_seqs": 16},
                   "iteration_level": {"kind": "iteration_level", "max_batch_size": 16},
-                  "chunked": {"kind": "chunked", "chunk_size_tokens": 256}}
+                  "chunked": {"kind": "chunked", "chunk_size_tokens": 256},
+                  "distserve_decode": {"kind": "paged", "policy": "distserve_decode",
+                                       "max_num_seqs": 16}}
+    if decode_kind == "distserve_decode":
+        handoff = "pull"  # DistServe's decode instance pulls the KV it accepts
     decode_scheduler, prefill_scheduler = schedulers[decode_kind], schedulers[prefill_kind]
     frames = {}
     for mode in ("fast", "reference"):

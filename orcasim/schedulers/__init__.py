@@ -9,6 +9,7 @@ from pydantic import Field
 from orcasim.requests import Requests
 from orcasim.schedulers.base import Scheduler, SchedulerOutput, StepResult
 from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
+from orcasim.schedulers.distserve_decode import DistServeDecodeScheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig, IterationLevelScheduler
 from orcasim.schedulers.paged import PagedConfig, PagedScheduler
 from orcasim.schedulers.prefill_first import PrefillFirstScheduler
@@ -36,6 +37,8 @@ def build_scheduler(
             return IterationLevelScheduler(cfg, requests, kv_capacity_tokens)
         case PagedConfig(policy="prefill_first"):
             return PrefillFirstScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+        case PagedConfig(policy="distserve_decode"):
+            return DistServeDecodeScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
         case PagedConfig():
             return PagedScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
         case ChunkedConfig():

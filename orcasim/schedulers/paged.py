@@ -92,12 +92,14 @@ class PagedMemoryConfig(Strict):
 
 
 class PagedConfig(PagedMemoryConfig):
-    """`policy`: `mixed` (vLLM v1: prefills ride with decodes under one token budget) or
-    `prefill_first` (vLLM before v1; see `orcasim.schedulers.prefill_first`)."""
+    """`policy`: `mixed` (vLLM v1: prefills ride with decodes under one token budget),
+    `prefill_first` (vLLM before v1; see `orcasim.schedulers.prefill_first`) or
+    `distserve_decode` (DistServe's decode instance, for a disaggregated cluster's decode
+    pool that pulls its KV; see `orcasim.schedulers.distserve_decode`)."""
 
     kind: Literal["paged"]
     max_num_batched_tokens: PositiveInt = 4096
-    policy: Literal["mixed", "prefill_first"] = "mixed"
+    policy: Literal["mixed", "prefill_first", "distserve_decode"] = "mixed"
     pad_prompts: bool = False
     max_padding_tokens: NonNegativeInt = VLLM_V0_MAX_PADDINGS
 
