@@ -29,10 +29,11 @@ The shape of DistServe (OSDI'24), Splitwise and vLLM's and SGLang's disaggregate
    `Scheduler.mark_transferred`) and emits the remaining tokens; TPOT covers the transfer
    and the wait for the decode side's KV.
 
-A departure from DistServe that remains: its decode instance takes an accepted request
-into its batch only while the blocks of every running request, every accepted one and
-the request's own once more fit its pool (`_check_add_to_cur_batch`); here an admitted
-request runs at once.
+With `handoff: pull` a decode pool's `paged` scheduler may follow DistServe's decode
+instance further (`policy: distserve_decode`, `orcasim.schedulers.distserve_decode`):
+accepted (and copied in) first, then taken into the batch by its own rule. Not modelled:
+DistServe's stages poll for work every 3 ms when idle (`SLEEP_WHEN_*_NO_REQUEST`), and a
+copy takes the link's `bytes / bandwidth + latency`, not a measured `migrate_blocks`.
 
 Everything runs on the one clock loop (`orcasim.replica.drive`): arrivals into the
 prefill pool, transfers (`BridgeSource`) into the decode pool. The prefill side reads

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from orcasim.cli import app
 from orcasim.fidelity import fidelity_table, headline_error
+from orcasim.fleet import pool_specs
 from orcasim.scenario import load_scenario
 from orcasim.validation import iteration_table, median_errors, read_splitwise
 
@@ -73,6 +74,24 @@ def test_disaggregated_runs_within_the_issue_bound() -> None:
     scored = table[table["metric"].isin(["ttft_s", "tpot_s"]) & table["percentile"].isin([50, 90])]
     for run, rows in scored.groupby("run"):
         assert rows["rel_error"].abs().median() <= DISAGG_RUN_MEDIAN, run
+
+
+def test_the_cluster_comparison_runs_the_validated_engines() -> None:
+    """scenarios/cluster/disagg_vs_colocated.yaml compares the two validated deployments:
+    its blocks are theirs (refitting one must not leave the other behind)."""
+    compared = load_scenario(ROOT / "scenarios" / "cluster" / "disagg_vs_colocated.yaml")
+    vllm = load_scenario(VALIDATION / "vllm_opt13b_a100.yaml")
+    disagg = load_scenario(VALIDATION / "distserve_disagg_opt13b_a100.yaml")
+    systems = {system.name: system for system in compared.systems}
+    assert compared.cost == vllm.cost
+    assert systems["vllm-x3"].scheduler == vllm.systems[0].scheduler
+    ours, validated = systems["distserve-c21d11"], disagg.systems[0]
+    assert ours.cluster is not None and validated.cluster is not None
+    for pool in ("prefill", "decode"):  # each instance as built, whichever key set it
+        assert pool_specs(compared, ours, getattr(ours.cluster, pool)) == \
+            pool_specs(disagg, validated, getattr(validated.cluster, pool)), pool
+    assert (ours.cluster.link, ours.cluster.handoff, ours.cluster.first_token) == \
+        (validated.cluster.link, validated.cluster.handoff, validated.cluster.first_token)
 
 
 # The splitwise comparison by hand --------------------------------------------------------
