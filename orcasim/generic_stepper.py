@@ -158,7 +158,7 @@ class GenericStepper:
         return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
 
     def _plan_time_s(self, plan: SchedulerOutput) -> float:
-        """One iteration of `plan`, with any KV copying to or from CPU memory it needs."""
+        """One iteration of `plan`, with the KV copying it waits for (swaps, pulled KV)."""
         return self.cost.iteration_time_s(plan.batch) + plan.copy_time_s
 
     def _jump_length(self, start_s: float, ends_s: np.ndarray) -> int:

@@ -207,6 +207,24 @@ def test_distserve_s_decode_instance_accepts_a_request_handed_over_mid_run(tmp_p
     assert reqs["finish_s"].tolist() == [7.0, 5.0]
 
 
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+@pytest.mark.parametrize("policy", ["mixed", "distserve_decode"])
+def test_distserve_s_decode_instance_turns_away_what_its_double_count_never_admits(
+        tmp_path, policy: str) -> None:  # noqa: ANN001
+    """3 blocks of 4 tokens; A's 8 + 2 tokens peak at 3 blocks, so vLLM's rule runs it
+    alone. DistServe's would hold its 2 prompt blocks and wait for 3 more: turned away on
+    arrival instead, its prefill KV freed. B (4 + 2: 1 block, then 2) fits either way."""
+    trace = _trace(tmp_path, [(0.0, 8, 2), (0.0, 4, 2)])
+    decode = {"kv_capacity_tokens": 12, "scheduler": {**PAGED, "policy": policy}}
+    changes = _disagg(trace, decode=decode)
+    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 1.0]
+    turned_away = policy == "distserve_decode"
+    assert reqs["rejected"].tolist() == [turned_away, False]
+    assert np.isnan(reqs["finish_s"]).tolist() == [turned_away, False]
+
+
 @pytest.mark.parametrize(("where", "handoff"), [("prefill", "pull"), ("decode", "push"),
                                                  ("colocated", None)])
 def test_distserve_s_decode_policy_only_on_a_pulling_decode_pool(tmp_path, where: str,  # noqa: ANN001

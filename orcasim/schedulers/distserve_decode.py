@@ -24,6 +24,10 @@ over by a prefill instance passes three queues:
    joins only while as many blocks again are free.
 3. **Running**: decodes a token each step until done.
 
+One departure, to keep FCFS from stalling: a request whose prompt's blocks and its own
+blocks again exceed the pool is turned away on arrival (DistServe would accept it and wait
+for room that never comes).
+
 Fast-forward (`orcasim.schedulers.paged_runs`) stays exact: both gates only close as free
 blocks fall, the accepted blocks are fixed within a run, and an arrival that the gate
 would accept cuts the run (`arrival_can_join`), since its copy changes the next iteration.
@@ -73,6 +77,14 @@ class DistServeDecodeScheduler(PagedScheduler):
                 f"disaggregated cluster; request {req_id} reached it with its prompt to compute"
             )
         super().add_request(req_id)
+
+    def never_fits(self, req_id: int) -> bool:
+        """Also turned away: a request that, accepted into an empty pool, could not join,
+        its own blocks needing to be free once more (DistServe would wait for it forever)."""
+        if super().never_fits(req_id):
+            return True
+        join_blocks = blocks_for(self.known_tokens(req_id), self.cfg.block_size_tokens)
+        return self._prompt_blocks(req_id) + join_blocks > self._num_blocks
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._accept()  # post_process after the last step, then get_next_batch
