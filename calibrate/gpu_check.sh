@@ -20,7 +20,7 @@ if [[ "$DEVICE" == "cuda" ]]; then
   REQUESTS=300
 else
   MODEL=tiny LAYERS=2 GRID=ci MAX_TOKENS=384 SCENARIO=scenarios/calibrated/cpu_tiny.yaml
-  REQUESTS=20
+  REQUESTS=12
 fi
 mkdir -p "$DEST"
 step() { echo "== $* ($(date -u +%H:%M:%S))"; }

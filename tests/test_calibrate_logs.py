@@ -32,10 +32,10 @@ SCENARIO = {
 }
 
 
-def _write_log(path: Path, rate_per_s: float, seed: int) -> Path:
+def _write_log(path: Path, rate_per_s: float, seed: int, num_requests: int = 80) -> Path:
     """A 'real' log made by the simulator itself with the true coefficients."""
     data = {**SCENARIO, "seed": seed,
-            "workload": {**SCENARIO["workload"],
+            "workload": {**SCENARIO["workload"], "num_requests": num_requests,
                          "arrival": {"kind": "poisson", "rate_per_s": rate_per_s}}}
     truth = with_cost(scenario_from_dict(data), TRUE)
     frame = run_scenario(truth).systems["vllm"].requests
@@ -51,6 +51,14 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
             for rate, seed in ((1.0, 0), (3.0, 1))]
 
 
+@pytest.fixture(scope="module")
+def short_logs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Logs for what the command writes, not how well it fits: a fit on them is quicker."""
+    folder = tmp_path_factory.mktemp("short_logs")
+    return [_write_log(folder / f"run-{rate:g}.csv", rate, seed, num_requests=24)
+            for rate, seed in ((1.0, 0), (3.0, 1))]
+
+
 @pytest.mark.slow
 def test_round_trip_recovers_known_coefficients(logs: list[Path]) -> None:
     # Start from coefficients 4x to 20x off: the fit must find the truth again.
@@ -61,7 +69,8 @@ def test_round_trip_recovers_known_coefficients(logs: list[Path]) -> None:
     assert all(error < 0.01 for error in result.fitted_errors.values())
 
 
-def test_the_cli_writes_a_cost_that_scenarios_load(logs: list[Path], tmp_path: Path) -> None:
+def test_the_cli_writes_a_cost_that_scenarios_load(short_logs: list[Path], tmp_path: Path) -> None:
+    logs = short_logs
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))
     out = tmp_path / "cost.yaml"
@@ -81,7 +90,8 @@ def test_the_cli_writes_a_cost_that_scenarios_load(logs: list[Path], tmp_path: P
     assert calibrated["e2e_s"].tolist() == inline.systems["vllm"].requests["e2e_s"].tolist()
 
 
-def test_leave_one_out_scores_each_log_with_a_fit_that_never_saw_it(logs, tmp_path) -> None:
+def test_leave_one_out_scores_each_log_with_a_fit_that_never_saw_it(short_logs, tmp_path) -> None:
+    logs = short_logs
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))
     out = tmp_path / "cost.yaml"

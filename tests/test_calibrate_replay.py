@@ -85,4 +85,4 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     dest = tmp_path / "cpu"
     for name in ("profile.csv", "cost_model.yaml", "cost_model_measured.yaml", "replay/fidelity.json"):
         assert (dest / name).stat().st_size > 0, name
-    assert json.loads((dest / "replay" / "fidelity.json").read_text())["requests"] == 20
+    assert json.loads((dest / "replay" / "fidelity.json").read_text())["requests"] == 12
