@@ -28,8 +28,10 @@ def _trace(tmp_path, rows: list[tuple[float, int, int]]) -> str:  # noqa: ANN001
 
 
 def _disagg(trace: str, prefill: dict | None = None, decode: dict | None = None,
-            link: dict | None = None, mode: str = "fast", first_token: str | None = None) -> dict:
-    extra = {} if first_token is None else {"first_token": first_token}
+            link: dict | None = None, mode: str = "fast", first_token: str | None = None,
+            handoff: str | None = None) -> dict:
+    extra = {key: value for key, value in (("first_token", first_token), ("handoff", handoff))
+             if value is not None}
     return {
         "workload.arrival": {"kind": "trace", "path": trace},
         "workload.num_requests": None, "workload.prompt_tokens": None,
@@ -122,8 +124,7 @@ def test_a_pulled_copy_stalls_the_decode_loop_by_hand(tmp_path, mode: str) -> No
     trace = _trace(tmp_path, [(0.0, 4, 4), (1.0, 4, 3)])
     finish, busy = {}, {}
     for handoff in ("push", "pull"):
-        changes = _disagg(trace, mode=mode)
-        changes["systems"][0]["cluster"]["handoff"] = handoff
+        changes = _disagg(trace, mode=mode, handoff=handoff)
         result = run_scenario(_scenario(changes)).systems["pd"]
         finish[handoff] = result.requests["finish_s"].tolist()
         assert result.requests["first_token_s"].tolist() == [1.0, 2.0]
@@ -150,8 +151,7 @@ def test_a_full_decode_pool_stalls_the_prefill_pool_when_it_pulls(tmp_path, mode
                 "pull": ([1.0, 2.5, 6.0], [4.5, 6.0, 7.5], [0.0, 2.0, 0.0])}
     for handoff, (first_token_s, finish_s, decode_wait_s) in expected.items():
         changes = _disagg(trace, mode=mode, prefill={"kv_capacity_tokens": 12},
-                          decode={"kv_capacity_tokens": 12})
-        changes["systems"][0]["cluster"]["handoff"] = handoff
+                          decode={"kv_capacity_tokens": 12}, handoff=handoff)
         reqs = run_scenario(_scenario(changes)).systems["pd"].requests
         assert reqs["first_token_s"].tolist() == first_token_s, handoff
         assert reqs["finish_s"].tolist() == finish_s, handoff
@@ -164,8 +164,8 @@ def test_a_pulled_request_the_decode_instance_turns_away_frees_the_prefill_kv(tm
     1, its first token out, and its prefill blocks freed then, so that B prefills [1, 2]
     and, pulled at 2, decodes [2, 3.5]."""
     trace = _trace(tmp_path, [(0.0, 8, 8), (0.0, 8, 2)])
-    changes = _disagg(trace, prefill={"kv_capacity_tokens": 12}, decode={"kv_capacity_tokens": 12})
-    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 12}, decode={"kv_capacity_tokens": 12},
+                      handoff="pull")
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 2.0]
     assert np.isnan(reqs["finish_s"][0]) and reqs["finish_s"][1] == 3.5
@@ -186,8 +186,7 @@ def test_distserve_s_decode_instance_accepts_then_joins_by_hand(tmp_path, mode: 
     fewer than its own 3 blocks are free again, so it runs [5, 6], after A."""
     trace = _trace(tmp_path, [(0.0, 8, 4), (0.0, 8, 2)])
     decode = {"kv_capacity_tokens": 24, "scheduler": {**PAGED, "policy": policy}}
-    changes = _disagg(trace, mode=mode, decode=decode)
-    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    changes = _disagg(trace, mode=mode, decode=decode, handoff="pull")
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 1.0]
     expected = {"mixed": ([5.0, 3.0], [0.0, 0.0]), "distserve_decode": ([5.0, 6.0], [0.0, 4.0])}
@@ -200,8 +199,7 @@ def test_distserve_s_decode_instance_accepts_a_request_handed_over_mid_run(tmp_p
     is accepted at the next step's start, 3.5, and decodes with A after its copy: [3.5,
     5.0]. A then ends [6, 7]. Fast mode's run over A's steps must end at 3.5 for it."""
     trace = _trace(tmp_path, [(0.0, 4, 6), (2.0, 4, 2)])
-    changes = _disagg(trace, mode=mode, decode={"scheduler": DISTSERVE_DECODE})
-    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    changes = _disagg(trace, mode=mode, decode={"scheduler": DISTSERVE_DECODE}, handoff="pull")
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 3.0]
     assert reqs["finish_s"].tolist() == [7.0, 5.0]
@@ -216,8 +214,7 @@ def test_distserve_s_decode_instance_turns_away_what_its_double_count_never_admi
     arrival instead, its prefill KV freed. B (4 + 2: 1 block, then 2) fits either way."""
     trace = _trace(tmp_path, [(0.0, 8, 2), (0.0, 4, 2)])
     decode = {"kv_capacity_tokens": 12, "scheduler": {**PAGED, "policy": policy}}
-    changes = _disagg(trace, decode=decode)
-    changes["systems"][0]["cluster"]["handoff"] = "pull"
+    changes = _disagg(trace, decode=decode, handoff="pull")
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 1.0]
     turned_away = policy == "distserve_decode"
@@ -230,12 +227,10 @@ def test_distserve_s_decode_instance_turns_away_what_its_double_count_never_admi
 def test_distserve_s_decode_policy_only_on_a_pulling_decode_pool(tmp_path, where: str,  # noqa: ANN001
                                                                  handoff: str | None) -> None:
     trace = _trace(tmp_path, [(0.0, 8, 4)])
-    changes = _disagg(trace, **{where: {"scheduler": DISTSERVE_DECODE}} if where != "colocated" else {})
-    cluster = changes["systems"][0]["cluster"]
-    if where == "colocated":
+    pool = {where: {"scheduler": DISTSERVE_DECODE}} if where != "colocated" else {}
+    changes = _disagg(trace, handoff=handoff, **pool)
+    if where == "colocated":  # no cluster at all: the handoff above goes with it
         changes["systems"][0] = {"name": "pd", "scheduler": DISTSERVE_DECODE}
-    else:
-        cluster["handoff"] = handoff
     with pytest.raises(ScenarioError) as err:
         run_scenario(_scenario(changes))
     assert "\n" not in str(err.value) and "distserve_decode" in str(err.value), str(err.value)
