@@ -107,8 +107,6 @@ class BridgeSource(ArrivalSource):
     are the requests' own: they go to the workload's source (a closed loop's clients).
     """
 
-    closed_loop = False
-
     def __init__(self, num_requests: int, inner: ArrivalSource,
                  on_delivered: Callable[[int, float], None],
                  on_copied: Callable[[Sequence[tuple[int, float]], float], None],
@@ -117,6 +115,9 @@ class BridgeSource(ArrivalSource):
         self.inner, self.on_delivered = inner, on_delivered
         self.on_copied, self.on_turned_away = on_copied, on_turned_away
         self._heap: list[tuple[float, int]] = []  # (ready time, id): ids break ties
+        # Whether a decode instance's rejection makes arrivals (a closed loop's next
+        # request); `DisaggregatedFleet` also sets it where a rejection frees prefill KV.
+        self.closed_loop = inner.closed_loop
 
     def push(self, ready_s: float, req_id: int) -> None:
         heapq.heappush(self._heap, (ready_s, req_id))
@@ -141,7 +142,10 @@ class BridgeSource(ArrivalSource):
         return taken
 
     def times_until(self, time_s: float) -> np.ndarray:
-        return np.array(sorted(t for t, _ in self._heap if t <= time_s), dtype=np.float64)
+        return np.array([t for t, _ in self.upcoming(time_s)], dtype=np.float64)
+
+    def upcoming(self, time_s: float) -> list[tuple[float, int]]:
+        return sorted(entry for entry in self._heap if entry[0] <= time_s)
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         self.inner.on_finished(req_ids, time_s)
@@ -224,6 +228,9 @@ class DisaggregatedFleet:
         self.kv_transfer_s = np.full(n, np.nan)
         self.bridge = BridgeSource(n, self.source, self._delivered, self._copying,
                                    self._turned_away)
+        # Pulled, a request turned away on the decode side frees its prefill KV then, which
+        # lets a prompt in: the decode instance's fast mode must stop where it turns one away.
+        self.bridge.closed_loop = self.source.closed_loop or self.pull
         self.releases = KvReleases(self._copied)
         for replica in self.prefill:
             replica.source = PrefillSource(self.source, self._prefilled)

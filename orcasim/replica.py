@@ -336,9 +336,8 @@ class Replica:
         return cut_s
 
     def _rejection_s(self, until_s: float) -> float:
-        first = self.source.next_index
-        for k, t in enumerate(self.source.times_until(until_s).tolist()):
-            if self.scheduler.never_fits(first + k):
+        for t, req_id in self.source.upcoming(until_s):
+            if self.scheduler.never_fits(req_id):
                 return t
         return math.inf
 

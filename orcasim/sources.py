@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -43,6 +44,11 @@ class ArrivalSource:
         """Times of the pending arrivals at or before `time_s`, in order (float64)."""
         stop = int(np.searchsorted(self.arrival_s, time_s, side="right"))
         return self.arrival_s[self.next_index : stop]
+
+    def upcoming(self, time_s: float) -> list[tuple[float, int]]:
+        """The pending arrivals at or before `time_s` as (time, id), in delivery order."""
+        return list(zip(self.times_until(time_s).tolist(), itertools.count(self.next_index),
+                        strict=False))
 
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""

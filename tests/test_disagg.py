@@ -172,6 +172,50 @@ def test_a_pulled_request_the_decode_instance_turns_away_frees_the_prefill_kv(tm
     assert reqs["rejected"].tolist() == [True, False]
 
 
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_pulled_request_turned_away_mid_run_frees_the_prefill_kv_at_once(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """16 blocks a side. A (40 + 20) decodes [1.5, 20.5] (its copy 0.5 s), B (30 + 2) waits
+    for decode blocks, holding 8 prefill blocks. C (20 + 60) can never fit the decode
+    instance: handed over at 4, turned away at the decode step's end at 4.5, which frees its
+    prefill blocks then, so D (30 + 2) prefills [4.5, 5.5]. B and D join when A ends: two
+    copies, then one step, [21.5, 22.5]. Fast mode used to turn C away only at its run's end,
+    20.5, and prefill D after it."""
+    trace = _trace(tmp_path, [(0.0, 40, 20), (0.0, 30, 2), (3.0, 20, 60), (3.0, 30, 2)])
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 64}, decode={"kv_capacity_tokens": 64},
+                      mode=mode, handoff="pull")
+    changes["workload.max_tokens"] = 100
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_scheduled_s"].tolist() == [0.0, 1.5, 3.0, 4.5]
+    assert reqs["rejected"].tolist() == [False, False, True, False]
+    assert reqs["finish_s"].tolist()[:2] == [20.5, 22.5] and reqs["finish_s"][3] == 22.5
+
+
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_a_closed_loop_s_client_sends_again_when_the_decode_instance_turns_it_away(
+        handoff: str) -> None:
+    """A decode instance of 256 tokens turns away what can never fit it, as soon as it is
+    handed over (at its next step's end, mid-run in fast mode): the client sends its next
+    request then, in fast and reference mode alike."""
+    frames = requests_in_both_modes("pd", **{
+        "seed": 2, "workload.num_requests": 40,
+        "workload.arrival": {"kind": "closed_loop", "num_clients": 4,
+                             "think_time": {"kind": "constant", "value_s": 0.0}},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 250},
+        "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 120},
+        "workload.max_tokens": 400, "kv_capacity_tokens": 256,
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+        "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"prefill": {"count": 1}, "decode": {"count": 1},
+                                 "link": {"latency_s": 0.001}, "handoff": handoff}}],
+    })
+    fast, reference = frames["fast"], frames["reference"]
+    assert fast["rejected"].any() and fast["arrival_s"].notna().all()
+    for column in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s"):
+        assert np.array_equal(fast[column], reference[column], equal_nan=True), column
+
+
 DISTSERVE_DECODE = {**PAGED, "policy": "distserve_decode"}
 
 
