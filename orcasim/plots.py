@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from orcasim.recorder import SUMMED_COLUMNS
 from orcasim.run import RunResult
 
 CDF_METRICS = {
@@ -93,11 +94,15 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     idle, so the value is 0. The integral of a piecewise-constant signal is piecewise
     linear, so interpolating it at the bin edges is exact. (A multi-iteration row holds
     its time-weighted mean, e.g. of `kv_reserved_tokens`: exact at the row's ends, spread
-    evenly inside it.)
+    evenly inside it. A column summed over the row's iterations, e.g. `num_waiting`, is
+    taken per iteration: its sum over `num_iterations`.)
     """
     start = iterations["start_s"].to_numpy(dtype=np.float64)
     end = start + iterations["duration_s"].to_numpy(dtype=np.float64)
-    area = iterations[column].to_numpy(dtype=np.float64) * (end - start)
+    value = iterations[column].to_numpy(dtype=np.float64)
+    if column in SUMMED_COLUMNS and "num_iterations" in iterations:  # else a row an iteration
+        value = value / iterations["num_iterations"].to_numpy(dtype=np.float64)
+    area = value * (end - start)
     before = np.concatenate([[0.0], np.cumsum(area)[:-1]])
     times = np.column_stack([start, end]).ravel()
     integral = np.column_stack([before, before + area]).ravel()
@@ -142,10 +147,7 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120) -> F
     for ax, (column, label) in zip(axes, columns, strict=True):
         for key, rows in iterations.groupby(_instance_keys(iterations), sort=True):
             name = " ".join(str(k) for k in key)
-            # num_waiting is summed over a row's iterations: per iteration, then time-averaged.
-            values = rows.assign(**{column: rows[column] / rows["num_iterations"]}) \
-                if column == "num_waiting" else rows
-            ax.plot(mids_s, binned_time_average(values, column, edges_s),
+            ax.plot(mids_s, binned_time_average(rows, column, edges_s),
                     label=f"replica {name}" if len(key) == 1 else name, linewidth=1.0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -40,6 +40,10 @@ ITERATION_COLUMNS = (
     "recomputed_tokens",
     "kv_reserved_tokens_max",
 )
+# Summed over a row's iterations (see the module docstring): a row's per-iteration value is
+# the sum over `num_iterations`.
+SUMMED_COLUMNS = ("duration_s", "tokens", "context_tokens", "num_waiting", "preemptions",
+                  "recomputed_tokens")
 # Time-weighted means and times; the others are integer counts.
 FLOAT_COLUMNS = ("start_s", "duration_s", "kv_reserved_tokens", "kv_used_tokens")
 # A row given without its last column (the callers of constant reservations) repeats

@@ -41,6 +41,34 @@ def test_binned_time_average_is_exact() -> None:
     np.testing.assert_allclose(got, [6.0, 3.0], atol=EXACT)
 
 
+def test_a_summed_column_is_averaged_per_iteration_by_hand() -> None:
+    # A fast-mode row of 4 iterations over [0, 4) with 3 waiting in each holds 12: the
+    # queue's time average is 3 there, not 12; idle [4, 6) halves the second bin's.
+    frame = iterations([(0.0, 4.0, 2)]).assign(num_iterations=4, num_waiting=12)
+    got = binned_time_average(frame, "num_waiting", np.array([0.0, 2.0, 6.0]))
+    np.testing.assert_allclose(got, [3.0, 1.5], atol=EXACT)
+
+
+@pytest.mark.parametrize("scheduler", [{"kind": "request_level", "max_batch_size": 4},
+                                       {"kind": "paged", "max_num_seqs": 4}])
+def test_the_queue_over_time_is_the_same_in_fast_and_reference_mode(scheduler: dict) -> None:
+    """Fast mode's rows cover whole jumps; the time-averaged queue must not depend on it
+    (it was the sum over each jump's iterations, about 100 times too high)."""
+    from orcasim.run import run_scenario
+    from tests.conftest import make_scenario
+
+    averages = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{"seed": 1, "workload.num_requests": 200, "engine.mode": mode,
+                                    "workload.arrival.rate_per_s": 30.0,
+                                    "systems": [{"name": "s", "scheduler": scheduler}]})
+        rows = run_scenario(scenario).systems["s"].iterations
+        edges = np.linspace(0.0, float((rows["start_s"] + rows["duration_s"]).max()), 11)
+        averages[mode] = binned_time_average(rows, "num_waiting", edges)
+    assert averages["reference"].max() > 0.5
+    np.testing.assert_allclose(averages["fast"], averages["reference"], rtol=0.05, atol=0.05)
+
+
 def assert_labelled(fig: Figure) -> None:
     for ax in fig.axes:
         if ax.get_visible():
