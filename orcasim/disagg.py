@@ -99,6 +99,11 @@ class PrefillSource(ArrivalSource):
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         self.on_prefilled(np.asarray(list(req_ids), dtype=np.int64), time_s)
 
+    def on_rejected(self, req_ids: Iterable[int], time_s: float) -> None:
+        """Turned away by the prefill instance: never answered (a session's context does
+        not grow by an answer), and nothing moves to a decode instance."""
+        self.inner.on_rejected(req_ids, time_s)
+
 
 class BridgeSource(ArrivalSource):
     """Transfers in flight to the decode pool: each request arrives when its KV has moved.
@@ -153,7 +158,7 @@ class BridgeSource(ArrivalSource):
     def on_rejected(self, req_ids: Iterable[int], time_s: float) -> None:
         ids = list(req_ids)
         self.on_turned_away(ids, time_s)  # a pulled request's KV is freed on the prefill side
-        super().on_rejected(ids, time_s)
+        self.inner.on_rejected(ids, time_s)  # not answered: as colocated
 
     def on_pulled(self, pulled: Sequence[tuple[int, float]], time_s: float) -> None:
         self.on_copied(pulled, time_s)

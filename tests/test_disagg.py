@@ -648,3 +648,34 @@ def test_the_shipped_conversations_on_a_disaggregated_cluster_run() -> None:
     later_turns = pd_requests[pd_requests["session_step"] > 0]
     # At least the shared 1,000-token system prompt's full 16-token blocks: 992 tokens.
     assert (later_turns["cached_tokens"] >= 1000 // 16 * 16).all()
+
+
+@pytest.mark.filterwarnings("ignore:.*can never fit")
+@pytest.mark.parametrize("tight", ["prefill", "decode"])
+def test_a_call_either_pool_turns_away_leaves_the_session_without_its_answer(tight: str) -> None:
+    """One conversation of three turns (20 user tokens, 100-token answers). Turn 2 (a
+    140-token prompt) can never fit the tight pool's 128 tokens of KV (decode: with its 100
+    output tokens): it is turned away, so turn 3's prompt holds turn 1's history and the two
+    messages only (20 + 100 + 20 + 20 = 160 tokens), as on one colocated instance (it was
+    260 when a rejection counted as an answer), and is turned away too."""
+    pools = {"prefill": {"count": 1}, "decode": {"count": 1}}
+    pools[tight]["kv_capacity_tokens"] = 128
+    frames = {}
+    for mode in ("fast", "reference"):
+        result = run_scenario(make_scenario(**{
+            "workload": {"max_tokens": 400, "arrival": {
+                "kind": "conversations", "num_sessions": 1, "concurrent_sessions": 1,
+                "turns": {"kind": "constant", "value": 3},
+                "user_tokens": {"kind": "constant", "value": 20},
+                "output_tokens": {"kind": "constant", "value": 100},
+                "think_time": {"kind": "constant", "value_s": 0.0}, "max_context_tokens": 300}},
+            "kv_capacity_tokens": 1000, "engine.mode": mode,
+            "systems": [{"name": "pd", "scheduler": {"kind": "paged", "max_num_seqs": 4},
+                         "cluster": {**pools, "link": {"latency_s": 0.01}}}],
+        })).systems["pd"]
+        frames[mode] = result.requests
+        assert result.sessions["rejected_calls"].tolist() == [2], mode
+    assert frames["fast"]["prompt_tokens"].tolist() == [20, 140, 160]
+    assert frames["fast"]["rejected"].tolist() == [False, True, True]
+    for column in ("arrival_s", "first_token_s", "finish_s"):
+        assert np.array_equal(frames["fast"][column], frames["reference"][column], equal_nan=True)
