@@ -150,6 +150,12 @@ class PoolConfig(ReplicaGroup):
     router: RouterConfig = RoundRobinRouterConfig(kind="round_robin")
 
 
+# Each replica keeps per-request arrays of the whole workload (its scheduler's progress
+# and its recorder's times), so memory grows with replicas times requests: a bound far
+# above any fleet simulated here, and far below one that exhausts memory while building it.
+MAX_REPLICAS = 10_000
+
+
 class ClusterConfig(Strict):
     """Colocated: `replicas` (a count of the system's own replica, or a list of groups)
     behind `router`. Disaggregated: a `prefill` pool and a `decode` pool joined by `link`."""
@@ -171,6 +177,12 @@ class ClusterConfig(Strict):
         if pools[0] != pools[1]:
             missing = "decode" if self.decode is None else "prefill"
             raise ScenarioError(f"a disaggregated cluster needs both pools; '{missing}' is missing")
+        if self.replicas == []:
+            raise ScenarioError("replicas = []: expected a count of at least 1 or a list of "
+                                "at least one group")
+        if self.num_replicas > MAX_REPLICAS:
+            raise ScenarioError(f"{self.num_replicas:,} replicas in all: expected at most "
+                                f"{MAX_REPLICAS:,} (each keeps arrays of every request)")
         if self.disaggregated and self.replicas is not None:
             raise ScenarioError("'replicas' is for a colocated cluster; a disaggregated one sizes "
                              "its pools with prefill.count and decode.count")

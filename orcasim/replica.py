@@ -147,8 +147,10 @@ class Replica:
         self._blocked = False  # an arrival during the pending unit could not join (FCFS)
         self.arrived = False  # whether the last PLAN admitted a request that was due
         self.version = 0  # moves on whenever the next event may have changed (see `drive`)
-        # Where a fleet's loop collects the replicas whose version moved (see `drive`).
+        # Where a fleet's loop collects the replicas whose version moved (see `drive`), and
+        # the event it is taking (what a router's look at that time may see: `split`).
         self.moved: list[Replica] | None = None
+        self.order: EventOrder | None = None
         # Whether every arrival of `source` comes here (no router in between): only then
         # does the next arrival say where a jump will be cut (`cut_s`).
         self.sole = True
@@ -230,16 +232,32 @@ class Replica:
         return self.scheduler.num_requests + len(self.inbox)
 
     def split(self, time_s: float) -> None:
-        """Apply the iterations of a pending jump that ended before `time_s`, and replan."""
+        """Apply the iterations of a pending jump that ended before `time_s`, and replan.
+
+        One that ends at `time_s` itself is applied where the reference loop would have
+        taken that END (and the PLAN after it) before the fleet's event at `time_s` that
+        asks (`EventOrder`): a router's look after a lower-numbered replica's END there."""
         ends_s = self.stepper.ends_s()
         k = bisect.bisect_left(ends_s, time_s)
+        plan = True
+        if k < len(ends_s) - 1 and ends_s[k] == time_s and self._went_before(END, time_s):
+            k += 1
+            plan = self._went_before(PLAN, time_s)
         if k == 0 or k >= len(ends_s):
             return
         self._touch()
         self.stepper.cut(k)
         self.now_s = float(ends_s[k - 1])
         self._end()
-        self._plan()
+        if plan:
+            self._plan()
+
+    def _went_before(self, priority: int, time_s: float) -> bool:
+        """Whether this replica's event (`time_s`, `priority`) comes before the fleet's
+        event being taken, in the heap's order (time, priority, replica index)."""
+        order = self.order
+        return (order is not None and order.time_s == time_s
+                and (priority, self.index) < (order.priority, order.index))
 
     # The skeleton.
 
@@ -365,6 +383,15 @@ class Replica:
 Router = Callable[[int, float], Replica]
 
 
+@dataclass(slots=True)
+class EventOrder:
+    """The replica event a fleet's loop takes (or took last): what happened before it."""
+
+    time_s: float = -math.inf
+    priority: int = PLAN
+    index: int = -1
+
+
 def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
           wait_until: Callable[[float], None] | None = None,
           bridges: Sequence[tuple[ArrivalSource, Router]] = ()) -> float:
@@ -384,6 +411,7 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
     heap: list[tuple[float, int, int, int]] = []
     pushed = [-1] * len(replicas)  # the version of each replica's live entry
     moved: list[Replica] = []  # replicas whose version moved since the last push
+    order = EventOrder()
 
     def push(replica: Replica) -> None:
         pushed[replica.index] = replica.version
@@ -393,7 +421,7 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
 
     for index, replica in enumerate(replicas):
         assert replica.index == index, "replicas must be numbered by their position"
-        replica.moved = moved
+        replica.moved, replica.order = moved, order
         push(replica)
     end_s = 0.0
     try:
@@ -408,7 +436,9 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
             if heap and (heap[0][0], heap[0][1]) < (arrival_s, ARRIVAL):
                 if wait_until is not None:
                     wait_until(heap[0][0])
-                replica = replicas[heapq.heappop(heap)[2]]
+                order.time_s, order.priority, index, _ = heapq.heappop(heap)
+                order.index = index
+                replica = replicas[index]
                 replica.step()
                 end_s = max(end_s, replica.now_s)
             elif arrival_s < math.inf:
@@ -426,7 +456,7 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
             moved.clear()
     finally:
         for replica in replicas:
-            replica.moved = None
+            replica.moved, replica.order = None, None
 
 
 def _drive_one(replica: Replica, source: ArrivalSource, route: Router,

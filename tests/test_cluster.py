@@ -203,6 +203,10 @@ def test_a_session_router_without_sessions_routes_as_its_fallback(fallback: str)
     ({"router": {"kind": "nearest"}}, "router"),
     ({"replicas": 0}, "replicas"),
     ({"replicas": [{"count": 0}]}, "count"),
+    ({"replicas": []}, "replicas = []"),
+    ({"replicas": 10**12}, "expected at most 10,000"),
+    ({"replicas": [{"count": 6000}, {"count": 6000}]}, "12,000 replicas"),
+    ({"prefill": {"count": 10**12}, "decode": {"count": 1}}, "expected at most"),
     ({"router": {"kind": "session", "fallback": "session"}}, "fallback"),
     ({"router": {"kind": "prefix_affinity", "balance_rel_threshold": 0.5}}, "balance_rel_threshold"),
     ({"router": {"kind": "prefix_affinity", "cache_threshold": 2}}, "cache_threshold"),
@@ -471,3 +475,32 @@ def test_a_fleet_with_requests_that_never_fit_routes_as_reference_mode_does(
             "chunked": {"kind": "chunked", "chunk_size_tokens": 256, "max_num_seqs": 8}}[scheduler]
     frames = _oversized_fleet_frames(seed, 80, rate_per_s, 512, keys, router, num_replicas)
     pd.testing.assert_frame_equal(frames["fast"], frames["reference"], check_exact=True)
+
+
+@pytest.mark.parametrize("scheduler", [{"kind": "iteration_level", "max_batch_size": 8},
+                                       {"kind": "paged", "max_num_seqs": 8},
+                                       {"kind": "chunked", "chunk_size_tokens": 16}])
+@pytest.mark.parametrize("router", ["least_tokens", "least_kv"])
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_a_router_s_look_at_a_shared_boundary_sees_what_reference_mode_sees(
+        scheduler: dict, router: str, seed: int) -> None:
+    """Iterations of 10 ms on three replicas end together, and a closed loop's clients
+    (no think time) send again at a completion's time. Reference mode takes the replicas'
+    ENDs at that time in index order, so a request sent by replica 1's completion sees
+    replica 0's iteration there ended (and not yet replanned) and replica 2's not; fast
+    mode, with that end inside a pending jump, must see the same (it applied none of them:
+    8 of these 18 cases routed differently)."""
+    frames = requests_in_both_modes("c", **{
+        "seed": seed, "workload.num_requests": 40,
+        "workload.arrival": {"kind": "closed_loop", "num_clients": 5,
+                             "think_time": {"kind": "constant", "value_s": 0.0}},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 20},
+        "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 20},
+        "workload.max_tokens": 64, "kv_capacity_tokens": 4096,
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 0.0},
+        "systems": [{"name": "c", "scheduler": scheduler,
+                     "cluster": {"replicas": 3, "router": {"kind": router}}}],
+    })
+    for column in ("replica", "arrival_s", "first_token_s", "finish_s"):
+        assert np.array_equal(frames["fast"][column], frames["reference"][column],
+                              equal_nan=True), column
