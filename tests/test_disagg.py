@@ -266,6 +266,26 @@ def test_distserve_s_decode_instance_turns_away_what_its_double_count_never_admi
     assert np.isnan(reqs["finish_s"]).tolist() == [turned_away, False]
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_distserve_decode_deadlock_is_one_line_not_a_hang(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """128 one-token blocks on the decode side. B (25 + 51) is preempted as A (60 + 44) and
+    it outgrow the pool, and C (63 prompt blocks) is accepted meanwhile; when A ends, B needs
+    66 blocks beside C's 63: it can never rejoin, and C, behind it, never joins. DistServe
+    would wait forever; the run stops with one line saying so."""
+    trace = _trace(tmp_path, [(0.0, 60, 44), (0.4, 25, 51), (0.8, 63, 46)])
+    block = {**PAGED, "block_size_tokens": 1}
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 1024},
+                      decode={"scheduler": {**block, "policy": "distserve_decode"}},
+                      link={"latency_s": 0.0}, mode=mode, handoff="pull")
+    changes.update({"workload.max_tokens": 400, "kv_capacity_tokens": 128,
+                    "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+                    "systems": [{**changes["systems"][0], "scheduler": block}]})
+    with pytest.raises(ScenarioError) as err:
+        run_scenario(_scenario(changes))
+    message = str(err.value)
+    assert "\n" not in message and "deadlocks" in message and "request 1" in message, message
+
+
 @pytest.mark.parametrize(("where", "handoff"), [("prefill", "pull"), ("decode", "push"),
                                                  ("colocated", None)])
 def test_distserve_s_decode_policy_only_on_a_pulling_decode_pool(tmp_path, where: str,  # noqa: ANN001

@@ -88,7 +88,24 @@ class DistServeDecodeScheduler(PagedScheduler):
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._accept()  # post_process after the last step, then get_next_batch
-        return super().schedule(now_s)
+        out = super().schedule(now_s)
+        if not self.running and (self.accepted or self.swapped or self.resumable):
+            raise ScenarioError(self._deadlock(now_s))
+        return out
+
+    def _deadlock(self, now_s: float) -> str:
+        """Nobody runs, so no block will be freed, and the head cannot join: DistServe's
+        loop would wait forever (a preempted head needs its blocks beside every accepted
+        prompt's; an accepted one its own twice). Said in one line, not simulated."""
+        head = self._next_candidate()
+        assert head is not None
+        held = self._num_blocks - self.allocator.num_free_blocks
+        state = "accepted" if self.accepted and head == self.accepted[0] else "preempted"
+        return (f"scheduler.policy = 'distserve_decode' deadlocks at {now_s:.6g} s: request "
+                f"{head} ({state}, {blocks_for(self.known_tokens(head), self.cfg.block_size_tokens)} "
+                f"blocks) can never join while the accepted requests hold {held} of the pool's "
+                f"{self._num_blocks} blocks and nothing runs (DistServe's scheduler would wait "
+                "forever); expected a decode pool with more KV (kv_capacity_tokens)")
 
     def _prompt_blocks(self, req_id: int) -> int:
         return blocks_for(self.requests.prompt_tokens.item(req_id), self.cfg.block_size_tokens)
