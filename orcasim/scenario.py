@@ -157,7 +157,21 @@ class Scenario(Strict):
                 f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
                 "so no request could ever be admitted"
             )
+        self._check_group_reservations()
         return self
+
+    def _check_group_reservations(self) -> None:
+        """As above, for a fleet's group with KV of its own: no request could be admitted there."""
+        for j, system in enumerate(self.systems):
+            groups = system.cluster.replicas if system.cluster is not None else None
+            for i, group in enumerate(groups if isinstance(groups, list) else []):
+                kv = group.kv_capacity_tokens
+                if kv is not None and kv < self.workload.max_tokens and \
+                        reserves_max_tokens(group.scheduler or system.scheduler):
+                    raise ScenarioError(
+                        f"systems[{j}].cluster.replicas[{i}].kv_capacity_tokens = {kv} is below "
+                        f"workload.max_tokens = {self.workload.max_tokens}: its scheduler reserves "
+                        "max_tokens per request, so no request could ever be admitted there")
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
         return system.cost if system.cost is not None else self.cost

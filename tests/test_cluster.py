@@ -207,6 +207,8 @@ def test_a_session_router_without_sessions_routes_as_its_fallback(fallback: str)
     ({"replicas": 10**12}, "expected at most 10,000"),
     ({"replicas": [{"count": 6000}, {"count": 6000}]}, "12,000 replicas"),
     ({"prefill": {"count": 10**12}, "decode": {"count": 1}}, "expected at most"),
+    ({"replicas": [{"count": 1}, {"count": 1, "kv_capacity_tokens": 64}]},
+     "replicas[1].kv_capacity_tokens = 64 is below workload.max_tokens = 96"),
     ({"router": {"kind": "session", "fallback": "session"}}, "fallback"),
     ({"router": {"kind": "prefix_affinity", "balance_rel_threshold": 0.5}}, "balance_rel_threshold"),
     ({"router": {"kind": "prefix_affinity", "cache_threshold": 2}}, "cache_threshold"),
