@@ -355,6 +355,8 @@ def model(
         help="Data-parallel attention groups (a MoE model's).")] = 1,
     expert_parallel: Annotated[int, typer.Option(
         help="Expert-parallel degree: 1, or tensor-parallel x data-parallel attention.")] = 1,
+    weight_dtype: Annotated[str | None, typer.Option(
+        help="Weight precision (bf16, fp16, fp8, int8, int4, mxfp4), overriding the model's.")] = None,
 ) -> None:
     """Parameters (total and active), weight and KV bytes, FLOPs per token, and with --gpu
     the per-GPU weights and KV capacity of a deployment."""
@@ -366,7 +368,7 @@ def model(
     )
 
     try:
-        spec_model = model_from_argument(spec)
+        spec_model = model_from_argument(spec, weight_dtype)
         hw = None
         if gpu is not None:
             fields = {"gpu": gpu, "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,

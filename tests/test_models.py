@@ -219,3 +219,17 @@ def test_the_roofline_holds_where_it_applies_on_measured_kernels() -> None:
     assert moe.loc[moe["num_tokens"] > 1024, "error"].median() < -TARGET  # too fast: see the report
     mla = mla_errors()
     assert mla.loc[mla["kv_tokens_read"] > 1e6, "error"].abs().median() <= TARGET
+
+
+def test_the_model_command_takes_a_weight_precision() -> None:
+    """The README's command: the shipped DeepSeek-V3 config names no quantization_config
+    (bf16, 1.34 TB: too much for 8 H200s); with --weight-dtype fp8 it fits, at 671 GB."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    args = ["model", "hf_configs/deepseek-v3/config.json", "--gpu", "h200", "--tensor-parallel", "8"]
+    assert CliRunner().invoke(app, args).exit_code == 2
+    done = CliRunner().invoke(app, [*args, "--weight-dtype", "fp8"])
+    assert done.exit_code == 0, done.output
+    assert "671,026,404,352" in done.output

@@ -486,9 +486,12 @@ def model_figures(model: ModelSpec, hw: HardwareConfig | None = None) -> dict[st
     return figures
 
 
-def model_from_argument(value: str) -> ModelSpec:
-    """A catalog name, or the path of a Hugging Face config.json."""
-    fields = {"hf_config": value} if value.endswith(".json") else _resolve("models", value)
+def model_from_argument(value: str, weight_dtype: str | None = None) -> ModelSpec:
+    """A catalog name, or the path of a Hugging Face config.json; `weight_dtype` overrides
+    the precision it gives (as the scenario key does)."""
+    fields = {"hf_config": value} if value.endswith(".json") else dict(_resolve("models", value))
+    if weight_dtype is not None:
+        fields["weight_dtype"] = weight_dtype
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as e:  # a config whose fields do not make a model
