@@ -117,6 +117,17 @@ def test_bad_requests_are_one_line_errors(logs: list[Path], tmp_path: Path, caps
     assert "no measured column" in capsys.readouterr().err
 
 
+def test_a_malformed_vllm_log_is_one_line_naming_the_field(tmp_path: Path, capsys) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    bad = tmp_path / "bench.json"
+    bad.write_text(json.dumps({"start_times": [0, 1], "input_lens": [5, 5], "output_lens": ["x", 3],
+                               "ttfts": [0.1, 0.1], "itls": [[], [0.1, 0.1]]}))
+    assert main(["logs", str(bad), "--scenario", str(scenario), "--out", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: bench.json request 0: output_lens = 'x', expected a number\n", err
+
+
 def test_compare_and_headline_on_a_hand_made_run() -> None:
     real = pd.DataFrame({"ttft_s": [1.0, 2.0, 3.0], "tpot_s": [np.nan] * 3, "e2e_s": [2.0] * 3})
     sim = pd.DataFrame({"ttft_s": [1.1, 2.2, 3.3], "tpot_s": [0.1] * 3, "e2e_s": [1.0] * 3})

@@ -294,6 +294,37 @@ def test_vllm_lists_of_different_lengths_are_an_error(tmp_path: Path) -> None:
         read_trace(path)
 
 
+VLLM_GOOD = {"start_times": [0.0, 1.0], "input_lens": [5, 5], "output_lens": [2, 3],
+             "ttfts": [0.1, 0.1], "itls": [[0.1], [0.1, 0.1]]}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"errors": [""]}, r"r\.json: errors has 1 entries, expected one per request \(2, as input_lens\)"),
+    ({"output_lens": ["x", 3]}, r"r\.json request 0: output_lens = 'x', expected a number"),
+    ({"output_lens": [2, True]}, r"r\.json request 1: output_lens = True, expected a number"),
+    ({"itls": [None, [0.1, 0.1]]}, r"r\.json request 0: itls = None, expected a list of numbers "
+                                   r"\(seconds between output tokens\)"),
+    ({"itls": [[0.1], [0.1, "a"]]}, r"r\.json request 1: itls = \[0\.1, 'a'\], expected a list"),
+    ({"input_lens": 5}, r"r\.json: input_lens = 5, expected a list with one entry per request"),
+    ({"ttfts": [0.1, None]}, r"r\.json request 1: ttfts = None, expected a number"),
+])
+def test_a_malformed_vllm_result_is_one_line_naming_the_field(
+    tmp_path: Path, change: dict[str, object], message: str,
+) -> None:
+    path = _vllm(tmp_path, **{**VLLM_GOOD, **change})
+    for read in (read_trace, read_measurements):
+        with pytest.raises(ScenarioError, match=f"^{message}") as caught:
+            read(path)
+        assert "\n" not in str(caught.value)
+
+
+def test_a_vllm_result_that_is_not_an_object_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "r.json", "[1, 2]")
+    with pytest.raises(ScenarioError, match=r"^r\.json: a JSON list; expected an object with the "
+                                            r"lists start_times, .*\(a vLLM benchmark result\)$"):
+        read_trace(path, "vllm")
+
+
 def test_vllm_measurements_are_ttft_plus_the_gaps_and_their_mean(tmp_path: Path) -> None:
     # Binary fractions, so every sum is exact: E2E = TTFT + sum(itls), TPOT = mean(itls).
     path = _vllm(tmp_path, start_times=[10.0, 10.5, 11.0], input_lens=[5, 6, 7],

@@ -14,7 +14,9 @@ block, the last one as long as the prompt has left; outputs are content of their
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -167,16 +169,16 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     request was sent; failed requests (an error, or no output) are dropped. E2E is TTFT plus
     the inter-token gaps (`itls`); TPOT their mean over output - 1 tokens."""
     doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"{path.name}: a JSON {type(doc).__name__}; expected an object with "
+                            f"the lists {', '.join(VLLM_FIELDS)} (a vLLM benchmark result)")
     missing = [f for f in VLLM_FIELDS if f not in doc]
     if missing:
         raise ScenarioError(f"{path.name}: a vLLM benchmark result lacks {', '.join(missing)}; save "
                          "it with --save-result --save-detailed (vLLM 0.15 or newer records "
                          "start_times)")
-    n = len(doc["input_lens"])
-    if any(len(doc[f]) != n for f in VLLM_FIELDS):
-        raise ScenarioError(f"{path.name}: the per-request lists {', '.join(VLLM_FIELDS)} differ in length")
-    errors = doc.get("errors") or [""] * n
-    ok = [not errors[i] and doc["output_lens"][i] > 0 for i in range(n)]
+    errors = _checked_vllm_lists(doc, path)
+    ok = [not error and length > 0 for error, length in zip(errors, doc["output_lens"], strict=True)]
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
     start_s = np.array(doc["start_times"], dtype=np.float64)
     output = np.array(doc["output_lens"], dtype=np.float64)
@@ -189,6 +191,42 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     })
     # The index stays each request's position in the result's lists, which errors name.
     return frame[ok]
+
+
+def _checked_vllm_lists(doc: dict[str, Any], path: Path) -> list[Any]:
+    """Refuse a result whose per-request lists are not lists of one number (or, for `itls`,
+    one list of numbers) per request; the `errors` list, or no errors when it is absent.
+    Checked up front because the lists are zipped and summed before the rows are read."""
+    for field in (*VLLM_FIELDS, "errors"):
+        values = doc.get(field)
+        if not isinstance(values, list) and not (field == "errors" and values is None):
+            raise ScenarioError(f"{path.name}: {field} = {str(values)[:60]}, expected a list "
+                                "with one entry per request")
+    n = len(doc["input_lens"])
+    if any(len(doc[f]) != n for f in VLLM_FIELDS):
+        raise ScenarioError(f"{path.name}: the per-request lists {', '.join(VLLM_FIELDS)} differ in length")
+    errors = doc.get("errors") or [""] * n
+    if len(errors) != n:
+        raise ScenarioError(f"{path.name}: errors has {len(errors)} entries, expected one per "
+                            f"request ({n}, as input_lens)")
+    for field in ("start_times", "input_lens", "output_lens", "ttfts"):
+        _raise_on_bad(np.array([not _is_number(v) for v in doc[field]], dtype=bool),
+                      pd.Series(doc[field], dtype=object), field, path, JSON_LISTS, "a number")
+    _raise_on_bad(np.array([not (isinstance(g, list) and all(_is_number(t) for t in g))
+                            for g in doc["itls"]], dtype=bool),
+                  pd.Series(doc["itls"], dtype=object), "itls", path, JSON_LISTS,
+                  "a list of numbers (seconds between output tokens)")
+    return list(errors)
+
+
+def _is_number(value: object) -> bool:
+    """A finite JSON number; not a boolean (Python's bool is an int), null or string."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 def _detect_format(path: Path) -> str:
