@@ -254,9 +254,24 @@ def test_an_empirical_length_column_is_read_and_checked(tmp_path: Path) -> None:
         missing.values()
     bad = tmp_path / "bad.csv"
     bad.write_text("prompt\n5\n6\n0\n2.5\n")  # the header is line 1: the first bad value is line 4
-    with pytest.raises(ScenarioError, match=r"^bad\.csv line 4: column 'prompt' = np\.float64\(0\.0\), "
+    with pytest.raises(ScenarioError, match=r"^bad\.csv line 4: column 'prompt' = '0', "
                                             r"expected an integer from 1 to 1,000,000,000$"):
         lengths.load_length_column(str(bad), "prompt")
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("len\n10\nabc\n", r"^e\.csv line 3: column 'len' = 'abc', expected an integer from 1 to "),
+    ("a,len\n1,10\n2,\n", r"^e\.csv line 3: column 'len' = \(empty\), expected an integer"),
+    ("len\n", r"^.*e\.csv: column 'len' has no rows; expected at least one length, an integer "),
+])
+def test_an_empirical_column_of_no_numbers_or_no_rows_is_one_line(
+    tmp_path: Path, body: str, message: str,
+) -> None:
+    f = tmp_path / "e.csv"
+    f.write_text(body)
+    with pytest.raises(ScenarioError, match=message) as caught:
+        lengths.load_length_column(str(f), "len")
+    assert "\n" not in str(caught.value)
 
 
 def _conversations(**keys: object) -> sessions.SessionShape:

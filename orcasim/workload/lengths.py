@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
@@ -136,18 +137,25 @@ def load_length_column(path: str, column: str) -> np.ndarray:
         header = read_csv(resolved, nrows=0).columns
         if column not in header:
             raise ScenarioError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
-        values = read_csv(resolved, usecols=[column])[column]
-        _COLUMN_CACHE[key] = _positive_ints(values.to_numpy(), Path(path).name, column)
+        # As text, so that an error quotes the value as written ('abc', '0'), and a
+        # non-number is named rather than failing the conversion.
+        values = read_csv(resolved, usecols=[column], dtype=str)[column]
+        if values.empty:  # nothing to resample from
+            raise ScenarioError(f"{path}: column '{column}' has no rows; expected at least one "
+                                f"length, {LENGTH_EXPECTED}")
+        _COLUMN_CACHE[key] = _positive_ints(values, Path(path).name, column)
     return _COLUMN_CACHE[key]
 
 
-def _positive_ints(values: np.ndarray, name: str, column: str) -> np.ndarray:
-    as_float = np.asarray(values, dtype=np.float64)
+def _positive_ints(values: pd.Series, name: str, column: str) -> np.ndarray:
+    as_float = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
     bad = bad_lengths(as_float)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
+        raw = values.iloc[row]
+        shown = repr(raw) if isinstance(raw, str) else "(empty)"  # pandas reads '' as NaN
         # +2: one for the header line, one because file lines count from 1.
         raise ScenarioError(
-            f"{name} line {row + 2}: column '{column}' = {values[row]!r}, expected {LENGTH_EXPECTED}"
+            f"{name} line {row + 2}: column '{column}' = {shown}, expected {LENGTH_EXPECTED}"
         )
     return as_float.astype(np.int64)
