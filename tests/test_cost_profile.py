@@ -436,6 +436,21 @@ def test_tables_outside_the_data_say_what_is_missing(tmp_path) -> None:  # noqa:
         mlp_table(MLP_70B_A100, model_spec("llama2-7b"), 1)
 
 
+@pytest.mark.parametrize(("reader", "missing"), [
+    (lambda path: mlp_table(path, model_spec("llama2-70b"), 2), "num_tensor_parallel_workers, num_tokens"),
+    (lambda path: vidur_attention(path, model_spec("llama2-70b"), 2), "is_prefill, batch_size"),
+    (lambda path: network_table(path, "all_reduce", 2, HardwareConfig(gpu="a100-80gb")),
+     "num_workers, devices_per_node, size, time_stats.all_reduce.median"),
+])
+def test_a_table_missing_a_column_names_the_file_and_the_columns(tmp_path, reader, missing) -> None:  # noqa: ANN001
+    path = tmp_path / "p.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ScenarioError, match=f"^cost: {path}: missing column\\(s\\) {missing}.*; "
+                                            "expected columns ") as caught:
+        reader(str(path))
+    assert "\n" not in str(caught.value)
+
+
 def test_an_aiconfigurator_folder_is_found_beside_the_scenario(tmp_path) -> None:  # noqa: ANN001
     import shutil
 

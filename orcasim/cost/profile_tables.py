@@ -33,11 +33,24 @@ VIDUR_LAYER_OPS = {
 }
 
 
-def read_table(path: str) -> pd.DataFrame:
+# The columns each Vidur table is read by (shape columns are checked only when present).
+MLP_COLUMNS = ("num_tensor_parallel_workers", "num_tokens")
+ATTENTION_COLUMNS = ("is_prefill", "batch_size", "kv_cache_size", "prefill_chunk_size",
+                     "time_stats.attn_decode.median", "time_stats.attn_prefill.median")
+NETWORK_COLUMNS = ("num_workers", "devices_per_node", "size")
+
+
+def read_table(path: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A profile CSV that has every one of `columns`, or a one-line error naming those missing."""
     try:
-        return read_csv(resolve_data_path(path))
+        df = read_csv(resolve_data_path(path))
     except FileNotFoundError as e:
         raise ScenarioError(f"cost: {e}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ScenarioError(f"cost: {path}: missing column(s) {', '.join(missing)}; expected "
+                            f"columns {', '.join(columns)} (as Vidur's profiler writes them)")
+    return df
 
 
 def _check_shape(df: pd.DataFrame, path: str, expected: dict[str, float]) -> None:
@@ -59,7 +72,7 @@ def _rows_for_tp(df: pd.DataFrame, path: str, column: str, tp: int) -> pd.DataFr
 
 def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
     """Per-layer token-batched time and embedding time against num_tokens (Vidur mlp.csv)."""
-    df = read_table(path)
+    df = read_table(path, MLP_COLUMNS)
     _check_shape(df, path, {
         "n_embd": model.hidden_size, "n_head": model.num_heads,
         "n_kv_head": model.kv_heads, "n_expanded_embd": model.ffn_size,
@@ -77,7 +90,7 @@ def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
 
 def vidur_attention(path: str, model: ModelSpec, tp: int) -> tuple[SlicedTable2D, SlicedTable2D]:
     """Decode: batch size x mean KV length. Prefill: cached KV x chunk size (Vidur's keys)."""
-    df = read_table(path)
+    df = read_table(path, ATTENTION_COLUMNS)
     _check_shape(df, path, {
         "n_embd": model.hidden_size, "n_q_head": model.num_heads,
         "n_kv_head": model.kv_heads, "num_tensor_parallel_workers": tp,
@@ -140,7 +153,7 @@ def network_table(
     path: str, collective: str, num_workers: int, hw: HardwareConfig, crosses_nodes: bool = False
 ) -> Table1D:
     """Collective time against message bytes, for `num_workers` placed as the deployment places them."""
-    df = read_table(path)
+    df = read_table(path, (*NETWORK_COLUMNS, f"time_stats.{collective}.median"))
     rows = _rows_for_tp(df, path, "num_workers", num_workers)
     per_node = 1 if crosses_nodes else min(num_workers, hw.gpu.gpus_per_node)
     placed = rows[rows["devices_per_node"] == per_node]
