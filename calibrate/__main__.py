@@ -144,7 +144,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
-    from calibrate.logs import fit, leave_one_out, read_logs, write_calibrated
+    from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
     from orcasim.scenario import load_scenario
 
     if args.out.exists() and not args.force:
@@ -155,6 +155,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
         raise ScenarioError(f"--system = {system!r}: expected one of "
                          f"{', '.join(s.name for s in scenario.systems)}")
     parameters = tuple(p.strip() for p in args.fit.split(",") if p.strip())
+    current_values(scenario, parameters)  # a name that cannot be fitted fails now, not after reading logs
     base_dir = args.scenario.resolve().parent
     logs = read_logs(args.logs, args.fmt)
     result = fit(scenario, logs, system, parameters, base_dir)

@@ -118,22 +118,42 @@ def _cost_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def current_values(scenario: Scenario, parameters: tuple[str, ...]) -> dict[str, float]:
-    """The scenario cost's values of `parameters` (an absent overhead has its defaults)."""
+    """The scenario cost's values of `parameters` (an absent overhead has its defaults); a
+    name that is not one of its coefficients is a one-line error listing those that are."""
     data = scenario.model_dump(mode="json", exclude_none=True)["cost"]
     if any(p.startswith("overhead.") for p in parameters) and "overhead" not in data:
         from orcasim.cost.overhead import OverheadConfig
 
         data["overhead"] = OverheadConfig().model_dump()
-    values = {}
+    fittable = _coefficients(data)
     for dotted in parameters:
-        node: Any = data
-        for key in dotted.split("."):
-            if not isinstance(node, dict) or key not in node:
-                raise ScenarioError(f"--fit {dotted}: not a field of the scenario's cost "
-                                    f"(kind {data['kind']})")
-            node = node[key]
-        values[dotted] = float(node)
-    return values
+        if dotted not in fittable:
+            raise ScenarioError(f"--fit {dotted}: {_not_a_coefficient(data, dotted)}; expected "
+                                f"one of its coefficients {', '.join(fittable)}")
+    return {dotted: fittable[dotted] for dotted in parameters}
+
+
+def _coefficients(cost: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The cost's real-valued leaves by dotted path: what a fit can vary. Integers (a
+    tensor-parallel degree), strings (a model name) and groups (overhead) are not."""
+    found: dict[str, float] = {}
+    for key, value in cost.items():
+        if isinstance(value, dict):
+            found.update(_coefficients(value, f"{prefix}{key}."))
+        elif isinstance(value, float):
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def _not_a_coefficient(cost: dict[str, Any], dotted: str) -> str:
+    """Why `dotted` cannot be fitted: absent, a group of fields, or not a real number."""
+    node: Any = cost
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return f"not a field of the scenario's cost (kind {cost['kind']})"
+        node = node[key]
+    shown = f"{dotted} as a group of fields" if isinstance(node, dict) else f"{dotted} = {node!r}"
+    return f"the scenario's cost (kind {cost['kind']}) has {shown}, not a real-valued coefficient"
 
 
 def simulate(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | None) -> pd.DataFrame:

@@ -128,6 +128,26 @@ def test_a_malformed_vllm_log_is_one_line_naming_the_field(tmp_path: Path, capsy
     assert err == "error: bench.json request 0: output_lens = 'x', expected a number\n", err
 
 
+@pytest.mark.parametrize(("name", "message"), [
+    ("overhead", "--fit overhead: the scenario's cost (kind linear) has overhead as a group of "
+                 "fields, not a real-valued coefficient; expected one of its coefficients "
+                 "overhead.per_iteration_s, overhead.per_sequence_s, "),
+    ("kind", "--fit kind: the scenario's cost (kind linear) has kind = 'linear', not a "
+             "real-valued coefficient; expected one of its coefficients overhead.per_iteration_s, "),
+])
+def test_a_fit_name_that_is_not_a_coefficient_lists_those_that_are(
+    tmp_path: Path, capsys, name: str, message: str,  # noqa: ANN001
+) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    # Refused before the logs are read: this one does not exist.
+    assert main(["logs", str(tmp_path / "absent.csv"), "--scenario", str(scenario), "--out",
+                 str(tmp_path / "c.yaml"), "--fit", name]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert err.rstrip().endswith("base_s, per_token_s, per_context_token_s"), err
+
+
 def test_compare_and_headline_on_a_hand_made_run() -> None:
     real = pd.DataFrame({"ttft_s": [1.0, 2.0, 3.0], "tpot_s": [np.nan] * 3, "e2e_s": [2.0] * 3})
     sim = pd.DataFrame({"ttft_s": [1.1, 2.2, 3.3], "tpot_s": [0.1] * 3, "e2e_s": [1.0] * 3})
