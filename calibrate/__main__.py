@@ -147,6 +147,9 @@ def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
     from orcasim.scenario import load_scenario
 
+    if args.out.is_dir():  # refused now: the write comes only after minutes of fitting
+        raise ScenarioError(f"--out {args.out} is a folder; expected the path of the cost YAML "
+                            "file to write (--force replaces a file, never a folder)")
     if args.out.exists() and not args.force:
         raise FileExistsError(f"{args.out} already exists; pass --force to overwrite it")
     scenario = load_scenario(args.scenario, args.set)

@@ -148,6 +148,20 @@ def test_a_fit_name_that_is_not_a_coefficient_lists_those_that_are(
     assert err.rstrip().endswith("base_s, per_token_s, per_context_token_s"), err
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_an_out_that_is_a_folder_is_refused_before_fitting(tmp_path: Path, capsys, force) -> None:  # noqa: ANN001
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    folder = tmp_path / "results"
+    folder.mkdir()
+    # The log does not exist: the folder is refused before anything is read or fitted.
+    assert main(["logs", str(tmp_path / "absent.csv"), "--scenario", str(scenario),
+                 "--out", str(folder), *force]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {folder} is a folder; expected the path of the cost YAML file "
+                   "to write (--force replaces a file, never a folder)\n"), err
+
+
 def test_compare_and_headline_on_a_hand_made_run() -> None:
     real = pd.DataFrame({"ttft_s": [1.0, 2.0, 3.0], "tpot_s": [np.nan] * 3, "e2e_s": [2.0] * 3})
     sim = pd.DataFrame({"ttft_s": [1.1, 2.2, 3.3], "tpot_s": [0.1] * 3, "e2e_s": [1.0] * 3})
