@@ -135,6 +135,24 @@ def test_azure_timestamps_with_and_without_a_fraction_mix_in_one_file(tmp_path: 
     assert prompt.tolist() == [10, 20] and output.tolist() == [2, 3]
 
 
+def test_azure_timestamps_of_different_utc_offsets_are_compared_as_instants(tmp_path: Path) -> None:
+    # 18:15:47+05:00 is 13:15:47 UTC: five hours less one second before the first row.
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2023-11-16 18:15:46+00:00,10,2\n"
+                                     "2023-11-16 18:15:47+05:00,20,3\n")
+    arrival_s, prompt, _ = read_trace(path)
+    assert arrival_s.tolist() == [0.0, 5 * 3600 - 1]
+    assert prompt.tolist() == [20, 10]
+
+
+def test_an_azure_timestamp_without_an_offset_among_offsets_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2023-11-16 18:15:46+00:00,10,2\n"
+                                     "2023-11-16 18:15:47+05:00,20,3\n2023-11-16 18:15:48,30,4\n")
+    with pytest.raises(ScenarioError, match=r"^a\.csv line 4: TIMESTAMP = '2023-11-16 18:15:48', "
+                                            r"expected a UTC offset, as other timestamps of the file "
+                                            r"have \(without one, the time is ambiguous\)$"):
+        read_trace(path)
+
+
 @pytest.mark.parametrize("second_row,message", [
     ("yesterday,20,3", r"TIMESTAMP = 'yesterday', expected a timestamp"),
     # A token count is named by the orcasim column it becomes.

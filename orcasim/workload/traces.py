@@ -286,12 +286,34 @@ def _token_counts(rows: pd.DataFrame, column: str, path: Path, line_offset: int)
 
 
 def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
-    stamps = pd.to_datetime(rows["TIMESTAMP"], errors="coerce", format="mixed")
+    try:
+        stamps = pd.to_datetime(rows["TIMESTAMP"], errors="coerce", format="mixed")
+    except ValueError:  # pandas refuses timestamps of different UTC offsets in one column
+        stamps = _utc_instants(rows["TIMESTAMP"], path)
     _raise_on_bad(stamps.isna().to_numpy(), rows["TIMESTAMP"], "TIMESTAMP", path, 2, "a timestamp")
     # By unit, not by assuming nanoseconds: pandas infers the resolution from the text
     # (seconds, ms, us or ns), and the Azure 2024 trace's six fractional digits give
     # microseconds, which read as nanoseconds would replay 1000x too fast.
     return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
+
+
+def _utc_instants(raw: pd.Series, path: Path) -> pd.Series:
+    """Timestamps with different UTC offsets, as UTC instants (each names one moment, so
+    their gaps are real). One without an offset among them is ambiguous: refused, as
+    reading it as UTC would shift its arrival silently by hours."""
+    naive = np.array([_is_naive(text) for text in raw], dtype=bool)
+    _raise_on_bad(naive, raw, "TIMESTAMP", path, 2,
+                  "a UTC offset, as other timestamps of the file have (without one, the time is ambiguous)")
+    return pd.to_datetime(raw, errors="coerce", format="mixed", utc=True)
+
+
+def _is_naive(text: object) -> bool:
+    """Whether `text` reads as a timestamp without a UTC offset (not one: named later)."""
+    try:
+        stamp = pd.Timestamp(text)
+    except (TypeError, ValueError):
+        return False
+    return not pd.isna(stamp) and stamp.tzinfo is None
 
 
 def _raise_on_bad(
