@@ -54,30 +54,69 @@ def _suggestion(key: str, valid: set[str]) -> str:
 
 
 def format_validation_error(err: ValidationError, source: str, data: Any = None) -> str:
-    """Turn a pydantic error into one line per problem: `source: dotted.key: value: expectation`."""
+    """Turn a pydantic error into one line per problem: `source: dotted.key: value: expectation`.
+
+    A value that fits none of a union's forms (`replicas: 4` or a list of groups) gets one
+    error per form from pydantic; they read as one problem (see `_union_problems`)."""
     lines = []
-    for e in err.errors(include_url=False):
-        loc = _dotted(e["loc"], data)
-        msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        value = e.get("input")
+    for loc, value, msg in _union_problems(err.errors(include_url=False), data):
         shown = "" if isinstance(value, dict | list) or value is None else f" = {value!r}"
         lines.append(f"{source}: {loc}{shown}: {msg}")
     return "; ".join(lines)
 
 
-def _dotted(loc: tuple[Any, ...], data: Any) -> str:
-    out, node = "", data
+def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, message) per problem. pydantic reports a value that fits none of
+    a union's forms once per form; a form the value is not even the type of (an int where
+    a list was allowed) is dropped when another form says what is wrong inside it, and when
+    none does they merge into one: 'Input should be a valid integer or a valid list'."""
+    problems: list[tuple[str, Any, str]] = []
+    unions: dict[str, dict[str, list[tuple[str, Any, str]]]] = {}
+    for e in errors:
+        loc, union, form = _dotted(e["loc"], data)
+        msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if union is None:
+            problems.append((loc, e.get("input"), msg))
+            continue
+        wrong_type = loc == union and e["type"].endswith(("_type", "_parsing"))
+        unions.setdefault(union, {}).setdefault("" if wrong_type else form, []).append(
+            (loc, e.get("input"), msg))
+    for union, forms in unions.items():
+        fitting = [p for form, found in forms.items() if form for p in found]
+        if fitting:
+            problems += fitting
+            continue
+        expected = dict.fromkeys(m.removeprefix("Input should be ").split(",")[0] for _, _, m in forms[""])
+        problems.append((union or "(top level)", forms[""][0][1], f"Input should be {' or '.join(expected)}"))
+    return problems
+
+
+def _dotted(loc: tuple[Any, ...], data: Any) -> tuple[str, str | None, str]:
+    """The dotted key of an error location, where a union chose among its forms (None if
+    nowhere) and the form: pydantic puts the form's label in the location ('constrained-int',
+    'list[ReplicaGroup]', 'ReplicaGroup'), which is no key of the data."""
+    out, node, union, form = "", data, None, ""
     for part in loc:
         if isinstance(node, dict) and part not in node and node.get("kind") == part:
             continue  # pydantic inserts the tag of a tagged union into the location
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "function-" in str(part) or "[" in str(part):
+        elif "function-" in part:
             continue  # pydantic's internal names for validators
+        elif _is_form_label(part) and not (isinstance(node, dict) and part in node):
+            if union is None:
+                union, form = out, part
+            continue
         else:
-            out += ("." if out else "") + str(part)
+            out += ("." if out else "") + part
         node = _child(node, part)
-    return out or "(top level)"
+    return out or "(top level)", union, form
+
+
+def _is_form_label(part: str) -> bool:
+    """A union form's label: a type ('int', 'constrained-int', 'list[...]') or a model's class
+    name; keys here are snake_case."""
+    return "[" in part or "-" in part or part[:1].isupper() or part in ("int", "float", "str", "bool")
 
 
 def _child(node: Any, part: Any) -> Any:

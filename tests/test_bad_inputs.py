@@ -8,6 +8,8 @@ expects exit 2, one line, no traceback, and no results folder.
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,13 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a ragged trace row", {}, TRACE + "0,10,5\n1,10\n", "line 3"),
     ("a non-numeric trace column", {}, TRACE + "0,abc,5\n", "prompt_tokens = 'abc'"),
     ("a bad row after blank lines", {}, TRACE + "0,10,5\n\n\n1,abc,5\n", "trace.csv line 5"),
+    # A union's forms (a count, or a list of groups) read as one problem, in plain words.
+    ("a cluster of 0 replicas", {"systems[1].cluster": {"replicas": 0}}, None,
+     "systems[1].cluster.replicas = 0: Input should be greater than 0"),
+    ("replicas of the wrong type", {"systems[1].cluster": {"replicas": "abc"}}, None,
+     "systems[1].cluster.replicas = 'abc': Input should be a valid integer or a valid list"),
+    ("a replica group of 0", {"systems[1].cluster": {"replicas": [{"count": 0}]}}, None,
+     "systems[1].cluster.replicas[0].count = 0: Input should be greater than 0"),
 ]
 
 
@@ -175,7 +184,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str, changes: di
     message = result.output.strip()
     assert "Traceback" not in message and phrase in message, (case, message)
     assert len([line for line in message.splitlines() if line.startswith("error")]) == 1
+    # No internals: a union form's label, a second report of one problem, a numpy repr.
+    assert "constrained-" not in message and message.count(phrase) == 1, message
+    assert not re.search(r"np\.\w+\(", message), message
     assert not out.exists()
+
+
+def test_a_model_config_field_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    config = {"model_type": "llama", "num_attention_heads": "abc", "num_hidden_layers": 2,
+              "hidden_size": 64, "intermediate_size": 128, "vocab_size": 100,
+              "max_position_embeddings": 512}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["model", str(path)])
+    assert result.exit_code == 2, result.output
+    message = result.output.strip()
+    assert message.startswith(f"error: model {path}: num_heads = 'abc': Input should be a valid "
+                              "integer"), message
+    assert len(message.splitlines()) == 1 and "Traceback" not in message
 
 
 def test_validate_refuses_what_run_refuses(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost.hf_config import resolve_hf_model
 from orcasim.paths import PACKAGE_DATA_DIR
 
@@ -494,5 +494,8 @@ def model_from_argument(value: str, weight_dtype: str | None = None) -> ModelSpe
         fields["weight_dtype"] = weight_dtype
     try:
         return ModelSpec.model_validate(fields)
-    except ValidationError as e:  # a config whose fields do not make a model
-        raise ScenarioError(e.errors()[0]['msg'].removeprefix('Value error, ')) from None
+    except ValidationError as e:  # a config whose fields do not make a model: name the field
+        # A reader's own message names its key already; pydantic's need the field named.
+        source = f"model {value}"
+        message = format_validation_error(e, source, fields).removeprefix(f"{source}: (top level): ")
+        raise ScenarioError(message) from None
