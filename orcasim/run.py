@@ -106,6 +106,21 @@ def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
 
 
+def check_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> None:
+    """Build what `run_system` would run, without running it: its cost models read their
+    files, its fleet checks its pools (`orcasim validate`)."""
+    cost_cfg = scenario.system_cost(system)
+    engine_requests = at_the_engine(requests.for_run(), request_latency_s(cost_cfg))
+    if system.cluster is not None and system.cluster.disaggregated:
+        from orcasim.disagg import build_disaggregated
+
+        build_disaggregated(scenario, system, engine_requests)
+    elif system.cluster is not None:
+        build_fleet(scenario, system, engine_requests)
+    else:
+        build_cost_model(cost_cfg, scenario.deployment())
+
+
 def run_system(
     scenario: Scenario, system: SystemConfig, requests: Requests, cost: CostModel | None = None
 ) -> SystemResult:

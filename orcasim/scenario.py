@@ -158,7 +158,30 @@ class Scenario(Strict):
                 "so no request could ever be admitted"
             )
         self._check_group_reservations()
+        self._check_distserve_placement()
         return self
+
+    def _check_distserve_placement(self) -> None:
+        """DistServe's decode policy runs only where requests arrive with their KV to pull."""
+        for j, system in enumerate(self.systems):
+            cluster, where = system.cluster, f"systems[{j}]"
+            if cluster is None or cluster.prefill is None or cluster.decode is None:
+                places: list[tuple[str, object]] = [(f"{where}.scheduler", system.scheduler)]
+                groups = cluster.replicas if cluster is not None else None
+                places += [(f"{where}.cluster.replicas[{i}].scheduler", g.scheduler)
+                           for i, g in enumerate(groups if isinstance(groups, list) else [])]
+            else:
+                places = [(f"{where}.cluster.prefill.scheduler",
+                           cluster.prefill.scheduler or system.scheduler)]
+                if not cluster.pulls_kv:
+                    places.append((f"{where}.cluster.decode.scheduler",
+                                   cluster.decode.scheduler or system.scheduler))
+            for place, scheduler in places:
+                if getattr(scheduler, "policy", None) == "distserve_decode":
+                    raise ScenarioError(
+                        f"{place}.policy = 'distserve_decode': DistServe's decode instance takes "
+                        "requests whose KV it pulls; expected it only in cluster.decode, with "
+                        "cluster.handoff: pull")
 
     def _check_group_reservations(self) -> None:
         """As above, for a fleet's group with KV of its own: no request could be admitted there."""

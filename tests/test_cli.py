@@ -48,6 +48,11 @@ def test_run_writes_results_and_refuses_to_overwrite(tmp_path: Path) -> None:
     (["--set", "workload.arrival={kind: trace, path: missing.csv}",
       "--set", "workload.prompt_tokens=null", "--set", "workload.output_tokens=null"],
      "file 'missing.csv' not found"),
+    # What only building the engine found: validate builds it (run refused it at the start).
+    (["--set", "systems[1].scheduler={kind: paged, policy: distserve_decode}"],
+     "systems[1].scheduler.policy = 'distserve_decode'"),
+    (["--set", "cost={kind: fitted, path: missing.json, model: opt-13b}"],
+     "file 'missing.json' not found"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
     p = orcasim("validate", "scenarios/quickstart.yaml", *args)

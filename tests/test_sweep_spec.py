@@ -63,6 +63,8 @@ def test_replication_seeds_are_distinct_and_shared_across_points(tmp_path: Path)
     ("mode: zip\nparameters:\n  workload.arrival.rate_per_s: [1.0, 2.0]\n  seed_x: [1]", "one length"),
     ("parameters:\n  systems[7].scheduler.max_batch_size: [1]", "[7]"),
     ("parameters:\n  workload.arrival.rate_per_s: []", "at least one value"),
+    # A bad value at a later point fails here too, not as failed points of the run.
+    ("parameters:\n  workload.arrival.rate_per_s: [1.0, -4.0]", "rate_per_s = -4.0"),
 ])
 def test_bad_sweeps_fail_with_one_line(tmp_path: Path, grid: str, message: str) -> None:
     with pytest.raises(ScenarioError) as err:

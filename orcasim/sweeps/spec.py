@@ -170,12 +170,14 @@ def _validate_spec(data: dict[str, Any], source: str) -> SweepSpec:
 
 
 def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
-    """Resolve the base scenario; the first task's scenario is validated too, so a
-    mistyped parameter path fails here, before any work starts."""
+    """Resolve the base scenario; every point's scenario is validated too (its first
+    replication's: they differ by the seed alone), so a mistyped parameter path or a bad
+    value fails here, before any work starts."""
     base_path = base_path.resolve()
     scenario = load_scenario(base_path, spec.set)
     sweep = Sweep(spec, _base_data(scenario), base_path.parent)
-    sweep.tasks()[0].scenario()
+    for task in sweep.tasks()[:: spec.replications]:
+        task.scenario()
     return sweep
 
 
