@@ -60,11 +60,21 @@ def wait_for_first_point(out: Path, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def clean_table(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    """The table an uninterrupted run of the sweep gives (once for both signals)."""
+    folder = tmp_path_factory.mktemp("clean")
+    clean = start(sweep_file(folder), folder / "out", uuid.uuid4().hex)
+    assert clean.wait(timeout=600) == 0
+    return pd.read_csv(folder / "out" / "sweep.csv")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)],
                          ids=["ctrl-c twice", "sigterm"])
-def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals: tuple[int, ...]) -> None:
+def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals: tuple[int, ...],
+                                                         clean_table: pd.DataFrame) -> None:
     spec, out, marker = sweep_file(tmp_path), tmp_path / "out", uuid.uuid4().hex
     proc = start(spec, out, marker)
     wait_for_first_point(out, proc)
@@ -86,7 +96,4 @@ def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals
     stdout, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr
     assert f"{6 - done_before} tasks run, {done_before} already done" in stdout
-    clean = start(spec, tmp_path / "clean", marker)
-    assert clean.wait(timeout=600) == 0
-    pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv"),
-                                  pd.read_csv(tmp_path / "clean" / "sweep.csv"))
+    pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv"), clean_table)
