@@ -519,13 +519,13 @@ def write_capacity(result: CapacityResult, out_dir: Path, slo: SLOConfig,
     """capacity.csv, evaluations.csv, slo.yaml, failures.csv (if any), and with several
     configuration points pareto.csv (the front of cost against latency at capacity); the
     figures."""
-    from orcasim.results import write_file_atomically
+    from orcasim.results import record_file
 
     def csv(name: str, frame: pd.DataFrame) -> Path:
-        return write_file_atomically(out_dir / name, lambda p: frame.to_csv(p, index=False))
+        return record_file(out_dir, name, lambda p: frame.to_csv(p, index=False))
 
     paths = [csv("capacity.csv", result.table), csv("evaluations.csv", result.evaluations),
-             write_file_atomically(out_dir / "slo.yaml", lambda p: p.write_text(slo_text(slo)))]
+             record_file(out_dir, "slo.yaml", lambda p: p.write_text(slo_text(slo)))]
     if result.failed:
         paths.append(csv("failures.csv", pd.DataFrame(
             [{"id": o.id, "point": o.point, "system": o.system, "replication": o.replication,
@@ -535,7 +535,5 @@ def write_capacity(result: CapacityResult, out_dir: Path, slo: SLOConfig,
         paths.append(csv("pareto.csv", pareto_front(result.table, "cost_per_million_tokens", latency)))
     if plots:
         for stem, fig in capacity_figures(result.table, result.evaluations, slo).items():
-            path = out_dir / f"{stem}.png"
-            write_file_atomically(path, functools.partial(_save_png, fig))
-            paths.append(path)
+            paths.append(record_file(out_dir, f"{stem}.png", functools.partial(_save_png, fig)))
     return paths

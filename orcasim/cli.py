@@ -126,15 +126,14 @@ def run(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
 ) -> None:
     """Run every system of SCENARIO on the same requests and write results/<name>/."""
-    from orcasim.results import default_results_dir, write_run
+    from orcasim.results import check_out_dir, default_results_dir, write_run
     from orcasim.run import run_scenario
     from orcasim.scenario import load_scenario
 
     try:
         sc = load_scenario(scenario, set_ or [])
         out_dir = out or default_results_dir(sc.name)
-        if out_dir.exists() and not force:
-            fail(f"{out_dir} already exists; pass --force to overwrite it")
+        check_out_dir(out_dir, force, [scenario])
         if sc.sweep is not None:
             return _run_sweep(sc, scenario, out_dir, force, plots)
         result = run_scenario(sc, base_dir=scenario.resolve().parent)
@@ -233,13 +232,15 @@ def sweep(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Run every point of a sweep; write sweep.parquet/csv, one row per (point, system, replication)."""
-    from orcasim.results import default_results_dir
+    from orcasim.results import check_replaceable, default_results_dir
     from orcasim.sweeps import load_sweep, run_sweep
 
     out_dir = out
     try:
         sw = load_sweep(spec)
         out_dir = out or default_results_dir(sw.spec.name)
+        if force:  # before any work, and with the files this sweep reads
+            check_replaceable(out_dir, [spec, spec.parent / sw.spec.base])
         result = run_sweep(sw, out_dir, backend, workers, address, resume, force, progress)  # type: ignore[arg-type]
     except USER_ERRORS as e:
         fail(error_text(e))
@@ -301,7 +302,7 @@ def fidelity(
 ) -> None:
     """Replay each real run's arrivals and lengths through SCENARIO; compare the percentiles."""
     from orcasim.fidelity import fidelity_table, headline_error
-    from orcasim.results import default_results_dir, write_fidelity
+    from orcasim.results import check_out_dir, default_results_dir, write_fidelity
     from orcasim.scenario import load_scenario
 
     try:
@@ -311,8 +312,7 @@ def fidelity(
         if unknown:
             fail(f"--system = {unknown[0]!r}: expected one of {', '.join(s.name for s in sc.systems)}")
         out_dir = out or default_results_dir(sc.name, Path("results") / "fidelity")
-        if out_dir.exists() and not force:
-            fail(f"{out_dir} already exists; pass --force to overwrite it")
+        check_out_dir(out_dir, force, [scenario, *real])
         table, frames = fidelity_table(sc, real, names, fmt, scenario.resolve().parent)
         write_fidelity(table, frames, out_dir, force=force, plots=plots)
     except USER_ERRORS as e:
@@ -419,7 +419,7 @@ def capacity(
     """The highest arrival rate each system (and configuration) sustains within the SLOs,
     with goodput per GPU and cost per million output tokens; see orcasim.capacity."""
     from orcasim import capacity as cap
-    from orcasim.results import default_results_dir
+    from orcasim.results import check_replaceable, default_results_dir
 
     out_dir = out
     try:
@@ -437,6 +437,8 @@ def capacity(
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
+        if force:  # before any search, and with the file it reads
+            check_replaceable(out_dir, [spec])
         result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
                                   price_per_gpu_hour, target_rate)
         cap.write_capacity(result, out_dir, slo_cfg, plots)

@@ -10,7 +10,7 @@ import yaml
 from orcasim.compare import read_metrics
 from orcasim.config import ScenarioError
 from orcasim.paths import read_csv, read_parquet
-from orcasim.results import save_figure
+from orcasim.results import MARKER, mark_results, save_figure
 from orcasim.slo import SLOConfig
 
 
@@ -48,6 +48,8 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
     paths: list[Path] = []
     for stem, fig in figures.items():
         paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
+    if (results_dir / MARKER).is_file():  # figures are orcasim's files: --force may replace them
+        mark_results(results_dir, [p.name for p in paths])
     return paths
 
 

@@ -23,7 +23,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -48,15 +48,13 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     rename and removed after, so a crash never leaves a half-written folder behind.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
-    check_replaceable(out_dir)
+    check_out_dir(out_dir, force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "tmp"), dir=out_dir.parent))
     try:
         fill(tmp)
-        mark_results(tmp)
+        mark_results(tmp, files_under(tmp))
         old = None
         if force and out_dir.exists():  # without --force, a folder appeared meanwhile: refused
             check_replaceable(out_dir)
@@ -69,6 +67,14 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def check_out_dir(out_dir: Path, force: bool, inputs: Iterable[Path] = ()) -> None:
+    """Raise unless a run may write `out_dir`: absent, or with `force` a folder that
+    `check_replaceable` lets it replace. Commands call it before any work is done."""
+    if out_dir.exists() and not force:
+        raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
+    check_replaceable(out_dir, inputs)
 
 
 def _partial_prefix(out_dir: Path, kind: str) -> str:
@@ -109,25 +115,74 @@ def _alive(pid: int) -> bool:
 
 
 MARKER = ".orcasim-results"  # in every folder orcasim writes: only such a folder is replaced
+# The marker's first line; the files orcasim wrote follow, one relative path a line. A folder
+# is replaced only while it holds nothing else: a file a user put there is never deleted.
+MARKER_HEADER = "Written by orcasim; --force may replace this folder while it holds only these files:"
 
 
-def mark_results(folder: Path) -> None:
-    """Mark `folder` as written by orcasim, so that `--force` may replace it later."""
-    (folder / MARKER).write_text("This folder was written by orcasim; --force may replace it.\n")
+def mark_results(folder: Path, names: Iterable[str] = ()) -> None:
+    """Mark `folder` as written by orcasim and add `names` (paths relative to it) to the
+    files its marker lists, so that `--force` may replace it later."""
+    listed = sorted(written_files(folder) | set(names))
+    write_text_atomically(folder / MARKER, "\n".join([MARKER_HEADER, *listed]) + "\n")
 
 
-def check_replaceable(out_dir: Path) -> None:
-    """Raise unless `out_dir` is absent, an empty folder, or a folder orcasim wrote: `--force`
-    never deletes a file, the scenario's own folder or anything else it did not write."""
+def written_files(folder: Path) -> set[str]:
+    """The files `folder`'s marker lists (none for an older marker, which lists nothing)."""
+    marker = folder / MARKER
+    lines = marker.read_text(encoding="utf-8").splitlines() if marker.is_file() else []
+    return set(lines[1:]) if lines[:1] == [MARKER_HEADER] else set()
+
+
+def files_under(folder: Path) -> list[str]:
+    """Every file below `folder`, as a relative POSIX path (the marker's own form)."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if not p.is_dir() and p.name != MARKER)
+
+
+def unlisted_files(folder: Path) -> Iterator[Path]:
+    """Files below a marked `folder` that its marker does not list; a subfolder with its own
+    marker (a sweep's points/<id>/) answers for itself."""
+    listed = written_files(folder)
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        for d in [d for d in dirs if (here / d / MARKER).is_file()]:
+            dirs.remove(d)
+            yield from unlisted_files(here / d)
+        for f in files:
+            if f != MARKER and (here / f).relative_to(folder).as_posix() not in listed:
+                yield here / f
+
+
+def check_replaceable(out_dir: Path, inputs: Iterable[Path] = ()) -> None:
+    """Raise unless `out_dir` is absent, an empty folder, or a folder orcasim wrote that holds
+    only the files it wrote and none of the run's `inputs`: `--force` never deletes a file,
+    the scenario's own folder or anything else it did not write."""
     if not out_dir.exists() and not out_dir.is_symlink():
         return
     if out_dir.is_symlink() or not out_dir.is_dir():
         raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; orcasim "
                                 "replaces only folders it wrote, even with --force")
-    if (out_dir / MARKER).is_file() or not any(out_dir.iterdir()):
+    inside = [p for p in inputs if Path(p).resolve().is_relative_to(out_dir.resolve())]
+    if inside:
+        raise ResultsExistError(f"--out {out_dir} holds {inside[0]}, an input of this run; "
+                                "--force would delete it: use another --out")
+    if not any(out_dir.iterdir()):
         return
-    raise ResultsExistError(f"--out {out_dir} is a folder orcasim did not write (no {MARKER}); "
-                            "it replaces only its own results, even with --force")
+    if not (out_dir / MARKER).is_file():
+        raise ResultsExistError(f"--out {out_dir} is a folder orcasim did not write (no {MARKER}); "
+                                "it replaces only its own results, even with --force")
+    stranger = next(unlisted_files(out_dir), None)
+    if stranger is not None:
+        raise ResultsExistError(f"--out {out_dir} holds {stranger}, which orcasim did not write "
+                                f"(not listed in {MARKER}); move it away or use another --out")
+
+
+def record_file(out_dir: Path, name: str, write: Callable[[Path], object]) -> Path:
+    """`write_file_atomically` into a results folder, listing the file in its marker first
+    (a crash between the two leaves a listed file absent, which is harmless)."""
+    mark_results(out_dir, [name])
+    return write_file_atomically(out_dir / name, write)
 
 
 def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:

@@ -41,6 +41,18 @@ def test_run_writes_results_and_refuses_to_overwrite(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".run.*")), "temporary folders left behind"
 
 
+def test_force_never_deletes_the_scenario_being_run(tmp_path: Path) -> None:
+    """The tester's case: the scenario copied into the results folder and run from there."""
+    out = tmp_path / "run"
+    assert orcasim("run", "scenarios/quickstart.yaml", "--out", str(out), *QUICK, "--no-plots").returncode == 0
+    for mine in (out / "mine.yaml", out / "scenario.yaml"):  # a user's file; orcasim's own
+        if mine.name == "mine.yaml":
+            mine.write_text(Path("scenarios/quickstart.yaml").read_text())
+        p = orcasim("run", str(mine), "--out", str(out), "--force", *QUICK, "--no-plots")
+        assert p.returncode == 2 and f"holds {mine}" in p.stderr and mine.is_file()
+        assert len(p.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args,message", [
     (["--set", "workload.arrival.rate_per_s=-2"], "workload.arrival.rate_per_s = -2"),
     (["--set", "workload.max_tokens=100"], "workload.max_tokens = 100 is below request"),

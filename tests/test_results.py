@@ -64,6 +64,27 @@ def test_force_replaces_only_what_orcasim_wrote(tmp_path: Path) -> None:
     assert (again / "summary.csv").is_file()
 
 
+def test_force_keeps_a_file_put_into_orcasim_s_folder(tmp_path: Path) -> None:
+    """A file the user added to a results folder, at the top or in a system's subfolder,
+    or a file the run reads, makes --force refuse: nothing is deleted."""
+    from orcasim.results import check_replaceable
+
+    def fill(folder: Path) -> None:
+        (folder / "orca").mkdir()
+        (folder / "orca" / "a.parquet").write_text("1")
+
+    out = write_atomically(tmp_path / "r", fill)
+    check_replaceable(out)  # only its own files: replaceable
+    for extra in (out / "mine.yaml", out / "orca" / "notes.txt"):
+        extra.write_text("mine")
+        with pytest.raises(ResultsExistError, match=f"holds {extra}, which orcasim did not write"):
+            write_atomically(out, lambda t: (t / "b.txt").write_text("2"), force=True)
+        assert extra.read_text() == "mine"
+        extra.unlink()
+    with pytest.raises(ResultsExistError, match="an input of this run"):
+        check_replaceable(out, [out / "orca" / "a.parquet"])
+
+
 def test_a_folder_written_meanwhile_is_not_replaced(tmp_path: Path) -> None:
     """Two runs into one --out without --force: the later rename refuses, and leaves nothing."""
     out = tmp_path / "r"

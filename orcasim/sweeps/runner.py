@@ -36,8 +36,8 @@ from orcasim.results import (
     ResultsExistError,
     check_replaceable,
     mark_results,
+    record_file,
     write_atomically,
-    write_file_atomically,
     write_text_atomically,
 )
 from orcasim.scenario import Scenario
@@ -131,10 +131,9 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
         elif not resume:
             raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it "
                                     "or --force to start over")
-    for name, text in files.items():
+    mark_results(out_dir, [*files, plan_file.name])  # first: a crash leaves a folder --force takes
+    for name, text in {**files, plan_file.name: plan}.items():
         write_text_atomically(out_dir / name, text)
-    write_text_atomically(plan_file, plan)
-    mark_results(out_dir)
 
 
 def write_outcome(out_dir: Path, job_id: str, text: str) -> None:
@@ -158,13 +157,13 @@ def read_outcome(out_dir: Path, task: Task) -> Outcome:
 
 
 def _write_tables(out_dir: Path, table: pd.DataFrame, failed: list[Outcome]) -> None:
-    write_file_atomically(out_dir / "sweep.parquet", lambda p: table.to_parquet(p, index=False))
-    write_file_atomically(out_dir / "sweep.csv", lambda p: table.to_csv(p, index=False))
+    record_file(out_dir, "sweep.parquet", lambda p: table.to_parquet(p, index=False))
+    record_file(out_dir, "sweep.csv", lambda p: table.to_csv(p, index=False))
     failures = out_dir / "failures.csv"
     if failed:
         frame = pd.DataFrame([{"id": o.id, "point": o.point, "replication": o.replication,
                                "error": o.error} for o in failed])
-        write_file_atomically(failures, lambda p: frame.to_csv(p, index=False))
+        record_file(out_dir, failures.name, lambda p: frame.to_csv(p, index=False))
     else:
         failures.unlink(missing_ok=True)
 
