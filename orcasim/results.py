@@ -53,6 +53,7 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     remove_stale_partials(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "tmp"), dir=out_dir.parent))
     try:
+        os.chmod(tmp, _by_umask(0o777))  # as mkdir would: mkdtemp's 0700 would survive the rename
         fill(tmp)
         mark_results(tmp, files_under(tmp))
         old = None
@@ -193,14 +194,19 @@ def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     os.close(fd)
     try:
         write(Path(name))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(name, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary file only
+        os.chmod(name, _by_umask(0o666))  # mkstemp's 0600 is for the temporary file only
         os.replace(name, path)
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
     return path
+
+
+def _by_umask(mode: int) -> int:
+    """`mode` less the process's umask: what a plain mkdir or open would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
 
 
 def write_text_atomically(path: Path, text: str) -> Path:

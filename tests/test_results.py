@@ -85,6 +85,20 @@ def test_force_keeps_a_file_put_into_orcasim_s_folder(tmp_path: Path) -> None:
         check_replaceable(out, [out / "orca" / "a.parquet"])
 
 
+def test_folders_follow_the_umask_as_mkdir_does(tmp_path: Path) -> None:
+    """A run's folder is as readable as a sweep's: mkdtemp's 0700 does not leak out."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        out = write_atomically(tmp_path / "r", lambda t: (t / "a.txt").write_text("1"))
+        (tmp_path / "plain").mkdir()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(out).st_mode) == stat.S_IMODE(os.stat(tmp_path / "plain").st_mode) == 0o755
+
+
 def test_a_folder_written_meanwhile_is_not_replaced(tmp_path: Path) -> None:
     """Two runs into one --out without --force: the later rename refuses, and leaves nothing."""
     out = tmp_path / "r"
