@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pandas as pd
 
@@ -16,6 +16,26 @@ PACKAGE_DATA_DIR = Path(__file__).parent / "data"
 SCENARIO_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "SCENARIO_DIR", default=None
 )
+
+
+# Marks a scenario field that names a data file or folder (see portable_data_path).
+DATA_PATH = "orcasim data path"
+DataPath = Annotated[str, DATA_PATH]
+OptionalDataPath = Annotated[str | None, DATA_PATH]
+
+
+def portable_data_path(path: str, base: Path | None) -> str:
+    """`path` as a copy of the scenario saved in another folder still finds it: a file or
+    folder found beside the scenario (`base`) or under the working folder becomes absolute.
+    Absolute paths, names of orcasim's shipped data (found from anywhere) and paths found
+    nowhere stay as written."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return path
+    for c in ([base / p] if base else []) + [Path.cwd() / p]:  # resolve_data_path's order
+        if c.exists():
+            return str(c.resolve())
+    return path
 
 
 def resolve_data_path(path: str) -> Path:

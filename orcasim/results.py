@@ -3,7 +3,7 @@
     results/<name>/
         summary.json            {system: {metric: value}}
         summary.csv             one row per system
-        scenario.yaml           the resolved scenario (after --set overrides)
+        scenario.yaml           the resolved scenario (after --set overrides), data paths absolute
         <system>/requests.parquet
         <system>/sessions.parquet  a session workload's rows, one per session
         <system>/iterations.parquet

@@ -12,6 +12,7 @@ from typing import Any, Literal, Self
 
 import yaml
 from pydantic import (
+    BaseModel,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -26,6 +27,7 @@ from orcasim.cluster import ClusterConfig, ReplicaGroup
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
+from orcasim.paths import DATA_PATH, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.slo import SLOConfig
 from orcasim.workload import WorkloadConfig
@@ -295,4 +297,28 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 
 
 def scenario_to_yaml(scenario: Scenario) -> str:
-    return yaml.safe_dump(scenario.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    """The scenario as YAML that reruns from any folder: its data paths relative to the
+    scenario's own folder are written absolute (see portable_data_path)."""
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    _portable_paths(scenario, data, scenario.source_dir)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _portable_paths(obj: Any, data: Any, base: Path | None) -> None:
+    """Rewrite in `data` (the dump of `obj`) every field marked as a data path."""
+    if isinstance(obj, BaseModel) and isinstance(data, dict):
+        for name, field in type(obj).model_fields.items():
+            if name not in data:
+                continue
+            value = getattr(obj, name)
+            if DATA_PATH in field.metadata and isinstance(value, str):
+                data[name] = portable_data_path(value, base)
+            else:
+                _portable_paths(value, data[name], base)
+    elif isinstance(obj, list | tuple) and isinstance(data, list):
+        for item, dumped in zip(obj, data, strict=False):
+            _portable_paths(item, dumped, base)
+    elif isinstance(obj, dict) and isinstance(data, dict):
+        for key, item in obj.items():
+            if key in data:
+                _portable_paths(item, data[key], base)

@@ -1,4 +1,5 @@
-"""Sweep test files: a tiny scenario and sweep files written into a temporary folder."""
+"""Test files: a tiny scenario, sweep files and a scenario with a relative trace path,
+written into a temporary folder."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ parameters:
   workload.arrival.rate_per_s: [1.0, 2.0, 4.0, 8.0]
   systems[1].scheduler.max_batch_size: [2, 4, 8]
 """)
+
+
+def write_trace_scenario(folder: Path) -> Path:
+    """s.yaml replaying trace.csv beside it, named by a relative path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,12,3\n")
+    (folder / "s.yaml").write_text(
+        "name: rel\nworkload: {arrival: {kind: trace, path: trace.csv}, max_tokens: 100}\n"
+        "cost: {kind: linear, base_s: 0.01, per_token_s: 0.0}\nkv_capacity_tokens: 1000\n"
+        "systems: [{name: a, scheduler: {kind: iteration_level, max_batch_size: 2}}]\n")
+    return folder / "s.yaml"

@@ -103,3 +103,21 @@ def test_validate_accepts_sweep_files_and_names_bad_points(tmp_path: Path) -> No
                    .replace("workload.arrival.rate_per_s:", "workload.arival.rate_per_s:"))
     p = orcasim("validate", str(bad))
     assert p.returncode == 2 and "did you mean 'arrival'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_saved_scenario_reruns_from_its_results_folder(tmp_path: Path) -> None:
+    """scenario.yaml in a run folder names the run's data files absolutely, so it reruns from
+    there; names of orcasim's shipped data are kept, as they resolve from anywhere."""
+    from sweep_files import write_trace_scenario
+
+    from orcasim.paths import portable_data_path
+
+    here = tmp_path / "in"
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert orcasim("run", str(write_trace_scenario(here)), "--out", str(first), "--no-plots").returncode == 0
+    assert f"path: {(here / 'trace.csv').resolve()}" in (first / "scenario.yaml").read_text()
+    rerun = orcasim("run", str(first / "scenario.yaml"), "--out", str(second), "--no-plots")
+    assert rerun.returncode == 0, rerun.stderr
+    assert (first / "summary.json").read_text() == (second / "summary.json").read_text()
+    shipped = "traces/sharegpt_lengths_llama2.csv"
+    assert portable_data_path(shipped, here) == shipped

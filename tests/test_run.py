@@ -97,15 +97,12 @@ def test_the_python_api_takes_a_mapping_and_one_override_string() -> None:
 
 def test_a_loaded_scenario_keeps_its_folder_for_relative_paths(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweep_files import write_trace_scenario
+
     from orcasim.scenario import load_scenario
 
     folder = tmp_path / "here"
-    folder.mkdir()
-    (folder / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,12,3\n")
-    (folder / "s.yaml").write_text(
-        "name: rel\nworkload: {arrival: {kind: trace, path: trace.csv}, max_tokens: 100}\n"
-        "cost: {kind: linear, base_s: 0.01, per_token_s: 0.0}\nkv_capacity_tokens: 1000\n"
-        "systems: [{name: a, scheduler: {kind: iteration_level, max_batch_size: 2}}]\n")
+    write_trace_scenario(folder)
     monkeypatch.chdir(tmp_path)  # not the scenario's folder
     scenario = load_scenario(folder / "s.yaml")
     assert scenario.source_dir == folder.resolve()

@@ -31,7 +31,7 @@ from pydantic import PositiveInt
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.overhead import CostConfigBase
-from orcasim.paths import resolve_data_path
+from orcasim.paths import DataPath, resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
 CALIBRATED_FORMAT = "orcasim-calibrated-cost/v1"  # a whole cost block (python -m calibrate logs)
@@ -43,7 +43,7 @@ class FittedCostConfig(CostConfigBase):
     """A fitted cost file. `model` and `tensor_parallel` pick an entry of a DistServe JSON."""
 
     kind: Literal["fitted"]
-    path: str
+    path: DataPath
     model: str | None = None
     tensor_parallel: PositiveInt | None = None
 

@@ -35,15 +35,16 @@ from orcasim.cost.profile_tables import (
     vidur_attention,
 )
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
+from orcasim.paths import DataPath, OptionalDataPath
 
 
 class ProfileCostConfig(CostConfigBase):
     kind: Literal["profile"]
-    mlp_csv: str
-    attention_csv: str | None = None
-    aiconfigurator_dir: str | None = None
-    all_reduce_csv: str | None = None
-    send_recv_csv: str | None = None
+    mlp_csv: DataPath
+    attention_csv: OptionalDataPath = None
+    aiconfigurator_dir: OptionalDataPath = None
+    all_reduce_csv: OptionalDataPath = None
+    send_recv_csv: OptionalDataPath = None
     # Used for what the tables do not cover (LM head; attention or collectives if absent).
     roofline: RooflineCostConfig = RooflineCostConfig(kind="roofline")
 

@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from orcasim.config import Strict
+from orcasim.paths import DataPath
 from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.sessions import AgentArrival, ConversationArrival
 
@@ -65,7 +66,7 @@ class TraceArrival(Strict):
     """
 
     kind: Literal["trace"]
-    path: str
+    path: DataPath
     format: Literal["auto", "orcasim", "azure", "mooncake", "vllm"] = "auto"
     max_requests: PositiveInt | None = None
     speedup: PositiveFloat = 1.0

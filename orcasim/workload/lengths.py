@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.paths import read_csv, resolve_data_path
+from orcasim.paths import DataPath, read_csv, resolve_data_path
 
 # The longest request length accepted anywhere (a prompt, an output, a limit): far above any
 # model's context today, and far below where int64 token sums or float64 times lose digits.
@@ -101,7 +101,7 @@ class EmpiricalLength(Strict):
     """Resampled with replacement from one column of a CSV file of lengths."""
 
     kind: Literal["empirical"]
-    path: str
+    path: DataPath
     column: str
 
     def values(self) -> np.ndarray:
