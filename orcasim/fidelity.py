@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
 from orcasim.workload.traces import read_measurements
@@ -71,16 +72,35 @@ def fidelity_table(
     """Every run against every named system: the long table (with `run` and `system`
     columns) and the frames for the figures, keyed `run/system`."""
     tables, frames = [], {}
-    for path in runs:
+    for path, label in zip(runs, run_labels(runs), strict=True):
         real = read_real_run(path, fmt)
         replay = replay_of(scenario, path, fmt)
         result = run_scenario(replay, base_dir=base_dir)
         for system in systems:
             simulated = result.systems[system].requests
             table = compare(real, simulated)
-            tables.append(table.assign(run=Path(path).stem, system=system))
-            frames[f"{Path(path).stem}/{system}"] = pd.concat(
+            tables.append(table.assign(run=label, system=system))
+            frames[f"{label}/{system}"] = pd.concat(
                 [real.assign(source="real"), simulated[list(METRICS)].assign(source="simulated")]
             )
     order = ["run", "system", *COLUMNS]
     return pd.concat(tables, ignore_index=True)[order], frames
+
+
+def run_labels(runs: list[Path]) -> list[str]:
+    """Each run's name in the table, summary and figures: its file's stem, with as many of
+    its folders in front (a/run, b/run) as tell apart logs of the same stem, or its whole
+    path. The same log given twice is a ScenarioError."""
+    paths = [Path(p).resolve() for p in runs]
+    twice = next((runs[i] for i, p in enumerate(paths) if p in paths[:i]), None)
+    if twice is not None:
+        raise ScenarioError(f"--real {twice}: given twice; expected each run once")
+    depth = [0] * len(paths)
+    labels = [p.stem for p in paths]
+    while clashing := [i for i, label in enumerate(labels) if labels.count(label) > 1]:
+        for i in clashing:
+            depth[i] += 1
+            parents = paths[i].parent.parts[1:]  # the root "/" adds nothing
+            labels[i] = ("/".join([*parents[len(parents) - depth[i]:], paths[i].stem])
+                         if depth[i] <= len(parents) else paths[i].as_posix())
+    return labels

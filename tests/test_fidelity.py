@@ -61,6 +61,7 @@ def _scenario(**changes: object) -> object:
 
 def _run_log(tmp_path: Path) -> Path:
     """Three requests at 0, 1 and 2 s, with what a real server measured."""
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "run-7.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
                     "0.0,10,3,0.05,0.02,0.09\n1.0,20,2,0.06,0.03,0.09\n2.0,30,5,0.07,0.01,0.11\n")
@@ -140,3 +141,21 @@ def test_a_logs_format_is_detected_by_default(tmp_path: Path) -> None:
     log = _run_log(tmp_path)
     assert read_real_run(log)["e2e_s"].tolist() == [0.09, 0.09, 0.11]
     assert replay_of(_scenario(), log).workload.arrival.format == "auto"
+
+
+def test_logs_sharing_a_stem_stay_apart(tmp_path: Path) -> None:
+    """a/run-7.csv and b/run-7.csv: two runs named by their folders, in the table, the
+    summary and the figures; one log given twice is refused."""
+    import json
+
+    from orcasim.config import ScenarioError
+    from orcasim.results import write_fidelity
+
+    logs = [_run_log(tmp_path / "a"), _run_log(tmp_path / "b")]
+    table, frames = fidelity_table(_scenario(), logs, ["a"], "orcasim")
+    assert table["run"].unique().tolist() == ["a/run-7", "b/run-7"] and len(table) == 2 * 9
+    out = write_fidelity(table, frames, tmp_path / "out")
+    assert list(json.loads((out / "summary.json").read_text())) == ["a/run-7/a", "b/run-7/a"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["a__run-7__a_cdf.png", "b__run-7__a_cdf.png"]
+    with pytest.raises(ScenarioError, match="given twice"):
+        fidelity_table(_scenario(), [logs[0], tmp_path / "b" / ".." / "a" / "run-7.csv"], ["a"])
