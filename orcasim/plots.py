@@ -344,6 +344,13 @@ def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Fi
     return figures
 
 
+def scenario_sweep_figures(table: pd.DataFrame, parameter: str, title: str,
+                           slo: float | None = None) -> dict[str, Figure]:
+    """The figure of a scenario's own `sweep:` block (`orcasim run`): latency against
+    throughput, one line per system along the swept `parameter`, named as a sweep's."""
+    return {"latency_vs_throughput": latency_vs_throughput(table, slo=slo, along=parameter, title=title)}
+
+
 def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
                    saturated: frozenset[str] = frozenset()) -> dict[str, Figure]:
     """The standard figures of one run from its frames (each with a `system` column)."""

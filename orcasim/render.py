@@ -23,8 +23,9 @@ def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) -> list[Path]:
-    """Write every figure of a run or sweep folder as PNG (and SVG); return the paths."""
-    from orcasim.plots import frames_figures, sweep_figures
+    """Write every figure of a run, sweep, scenario sweep or capacity folder as PNG (and
+    SVG); return the paths."""
+    from orcasim.plots import frames_figures, scenario_sweep_figures, sweep_figures
 
     results_dir = Path(results_dir)
     if (results_dir / "sweep.parquet").exists():
@@ -32,6 +33,10 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         if table.empty:
             raise ScenarioError(f"{results_dir}/sweep.parquet has no rows: every point failed")
         figures = sweep_figures(table, slo=slo)
+    elif (results_dir / "sweep.csv").exists():  # a scenario's own sweep (orcasim run)
+        table = read_csv(results_dir / "sweep.csv")
+        parameter, title = _scenario_sweep(results_dir / "scenario.yaml")
+        figures = scenario_sweep_figures(table, parameter, title, slo=slo)
     elif (results_dir / "capacity.csv").exists():
         from orcasim.capacity import capacity_figures
 
@@ -43,8 +48,8 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
         figures = frames_figures(*load_run_frames(results_dir), unstable)
     else:
-        raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet or capacity.csv "
-                                "(is it a results folder?)")
+        raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet, sweep.csv or "
+                                "capacity.csv (is it a results folder?)")
     paths: list[Path] = []
     for stem, fig in figures.items():
         paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
@@ -61,3 +66,13 @@ def _read_slo(path: Path) -> SLOConfig:
         return SLOConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     except (yaml.YAMLError, UnicodeDecodeError, ValidationError):
         raise ScenarioError(f"{path}: not the SLO block orcasim capacity writes") from None
+
+
+def _scenario_sweep(path: Path) -> tuple[str, str]:
+    """A scenario sweep folder's swept parameter and scenario name, from its scenario.yaml."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return str(data["sweep"]["parameter"]), str(data["name"])
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError):
+        raise ScenarioError(f"{path}: not the scenario with a sweep block that orcasim run "
+                            "writes beside sweep.csv") from None

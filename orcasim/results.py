@@ -11,7 +11,7 @@
         *.png                   plots
 
 A scenario with a `sweep:` block writes sweep.csv (the tidy sweep table), scenario.yaml
-and latency_throughput.png instead.
+and latency_vs_throughput.png instead.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def write_scenario_sweep(
     table: pd.DataFrame, scenario: Scenario, out_dir: Path, force: bool = False, plots: bool = True
 ) -> Path:
     """A scenario's own sweep: the tidy sweep.csv, the resolved scenario.yaml and
-    latency_throughput.png (lines along the swept parameter), atomically."""
+    latency_vs_throughput.png (lines along the swept parameter), atomically."""
     assert scenario.sweep is not None, "write_scenario_sweep needs a scenario with a sweep block"
     parameter = scenario.sweep.parameter
 
@@ -251,10 +251,10 @@ def write_scenario_sweep(
         table.to_csv(tmp / "sweep.csv", index=False)
         (tmp / "scenario.yaml").write_text(scenario_to_yaml(scenario))
         if plots:
-            from orcasim.plots import latency_vs_throughput
+            from orcasim.plots import scenario_sweep_figures
 
-            fig = latency_vs_throughput(table, along=parameter, title=scenario.name)
-            save_figure(fig, tmp / "latency_throughput.png")
+            for stem, fig in scenario_sweep_figures(table, parameter, scenario.name).items():
+                save_figure(fig, tmp / f"{stem}.png")
 
     return write_atomically(out_dir, fill, force)
 

@@ -87,4 +87,8 @@ def test_cli_run_of_a_sweep_writes_csv_and_figure(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     frame = pd.read_csv(out / "sweep.csv")
     assert len(frame) == 4 and list(frame[RATE].unique()) == [1, 3]
-    assert (out / "latency_throughput.png").is_file() and (out / "scenario.yaml").is_file()
+    assert (out / "latency_vs_throughput.png").is_file() and (out / "scenario.yaml").is_file()
+    (out / "latency_vs_throughput.png").unlink()
+    replot = orcasim("plot", str(out))  # the same figure, by the same name
+    assert replot.returncode == 0, replot.stderr
+    assert replot.stdout.split() == [str(out / "latency_vs_throughput.png")]
