@@ -257,18 +257,22 @@ def sweep(
 
 @app.command()
 def compare(
-    run_a: Annotated[Path, typer.Argument(help="Results folder A (run, sweep or baseline).")],
-    run_b: Annotated[Path, typer.Argument(help="Results folder B.")],
+    run_a: Annotated[Path, typer.Argument(help="Run or sweep folder, baseline file or baselines folder A.")],
+    run_b: Annotated[Path, typer.Argument(help="B, of the same kind as A.")],
     all_: Annotated[bool, typer.Option("--all", help="Show unchanged metrics too.")] = False,
 ) -> None:
-    """Print metric deltas from RUN_A to RUN_B."""
-    from orcasim.compare import deltas, load_metrics
+    """Print metric deltas from RUN_A to RUN_B; changes within float noise count as none."""
+    from orcasim.compare import changed_rows, deltas, load_metrics, metrics_kind
 
     try:
+        kinds = metrics_kind(run_a), metrics_kind(run_b)
+        if kinds[0] != kinds[1]:
+            fail(f"{run_a} is a {kinds[0]} and {run_b} a {kinds[1]}: different kinds; expected "
+                 "two runs (or baseline files), two sweeps or two baselines folders")
         frame = deltas(load_metrics(run_a), load_metrics(run_b))
     except USER_ERRORS as e:
         fail(error_text(e))
-    shown = frame if all_ else frame[frame["rel_change"] != 0]
+    shown = frame if all_ else frame[changed_rows(frame)]
     console.print(frame_table(shown, f"{run_a} -> {run_b}: {len(shown)} of {len(frame)} metrics"))
 
 

@@ -8,20 +8,42 @@ from pathlib import Path
 import pandas as pd
 
 from orcasim.config import ScenarioError
-from orcasim.paths import read_json, read_parquet
+from orcasim.paths import read_csv, read_json, read_parquet
 
 # Summary of a folder: {label: {metric: value}}; a label is a system, or point/system in a sweep.
 Metrics = dict[str, dict[str, float]]
 
 
-def load_metrics(folder: Path) -> Metrics:
-    """Read `summary.json` of a run (or baseline), or `sweep.parquet` of a sweep."""
-    folder = Path(folder)
-    if (folder / "summary.json").exists():
-        return read_metrics(folder / "summary.json")
-    if (folder / "sweep.parquet").exists():
-        return _sweep_metrics(read_parquet(folder / "sweep.parquet"))
-    raise FileNotFoundError(f"{folder}: no summary.json or sweep.parquet (is it a results folder?)")
+def load_metrics(path: Path) -> Metrics:
+    """The metrics of a run folder or baseline file, a sweep folder, or a folder of
+    baselines (labels <baseline>/<system>); see `metrics_kind`."""
+    path = Path(path)
+    match metrics_kind(path):
+        case "run":
+            return read_metrics(path if path.is_file() else path / "summary.json")
+        case "sweep":  # a scenario's own sweep (orcasim run) writes only sweep.csv
+            parquet = path / "sweep.parquet"
+            table = read_parquet(parquet) if parquet.exists() else read_csv(path / "sweep.csv")
+            return _sweep_metrics(table)
+        case _:
+            return {f"{f.stem}/{system}": m for f in sorted(path.glob("*.json"))
+                    for system, m in read_metrics(f).items()}
+
+
+def metrics_kind(path: Path) -> str:
+    """What `path` holds: "run" (a run's folder, its summary.json or a baseline file, all
+    {system: {metric: value}}), "sweep" (sweep.parquet, or a scenario sweep's sweep.csv) or "baselines folder" (a folder of baseline
+    files, as results/baselines/). Only two of one kind compare label by label."""
+    if path.is_file():
+        return "run"
+    if (path / "summary.json").exists():
+        return "run"
+    if (path / "sweep.parquet").exists() or (path / "sweep.csv").exists():
+        return "sweep"
+    if any(path.glob("*.json")):
+        return "baselines folder"
+    raise FileNotFoundError(f"{path}: no summary.json, sweep.parquet or baseline .json files "
+                            "(is it a results folder?)")
 
 
 def _sweep_metrics(table: pd.DataFrame) -> Metrics:
@@ -49,6 +71,21 @@ def read_metrics(path: Path) -> Metrics:
     return {s: {k: math.nan if v is None else float(v) for k, v in m.items()} for s, m in data.items()}
 
 
+# Relative tolerance: only float summation noise across numpy builds and platforms.
+DEFAULT_REL_TOL = 1e-9
+# Absolute floor, so that metrics whose baseline is 0 may carry rounding noise.
+ABS_TOL = 1e-12
+
+
+def moved(before: float, after: float, rel_tol: float = DEFAULT_REL_TOL) -> bool:
+    """Whether a metric changed by more than float noise (`rel_tol` 0: by anything)."""
+    if same_value(before, after):
+        return False
+    if math.isnan(before) or math.isnan(after):
+        return True
+    return abs(after - before) > rel_tol * abs(before) + (ABS_TOL if rel_tol else 0.0)
+
+
 def relative_change(before: float, after: float) -> float:
     """(after - before) / |before|; 0 when both agree (NaN == NaN), inf from a zero baseline."""
     if same_value(before, after):
@@ -72,3 +109,9 @@ def deltas(a: Metrics, b: Metrics) -> pd.DataFrame:
             rows.append({"label": label, "metric": metric, "a": va, "b": vb,
                          "delta": vb - va, "rel_change": relative_change(va, vb)})
     return pd.DataFrame(rows, columns=["label", "metric", "a", "b", "delta", "rel_change"])
+
+
+def changed_rows(frame: pd.DataFrame) -> pd.Series:
+    """Which rows of `deltas` moved by more than float noise (DEFAULT_REL_TOL)."""
+    return pd.Series([moved(a, b) for a, b in zip(frame["a"], frame["b"], strict=True)],
+                     index=frame.index, dtype=bool)

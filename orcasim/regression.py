@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from orcasim.compare import Metrics, read_metrics, relative_change, same_value
+from orcasim.compare import DEFAULT_REL_TOL, Metrics, moved, read_metrics, relative_change
 from orcasim.results import json_safe, write_text_atomically
 
 SCENARIO_DIR = Path("scenarios/regression")
 BASELINE_DIR = Path("results/baselines")
-# Relative tolerance: only float summation noise across numpy builds and platforms.
-DEFAULT_REL_TOL = 1e-9
-# Absolute floor, so that metrics whose baseline is 0 may carry rounding noise.
-ABS_TOL = 1e-12
 # Counts are integers: any change is a change.
 TOLERANCES: dict[str, float] = {"requests_completed": 0.0, "iterations": 0.0, "cost_out_of_range": 0.0}
 MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change"]
@@ -29,14 +25,6 @@ MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change"
 
 def tolerance(metric: str) -> float:
     return TOLERANCES.get(metric, DEFAULT_REL_TOL)
-
-
-def moved(baseline: float, now: float, rel_tol: float) -> bool:
-    if same_value(baseline, now):
-        return False
-    if math.isnan(baseline) or math.isnan(now):
-        return True
-    return abs(now - baseline) > rel_tol * abs(baseline) + (ABS_TOL if rel_tol else 0.0)
 
 
 def compare_to_baseline(scenario: str, baseline: Metrics, now: Metrics) -> pd.DataFrame:

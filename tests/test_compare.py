@@ -114,3 +114,23 @@ def test_a_sweeps_labels_and_metrics_by_hand() -> None:
                           "e2e_s_p50": [0.5, 0.25], "requests_completed": [10, 20]})
     assert _sweep_metrics(table) == {"p0000-r01/orca": {"e2e_s_p50": 0.5, "requests_completed": 10.0},
                                      "p0003-r00/vllm": {"e2e_s_p50": 0.25, "requests_completed": 20.0}}
+
+
+def test_kinds_baselines_and_float_noise(tmp_path: Path) -> None:
+    """A run against a sweep is refused on one line; a baseline file compares with a run, a
+    baselines folder with another; a relative change of 1e-16 is no change."""
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.parquet").write_bytes(b"")
+    run = write_summary(tmp_path / "run", {"orca": {"e2e_s_p50": 2.0, "ttft_s_p50": 1.0}})
+    res = CliRunner().invoke(app, ["compare", str(run), str(tmp_path / "sweep")])
+    assert res.exit_code == 2 and "different kinds" in res.output
+    baselines = tmp_path / "baselines"
+    baselines.mkdir()
+    (baselines / "quick.json").write_text(json.dumps({"orca": {"e2e_s_p50": 2.0 * (1 + 1e-16),
+                                                               "ttft_s_p50": 1.5}}))
+    res = CliRunner().invoke(app, ["compare", str(baselines / "quick.json"), str(run)])
+    assert res.exit_code == 0, res.output
+    assert "ttft_s_p50" in res.output and "e2e_s_p50" not in res.output and "1 of 2" in res.output
+    assert list(load_metrics(baselines)) == ["quick/orca"]
+    res = CliRunner().invoke(app, ["compare", "results/baselines", "results/baselines"])
+    assert res.exit_code == 0 and " 0 of " in res.output

@@ -27,7 +27,7 @@ def test_a_metric_moves_past_its_relative_tolerance_plus_a_float_floor() -> None
     """Moved means |now - baseline| > rel_tol |baseline| + 1e-12 (the floor lets a zero
     baseline carry rounding noise); a count (tolerance 0) moves on any change, with no floor.
     A value that turns NaN, or stops being NaN, has moved."""
-    from orcasim.regression import ABS_TOL, DEFAULT_REL_TOL
+    from orcasim.compare import ABS_TOL, DEFAULT_REL_TOL
 
     assert (DEFAULT_REL_TOL, ABS_TOL) == (1e-9, 1e-12)
     assert not moved(1000.0, 1000.0 + 0.5e-6, 1e-9)  # 0.5e-6 <= 1e-6 + 1e-12
