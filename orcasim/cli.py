@@ -130,6 +130,9 @@ def run(
     from orcasim.run import run_scenario
     from orcasim.scenario import load_scenario
 
+    if _is_sweep_file(scenario):
+        fail(f"{scenario} is a sweep file (base scenario and grid), not a scenario; run it with "
+             f"`orcasim sweep {scenario}`")
     try:
         sc = load_scenario(scenario, set_ or [])
         out_dir = out or default_results_dir(sc.name)

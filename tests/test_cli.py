@@ -121,3 +121,12 @@ def test_a_saved_scenario_reruns_from_its_results_folder(tmp_path: Path) -> None
     assert (first / "summary.json").read_text() == (second / "summary.json").read_text()
     shipped = "traces/sharegpt_lengths_llama2.csv"
     assert portable_data_path(shipped, here) == shipped
+
+
+def test_run_of_a_sweep_file_points_to_orcasim_sweep(tmp_path: Path) -> None:
+    from sweep_files import write_sweep
+
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [2.0]")
+    p = orcasim("run", str(path), "--out", str(tmp_path / "out"))
+    assert p.returncode == 2 and f"orcasim sweep {path}" in p.stderr and "'base'" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
