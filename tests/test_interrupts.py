@@ -82,9 +82,11 @@ def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals
     for sig in signals:
         proc.send_signal(sig)
         time.sleep(0.1)
-    _, stderr = proc.communicate(timeout=EXIT_WITHIN_S)
+    stdout, stderr = proc.communicate(timeout=EXIT_WITHIN_S)
     assert time.monotonic() - sent_s < EXIT_WITHIN_S
-    assert proc.returncode == 130, stderr
+    # Its output says how far it got, should it not stop (seen twice in ~10 full runs:
+    # once past the 10 s, once exit 0, neither reproduced alone).
+    assert proc.returncode == 130, (stdout, stderr)
     assert "--resume" in stderr and "Traceback" not in stderr, stderr
     time.sleep(0.5)
     assert processes_marked(marker) == [], "workers outlived the sweep"
