@@ -63,7 +63,6 @@ from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Router, drive, shared_recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
-from orcasim.schedulers.distserve_decode import DistServeDecodeScheduler
 from orcasim.schedulers.paged import PagedScheduler
 from orcasim.sessions import SessionSource
 from orcasim.sources import ArrivalSource
@@ -115,14 +114,16 @@ class BridgeSource(ArrivalSource):
     def __init__(self, num_requests: int, inner: ArrivalSource,
                  on_delivered: Callable[[int, float], None],
                  on_copied: Callable[[Sequence[tuple[int, float]], float], None],
-                 on_turned_away: Callable[[list[int], float], None]) -> None:
+                 on_turned_away: Callable[[list[int], float], None],
+                 frees_on_rejection: bool = False) -> None:
         self.arrival_s = np.full(num_requests, np.nan)
         self.inner, self.on_delivered = inner, on_delivered
         self.on_copied, self.on_turned_away = on_copied, on_turned_away
         self._heap: list[tuple[float, int]] = []  # (ready time, id): ids break ties
-        # Whether a decode instance's rejection makes arrivals (a closed loop's next
-        # request); `DisaggregatedFleet` also sets it where a rejection frees prefill KV.
-        self.closed_loop = inner.closed_loop
+        # Whether a decode instance's rejection makes arrivals: a closed loop's next request,
+        # or (pulled) a prompt let in by the prefill KV it frees. Then the decode instance's
+        # fast mode must stop where it turns one away.
+        self.closed_loop = inner.closed_loop or frees_on_rejection
 
     def push(self, ready_s: float, req_id: int) -> None:
         heapq.heappush(self._heap, (ready_s, req_id))
@@ -232,10 +233,7 @@ class DisaggregatedFleet:
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.kv_transfer_s = np.full(n, np.nan)
         self.bridge = BridgeSource(n, self.source, self._delivered, self._copying,
-                                   self._turned_away)
-        # Pulled, a request turned away on the decode side frees its prefill KV then, which
-        # lets a prompt in: the decode instance's fast mode must stop where it turns one away.
-        self.bridge.closed_loop = self.source.closed_loop or self.pull
+                                   self._turned_away, frees_on_rejection=self.pull)
         self.releases = KvReleases(self._copied)
         for replica in self.prefill:
             replica.source = PrefillSource(self.source, self._prefilled)
@@ -400,12 +398,9 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
 
 def _check_pulls(decode: list[Replica], pulls: bool) -> None:
     """A pulled handoff's copies are announced by the generic stepper (`take_pulled`);
-    a pipelined decode instance plans its own way. DistServe's decode policy accepts
-    requests whose KV it pulls."""
+    a pipelined decode instance plans its own way. (Where DistServe's decode policy may
+    run is a scenario rule: `Scenario._check_distserve_placement`.)"""
     for replica in decode:
-        if not pulls and isinstance(replica.scheduler, DistServeDecodeScheduler):
-            raise ScenarioError("decode.scheduler.policy = 'distserve_decode' accepts requests "
-                                "whose KV it pulls; expected cluster.handoff: pull")
         if pulls and not isinstance(replica.stepper, GenericStepper):
             raise ScenarioError(
                 "cluster.handoff = 'pull' needs decode instances that run one batch at a "

@@ -169,9 +169,8 @@ class Scenario(Strict):
             cluster, where = system.cluster, f"systems[{j}]"
             if cluster is None or cluster.prefill is None or cluster.decode is None:
                 places: list[tuple[str, object]] = [(f"{where}.scheduler", system.scheduler)]
-                groups = cluster.replicas if cluster is not None else None
                 places += [(f"{where}.cluster.replicas[{i}].scheduler", g.scheduler)
-                           for i, g in enumerate(groups if isinstance(groups, list) else [])]
+                           for i, g in enumerate(cluster.groups() if cluster else [])]
             else:
                 places = [(f"{where}.cluster.prefill.scheduler",
                            cluster.prefill.scheduler or system.scheduler)]
@@ -188,8 +187,7 @@ class Scenario(Strict):
     def _check_group_reservations(self) -> None:
         """As above, for a fleet's group with KV of its own: no request could be admitted there."""
         for j, system in enumerate(self.systems):
-            groups = system.cluster.replicas if system.cluster is not None else None
-            for i, group in enumerate(groups if isinstance(groups, list) else []):
+            for i, group in enumerate(system.cluster.groups() if system.cluster else []):
                 kv = group.kv_capacity_tokens
                 if kv is not None and kv < self.workload.max_tokens and \
                         reserves_max_tokens(group.scheduler or system.scheduler):
