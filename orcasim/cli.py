@@ -13,6 +13,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+try:  # typer from 0.2x carries its own click, whose errors are not click's
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # older typer: click itself
+    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
+
 from orcasim.config import ScenarioError, format_validation_error
 
 if TYPE_CHECKING:
@@ -521,11 +526,30 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     typer.echo(f"warning: {message}", err=True)
 
 
+def usage_error_text(e: UsageError) -> str:
+    """A command line that does not parse, on one line: the command, click's reason, and
+    where the options are listed (click's own form is a usage line and a boxed message)."""
+    where = e.ctx.command_path if e.ctx is not None else "orcasim"
+    reason = " ".join(e.format_message().split())
+    return f"{where}: {reason} (see {where} --help)"
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = _show_warning
     try:
-        app()
+        # Not standalone: click's errors come back as values to print on one line; --help and
+        # typer.Exit come back as the exit code.
+        code = app(standalone_mode=False)
+    except UsageError as e:
+        typer.echo(f"error: {usage_error_text(e)}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except ClickException as e:
+        typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+        sys.exit(e.exit_code)
+    except typer.Abort:  # end of input at a prompt
+        typer.echo("aborted", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         typer.echo("interrupted", err=True)
@@ -534,6 +558,7 @@ def main() -> None:
         where = f" ({e.filename})" if e.filename else ""
         typer.echo(f"error: {e.strerror or e}{where}; nothing was left half-written", err=True)
         sys.exit(EXIT_ENVIRONMENT)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

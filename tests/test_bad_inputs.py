@@ -165,6 +165,24 @@ def test_a_failing_disk_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "nothing was left half-written" in done.stderr
 
 
+@pytest.mark.parametrize(("args", "phrase"), [
+    (["run"], "orcasim.cli run: Missing argument 'scenario'"),
+    (["run", "s.yaml", "--bogus"], "orcasim.cli run: No such option: --bogus"),
+    (["frobnicate"], "orcasim.cli: No such command 'frobnicate'"),
+], ids=["missing argument", "unknown option", "unknown command"])
+def test_a_command_line_that_does_not_parse_is_one_line(args: list[str], phrase: str) -> None:
+    """Through main, as a user's shell runs it (click's own form is a usage line and a box)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "orcasim.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert phrase in done.stderr
+    assert "--help" in done.stderr and done.stdout == ""
+
+
 def test_a_scenario_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
