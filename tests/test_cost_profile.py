@@ -451,6 +451,16 @@ def test_a_table_missing_a_column_names_the_file_and_the_columns(tmp_path, reade
     assert "\n" not in str(caught.value)
 
 
+def test_an_mlp_table_without_operator_times_is_refused(tmp_path) -> None:  # noqa: ANN001
+    """Its shape columns alone would price every layer at nothing."""
+    path = tmp_path / "mlp.csv"
+    path.write_text("num_tensor_parallel_workers,num_tokens,time_stats.emb.median\n2,1,0.1\n")
+    with pytest.raises(ScenarioError, match=f"^cost: {path}: no operator times; expected "
+                                            "columns time_stats.<op>.median for one or more of "
+                                            "input_layernorm, "):
+        mlp_table(str(path), model_spec("llama2-70b"), 2)
+
+
 def test_an_aiconfigurator_folder_is_found_beside_the_scenario(tmp_path) -> None:  # noqa: ANN001
     import shutil
 

@@ -77,12 +77,14 @@ def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
         "n_embd": model.hidden_size, "n_head": model.num_heads,
         "n_kv_head": model.kv_heads, "n_expanded_embd": model.ffn_size,
     })
+    timed = [op for op in VIDUR_LAYER_OPS if f"time_stats.{op}.median" in df.columns]
+    if not timed:  # else the layer would cost nothing, silently
+        raise ScenarioError(
+            f"cost: {path}: no operator times; expected columns time_stats.<op>.median for "
+            f"one or more of {', '.join(VIDUR_LAYER_OPS)} (as Vidur's profiler writes them)")
     rows = _rows_for_tp(df, path, "num_tensor_parallel_workers", tp)
-    per_layer = sum(
-        count * rows[f"time_stats.{op}.median"].to_numpy()
-        for op, count in VIDUR_LAYER_OPS.items()
-        if f"time_stats.{op}.median" in rows.columns
-    )
+    per_layer = sum(count * rows[f"time_stats.{op}.median"].to_numpy()
+                    for op, count in VIDUR_LAYER_OPS.items() if op in timed)
     tokens = rows["num_tokens"].to_numpy()
     emb = rows["time_stats.emb.median"].to_numpy() if "time_stats.emb.median" in rows else np.zeros(len(rows))
     return Table1D.from_points(tokens, per_layer * MS), Table1D.from_points(tokens, emb * MS)
