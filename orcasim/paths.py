@@ -80,6 +80,17 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         raise ScenarioError(f"{path}: {e}") from None
 
 
+def csv_data_line(path: Path, row: int) -> int:
+    """The file line (from 1) of data row `row` of a CSV with one header line, as an error
+    names it: pandas skips blank lines, so they are counted back in."""
+    with Path(path).open(encoding="utf-8") as f:
+        non_blank = (number for number, text in enumerate(f, start=1) if text.strip())
+        for index, number in enumerate(non_blank):
+            if index == row + 1:  # the header is non-blank line 0
+                return number
+    return row + 2
+
+
 def read_parquet(path: Path) -> pd.DataFrame:
     if not Path(path).is_file():
         raise FileNotFoundError(2, "no such file", str(path))

@@ -262,6 +262,7 @@ def test_an_empirical_length_column_is_read_and_checked(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("body", "message"), [
     ("len\n10\nabc\n", r"^e\.csv line 3: column 'len' = 'abc', expected an integer from 1 to "),
     ("a,len\n1,10\n2,\n", r"^e\.csv line 3: column 'len' = \(empty\), expected an integer"),
+    ("len\n10\n\n\n11\nabc\n", r"^e\.csv line 6: column 'len' = 'abc'"),  # blank lines count
     ("len\n", r"^.*e\.csv: column 'len' has no rows; expected at least one length, an integer "),
 ])
 def test_an_empirical_column_of_no_numbers_or_no_rows_is_one_line(

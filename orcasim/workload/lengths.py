@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.paths import DataPath, read_csv, resolve_data_path
+from orcasim.paths import DataPath, csv_data_line, read_csv, resolve_data_path
 
 # The longest request length accepted anywhere (a prompt, an output, a limit): far above any
 # model's context today, and far below where int64 token sums or float64 times lose digits.
@@ -143,19 +143,17 @@ def load_length_column(path: str, column: str) -> np.ndarray:
         if values.empty:  # nothing to resample from
             raise ScenarioError(f"{path}: column '{column}' has no rows; expected at least one "
                                 f"length, {LENGTH_EXPECTED}")
-        _COLUMN_CACHE[key] = _positive_ints(values, Path(path).name, column)
+        _COLUMN_CACHE[key] = _positive_ints(values, resolved, column)
     return _COLUMN_CACHE[key]
 
 
-def _positive_ints(values: pd.Series, name: str, column: str) -> np.ndarray:
+def _positive_ints(values: pd.Series, path: Path, column: str) -> np.ndarray:
     as_float = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
     bad = bad_lengths(as_float)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raw = values.iloc[row]
         shown = repr(raw) if isinstance(raw, str) else "(empty)"  # pandas reads '' as NaN
-        # +2: one for the header line, one because file lines count from 1.
-        raise ScenarioError(
-            f"{name} line {row + 2}: column '{column}' = {shown}, expected {LENGTH_EXPECTED}"
-        )
+        raise ScenarioError(f"{path.name} line {csv_data_line(path, row)}: column '{column}' = "
+                            f"{shown}, expected {LENGTH_EXPECTED}")
     return as_float.astype(np.int64)

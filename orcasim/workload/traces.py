@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
-from orcasim.paths import read_csv, read_json, resolve_data_path
+from orcasim.paths import csv_data_line, read_csv, read_json, resolve_data_path
 from orcasim.requests import PromptContent
 from orcasim.workload.lengths import LENGTH_EXPECTED, bad_lengths
 
@@ -329,16 +329,9 @@ def _raise_on_bad(
 
 
 def _line_of(path: Path, row: int, line_offset: int) -> int:
-    """The file line of data row `row`. pandas skips blank lines in a CSV (line_offset 2:
-    a header, then data), so they are counted back in; other formats have one per line."""
-    if line_offset != 2:
-        return row + line_offset
-    with path.open(encoding="utf-8") as f:
-        non_blank = (number for number, text in enumerate(f, start=1) if text.strip())
-        for index, number in enumerate(non_blank):
-            if index == row + 1:  # the header is non-blank line 0
-                return number
-    return row + line_offset
+    """The file line of data row `row`: a CSV's (line_offset 2: a header, then data) counts
+    blank lines back in; other formats have one per line."""
+    return csv_data_line(path, row) if line_offset == 2 else row + line_offset
 
 
 def _sorted_from_zero(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace:
