@@ -173,3 +173,22 @@ def test_warmup_drops_the_early_arrivals() -> None:
                            "first_scheduled_s": np.arange(300.0, 700.0)})
     frame = pd.concat([burst, steady])
     assert saturation(frame, warmup_s=300.0)["saturation_growth_requests"] == pytest.approx(0.0)
+
+
+def test_the_growth_is_the_continuous_least_squares_slope() -> None:
+    """The closed form equals a fit of the waiting count sampled finely over the span, and
+    moves by rounding when the timestamps move by rounding (fast and reference mode)."""
+    rng = np.random.default_rng(7)
+    arrival = np.sort(rng.uniform(0.0, 100.0, 400))
+    scheduled = arrival + rng.exponential(5.0, 400) * np.linspace(0.5, 3.0, 400)
+    scheduled[-5:] = np.inf  # never ran
+    reqs = pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": scheduled})
+    out = saturation(reqs)
+    from_s = arrival[0] + 0.25 * (arrival[-1] - arrival[0])
+    x = np.linspace(0.0, 1.0, 400_001)
+    waiting = waiting_count(arrival, scheduled, from_s + x * (arrival[-1] - from_s))
+    sampled = np.polyfit(x, waiting.astype(np.float64), 1)[0]
+    assert out["saturation_growth_requests"] == pytest.approx(sampled, abs=0.05)
+    # A timestamp on a sample point of a sampled fit would flip its count; here nothing jumps.
+    nudged = reqs.assign(first_scheduled_s=scheduled * (1 + 1e-15))
+    assert saturation(nudged)["saturation_z"] == pytest.approx(out["saturation_z"], rel=1e-9)
