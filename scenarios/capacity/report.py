@@ -232,7 +232,7 @@ What this says:
   goodput 5.35 req/s simulated against 6.06 real, 12% low. The miss is between 3 and 6 req/s:
   simulated 88.3% at 6 req/s against 90.7% real puts the 90% crossing below 6 instead of just
   above it, a small difference in attainment that moves the interpolated crossing a lot.
-  Without the overhead model the 9 and 12 req/s runs read 12 and 7 points too optimistic.
+  Without the overhead model the 9 and 12 req/s runs read 11 and 6 points too optimistic.
 - vLLM: neither the real server nor the simulation meets 90% at the lowest measured rate
   (1 req/s: 68% real, 60% simulated), so its goodput under these targets is below 1 req/s in
   both, and these runs cannot place it more precisely. At 1 to 2 req/s the simulation is within
