@@ -34,6 +34,9 @@ def sessions_frame(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
     start_s = source.step_sent_s[plan.step_start[:-1]]
     end_s = source.step_done_s[plan.step_start[1:] - 1]
     server_s = steps["latency_s"].sum().to_numpy()
+    # Summed gap by gap, not task time less server time: a leftover of rounding would read
+    # as tool time (negative, even) where the next send follows a step's end at once.
+    tool_s = np.where(np.isnan(end_s), np.nan, steps["gap_s"].sum().to_numpy())
     return pd.DataFrame({
         "session_id": np.arange(num, dtype=np.int64),
         "start_s": start_s,
@@ -42,7 +45,7 @@ def sessions_frame(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
         "steps": np.diff(plan.step_start),
         "calls": _per_session(calls, "id", num, "size"),
         "server_s": server_s,
-        "tool_s": (end_s - start_s) - server_s,
+        "tool_s": tool_s,
         "queued_s": steps["queued_s"].sum().to_numpy(),
         "step_latency_mean_s": steps["latency_s"].mean().to_numpy(),
         "step_latency_max_s": steps["latency_s"].max().to_numpy(),
@@ -59,7 +62,8 @@ def _per_session(calls: pd.api.typing.DataFrameGroupBy, column: str, num: int,
 
 
 def _step_rows(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
-    """Per global step: its latency at the server, and the part before its first schedule."""
+    """Per global step: its latency at the server, the part before its first schedule, and
+    the time since its session's previous step ended (tools or thinking)."""
     sent_s, done_s = source.step_sent_s, source.step_done_s
     first_s = np.full(len(sent_s), np.nan)
     scheduled = reqs["first_scheduled_s"].to_numpy()
@@ -68,7 +72,10 @@ def _step_rows(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
     np.fmin.at(first_s, step[order], scheduled[order])
     latency_s = done_s - sent_s
     queued_s = np.where(np.isnan(first_s), latency_s, np.minimum(first_s, done_s) - sent_s)
-    return pd.DataFrame({"latency_s": latency_s, "queued_s": queued_s})
+    gap_s = np.zeros(len(sent_s))  # from the previous step's end to this send; none first
+    gap_s[1:] = sent_s[1:] - done_s[:-1]
+    gap_s[source.plan.step_start[:-1]] = 0.0
+    return pd.DataFrame({"latency_s": latency_s, "queued_s": queued_s, "gap_s": gap_s})
 
 
 def sessions_summary(sessions: pd.DataFrame, source: SessionSource,

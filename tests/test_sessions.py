@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -348,6 +349,69 @@ def test_a_session_scenario_is_deterministic_per_seed() -> None:
         pd.testing.assert_frame_equal(result.requests, again.systems[name].requests)
         pd.testing.assert_frame_equal(result.sessions, again.systems[name].sessions)
         assert not result.requests["prompt_tokens"].equals(other.systems[name].requests["prompt_tokens"])
+
+
+NO_TOOL_TIME = """
+name: tool-s-rounding
+seed: 10287
+workload:
+  arrival:
+    kind: agents
+    num_sessions: 4
+    session_rate_per_s: 10.0
+    output_tokens:
+      kind: constant
+      value: 32
+    max_context_tokens: 32
+    system_prompt:
+      tokens: 1
+      shared_fraction: 0.0
+    steps:
+      kind: uniform
+      low: 3
+      high: 4
+    observation_tokens:
+      kind: lognormal
+      mean: 3.367776849388872
+      sigma: 1.0
+      max: 8
+    tool_time:
+      kind: constant
+      value_s: 0.0
+  max_tokens: 65
+model: qwen3-30b-a3b
+hardware:
+  gpu: h100-80gb
+  tensor_parallel: 2
+  expert_parallel: 2
+cost:
+  kind: roofline
+  expert_routing_skew: 1.1
+warmup_s: 0.125
+systems:
+- name: s0
+  scheduler:
+    kind: chunked
+    max_num_seqs: 3
+    block_size_tokens: 16
+    preemption: recompute
+    watermark: 0.0
+    enable_prefix_caching: true
+    chunk_size_tokens: 512
+kv_capacity_tokens: 144
+"""
+
+
+def test_no_tool_time_is_none_in_either_mode() -> None:
+    """Agents whose tools take no time: each step is sent as the previous one ends, so
+    `tool_s` is 0 exactly. Found by fuzzing: task time less server time left 1.1e-16 here
+    in fast mode, 0 in reference mode (and -1.8e-15 on another case): a rounding residue
+    read as tool time."""
+    data = yaml.safe_load(NO_TOOL_TIME)
+    for mode in ("fast", "reference"):
+        sessions = run_scenario(data | {"engine": {"mode": mode}}).systems["s0"].sessions
+        assert sessions is not None and sessions["end_s"].notna().all()
+        assert sessions["tool_s"].tolist() == [0.0] * 4, mode
 
 
 def test_session_summary_and_table() -> None:
