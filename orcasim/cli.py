@@ -91,11 +91,22 @@ def fail(message: str) -> None:
 EXIT_INTERRUPTED = 130
 
 
+_told_interrupted = False  # `interrupted` said how to resume; main adds nothing
+
+
 def interrupted(resume_command: str) -> None:
     """Ctrl-C (or SIGTERM) during a resumable run: say how to continue, exit 130."""
+    global _told_interrupted
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second press must not cut the exit short
     typer.echo(f"interrupted; finished points are kept. Resume with: {resume_command}", err=True)
+    _told_interrupted = True
     raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _tell_interrupted() -> None:
+    """Ctrl-C (or SIGTERM) elsewhere: results are written whole or not at all."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    typer.echo("interrupted; nothing was left half-written", err=True)
 
 
 def error_text(e: Exception) -> str:
@@ -547,17 +558,21 @@ def main() -> None:
     except ClickException as e:
         typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
         sys.exit(e.exit_code)
-    except typer.Abort:  # end of input at a prompt
+    except typer.Abort as e:  # click's form of Ctrl-C (older typer), or end of input
+        if isinstance(e.__context__, KeyboardInterrupt):
+            _tell_interrupted()
+            sys.exit(EXIT_INTERRUPTED)
         typer.echo("aborted", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        typer.echo("interrupted", err=True)
+        _tell_interrupted()
         sys.exit(EXIT_INTERRUPTED)
     except OSError as e:  # the machine, not the input: a full disk, a read-only folder
         where = f" ({e.filename})" if e.filename else ""
         typer.echo(f"error: {e.strerror or e}{where}; nothing was left half-written", err=True)
         sys.exit(EXIT_ENVIRONMENT)
+    if code == EXIT_INTERRUPTED and not _told_interrupted:  # typer's form of Ctrl-C
+        _tell_interrupted()
     sys.exit(code if isinstance(code, int) else 0)
 
 
