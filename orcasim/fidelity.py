@@ -87,14 +87,14 @@ def fidelity_table(
     return pd.concat(tables, ignore_index=True)[order], frames
 
 
-def run_labels(runs: list[Path]) -> list[str]:
+def run_labels(runs: list[Path], given_as: str = "--real") -> list[str]:
     """Each run's name in the table, summary and figures: its file's stem, with as many of
     its folders in front (a/run, b/run) as tell apart logs of the same stem, or its whole
-    path. The same log given twice is a ScenarioError."""
+    path. The same log given twice is a ScenarioError naming it as `given_as` does."""
     paths = [Path(p).resolve() for p in runs]
     twice = next((runs[i] for i, p in enumerate(paths) if p in paths[:i]), None)
     if twice is not None:
-        raise ScenarioError(f"--real {twice}: given twice; expected each run once")
+        raise ScenarioError(f"{given_as} {twice}: given twice; expected each run once")
     depth = [0] * len(paths)
     labels = [p.stem for p in paths]
     while clashing := [i for i, label in enumerate(labels) if labels.count(label) > 1]:
