@@ -46,12 +46,20 @@ def replay_of(scenario: Scenario, run_path: Path, fmt: str = "auto") -> Scenario
 def compare(
     real: pd.DataFrame, simulated: pd.DataFrame, percentiles: tuple[int, ...] = PERCENTILES
 ) -> pd.DataFrame:
-    """Per metric the real run measured and per percentile: real, simulated, relative error."""
+    """Per metric the real run measured and per percentile: real, simulated, relative error.
+
+    Both frames hold the run's requests in the same order (arrival order: the replay's
+    ids). Each metric is compared over the requests that have it on both sides: one the
+    log left unmeasured, or the simulation turned away, is left out of both."""
+    if len(real) != len(simulated):
+        raise ValueError(f"internal error: {len(real)} real requests against {len(simulated)} "
+                         "simulated; a replay simulates each request of its run")
     rows = []
     for metric in METRICS:
-        real_values = real[metric].dropna().to_numpy()
-        sim_values = simulated[metric].dropna().to_numpy()
-        if len(real_values) == 0 or len(sim_values) == 0:
+        both = real[metric].notna().to_numpy() & simulated[metric].notna().to_numpy()
+        real_values = real[metric].to_numpy()[both]
+        sim_values = simulated[metric].to_numpy()[both]
+        if len(real_values) == 0:
             continue  # the log does not measure it (or no simulated request has it)
         for q in percentiles:
             r, s = float(np.percentile(real_values, q)), float(np.percentile(sim_values, q))

@@ -40,6 +40,21 @@ def test_the_percentile_table_by_hand() -> None:
     assert none.empty and list(none.columns) == list(COLUMNS)
 
 
+def test_each_metric_is_compared_over_the_same_requests() -> None:
+    """A request the log left unmeasured, or the simulation turned away, is left out of both
+    sides: here the real run's longest TTFTs are missing and the simulation turned away its
+    shortest request; what is left agrees exactly. (Each side's own requests gave TTFT p50
+    2 against 4: +100% from comparing different requests.)"""
+    real = _frame([1, 2, 3, np.nan, np.nan, np.nan], [0.1] * 6, [2, 3, 4, 5, 6, 7])
+    simulated = _frame([np.nan, 2, 3, 4, 5, 6], [0.1] * 6, [np.nan, 3, 4, 5, 6, 7])
+    table = compare(real, simulated, (50, 90))
+    ttft = table[table["metric"] == "ttft_s"]
+    assert ttft["real"].tolist() == ttft["simulated"].tolist() == pytest.approx([2.5, 2.9])
+    assert (table["rel_error"].abs() < 1e-12).all()
+    with pytest.raises(ValueError, match="internal error: 6 real requests against 5 simulated"):
+        compare(real, simulated.iloc[1:])
+
+
 def test_the_headline_error_is_the_median_over_p50_and_p90() -> None:
     """|errors| 0.1, 0.3 (p50, p90 of one metric) and 0.2, 0.4 (another): median 0.25; p99
     rows do not count, negative errors count by their size; no scored row: NaN."""

@@ -321,7 +321,10 @@ VLLM_GOOD = {"start_times": [0.0, 1.0], "input_lens": [5, 5], "output_lens": [2,
     ({"output_lens": ["x", 3]}, r"r\.json request 0: output_lens = 'x', expected a number"),
     ({"output_lens": [2, True]}, r"r\.json request 1: output_lens = True, expected a number"),
     ({"itls": [None, [0.1, 0.1]]}, r"r\.json request 0: itls = None, expected a list of numbers "
-                                   r"\(seconds between output tokens\)"),
+                                   r">= 0 \(seconds between output tokens\)"),
+    ({"itls": [[0.1], [0.1, -0.1]]}, r"r\.json request 1: itls = \[0\.1, -0\.1\], expected a list "
+                                     r"of numbers >= 0"),
+    ({"ttfts": [-1.0, 0.1]}, r"r\.json request 0: ttfts = -1\.0, expected a number of seconds >= 0"),
     ({"itls": [[0.1], [0.1, "a"]]}, r"r\.json request 1: itls = \[0\.1, 'a'\], expected a list"),
     ({"input_lens": 5}, r"r\.json: input_lens = 5, expected a list with one entry per request"),
     ({"ttfts": [0.1, None]}, r"r\.json request 1: ttfts = None, expected a number"),

@@ -101,6 +101,9 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
                          "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
                          "benchmark result")
     output = _token_counts(rows, "output_tokens", resolved, offset)
+    # A request cannot end before its first token: such a log would give negative TPOTs.
+    _raise_on_bad((frame["e2e_s"] < frame["ttft_s"]).to_numpy(), frame["e2e_s"], "e2e_s",
+                  resolved, offset, "a number >= the request's ttft_s")
     derived = (frame["e2e_s"] - frame["ttft_s"]) / np.where(output > 1, output - 1, np.nan)
     frame["tpot_s"] = frame["tpot_s"].fillna(derived)
     frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token
@@ -209,13 +212,17 @@ def _checked_vllm_lists(doc: dict[str, Any], path: Path) -> list[Any]:
     if len(errors) != n:
         raise ScenarioError(f"{path.name}: errors has {len(errors)} entries, expected one per "
                             f"request ({n}, as input_lens)")
-    for field in ("start_times", "input_lens", "output_lens", "ttfts"):
+    for field in ("start_times", "input_lens", "output_lens"):
         _raise_on_bad(np.array([not _is_number(v) for v in doc[field]], dtype=bool),
                       pd.Series(doc[field], dtype=object), field, path, JSON_LISTS, "a number")
-    _raise_on_bad(np.array([not (isinstance(g, list) and all(_is_number(t) for t in g))
+    _raise_on_bad(np.array([not (_is_number(v) and v >= 0) for v in doc["ttfts"]], dtype=bool),
+                  pd.Series(doc["ttfts"], dtype=object), "ttfts", path, JSON_LISTS,
+                  "a number of seconds >= 0")
+    # Fewer gaps than output tokens - 1 is fine: a streamed chunk may carry several tokens.
+    _raise_on_bad(np.array([not (isinstance(g, list) and all(_is_number(t) and t >= 0 for t in g))
                             for g in doc["itls"]], dtype=bool),
                   pd.Series(doc["itls"], dtype=object), "itls", path, JSON_LISTS,
-                  "a list of numbers (seconds between output tokens)")
+                  "a list of numbers >= 0 (seconds between output tokens)")
     return list(errors)
 
 
