@@ -317,17 +317,20 @@ def fidelity(
     scenario: ScenarioArg,
     real: Annotated[list[Path], typer.Option(help="A real run's per-request log (repeatable).")],
     system: Annotated[list[str] | None, typer.Option(help="System(s) to compare (default all).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="Log format: auto, orcasim, vllm.")] = "auto",
+    fmt: Annotated[str, typer.Option("--format", help="Log format: auto, orcasim or vllm.")] = "auto",
     out: Annotated[Path | None, typer.Option(help="Folder (default results/fidelity/<name>).")] = None,
     set_: SetOpt = None,
     force: Annotated[bool, typer.Option(help="Overwrite existing results.")] = False,
     plots: Annotated[bool, typer.Option(help="Write real-against-simulated CDF plots.")] = True,
 ) -> None:
     """Replay each real run's arrivals and lengths through SCENARIO; compare the percentiles."""
-    from orcasim.fidelity import fidelity_table, headline_error
+    from orcasim.fidelity import MEASURED_FORMATS, fidelity_table, headline_error
     from orcasim.results import check_out_dir, default_results_dir, write_fidelity
     from orcasim.scenario import load_scenario
 
+    if fmt not in MEASURED_FORMATS:  # the formats that hold measured latencies
+        fail(f"--format = {fmt!r}: expected {', '.join(MEASURED_FORMATS[:-1])} or "
+             f"{MEASURED_FORMATS[-1]}")
     try:
         sc = load_scenario(scenario, set_ or [])
         names = system or [s.name for s in sc.systems]
@@ -463,7 +466,7 @@ def capacity(
         if force:  # before any search, and with the file it reads
             check_replaceable(out_dir, [spec])
         result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
-                                  price_per_gpu_hour, target_rate)
+                                  price_per_gpu_hour, target_rate, inputs=[spec])
         cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
         fail(error_text(e))
@@ -477,6 +480,8 @@ def capacity(
     console.print(frame_table(result.table[list(dict.fromkeys(shown))],
                               f"{name}: highest rate within {', '.join(t.name for t in slo_cfg.targets)}"
                               f" at {slo_cfg.attainment:g} attainment"))
+    for line in cap.capacity_warnings(result, slo_cfg, target_rate):
+        typer.echo(f"warning: {line}", err=True)
     best = cap.cheapest(result.table)
     if best is not None and (len(points) > 1 or len(result.table) > 1):
         where = ", ".join(f"{k}={best[k]}" for k in points[0]) or "the scenario"

@@ -24,6 +24,7 @@ METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = (50, 90, 99)
 SCORED_PERCENTILES = (50, 90)  # the headline error's, as DistServe scores its simulator
 COLUMNS = ("metric", "percentile", "real", "simulated", "rel_error")
+MEASURED_FORMATS = ("auto", "orcasim", "vllm")  # the log formats that hold latencies
 
 
 def read_real_run(path: Path, fmt: str = "auto") -> pd.DataFrame:
@@ -82,8 +83,10 @@ def fidelity_table(
     tables, frames = [], {}
     for path, label in zip(runs, run_labels(runs), strict=True):
         real = read_real_run(path, fmt)
-        replay = replay_of(scenario, path, fmt)
-        result = run_scenario(replay, base_dir=base_dir)
+        try:  # a run the scenario cannot replay (a request beyond max_tokens): say which
+            result = run_scenario(replay_of(scenario, path, fmt), base_dir=base_dir)
+        except ScenarioError as e:
+            raise ScenarioError(f"--real {path}: {e}") from None
         for system in systems:
             simulated = result.systems[system].requests
             table = compare(real, simulated)

@@ -52,7 +52,7 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
                                                            "cv": 1e-300}}, None, "cv"),
     ("a run past 1e9 s", {"workload.arrival.rate_per_s": 1e-9}, None, "beyond 1e+09 s"),
     ("an empty trace", {}, "", "empty; expected a CSV file with a header row"),
-    ("a trace with only its header", {}, TRACE, "trace has no requests"),
+    ("a trace with only its header", {}, TRACE, "trace.csv: no requests (a header alone"),
     ("a ragged trace row", {}, TRACE + "0,10,5\n1,10\n", "line 3"),
     ("a non-numeric trace column", {}, TRACE + "0,abc,5\n", "prompt_tokens = 'abc'"),
     ("a bad row after blank lines", {}, TRACE + "0,10,5\n\n\n1,abc,5\n", "trace.csv line 5"),

@@ -174,3 +174,25 @@ def test_logs_sharing_a_stem_stay_apart(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.glob("*.png")) == ["a__run-7__a_cdf.png", "b__run-7__a_cdf.png"]
     with pytest.raises(ScenarioError, match="given twice"):
         fidelity_table(_scenario(), [logs[0], tmp_path / "b" / ".." / "a" / "run-7.csv"], ["a"])
+
+
+def test_a_run_the_scenario_cannot_replay_is_named(tmp_path: Path) -> None:
+    """Of several runs, the one holding a request beyond max_tokens is named in the error."""
+    from orcasim.config import ScenarioError
+
+    good = _run_log(tmp_path)
+    long = tmp_path / "long.csv"
+    long.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0.0,10,3,0.05\n1.0,300,2,0.06\n")
+    with pytest.raises(ScenarioError, match=rf"^--real {long}: workload.max_tokens = 256 is below"):
+        fidelity_table(_scenario(), [good, long], ["a"], "orcasim")
+
+
+def test_the_format_option_names_the_formats_that_hold_latencies(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    result = CliRunner().invoke(app, ["fidelity", str(tmp_path / "s.yaml"), "--real",
+                                      str(_run_log(tmp_path)), "--format", "xml"])
+    assert result.exit_code == 2
+    assert result.output == "error: --format = 'xml': expected auto, orcasim or vllm\n"

@@ -64,7 +64,8 @@ def test_requests_that_arrive_together_keep_their_file_order(tmp_path: Path) -> 
 
 
 def test_an_empty_trace_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"^trace has no requests$"):
+    with pytest.raises(ScenarioError, match=r"^t\.csv: no requests \(a header alone, or every "
+                                            r"request failed\); expected at least one$"):
         read_trace(_write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n"))
 
 
@@ -292,7 +293,8 @@ def test_a_vllm_result_without_an_errors_list_keeps_every_request(tmp_path: Path
 def test_a_vllm_result_in_which_every_request_failed_has_no_requests(tmp_path: Path) -> None:
     path = _vllm(tmp_path, start_times=[5.0, 6.0], input_lens=[5, 6], output_lens=[2, 3],
                  ttfts=[0.1, 0.1], itls=[[0.1], [0.1, 0.1]], errors=["timeout", "reset"])
-    with pytest.raises(ScenarioError, match=r"^trace has no requests$"):
+    with pytest.raises(ScenarioError, match=r"^r\.json: no requests \(a header alone, or every "
+                                            r"request failed\)"):
         read_trace(path)
 
 

@@ -49,6 +49,9 @@ def read_trace_with_content(
     rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
     prompt = _token_counts(rows, "prompt_tokens", resolved, offset)
     output = _token_counts(rows, "output_tokens", resolved, offset)
+    if len(arrival_s) == 0:
+        raise ScenarioError(f"{resolved.name}: no requests (a header alone, or every request "
+                            "failed); expected at least one")
     trace = _sorted_from_zero(arrival_s, prompt, output)
     if fmt != "mooncake":
         return trace, None
