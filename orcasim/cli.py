@@ -198,7 +198,8 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
                 check_system(sc, system, requests)  # and the cost files, and a fleet's pools
     except USER_ERRORS as e:
         fail(error_text(e))
-    typer.echo(f"{scenario}: ok ({len(requests)} requests, {len(sc.systems)} systems)")
+    n = len(sc.systems)
+    typer.echo(f"{scenario}: ok ({len(requests)} requests, {n} system{'s' if n > 1 else ''})")
 
 
 def _is_sweep_file(path: Path) -> bool:

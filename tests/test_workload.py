@@ -202,9 +202,23 @@ def test_a_trace_is_sped_up_and_capped(tmp_path: Path) -> None:
     fast = generate_requests(_trace_workload(tmp_path, arrival={"speedup": 2.0}), rng)
     assert fast.arrival_s.tolist() == [0.0, 0.5, 1.5, 2.0]  # speedup divides the times
     assert generate_requests(_trace_workload(tmp_path, num_requests=2), rng).prompt_tokens.tolist() == [10, 20]
-    capped = _trace_workload(tmp_path, num_requests=2, arrival={"max_requests": 3})
-    assert len(generate_requests(capped, rng)) == 3  # the trace's own cap comes first
+    both = _trace_workload(tmp_path, num_requests=3, arrival={"max_requests": 3})
+    assert len(generate_requests(both, rng)) == 3
     assert len(generate_requests(_trace_workload(tmp_path), rng)) == 4
+
+
+def test_a_trace_capped_twice_or_beyond_its_length_says_so(tmp_path: Path) -> None:
+    """Two different caps: which one was meant? One beyond the trace's requests: all of
+    them are replayed, and the run says so (the cap silently read as fewer)."""
+    with pytest.raises(ValueError, match=r"workload.num_requests = 2 and workload.arrival."
+                                         r"max_requests = 3: expected one of them"):
+        _trace_workload(tmp_path, num_requests=2, arrival={"max_requests": 3})
+    for keys, key in (({"num_requests": 10}, "num_requests"),
+                      ({"arrival": {"max_requests": 10}}, "arrival.max_requests")):
+        with pytest.warns(UserWarning, match=rf"^workload\.{key} = 10, but t\.csv holds 4 "
+                                             r"requests: all 4 are replayed$"):
+            assert len(generate_requests(_trace_workload(tmp_path, **keys),
+                                         np.random.default_rng(0))) == 4
 
 
 def test_a_request_longer_than_max_tokens_is_named(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Self
 
 import numpy as np
@@ -60,6 +61,12 @@ class WorkloadConfig(Strict):
             for key in ("prompt_tokens", "output_tokens"):
                 if getattr(self, key) is not None:
                     raise ScenarioError(f"{key} must not be set: a trace supplies the lengths")
+            cap = self.arrival.max_requests
+            if self.num_requests is not None and cap is not None and cap != self.num_requests:
+                raise ScenarioError(
+                    f"workload.num_requests = {self.num_requests} and workload.arrival."
+                    f"max_requests = {cap}: expected one of them (with a trace both cap the "
+                    "requests read, the first in the file)")
             return self
         if isinstance(self.arrival, ConversationArrival | AgentArrival):
             for key in ("num_requests", "prompt_tokens", "output_tokens", "system_prompt"):
@@ -99,9 +106,15 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
 
         return session_table(draw_plan(cfg.arrival.shape(), cfg.max_tokens, rng), cfg.max_tokens)
     if isinstance(cfg.arrival, TraceArrival):
+        cap = cfg.arrival.max_requests or cfg.num_requests
         (arrival_s, prompt, output), content = read_trace_with_content(
-            cfg.arrival.path, cfg.arrival.format, cfg.arrival.max_requests or cfg.num_requests
+            cfg.arrival.path, cfg.arrival.format, cap
         )
+        if cap is not None and len(arrival_s) < cap:
+            key = "arrival.max_requests" if cfg.arrival.max_requests else "num_requests"
+            warnings.warn(f"workload.{key} = {cap}, but {Path(cfg.arrival.path).name} holds "
+                          f"{len(arrival_s)} requests: all {len(arrival_s)} are replayed",
+                          UserWarning, stacklevel=2)
         arrival_s = arrival_s / cfg.arrival.speedup
     else:
         assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
