@@ -395,8 +395,23 @@ def model(
         model_from_argument,
     )
 
+    degrees = {"--tensor-parallel": tensor_parallel, "--pipeline-parallel": pipeline_parallel,
+               "--data-parallel-attention": data_parallel_attention,
+               "--expert-parallel": expert_parallel}
+    for option, d in degrees.items():
+        if d < 1:
+            fail(f"{option} = {d}: expected a positive integer")
+    split = next(((option, d) for option, d in degrees.items() if d != 1), None)
+    if gpu is None and split is not None:
+        fail(f"{split[0]} = {split[1]} needs --gpu: the degrees split a deployment's per-GPU "
+             "figures, and without a GPU the figures are the whole model's")
     try:
         spec_model = model_from_argument(spec, weight_dtype)
+        moe_only = {o: d for o, d in degrees.items() if "-parallel-attention" in o or "expert" in o}
+        dense_split = next(((o, d) for o, d in moe_only.items() if d != 1), None)
+        if spec_model.moe is None and dense_split is not None:
+            fail(f"{dense_split[0]} = {dense_split[1]}: expected 1 for {spec_model.name}, a dense "
+                 "model (data-parallel attention and expert parallelism split a mixture of experts)")
         hw = None
         if gpu is not None:
             fields = {"gpu": gpu, "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,

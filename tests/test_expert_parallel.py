@@ -77,6 +77,9 @@ def test_each_data_parallel_group_holds_its_own_requests_kv() -> None:
      "hardware.expert_parallel = 4 with tensor_parallel = 1 and data_parallel_attention = 8: expected 8"),
     ("deepseek-v3", {"data_parallel_attention": 2}, "hardware.expert_parallel = 1 .* expected 2"),
     ("deepseek-v3", {"tensor_parallel": 4, "expert_parallel": 2}, "expected 4 .* or 1"),
+    ("deepseek-v3", {"expert_parallel": 3}, r"expected 1 \(tensor_parallel x data_parallel_"
+                                            r"attention: expert parallelism spans the attention "
+                                            r"GPUs of a stage\)$"),  # not "1 or 1"
     ("llama-3.2-3b", {"tensor_parallel": 2, "expert_parallel": 2},
      "hardware.expert_parallel = 2 needs a mixture-of-experts model; .* is dense"),
     ("mixtral-8x7b", {"data_parallel_attention": 16, "expert_parallel": 16},
@@ -102,6 +105,22 @@ def test_the_model_command_prints_an_expert_parallel_deployment_and_refuses_a_ba
     assert bad.exit_code == 2
     assert bad.output.strip().count("\n") == 0 and "Traceback" not in bad.output
     assert "expert_parallel = 4" in bad.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["llama3-8b", "--tensor-parallel", "3"], "--tensor-parallel = 3 needs --gpu: "),
+    (["llama3-8b", "--tensor-parallel", "0", "--gpu", "h200"],
+     "--tensor-parallel = 0: expected a positive integer"),
+    (["llama3-8b", "--gpu", "h200", "--data-parallel-attention", "2"],
+     "--data-parallel-attention = 2: expected 1 for llama3-8b, a dense model"),
+], ids=["degree without a gpu", "not positive", "dense with data-parallel attention"])
+def test_the_model_command_refuses_degrees_it_would_ignore_or_misread(args: list[str],
+                                                                     message: str) -> None:
+    """Without --gpu the degrees were ignored (exit 0); a dense model's data-parallel
+    attention was refused for its expert-parallel degree, then for being dense."""
+    result = CliRunner().invoke(app, ["model", *args])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {message}"), result.output
+    assert result.output.count("\n") == 1
 
 
 # --- routing ------------------------------------------------------------------------------

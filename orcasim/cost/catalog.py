@@ -365,8 +365,9 @@ class HardwareConfig(Strict):
                 f"hardware.expert_parallel = {ep} with tensor_parallel = {self.tensor_parallel} and "
                 f"data_parallel_attention = {self.data_parallel_attention}: expected "
                 f"{stage} (tensor_parallel x data_parallel_attention: expert parallelism spans "
-                "the attention GPUs of a stage)" + ("" if self.data_parallel_attention > 1 else
-                                                     " or 1 (experts split by tensor parallelism)"))
+                "the attention GPUs of a stage)" + (
+                    "" if self.data_parallel_attention > 1 or stage == 1
+                    else " or 1 (experts split by tensor parallelism)"))
         return self
 
 
