@@ -43,6 +43,10 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         targets = _read_slo(results_dir / "slo.yaml")
         figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
                                    read_csv(results_dir / "evaluations.csv"), targets)
+    elif (results_dir / "fidelity.csv").exists():  # it keeps no per-request frames to redraw
+        raise ScenarioError(f"{results_dir}: an orcasim fidelity folder, whose CDF figures "
+                            "orcasim fidelity writes (rerun it with --force to redraw them); "
+                            "expected a run, sweep or capacity folder")
     elif (results_dir / "summary.json").exists():
         summary = read_metrics(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))

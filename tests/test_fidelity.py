@@ -196,3 +196,20 @@ def test_the_format_option_names_the_formats_that_hold_latencies(tmp_path: Path)
                                       str(_run_log(tmp_path)), "--format", "xml"])
     assert result.exit_code == 2
     assert result.output == "error: --format = 'xml': expected auto, orcasim or vllm\n"
+
+
+def test_plot_on_a_fidelity_folder_says_what_it_is(tmp_path: Path) -> None:
+    """It keeps no per-request frames, so `plot` cannot redraw it; it said summary.json was
+    malformed, though orcasim wrote it."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+    from orcasim.results import write_fidelity
+
+    table, frames = fidelity_table(_scenario(), [_run_log(tmp_path)], ["a"], "orcasim")
+    out = write_fidelity(table, frames, tmp_path / "out", plots=False)
+    result = CliRunner().invoke(app, ["plot", str(out)])
+    assert result.exit_code == 2
+    assert result.output == (f"error: {out}: an orcasim fidelity folder, whose CDF figures orcasim "
+                             "fidelity writes (rerun it with --force to redraw them); expected a "
+                             "run, sweep or capacity folder\n")
