@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -41,9 +42,16 @@ def compare_to_baseline(scenario: str, baseline: Metrics, now: Metrics) -> pd.Da
 
 
 def run_regression(path: Path) -> Metrics:
+    """Its systems' summaries; its warnings (a system saturated on purpose) name the scenario,
+    as check runs many whose systems share names."""
     from orcasim.run import run_scenario
 
-    return {name: r.summary for name, r in run_scenario(path).systems.items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_scenario(path)
+    for w in caught:
+        warnings.warn(f"{Path(path).stem}: {w.message}", w.category, stacklevel=2)
+    return {name: r.summary for name, r in result.systems.items()}
 
 
 def read_baseline(path: Path) -> Metrics:

@@ -6,6 +6,7 @@ import shutil
 import typing
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -27,7 +28,9 @@ def kinds(union: object) -> set[str]:
 
 
 def test_committed_baselines_match() -> None:
-    moved_rows = check(SCENARIOS, BASELINES)
+    """And a warning names its scenario: systems of several scenarios share names."""
+    with pytest.warns(UserWarning, match="^iteration_level: orca-b32-slow: saturated"):
+        moved_rows = check(SCENARIOS, BASELINES)
     assert moved_rows.empty, moved_rows.to_string()
 
 
