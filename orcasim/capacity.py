@@ -39,7 +39,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -357,18 +357,21 @@ def capacity_table(outcomes: list[SearchOutcome], jobs: list[SearchJob],
         gpus, per_hour = gpus_and_price(scenario, system, price_per_gpu_hour)
         rate = float(rates.mean())
         tokens = _mean_output_tokens(group)
+        # A number only where it is defined: with no rate within the SLOs no tokens are
+        # served and no number of copies meets a target (NaN, an empty cell, not inf); an
+        # unknown price leaves every cost NaN.
         row = {"point": point, **job.params, "system": system, "max_rate_per_s": rate,
                "ci_low": low, "ci_high": high, "gpus": gpus,
                "goodput_per_gpu": rate / gpus,
                "cost_per_hour_usd": per_hour,
                "cost_per_million_tokens": per_hour / (rate * tokens * 3600) * 1e6 if rate > 0
-               else float("inf"),
+               else math.nan,
                "replications": len(group),
                "capped": float(any(o.fail_rate_per_s == math.inf for o in group)),
                "evaluations": sum(len(o.evaluations) for o in group)}
         row.update(_at_capacity(group))
         if target_rate_per_s is not None:
-            copies = math.ceil(target_rate_per_s / rate) if rate > 0 else math.inf
+            copies = math.ceil(target_rate_per_s / rate) if rate > 0 else math.nan
             row["copies_for_target"] = copies
             row["cost_per_hour_for_target_usd"] = copies * per_hour
         rows.append(row)
@@ -444,16 +447,18 @@ class CapacityResult:
 def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: str = "local",
                  workers: int | None = None, address: str | None = None, resume: bool = False,
                  force: bool = False, price_per_gpu_hour: float | None = None,
-                 target_rate_per_s: float | None = None) -> CapacityResult:
+                 target_rate_per_s: float | None = None,
+                 inputs: Sequence[Path] = ()) -> CapacityResult:
     """Run every job (those already finished in `out_dir` are kept with `resume`), writing
-    each outcome as it arrives; `out_dir=None` runs in memory."""
+    each outcome as it arrives; `out_dir=None` runs in memory. `inputs` are the files the
+    run reads, which `--force` must not delete."""
     from orcasim.sweeps.backends import check_backend, execute_jobs
     from orcasim.sweeps.runner import prepare_resumable, write_outcome
 
     check_backend(backend, workers)
     todo = jobs
     if out_dir is not None:
-        prepare_resumable(out_dir, _plan(jobs), {}, resume, force)
+        prepare_resumable(out_dir, _plan(jobs), {}, resume, force, inputs)
         todo = [j for j in jobs if _read(out_dir, j) is None]
     fresh = {}
     for outcome in execute_jobs(todo, search, SearchOutcome.failed, backend, workers, address):  # type: ignore[arg-type]
@@ -492,6 +497,50 @@ def latency_at_capacity(slo: SLOConfig) -> str:
     return f"slo_{slo.targets[0].name}_at_capacity"
 
 
+def search_front(table: pd.DataFrame, slo: SLOConfig) -> pd.DataFrame | None:
+    """A configuration search's Pareto front of cost against latency at capacity (pareto.csv),
+    or None: one point only, or no point with both (`no_front_reason` says why)."""
+    latency = latency_at_capacity(slo)
+    if table["point"].nunique() < 2 or latency not in table:
+        return None
+    front = pareto_front(table, "cost_per_million_tokens", latency)
+    return None if front.empty else front
+
+
+def no_front_reason(table: pd.DataFrame, slo: SLOConfig) -> str | None:
+    """Why a configuration search of several points has no Pareto front; None if it has one
+    or is a single point."""
+    if table["point"].nunique() < 2 or search_front(table, slo) is not None:
+        return None
+    met = table[table["max_rate_per_s"] > 0]
+    if met.empty:
+        why = "no configuration met the SLOs at any rate tried"
+    elif not np.isfinite(met["cost_per_million_tokens"]).any():
+        why = "no configuration has a price per GPU-hour (pass --price-per-gpu-hour)"
+    else:
+        why = "no configuration has both a cost and a latency at capacity"
+    return f"{why}, so there is no Pareto front (no pareto.csv or pareto.png)"
+
+
+def capacity_warnings(result: CapacityResult, slo: SLOConfig,
+                      target_rate_per_s: float | None = None) -> list[str]:
+    """One line per (point, system) no rate tried passed at (its max_rate_per_s is 0, which
+    alone reads like an answer), and one if a configuration search has no Pareto front."""
+    table, tried = result.table, result.evaluations
+    params = list(table.columns[1:table.columns.get_loc("system")]) if len(table) else []
+    lines = []
+    for _, row in table[table["max_rate_per_s"] == 0].iterrows():
+        mine = tried[(tried["point"] == row["point"]) & (tried["system"] == row["system"])]
+        at = ", ".join(f"{k}={row[k]}" for k in params)
+        target = (f"; no number of copies serves --target-rate {target_rate_per_s:g}"
+                  if target_rate_per_s is not None else "")
+        lines.append(f"{row['system']}{' at ' + at if at else ''}: no rate tried met the SLOs "
+                     f"(the lowest, {mine['rate_per_s'].min():.3g} req/s, failed too), so "
+                     f"max_rate_per_s is 0{target}")
+    reason = no_front_reason(table, slo)
+    return lines if reason is None else [*lines, reason]
+
+
 def capacity_figures(table: pd.DataFrame, evaluations: pd.DataFrame,
                      slo: SLOConfig) -> dict[str, Figure]:
     """Attainment against rate, and with several configuration points the Pareto front."""
@@ -500,10 +549,9 @@ def capacity_figures(table: pd.DataFrame, evaluations: pd.DataFrame,
     figures = {}
     if len(evaluations):
         figures["attainment"] = attainment_vs_rate(evaluations, table, slo.attainment)
-    latency = latency_at_capacity(slo)
-    if table["point"].nunique() > 1 and latency in table:
-        front = pareto_front(table, "cost_per_million_tokens", latency)
-        figures["pareto"] = cost_latency_pareto(table, front, latency)
+    front = search_front(table, slo)
+    if front is not None:
+        figures["pareto"] = cost_latency_pareto(table, front, latency_at_capacity(slo))
     return figures
 
 
@@ -530,9 +578,9 @@ def write_capacity(result: CapacityResult, out_dir: Path, slo: SLOConfig,
         paths.append(csv("failures.csv", pd.DataFrame(
             [{"id": o.id, "point": o.point, "system": o.system, "replication": o.replication,
               "error": o.error} for o in result.failed])))
-    latency = latency_at_capacity(slo)
-    if result.table["point"].nunique() > 1 and latency in result.table:
-        paths.append(csv("pareto.csv", pareto_front(result.table, "cost_per_million_tokens", latency)))
+    front = search_front(result.table, slo)
+    if front is not None:
+        paths.append(csv("pareto.csv", front))
     if plots:
         for stem, fig in capacity_figures(result.table, result.evaluations, slo).items():
             paths.append(record_file(out_dir, f"{stem}.png", functools.partial(_save_png, fig)))

@@ -482,7 +482,7 @@ def capacity(
         if force:  # before any search, and with the file it reads
             check_replaceable(out_dir, [spec])
         result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
-                                  price_per_gpu_hour, target_rate)
+                                  price_per_gpu_hour, target_rate, inputs=[spec])
         cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
         fail(error_text(e))
@@ -496,6 +496,8 @@ def capacity(
     console.print(frame_table(result.table[list(dict.fromkeys(shown))],
                               f"{name}: highest rate within {', '.join(t.name for t in slo_cfg.targets)}"
                               f" at {slo_cfg.attainment:g} attainment"))
+    for line in cap.capacity_warnings(result, slo_cfg, target_rate):
+        typer.echo(f"warning: {line}", err=True)
     best = cap.cheapest(result.table)
     if best is not None and (len(points) > 1 or len(result.table) > 1):
         where = ", ".join(f"{k}={best[k]}" for k in points[0]) or "the scenario"

@@ -265,12 +265,18 @@ def test_cli_writes_capacity_and_resumes(tmp_path: Path) -> None:
     assert changed.exit_code == 2 and "plan.json differs" in changed.output
 
 
-def test_cli_configuration_search_writes_the_pareto_front(tmp_path: Path) -> None:
+def grid_file(tmp_path: Path) -> Path:
+    """A configuration search over the test scenario: Orca at batch sizes 1 and 8."""
     path = scenario_file(tmp_path)
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({
         "name": "grid", "base": path.name,
         "grid": {"parameters": {"systems[1].scheduler.max_batch_size": [1, 8]}}}))
+    return grid
+
+
+def test_cli_configuration_search_writes_the_pareto_front(tmp_path: Path) -> None:
+    grid = grid_file(tmp_path)
     out = tmp_path / "cap"
     result = runner.invoke(app, ["capacity", str(grid), "--out", str(out), "--system", "orca",
                                  "--price-per-gpu-hour", "2", *ARGS])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,30 +110,48 @@ def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force
 
 
 def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: bool,
-                      force: bool) -> None:
+                      force: bool, inputs: Sequence[Path] = ()) -> None:
     """Make `out_dir` ready for a resumable run whose work list is `plan` (plan.json):
     with `resume`, keep a folder holding the same plan; with `force`, replace a folder
-    orcasim wrote; otherwise refuse an existing folder. `files` are written beside the plan."""
+    orcasim wrote (and that holds none of the run's `inputs`); otherwise refuse a folder
+    that is not empty, naming only what will work. `files` are written beside the plan."""
     plan_file = out_dir / "plan.json"
     if out_dir.exists():
-        if resume and plan_file.exists():
-            if plan_file.read_text() != plan:
-                raise ScenarioError(f"{out_dir} holds a different run (plan.json differs); "
-                                 "use another --out, or --force to start over")
+        if not out_dir.is_dir():
+            raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; use "
+                                    "another --out")
+        held = plan_file.read_text() if plan_file.is_file() else None
+        if resume and held == plan:
             return
-        if resume and not force and any(out_dir.iterdir()):
-            # Without its plan a folder's points cannot be told apart from another run's.
-            raise ScenarioError(f"{out_dir} has no plan.json, so its points cannot be matched to "
-                             "this run; use another --out, or --force to start over")
         if force:
-            check_replaceable(out_dir)
+            check_replaceable(out_dir, inputs)
             shutil.rmtree(out_dir)
-        elif not resume:
-            raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it "
-                                    "or --force to start over")
+        elif any(out_dir.iterdir()):
+            _refuse(out_dir, held, plan, resume, inputs)
     mark_results(out_dir, [*files, plan_file.name])  # first: a crash leaves a folder --force takes
     for name, text in {**files, plan_file.name: plan}.items():
         write_text_atomically(out_dir / name, text)
+
+
+def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
+            inputs: Sequence[Path]) -> None:
+    """Why a run cannot use `out_dir`, suggesting --resume only where it would continue
+    this run and --force only where `check_replaceable` lets it replace the folder."""
+    try:
+        check_replaceable(out_dir, inputs)
+        force_too = ", or --force to start over"
+    except ResultsExistError:
+        force_too = ""
+    # Without its plan a folder's points cannot be told apart from another run's.
+    if held is None:
+        raise ScenarioError(f"{out_dir} already exists and holds no plan.json, so its points "
+                            f"cannot be matched to this run; use another --out{force_too}")
+    if held != plan:
+        raise ScenarioError(f"{out_dir} holds a different run (plan.json differs), so this run "
+                            f"cannot resume it; use another --out{force_too}")
+    assert not resume  # resume with the same plan keeps the folder
+    raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it"
+                            f"{force_too or ', or use another --out'}")
 
 
 def write_outcome(out_dir: Path, job_id: str, text: str) -> None:

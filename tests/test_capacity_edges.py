@@ -1,0 +1,161 @@
+"""`orcasim capacity` at its edges: an existing --out, an SLO no rate meets, unknown prices."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from orcasim import capacity as cap
+from orcasim.cli import app
+from orcasim.results import mark_results
+from orcasim.slo import slo_from_strings
+from tests.conftest import make_scenario
+from tests.test_capacity import ROOT, grid_file, runner, scenario_file
+
+QUICK = ["--requests", "200", "--replications", "1", "--workers", "1", "--rel-tol", "0.1"]
+IMPOSSIBLE = ["--slo", "ttft_p90=0.000001"]  # below one step of the test scenario's cost model
+
+
+def readme_capacity_command() -> list[str]:
+    """The first `orcasim capacity` command of the README's Capacity section, as argv."""
+    section = (ROOT / "README.md").read_text().split("\n## Capacity\n", 1)[1]
+    line = next(s for s in section.splitlines() if s.startswith("orcasim capacity "))
+    return line.split()
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def test_readme_capacity_command_writes_where_a_fresh_clone_has_nothing() -> None:
+    """The command refuses an existing folder, so its --out must be neither committed nor
+    tracked by git later (results/capacity/ holds report.py's committed answers)."""
+    if shutil.which("git") is None or git("rev-parse").returncode != 0:
+        pytest.skip("needs a git checkout")
+    argv = readme_capacity_command()
+    assert "--out" in argv, argv
+    out = argv[argv.index("--out") + 1]
+    assert git("ls-files", "--", out).stdout == "", f"{out} is committed"
+    assert git("check-ignore", "-q", out).returncode == 0, f"{out} is not git-ignored"
+
+
+def test_readme_capacity_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As written (shortened), from a clone's root: here a temp root holding the scenario and
+    the committed capacity results."""
+    argv = readme_capacity_command()
+    shutil.copytree(ROOT / "results" / "capacity", tmp_path / "results" / "capacity")
+    (tmp_path / "scenarios").mkdir()
+    shutil.copy(ROOT / argv[2], tmp_path / argv[2])
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*argv[1:], *QUICK])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / argv[argv.index("--out") + 1] / "capacity.csv").exists()
+
+
+def capacity_folder(path: Path, listed: bool) -> Path:
+    """A folder like the committed results/capacity/quickstart: results but no plan.json;
+    orcasim's own (its marker lists the file) or not."""
+    path.mkdir()
+    (path / "capacity.csv").write_text("system,max_rate_per_s\norca,1\n")
+    if listed:
+        mark_results(path, ["capacity.csv"])
+    return path
+
+
+@pytest.mark.parametrize("listed", [True, False])
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_an_existing_folder_without_a_plan_suggests_only_what_works(
+        tmp_path: Path, listed: bool, resume: list[str]) -> None:
+    """No plan.json: --resume cannot work; --force only for a folder orcasim may replace."""
+    out = capacity_folder(tmp_path / "cap", listed)
+    args = ["capacity", str(scenario_file(tmp_path)), "--out", str(out), *IMPOSSIBLE, *QUICK]
+    result = runner.invoke(app, [*args, *resume])
+    assert result.exit_code == 2, result.output
+    message = result.output.strip()
+    assert "\n" not in message and "no plan.json" in message, message
+    assert "pass --resume" not in message and "--out" in message
+    assert ("--force" in message) == listed, message
+    assert (out / "capacity.csv").read_text() == "system,max_rate_per_s\norca,1\n"
+    if listed:  # what it suggests works
+        assert runner.invoke(app, [*args, "--force"]).exit_code == 0
+
+
+def test_an_existing_folder_of_this_run_suggests_resume(tmp_path: Path) -> None:
+    args = ["capacity", str(scenario_file(tmp_path)), "--out", str(tmp_path / "cap"),
+            "--system", "orca", *IMPOSSIBLE, *QUICK]
+    assert runner.invoke(app, args).exit_code == 0
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "pass --resume to continue it" in again.output
+    assert "--force" in again.output
+    other = runner.invoke(app, [*args, "--rel-tol", "0.2"])  # another plan: resume cannot help
+    assert other.exit_code == 2 and "plan.json differs" in other.output
+    assert "--resume" not in other.output
+
+
+def test_an_impossible_slo_is_zero_with_a_warning_and_no_target_cost(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", str(scenario_file(tmp_path)), "--out", str(out),
+                                 "--system", "orca", "--target-rate", "5", *IMPOSSIBLE, *QUICK])
+    assert result.exit_code == 0, result.output
+    row = pd.read_csv(out / "capacity.csv").iloc[0]
+    assert row["max_rate_per_s"] == 0
+    lowest = pd.read_csv(out / "evaluations.csv")["rate_per_s"].min()
+    warning = re.search(r"warning: orca: no rate tried met the SLO.*", result.stderr)
+    assert warning is not None, result.output
+    assert f"{lowest:.3g} req/s" in warning.group(0), warning.group(0)
+    assert all(pd.isna(row[c]) for c in ("cost_per_hour_usd", "cost_per_million_tokens",
+                                          "copies_for_target", "cost_per_hour_for_target_usd"))
+
+
+def test_a_search_where_no_point_meets_the_slo_says_why_there_is_no_front(tmp_path: Path) -> None:
+    grid = grid_file(tmp_path)
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", str(grid), "--out", str(out), "--system", "orca",
+                                 "--price-per-gpu-hour", "2", *IMPOSSIBLE, *QUICK])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("no rate tried met the SLO") == 2, result.stderr
+    assert "max_batch_size=8" in result.stderr
+    assert not (out / "pareto.csv").exists() and not (out / "pareto.png").exists()
+    assert "no configuration met the SLOs" in result.stderr and "pareto.csv" in result.stderr
+
+
+def outcome(job: cap.SearchJob, rate: float) -> cap.SearchOutcome:
+    evaluation = {"rate_per_s": rate or 0.5, "passes": float(rate > 0), "output_tokens_mean": 10.0,
+                  "slo_e2e_p90": 0.8}
+    return cap.SearchOutcome(job.id, job.point, job.system, job.replication, job.seed, {}, True,
+                             rate, rate * 1.01 or 0.5, [evaluation])
+
+
+@pytest.mark.parametrize("price", [None, 2.0])
+@pytest.mark.parametrize("rate", [0.0, 3.0])
+def test_a_cost_is_empty_where_it_is_undefined(price: float | None, rate: float) -> None:
+    """No price: no cost. No rate met the SLOs: no cost per token and no number of copies."""
+    sc = make_scenario()
+    jobs = cap.search_jobs(sc, Path("."), slo_from_strings(["e2e_p90 <= 1"]), 1,
+                           cap.SearchSettings(num_requests=100), systems=["orca"])
+    row = cap.capacity_table([outcome(jobs[0], rate)], jobs, price, target_rate_per_s=10.0).iloc[0]
+    known = price is not None
+    assert math.isnan(row["cost_per_hour_usd"]) != known
+    defined = known and rate > 0
+    assert math.isnan(row["cost_per_million_tokens"]) != defined
+    assert math.isnan(row["cost_per_hour_for_target_usd"]) != defined
+    assert math.isnan(row["copies_for_target"]) == (rate == 0)
+    if rate > 0:
+        assert row["copies_for_target"] == 4
+
+
+def test_no_front_reason_names_the_missing_price() -> None:
+    slo = slo_from_strings(["e2e_p90 <= 1"])
+    table = pd.DataFrame({"point": [0, 1], "system": "orca", "max_rate_per_s": [1.0, 2.0],
+                          "cost_per_million_tokens": [math.nan, math.nan],
+                          "slo_e2e_p90_at_capacity": [0.5, 0.6]})
+    assert "--price-per-gpu-hour" in cap.no_front_reason(table, slo)
+    table["cost_per_million_tokens"] = [3.0, 2.0]
+    assert cap.no_front_reason(table, slo) is None
+    assert cap.no_front_reason(table.iloc[:1], slo) is None  # one point: no front to draw
