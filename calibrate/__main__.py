@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -12,15 +13,30 @@ import yaml
 from calibrate.logs import DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
 
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as orcasim's: 128 + SIGINT
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         args.func(args)
     except (ScenarioError, ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        # Each command writes its output at the end, to a temporary file renamed into place.
+        print("interrupted; nothing was left half-written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # a caller (a test) keeps its own handler
     return 0
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, as in `orcasim` (orcasim.cli._terminated).
+    raise KeyboardInterrupt
 
 
 def parser() -> argparse.ArgumentParser:
@@ -143,6 +159,18 @@ def cmd_replay(args: argparse.Namespace) -> None:
     print(f"wrote {out}/fidelity.json and fidelity.png")
 
 
+def fit_names(text: str) -> tuple[str, ...]:
+    """`--fit`'s comma-separated coefficients: at least one, each once."""
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names:
+        raise ScenarioError(f"--fit {text!r}: no coefficient named; expected one or more dotted "
+                            "paths inside `cost`, comma-separated (e.g. overhead.per_iteration_s)")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ScenarioError(f"--fit {text!r}: {twice} given twice; expected each coefficient once")
+    return names
+
+
 def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
     from orcasim.scenario import load_scenario
@@ -157,7 +185,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     if system not in {s.name for s in scenario.systems}:
         raise ScenarioError(f"--system = {system!r}: expected one of "
                          f"{', '.join(s.name for s in scenario.systems)}")
-    parameters = tuple(p.strip() for p in args.fit.split(",") if p.strip())
+    parameters = fit_names(args.fit)
     current_values(scenario, parameters)  # a name that cannot be fitted fails now, not after reading logs
     base_dir = args.scenario.resolve().parent
     logs = read_logs(args.logs, args.fmt)

@@ -15,7 +15,8 @@ engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
    there, on the loss
 
        mean over logs and metrics of log(sim / real)^2, at the mean and the percentiles
-       10, 25, 50, 75 and 90
+       10, 25, 50, 75 and 90 (a real value of 0, TPOT where a server returns whole
+       responses, has no log-ratio and is left out)
 
    A simulation's loss is rugged at fine scale (a coefficient 1% off can admit a request
    an iteration later), so the simplex starts narrow, and restarts narrower still. A
@@ -44,7 +45,7 @@ from orcasim.config import ScenarioError
 from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.cost.fitted import CALIBRATED_FORMAT
 from orcasim.cost.overhead import OverheadCost
-from orcasim.fidelity import METRICS, compare, headline_error, read_real_run, replay_of
+from orcasim.fidelity import METRICS, compare, headline_error, read_real_run, replay_of, run_labels
 from orcasim.run import data_dir, make_requests, request_latency_s, run_scenario, run_system
 from orcasim.scenario import EngineConfig, Scenario, scenario_from_dict, set_dotted
 
@@ -64,19 +65,21 @@ SURVEY_POINTS = 64
 SURVEY_FACTOR = 10.0  # the survey spans start / 10 to start * 10 in every coefficient
 SURVEY_SEED = 0
 REFINED_POINTS = 2
+MIN_RATIO = 1e-9  # a simulated value of 0 against a real one costs log(1e-9)^2, not infinity
 
 
 @dataclass
 class ServingLog:
-    """One real run: the file the simulation replays, and what was measured."""
+    """One real run: the file the simulation replays, what was measured, and its name in
+    the report (`read_logs` gives logs that share a stem their folders: a/run, b/run)."""
 
     path: Path
     real: pd.DataFrame
     fmt: str = "auto"
+    name: str = ""
 
-    @property
-    def name(self) -> str:
-        return self.path.stem
+    def __post_init__(self) -> None:
+        self.name = self.name or self.path.stem
 
 
 @dataclass
@@ -92,7 +95,22 @@ class Fit:
 
 
 def read_logs(paths: list[Path], fmt: str = "auto") -> list[ServingLog]:
-    return [ServingLog(Path(p), read_real_run(Path(p), fmt), fmt) for p in paths]
+    """Each log, named as `orcasim fidelity` names runs; a log given twice, or one with no
+    latency above 0 to fit to, is a one-line error."""
+    names = run_labels([Path(p) for p in paths], given_as="log")
+    logs = [ServingLog(Path(p), read_real_run(Path(p), fmt), fmt, name)
+            for p, name in zip(paths, names, strict=True)]
+    for log in logs:
+        if not fitted_metrics(log.real):
+            raise ScenarioError(f"log {log.path}: no {', '.join(METRICS[:-1])} or {METRICS[-1]} "
+                                "above 0; expected measured latencies to fit to")
+    return logs
+
+
+def fitted_metrics(real: pd.DataFrame) -> list[str]:
+    """The metrics a log measured above 0. A log-ratio needs a positive real value: a metric
+    at 0 throughout (TPOT where a server returns whole responses) tells the fit nothing."""
+    return [m for m in METRICS if real[m].mean() > 0]
 
 
 def with_cost(scenario: Scenario, values: dict[str, float]) -> Scenario:
@@ -164,12 +182,21 @@ def simulate(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | 
 
 
 def log_errors(simulated: pd.DataFrame, real: pd.DataFrame) -> np.ndarray:
-    """log(sim / real) of the mean and the fit's percentiles of every metric measured."""
+    """log(sim / real) of the mean and the fit's percentiles of every metric measured; a
+    real value of 0 has no log-ratio and is left out (`fitted_metrics`)."""
     table = compare(real, simulated, FIT_PERCENTILES)
-    quantiles = np.log(np.clip((table["simulated"] / table["real"]).to_numpy(), 1e-9, None))
-    means = [np.log(simulated[m].mean() / real[m].mean()) for m in METRICS
-             if real[m].notna().any() and simulated[m].notna().any()]
+    table = table[table["real"] > 0]
+    quantiles = np.log(np.clip((table["simulated"] / table["real"]).to_numpy(), MIN_RATIO, None))
+    means = [np.log(max(_mean_ratio(simulated[m], real[m]), MIN_RATIO))
+             for m in fitted_metrics(real) if simulated[m].notna().any()]
     return np.concatenate([quantiles, means])
+
+
+def _mean_ratio(simulated: pd.Series, real: pd.Series) -> float:
+    """Simulated over real mean, over the requests that have the metric on both sides (as
+    `compare` takes percentiles: a request turned away is left out of both)."""
+    both = simulated.notna().to_numpy() & real.notna().to_numpy()
+    return float(simulated.to_numpy()[both].mean() / real.to_numpy()[both].mean())
 
 
 class Objective:
@@ -190,9 +217,13 @@ class Objective:
             scenario = with_cost(self.scenario, self.values(x))
         except ScenarioError:
             return math.inf  # outside a coefficient's valid range (an efficiency above 1)
-        errors = [log_errors(simulate(scenario, log, self.system, self.base_dir), log.real)
-                  for log in self.logs]
-        return float(np.mean(np.concatenate(errors) ** 2))
+        errors = np.concatenate([
+            log_errors(simulate(scenario, log, self.system, self.base_dir), log.real)
+            for log in self.logs])
+        if errors.size == 0:  # the mean of nothing is NaN, which the search takes for a value
+            raise ScenarioError(f"--system {self.system}: simulates none of the latencies the "
+                                "logs measure above 0; expected a system that serves requests")
+        return float(np.mean(errors ** 2))
 
 
 # Overhead terms an iteration's time (or a request's TTFT) is linear in, and the feature
@@ -328,6 +359,8 @@ def solve_linear(scenario: Scenario, logs: list[ServingLog], system: str,
         known = np.concatenate([p[0] for p in parts])
         x = np.vstack([p[1] for p in parts])
         measured = np.concatenate([p[2] for p in parts])
+        if measured.size == 0:  # no TTFT or E2E above 0 (a TPOT-only log): Nelder-Mead alone
+            break
         # Relative errors: a 10 ms miss on a 50 ms TTFT counts as much as 1 s on 5 s.
         scale = 1.0 / measured
         norms = np.maximum(np.abs(x * scale[:, None]).max(axis=0), 1e-300)  # conditioning
@@ -421,7 +454,7 @@ def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit)
     """What `--out` records beside the cost block: the fit and its errors."""
     return {
         "scenario": scenario.name, "system": system, "logs": [str(log.path) for log in logs],
-        "metrics": [m for m in METRICS if any(log.real[m].notna().any() for log in logs)],
+        "metrics": [m for m in METRICS if any(m in fitted_metrics(log.real) for log in logs)],
         "fit_percentiles": list(FIT_PERCENTILES), "loss": result.loss,
         "evaluations": result.evaluations, "parameters": result.parameters,
         "error_fitted": result.fitted_errors,

@@ -1,0 +1,161 @@
+"""`python -m calibrate logs` on awkward input: a metric at 0, logs that share a stem or are
+given twice, a bad --fit, and an interrupt."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from calibrate.__main__ import main
+from calibrate.logs import Objective, fit, log_errors, read_logs, solve_linear, with_cost
+from orcasim.config import ScenarioError
+from orcasim.run import run_scenario
+from orcasim.scenario import scenario_from_dict
+
+FIT_RTOL = 0.02  # as tests/test_calibrate_logs.py's round trip
+TRUE_BASE_S = 0.008
+SCENARIO = {
+    "name": "logs_input", "seed": 3, "kv_capacity_tokens": 8192,
+    "workload": {"num_requests": 24, "arrival": {"kind": "poisson", "rate_per_s": 3.0},
+                 "prompt_tokens": {"kind": "uniform", "low": 16, "high": 400},
+                 "output_tokens": {"kind": "uniform", "low": 2, "high": 60}, "max_tokens": 512},
+    "cost": {"kind": "linear", "base_s": TRUE_BASE_S, "per_token_s": 5e-5,
+             "per_context_token_s": 2e-7,
+             "overhead": {"per_iteration_s": 0.001, "per_sequence_s": 1e-4,
+                          "per_prefill_token_s": 1e-6, "tensor_parallel_per_iteration_s": 0.0}},
+    "systems": [{"name": "vllm", "scheduler": {"kind": "paged", "policy": "prefill_first",
+                                               "max_num_seqs": 32, "max_num_batched_tokens": 1024}},
+                {"name": "ft", "scheduler": {"kind": "request_level", "max_batch_size": 8}}],
+}
+COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s"]
+
+
+def _write_log(path: Path, system: str = "vllm") -> Path:
+    """A 'real' log made by the simulator itself, with the scenario's own cost."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run_scenario(scenario_from_dict(SCENARIO)).systems[system].requests[COLUMNS].to_csv(
+        path, index=False)
+    return path
+
+
+def _scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    return path
+
+
+def test_a_metric_at_zero_in_the_log_is_left_out_of_the_loss() -> None:
+    # Request-level serving returns whole responses: TPOT is 0 for every request.
+    real = pd.DataFrame({"ttft_s": [1.0, 2.0, 3.0], "tpot_s": [0.0] * 3, "e2e_s": [1.0, 2.0, 3.0]})
+    sim = real.assign(ttft_s=real["ttft_s"] * 2.0, e2e_s=real["e2e_s"] * 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value encountered in scalar divide"
+        errors = log_errors(sim, real)
+    # TTFT and E2E, 5 percentiles and the mean each; TPOT has no log-ratio and no entry.
+    np.testing.assert_array_equal(errors, np.full(12, np.log(2.0)))
+
+
+def test_a_request_level_log_fits_a_searched_coefficient(tmp_path: Path) -> None:
+    log = _write_log(tmp_path / "ft.csv", "ft")
+    assert (pd.read_csv(log)["tpot_s"].dropna() == 0).all()
+    start = with_cost(scenario_from_dict(SCENARIO), {"base_s": TRUE_BASE_S / 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = fit(start, read_logs([log]), "ft", ("base_s",), survey_points=8)
+    assert np.isfinite(result.loss)
+    assert result.parameters["base_s"] == pytest.approx(TRUE_BASE_S, rel=FIT_RTOL)
+
+
+def test_a_tpot_only_log_leaves_the_linear_terms_to_the_search(tmp_path: Path) -> None:
+    # Least squares fits TTFT and E2E; with neither measured it has no rows (it used to fail
+    # with numpy's "zero-size array to reduction operation maximum").
+    full = pd.read_csv(_write_log(tmp_path / "full.csv"))
+    log = tmp_path / "tpot.csv"
+    full[["arrival_s", "prompt_tokens", "output_tokens", "tpot_s"]].to_csv(log, index=False)
+    start = {"overhead.per_sequence_s": 3e-4}
+    assert solve_linear(scenario_from_dict(SCENARIO), read_logs([log]), "vllm",
+                        list(start), start, None) == start
+
+
+def test_a_loss_over_no_metric_is_an_error_not_nan(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    # A simulation that measures nothing the log does: the loss would be a mean of nothing.
+    logs = read_logs([_write_log(tmp_path / "run.csv")])
+    nothing = logs[0].real.assign(ttft_s=np.nan, tpot_s=np.nan, e2e_s=np.nan)
+    monkeypatch.setattr("calibrate.logs.simulate", lambda *args: nothing)
+    objective = Objective(scenario_from_dict(SCENARIO), logs, "vllm", ("base_s",), None)
+    with pytest.raises(ScenarioError, match="--system vllm: simulates none of the latencies"):
+        objective(np.log([TRUE_BASE_S]))
+
+
+def test_a_log_with_no_positive_latency_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    log = tmp_path / "zero.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
+                   "0,10,5,0,0,0\n1,10,5,0,0,0\n")
+    assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)),
+                 "--out", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: log {log}: no ttft_s, tpot_s or e2e_s above 0; expected measured "
+                   "latencies to fit to\n"), err
+
+
+def test_logs_that_share_a_stem_keep_their_folders_in_the_report(tmp_path: Path) -> None:
+    logs = [_write_log(tmp_path / folder / "run.csv") for folder in ("a", "b")]
+    out = tmp_path / "cost.yaml"
+    assert main(["logs", *map(str, logs), "--scenario", str(_scenario(tmp_path)), "--out", str(out),
+                 "--fit", "overhead.per_sequence_s", "--no-leave-one-out"]) == 0
+    assert set(yaml.safe_load(out.read_text())["calibration"]["error_fitted"]) == {"a/run", "b/run"}
+
+
+def test_a_log_given_twice_is_refused_before_reading(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    log = tmp_path / "absent.csv"
+    handler = signal.getsignal(signal.SIGTERM)
+    assert main(["logs", str(log), str(log), "--scenario", str(_scenario(tmp_path)),
+                 "--out", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: log {log}: given twice; expected each run once\n", err
+    assert signal.getsignal(signal.SIGTERM) == handler  # main leaves its caller's handler
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("", "--fit '': no coefficient named; expected one or more dotted paths inside `cost`, "
+         "comma-separated (e.g. overhead.per_iteration_s)"),
+    (" , ", "--fit ' , ': no coefficient named; expected one or more dotted paths inside `cost`, "
+            "comma-separated (e.g. overhead.per_iteration_s)"),
+    ("base_s,per_token_s,base_s", "--fit 'base_s,per_token_s,base_s': base_s given twice; "
+                                  "expected each coefficient once"),
+])
+def test_a_bad_fit_list_is_one_line_naming_fit(tmp_path: Path, capsys, value: str,  # noqa: ANN001
+                                                message: str) -> None:
+    # The log does not exist: --fit is refused before anything is read or fitted.
+    assert main(["logs", str(tmp_path / "absent.csv"), "--scenario", str(_scenario(tmp_path)),
+                 "--out", str(tmp_path / "c.yaml"), "--fit", value]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_sigterm_during_a_fit_is_an_interrupt(tmp_path: Path) -> None:
+    log = _write_log(tmp_path / "run.csv")
+    out = tmp_path / "cost.yaml"
+    # The fit sends itself SIGTERM: deterministic, where a timer could hit the imports.
+    script = (
+        "import os, signal, sys, time\n"
+        "import calibrate.logs\n"
+        "def fit(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "calibrate.logs.fit = fit\n"
+        "from calibrate.__main__ import main\n"
+        f"sys.exit(main(['logs', {str(log)!r}, '--scenario', {str(_scenario(tmp_path))!r}, "
+        f"'--out', {str(out)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parent.parent, env=os.environ.copy())
+    assert (done.returncode, done.stderr) == (130, "interrupted; nothing was left half-written\n")
+    assert not out.exists()
