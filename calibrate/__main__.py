@@ -6,12 +6,14 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import yaml
 
 from calibrate.logs import DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
+from orcasim.fidelity import MEASURED_FORMATS
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # as orcasim's: 128 + SIGINT
@@ -39,8 +41,17 @@ def _terminated(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A command line that does not parse is one line, as orcasim's (argparse prints the
+    usage block first); subcommands' parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m calibrate", description=__doc__)
+    p = OneLineParser(prog="python -m calibrate", description=__doc__)
     sub = p.add_subparsers(required=True)
     prof = sub.add_parser("profile", help="time real iterations over a grid; write a CSV")
     _model_options(prof)
@@ -75,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--fit", default=",".join(DEFAULT_PARAMETERS),
                       help="cost coefficients to fit, by dotted path inside `cost`")
     logs.add_argument("--system", help="the scenario's system the logs come from (default: first)")
-    logs.add_argument("--format", dest="fmt", default="auto", help="log format: auto, orcasim, vllm")
+    logs.add_argument("--format", dest="fmt", default="auto", choices=MEASURED_FORMATS,
+                      help="log format: auto, orcasim or vllm")
     logs.add_argument("--no-leave-one-out", dest="loo", action="store_false",
                       help="skip refitting with each log left out")
     logs.add_argument("--force", action="store_true", help="overwrite --out")

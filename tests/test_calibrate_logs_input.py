@@ -159,3 +159,17 @@ def test_sigterm_during_a_fit_is_an_interrupt(tmp_path: Path) -> None:
                           timeout=120, cwd=Path(__file__).parent.parent, env=os.environ.copy())
     assert (done.returncode, done.stderr) == (130, "interrupted; nothing was left half-written\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "phrase"), [
+    (["logs", "x.csv", "--scenario", "s.yaml", "--out", "c.yaml", "--format", "xml"],
+     "python -m calibrate logs: argument --format: invalid choice: 'xml'"),
+    ([], "python -m calibrate: the following arguments are required"),
+], ids=["a format without latencies", "no command"])
+def test_a_command_line_that_does_not_parse_is_one_line(argv: list[str], phrase: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse printed its usage block first; --format listed five trace formats."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith(f"error: {phrase}") and err.count("\n") == 1, err
