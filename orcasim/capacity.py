@@ -537,8 +537,26 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
         lines.append(f"{row['system']}{' at ' + at if at else ''}: no rate tried met the SLOs "
                      f"(the lowest, {mine['rate_per_s'].min():.3g} req/s, failed too), so "
                      f"max_rate_per_s is 0{target}")
+    lines += _partial_warnings(table[table["max_rate_per_s"] > 0], tried, params)
     reason = no_front_reason(table, slo)
     return lines if reason is None else [*lines, reason]
+
+
+def _partial_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]) -> list[str]:
+    """A (point, system) some of whose replications found no rate within the SLOs: its mean
+    averages zeros with the others' answers (and its interval is wide)."""
+    if tried.empty:
+        return []
+    found = tried.groupby(["point", "system", "replication"])["passes"].max()
+    lines = []
+    for _, row in table.iterrows():
+        mine = found.loc[(row["point"], row["system"])]
+        if (mine == 0).any():
+            at = ", ".join(f"{k}={row[k]}" for k in params)
+            lines.append(f"{row['system']}{' at ' + at if at else ''}: {int((mine == 0).sum())} of "
+                         f"{len(mine)} replications found no rate within the SLOs; "
+                         f"max_rate_per_s {row['max_rate_per_s']:.3g} averages them in")
+    return lines
 
 
 def capacity_figures(table: pd.DataFrame, evaluations: pd.DataFrame,

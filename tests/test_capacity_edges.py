@@ -159,3 +159,14 @@ def test_no_front_reason_names_the_missing_price() -> None:
     table["cost_per_million_tokens"] = [3.0, 2.0]
     assert cap.no_front_reason(table, slo) is None
     assert cap.no_front_reason(table.iloc[:1], slo) is None  # one point: no front to draw
+
+
+def test_replications_that_found_no_rate_are_named() -> None:
+    """One of a's two replications passed no rate: its mean averages a zero in."""
+    table = pd.DataFrame({"point": [0, 0], "system": ["a", "b"], "max_rate_per_s": [1.0, 2.0]})
+    tried = pd.DataFrame({"point": [0] * 6, "system": ["a"] * 4 + ["b"] * 2,
+                          "replication": [0, 0, 1, 1, 0, 1],
+                          "passes": [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]})
+    result = cap.CapacityResult(table, tried, [], 4, 0)
+    assert cap.capacity_warnings(result, slo_from_strings(["e2e_p90=1"])) == [
+        "a: 1 of 2 replications found no rate within the SLOs; max_rate_per_s 1 averages them in"]
