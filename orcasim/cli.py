@@ -407,8 +407,8 @@ def model(
              "figures, and without a GPU the figures are the whole model's")
     try:
         spec_model = model_from_argument(spec, weight_dtype)
-        moe_only = {o: d for o, d in degrees.items() if "-parallel-attention" in o or "expert" in o}
-        dense_split = next(((o, d) for o, d in moe_only.items() if d != 1), None)
+        moe_only = ("--data-parallel-attention", "--expert-parallel")
+        dense_split = next(((o, degrees[o]) for o in moe_only if degrees[o] != 1), None)
         if spec_model.moe is None and dense_split is not None:
             fail(f"{dense_split[0]} = {dense_split[1]}: expected 1 for {spec_model.name}, a dense "
                  "model (data-parallel attention and expert parallelism split a mixture of experts)")
