@@ -14,9 +14,9 @@ continuous time, exactly) times the span's length. On the span as x from 0 to 1,
 a step function w is 12 * integral of (x - 1/2) w(x) dx, and a step of +1 at u adds u (1 - u) / 2
 to that integral: so the growth is 6 * (sum of u (1 - u) over arrivals - the same over first
 schedulings), each u clipped to [0, 1]. Unlike a sampled count it moves continuously with every
-timestamp, so runs whose timestamps agree to rounding (fast and reference mode) agree on it. Its noise scale is the Poisson
-spread of the span's arrival count, sqrt(n): arrivals alone could outrun a
-server that keeps up on average by about that much. The run is saturated when the growth
+timestamp, so runs whose timestamps agree to rounding (fast and reference mode) agree on it.
+Its noise scale is the Poisson spread of the span's arrival count, sqrt(n): arrivals alone
+could outrun a server that keeps up on average by about that much. The run is saturated when the growth
 exceeds `SATURATION_Z` of those (three: a one-sided 0.1% chance for Poisson noise). A burst
 that overloads the server for a while and drains before the arrivals end leaves a flat or
 falling count and is not flagged; a load that rises through the run and outgrows the
