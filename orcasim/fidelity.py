@@ -53,7 +53,7 @@ def compare(
     ids). Each metric is compared over the requests that have it on both sides: one the
     log left unmeasured, or the simulation turned away, is left out of both."""
     if len(real) != len(simulated):
-        raise ValueError(f"internal error: {len(real)} real requests against {len(simulated)} "
+        raise RuntimeError(f"internal error: {len(real)} real requests against {len(simulated)} "
                          "simulated; a replay simulates each request of its run")
     rows = []
     for metric in METRICS:

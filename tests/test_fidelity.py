@@ -51,7 +51,7 @@ def test_each_metric_is_compared_over_the_same_requests() -> None:
     ttft = table[table["metric"] == "ttft_s"]
     assert ttft["real"].tolist() == ttft["simulated"].tolist() == pytest.approx([2.5, 2.9])
     assert (table["rel_error"].abs() < 1e-12).all()
-    with pytest.raises(ValueError, match="internal error: 6 real requests against 5 simulated"):
+    with pytest.raises(RuntimeError, match="internal error: 6 real requests against 5 simulated"):
         compare(real, simulated.iloc[1:])
 
 
