@@ -4,10 +4,15 @@ PyYAML's safe loader keeps the last of duplicate keys silently, so a scenario th
 `rate_per_s` twice runs with whichever came last. `load` refuses it, naming the key and the
 line of its second appearance (`DuplicateKeyError`, a `yaml.YAMLError` whose problem and
 mark the callers already report).
+
+It also reads `5e-1`, `1e0` and `1.0e1` as numbers, as YAML 1.2 does: PyYAML follows YAML
+1.1, where a float needs a dot and a signed exponent, and kept them as strings. A scenario's
+fields converted them anyway, but a sweep's grid kept them as text, ordered alphabetically.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -29,6 +34,13 @@ class _StrictLoader(yaml.SafeLoader):
                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's float in exponent form (with or without a dot or an exponent sign), beside 1.1's.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def load(text: str) -> Any:

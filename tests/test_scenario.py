@@ -76,6 +76,15 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path) -> None:  # noqa: ANN
     assert yaml_strict.load(merged.read_text()) == {"a": {"p": 1}, "b": {"p": 2}}
 
 
+def test_numbers_in_exponent_form_are_numbers() -> None:
+    """YAML 1.2's floats: PyYAML (1.1) kept 5e-1 and 1e0 as strings, so a sweep grid of
+    rates sorted as text ('1.0e1' < '1e0' < '4e0' < '5e-1')."""
+    from orcasim import yaml_strict
+
+    assert yaml_strict.load("r: [5e-1, 1e0, 4e0, 1.0e1, -2E+3, .5e2, 3, '1e3', 1e]") == {
+        "r": [0.5, 1.0, 4.0, 10.0, -2000.0, 50.0, 3, "1e3", "1e"]}
+
+
 def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
     apply_override(base_dict, "systems[1].scheduler.max_batch_size=16")
     apply_override(base_dict, "workload.arrival.rate_per_s=2.5")
