@@ -33,10 +33,28 @@ LOG_SPAN = 100.0
 SATURATED = "saturated: queue unstable"
 
 
+def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str) -> None:
+    """A figure's input has rows and the columns it reads, or a ValueError naming what is
+    missing (and what there is), before pandas or matplotlib fails deep inside."""
+    if table.empty:
+        raise ValueError(f"{what} has no rows (a sweep whose every point failed?): nothing to plot")
+    missing = [c for c in columns if c is not None and c not in table.columns]
+    if missing:
+        raise ValueError(f"{what} has no column {', '.join(map(repr, missing))}; its columns: "
+                         f"{', '.join(map(str, table.columns))}")
+
+
+def _one_system(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame of one system's rows (`SystemResult.requests`) drawn as a run of one system."""
+    return frame if "system" in frame.columns else frame.assign(system="this run")
+
+
 def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()) -> Figure:
-    """CDFs of TTFT, TPOT, e2e and normalized latency; `requests` has a `system` column.
+    """CDFs of TTFT, TPOT, e2e and normalized latency, per `system` (a frame without that
+    column is one system's).
     Systems in `saturated` are labelled so, and drawn dotted: their curves describe the run's
     length, not the server."""
+    requests = _one_system(requests)
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (metric, label) in zip(axes.flat, CDF_METRICS.items(), strict=True):
@@ -46,7 +64,8 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
                 unstable = system in saturated
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values),
                         label=f"{system} ({SATURATED})" if unstable else str(system),
-                        linestyle=":" if unstable else "-")
+                        linestyle=":" if unstable else "-",
+                        marker="o" if len(values) == 1 else None)  # a line of one point is invisible
         values = requests[metric].dropna().to_numpy()
         if len(values) and values.min() > 0 and values.max() / values.min() > LOG_SPAN:
             ax.set_xscale("log")  # systems decades apart: a linear axis squashes one of them
@@ -164,8 +183,13 @@ def timelines(
     """Batch size, queue length and KV usage over simulated time, one panel each.
 
     Raw per-iteration steps of several systems overlap into a blur, so each line is the
-    time average over `num_bins` equal windows. `iterations` has a `system` column.
+    time average over `num_bins` equal windows, per `system` (a frame without that column
+    is one system's).
     """
+    if num_bins < 1 or not columns:
+        raise ValueError(f"num_bins = {num_bins}, columns = {columns!r}: expected at least one "
+                         "window and one column")
+    iterations = _one_system(iterations)
     end_s, edges_s, mids_s = time_bins(iterations, num_bins)
     fig = Figure(figsize=(11, 1.2 + 2.4 * len(columns)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(columns), 1, sharex=True))
@@ -269,6 +293,7 @@ def latency_vs_throughput(
     per system (and per value of any swept parameter other than `along`). Each line runs
     along the swept parameter `along`, by default the load (see `load_parameter`).
     """
+    _checked(table, ("system", "throughput_rps", metric, along), "the sweep table")
     load = along or load_parameter(table)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
@@ -315,6 +340,9 @@ def percentile_bands(
 ) -> Figure:
     """Metrics against the swept parameter `x`: the median over replications as a line and
     the 10th-90th percentile across replications as a band, one panel per metric."""
+    if not metrics:
+        raise ValueError("metrics = (): expected at least one metric to plot")
+    _checked(table, ("system", x, *metrics), "the sweep table")
     fig = Figure(figsize=(11, 3.2 * ((len(metrics) + 1) // 2) + 0.8), layout="constrained")
     axes = np.atleast_1d(fig.subplots((len(metrics) + 1) // 2, 2, squeeze=False)).ravel()
     for ax, metric in zip(axes, metrics, strict=False):
@@ -338,6 +366,7 @@ def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Fi
     """The standard figures of a sweep, by file stem."""
     from orcasim.sweeps.table import param_columns
 
+    _checked(table, ("system",), "the sweep table")
     figures = {"latency_vs_throughput": latency_vs_throughput(table, slo=slo)}
     for x in param_columns(table):
         figures[f"bands_{x.rsplit('.', 1)[-1]}"] = percentile_bands(table, x)

@@ -16,8 +16,10 @@ from typer.testing import CliRunner
 from orcasim.cli import app
 from orcasim.plots import (
     binned_time_average,
+    latency_cdfs,
     latency_vs_throughput,
     percentile_bands,
+    sweep_figures,
     sweep_lines,
     timelines,
 )
@@ -191,3 +193,32 @@ def test_capacity_figures() -> None:
     fig = cost_latency_pareto(table, table.iloc[[0, 1]], "lat")
     assert_labelled(fig)
     assert fig.axes[0].get_lines()[0].get_xdata().tolist() == [3.0, 1.0]
+
+
+def test_figures_refuse_what_they_cannot_draw_by_name() -> None:
+    """A sweep whose every point failed has an empty table (pandas' KeyError: 'system'
+    before); a metric or a parameter the table lacks is named; no window, no figure."""
+    with pytest.raises(ValueError, match=r"^the sweep table has no rows \(a sweep whose every "
+                                         r"point failed\?\): nothing to plot$"):
+        sweep_figures(pd.DataFrame())
+    table = pd.DataFrame({"system": ["a"], "throughput_rps": [1.0], "e2e_s_p50": [0.5],
+                          "workload.arrival.rate_per_s": [1.0]})
+    with pytest.raises(ValueError, match=r"^the sweep table has no column 'e2e_p50'; its "
+                                         r"columns: system, throughput_rps, "):
+        latency_vs_throughput(table, metric="e2e_p50")
+    with pytest.raises(ValueError, match="no column 'rate_per_s'"):
+        percentile_bands(table, "rate_per_s")
+    with pytest.raises(ValueError, match="num_bins = 0"):
+        timelines(iterations([(0.0, 1.0, 1)]), num_bins=0)
+
+
+def test_one_systems_frames_and_a_lone_request_draw() -> None:
+    """A frame of one system (`SystemResult.requests`, no `system` column) is drawn as one
+    system; a single request's CDF is a visible point, not a line of one point."""
+    one = pd.DataFrame({"ttft_s": [0.1], "tpot_s": [0.02], "e2e_s": [0.5],
+                        "normalized_latency_s_per_token": [0.05]})
+    fig = latency_cdfs(one)
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 1 and lines[0].get_marker() == "o" and lines[0].get_label() == "this run"
+    frame = iterations([(0.0, 1.0, 2), (1.0, 1.0, 3)]).drop(columns="system", errors="ignore")
+    assert isinstance(timelines(frame, columns=("batch_size",)), Figure)
