@@ -317,20 +317,22 @@ def run_scenario(
 ) -> RunResult:
     """Run a scenario (an object, a mapping of its keys, or a YAML path) and return
     per-system frames and summaries. `overrides` are `key=value` strings (one may be given
-    alone); they apply to a path or a mapping."""
+    alone), checked as a file's are: on an object they make a new one from its keys (a
+    pydantic `model_copy(update=...)` would skip the checks). Data paths resolve from
+    `base_dir`, by default the scenario file's folder."""
     if isinstance(overrides, str):
         overrides = (overrides,)  # one override, not its characters
+    if isinstance(scenario, Scenario) and overrides:
+        base_dir = base_dir or scenario.source_dir
+        scenario = scenario.model_dump(mode="json", exclude_none=True)
     if isinstance(scenario, dict):
         data = copy.deepcopy(scenario)
         for item in overrides:
             apply_override(data, item)
         scenario = scenario_from_dict(data)
     elif not isinstance(scenario, Scenario):
-        base_dir = Path(scenario).resolve().parent
+        base_dir = base_dir or Path(scenario).resolve().parent
         scenario = load_scenario(scenario, overrides)
-    elif overrides:
-        raise ScenarioError("overrides apply to a scenario path or mapping; change a Scenario "
-                         "object with model_copy")
     with data_dir(base_dir or scenario.source_dir):
         requests = make_requests(scenario)
         result = RunResult(scenario)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from orcasim import run_scenario
+from orcasim.config import ScenarioError
 from orcasim.scenario import load_scenario
 from tests.conftest import make_scenario
 
@@ -93,6 +94,16 @@ def test_the_python_api_takes_a_mapping_and_one_override_string() -> None:
     by_path = run_scenario(Path(__file__).parent.parent / "scenarios" / "quickstart.yaml",
                            "workload.num_requests=30")
     assert by_path.summary_frame()["requests_completed"].tolist() == [30.0, 30.0]
+
+
+def test_overrides_on_a_scenario_object_are_checked_as_a_files() -> None:
+    """They make a new scenario from its keys: the message used to suggest model_copy, which
+    skips the checks (seed -5 then failed inside numpy)."""
+    scenario = load_scenario(Path(__file__).parent.parent / "scenarios" / "quickstart.yaml")
+    assert run_scenario(scenario, "workload.num_requests=20").summary_frame()[
+        "requests_completed"].tolist() == [20.0, 20.0]
+    with pytest.raises(ScenarioError, match="seed = -5: Input should be greater than or equal"):
+        run_scenario(scenario, "seed=-5")
 
 
 def test_a_loaded_scenario_keeps_its_folder_for_relative_paths(tmp_path: Path,
