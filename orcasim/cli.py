@@ -180,7 +180,7 @@ def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool
 @app.command()
 def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
-    from orcasim.run import check_system, data_dir, make_requests, scheduler_for
+    from orcasim.run import check_system, data_dir, make_requests, naming_system, scheduler_for
     from orcasim.scenario import load_scenario
 
     if _is_sweep_file(scenario):
@@ -194,8 +194,10 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
         with data_dir(scenario.resolve().parent):
             requests = make_requests(sc)
             for system in sc.systems:  # constructors check settings against the requests
-                _check_some_fit(system.name, scheduler_for(sc, system, requests), len(requests))
-                check_system(sc, system, requests)  # and the cost files, and a fleet's pools
+                with naming_system(sc, system):
+                    _check_some_fit(system.name, scheduler_for(sc, system, requests),
+                                    len(requests))
+                    check_system(sc, system, requests)  # and the cost files, a fleet's pools
     except USER_ERRORS as e:
         fail(error_text(e))
     n = len(sc.systems)

@@ -8,6 +8,7 @@ silently ignored.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from typing import Any
 
@@ -61,8 +62,26 @@ def format_validation_error(err: ValidationError, source: str, data: Any = None)
     lines = []
     for loc, value, msg in _union_problems(err.errors(include_url=False), data):
         shown = "" if isinstance(value, dict | list) or value is None else f" = {value!r}"
-        lines.append(f"{source}: {loc}{shown}: {msg}")
+        lines.append(f"{source}: {loc}{shown}: {msg}" if shown else f"{source}: {_joined(loc, msg)}")
     return "; ".join(lines)
+
+
+# A message that opens with a key: `workload.num_requests = 0: ...`, `systems[2].name = ...`.
+_OPENS_WITH_KEY = re.compile(r"^[a-z_]+(?:\[\d+\])*(?:[.\[]| = | \()")
+
+
+def _joined(loc: str, msg: str) -> str:
+    """`loc: msg`, unless a validator's message already names its key from part of `loc` on
+    ('workload.num_requests = 0' raised under 'workload', 'scheduler.x' under
+    'systems[2].scheduler'): then that key, with the part of `loc` before it in front."""
+    if loc == "(top level)":
+        return msg if _OPENS_WITH_KEY.match(msg) else f"{loc}: {msg}"
+    parts = loc.split(".")
+    for k in range(len(parts)):
+        tail = ".".join(parts[k:])
+        if msg.startswith(tail) and msg[len(tail):len(tail) + 1] in (".", "[", " "):
+            return ".".join([*parts[:k], msg]) if k else msg
+    return f"{loc}: {msg}"
 
 
 def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:

@@ -106,6 +106,18 @@ def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
 
 
+@contextlib.contextmanager
+def naming_system(scenario: Scenario, system: SystemConfig) -> Iterator[None]:
+    """A scheduler's or a cluster's refusal, built for one system, names that system's keys:
+    'scheduler.block_size_tokens = ...' becomes 'systems[2].scheduler.block_size_tokens = ...'."""
+    try:
+        yield
+    except ScenarioError as e:
+        if str(e).startswith(("scheduler.", "cluster.")):
+            raise ScenarioError(f"systems[{scenario.systems.index(system)}].{e}") from None
+        raise
+
+
 def check_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> None:
     """Build what `run_system` would run, without running it: its cost models read their
     files, its fleet checks its pools (`orcasim validate`)."""
@@ -337,5 +349,6 @@ def run_scenario(
         requests = make_requests(scenario)
         result = RunResult(scenario)
         for system in scenario.systems:
-            result.systems[system.name] = run_system(scenario, system, requests)
+            with naming_system(scenario, system):
+                result.systems[system.name] = run_system(scenario, system, requests)
     return result

@@ -149,9 +149,10 @@ class Scenario(Strict):
         self._derive_kv_capacity()
         assert self.kv_capacity_tokens is not None
         names = [s.name for s in self.systems]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ScenarioError(f"system names must be unique; repeated: {', '.join(dupes)}")
+        again = next((i for i, n in enumerate(names) if n in names[:i]), None)
+        if again is not None:
+            raise ScenarioError(f"systems[{again}].name = {names[again]!r}: expected a name no other "
+                                f"system has (systems[{names.index(names[again])}] has it)")
         blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
         if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
             raise ScenarioError(
@@ -161,7 +162,22 @@ class Scenario(Strict):
             )
         self._check_group_reservations()
         self._check_distserve_placement()
+        self._check_pool_schedulers()
         return self
+
+    def _check_pool_schedulers(self) -> None:
+        """A disaggregated pool runs iterations: a request-level scheduler, its own or the
+        system's (which a pool without one inherits), cannot hand a prompt over."""
+        for j, system in enumerate(self.systems):
+            cluster = system.cluster
+            if cluster is None or cluster.prefill is None or cluster.decode is None:
+                continue
+            for name, pool in (("prefill", cluster.prefill), ("decode", cluster.decode)):
+                if pool.scheduler is None and system.scheduler.kind == "request_level":
+                    raise ScenarioError(
+                        f"systems[{j}].cluster.{name}.scheduler.kind = 'request_level' (from "
+                        f"systems[{j}].scheduler, which a pool without one inherits): a "
+                        "disaggregated pool needs iteration_level, paged or chunked")
 
     def _check_distserve_placement(self) -> None:
         """DistServe's decode policy runs only where requests arrive with their KV to pull."""

@@ -396,6 +396,16 @@ def test_bad_disaggregation_keys_are_one_line_errors(cluster: dict, needle: str)
     assert "\n" not in str(err.value) and needle in str(err.value), str(err.value)
 
 
+def test_a_pool_inheriting_a_request_level_scheduler_is_refused() -> None:
+    """A pool without a scheduler of its own takes the system's: validate passed a
+    request-level one, and the run failed in an assertion."""
+    data = {**BASE, "systems": [{"name": "pd", "scheduler": {"kind": "request_level", "max_batch_size": 4},
+                                 "cluster": {"prefill": {"count": 1}, "decode": {"count": 2}}}]}
+    with pytest.raises(ScenarioError, match=r"^scenario: systems\[0\].cluster.prefill.scheduler.kind = "
+                                            r"'request_level' \(from systems\[0\].scheduler, "):
+        scenario_from_dict(data)
+
+
 def test_a_link_s_transfer_time_by_hand() -> None:
     # bytes / bandwidth + latency, from the preset or the keys that override it.
     assert LinkConfig().transfer_s(3e9) == 5e-6 + 3e9 / 300e9  # NVLink 3, one way

@@ -24,7 +24,8 @@ def test_quickstart_loads() -> None:
     ("workload.prompt_tokens", {"kind": "uniform", "low": 9, "high": 3}, "low (9) must be <= high (3)"),
     ("workload.arrival.kind", "weibull", "does not match any of the expected tags"),
     ("cost.base_s", "fast", "cost.base_s = 'fast'"),
-    ("systems[1].name", "request-level", "repeated: request-level"),
+    ("systems[1].name", "request-level", "name = 'request-level': expected a name no other "
+                                         "system has"),
     ("workload.max_tokens", 5000, "exceeds kv_capacity_tokens"),
 ])
 def test_bad_values_are_named(base_dict: dict[str, Any], path: str, value: Any, message: str) -> None:
