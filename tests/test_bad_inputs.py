@@ -53,6 +53,9 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a run past 1e9 s", {"workload.arrival.rate_per_s": 1e-9}, None, "beyond 1e+09 s"),
     ("an empty trace", {}, "", "empty; expected a CSV file with a header row"),
     ("a trace with only its header", {}, TRACE, "trace.csv: no requests (a header alone"),
+    ("a system's scheduler that does not fit its KV", {"systems[1].scheduler": {
+        "kind": "paged", "block_size_tokens": 3000}}, None,
+     "systems[1].scheduler.block_size_tokens = 3000 does not divide kv_capacity_tokens = 2000"),
     ("a ragged trace row", {}, TRACE + "0,10,5\n1,10\n", "line 3"),
     ("a non-numeric trace column", {}, TRACE + "0,abc,5\n", "prompt_tokens = 'abc'"),
     ("a bad row after blank lines", {}, TRACE + "0,10,5\n\n\n1,abc,5\n", "trace.csv line 5"),
