@@ -53,6 +53,8 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a run past 1e9 s", {"workload.arrival.rate_per_s": 1e-9}, None, "beyond 1e+09 s"),
     ("an empty trace", {}, "", "empty; expected a CSV file with a header row"),
     ("a trace with only its header", {}, TRACE, "trace.csv: no requests (a header alone"),
+    ("more requests than memory holds", {"workload.num_requests": 10**11}, None,
+     "workload.num_requests = 100000000000: Input should be less than or equal to 100000000"),
     ("a system's scheduler that does not fit its KV", {"systems[1].scheduler": {
         "kind": "paged", "block_size_tokens": 3000}}, None,
      "systems[1].scheduler.block_size_tokens = 3000 does not divide kv_capacity_tokens = 2000"),
