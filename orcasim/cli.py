@@ -180,7 +180,14 @@ def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool
 @app.command()
 def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
-    from orcasim.run import check_system, data_dir, make_requests, naming_system, scheduler_for
+    from orcasim.run import (
+        check_system,
+        check_warmup,
+        data_dir,
+        make_requests,
+        naming_system,
+        scheduler_for,
+    )
     from orcasim.scenario import load_scenario
 
     if _is_sweep_file(scenario):
@@ -193,6 +200,7 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
             scenario_sweep(sc, scenario.resolve().parent)
         with data_dir(scenario.resolve().parent):
             requests = make_requests(sc)
+            check_warmup(sc, requests)
             for system in sc.systems:  # constructors check settings against the requests
                 with naming_system(sc, system):
                     _check_some_fit(system.name, scheduler_for(sc, system, requests),

@@ -175,6 +175,18 @@ def with_sessions(result: SystemResult, source: ArrivalSource, warmup_s: float) 
     return dataclasses.replace(result, requests=reqs, summary=summary, sessions=sessions)
 
 
+def check_warmup(scenario: Scenario, requests: Requests) -> None:
+    """A warm-up past the last arrival measures nothing: refused before any work where the
+    arrivals are known in advance (not a closed loop's or sessions', which a run makes)."""
+    if requests.clients is not None or requests.sessions is not None or not len(requests):
+        return
+    last_s = float(np.max(requests.arrival_s))
+    if scenario.warmup_s > last_s:
+        raise ScenarioError(f"warmup_s = {scenario.warmup_s:g} is past the last arrival "
+                            f"({last_s:g} s): expected warmup_s below it, or no request is "
+                            "measured")
+
+
 def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
                      iters: pd.DataFrame) -> dict[str, float]:
     """`summarize` after the scenario's warm-up, with its SLO attainment when it names SLOs;
@@ -347,6 +359,7 @@ def run_scenario(
         scenario = load_scenario(scenario, overrides)
     with data_dir(base_dir or scenario.source_dir):
         requests = make_requests(scenario)
+        check_warmup(scenario, requests)
         result = RunResult(scenario)
         for system in scenario.systems:
             with naming_system(scenario, system):

@@ -33,7 +33,7 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      None, "prompt_tokens.value"),
     ("huge length in a trace", {"workload.max_tokens": 100}, TRACE + "0,1e30,3\n",
      "expected an integer from 1 to 1,000,000,000"),
-    ("warm-up past the last arrival", {"warmup_s": 1e6}, None, "no request completed after"),
+    ("warm-up past the last arrival", {"warmup_s": 1e6}, None, "warmup_s = 1e+06 is past the last arrival"),
     ("a cost that takes no time", {"cost": {"kind": "linear", "base_s": 0.0}}, None,
      "would take no time"),
     ("a cost under a nanosecond", {"cost": {"kind": "linear", "base_s": 1e-300}}, None,
@@ -238,6 +238,7 @@ def test_validate_refuses_what_run_refuses(tmp_path: Path) -> None:
     rejected.update(kv_capacity_tokens=32, systems=[{"name": "v", "scheduler": {"kind": "paged"}}])
     rejected["workload"]["prompt_tokens"] = {"kind": "constant", "value": 60}
     cases.append((rejected, [], "every request is too large"))
+    cases.append((copy.deepcopy(BASE), ["--set", "warmup_s=1e6"], "past the last arrival"))
     for i, (body, extra, phrase) in enumerate(cases):
         path = tmp_path / f"s{i}.yaml"
         path.write_text(yaml.safe_dump(body))

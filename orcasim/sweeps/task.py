@@ -30,8 +30,10 @@ class JsonRecord:
 
 
 def first_line(error: BaseException | str) -> str:
-    """An error as one line, with its type: what a failed job records."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    """An error as one line, with its type unless it is bad input (whose message says what
+    was expected): what a failed job records."""
+    text = error if isinstance(error, str) else str(error) if isinstance(error, ScenarioError) \
+        else f"{type(error).__name__}: {error}"
     return text.splitlines()[0] if text else "unknown error"
 
 
