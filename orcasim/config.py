@@ -73,7 +73,8 @@ _OPENS_WITH_KEY = re.compile(r"^[a-z_]+(?:\[\d+\])*(?:[.\[]| = | \()")
 def _joined(loc: str, msg: str) -> str:
     """`loc: msg`, unless a validator's message already names its key from part of `loc` on
     ('workload.num_requests = 0' raised under 'workload', 'scheduler.x' under
-    'systems[2].scheduler'): then that key, with the part of `loc` before it in front."""
+    'systems[2].scheduler'): then that key, with the part of `loc` before it in front; or
+    names one inside the block (`targets[0] = ...` under `slo`): then `loc.key`."""
     if loc == "(top level)":
         return msg if _OPENS_WITH_KEY.match(msg) else f"{loc}: {msg}"
     parts = loc.split(".")
@@ -81,7 +82,8 @@ def _joined(loc: str, msg: str) -> str:
         tail = ".".join(parts[k:])
         if msg.startswith(tail) and msg[len(tail):len(tail) + 1] in (".", "[", " "):
             return ".".join([*parts[:k], msg]) if k else msg
-    return f"{loc}: {msg}"
+    # A key relative to the block that raised it: `targets[0] = ...` under `slo`.
+    return f"{loc}.{msg}" if _OPENS_WITH_KEY.match(msg) else f"{loc}: {msg}"
 
 
 def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:

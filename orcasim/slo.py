@@ -76,6 +76,20 @@ def parse_target(text: str) -> SLOTarget:
     return SLOTarget(metric=metric, percentile=float(percentile), bound_s=bound_s)
 
 
+def _parsed(index: int, text: str) -> SLOTarget:
+    """`parse_target`, its refusal naming the target: `targets[0] = 'ttft_p0 <= 0.2': ...`."""
+    try:
+        return parse_target(text)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        key = ".".join(map(str, first["loc"]))
+        reason = first["msg"].removeprefix("Value error, ")
+        where = f"{key} = {first['input']!r}: " if key else ""
+        raise ScenarioError(f"targets[{index}] = {text!r}: {where}{reason}") from None
+    except ScenarioError as e:
+        raise ScenarioError(f"targets[{index}]: {e}") from None
+
+
 class SLOConfig(Strict):
     """The scenario's `slo:` block: targets and the share of requests that must attain them."""
 
@@ -91,7 +105,7 @@ class SLOConfig(Strict):
         if isinstance(targets, dict):  # {ttft_p90: 0.2}
             targets = [f"{k} <= {v}" for k, v in targets.items()]
         if isinstance(targets, list):
-            targets = [parse_target(t) if isinstance(t, str) else t for t in targets]
+            targets = [_parsed(i, t) if isinstance(t, str) else t for i, t in enumerate(targets)]
         names = [t.name for t in targets if isinstance(t, SLOTarget)]
         if len(set(names)) < len(names):
             raise ScenarioError(f"targets repeat {sorted({n for n in names if names.count(n) > 1})[0]}")

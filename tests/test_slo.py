@@ -119,3 +119,19 @@ def test_a_percentile_equal_to_its_bound_meets_it_and_each_target_binds_alone() 
     out = slo_summary(unfinished, on_the_bound)
     assert out["slo_attainment"] == 0.0 and np.isnan(out["slo_ttft_p100"]) and out["slo_met"] == 0.0
     assert np.isnan(slo_summary(reqs.iloc[:0], on_the_bound)["slo_attainment"])
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("ttft_p0 <= 0.2", "slo.targets[1] = 'ttft_p0 <= 0.2': percentile = 0.0: Input should be "
+                       "greater than 0"),
+    ("ttfb_p90 <= 0.2", "slo.targets[1] = 'ttfb_p90 <= 0.2': metric = 'ttfb': expected one of"),
+])
+def test_a_bad_target_in_a_scenario_is_named_by_its_index(target: str, message: str) -> None:
+    """It read 'slo.percentile = 0.0' (no such key) or 'slo: metric = ...' (no index)."""
+    from orcasim.scenario import scenario_from_dict
+    from tests.conftest import BASE
+
+    data = {**BASE, "slo": {"targets": ["e2e_p90 <= 9", target]}}
+    with pytest.raises(ScenarioError) as caught:
+        scenario_from_dict(data)
+    assert str(caught.value).startswith(f"scenario: {message}"), str(caught.value)
