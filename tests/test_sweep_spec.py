@@ -71,3 +71,23 @@ def test_bad_sweeps_fail_with_one_line(tmp_path: Path, grid: str, message: str) 
         load_sweep(write_sweep(tmp_path, grid))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_base_scenarios_own_sweep_left_out_of_the_grid_is_named(tmp_path: Path) -> None:
+    """The grid replaces it: silent, its points went missing. Swept again in the grid, it is
+    replaced on purpose (the shipped Orca sweep does so) and nothing is said."""
+    import warnings
+
+    import yaml
+
+    spec = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 2.0]")
+    base = tmp_path / "tiny.yaml"
+    data = yaml.safe_load(base.read_text())
+    base.write_text(yaml.safe_dump({**data, "sweep": {"parameter": "warmup_s", "values": [0, 1]}}))
+    with pytest.warns(UserWarning, match=r"^tiny\.yaml's own sweep over warmup_s is not run"):
+        load_sweep(spec)
+    base.write_text(yaml.safe_dump({**data, "sweep": {"parameter": "workload.arrival.rate_per_s",
+                                                      "values": [3.0]}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_sweep(spec)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -175,6 +176,11 @@ def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
     value fails here, before any work starts."""
     base_path = base_path.resolve()
     scenario = load_scenario(base_path, spec.set)
+    own = scenario.sweep
+    if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it
+        warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
+                      "file's grid replaces it (add the parameter to the grid to sweep it too)",
+                      UserWarning, stacklevel=2)
     sweep = Sweep(spec, _base_data(scenario), base_path.parent)
     for task in sweep.tasks()[:: spec.replications]:
         task.scenario()
