@@ -30,6 +30,7 @@ filled in turn, deterministically):
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -351,8 +352,16 @@ def build_router(cfg: _RouterBase, replicas: Sequence[Replica], rng: np.random.G
         case PowerOfTwoRouterConfig():
             return PowerOfTwoRouter(replicas, rng)
         case PrefixAffinityRouterConfig():
+            if not any(getattr(r.scheduler, "caching", False) for r in replicas):
+                warnings.warn("router prefix_affinity: no replica keeps a prefix cache "
+                              "(enable_prefix_caching), so it routes by load alone",
+                              UserWarning, stacklevel=2)
             return PrefixAffinityRouter(replicas, rng, cfg)
         case SessionRouterConfig(fallback=fallback):
+            if session_ids is None:
+                warnings.warn(f"router session: the workload has no sessions (conversations, "
+                              f"agents), so every request is routed by its fallback, {fallback}",
+                              UserWarning, stacklevel=2)
             inner = build_router(_ROUTER_CONFIGS[fallback].model_validate({"kind": fallback}),
                                  replicas, rng)
             return SessionRouter(replicas, rng, inner, session_ids)

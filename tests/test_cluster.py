@@ -506,3 +506,16 @@ def test_a_router_s_look_at_a_shared_boundary_sees_what_reference_mode_sees(
     for column in ("replica", "arrival_s", "first_token_s", "finish_s"):
         assert np.array_equal(frames["fast"][column], frames["reference"][column],
                               equal_nan=True), column
+
+
+@pytest.mark.parametrize(("router", "phrase"), [
+    ({"kind": "session"}, "router session: the workload has no sessions"),
+    ({"kind": "prefix_affinity"}, "router prefix_affinity: no replica keeps a prefix cache"),
+])
+def test_a_router_that_cannot_do_its_job_says_so(router: dict, phrase: str) -> None:
+    """A session router without sessions, or prefix affinity without caches, routed by its
+    fallback without a word."""
+    systems = [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                "cluster": {"replicas": 2, "router": router}}]
+    with pytest.warns(UserWarning, match=phrase):
+        _fleet_run(systems=systems)
