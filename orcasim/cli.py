@@ -147,7 +147,7 @@ def run(
     from orcasim.scenario import load_scenario
 
     if _is_sweep_file(scenario):
-        fail(f"{scenario} is a sweep file (base scenario and grid), not a scenario; run it with "
+        fail(f"{scenario} is a sweep file (it names a base scenario), not a scenario; run it with "
              f"`orcasim sweep {scenario}`")
     try:
         sc = load_scenario(scenario, set_ or [])
@@ -213,14 +213,15 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
 
 
 def _is_sweep_file(path: Path) -> bool:
-    """A sweep file names a base scenario and a grid; anything unreadable is left to the loader."""
+    """A sweep file names a base scenario (a key no scenario has: one missing its grid is a
+    sweep file that says so); anything unreadable is left to the loader."""
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
-    return isinstance(data, dict) and "grid" in data and "base" in data
+    return isinstance(data, dict) and "base" in data
 
 
 def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:

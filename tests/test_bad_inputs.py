@@ -239,6 +239,7 @@ def test_validate_refuses_what_run_refuses(tmp_path: Path) -> None:
     rejected["workload"]["prompt_tokens"] = {"kind": "constant", "value": 60}
     cases.append((rejected, [], "every request is too large"))
     cases.append((copy.deepcopy(BASE), ["--set", "warmup_s=1e6"], "past the last arrival"))
+    cases.append(({"name": "s", "base": "s0.yaml"}, [], "grid: Field required"))  # a sweep file
     for i, (body, extra, phrase) in enumerate(cases):
         path = tmp_path / f"s{i}.yaml"
         path.write_text(yaml.safe_dump(body))
