@@ -557,3 +557,15 @@ def test_a_query_on_a_measured_slice_reads_that_slice_alone() -> None:
     assert values.tolist() == [4.0, 4.5, 1.5] and not outside.any()
     _, outside = table(np.array([1.9]), np.array([50.0]))
     assert outside.tolist() == [True]
+
+
+def test_a_missing_table_names_the_key_that_gave_it() -> None:
+    """It said 'cost: file ... not found': which of the four files?"""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "scenarios/regression/profile_vidur.yaml",
+                                      "--set", "cost.mlp_csv=nope.csv"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: cost.mlp_csv: file 'nope.csv' not found"), result.output

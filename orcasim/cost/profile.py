@@ -16,7 +16,9 @@ and counts the iteration in `out_of_range_count()`: it never extrapolates silent
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
@@ -78,13 +80,17 @@ class ProfileCost(CostModel):
         _check_profiled_shape(self.model)
         self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
         self.roofline = Roofline(cfg.roofline, deployment)
-        self.token_ops, self.embedding = mlp_table(cfg.mlp_csv, self.model, self.tp)
-        self.decode_attention, self.prefill_attention = _attention_tables(cfg, self.model, self.tp)
+        with _naming("mlp_csv"):
+            self.token_ops, self.embedding = mlp_table(cfg.mlp_csv, self.model, self.tp)
+        with _naming("attention_csv" if cfg.attention_csv else "aiconfigurator_dir"):
+            self.decode_attention, self.prefill_attention = _attention_tables(cfg, self.model, self.tp)
         crosses_nodes = hw.num_gpus > hw.gpu.gpus_per_node
-        self.all_reduce = network_table(cfg.all_reduce_csv, "all_reduce", self.tp, hw) if cfg.all_reduce_csv else None
-        self.send_recv = (
-            network_table(cfg.send_recv_csv, "send_recv", 2, hw, crosses_nodes) if cfg.send_recv_csv else None
-        )
+        with _naming("all_reduce_csv"):
+            self.all_reduce = network_table(cfg.all_reduce_csv, "all_reduce", self.tp, hw) if cfg.all_reduce_csv else None
+        with _naming("send_recv_csv"):
+            self.send_recv = (
+                network_table(cfg.send_recv_csv, "send_recv", 2, hw, crosses_nodes) if cfg.send_recv_csv else None
+            )
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._out_of_range = 0
         self._warned: set[str] = set()
@@ -168,6 +174,16 @@ class ProfileCost(CostModel):
         attention, out_a = self._attention(np.ones_like(contexts), contexts)
         self._out_of_range += int((out_a | bool(out_f)).sum())
         return fixed + attention
+
+
+@contextlib.contextmanager
+def _naming(key: str) -> Iterator[None]:
+    """A table's refusal ('cost: file ... not found') names the key that gave the file."""
+    try:
+        yield
+    except ScenarioError as e:
+        text = str(e)
+        raise ScenarioError(f"cost.{key}: {text.removeprefix('cost: ')}") from None
 
 
 def _attention_tables(
