@@ -565,7 +565,7 @@ def test_a_missing_table_names_the_key_that_gave_it() -> None:
 
     from orcasim.cli import app
 
-    result = CliRunner().invoke(app, ["validate", "scenarios/regression/profile_vidur.yaml",
-                                      "--set", "cost.mlp_csv=nope.csv"])
+    scenario = Path(__file__).parents[1] / "scenarios" / "regression" / "profile_vidur.yaml"
+    result = CliRunner().invoke(app, ["validate", str(scenario), "--set", "cost.mlp_csv=nope.csv"])
     assert result.exit_code == 2
     assert result.output.startswith("error: cost.mlp_csv: file 'nope.csv' not found"), result.output
