@@ -531,15 +531,20 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
     lines = []
     for _, row in table[table["max_rate_per_s"] == 0].iterrows():
         mine = tried[(tried["point"] == row["point"]) & (tried["system"] == row["system"])]
-        at = ", ".join(f"{k}={row[k]}" for k in params)
         target = (f"; no number of copies serves --target-rate {target_rate_per_s:g}"
                   if target_rate_per_s is not None else "")
-        lines.append(f"{row['system']}{' at ' + at if at else ''}: no rate tried met the SLOs "
+        lines.append(f"{_which(row, params)}: no rate tried met the SLOs "
                      f"(the lowest, {mine['rate_per_s'].min():.3g} req/s, failed too), so "
                      f"max_rate_per_s is 0{target}")
     lines += _partial_warnings(table[table["max_rate_per_s"] > 0], tried, params)
     reason = no_front_reason(table, slo)
     return lines if reason is None else [*lines, reason]
+
+
+def _which(row: pd.Series, params: list[str]) -> str:
+    """A capacity row's system, and its configuration where a search has several."""
+    at = ", ".join(f"{k}={row[k]}" for k in params)
+    return f"{row['system']} at {at}" if at else str(row["system"])
 
 
 def _partial_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]) -> list[str]:
@@ -552,8 +557,7 @@ def _partial_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str
     for _, row in table.iterrows():
         mine = found.loc[(row["point"], row["system"])]
         if (mine == 0).any():
-            at = ", ".join(f"{k}={row[k]}" for k in params)
-            lines.append(f"{row['system']}{' at ' + at if at else ''}: {int((mine == 0).sum())} of "
+            lines.append(f"{_which(row, params)}: {int((mine == 0).sum())} of "
                          f"{len(mine)} replications found no rate within the SLOs; "
                          f"max_rate_per_s {row['max_rate_per_s']:.3g} averages them in")
     return lines
