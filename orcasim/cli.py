@@ -430,7 +430,9 @@ def model(
             try:
                 hw = HardwareConfig.model_validate(fields)
             except ValidationError as e:  # --tensor-parallel 0, an unknown GPU, an EP that cannot be
-                fail(format_validation_error(e, "hardware", fields).removeprefix("hardware: (top level): "))
+                message = format_validation_error(e, "hardware", fields)
+                fail(message.removeprefix("hardware: ") if all(not error["loc"] for error in e.errors())
+                     else message)
             check_deployment(spec_model, hw, 1)
         figures = model_figures(spec_model, hw)
     except USER_ERRORS as e:

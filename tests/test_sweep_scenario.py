@@ -42,7 +42,7 @@ def test_a_bad_value_names_the_point_before_any_runs() -> None:
 
 
 def test_a_value_must_fit_one_table_column() -> None:
-    with pytest.raises(ScenarioError, match=r"sweep: values\[0\] = \{.*expected a number, string or boolean"):
+    with pytest.raises(ScenarioError, match=r"sweep.values\[0\] = \{.*expected a number, string or boolean"):
         small_sweep(**{"sweep": {"parameter": "workload.arrival", "values": [{"kind": "poisson", "rate_per_s": 1}]}})
 
 

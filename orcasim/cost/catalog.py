@@ -498,5 +498,7 @@ def model_from_argument(value: str, weight_dtype: str | None = None) -> ModelSpe
     except ValidationError as e:  # a config whose fields do not make a model: name the field
         # A reader's own message names its key already; pydantic's need the field named.
         source = f"model {value}"
-        message = format_validation_error(e, source, fields).removeprefix(f"{source}: (top level): ")
+        message = format_validation_error(e, source, fields)
+        if all(not error["loc"] for error in e.errors()):
+            message = message.removeprefix(f"{source}: ")
         raise ScenarioError(message) from None
