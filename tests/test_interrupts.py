@@ -63,9 +63,15 @@ def processes_marked(marker: str) -> list[int]:
     return found
 
 
+def finished_points(out: Path) -> list[Path]:
+    """Points whose outcome is in place: not one still in its hidden temporary folder
+    (`points/.<id>.tmp-*/`), which pathlib's `*` matches too and an interrupt removes."""
+    return [p for p in out.glob("points/*/outcome.json") if not p.parent.name.startswith(".")]
+
+
 def wait_for_first_point(out: Path, proc: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 120
-    while not list(out.glob("points/*/outcome.json")):
+    while not finished_points(out):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no point finished in 120 s"
         time.sleep(0.05)
@@ -101,7 +107,7 @@ def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals
     time.sleep(0.5)
     assert processes_marked(marker) == [], "workers outlived the sweep"
     assert not [p for p in out.rglob(".*") if p.name != ".orcasim-results"], "partial files left"
-    done_before = len(list(out.glob("points/*/outcome.json")))
+    done_before = len(finished_points(out))
     assert 1 <= done_before < 6
 
     resumed = start(spec, out, marker, "--resume")
