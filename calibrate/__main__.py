@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -13,32 +12,22 @@ import yaml
 
 from calibrate.logs import DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
+from orcasim.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, INTERRUPTED_TEXT, sigterm_as_interrupt
 from orcasim.fidelity import MEASURED_FORMATS
-
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # as orcasim's: 128 + SIGINT
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        args.func(args)
+        with sigterm_as_interrupt():
+            args.func(args)
     except (ScenarioError, ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        # Each command writes its output at the end, to a temporary file renamed into place.
-        print("interrupted; nothing was left half-written", file=sys.stderr)
+        print(INTERRUPTED_TEXT, file=sys.stderr)
         return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)  # a caller (a test) keeps its own handler
     return 0
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C, as in `orcasim` (orcasim.cli._terminated).
-    raise KeyboardInterrupt
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -18,7 +18,14 @@ try:  # typer from 0.2x carries its own click, whose errors are not click's
 except ImportError:  # older typer: click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from orcasim.config import ScenarioError, format_validation_error
+from orcasim.config import ScenarioError, format_field_error
+from orcasim.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_ENVIRONMENT,
+    EXIT_INTERRUPTED,
+    INTERRUPTED_TEXT,
+    sigterm_as_interrupt,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,8 +61,6 @@ def _root(
 # missing or existing path; it is one line and exit 2. Anything else is an internal error and
 # shows its traceback, except a failing disk or filesystem (OSError), one line and exit 1.
 USER_ERRORS = (ScenarioError, FileNotFoundError, FileExistsError)
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 1
 
 TABLE_METRICS = {
     "throughput_rps": "req/s",
@@ -88,9 +93,6 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-EXIT_INTERRUPTED = 130
-
-
 _told_interrupted = False  # `interrupted` said how to resume; main adds nothing
 
 
@@ -106,7 +108,7 @@ def interrupted(resume_command: str) -> None:
 def _tell_interrupted() -> None:
     """Ctrl-C (or SIGTERM) elsewhere: results are written whole or not at all."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    typer.echo("interrupted; nothing was left half-written", err=True)
+    typer.echo(INTERRUPTED_TEXT, err=True)
 
 
 def error_text(e: Exception) -> str:
@@ -430,9 +432,7 @@ def model(
             try:
                 hw = HardwareConfig.model_validate(fields)
             except ValidationError as e:  # --tensor-parallel 0, an unknown GPU, an EP that cannot be
-                message = format_validation_error(e, "hardware", fields)
-                fail(message.removeprefix("hardware: ") if all(not error["loc"] for error in e.errors())
-                     else message)
+                fail(format_field_error(e, "hardware", fields))
             check_deployment(spec_model, hw, 1)
         figures = model_figures(spec_model, hw)
     except USER_ERRORS as e:
@@ -560,11 +560,6 @@ def _capacity_slo(scenario: Scenario, targets: list[str] | None,
     return SLOConfig(targets=scenario.slo.targets, attainment=attainment)
 
 
-def _terminated(signum: int, _frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C: a write in progress removes its partial folder.
-    raise KeyboardInterrupt
-
-
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: object = None, line: str | None = None) -> None:
     # A user reads "warning: <what happened>", not the line of orcasim that noticed it.
@@ -580,12 +575,12 @@ def usage_error_text(e: UsageError) -> str:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = _show_warning
     try:
         # Not standalone: click's errors come back as values to print on one line; --help and
         # typer.Exit come back as the exit code.
-        code = app(standalone_mode=False)
+        with sigterm_as_interrupt():
+            code = app(standalone_mode=False)
     except UsageError as e:
         typer.echo(f"error: {usage_error_text(e)}", err=True)
         sys.exit(EXIT_BAD_INPUT)

@@ -7,9 +7,11 @@ silently ignored.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import typing
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -17,6 +19,21 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 class ScenarioError(ValueError):
     """A user-facing configuration error: one line, naming the key, the value and the expectation."""
+
+
+@contextlib.contextmanager
+def errors_under(prefix: str, *, opening: tuple[str, ...] = ("",), drop: str = "") -> Iterator[None]:
+    """A block's refusal, built without knowing where the block sits, names its whole key: a
+    ScenarioError raised inside whose text opens with one of `opening` is raised again with
+    `drop` taken off its front and `prefix` put there ('scheduler.x = 0: ...' under
+    'systems[2].'; 'cost: file ... not found' as 'cost.mlp_csv: file ... not found')."""
+    try:
+        yield
+    except ScenarioError as e:
+        text = str(e)
+        if text.startswith(opening):
+            raise ScenarioError(prefix + text.removeprefix(drop)) from None
+        raise
 
 
 class Strict(BaseModel):
@@ -64,6 +81,16 @@ def format_validation_error(err: ValidationError, source: str, data: Any = None)
         shown = "" if isinstance(value, dict | list) or value is None else f" = {value!r}"
         lines.append(f"{source}: {loc}{shown}: {msg}" if shown else f"{source}: {_joined(loc, msg)}")
     return "; ".join(lines)
+
+
+def format_field_error(err: ValidationError, source: str, data: Any = None) -> str:
+    """`format_validation_error`, less the source where every problem is at the top level:
+    there a validator's own message names its field (a model built from command-line flags
+    or a model config: 'expert_parallel = 3: ...'), and the source would only repeat it."""
+    message = format_validation_error(err, source, data)
+    if all(not problem["loc"] for problem in err.errors()):
+        return message.removeprefix(f"{source}: ")
+    return message
 
 
 # A message that opens with a key: `workload.num_requests = 0: ...`, `systems[2].name = ...`.

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.closed_loop import arrival_source
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, errors_under
 from orcasim.cost import CostConfig, CostModel, build_cost_model
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
@@ -106,16 +106,10 @@ def at_the_engine(requests: Requests, latency_s: float) -> Requests:
     return dataclasses.replace(requests, arrival_s=requests.arrival_s + latency_s)
 
 
-@contextlib.contextmanager
-def naming_system(scenario: Scenario, system: SystemConfig) -> Iterator[None]:
+def naming_system(scenario: Scenario, system: SystemConfig) -> contextlib.AbstractContextManager[None]:
     """A scheduler's or a cluster's refusal, built for one system, names that system's keys:
     'scheduler.block_size_tokens = ...' becomes 'systems[2].scheduler.block_size_tokens = ...'."""
-    try:
-        yield
-    except ScenarioError as e:
-        if str(e).startswith(("scheduler.", "cluster.")):
-            raise ScenarioError(f"systems[{scenario.systems.index(system)}].{e}") from None
-        raise
+    return errors_under(f"systems[{scenario.systems.index(system)}].", opening=("scheduler.", "cluster."))
 
 
 def check_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> None:

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from orcasim.config import ScenarioError, Strict, format_validation_error
+from orcasim.config import ScenarioError, Strict, format_field_error
 from orcasim.cost.hf_config import resolve_hf_model
 from orcasim.paths import PACKAGE_DATA_DIR
 
@@ -498,7 +498,4 @@ def model_from_argument(value: str, weight_dtype: str | None = None) -> ModelSpe
     except ValidationError as e:  # a config whose fields do not make a model: name the field
         # A reader's own message names its key already; pydantic's need the field named.
         source = f"model {value}"
-        message = format_validation_error(e, source, fields)
-        if all(not error["loc"] for error in e.errors()):
-            message = message.removeprefix(f"{source}: ")
-        raise ScenarioError(message) from None
+        raise ScenarioError(format_field_error(e, source, fields)) from None

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 from pydantic import model_validator
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, errors_under
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
@@ -176,14 +175,9 @@ class ProfileCost(CostModel):
         return fixed + attention
 
 
-@contextlib.contextmanager
-def _naming(key: str) -> Iterator[None]:
+def _naming(key: str) -> contextlib.AbstractContextManager[None]:
     """A table's refusal ('cost: file ... not found') names the key that gave the file."""
-    try:
-        yield
-    except ScenarioError as e:
-        text = str(e)
-        raise ScenarioError(f"cost.{key}: {text.removeprefix('cost: ')}") from None
+    return errors_under(f"cost.{key}: ", drop="cost: ")
 
 
 def _attention_tables(
