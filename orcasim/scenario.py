@@ -6,6 +6,7 @@ what was expected. `--set a.b[1].c=value` overrides use the same dotted paths.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -226,8 +227,11 @@ def read_text_file(path: Path) -> str:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Read, override and validate a scenario file. Raises ScenarioError on any problem."""
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                  overrides_key: str = "--set") -> Scenario:
+    """Read, override and validate a scenario file. Raises ScenarioError on any problem; one
+    that the file alone does not have names the overrides that bring it, as given
+    (`--set KEY=VALUE`; a sweep file's `set:` list)."""
     path = Path(path)
     text = read_text_file(path)
     try:
@@ -238,11 +242,40 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raise ScenarioError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario keys at the top level")
+    base = copy.deepcopy(data) if overrides else data
     for item in overrides:
         apply_override(data, item)
-    scenario = scenario_from_dict(data, str(path))
+    try:
+        scenario = scenario_from_dict(data, str(path))
+    except ScenarioError:
+        if not overrides or not _valid(base):
+            raise
+        # The file is right without them: a mistyped --set key must not read as the file's.
+        # Validating again raises the same error, under that name.
+        given = " ".join(f"{overrides_key} {item}" for item in _culprits(base, overrides))
+        scenario = scenario_from_dict(data, f"{path} with {given}")
     scenario._source_dir = path.resolve().parent
     return scenario
+
+
+def _culprits(base: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """The overrides that each alone make a valid scenario invalid; all of them where only
+    their combination does."""
+    alone = []
+    for item in overrides:
+        data = copy.deepcopy(base)
+        apply_override(data, item)
+        if not _valid(data):
+            alone.append(item)
+    return alone or list(overrides)
+
+
+def _valid(data: dict[str, Any]) -> bool:
+    try:
+        scenario_from_dict(data)
+    except ScenarioError:
+        return False
+    return True
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:

@@ -104,6 +104,38 @@ def test_bad_override_paths(tmp_path: Path, override: str, phrase: str) -> None:
     assert result.exit_code == 2 and phrase in result.output, result.output
 
 
+@pytest.mark.parametrize("overrides, blamed", [
+    (["workload.num_requestz=5"], "with --set workload.num_requestz=5: workload: unknown key"),
+    (["seed=3", "workload.num_requests=-5"],
+     "with --set workload.num_requests=-5: workload.num_requests = -5: Input should be greater"),
+])
+def test_a_bad_override_is_blamed_not_the_file(tmp_path: Path, overrides: list[str],
+                                               blamed: str) -> None:
+    scenario = _write(tmp_path, {}, None)
+    flags = [part for item in overrides for part in ("--set", item)]
+    result = CliRunner().invoke(app, ["validate", str(scenario), *flags])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {scenario} {blamed}"), result.output
+    assert "seed=3" not in result.output and result.output.count("\n") == 1
+
+
+def test_a_file_wrong_on_its_own_is_still_blamed_with_overrides(tmp_path: Path) -> None:
+    scenario = _write(tmp_path, {"workload.num_requests": -5}, None)
+    result = CliRunner().invoke(app, ["validate", str(scenario), "--set", "seed=3"])
+    assert result.exit_code == 2 and result.output.startswith(
+        f"error: {scenario}: workload.num_requests = -5"), result.output
+
+
+def test_a_sweep_files_bad_set_is_blamed_not_the_base(tmp_path: Path) -> None:
+    scenario = _write(tmp_path, {}, None)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name, "set": ["seed=x"],
+                                    "grid": {"parameters": {"warmup_s": [0]}}}))
+    result = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert f"{scenario} with set: seed=x: seed = 'x'" in result.output, result.output
+
+
 @pytest.mark.parametrize("command", ["compare", "plot", "check"])
 @pytest.mark.parametrize("body, phrase", [("{not json", "summary.json: not valid JSON"),
                                           ("[1, 2]", "summary.json: expected {system: {metric"),

@@ -175,7 +175,7 @@ def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
     replication's: they differ by the seed alone), so a mistyped parameter path or a bad
     value fails here, before any work starts."""
     base_path = base_path.resolve()
-    scenario = load_scenario(base_path, spec.set)
+    scenario = load_scenario(base_path, spec.set, overrides_key="set:")
     own = scenario.sweep
     if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it
         warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
