@@ -8,6 +8,7 @@ runs them behind its router on one clock loop (`orcasim.replica.drive`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.closed_loop import arrival_source
-from orcasim.cluster import ReplicaGroup, RoutedRouter, build_router
+from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef
 from orcasim.engine import EngineMode, EngineRun, stepper_for
@@ -139,6 +140,10 @@ class Fleet:
 def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) -> Fleet:
     """`system`'s cluster over `requests` (a run's own table, as they reach the engines)."""
     assert system.cluster is not None
+    if system.cluster.link != LinkConfig():  # read only between a prefill and a decode pool
+        warnings.warn(f"system {system.name}: cluster.link is not used: a colocated cluster "
+                      "moves no KV between instances (a disaggregated one, with prefill and "
+                      "decode pools, does)", UserWarning, stacklevel=2)
     source = arrival_source(requests)
     recorder = Recorder(len(requests))
     replicas = []

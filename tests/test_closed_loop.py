@@ -91,6 +91,12 @@ def test_bad_closed_loop_is_one_line_naming_the_key(arrival: dict, message: str)
     assert str(e.value) == f"scenario: {message}"
 
 
+def test_more_clients_than_requests_says_how_many_ever_send() -> None:
+    with pytest.warns(UserWarning, match="num_clients = 50 is above workload.num_requests = "
+                                         "10: only 10 clients ever send a request"):
+        run_scenario(constant_scenario(50, 0.1, SCHEDULERS["paged"], n=10))
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS.values(), ids=SCHEDULERS.keys())
 def test_a_lone_client_sees_the_bare_service_time(scheduler: dict) -> None:
     # N = 1: nobody queues, so R = S exactly, and each request is sent Z after the last.

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -519,3 +521,15 @@ def test_a_router_that_cannot_do_its_job_says_so(router: dict, phrase: str) -> N
                 "cluster": {"replicas": 2, "router": router}}]
     with pytest.warns(UserWarning, match=phrase):
         _fleet_run(systems=systems)
+
+
+def test_a_link_on_a_colocated_cluster_says_it_is_not_used() -> None:
+    """`link` is read only between prefill and decode pools; a colocated fleet ran without it
+    and without a word. The default link says nothing (saved scenarios write it out)."""
+    systems = [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                "cluster": {"replicas": 2, "link": {"kind": "ethernet"}}}]
+    with pytest.warns(UserWarning, match="system c: cluster.link is not used: a colocated"):
+        _fleet_run(systems=systems)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fleet_run(systems=[{**systems[0], "cluster": {"replicas": 2, "link": {"kind": "nvlink"}}}])

@@ -125,6 +125,10 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
         assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
         n = cfg.num_requests
         if isinstance(cfg.arrival, ClosedLoopArrival):  # think times in place of the gaps
+            if cfg.arrival.num_clients > n:  # the population the user meant never forms
+                warnings.warn(f"workload.arrival.num_clients = {cfg.arrival.num_clients} is above "
+                              f"workload.num_requests = {n}: only {n} clients ever send a request",
+                              UserWarning, stacklevel=2)
             clients = ClientLoop(cfg.arrival.num_clients, cfg.arrival.think_times_s(rng, n))
             arrival_s = np.full(n, np.nan)  # known only when a system runs them
         else:
