@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -298,12 +299,14 @@ def latency_vs_throughput(
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     marked = False  # one legend entry for the saturation rings
+    lowest = np.inf  # of the values drawn: a log axis cannot show 0 (queue delay at light load)
     for line in sweep_lines(table, (load,) if load else ()):
         # In load order: at saturation throughput stalls and sorting by it would zigzag.
         by = load or "point"
         med = line.rows.groupby(by)[["throughput_rps", metric]].median()
         med = med.sort_index() if load else med.sort_values("throughput_rps")
         ax.plot(med["throughput_rps"], med[metric], label=line.label, **line.style)
+        lowest = min(lowest, float(med[metric].min()))
         if "saturated" in line.rows:
             unstable = line.rows.groupby(by)["saturated"].median().reindex(med.index) > 0.5
         if "saturated" in line.rows and unstable.any():
@@ -313,7 +316,10 @@ def latency_vs_throughput(
             marked = True
     if slo is not None:
         ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")
-    if log_y:
+    if log_y and lowest <= 0:
+        warnings.warn(f"{metric} reaches {lowest:g}, which a log axis cannot show: drawn on a "
+                      "linear axis", UserWarning, stacklevel=2)
+    elif log_y:
         ax.set_yscale("log")
         plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.04 reads better than 4x10^-2
         ax.yaxis.set_major_formatter(plain)

@@ -110,6 +110,17 @@ def test_latency_vs_throughput_draws_one_line_per_system_and_slo(sweep_table: pd
     assert list(xs) == sorted(xs)
 
 
+def test_a_metric_at_zero_is_drawn_on_a_linear_axis_with_a_warning(sweep_table: pd.DataFrame) -> None:
+    """A log axis silently drops a point at 0: queue delay at light load went missing."""
+    table = sweep_table.copy()
+    light = (table["system"] == "request-level") & (table["workload.arrival.rate_per_s"] == 1.0)
+    table.loc[light, "normalized_latency_s_per_token_p50"] = 0.0  # every replication's
+    with pytest.warns(UserWarning, match="reaches 0, which a log axis cannot show"):
+        fig = latency_vs_throughput(table)
+    assert fig.axes[0].get_yscale() == "linear"
+    assert latency_vs_throughput(sweep_table).axes[0].get_yscale() == "log"
+
+
 def test_latency_vs_throughput_runs_lines_along_a_chosen_parameter(sweep_table: pd.DataFrame) -> None:
     # Along the batch size, each line is one rate, with a point per batch size.
     fig = latency_vs_throughput(sweep_table, along="systems[1].scheduler.max_batch_size", title="by batch")
