@@ -115,3 +115,29 @@ def test_an_interrupted_parallel_sweep_stops_and_resumes(tmp_path: Path, signals
     assert resumed.returncode == 0, stderr
     assert f"{6 - done_before} tasks run, {done_before} already done" in stdout
     pd.testing.assert_frame_equal(pd.read_csv(out / "sweep.csv"), clean_table)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_while_the_command_loads_is_quiet(sig: int) -> None:
+    """Ctrl-C in the first second of `orcasim run`, while its modules load, printed a
+    traceback from inside an import (exit -2). The signal arrives exactly then here: a finder
+    sends it as the CLI's module is looked up."""
+    script = (
+        "import os, sys\n"
+        "class Interrupting:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'orcasim.cli':\n"
+        f"            os.kill(os.getpid(), {int(sig)})\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Interrupting())\n"
+        "sys.argv = ['orcasim', 'validate', 'x.yaml']\n"
+        "from orcasim.__main__ import main\n"
+        "main()\n")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # see start()
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (done.returncode, done.stderr) == (130, "interrupted; nothing was left half-written\n")
+
