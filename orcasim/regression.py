@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from orcasim.compare import DEFAULT_REL_TOL, Metrics, moved, read_metrics, relative_change
+from orcasim.config import ScenarioError
 from orcasim.results import json_safe, write_text_atomically
 
 SCENARIO_DIR = Path("scenarios/regression")
@@ -42,13 +43,22 @@ def compare_to_baseline(scenario: str, baseline: Metrics, now: Metrics) -> pd.Da
 
 
 def run_regression(path: Path) -> Metrics:
-    """Its systems' summaries; its warnings (a system saturated on purpose) name the scenario,
-    as check runs many whose systems share names."""
+    """Its systems' summaries; its warnings (a system saturated on purpose) and its errors
+    name the scenario, as check runs many whose systems share names."""
     from orcasim.run import run_scenario
+    from orcasim.scenario import load_scenario
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = run_scenario(path)
+    try:
+        scenario = load_scenario(path)
+        if scenario.sweep is not None:  # a baseline holds one run's metrics per system
+            raise ScenarioError(f"sweep: check gates one run per scenario, and this one sweeps "
+                                f"{scenario.sweep.parameter}; give each point a scenario of its own")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run_scenario(scenario)
+    except (ScenarioError, FileNotFoundError) as e:
+        text = str(e)
+        raise ScenarioError(text if text.startswith(str(path)) else f"{path}: {text}") from None
     for w in caught:
         warnings.warn(f"{Path(path).stem}: {w.message}", w.category, stacklevel=2)
     return {name: r.summary for name, r in result.systems.items()}
@@ -59,30 +69,55 @@ def read_baseline(path: Path) -> Metrics:
 
 
 def regression_scenarios(scenario_dir: Path) -> list[Path]:
-    paths = sorted(Path(scenario_dir).glob("*.yaml"))
+    """The folder's scenario files (.yaml and .yml), by name; two of one name are refused,
+    as both would gate against one baseline."""
+    paths = sorted([*Path(scenario_dir).glob("*.yaml"), *Path(scenario_dir).glob("*.yml")])
     if not paths:
         raise FileNotFoundError(f"{scenario_dir}: no regression scenarios (*.yaml)")
+    stems = [p.stem for p in paths]
+    twice = next((p for p in paths if stems.count(p.stem) > 1), None)
+    if twice is not None:
+        raise ScenarioError(f"{scenario_dir}: two scenarios named {twice.stem} (.yaml and .yml) "
+                            f"would share one baseline, {twice.stem}.json; rename one")
     return paths
 
 
 def check(
     scenario_dir: Path = SCENARIO_DIR, baseline_dir: Path = BASELINE_DIR, update: bool = False
 ) -> pd.DataFrame:
-    """Run every regression scenario; return the moved metrics (empty when all agree).
+    """Run every regression scenario; return the moved metrics (empty when all agree). A
+    baseline whose scenario is gone counts as moved: a deleted scenario must not drop its
+    check without a word.
 
-    With `update`, write the current metrics as the new baselines and return nothing moved.
-    """
-    tables = []
-    for path in regression_scenarios(scenario_dir):
-        now = run_regression(path)
-        baseline_file = Path(baseline_dir) / f"{path.stem}.json"
-        if update:
-            text = json.dumps(json_safe(now), indent=2) + "\n"
-            write_text_atomically(baseline_file, text)
-        elif not baseline_file.exists():
-            tables.append(pd.DataFrame([[path.stem, "*", "(no baseline)", math.nan, math.nan, math.inf]],
-                                       columns=MOVED_COLUMNS))
-        else:
-            tables.append(compare_to_baseline(path.stem, read_baseline(baseline_file), now))
+    With `update`, write the current metrics as the new baselines, remove those without a
+    scenario, and return nothing moved. Every scenario runs before anything is written: one
+    that fails leaves every baseline as it was."""
+    baseline_dir = Path(baseline_dir)
+    if baseline_dir.exists() and not baseline_dir.is_dir():
+        raise ScenarioError(f"--baselines {baseline_dir}: is a file; expected a folder of "
+                            "<scenario>.json baselines")
+    paths = regression_scenarios(scenario_dir)
+    runs = {path.stem: run_regression(path) for path in paths}
+    orphans = [b for b in sorted(baseline_dir.glob("*.json")) if b.stem not in runs]
+    if update:
+        for stem, now in runs.items():
+            write_text_atomically(baseline_dir / f"{stem}.json", json.dumps(json_safe(now), indent=2) + "\n")
+        for orphan in orphans:
+            orphan.unlink()
+            warnings.warn(f"removed {orphan}: {scenario_dir} has no scenario {orphan.stem}",
+                          UserWarning, stacklevel=2)
+        return pd.DataFrame(columns=MOVED_COLUMNS)
+    tables = [_against_baseline(stem, now, baseline_dir / f"{stem}.json") for stem, now in runs.items()]
+    tables += [_row(b.stem, "(no scenario)") for b in orphans]
     tables = [t for t in tables if len(t)]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
+
+
+def _against_baseline(stem: str, now: Metrics, baseline_file: Path) -> pd.DataFrame:
+    if not baseline_file.exists():
+        return _row(stem, "(no baseline)")
+    return compare_to_baseline(stem, read_baseline(baseline_file), now)
+
+
+def _row(stem: str, what: str) -> pd.DataFrame:
+    return pd.DataFrame([[stem, "*", what, math.nan, math.nan, math.inf]], columns=MOVED_COLUMNS)

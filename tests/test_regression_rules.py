@@ -113,3 +113,64 @@ def test_a_folder_without_scenarios_is_an_error(tmp_path: Path) -> None:
 
     with pytest.raises(FileNotFoundError, match=r"^.*empty: no regression scenarios \(\*\.yaml\)$"):
         regression_scenarios(tmp_path / "empty")
+
+
+def _two_scenarios(tmp_path: Path) -> tuple[Path, Path]:
+    scenarios, baselines = tmp_path / "regression", tmp_path / "baselines"
+    scenarios.mkdir()
+    shutil.copy(SCENARIOS / "iteration_level.yaml", scenarios / "one.yaml")
+    shutil.copy(SCENARIOS / "iteration_level.yaml", scenarios / "two.yml")  # .yml counts too
+    return scenarios, baselines
+
+
+def test_a_failing_update_writes_no_baseline(tmp_path: Path) -> None:
+    """One scenario that fails left the baselines written before it rewritten, so a real
+    change in those passed the next check unseen."""
+    import pytest
+
+    from orcasim.config import ScenarioError
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    check(scenarios, baselines, update=True)
+    assert sorted(p.name for p in baselines.iterdir()) == ["one.json", "two.json"]
+    before = {p.name: p.read_bytes() for p in baselines.iterdir()}
+    one = scenarios / "one.yaml"
+    one.write_text(one.read_text().replace("max_batch_size: 8", "max_batch_size: 2"))
+    two = scenarios / "two.yml"
+    two.write_text(two.read_text() + "warmup_s: 1.0e+9\n")
+    with pytest.raises(ScenarioError, match=rf"^{two}: warmup_s = 1e\+09 is past the last arrival"):
+        check(scenarios, baselines, update=True)
+    assert {p.name: p.read_bytes() for p in baselines.iterdir()} == before
+
+
+def test_a_baseline_without_its_scenario_counts_as_moved_and_update_removes_it(tmp_path: Path) -> None:
+    import pytest
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    check(scenarios, baselines, update=True)
+    (scenarios / "two.yml").unlink()
+    rows = check(scenarios, baselines)
+    assert rows.values.tolist()[0][:3] == ["two", "*", "(no scenario)"] and len(rows) == 1
+    with pytest.warns(UserWarning, match=f"removed {baselines / 'two.json'}: .* has no scenario two"):
+        check(scenarios, baselines, update=True)
+    assert [p.name for p in baselines.iterdir()] == ["one.json"] and check(scenarios, baselines).empty
+
+
+def test_what_check_cannot_gate_is_refused_on_one_line(tmp_path: Path) -> None:
+    """A sweep block (a baseline holds one run per system; check ran the base point alone),
+    a scenario under two suffixes, and a file passed as the baselines folder."""
+    import pytest
+
+    from orcasim.config import ScenarioError
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    swept = scenarios / "two.yml"
+    swept.write_text(swept.read_text() + "sweep: {parameter: seed, values: [1, 2]}\n")
+    with pytest.raises(ScenarioError, match=rf"^{swept}: sweep: check gates one run per scenario"):
+        check(scenarios, baselines)
+    shutil.copy(SCENARIOS / "iteration_level.yaml", scenarios / "two.yaml")
+    with pytest.raises(ScenarioError, match="two scenarios named two"):
+        check(scenarios, baselines)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ScenarioError, match="--baselines .*afile: is a file; expected a folder"):
+        check(scenarios, tmp_path / "afile")
