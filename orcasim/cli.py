@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import warnings
@@ -38,7 +39,10 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Discrete-event simulator of LLM serving: request-level vs iteration-level (Orca).",
 )
-console = Console()
+# Piped into a CI log, rich would draw at 80 columns and cut metric names to "saturation_…";
+# a log has no width to keep to, so tables get room unless COLUMNS says otherwise.
+LOG_WIDTH = 200
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else LOG_WIDTH)
 
 
 def _print_version(value: bool) -> None:
@@ -247,7 +251,9 @@ def frame_table(frame: pd.DataFrame, title: str) -> Table:
     """A DataFrame as a rich table; floats in 4 significant digits."""
     table = Table(title=title)
     for column in frame.columns:
-        table.add_column(str(column), justify="left" if frame[column].dtype == object else "right")
+        # A cell too wide folds onto more lines: a cut name no longer says which metric moved.
+        table.add_column(str(column), justify="left" if frame[column].dtype == object else "right",
+                         overflow="fold")
     for row in frame.itertuples(index=False):
         table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
     return table
