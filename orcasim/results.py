@@ -73,9 +73,10 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
 def check_out_dir(out_dir: Path, force: bool, inputs: Iterable[Path] = ()) -> None:
     """Raise unless a run may write `out_dir`: absent, or with `force` a folder that
     `check_replaceable` lets it replace. Commands call it before any work is done."""
+    # What --force could not replace either is said first: "pass --force" would not help.
+    check_replaceable(out_dir, inputs)
     if out_dir.exists() and not force:
         raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
-    check_replaceable(out_dir, inputs)
 
 
 def _partial_prefix(out_dir: Path, kind: str) -> str:
@@ -162,7 +163,8 @@ def check_replaceable(out_dir: Path, inputs: Iterable[Path] = ()) -> None:
     if not out_dir.exists() and not out_dir.is_symlink():
         return
     if out_dir.is_symlink() or not out_dir.is_dir():
-        raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; orcasim "
+        kind = "a link" if out_dir.is_symlink() else "a file"
+        raise ResultsExistError(f"--out {out_dir} is {kind}, not a results folder; orcasim "
                                 "replaces only folders it wrote, even with --force")
     inside = [p for p in inputs if Path(p).resolve().is_relative_to(out_dir.resolve())]
     if inside:

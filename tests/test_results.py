@@ -162,3 +162,21 @@ def test_sigterm_during_a_run_leaves_no_partial_folder(tmp_path: Path) -> None:
     assert proc.returncode == 130 and b"Traceback" not in err, err
     assert err.decode().endswith("interrupted; nothing was left half-written\n"), err
     assert list(tmp_path.iterdir()) == [scenario]
+
+
+def test_without_force_a_folder_force_could_not_replace_says_so_first(tmp_path: Path) -> None:
+    """'already exists; pass --force' sent the user to --force, which then refused too."""
+    from orcasim.results import check_out_dir
+
+    afile, foreign = tmp_path / "afile", tmp_path / "foreign"
+    afile.write_text("")
+    (foreign / "notes").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(foreign)
+    for out, phrase in ((afile, "is a file, not a results folder"), (link, "is a link, not a"),
+                        (foreign, "is a folder orcasim did not write")):
+        with pytest.raises(ResultsExistError, match=phrase):
+            check_out_dir(out, force=False)
+    mine = write_atomically(tmp_path / "mine", lambda t: (t / "a.txt").write_text("1"))
+    with pytest.raises(ResultsExistError, match="already exists; pass --force"):
+        check_out_dir(mine, force=False)
