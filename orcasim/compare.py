@@ -47,15 +47,22 @@ def metrics_kind(path: Path) -> str:
 
 
 def _sweep_metrics(table: pd.DataFrame) -> Metrics:
+    """A row's label is its parameter values, replication and system ('rate_per_s=2.0
+    r00/orca'), not its point number: two sweeps of the same points in another order pair up."""
     from orcasim.sweeps.table import param_columns
 
-    skip = {"point", "replication", "seed", "system", *param_columns(table)}
+    params = param_columns(table)
+    short = [p.rsplit(".", 1)[-1] for p in params]
+    names = short if len(set(short)) == len(short) else params  # short unless they clash
+    skip = {"point", "replication", "seed", "system", *params}
     metrics = [c for c in table.columns if c not in skip]
-    return {
-        f"p{int(r['point']):04d}-r{int(r['replication']):02d}/{r['system']}":
-            {m: float(r[m]) for m in metrics}
-        for r in table.to_dict("records")
-    }
+
+    def label(r: dict) -> str:
+        point = " ".join(f"{n}={r[p]}" for n, p in zip(names, params, strict=True))
+        point = point or f"p{int(r['point']):04d}"
+        return f"{point} r{int(r['replication']):02d}/{r['system']}"
+
+    return {label(r): {m: float(r[m]) for m in metrics} for r in table.to_dict("records")}
 
 
 def read_metrics(path: Path) -> Metrics:

@@ -50,8 +50,8 @@ def test_sweep_folders_compare_point_by_point(tmp_path: Path) -> None:
     path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [2.0]")
     run_sweep(load_sweep(path), tmp_path / "out", workers=1, progress=False)
     metrics = load_metrics(tmp_path / "out")
-    assert list(metrics) == ["p0000-r00/request-level", "p0000-r00/orca"]
-    assert "workload.arrival.rate_per_s" not in metrics["p0000-r00/orca"]
+    assert list(metrics) == ["rate_per_s=2.0 r00/request-level", "rate_per_s=2.0 r00/orca"]
+    assert "workload.arrival.rate_per_s" not in metrics["rate_per_s=2.0 r00/orca"]
     assert (deltas(metrics, metrics)["rel_change"] == 0).all()
 
 
@@ -102,9 +102,10 @@ def test_a_summary_that_is_not_systems_of_numbers_is_a_one_line_error(tmp_path: 
 
 
 def test_a_sweeps_labels_and_metrics_by_hand() -> None:
-    """A sweep table's rows are labelled pPPPP-rRR/system, and its metrics are every column
-    but the point, replication, seed, system and parameter columns (those between the seed
-    and the system)."""
+    """A sweep table's rows are labelled by their parameter values (the last part of each
+    name unless two clash), replication and system, so the same points in another order pair
+    up; its metrics are every column but the point, replication, seed, system and parameter
+    columns (those between the seed and the system). Without parameters: the point number."""
     import pandas as pd
 
     from orcasim.compare import _sweep_metrics
@@ -112,8 +113,16 @@ def test_a_sweeps_labels_and_metrics_by_hand() -> None:
     table = pd.DataFrame({"point": [0, 3], "replication": [1, 0], "seed": [11, 12],
                           "workload.arrival.rate_per_s": [1.0, 2.0], "system": ["orca", "vllm"],
                           "e2e_s_p50": [0.5, 0.25], "requests_completed": [10, 20]})
-    assert _sweep_metrics(table) == {"p0000-r01/orca": {"e2e_s_p50": 0.5, "requests_completed": 10.0},
-                                     "p0003-r00/vllm": {"e2e_s_p50": 0.25, "requests_completed": 20.0}}
+    assert _sweep_metrics(table) == {
+        "rate_per_s=1.0 r01/orca": {"e2e_s_p50": 0.5, "requests_completed": 10.0},
+        "rate_per_s=2.0 r00/vllm": {"e2e_s_p50": 0.25, "requests_completed": 20.0}}
+    reordered = table.iloc[::-1].assign(point=[0, 3])
+    assert _sweep_metrics(reordered).keys() == _sweep_metrics(table).keys()
+    clash = table.rename(columns={"workload.arrival.rate_per_s": "a.x"}).assign(**{"b.x": [4, 5]})
+    clash = clash[["point", "replication", "seed", "a.x", "b.x", "system", "e2e_s_p50"]]
+    assert list(_sweep_metrics(clash)) == ["a.x=1.0 b.x=4 r01/orca", "a.x=2.0 b.x=5 r00/vllm"]
+    bare = table.drop(columns=["workload.arrival.rate_per_s"])
+    assert list(_sweep_metrics(bare)) == ["p0000 r01/orca", "p0003 r00/vllm"]
 
 
 def test_kinds_baselines_and_float_noise(tmp_path: Path) -> None:
