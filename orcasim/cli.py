@@ -186,6 +186,29 @@ def _run_sweep(sc: Scenario, path: Path, out_dir: Path, force: bool, plots: bool
 @app.command()
 def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
+    from orcasim.scenario import load_scenario
+
+    if _is_sweep_file(scenario):
+        return _validate_sweep(scenario, set_ or [])
+    try:
+        sc = load_scenario(scenario, set_ or [])
+        base_dir = scenario.resolve().parent
+        if sc.sweep is not None:  # every point, as `run` would build it
+            from orcasim.sweeps import scenario_sweep
+
+            for task in scenario_sweep(sc, base_dir).tasks():
+                _check_runs(task.scenario(), base_dir, f"sweep point {task.params}: ")
+        num_requests = _check_runs(sc, base_dir)
+    except USER_ERRORS as e:
+        fail(error_text(e))
+    n = len(sc.systems)
+    typer.echo(f"{scenario}: ok ({num_requests} requests, {n} system{'s' if n > 1 else ''})")
+
+
+def _check_runs(sc: Scenario, base_dir: Path, where: str = "") -> int:
+    """What a run checks once it has its requests (the warm-up against the last arrival,
+    requests against KV memory and each system's settings), without running it; a refusal
+    starts with `where`. The number of requests."""
     from orcasim.run import (
         check_system,
         check_warmup,
@@ -194,28 +217,20 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
         naming_system,
         scheduler_for,
     )
-    from orcasim.scenario import load_scenario
 
-    if _is_sweep_file(scenario):
-        return _validate_sweep(scenario, set_ or [])
     try:
-        sc = load_scenario(scenario, set_ or [])
-        if sc.sweep is not None:  # every point, as `run` would build it
-            from orcasim.sweeps import scenario_sweep
-
-            scenario_sweep(sc, scenario.resolve().parent)
-        with data_dir(scenario.resolve().parent):
+        with data_dir(base_dir):
             requests = make_requests(sc)
             check_warmup(sc, requests)
             for system in sc.systems:  # constructors check settings against the requests
                 with naming_system(sc, system):
-                    _check_some_fit(system.name, scheduler_for(sc, system, requests),
-                                    len(requests))
+                    _check_some_fit(system.name, scheduler_for(sc, system, requests), len(requests))
                     check_system(sc, system, requests)  # and the cost files, a fleet's pools
-    except USER_ERRORS as e:
-        fail(error_text(e))
-    n = len(sc.systems)
-    typer.echo(f"{scenario}: ok ({len(requests)} requests, {n} system{'s' if n > 1 else ''})")
+    except ScenarioError as e:
+        if not where:
+            raise
+        raise ScenarioError(f"{where}{e}") from None
+    return len(requests)
 
 
 def _is_sweep_file(path: Path) -> bool:
@@ -242,6 +257,8 @@ def _validate_sweep(path: Path, overrides: list[str]) -> None:
 
     try:
         sw = load_sweep(path, overrides)  # validates the base scenario and every point
+        for task in sw.tasks()[:: sw.spec.replications]:  # and what a run of each checks
+            _check_runs(task.scenario(), Path(task.base_dir), f"point {task.id} ({task.params}): ")
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{path}: ok (sweep: {len(sw.points())} points x {sw.spec.replications} replications)")

@@ -105,6 +105,27 @@ def test_validate_accepts_sweep_files_and_names_bad_points(tmp_path: Path) -> No
     assert p.returncode == 2 and "did you mean 'arrival'" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_validate_runs_a_runs_checks_at_every_sweep_point(tmp_path: Path) -> None:
+    """'ok' was said of a point whose warm-up passed its last arrival: the run then failed it.
+    In a sweep file and in a scenario's own sweep block."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    base = Path("scenarios/quickstart.yaml").resolve()
+    grid = tmp_path / "late.yaml"
+    grid.write_text(f"name: late\nbase: {base}\nset: [workload.num_requests=50]\ngrid:\n"
+                    "  parameters:\n    warmup_s: [0, 100000]\n")
+    late = CliRunner().invoke(app, ["validate", str(grid)])
+    assert late.exit_code == 2, late.output
+    assert late.output.startswith("error: point p0001-r00 ({'warmup_s': 100000}): warmup_s = 100000 "
+                                  "is past the last arrival"), late.output
+    own = CliRunner().invoke(app, ["validate", str(base), "--set", "workload.num_requests=50",
+                                   "--set", "sweep={parameter: warmup_s, values: [0, 100000]}"])
+    assert own.exit_code == 2 and own.output.startswith(
+        "error: sweep point {'warmup_s': 100000}: warmup_s = 100000 is past"), own.output
+
+
 def test_a_saved_scenario_reruns_from_its_results_folder(tmp_path: Path) -> None:
     """scenario.yaml in a run folder names the run's data files absolutely, so it reruns from
     there; names of orcasim's shipped data are kept, as they resolve from anywhere."""
