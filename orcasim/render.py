@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -40,6 +41,7 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
     elif (results_dir / "capacity.csv").exists():
         from orcasim.capacity import capacity_figures
 
+        _no_slo_line(slo, results_dir, "a capacity folder, whose figures draw its own SLOs")
         targets = _read_slo(results_dir / "slo.yaml")
         figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
                                    read_csv(results_dir / "evaluations.csv"), targets)
@@ -48,6 +50,7 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
                             "orcasim fidelity writes (rerun it with --force to redraw them); "
                             "expected a run, sweep or capacity folder")
     elif (results_dir / "summary.json").exists():
+        _no_slo_line(slo, results_dir, "a run folder, whose figures are latency CDFs")
         summary = read_metrics(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
         figures = frames_figures(*load_run_frames(results_dir), unstable)
@@ -56,10 +59,18 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
                                 "capacity.csv (is it a results folder?)")
     paths: list[Path] = []
     for stem, fig in figures.items():
+        if (results_dir / MARKER).is_file():  # figures are orcasim's files: --force may replace
+            # them. Listed before they are written, as record_file does: one written before a
+            # later figure failed was left unlisted, and --force then refused the folder.
+            mark_results(results_dir, [f"{stem}.png", *([f"{stem}.svg"] if svg else [])])
         paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
-    if (results_dir / MARKER).is_file():  # figures are orcasim's files: --force may replace them
-        mark_results(results_dir, [p.name for p in paths])
     return paths
+
+
+def _no_slo_line(slo: float | None, results_dir: Path, what: str) -> None:
+    if slo is not None:
+        warnings.warn(f"--slo {slo:g} is not drawn: {results_dir} is {what} (the SLO line is a "
+                      "sweep's, on latency against throughput)", UserWarning, stacklevel=3)
 
 
 def _read_slo(path: Path) -> SLOConfig:

@@ -17,6 +17,7 @@ and latency_vs_throughput.png instead.
 from __future__ import annotations
 
 import errno
+import functools
 import glob
 import json
 import math
@@ -290,9 +291,13 @@ def save_figure(fig: Figure, path: Path, svg: bool = False) -> list[Path]:
     """Write `fig` as PNG at `path` (and beside it as SVG). Figures made without pyplot
     need no closing: they are freed with their last reference."""
     paths = [path] + ([path.with_suffix(".svg")] if svg else [])
-    for p in paths:
-        fig.savefig(p, dpi=110, bbox_inches="tight")
+    for p in paths:  # each whole or not at all, as every other file orcasim writes
+        write_file_atomically(p, functools.partial(_save_as, fig, p.suffix[1:]))
     return paths
+
+
+def _save_as(fig: Figure, kind: str, tmp: Path) -> None:
+    fig.savefig(tmp, format=kind, dpi=110, bbox_inches="tight")  # tmp's suffix is not the kind
 
 
 def json_safe(obj: object) -> object:

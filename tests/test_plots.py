@@ -23,6 +23,7 @@ from orcasim.plots import (
     sweep_lines,
     timelines,
 )
+from orcasim.render import write_plots
 from orcasim.sweeps import load_sweep, run_sweep_in_memory
 from tests.conftest import examples
 
@@ -146,6 +147,33 @@ def test_plot_command_writes_png_and_svg(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     names = sorted(p.name for p in out.glob("*.*g"))
     assert names == ["latency_cdf.png", "latency_cdf.svg", "timelines.png", "timelines.svg"]
+    with pytest.warns(UserWarning, match="--slo 0.5 is not drawn: .* is a run folder"):
+        write_plots(out, slo=0.5)
+
+
+def test_a_plot_that_fails_midway_leaves_a_folder_force_replaces(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figure written before a failing one was left unlisted in the folder's marker, and
+    `run --force` then refused the folder as holding a file orcasim did not write."""
+    import orcasim.results as results
+
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario), "--out", str(out), "--no-plots"]).exit_code == 0
+    real = results._save_as
+
+    def second_fails(fig: Figure, kind: str, tmp: Path) -> None:
+        if "timelines" in tmp.name:
+            raise OSError(28, "No space left on device")
+        real(fig, kind, tmp)
+
+    monkeypatch.setattr(results, "_save_as", second_fails)
+    with pytest.raises(OSError):
+        write_plots(out, svg=True)
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]  # nothing half-written
+    assert next(results.unlisted_files(out), None) is None
+    results.check_replaceable(out)
 
 
 @settings(max_examples=examples(40), deadline=None)
