@@ -403,6 +403,10 @@ def check(
         typer.echo(f"baselines rewritten in {baselines}/")
     elif len(moved):
         console.print(frame_table(moved, f"{len(moved)} metrics moved from {baselines}/"))
+        new = sorted(moved.loc[moved["metric"] == "(no baseline)", "scenario"])
+        if new:
+            typer.echo(f"no baseline yet for {', '.join(new)}: write it with orcasim check --update "
+                       "(which rewrites them all) once the others match")
         raise typer.Exit(1)
     else:
         typer.echo(f"all regression metrics match {baselines}/")

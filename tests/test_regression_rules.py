@@ -174,3 +174,14 @@ def test_what_check_cannot_gate_is_refused_on_one_line(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
     with pytest.raises(ScenarioError, match="--baselines .*afile: is a file; expected a folder"):
         check(scenarios, tmp_path / "afile")
+
+
+def test_the_command_says_how_to_write_a_missing_baseline(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    res = CliRunner().invoke(app, ["check", "--scenarios", str(scenarios), "--baselines", str(baselines)])
+    assert res.exit_code == 1, res.output
+    assert "no baseline yet for one, two: write it with orcasim check --update" in res.output
