@@ -228,10 +228,10 @@ def read_text_file(path: Path) -> str:
 
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
-                  overrides_key: str = "--set") -> Scenario:
+                  overrides_key: str | list[str] = "--set") -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError on any problem; one
     that the file alone does not have names the overrides that bring it, as given
-    (`--set KEY=VALUE`; a sweep file's `set:` list)."""
+    (`--set KEY=VALUE`; a sweep file's `set:` list; or one such key per override)."""
     path = Path(path)
     text = read_text_file(path)
     try:
@@ -252,7 +252,10 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
             raise
         # The file is right without them: a mistyped --set key must not read as the file's.
         # Validating again raises the same error, under that name.
-        given = " ".join(f"{overrides_key} {item}" for item in _culprits(base, overrides))
+        keys = [overrides_key] * len(overrides) if isinstance(overrides_key, str) else overrides_key
+        culprits = _culprits(base, overrides)
+        given = " ".join(f"{key} {item}" for key, item in zip(keys, overrides, strict=True)
+                         if item in culprits)
         scenario = scenario_from_dict(data, f"{path} with {given}")
     scenario._source_dir = path.resolve().parent
     return scenario

@@ -134,6 +134,10 @@ def test_a_sweep_files_bad_set_is_blamed_not_the_base(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
     assert f"{scenario} with set: seed=x: seed = 'x'" in result.output, result.output
+    grid.write_text(grid.read_text().replace("- seed=x", "- seed=4"))
+    result = CliRunner().invoke(app, ["validate", str(grid), "--set", "workload.num_requestz=5"])
+    assert result.exit_code == 2, result.output
+    assert f"{scenario} with --set workload.num_requestz=5: workload: unknown" in result.output
 
 
 @pytest.mark.parametrize("command", ["compare", "plot", "check"])

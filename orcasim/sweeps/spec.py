@@ -133,9 +133,10 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     `--set`) apply after the file's own `set:` list."""
     path = Path(path)
     spec = _parse_spec(path)
+    keys = ["set:"] * len(spec.set) + ["--set"] * len(overrides)  # who gave each, for errors
     if overrides:
         spec = spec.model_copy(update={"set": [*spec.set, *overrides]})
-    return build_sweep(spec, path.parent / spec.base)
+    return build_sweep(spec, path.parent / spec.base, keys)
 
 
 def make_sweep(
@@ -170,12 +171,13 @@ def _validate_spec(data: dict[str, Any], source: str) -> SweepSpec:
         raise ScenarioError(format_validation_error(e, source, data)) from None
 
 
-def build_sweep(spec: SweepSpec, base_path: Path) -> Sweep:
+def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = None) -> Sweep:
     """Resolve the base scenario; every point's scenario is validated too (its first
     replication's: they differ by the seed alone), so a mistyped parameter path or a bad
-    value fails here, before any work starts."""
+    value fails here, before any work starts. `set_keys` says who gave each of `spec.set`
+    (the file's `set:` or the command line's `--set`), for an error to name."""
     base_path = base_path.resolve()
-    scenario = load_scenario(base_path, spec.set, overrides_key="set:")
+    scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
     own = scenario.sweep
     if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it
         warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
