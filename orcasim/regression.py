@@ -97,7 +97,14 @@ def check(
         raise ScenarioError(f"--baselines {baseline_dir}: is a file; expected a folder of "
                             "<scenario>.json baselines")
     paths = regression_scenarios(scenario_dir)
-    runs = {path.stem: run_regression(path) for path in paths}
+    runs, errors = {}, []
+    for path in paths:  # every scenario's error at once: fixing one must not reveal the next
+        try:
+            runs[path.stem] = run_regression(path)
+        except ScenarioError as e:
+            errors.append(str(e))
+    if errors:
+        raise ScenarioError("; ".join(errors))
     orphans = [b for b in sorted(baseline_dir.glob("*.json")) if b.stem not in runs]
     if update:
         for stem, now in runs.items():

@@ -140,6 +140,9 @@ def test_a_failing_update_writes_no_baseline(tmp_path: Path) -> None:
     two.write_text(two.read_text() + "warmup_s: 1.0e+9\n")
     with pytest.raises(ScenarioError, match=rf"^{two}: warmup_s = 1e\+09 is past the last arrival"):
         check(scenarios, baselines, update=True)
+    one.write_text(one.read_text() + "warmup_s: -1\n")  # both reported, in one line
+    with pytest.raises(ScenarioError, match=rf"^{one}: warmup_s = -1: .*; {two}: warmup_s = 1e\+09"):
+        check(scenarios, baselines)
     assert {p.name: p.read_bytes() for p in baselines.iterdir()} == before
 
 
