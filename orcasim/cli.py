@@ -266,11 +266,13 @@ def _validate_sweep(path: Path, overrides: list[str]) -> None:
 
 def frame_table(frame: pd.DataFrame, title: str) -> Table:
     """A DataFrame as a rich table; floats in 4 significant digits."""
+    import pandas as pd  # the command's own modules load it already; --help need not
+
     table = Table(title=title)
     for column in frame.columns:
         # A cell too wide folds onto more lines: a cut name no longer says which metric moved.
-        table.add_column(str(column), justify="left" if frame[column].dtype == object else "right",
-                         overflow="fold")
+        numeric = pd.api.types.is_numeric_dtype(frame[column])  # pandas 3 text is not `object`
+        table.add_column(str(column), justify="right" if numeric else "left", overflow="fold")
     for row in frame.itertuples(index=False):
         table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
     return table

@@ -22,7 +22,9 @@ SCENARIO_DIR = Path("scenarios/regression")
 BASELINE_DIR = Path("results/baselines")
 # Counts are integers: any change is a change.
 TOLERANCES: dict[str, float] = {"requests_completed": 0.0, "iterations": 0.0, "cost_out_of_range": 0.0}
-MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change"]
+# `tolerance`: the relative change the metric may make (0: a count); `note` says where a
+# side is missing rather than NaN, which a table cannot tell apart.
+MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change", "tolerance", "note"]
 
 
 def tolerance(metric: str) -> float:
@@ -36,9 +38,11 @@ def compare_to_baseline(scenario: str, baseline: Metrics, now: Metrics) -> pd.Da
         b, n = baseline.get(system, {}), now.get(system, {})
         for metric in list(b) + [m for m in n if m not in b]:
             vb, vn = b.get(metric, math.nan), n.get(metric, math.nan)
-            missing = (metric in b) != (metric in n)
-            if missing or moved(vb, vn, tolerance(metric)):
-                rows.append([scenario, system, metric, vb, vn, relative_change(vb, vn)])
+            note = "" if (metric in b) == (metric in n) else \
+                "not in the baseline" if metric in n else "no longer reported"
+            if note or moved(vb, vn, tolerance(metric)):
+                rows.append([scenario, system, metric, vb, vn, relative_change(vb, vn),
+                             tolerance(metric), note])
     return pd.DataFrame(rows, columns=MOVED_COLUMNS)
 
 
@@ -127,4 +131,5 @@ def _against_baseline(stem: str, now: Metrics, baseline_file: Path) -> pd.DataFr
 
 
 def _row(stem: str, what: str) -> pd.DataFrame:
-    return pd.DataFrame([[stem, "*", what, math.nan, math.nan, math.inf]], columns=MOVED_COLUMNS)
+    return pd.DataFrame([[stem, "*", what, math.nan, math.nan, math.inf, math.nan, ""]],
+                        columns=MOVED_COLUMNS)

@@ -58,7 +58,7 @@ def test_counts_use_no_tolerance_and_every_other_metric_the_default() -> None:
     # A count one off is a move even at a size where the default tolerance would allow it.
     rows = compare_to_baseline("s", {"a": {"iterations": 1e9, "e2e_s_p50": 1e9}},
                                {"a": {"iterations": 1e9 + 1, "e2e_s_p50": 1e9 + 1}})
-    assert rows.values.tolist() == [["s", "a", "iterations", 1e9, 1e9 + 1, 1e-9]]
+    assert rows.values.tolist() == [["s", "a", "iterations", 1e9, 1e9 + 1, 1e-9, 0.0, ""]]
 
 
 def test_a_moved_systems_rows_by_hand() -> None:
@@ -68,8 +68,14 @@ def test_a_moved_systems_rows_by_hand() -> None:
     baseline = {"a": {"x": 1.0, "y": math.nan, "gone": 2.0, "gone_nan": math.nan}, "old": {"z": 4.0}}
     now = {"a": {"x": 1.5, "y": math.nan, "new": 3.0}, "fresh": {"w": 5.0}}
     rows = compare_to_baseline("s", baseline, now)
-    assert list(rows.columns) == ["scenario", "system", "metric", "baseline", "now", "rel_change"]
+    assert list(rows.columns) == ["scenario", "system", "metric", "baseline", "now", "rel_change",
+                                  "tolerance", "note"]
     got = [(r.system, r.metric, r.baseline, r.now, r.rel_change) for r in rows.itertuples()]
+    # Which side is missing, where NaN could not say it: gone_nan and new.
+    assert dict(zip(rows["metric"], rows["note"], strict=True)) == {
+        "x": "", "gone": "no longer reported", "gone_nan": "no longer reported",
+        "new": "not in the baseline", "z": "no longer reported", "w": "not in the baseline"}
+    assert rows["tolerance"].tolist()[0] == 1e-9
     assert got[0] == ("a", "x", 1.0, 1.5, 0.5)
     assert [(s, m) for s, m, *_ in got] == [("a", "x"), ("a", "gone"), ("a", "gone_nan"),
                                             ("a", "new"), ("old", "z"), ("fresh", "w")]
@@ -100,7 +106,7 @@ def test_check_reports_a_missing_baseline_and_writes_readable_baselines(tmp_path
     assert json.loads(text) == json.loads((baselines / "two.json").read_text())
     nothing = check(scenarios, baselines)
     assert nothing.empty and list(nothing.columns) == ["scenario", "system", "metric", "baseline",
-                                                       "now", "rel_change"]
+                                                       "now", "rel_change", "tolerance", "note"]
     (baselines / "two.json").unlink()
     rows = check(scenarios, baselines)
     assert rows.values.tolist()[0][:3] == ["two", "*", "(no baseline)"] and rows.index.tolist() == [0]
