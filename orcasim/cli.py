@@ -336,9 +336,9 @@ def compare(
 
 @app.command()
 def plot(
-    results_dir: Annotated[Path, typer.Argument(help="A run or sweep results folder.")],
+    results_dir: Annotated[Path, typer.Argument(help="A run, sweep or capacity results folder.")],
     svg: Annotated[bool, typer.Option(help="Also write SVG.")] = False,
-    slo: Annotated[float | None, typer.Option(help="SLO line on the latency figure.")] = None,
+    slo: Annotated[float | None, typer.Option(help="SLO line on a sweep's latency figure.")] = None,
 ) -> None:
     """Write every figure of RESULTS_DIR into it as PNG (and SVG)."""
     from orcasim.render import write_plots
