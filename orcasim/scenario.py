@@ -335,12 +335,13 @@ def _descend(node: Any, part: str | int, path: str) -> Any:
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
-    """Apply one `dotted.path=value` override; the value is parsed as YAML (so 4 is a number)."""
+    """Apply one `dotted.path=value` override; the value is parsed as a scenario file's YAML
+    is (so 4 and 5e-1 are numbers, and a mapping's key given twice is refused)."""
     if "=" not in item:
         raise ScenarioError(f"override '{item}': expected KEY=VALUE, e.g. workload.arrival.rate_per_s=4")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw)
+        value = yaml_strict.load(raw)
     except yaml.YAMLError:
         raise ScenarioError(f"override '{item}': value '{raw}' is not valid YAML") from None
     set_dotted(data, key.strip(), value)

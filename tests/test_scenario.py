@@ -93,6 +93,11 @@ def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
     assert sc.systems[1].scheduler.max_batch_size == 16
     assert sc.workload.arrival.rate_per_s == 2.5
     assert parse_dotted("a.b[2].c") == ["a", "b", 2, "c"]
+    # Read as a scenario file's values are (orcasim.yaml_strict), not as YAML 1.1's strings.
+    apply_override(base_dict, "sweep={parameter: seed, values: [5e-1, 1e0]}")
+    assert base_dict["sweep"]["values"] == [0.5, 1.0]
+    with pytest.raises(ScenarioError, match="is not valid YAML"):
+        apply_override(base_dict, "cost={kind: linear, kind: roofline}")
     with pytest.raises(ScenarioError, match="expected KEY=VALUE"):
         apply_override(base_dict, "workload.max_tokens")
     with pytest.raises(ScenarioError, match=r"index \[5\] does not exist"):
