@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import bz2
 import contextvars
+import gzip
+import io
 import json
+import lzma
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import pandas as pd
 
@@ -59,11 +65,60 @@ def resolve_data_path(path: str) -> Path:
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        with open_text(path) as f:
+            return json.loads(f.read())
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not UTF-8 text; expected a JSON file") from None
+    except CORRUPT_ARCHIVE as e:
+        raise not_decompressible(path, e) from None
     except json.JSONDecodeError as e:
         raise ScenarioError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+# The compressions pandas infers from a name's last suffix; the readers that are not pandas'
+# open them the same way, so a .csv.gz that pandas reads is one whose errors can name a line.
+_OPENERS: dict[str, Callable[..., IO[str]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def compression_suffix(path: Path) -> str:
+    """`.gz`, `.bz2`, `.xz` or `.zip` where the name ends so, else ''."""
+    suffix = Path(path).suffix.lower()
+    return suffix if suffix in (*_OPENERS, ".zip") else ""
+
+
+def data_suffix(path: Path) -> str:
+    """The suffix that says a file's format, under any compression: `.jsonl` for a.jsonl.gz."""
+    path = Path(path)
+    return (path.with_suffix("") if compression_suffix(path) else path).suffix.lower()
+
+
+# What a damaged or misnamed archive raises as it is read (bz2's is a plain OSError).
+CORRUPT_ARCHIVE = (gzip.BadGzipFile, zipfile.BadZipFile, lzma.LZMAError, EOFError)
+
+
+def not_decompressible(path: Path, error: BaseException) -> ScenarioError:
+    return ScenarioError(f"{path}: not a readable {compression_suffix(path) or 'compressed'} "
+                         f"file ({error}); expected one compressed as its name says")
+
+
+def open_text(path: Path) -> IO[str]:
+    """A user's text file, decompressed as pandas would (by suffix), as UTF-8 with or without
+    a byte-order mark (spreadsheets write one)."""
+    path = Path(path)
+    suffix = compression_suffix(path)
+    if suffix == ".zip":
+        archive = zipfile.ZipFile(path)
+        members = [name for name in archive.namelist() if not name.endswith("/")]
+        if len(members) != 1:
+            archive.close()
+            raise ScenarioError(f"{path.name}: a zip archive of {len(members)} files; expected "
+                                "exactly one")
+        member = archive.open(members[0])
+        archive.close()  # the member keeps the file open until it is closed itself
+        return io.TextIOWrapper(member, encoding="utf-8-sig")
+    if suffix:
+        return _OPENERS[suffix](path, "rt", encoding="utf-8-sig")
+    return path.open(encoding="utf-8-sig")
 
 
 def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
@@ -72,6 +127,8 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not UTF-8 text (compressed or binary?); expected a CSV "
                             "file") from None
+    except CORRUPT_ARCHIVE as e:
+        raise not_decompressible(path, e) from None
     except pd.errors.EmptyDataError:
         raise ScenarioError(f"{path}: empty; expected a CSV file with a header row") from None
     except pd.errors.ParserError as e:
@@ -83,7 +140,7 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
 def csv_data_line(path: Path, row: int) -> int:
     """The file line (from 1) of data row `row` of a CSV with one header line, as an error
     names it: pandas skips blank lines, so they are counted back in."""
-    with Path(path).open(encoding="utf-8") as f:
+    with open_text(path) as f:
         non_blank = (number for number, text in enumerate(f, start=1) if text.strip())
         for index, number in enumerate(non_blank):
             if index == row + 1:  # the header is non-blank line 0

@@ -155,9 +155,10 @@ def test_an_azure_timestamp_without_an_offset_among_offsets_is_refused(tmp_path:
 
 
 @pytest.mark.parametrize("second_row,message", [
-    ("yesterday,20,3", r"TIMESTAMP = 'yesterday', expected a timestamp"),
-    # A token count is named by the orcasim column it becomes.
-    ("2024-05-10 00:00:01,x,3", rf"prompt_tokens = 'x', expected {LENGTH_EXPECTED}"),
+    ("yesterday,20,3", r"TIMESTAMP = 'yesterday', expected a date and time, .*"),
+    ("2024-05-10 99:00:01,20,3", r"TIMESTAMP = '2024-05-10 99:00:01', expected a timestamp"),
+    # A token count is named by the file's own column, which a user can find in it.
+    ("2024-05-10 00:00:01,x,3", rf"ContextTokens = 'x', expected {LENGTH_EXPECTED}"),
 ])
 def test_a_bad_azure_row_names_its_line_and_column(tmp_path: Path, second_row: str, message: str) -> None:
     path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n{second_row}\n")
@@ -176,7 +177,7 @@ def test_mooncake_timestamps_are_milliseconds(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("record,message", [
     (_record("soon", 5, [1]), r"timestamp = 'soon', expected a number >= 0"),
-    (_record(1, "five", [1]), rf"prompt_tokens = 'five', expected {LENGTH_EXPECTED}"),
+    (_record(1, "five", [1]), rf"input_length = 'five', expected {LENGTH_EXPECTED}"),
 ])
 def test_a_bad_mooncake_record_names_its_line(tmp_path: Path, record: dict[str, object],
                                               message: str) -> None:
@@ -266,7 +267,7 @@ def test_a_one_record_json_file_is_mooncake_unless_it_holds_input_lens(tmp_path:
     # Any other JSON is a Mooncake record too, and a bad one is named by its line.
     path = _write(tmp_path, "five.json", "5\n")
     with pytest.raises(ScenarioError, match=r"^five\.json line 1: bad Mooncake record "
-                                            r"\('int' object is not subscriptable\); nor is the file one "
+                                            r"\(not a JSON object\); nor is the file one "
                                             r"JSON document with input_lens"):
         read_trace(path)
 
@@ -437,6 +438,87 @@ def test_a_bad_vllm_length_is_named_by_its_request_in_the_result(tmp_path: Path)
     path = _vllm(tmp_path, start_times=[1.0, 2.0, 3.0, 4.0], input_lens=[5, 6, 7, 0],
                  output_lens=[2, 2, 2, 2], ttfts=[0.1] * 4, itls=[[0.1]] * 4,
                  errors=["", "timeout", "", ""])
-    with pytest.raises(ScenarioError, match=r"^r\.json request 3: prompt_tokens = 0, expected "
+    with pytest.raises(ScenarioError, match=r"^r\.json request 3: input_lens = 0, expected "
                                             + LENGTH_EXPECTED + "$"):
+        read_trace(path)
+
+
+# Files as users bring them: compressed, with a byte-order mark, joined by cat (a tester's
+# reading of the real formats).
+
+
+def test_a_compressed_trace_with_a_bad_row_names_its_line(tmp_path: Path) -> None:
+    import gzip
+    import zipfile
+    text = f"{AZURE_HEADER}\n2023-11-16 18:17:03.9799600,4808,10\n\n2023-11-16 18:17:04.0319600,-5,8\n"
+    gz = tmp_path / "a.csv.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    with zipfile.ZipFile(tmp_path / "a.csv.zip", "w") as archive:
+        archive.writestr("a.csv", text)
+    for path in (gz, tmp_path / "a.csv.zip"):
+        # Line 4: the blank line is counted, as in the uncompressed file.
+        with pytest.raises(ScenarioError, match=rf"^{path.name} line 4: ContextTokens = '-5'"):
+            read_trace(str(path))
+    good = tmp_path / "m.jsonl.gz"
+    good.write_bytes(gzip.compress((json.dumps(_record(1500, 6, [1])) + "\n").encode()))
+    assert read_trace(str(good))[1].tolist() == [6]  # a .jsonl.gz is Mooncake's
+
+
+def test_a_damaged_archive_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv.gz", f"{AZURE_HEADER}\n")  # named .gz, not compressed
+    with pytest.raises(ScenarioError, match=r"a\.csv\.gz: not a readable \.gz file"):
+        read_trace(path)
+
+
+def test_a_byte_order_mark_is_read_past_in_json_and_json_lines(tmp_path: Path) -> None:
+    mark = "\ufeff"
+    path = _write(tmp_path, "m.jsonl", mark + json.dumps(_record(0, 5, [0])) + "\n")
+    assert read_trace(path)[1].tolist() == [5]
+    path = _vllm(tmp_path, start_times=[1.0], input_lens=[7], output_lens=[2], ttfts=[0.1],
+                 itls=[[0.1]])
+    Path(path).write_text(mark + Path(path).read_text())
+    assert read_trace(path)[1].tolist() == [7]
+
+
+def test_blank_lines_in_json_lines_are_skipped_and_lines_still_named(tmp_path: Path) -> None:
+    good, bad = json.dumps(_record(0, 5, [0])), json.dumps(_record(10, 0, []))
+    path = _write(tmp_path, "m.jsonl", f"{good}\n\n{good}\n\n")
+    assert read_trace(path)[1].tolist() == [5, 5]
+    path = _write(tmp_path, "n.jsonl", f"{good}\n\n{bad}\n")
+    with pytest.raises(ScenarioError, match=r"^n\.jsonl line 3: input_length = 0"):
+        read_trace(path)
+    path = _write(tmp_path, "j.jsonl", f"{good}\n\n{{oops\n")
+    with pytest.raises(ScenarioError, match=r"^j\.jsonl line 3: bad Mooncake record \(not JSON: "
+                                            r"Expecting property name enclosed in double quotes "
+                                            r"at column 2\)$"):
+        read_trace(path)
+
+
+def test_a_json_boolean_is_not_a_length(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, [_record(0, 5, [0], output=True)])
+    with pytest.raises(ScenarioError, match=r"^m\.jsonl line 1: output_length = true, expected a number$"):
+        read_trace(path)
+
+
+def test_a_vllm_result_without_its_lists_is_told_how_to_save_them(tmp_path: Path) -> None:
+    # vLLM's default: --save-result without --save-detailed keeps the summary alone.
+    path = _vllm(tmp_path, completed=10, mean_ttft_ms=52.1, request_throughput=2.0)
+    with pytest.raises(ScenarioError, match=r"lacks start_times, input_lens, .*--save-detailed"):
+        read_trace(path)
+    # --append-result: one result per line; named as such, not as a bad Mooncake record.
+    path = _write(tmp_path, "two.jsonl", json.dumps({"completed": 1}) + "\n")
+    with pytest.raises(ScenarioError, match=r"two\.jsonl line 1: bad Mooncake record \(a vLLM "
+                                            r"benchmark result, one of several"):
+        read_trace(path)
+
+
+def test_an_azure_time_without_a_date_is_refused(tmp_path: Path) -> None:
+    # A spreadsheet shows (and may save) 18:17:03.98 as 17:03.9: pandas would read it as
+    # today at 17:03:54, 6 s between rows 0.1 s apart.
+    path = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n17:03.9,10,2\n17:04.0,10,2\n")
+    with pytest.raises(ScenarioError, match=r"^a\.csv line 2: TIMESTAMP = '17:03\.9', expected a "
+                                            r"date and time"):
+        read_trace(path)
+    path = _write(tmp_path, "b.csv", f"{AZURE_HEADER}\n2023-11-16 18:17:03,10,2\n,10,2\n")
+    with pytest.raises(ScenarioError, match=r"^b\.csv line 3: TIMESTAMP is empty, expected a timestamp$"):
         read_trace(path)

@@ -22,7 +22,16 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
-from orcasim.paths import csv_data_line, read_csv, read_json, resolve_data_path
+from orcasim.paths import (
+    CORRUPT_ARCHIVE,
+    csv_data_line,
+    data_suffix,
+    not_decompressible,
+    open_text,
+    read_csv,
+    read_json,
+    resolve_data_path,
+)
 from orcasim.requests import PromptContent
 from orcasim.workload.lengths import LENGTH_EXPECTED, bad_lengths
 
@@ -34,6 +43,14 @@ MOONCAKE_BLOCK_TOKENS = 512  # the block size of Mooncake's hash_ids (FAST'25 tr
 
 
 MEASURED_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
+# Each format's prompt and output lengths, under the names its files give them, so that an
+# error names a column the user can find in the file.
+LENGTH_COLUMNS = {
+    "orcasim": ("prompt_tokens", "output_tokens"),
+    "azure": ("ContextTokens", "GeneratedTokens"),
+    "mooncake": ("input_length", "output_length"),
+    "vllm": ("input_lens", "output_lens"),
+}
 
 
 def read_trace(path: str, fmt: str = "auto", max_requests: int | None = None) -> Trace:
@@ -47,8 +64,9 @@ def read_trace_with_content(
     resolved = resolve_data_path(path)
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
-    prompt = _token_counts(rows, "prompt_tokens", resolved, offset)
-    output = _token_counts(rows, "output_tokens", resolved, offset)
+    prompt_column, output_column = LENGTH_COLUMNS[fmt]
+    prompt = _token_counts(rows, prompt_column, resolved, offset)
+    output = _token_counts(rows, output_column, resolved, offset)
     if len(arrival_s) == 0:
         raise ScenarioError(f"{resolved.name}: no requests (a header alone, or every request "
                             "failed); expected at least one")
@@ -59,13 +77,13 @@ def read_trace_with_content(
     if all(ids is None for ids in hash_ids):  # lengths alone: nothing said about sharing
         return trace, None
     order = np.argsort(arrival_s, kind="stable")
-    content = _mooncake_content(hash_ids, prompt, resolved, offset)
+    content = _mooncake_content(hash_ids, prompt, resolved, rows.index.tolist())
     prompts = [content.prompts[i] for i in order.tolist()]
     return trace, PromptContent(prompts, content.output_ids[order])
 
 
 def _mooncake_content(
-    hash_ids: list[object], prompt: np.ndarray, path: Path, line_offset: int
+    hash_ids: list[object], prompt: np.ndarray, path: Path, lines: list[int]
 ) -> PromptContent:
     """One segment per 512-token block, named by its hash id; each output its own id."""
     prompts: list[tuple[int, ...]] = []
@@ -75,7 +93,7 @@ def _mooncake_content(
         if not (isinstance(ids, list) and len(ids) == blocks
                 and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
             raise ScenarioError(
-                f"{path.name} line {row + line_offset}: hash_ids = {str(ids)[:60]}, expected "
+                f"{path.name} line {lines[row]}: hash_ids = {str(ids)[:60]}, expected "
                 f"{blocks} integer id(s) >= 0, one per {MOONCAKE_BLOCK_TOKENS} tokens of "
                 f"input_length = {tokens}")
         last = tokens - MOONCAKE_BLOCK_TOKENS * (blocks - 1)
@@ -103,7 +121,7 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
         raise ScenarioError(f"{resolved.name}: format '{fmt}' holds no measured latencies; "
                          "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
                          "benchmark result")
-    output = _token_counts(rows, "output_tokens", resolved, offset)
+    output = _token_counts(rows, LENGTH_COLUMNS[fmt][1], resolved, offset)
     # A request cannot end before its first token: such a log would give negative TPOTs.
     _raise_on_bad((frame["e2e_s"] < frame["ttft_s"]).to_numpy(), frame["e2e_s"], "e2e_s",
                   resolved, offset, "a number >= the request's ttft_s")
@@ -133,22 +151,19 @@ def _seconds(rows: pd.DataFrame, column: str, path: Path) -> np.ndarray:
 
 
 def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataFrame, np.ndarray, int]:
-    """The rows with `prompt_tokens` and `output_tokens` columns, the arrival times, and
-    the line number of the first row (for errors)."""
+    """The rows, with the lengths under the format's LENGTH_COLUMNS, the arrival times, and
+    the line number of the first row (for errors; JSON_LISTS or JSON_LINES where the rows'
+    index says where each is)."""
     match fmt:
         case "orcasim":
             rows = _read_csv(path, ORCASIM_COLUMNS, max_requests)
             return rows, _numbers(rows, "arrival_s", path, line_offset=2), 2
         case "azure":
             rows = _read_csv(path, AZURE_COLUMNS, max_requests)
-            arrival_s = _azure_seconds(rows, path)
-            rows = rows.rename(
-                columns={"ContextTokens": "prompt_tokens", "GeneratedTokens": "output_tokens"}
-            )
-            return rows, arrival_s, 2
+            return rows, _azure_seconds(rows, path), 2
         case "mooncake":
             rows = _read_mooncake(path, max_requests)
-            return rows, _numbers(rows, "timestamp", path, line_offset=1) / 1000.0, 1
+            return rows, _numbers(rows, "timestamp", path, JSON_LINES) / 1000.0, JSON_LINES
         case "vllm":
             rows = _read_vllm_result(path).iloc[:max_requests]
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LISTS
@@ -156,8 +171,10 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
 
 
 # The "line offset" of a vLLM result's rows: they are positions in its per-request lists
-# (the frame's index), not lines of the file.
+# (the frame's index), not lines of the file. A Mooncake file's rows are indexed by their
+# line, as blank lines are skipped.
 JSON_LISTS = 0
+JSON_LINES = -1
 VLLM_FIELDS = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
 
 
@@ -166,7 +183,12 @@ def _is_vllm_result(path: Path) -> bool:
         doc = read_json(path)
     except (OSError, ScenarioError):  # not one JSON document: JSON lines (Mooncake)
         return False
-    return isinstance(doc, dict) and "input_lens" in doc
+    return isinstance(doc, dict) and any(key in doc for key in VLLM_SIGNS)
+
+
+# Fields every vLLM benchmark result has, with or without --save-detailed's lists: a result
+# saved without them is named as one and told how to save them, not read as Mooncake's.
+VLLM_SIGNS = ("input_lens", "completed", "mean_ttft_ms", "request_throughput")
 
 
 def _read_vllm_result(path: Path) -> pd.DataFrame:
@@ -191,7 +213,7 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     ttft_s = np.array(doc["ttfts"], dtype=np.float64)
     frame = pd.DataFrame({
         "arrival_s": start_s - start_s[ok].min() if any(ok) else start_s,
-        "prompt_tokens": doc["input_lens"], "output_tokens": doc["output_lens"],
+        "input_lens": doc["input_lens"], "output_lens": doc["output_lens"],
         "ttft_s": ttft_s, "e2e_s": ttft_s + decode_s,
         "tpot_s": np.where(output > 1, decode_s / np.maximum(output - 1, 1), np.nan),
     })
@@ -240,9 +262,10 @@ def _is_number(value: object) -> bool:
 
 
 def _detect_format(path: Path) -> str:
-    if path.suffix == ".json" and _is_vllm_result(path):
+    suffix = data_suffix(path)
+    if suffix == ".json" and _is_vllm_result(path):
         return "vllm"
-    if path.suffix in (".jsonl", ".json"):
+    if suffix in (".jsonl", ".json"):
         return "mooncake"
     header = read_csv(path, nrows=0).columns
     if set(ORCASIM_COLUMNS) <= set(header):
@@ -264,22 +287,50 @@ def _read_csv(path: Path, columns: tuple[str, ...], max_requests: int | None) ->
 
 
 def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
+    """One record per non-blank line, indexed by its line (files joined by `cat` often end
+    in a blank one)."""
     records: list[tuple[object, object, object, object]] = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, start=1):
-            if max_requests is not None and len(records) >= max_requests:
-                break
-            try:
-                obj = json.loads(line)
-                records.append((obj["timestamp"], obj["input_length"], obj["output_length"],
-                                obj.get("hash_ids")))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                # A .json file is a vLLM benchmark result when it parses as one document.
-                also = ("; nor is the file one JSON document with input_lens (a vLLM "
-                        "benchmark result)") if path.suffix == ".json" else ""
-                raise ScenarioError(
-                    f"{path.name} line {line_no}: bad Mooncake record ({e}){also}") from None
-    return pd.DataFrame(records, columns=["timestamp", "prompt_tokens", "output_tokens", "hash_ids"])
+    lines: list[int] = []
+    try:
+        with open_text(path) as f:
+            for line_no, line in enumerate(f, start=1):
+                if max_requests is not None and len(records) >= max_requests:
+                    break
+                if line.strip():
+                    records.append(_mooncake_record(line, line_no, path))
+                    lines.append(line_no)
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path.name}: not UTF-8 text; expected JSON lines") from None
+    except CORRUPT_ARCHIVE as e:
+        raise not_decompressible(path, e) from None
+    return pd.DataFrame(records, index=lines,
+                        columns=["timestamp", *LENGTH_COLUMNS["mooncake"], "hash_ids"])
+
+
+def _mooncake_record(line: str, line_no: int, path: Path) -> tuple[object, object, object, object]:
+    try:
+        obj = json.loads(line)
+        record = (obj["timestamp"], obj["input_length"], obj["output_length"], obj.get("hash_ids"))
+    except json.JSONDecodeError as e:
+        raise _bad_mooncake(path, line_no, f"not JSON: {e.msg} at column {e.colno}") from None
+    except (KeyError, TypeError) as e:
+        what = f"no key {e}" if isinstance(e, KeyError) else "not a JSON object"
+        if isinstance(obj, dict) and any(key in obj for key in VLLM_SIGNS):
+            what = ("a vLLM benchmark result, one of several in the file (--append-result); "
+                    "expected one result per file")
+        raise _bad_mooncake(path, line_no, what) from None
+    for key, value in zip(("timestamp", *LENGTH_COLUMNS["mooncake"]), record, strict=False):
+        if isinstance(value, bool):  # JSON true is not a length of 1
+            raise ScenarioError(f"{path.name} line {line_no}: {key} = {json.dumps(value)}, "
+                                "expected a number")
+    return record
+
+
+def _bad_mooncake(path: Path, line_no: int, what: str) -> ScenarioError:
+    # A .json file is a vLLM benchmark result when it parses as one document.
+    also = ("; nor is the file one JSON document with input_lens (a vLLM benchmark result)"
+            if data_suffix(path) == ".json" else "")
+    return ScenarioError(f"{path.name} line {line_no}: bad Mooncake record ({what}){also}")
 
 
 def _numbers(rows: pd.DataFrame, column: str, path: Path, line_offset: int) -> np.ndarray:
@@ -295,7 +346,17 @@ def _token_counts(rows: pd.DataFrame, column: str, path: Path, line_offset: int)
     return values.astype(np.int64)
 
 
+# A date in any of the orders pandas reads: a time alone is a spreadsheet's display
+# (17:03.9, minutes and seconds), which pandas would read as today at 17:03:54.
+_DATE = r"\d{4}-\d{1,2}-\d{1,2}|\d{1,4}/\d{1,2}/\d{1,4}"
+
+
 def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
+    text = rows["TIMESTAMP"]
+    _raise_on_bad((text.notna() & ~text.str.contains(_DATE, regex=True, na=False)).to_numpy(),
+                  text, "TIMESTAMP", path, 2,
+                  "a date and time, as 2023-11-16 18:17:03.9799600 (a spreadsheet may show and "
+                  "save the time alone)")
     try:
         stamps = pd.to_datetime(rows["TIMESTAMP"], errors="coerce", format="mixed")
     except ValueError:  # pandas refuses timestamps of different UTC offsets in one column
@@ -332,15 +393,19 @@ def _raise_on_bad(
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         where = (f"request {raw.index[row]}" if line_offset == JSON_LISTS
-                 else f"line {_line_of(path, row, line_offset)}")
+                 else f"line {_line_of(path, raw, row, line_offset)}")
         value = raw.iloc[row]
         value = value.item() if isinstance(value, np.generic) else value  # 0, not np.int64(0)
+        if line_offset == 2 and pd.isna(value):  # CSV cells are read as text: NaN is empty
+            raise ScenarioError(f"{path.name} {where}: {column} is empty, expected {expected}")
         raise ScenarioError(f"{path.name} {where}: {column} = {value!r}, expected {expected}")
 
 
-def _line_of(path: Path, row: int, line_offset: int) -> int:
+def _line_of(path: Path, raw: pd.Series, row: int, line_offset: int) -> int:
     """The file line of data row `row`: a CSV's (line_offset 2: a header, then data) counts
-    blank lines back in; other formats have one per line."""
+    blank lines back in; JSON lines' rows are indexed by their line."""
+    if line_offset == JSON_LINES:
+        return int(raw.index[row])
     return csv_data_line(path, row) if line_offset == 2 else row + line_offset
 
 
