@@ -62,7 +62,12 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
         new_tokens = known - self.computed[ids]
         self.in_flight[ids] = True
         assert self.reserved_tokens <= self.kv_capacity_tokens
-        return SchedulerOutput(ids, new_tokens, Batch(new_tokens, known), self.reserved_tokens)
+        # KV holding tokens once this batch has run: every admitted request's, in flight or
+        # not (the batch alone is a share of them, unlike an unpipelined Orca's).
+        running = np.array(self.running, dtype=np.int64)
+        used = int((self.requests.prompt_tokens[running] + self.generated[running]).sum())
+        return SchedulerOutput(ids, new_tokens, Batch(new_tokens, known), self.reserved_tokens,
+                               kv_used_tokens=used)
 
     def update_from_output(self, out: SchedulerOutput) -> StepResult:
         self.in_flight[out.req_ids] = False
@@ -74,6 +79,7 @@ class _Flight:
     plan: SchedulerOutput
     start_s: float  # when stage 1 starts it
     end_s: float  # when the last stage finishes it
+    stage_s: float  # its time on each stage
 
 
 class PipelineStepper:
@@ -111,8 +117,10 @@ class PipelineStepper:
     def finish(self) -> None:
         flight = self.in_flight.popleft()
         result = self.scheduler.update_from_output(flight.plan)
-        duration_s = flight.end_s - flight.start_s
-        self.recorder.record_iteration(flight.start_s, duration_s, 1, flight.plan,
+        # The row is the batch's time on the first stage, not its flight through all of them:
+        # flights overlap, and rows that overlapped would count a stage's time num_stages
+        # times over in the busy fraction, time-weighted means and timelines.
+        self.recorder.record_iteration(flight.start_s, flight.stage_s, 1, flight.plan,
                                        self.scheduler.num_waiting)
         self.recorder.record_progress(flight.plan.req_ids, flight.start_s, result, flight.end_s)
         self.replica.source.on_finished(result.finished_ids, flight.end_s)
@@ -133,7 +141,7 @@ class PipelineStepper:
                 start_s = begin
             t = begin + stage_s
             self.stage_free_s[k] = t
-        return _Flight(plan, start_s, t)
+        return _Flight(plan, start_s, t, stage_s)
 
 
 class PipelineEngine:

@@ -63,9 +63,9 @@ def test_batches_flow_through_balanced_stages() -> None:
     engine = PipelineEngine(reqs, sched, LinearCost(LinearCostConfig(kind="linear", base_s=1.0)), num_stages=2)
     run = engine.run()
     it = run.recorder.iterations_frame()
-    ends = (it["start_s"] + it["duration_s"]).tolist()
-    # 3 output tokens each: 3 iterations per batch, batches alternating, one every 0.5 s.
-    assert ends == pytest.approx([1.0, 1.5, 2.0, 2.5, 3.0, 3.5])
+    # 3 output tokens each: 3 iterations per batch, batches alternating, one every 0.5 s,
+    # each leaving the last stage two stage times after it entered the first.
+    assert (it["start_s"] + 2 * it["duration_s"]).tolist() == pytest.approx([1.0, 1.5, 2.0, 2.5, 3.0, 3.5])
     assert run.recorder.finish_s.tolist() == pytest.approx([3.0, 3.0, 3.5, 3.5])
 
 
@@ -96,11 +96,38 @@ def test_a_pipeline_keeps_one_batch_per_stage_in_flight_by_hand(capacity_tokens:
                          num_stages=2).run()
     rows = run.recorder.iterations_frame()
     assert rows["start_s"].tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0]
-    assert rows["duration_s"].tolist() == [1.0] * 9  # from stage 1's start to the last's end
+    assert rows["duration_s"].tolist() == [0.5] * 9  # its time on a stage: rows never overlap
     assert run.recorder.first_scheduled_s.tolist() == [0.0, 0.5, 3.0]
     assert run.recorder.first_token_s.tolist() == [1.0, 1.5, 4.0]
     assert run.recorder.finish_s.tolist() == [3.0, 3.5, 6.0]
     assert run.end_s == 6.0
+
+
+def test_pipelined_rows_do_not_overlap_so_busy_shares_and_timelines_stay_physical() -> None:
+    """A tester's case: two one-token-prompt requests at 0, batches of one, four stages of
+    0.3 s (an iteration of 1.2 s, 1.1 s for a decode). Rows that spanned whole flights
+    overlapped: the replica read 177% busy, and the timeline's batch size swung from +52
+    to -36 (np.interp given times that went back). Each stage works 4.6 s of the 2.6 s
+    span out of 4 stages: 44%."""
+    sc = make_scenario(**{
+        "workload.num_requests": 2, "workload.arrival": {"kind": "constant", "rate_per_s": 1e9},
+        "workload.prompt_tokens": {"kind": "constant", "value": 2},
+        "workload.output_tokens": {"kind": "constant", "value": 2},
+        "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 4},
+        "cost": {"kind": "linear", "base_s": 1.0, "per_token_s": 0.1},
+        "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 1},
+                     "cluster": {"replicas": 1}}],
+    })
+    result = run_scenario(sc).systems["orca"]
+    it = result.iterations.sort_values("start_s")
+    assert result.requests["finish_s"].tolist() == pytest.approx([2.3, 2.6])
+    assert ((it["start_s"] + it["duration_s"]).to_numpy()[:-1] <= it["start_s"].to_numpy()[1:] + 1e-12).all()
+    assert result.replicas["busy_fraction"].iloc[0] == pytest.approx(4.6 / 4 / 2.6)
+    from orcasim.plots import binned_time_average
+    batch = binned_time_average(it, "batch_size", np.linspace(0.0, 2.6, 27))
+    assert batch.min() >= 0.0 and batch.max() <= 1.0 + 1e-9
+    # Every admitted request's KV, in flight or not: reported, not NaN.
+    assert 0 < result.summary["kv_utilization_mean"] <= 1
 
 
 @pytest.mark.parametrize(("cfg", "stages", "warns"), [
