@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import bz2
 import contextvars
+import copy
 import gzip
 import io
 import json
 import lzma
 import zipfile
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, TypeVar
 
 import pandas as pd
 
@@ -58,6 +60,28 @@ def resolve_data_path(path: str) -> Path:
             return c
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(f"file '{path}' not found (looked at: {tried})")
+
+
+T = TypeVar("T")
+# A calibration's search (python -m calibrate logs) runs a scenario hundreds of times, and
+# each run read its trace and its cost file again: a third of the search's time.
+_FILE_MEMO: OrderedDict[tuple[Hashable, ...], Any] = OrderedDict()
+FILE_MEMO_ENTRIES = 16
+
+
+def read_once(path: Path, key: Hashable, read: Callable[[], T]) -> T:
+    """`read()`, or a deep copy of what it gave for the same `key` while the file stayed the
+    same (its device, inode, size and modification time in ns): the caller owns what it
+    gets. An error is not kept, so a file that fails is read (and fails) again."""
+    info = Path(path).stat()
+    memo_key = (str(Path(path).resolve()), info.st_dev, info.st_ino, info.st_size,
+                info.st_mtime_ns, key)
+    if memo_key not in _FILE_MEMO:
+        _FILE_MEMO[memo_key] = read()
+        while len(_FILE_MEMO) > FILE_MEMO_ENTRIES:
+            _FILE_MEMO.popitem(last=False)
+    _FILE_MEMO.move_to_end(memo_key)
+    return copy.deepcopy(_FILE_MEMO[memo_key])
 
 
 # Readers of users' files: any file that cannot be parsed is a one-line ScenarioError that

@@ -20,9 +20,9 @@ GRID = """
 parameters:
   workload.arrival.rate_per_s: [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 """
-# Points of most of a second each, so that the interrupt lands while workers are
+# Points of about half a second each, so that the interrupt lands while workers are
 # busy (the first of six is done, the second under way, four queued).
-SLOW = ["workload.num_requests=1500", "engine.mode=reference"]
+SLOW = ["workload.num_requests=500", "engine.mode=reference"]
 EXIT_WITHIN_S = 10.0
 
 

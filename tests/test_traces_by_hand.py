@@ -522,3 +522,20 @@ def test_an_azure_time_without_a_date_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, "b.csv", f"{AZURE_HEADER}\n2023-11-16 18:17:03,10,2\n,10,2\n")
     with pytest.raises(ScenarioError, match=r"^b\.csv line 3: TIMESTAMP is empty, expected a timestamp$"):
         read_trace(path)
+
+
+def test_a_trace_read_again_is_the_file_as_it_is_now_and_the_callers_own(tmp_path: Path) -> None:
+    # A calibration reads one trace hundreds of times: it is read once while the file stays
+    # the same; a changed file is read again, and what a caller changes is its own copy.
+    import os
+    path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n0,10,3\n1,20,4\n")
+    arrival_s, prompt, _ = read_trace(path)
+    prompt[0] = 999
+    assert read_trace(path)[1].tolist() == [10, 20]
+    Path(path).write_text(f"{ORCASIM_HEADER}\n0,11,3\n1,20,4\n")  # the same size
+    os.utime(path, ns=(10**18, 10**18))
+    assert read_trace(path)[1].tolist() == [11, 20]
+    Path(path).write_text(f"{ORCASIM_HEADER}\n0,-1,3\n")
+    for _ in range(2):  # an error is not kept: each read fails as the file says
+        with pytest.raises(ScenarioError, match="line 2: prompt_tokens = '-1'"):
+            read_trace(path)

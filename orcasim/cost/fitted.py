@@ -31,7 +31,7 @@ from pydantic import PositiveInt
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.overhead import CostConfigBase
-from orcasim.paths import DataPath, resolve_data_path
+from orcasim.paths import DataPath, read_once, resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
 CALIBRATED_FORMAT = "orcasim-calibrated-cost/v1"  # a whole cost block (python -m calibrate logs)
@@ -157,7 +157,7 @@ class FittedCost(CostModel):
 
 def read_fitted_yaml(path: Path) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = read_once(path, "fitted yaml", lambda: yaml.safe_load(path.read_text()))
     except (OSError, yaml.YAMLError) as e:
         raise ScenarioError(f"cost.path = {str(path)!r}: cannot read a fitted cost model ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, CALIBRATED_FORMAT):

@@ -30,6 +30,7 @@ from orcasim.paths import (
     open_text,
     read_csv,
     read_json,
+    read_once,
     resolve_data_path,
 )
 from orcasim.requests import PromptContent
@@ -62,6 +63,13 @@ def read_trace_with_content(
 ) -> tuple[Trace, PromptContent | None]:
     """The trace and, where its format says (Mooncake's hash_ids), what its prompts share."""
     resolved = resolve_data_path(path)
+    return read_once(resolved, ("trace", fmt, max_requests),
+                     lambda: _read_trace_with_content(resolved, fmt, max_requests))
+
+
+def _read_trace_with_content(
+    resolved: Path, fmt: str, max_requests: int | None
+) -> tuple[Trace, PromptContent | None]:
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
     prompt_column, output_column = LENGTH_COLUMNS[fmt]
