@@ -321,7 +321,14 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ScenarioError(f"override '{path}': '{last}' is not inside a mapping")
+        raise _not_a_mapping(node, last, path)
+
+
+def _not_a_mapping(node: Any, part: str, path: str) -> ScenarioError:
+    if isinstance(node, list) and part.isdigit():  # systems.0, as other tools write it
+        return ScenarioError(f"override '{path}': '{part}' names an item of a list; expected "
+                             f"an index in brackets, e.g. {path.replace(f'.{part}', f'[{part}]', 1)}")
+    return ScenarioError(f"override '{path}': '{part}' is not inside a mapping")
 
 
 def _descend(node: Any, part: str | int, path: str) -> Any:
@@ -330,7 +337,7 @@ def _descend(node: Any, part: str | int, path: str) -> Any:
             raise ScenarioError(f"override '{path}': index [{part}] does not exist")
         return node[part]
     if not isinstance(node, dict):
-        raise ScenarioError(f"override '{path}': '{part}' is not inside a mapping")
+        raise _not_a_mapping(node, part, path)
     return node.setdefault(part, {})
 
 
