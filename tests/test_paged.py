@@ -362,3 +362,17 @@ def test_decoding_everyone_at_once_plans_what_the_loop_plans(case, kind: str, ch
     shortcut, loop = (_steps(c(config, reqs, capacity), reqs) for c in classes)  # type: ignore[arg-type]
     assert shortcut == loop
 
+
+
+@pytest.mark.parametrize(("policy", "watermark"), [("mixed", 0.0), ("prefill_first", 0.01),
+                                                   ("distserve_decode", 0.0)])
+def test_each_policy_keeps_its_engines_watermark_unless_given(policy: str, watermark: float) -> None:
+    """vLLM v1's allocate_slots keeps no blocks back (v0.8.5; a later argument defaults to
+    0), vLLM v0's BlockSpaceManager 1%, DistServe's decode instance none; a given one holds.
+    A tester's case: 100 blocks, A and B needing 50 each for life; under v1 both start at
+    once, and the v0 default kept 1% back, so B waited for A to finish."""
+    assert PagedConfig(kind="paged", policy=policy).watermark == watermark
+    assert PagedConfig(kind="paged", policy=policy, watermark=0.2).watermark == 0.2
+    reqs = make_requests([792, 790], [8, 4])
+    trace = drive(PagedScheduler(PagedConfig(kind="paged", max_num_batched_tokens=2048), reqs, 1600), reqs)
+    assert trace.first_token_step == {0: 0, 1: 0}

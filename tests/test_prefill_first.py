@@ -84,12 +84,22 @@ def test_unpadded_prompts_are_costed_at_their_own_lengths() -> None:
 
 
 def test_the_watermark_holds_even_when_nothing_runs() -> None:
-    # 100 blocks of one token, 5 kept free. Peak 95 tokens needs 95 + 1 + 5 > 100: rejected.
-    reqs = make_requests([95, 90], [1, 4], max_tokens=100)
+    # 100 blocks of one token, 5 kept free. Peak 96 tokens needs 96 + 5 > 100: rejected.
+    reqs = make_requests([96, 90], [1, 4], max_tokens=100)
     sched = _sched(reqs, capacity=100, block_size_tokens=1, watermark=0.05)
     trace = drive(sched, reqs, check_paged_step)
     assert sched.rejected_ids == [0]
     assert planned_tokens(trace)[0] == {1: 90}
+    # Peak 95 passes can_allocate (100 - 95 >= 5), and can_append_slot's free block is the
+    # watermark's: vLLM v0.2.3's BlockSpaceManager serves it (a tester ran it); orcasim
+    # turned it away, a block too strict. By swap it could not come back: turned away.
+    served = make_requests([95], [1], max_tokens=100)
+    sched = _sched(served, capacity=100, block_size_tokens=1, watermark=0.05)
+    assert drive(sched, served, check_paged_step).finish_step == {0: 0} and not sched.rejected_ids
+    swap = build_scheduler(PagedConfig(kind="paged", policy="prefill_first", block_size_tokens=1,
+                                       watermark=0.05, preemption="swap", kv_bytes_per_token=1),
+                           served, 100)
+    assert swap.never_fits(0)
     # vLLM v1's rule waives the watermark for a lone request, which then fits.
     mixed = build_scheduler(PagedConfig(kind="paged", block_size_tokens=1, watermark=0.05),
                             reqs, 100)

@@ -7,6 +7,12 @@ after a recompute preemption, are then split into chunks that fill what is left 
 budget. A chunk that does not finish a prompt emits no token. Because no iteration
 holds more than `chunk_size_tokens` of new tokens, a long prompt never stalls decodes,
 and no prompt is too long for the budget.
+
+Two departures from Sarathi-Serve's own code, both vLLM v1's: KV blocks are taken chunk by
+chunk as the prompt is computed, where Sarathi's block manager allocates a whole prompt's at
+admission (so here a prompt may start where Sarathi's would wait, and be preempted later);
+and the watermark is waived while nothing runs. With `chunk_size_tokens` at the token
+budget and `watermark: 0` this is vLLM v1's default scheduler (chunked prefill on).
 """
 
 from __future__ import annotations

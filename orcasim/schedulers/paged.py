@@ -91,17 +91,35 @@ class PagedMemoryConfig(Strict):
         return self
 
 
+# Each policy's admission watermark unless given, from its engine's code: vLLM v1's
+# KVCacheManager.allocate_slots keeps none (v0.8.5; a later `watermark` argument defaults to
+# 0.0); vLLM v0's BlockSpaceManager keeps 1% (watermark=0.01); DistServe's decode instance
+# admits on free blocks alone (_check_add_to_cur_batch).
+POLICY_WATERMARK = {"mixed": 0.0, "prefill_first": 0.01, "distserve_decode": 0.0}
+
+
 class PagedConfig(PagedMemoryConfig):
-    """`policy`: `mixed` (vLLM v1: prefills ride with decodes under one token budget),
-    `prefill_first` (vLLM before v1; see `orcasim.schedulers.prefill_first`) or
-    `distserve_decode` (DistServe's decode instance, for a disaggregated cluster's decode
-    pool that pulls its KV; see `orcasim.schedulers.distserve_decode`)."""
+    """`policy`: `mixed` (vLLM v1 with chunked prefill off: prefills ride with decodes under
+    one token budget, a prompt whole or not at all; v1's default, chunked prefill, is
+    `kind: chunked`), `prefill_first` (vLLM before v1; see `orcasim.schedulers.prefill_first`)
+    or `distserve_decode` (DistServe's decode instance, for a disaggregated cluster's decode
+    pool that pulls its KV; see `orcasim.schedulers.distserve_decode`). The watermark's
+    default is the policy's engine's (POLICY_WATERMARK)."""
 
     kind: Literal["paged"]
     max_num_batched_tokens: PositiveInt = 4096
     policy: Literal["mixed", "prefill_first", "distserve_decode"] = "mixed"
     pad_prompts: bool = False
     max_padding_tokens: NonNegativeInt = VLLM_V0_MAX_PADDINGS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_watermark(cls, data: object) -> object:
+        if isinstance(data, dict) and "watermark" not in data:
+            policy = data.get("policy", "mixed")
+            if isinstance(policy, str) and policy in POLICY_WATERMARK:
+                return {**data, "watermark": POLICY_WATERMARK[policy]}
+        return data
 
     @model_validator(mode="after")
     def _policy_settings(self) -> Self:
@@ -456,7 +474,8 @@ class PagedScheduler(Scheduler):
         return True
 
     def _reserved_blocks(self) -> int:
-        """The watermark an admission must leave free; waived when nothing runs (vLLM v1)."""
+        """The watermark an admission must leave free; waived when nothing runs (as the
+        newest vLLM v1 applies its own, only while requests are scheduled)."""
         return self.watermark_blocks if self.running else 0
 
     def _take_candidate(self, req: int, plan: Plan) -> None:

@@ -29,8 +29,9 @@ measurements; v0.4 and v0.5 keep the rules without the padding. Each iteration:
 
 vLLM preempts a single-sequence request by recompute unless told otherwise;
 `preemption: swap` models the swap path. One departure, to keep FCFS from stalling: a
-request whose peak KV plus one block plus the watermark exceeds the pool is rejected on
-arrival (vLLM would run it until a preemption, then ignore it as too long).
+request whose peak KV plus the watermark exceeds the pool (plus one block more where
+preemption is by swap, which can_swap_in needs, or the watermark is under a block) is
+rejected on arrival (vLLM would run it until a preemption, then ignore it as too long).
 
 Fast-forward (`orcasim.schedulers.paged_runs`) is exact here too: a decode iteration plans
 every running request, whether anyone can join (a prompt, or a swap-in while anything is
@@ -88,7 +89,14 @@ class PrefillFirstScheduler(PagedScheduler):
             self._join(plan, self.swapped[0], fit)
 
     def _blocks_kept_free_alone(self) -> int:
-        # Alone, a request must still pass can_allocate or can_swap_in at its peak.
+        # Alone, a request passes can_allocate at its peak (free - blocks >= watermark), and
+        # can_append_slot's one free block is the watermark's when that is a block or more:
+        # vLLM v0.2.3 serves a lone request of N - watermark blocks (a tester ran its
+        # BlockSpaceManager). One preempted by swap must come back through can_swap_in
+        # (free - (blocks + 1) >= watermark), a block more; with no watermark vLLM would
+        # recompute one of the whole pool every step, which orcasim turns away instead.
+        if self.cfg.preemption == "recompute" and self.watermark_blocks >= 1:
+            return self.watermark_blocks
         return 1 + self.watermark_blocks
 
     def _grow(self, req: int, target_tokens: int) -> bool:
