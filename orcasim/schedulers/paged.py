@@ -63,7 +63,7 @@ from orcasim.schedulers.base import (
 )
 
 VLLM_SWAP_SPACE_BYTES = 4 * 2**30  # vLLM's default CPU swap space per GPU
-VLLM_V0_MAX_PADDINGS = 256  # vLLM v0.2.x-v0.3.x engine/arg_utils.py: max_paddings default
+VLLM_V0_MAX_PADDINGS = 256  # vLLM v0.2.2-v0.3.3 engine/arg_utils.py: max_paddings default (not in v0.2.1 or v0.4)
 MAX_LOST_CAPACITY_FRACTION = 0.01  # KV left over after whole blocks, silently unused
 PCIE4_X16_BYTES_PER_S = 25e9  # achievable host<->device copy rate of PCIe 4.0 x16 (32 GB/s peak)
 

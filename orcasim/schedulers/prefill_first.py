@@ -6,10 +6,10 @@ v0.2.3 to v0.3.3, the engine of DistServe's vLLM runs (v0.2.3) and of most 2023-
 measurements; v0.4 and v0.5 keep the rules without the padding. Each iteration:
 
 1. **Prompt phase**, only while no request is swapped out. The FCFS head of the waiting
-   queue (requests preempted by recompute first, oldest first, as `waiting.appendleft`
+   queue (requests preempted by recompute first, oldest first, as v0.2.3's `waiting.insert(0, ...)`
    puts them) joins while
    - its blocks fit above the watermark: free - needed >= watermark blocks
-     (`can_allocate`; unlike vLLM v1 it applies even when nothing runs);
+     (`can_allocate`; unlike the newest vLLM v1's it applies even when nothing runs);
    - the prompts' tokens fit `max_num_batched_tokens`: with `pad_prompts` (v0.2.2 to v0.3.3,
      whose model runner pads every prompt of a batch to the longest) counted as
      count x longest, with at most `max_padding_tokens` of padding (`max_paddings`, 256);
