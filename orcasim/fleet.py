@@ -18,7 +18,7 @@ import pandas as pd
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
-from orcasim.cost.catalog import HardwareConfig, ModelRef
+from orcasim.cost.catalog import HardwareConfig, ModelRef, stage_layers
 from orcasim.engine import EngineMode, EngineRun, stepper_for
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
@@ -60,7 +60,8 @@ def replica_for(
     stepper: Stepper
     if stages > 1 and isinstance(spec.scheduler, IterationLevelConfig):
         pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens)
-        stepper = PipelineStepper(pipelined, cost, recorder, stages)
+        layers = None if deployment is None else stage_layers(deployment.model, stages)
+        stepper = PipelineStepper(pipelined, cost, recorder, stages, layers)
         return Replica(stepper, source, recorder, (), index)  # rows are per iteration already
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
     scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes)

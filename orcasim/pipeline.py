@@ -25,6 +25,7 @@ import numpy as np
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.catalog import stage_layers
 from orcasim.engine import EngineRun, finished_run
 from orcasim.recorder import Recorder
 from orcasim.replica import Load, Replica, drive, scheduler_load, single
@@ -92,9 +93,14 @@ class PipelineStepper:
     plans_on_arrival = True
 
     def __init__(self, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
-                 recorder: Recorder, num_stages: int) -> None:
+                 recorder: Recorder, num_stages: int,
+                 stage_layers: Sequence[int] | None = None) -> None:
         self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
         self.num_stages = num_stages
+        # Each stage's layers where the model is known; an uneven split makes the busiest
+        # stage the pipeline's bottleneck (40 layers on 3 stages: 14 of 40, not a third).
+        uneven = stage_layers is not None and len(set(stage_layers)) > 1
+        self.stage_layers = tuple(stage_layers) if uneven and stage_layers else None
         self.replica: Replica  # set by the replica that runs it
         self.wake_s: float | None = None
         self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
@@ -132,16 +138,24 @@ class PipelineStepper:
         """Progress is always up to date."""
 
     def _launch(self, plan: SchedulerOutput, now_s: float) -> _Flight:
-        stage_s = self.cost.iteration_time_s(plan.batch) / self.num_stages
+        times_s = self._stage_times_s(self.cost.iteration_time_s(plan.batch))
         t = now_s
         start_s = t
-        for k in range(self.num_stages):
+        for k, stage_s in enumerate(times_s):
             begin = max(t, float(self.stage_free_s[k]))
             if k == 0:
                 start_s = begin
             t = begin + stage_s
             self.stage_free_s[k] = t
-        return _Flight(plan, start_s, t, stage_s)
+        return _Flight(plan, start_s, t, times_s[0])
+
+    def _stage_times_s(self, iteration_s: float) -> list[float]:
+        """The iteration's time split over the stages by their layers (evenly without a
+        model, or where the layers divide evenly)."""
+        if self.stage_layers is None:
+            return [iteration_s / self.num_stages] * self.num_stages
+        total = sum(self.stage_layers)
+        return [iteration_s * layers / total for layers in self.stage_layers]
 
 
 class PipelineEngine:
@@ -150,15 +164,17 @@ class PipelineEngine:
     def __init__(
         self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
         num_stages: int, arrivals: ArrivalSource | None = None,
+        stage_layers: Sequence[int] | None = None,
     ) -> None:
         self.requests, self.scheduler, self.cost = requests, scheduler, cost
-        self.num_stages = num_stages
+        self.num_stages, self.stage_layers = num_stages, stage_layers
         self.recorder = Recorder(len(requests))
         assert arrivals is not None or not requests.closed_loop, "a closed loop needs its source"
         self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
 
     def run(self) -> EngineRun:
-        stepper = PipelineStepper(self.scheduler, self.cost, self.recorder, self.num_stages)
+        stepper = PipelineStepper(self.scheduler, self.cost, self.recorder, self.num_stages,
+                                  self.stage_layers)
         replica = Replica(stepper, self.arrivals, self.recorder)
         end_s = drive([replica], self.arrivals, single(replica))
         return finished_run(self.recorder, end_s, self.scheduler)
@@ -184,4 +200,6 @@ def pipeline_engine(
         return None
     assert scenario.kv_capacity_tokens is not None
     scheduler = PipelinedIterationLevelScheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
-    return PipelineEngine(requests, scheduler, cost, stages, arrival_source(requests))
+    deployment = scenario.deployment()
+    layers = None if deployment is None else stage_layers(deployment.model, stages)
+    return PipelineEngine(requests, scheduler, cost, stages, arrival_source(requests), layers)

@@ -405,6 +405,15 @@ def layers_per_stage(model: ModelSpec, pipeline_parallel: int) -> int:
     return math.ceil(model.num_layers / pipeline_parallel)
 
 
+def stage_layers(model: ModelSpec, pipeline_parallel: int) -> list[int]:
+    """Each stage's layers, split as evenly as they go. The remainder goes on the first
+    stages (vLLM's get_pp_indices puts it on those before the last; Orca does not say):
+    the pipeline's pace is its busiest stage's wherever that is, and putting it first makes
+    a pipelined row's time (its first stage's) the bottleneck's."""
+    base, extra = divmod(model.num_layers, pipeline_parallel)
+    return [base + (k < extra) for k in range(pipeline_parallel)]
+
+
 def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     """KV bytes one GPU holds per token: its stage's layers, its share of the KV heads.
 
