@@ -121,6 +121,21 @@ def test_a_percentile_equal_to_its_bound_meets_it_and_each_target_binds_alone() 
     assert np.isnan(slo_summary(reqs.iloc[:0], on_the_bound)["slo_attainment"])
 
 
+def test_a_percentile_at_the_attainment_share_is_held_by_the_share_as_distserve_counts() -> None:
+    """A tester's case: nine requests at TTFT 0.125 s, one at 5 s; ttft_p90 <= 0.5 at 0.9.
+    Nine of ten attain it, which DistServe counts as met; numpy's p90 interpolates between
+    the ninth and the tenth (0.6125) and failed the run. A percentile above the share (p99)
+    still binds."""
+    reqs = pd.DataFrame({"arrival_s": np.arange(10.0), "finish_s": np.arange(10.0) + 6,
+                         "ttft_s": [0.125] * 9 + [5.0], "tpot_s": [0.01] * 10,
+                         "rejected": [False] * 10})
+    out = slo_summary(reqs, SLOConfig(targets=["ttft_p90 <= 0.5"], attainment=0.9))
+    assert out["slo_attainment"] == pytest.approx(0.9)
+    assert out["slo_ttft_p90"] == pytest.approx(0.6125) and out["slo_met"] == 1.0
+    both = SLOConfig(targets=["ttft_p90 <= 0.5", "tpot_p99 <= 0.005"], attainment=0.5)
+    assert slo_summary(reqs, both)["slo_met"] == 0.0  # TPOT p99 is 0.01
+
+
 @pytest.mark.parametrize(("target", "message"), [
     ("ttft_p0 <= 0.2", "slo.targets[1] = 'ttft_p0 <= 0.2': percentile = 0.0: Input should be "
                        "greater than 0"),
