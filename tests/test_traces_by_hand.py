@@ -539,3 +539,15 @@ def test_a_trace_read_again_is_the_file_as_it_is_now_and_the_callers_own(tmp_pat
     for _ in range(2):  # an error is not kept: each read fails as the file says
         with pytest.raises(ScenarioError, match="line 2: prompt_tokens = '-1'"):
             read_trace(path)
+
+
+def test_a_vllm_result_of_a_capped_concurrency_says_its_times_were_a_closed_loops(tmp_path: Path) -> None:
+    # vLLM stamps start_times inside its --max-concurrency semaphore (a helper read serve.py).
+    fields = dict(start_times=[1.0, 2.0], input_lens=[5, 6], output_lens=[2, 2], ttfts=[0.1] * 2,
+                  itls=[[0.1]] * 2)
+    with pytest.warns(UserWarning, match=r"r\.json: run with --max-concurrency 4, so its send times"):
+        read_trace(_vllm(tmp_path, max_concurrency=4, **fields))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_trace(_vllm(tmp_path, "s.json", max_concurrency=None, **fields))  # vLLM's default

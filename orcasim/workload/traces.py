@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,13 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
                          "it with --save-result --save-detailed (vLLM 0.15 or newer records "
                          "start_times)")
     errors = _checked_vllm_lists(doc, path)
+    if isinstance(doc.get("max_concurrency"), int) and not isinstance(doc["max_concurrency"], bool):
+        # vLLM stamps start_times inside its --max-concurrency semaphore: each send waited
+        # for a finish, so the times are a closed loop's, which a replay sends regardless.
+        warnings.warn(f"{path.name}: run with --max-concurrency {doc['max_concurrency']}, so its "
+                      "send times waited on earlier requests; they are replayed as given (an "
+                      "open loop), which a slower simulated server would not have seen",
+                      UserWarning, stacklevel=2)
     ok = [not error and length > 0 for error, length in zip(errors, doc["output_lens"], strict=True)]
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
     start_s = np.array(doc["start_times"], dtype=np.float64)
