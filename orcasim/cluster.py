@@ -13,7 +13,7 @@ filled in turn, deterministically):
 * `round_robin`: in turn;
 * `least_outstanding`: fewest running + waiting requests (join the shortest queue);
 * `least_tokens`: fewest outstanding prefill + decode tokens;
-* `least_kv`: most free KV;
+* `least_kv`: the least KV in use as a share of the replica's pool (vLLM's kv_cache_usage);
 * `power_of_two`: two distinct random replicas, the one with fewer requests;
 * `session`: a session's first request goes where `fallback` says, the rest follow it
   (a request without a session is its own);
@@ -278,8 +278,13 @@ class LeastTokensRouter(Router):
 
 
 class LeastKvRouter(Router):
+    """The least KV in use as a share of the replica's pool, as vLLM reports its KV usage
+    (kv_cache_usage): free tokens alone sent everything to the larger replicas of a mixed
+    fleet (two H100 TP-2 replicas took every request, two A100s none; a tester's run)."""
+
     def pick(self, req_id: int, time_s: float) -> int:
-        return self._least([-load.kv_free_tokens for load in self._loads(time_s)])
+        return self._least([load.kv_used_tokens / load.kv_capacity_tokens
+                            for load in self._loads(time_s)])
 
 
 class PowerOfTwoRouter(Router):

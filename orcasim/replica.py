@@ -77,10 +77,6 @@ class Load:
     def requests(self) -> int:
         return self.running + self.waiting
 
-    @property
-    def kv_free_tokens(self) -> int:
-        return self.kv_capacity_tokens - self.kv_used_tokens
-
 
 class Stepper(Protocol):
     """An engine variant: plans and applies units of work on one replica's scheduler."""

@@ -140,11 +140,13 @@ def test_least_tokens_reads_outstanding_tokens_not_requests() -> None:
     assert all(r.asked_at_s == [2.5] for r in fleet)  # each asked at the arrival time
 
 
-def test_least_kv_prefers_the_most_free_kv_not_the_least_used() -> None:
-    # Replica 0 uses the least KV but has the smallest pool: free 200, 600, 500.
+def test_least_kv_reads_kv_in_use_as_a_share_of_each_pool() -> None:
+    # As vLLM reports kv_cache_usage: 100 of 300 (33%) is less used than 400 of 1000 (40%),
+    # though replica 1 has more tokens free (600 against 200). By free tokens, a mixed
+    # fleet's larger replicas took every request (a tester's run of the README's example).
     fleet = _fleet(3, kv_used_tokens=[100, 400, 500], kv_capacity_tokens=[300, 1000, 1000])
     router = LeastKvRouter(fleet, np.random.default_rng(0))
-    assert router(0, 3.0).index == 1
+    assert router(0, 3.0).index == 0
     assert all(r.asked_at_s == [3.0] for r in fleet)
 
 
