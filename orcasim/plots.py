@@ -387,9 +387,15 @@ def scenario_sweep_figures(table: pd.DataFrame, parameter: str, title: str,
 
 
 def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
-                   saturated: frozenset[str] = frozenset()) -> dict[str, Figure]:
-    """The standard figures of one run from its frames (each with a `system` column)."""
-    return {"latency_cdf": latency_cdfs(requests, saturated), "timelines": timelines(iterations)}
+                   saturated: frozenset[str] = frozenset(),
+                   clusters: tuple[str, ...] = ()) -> dict[str, Figure]:
+    """The standard figures of one run from its frames (each with a `system` column), and
+    each cluster's per-replica load (`replicas_<system>`), for the systems in `clusters`."""
+    figures = {"latency_cdf": latency_cdfs(requests, saturated), "timelines": timelines(iterations)}
+    for name in clusters:
+        mine = iterations[iterations["system"] == name].drop(columns="system")
+        figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name)
+    return figures
 
 
 def run_figures(result: RunResult) -> dict[str, Figure]:
@@ -397,11 +403,8 @@ def run_figures(result: RunResult) -> dict[str, Figure]:
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
     unstable = frozenset(n for n, r in result.systems.items() if r.summary.get("saturated"))
-    figures = frames_figures(reqs, iters, unstable)
-    for name, r in result.systems.items():
-        if r.replicas is not None:
-            figures[f"replicas_{name}"] = replica_load(r.iterations, name)
-    return figures
+    clusters = tuple(n for n, r in result.systems.items() if r.replicas is not None)
+    return frames_figures(reqs, iters, unstable, clusters)
 
 
 def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attainment: float,

@@ -53,7 +53,9 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         _no_slo_line(slo, results_dir, "a run folder, whose figures are latency CDFs")
         summary = read_metrics(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
-        figures = frames_figures(*load_run_frames(results_dir), unstable)
+        # A cluster's run keeps its per-replica summaries, which its load figure goes with.
+        clusters = tuple(n for n in summary if (results_dir / n / "replicas.csv").is_file())
+        figures = frames_figures(*load_run_frames(results_dir), unstable, clusters)
     else:
         raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet, sweep.csv or "
                                 "capacity.csv (is it a results folder?)")

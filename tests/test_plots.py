@@ -151,6 +151,23 @@ def test_plot_command_writes_png_and_svg(tmp_path: Path) -> None:
         write_plots(out, slo=0.5)
 
 
+def test_plot_redraws_a_cluster_s_per_replica_figure_as_run_draws_it(tmp_path: Path) -> None:
+    # The README lists replicas_<system>.png among the figures plot (re)writes; it drew only
+    # the CDFs and timelines (a tester's find).
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO.replace(
+        "max_batch_size: 4}}\n", "max_batch_size: 4}, cluster: {replicas: 2}}\n", 1))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(scenario), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    drawn = sorted(p.name for p in out.glob("*.png"))
+    assert "replicas_request-level.png" in drawn
+    for path in out.glob("*.png"):
+        path.unlink()
+    assert CliRunner().invoke(app, ["plot", str(out)]).exit_code == 0
+    assert sorted(p.name for p in out.glob("*.png")) == drawn
+
+
 def test_a_plot_that_fails_midway_leaves_a_folder_force_replaces(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The figure written before a failing one was left unlisted in the folder's marker, and
