@@ -22,20 +22,26 @@ def load_metrics(path: Path) -> Metrics:
         case "run":
             return read_metrics(path if path.is_file() else path / "summary.json")
         case "sweep":  # a scenario's own sweep (orcasim run) writes only sweep.csv
-            parquet = path / "sweep.parquet"
-            table = read_parquet(parquet) if parquet.exists() else read_csv(path / "sweep.csv")
+            table_path = path if path.is_file() else path / "sweep.parquet"
+            if not table_path.exists():
+                table_path = path / "sweep.csv"
+            table = read_parquet(table_path) if table_path.suffix == ".parquet" else read_csv(table_path)
             return _sweep_metrics(table)
         case _:
             return {f"{f.stem}/{system}": m for f in sorted(path.glob("*.json"))
                     for system, m in read_metrics(f).items()}
 
 
+SWEEP_TABLES = ("sweep.parquet", "sweep.csv")  # a sweep's table, given as a file
+
+
 def metrics_kind(path: Path) -> str:
     """What `path` holds: "run" (a run's folder, its summary.json or a baseline file, all
-    {system: {metric: value}}), "sweep" (sweep.parquet, or a scenario sweep's sweep.csv) or "baselines folder" (a folder of baseline
+    {system: {metric: value}}), "sweep" (a folder or file of sweep.parquet, or of a scenario
+    sweep's sweep.csv) or "baselines folder" (a folder of baseline
     files, as results/baselines/). Only two of one kind compare label by label."""
     if path.is_file():
-        return "run"
+        return "sweep" if path.name in SWEEP_TABLES else "run"
     if (path / "summary.json").exists():
         return "run"
     if (path / "sweep.parquet").exists() or (path / "sweep.csv").exists():

@@ -53,6 +53,11 @@ def test_sweep_folders_compare_point_by_point(tmp_path: Path) -> None:
     assert list(metrics) == ["rate_per_s=2.0 r00/request-level", "rate_per_s=2.0 r00/orca"]
     assert "workload.arrival.rate_per_s" not in metrics["rate_per_s=2.0 r00/orca"]
     assert (deltas(metrics, metrics)["rel_change"] == 0).all()
+    # Its table given as a file, as the README names it: refused as "not UTF-8 text; expected
+    # a JSON file" (a tester's find). A sweep folder and its table are one kind.
+    from orcasim.compare import metrics_kind
+    assert (deltas(load_metrics(tmp_path / "out" / "sweep.parquet"), metrics)["rel_change"] == 0).all()
+    assert metrics_kind(tmp_path / "out" / "sweep.parquet") == metrics_kind(tmp_path / "out")
 
 
 # By hand ---------------------------------------------------------------------------------
