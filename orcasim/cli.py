@@ -327,9 +327,13 @@ def compare(
         if kinds[0] != kinds[1]:
             fail(f"{run_a} is a {kinds[0]} and {run_b} a {kinds[1]}: different kinds; expected "
                  "two runs (or baseline files), two sweeps or two baselines folders")
-        frame = deltas(load_metrics(run_a), load_metrics(run_b))
+        a, b = load_metrics(run_a), load_metrics(run_b)
+        frame = deltas(a, b)
     except USER_ERRORS as e:
         fail(error_text(e))
+    if a and b and not set(a) & set(b):  # every row would read as removed or added
+        typer.echo(f"warning: {run_a} and {run_b} share no system (or point) to compare: "
+                   f"{', '.join(sorted(a)[:3])} against {', '.join(sorted(b)[:3])}", err=True)
     shown = frame if all_ else frame[changed_rows(frame)]
     console.print(frame_table(shown, f"{run_a} -> {run_b}: {len(shown)} of {len(frame)} metrics"))
 

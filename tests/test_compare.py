@@ -30,6 +30,17 @@ def test_deltas_of_two_runs(tmp_path: Path) -> None:
     assert "e2e_s_p50" in res.output and "tpot_s_p50" not in res.output
 
 
+def test_runs_with_no_system_in_common_are_named_in_a_warning(tmp_path: Path) -> None:
+    # Every row read as removed or added (176 rows of nan and inf), without a word.
+    a = write_summary(tmp_path / "a", {"orca": {"e2e_s_p50": 2.0}})
+    b = write_summary(tmp_path / "b", {"vllm": {"e2e_s_p50": 2.0}})
+    res = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert res.exit_code == 0
+    assert "share no system (or point) to compare: orca against vllm" in res.output
+    same = CliRunner().invoke(app, ["compare", str(a), str(a)])
+    assert "share no system" not in same.output
+
+
 def test_relative_change_edges() -> None:
     assert relative_change(0.0, 0.0) == 0.0
     assert relative_change(0.0, 1.0) == math.inf
