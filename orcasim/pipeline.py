@@ -80,7 +80,7 @@ class _Flight:
     plan: SchedulerOutput
     start_s: float  # when stage 1 starts it
     end_s: float  # when the last stage finishes it
-    stage_s: float  # its time on each stage
+    stage_s: float  # its time on the first stage (the busiest, where layers split unevenly)
 
 
 class PipelineStepper:
@@ -94,13 +94,12 @@ class PipelineStepper:
 
     def __init__(self, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
                  recorder: Recorder, num_stages: int,
-                 stage_layers: Sequence[int] | None = None) -> None:
+                 layers: Sequence[int] | None = None) -> None:
         self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
         self.num_stages = num_stages
         # Each stage's layers where the model is known; an uneven split makes the busiest
         # stage the pipeline's bottleneck (40 layers on 3 stages: 14 of 40, not a third).
-        uneven = stage_layers is not None and len(set(stage_layers)) > 1
-        self.stage_layers = tuple(stage_layers) if uneven and stage_layers else None
+        self.layers = tuple(layers) if layers is not None and len(set(layers)) > 1 else None
         self.replica: Replica  # set by the replica that runs it
         self.wake_s: float | None = None
         self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
@@ -152,10 +151,10 @@ class PipelineStepper:
     def _stage_times_s(self, iteration_s: float) -> list[float]:
         """The iteration's time split over the stages by their layers (evenly without a
         model, or where the layers divide evenly)."""
-        if self.stage_layers is None:
+        if self.layers is None:
             return [iteration_s / self.num_stages] * self.num_stages
-        total = sum(self.stage_layers)
-        return [iteration_s * layers / total for layers in self.stage_layers]
+        total = sum(self.layers)
+        return [iteration_s * layers / total for layers in self.layers]
 
 
 class PipelineEngine:
@@ -164,17 +163,17 @@ class PipelineEngine:
     def __init__(
         self, requests: Requests, scheduler: PipelinedIterationLevelScheduler, cost: CostModel,
         num_stages: int, arrivals: ArrivalSource | None = None,
-        stage_layers: Sequence[int] | None = None,
+        layers: Sequence[int] | None = None,
     ) -> None:
         self.requests, self.scheduler, self.cost = requests, scheduler, cost
-        self.num_stages, self.stage_layers = num_stages, stage_layers
+        self.num_stages, self.layers = num_stages, layers
         self.recorder = Recorder(len(requests))
         assert arrivals is not None or not requests.closed_loop, "a closed loop needs its source"
         self.arrivals = ArrivalSource(requests.arrival_s) if arrivals is None else arrivals
 
     def run(self) -> EngineRun:
         stepper = PipelineStepper(self.scheduler, self.cost, self.recorder, self.num_stages,
-                                  self.stage_layers)
+                                  self.layers)
         replica = Replica(stepper, self.arrivals, self.recorder)
         end_s = drive([replica], self.arrivals, single(replica))
         return finished_run(self.recorder, end_s, self.scheduler)
