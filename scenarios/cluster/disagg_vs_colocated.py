@@ -122,7 +122,10 @@ def main() -> None:
              f"requests with TTFT <= {TTFT_SLO_S} s and TPOT <= {TPOT_SLO_S} s (DistServe's "
              "chatbot SLOs for OPT-13B).", "",
              "| system | goodput per GPU at 90% attainment (req/s) |", "|---|---:|"]
-    lines += [f"| {name} | {value:.2f} |" for name, value in goodput.items()]
+    best = table.groupby("system", sort=False)["attainment"].max()
+    lines += [f"| {name} | {value:.2f} |" if np.isfinite(value) else
+              f"| {name} | none: below 90% at every rate tried (at most {best[name]:.1%}) |"
+              for name, value in goodput.items()]
     lines += ["", "| system | rate per GPU | attainment | TTFT p90 (s) | TPOT p90 (s) |",
               "|---|---:|---:|---:|---:|"]
     lines += [f"| {r.system} | {r.rate_per_gpu:.2f} | {r.attainment:.1%} | {r.ttft_p90_s:.3f} "
