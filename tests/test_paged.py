@@ -371,8 +371,33 @@ def test_each_policy_keeps_its_engines_watermark_unless_given(policy: str, water
     0), vLLM v0's BlockSpaceManager 1%, DistServe's decode instance none; a given one holds.
     A tester's case: 100 blocks, A and B needing 50 each for life; under v1 both start at
     once, and the v0 default kept 1% back, so B waited for A to finish."""
-    assert PagedConfig(kind="paged", policy=policy).watermark == watermark
-    assert PagedConfig(kind="paged", policy=policy, watermark=0.2).watermark == 0.2
+    assert PagedConfig(kind="paged", policy=policy).watermark_fraction() == watermark
+    assert PagedConfig(kind="paged", policy=policy, watermark=0.2).watermark_fraction() == 0.2
     reqs = make_requests([792, 790], [8, 4])
     trace = drive(PagedScheduler(PagedConfig(kind="paged", max_num_batched_tokens=2048), reqs, 1600), reqs)
     assert trace.first_token_step == {0: 0, 1: 0}
+
+
+def test_a_policy_set_after_loading_gets_its_own_watermark(tmp_path) -> None:  # noqa: ANN001
+    """The default was written into the config when it was read: a sweep over the policy,
+    or an override of a saved scenario, gave prefill_first the mixed policy's 0 (a
+    reviewer's find). It is resolved where the scheduler is built."""
+    from orcasim.scenario import load_scenario, scenario_from_dict
+    from tests.conftest import make_scenario
+
+    sc = make_scenario(**{"systems": [{"name": "v", "scheduler": {"kind": "paged"}}]})
+    saved = sc.model_dump(mode="json", exclude_none=True)  # as results/<run>/scenario.yaml
+    assert "watermark" not in saved["systems"][0]["scheduler"]
+    saved["systems"][0]["scheduler"]["policy"] = "prefill_first"
+    assert scenario_from_dict(saved).systems[0].scheduler.watermark_fraction() == 0.01
+    path = tmp_path / "s.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(saved))
+    from orcasim.sweeps.spec import scenario_sweep
+
+    swept = load_scenario(path, ["sweep={parameter: 'systems[0].scheduler.policy', "
+                                 "values: [mixed, prefill_first]}"])
+    points = [t.scenario().systems[0].scheduler for t in scenario_sweep(swept, tmp_path).tasks()]
+    assert [(c.policy, c.watermark_fraction()) for c in points] == [("mixed", 0.0),
+                                                                    ("prefill_first", 0.01)]
+

@@ -63,6 +63,7 @@ from orcasim.schedulers.base import (
 )
 
 VLLM_SWAP_SPACE_BYTES = 4 * 2**30  # vLLM's default CPU swap space per GPU
+VLLM_V0_WATERMARK = 0.01  # vLLM v0's BlockSpaceManager(watermark=0.01), which Sarathi-Serve keeps
 VLLM_V0_MAX_PADDINGS = 256  # vLLM v0.2.2-v0.3.3 engine/arg_utils.py: max_paddings default (not in v0.2.1 or v0.4)
 MAX_LOST_CAPACITY_FRACTION = 0.01  # KV left over after whole blocks, silently unused
 PCIE4_X16_BYTES_PER_S = 25e9  # achievable host<->device copy rate of PCIe 4.0 x16 (32 GB/s peak)
@@ -74,7 +75,9 @@ class PagedMemoryConfig(Strict):
     max_num_seqs: PositiveInt = 256
     block_size_tokens: PositiveInt = 16
     preemption: Literal["recompute", "swap"] = "recompute"
-    watermark: float = Field(default=0.01, ge=0.0, lt=1.0)
+    # None: the engine's own (`watermark_fraction`), resolved where the scheduler is built,
+    # so that a policy set later (a sweep, an override of a saved scenario) gets its own.
+    watermark: float | None = Field(default=None, ge=0.0, lt=1.0)
     swap_space_bytes: NonNegativeInt = VLLM_SWAP_SPACE_BYTES
     swap_bandwidth_bytes_per_s: PositiveFloat = PCIE4_X16_BYTES_PER_S
     # One GPU's share of a token's KV; None: derived from the scenario's model and hardware.
@@ -82,6 +85,11 @@ class PagedMemoryConfig(Strict):
     # vLLM v1's automatic prefix caching (off by default, as in vLLM before v0.8 and SGLang's
     # --disable-radix-cache): see "Prefix caching" in the module docstring.
     enable_prefix_caching: bool = False
+
+    def watermark_fraction(self) -> float:
+        """The share of blocks an admission leaves free: as given, else Sarathi-Serve's
+        (vLLM v0's BlockSpaceManager default, 0.01)."""
+        return VLLM_V0_WATERMARK if self.watermark is None else self.watermark
 
     @model_validator(mode="after")
     def _caching_settings(self) -> Self:
@@ -95,7 +103,7 @@ class PagedMemoryConfig(Strict):
 # KVCacheManager.allocate_slots keeps none (v0.8.5; a later `watermark` argument defaults to
 # 0.0); vLLM v0's BlockSpaceManager keeps 1% (watermark=0.01); DistServe's decode instance
 # admits on free blocks alone (_check_add_to_cur_batch).
-POLICY_WATERMARK = {"mixed": 0.0, "prefill_first": 0.01, "distserve_decode": 0.0}
+POLICY_WATERMARK = {"mixed": 0.0, "prefill_first": VLLM_V0_WATERMARK, "distserve_decode": 0.0}
 
 
 class PagedConfig(PagedMemoryConfig):
@@ -112,14 +120,9 @@ class PagedConfig(PagedMemoryConfig):
     pad_prompts: bool = False
     max_padding_tokens: NonNegativeInt = VLLM_V0_MAX_PADDINGS
 
-    @model_validator(mode="before")
-    @classmethod
-    def _policy_watermark(cls, data: object) -> object:
-        if isinstance(data, dict) and "watermark" not in data:
-            policy = data.get("policy", "mixed")
-            if isinstance(policy, str) and policy in POLICY_WATERMARK:
-                return {**data, "watermark": POLICY_WATERMARK[policy]}
-        return data
+    def watermark_fraction(self) -> float:
+        """As given, else the policy's engine's (POLICY_WATERMARK)."""
+        return POLICY_WATERMARK[self.policy] if self.watermark is None else self.watermark
 
     @model_validator(mode="after")
     def _policy_settings(self) -> Self:
@@ -210,7 +213,7 @@ class PagedScheduler(Scheduler):
         self.caching = cfg.enable_prefix_caching
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens, self.caching)
         self.hasher = BlockHasher(requests, cfg.block_size_tokens)
-        self.watermark_blocks = int(cfg.watermark * num_blocks)
+        self.watermark_blocks = int(cfg.watermark_fraction() * num_blocks)
         # Peak KV: every token but the last generated one, whose KV is never computed.
         self._num_blocks = num_blocks
         self._rows_at_arrival = requests.sessions is not None
