@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import bz2
+import contextlib
 import contextvars
 import copy
 import gzip
 import io
 import json
 import lzma
+import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, TypeVar
 
@@ -69,19 +71,27 @@ _FILE_MEMO: OrderedDict[tuple[Hashable, ...], Any] = OrderedDict()
 FILE_MEMO_ENTRIES = 16
 
 
-def read_once(path: Path, key: Hashable, read: Callable[[], T]) -> T:
-    """`read()`, or a deep copy of what it gave for the same `key` while the file stayed the
-    same (its device, inode, size and modification time in ns): the caller owns what it
-    gets. An error is not kept, so a file that fails is read (and fails) again."""
+def read_once(path: Path, key: Hashable, read: Callable[[], T],
+              copy_out: Callable[[T], T] = copy.deepcopy) -> T:
+    """`read()`, or a copy (`copy_out`) of what it gave for the same `key` while the file
+    stayed the same (its device, inode, size, and modification and change times in ns): the
+    caller owns what it gets. The warnings the read gave are given again to every caller. An
+    error is not kept, so a file that fails is read (and fails) again."""
     info = Path(path).stat()
     memo_key = (str(Path(path).resolve()), info.st_dev, info.st_ino, info.st_size,
-                info.st_mtime_ns, key)
+                info.st_mtime_ns, info.st_ctime_ns, key)
     if memo_key not in _FILE_MEMO:
-        _FILE_MEMO[memo_key] = read()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = read()
+        _FILE_MEMO[memo_key] = (value, [(w.message, w.category) for w in caught])
         while len(_FILE_MEMO) > FILE_MEMO_ENTRIES:
             _FILE_MEMO.popitem(last=False)
     _FILE_MEMO.move_to_end(memo_key)
-    return copy.deepcopy(_FILE_MEMO[memo_key])
+    value, said = _FILE_MEMO[memo_key]
+    for message, category in said:
+        warnings.warn(message, category, stacklevel=3)  # as the read itself said it
+    return copy_out(value)
 
 
 # Readers of users' files: any file that cannot be parsed is a one-line ScenarioError that
@@ -89,12 +99,10 @@ def read_once(path: Path, key: Hashable, read: Callable[[], T]) -> T:
 
 def read_json(path: Path) -> Any:
     try:
-        with open_text(path) as f:
+        with decompressing(path), open_text(path) as f:
             return json.loads(f.read())
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not UTF-8 text; expected a JSON file") from None
-    except CORRUPT_ARCHIVE as e:
-        raise not_decompressible(path, e) from None
     except json.JSONDecodeError as e:
         raise ScenarioError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
@@ -116,8 +124,23 @@ def data_suffix(path: Path) -> str:
     return (path.with_suffix("") if compression_suffix(path) else path).suffix.lower()
 
 
-# What a damaged or misnamed archive raises as it is read (bz2's is a plain OSError).
+# What a damaged or misnamed archive raises as it is read; bz2's is a plain OSError, told
+# from a missing or unreadable file by its type.
 CORRUPT_ARCHIVE = (gzip.BadGzipFile, zipfile.BadZipFile, lzma.LZMAError, EOFError)
+_NOT_THE_CONTENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+@contextlib.contextmanager
+def decompressing(path: Path) -> Iterator[None]:
+    """Reading `path`: a damaged or misnamed archive is a one-line error naming it."""
+    try:
+        yield
+    except CORRUPT_ARCHIVE as e:
+        raise not_decompressible(path, e) from None
+    except OSError as e:
+        if compression_suffix(path) and not isinstance(e, _NOT_THE_CONTENT):
+            raise not_decompressible(path, e) from None
+        raise
 
 
 def not_decompressible(path: Path, error: BaseException) -> ScenarioError:
@@ -147,12 +170,11 @@ def open_text(path: Path) -> IO[str]:
 
 def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     try:
-        return pd.read_csv(path, **kwargs)
+        with decompressing(path):
+            return pd.read_csv(path, **kwargs)
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not UTF-8 text (compressed or binary?); expected a CSV "
                             "file") from None
-    except CORRUPT_ARCHIVE as e:
-        raise not_decompressible(path, e) from None
     except pd.errors.EmptyDataError:
         raise ScenarioError(f"{path}: empty; expected a CSV file with a header row") from None
     except pd.errors.ParserError as e:
