@@ -149,7 +149,7 @@ def slo_summary(reqs: pd.DataFrame, slo: SLOConfig, warmup_s: float = 0.0) -> di
         values = done[target.column].dropna().to_numpy()
         value = float(np.percentile(values, target.percentile)) if len(values) else float("nan")
         out[f"slo_{target.name}"] = value
-        if target.percentile <= 100 * slo.attainment:
+        if target.percentile / 100 <= slo.attainment:  # 57 / 100 == 0.57; 100 * 0.57 is not 57
             # The attainment share already holds it, as DistServe counts: an interpolated
             # p90 may pass the bound where 90% of requests are within it (9 of 10, the
             # tenth far off), which is still met (a tester's case).

@@ -132,8 +132,13 @@ def test_a_percentile_at_the_attainment_share_is_held_by_the_share_as_distserve_
     out = slo_summary(reqs, SLOConfig(targets=["ttft_p90 <= 0.5"], attainment=0.9))
     assert out["slo_attainment"] == pytest.approx(0.9)
     assert out["slo_ttft_p90"] == pytest.approx(0.6125) and out["slo_met"] == 1.0
-    both = SLOConfig(targets=["ttft_p90 <= 0.5", "tpot_p99 <= 0.005"], attainment=0.5)
-    assert slo_summary(reqs, both)["slo_met"] == 0.0  # TPOT p99 is 0.01
+    # p99 above the share binds: nine of ten within 0.005 s attain 0.9, but p99 is 0.0182.
+    tail = reqs.assign(ttft_s=0.1, tpot_s=[0.001] * 9 + [0.02])
+    p99 = slo_summary(tail, SLOConfig(targets=["tpot_p99 <= 0.005"], attainment=0.9))
+    assert p99["slo_attainment"] == pytest.approx(0.9) and p99["slo_met"] == 0.0
+    # The share is compared as a fraction: 100 * 0.57 is 56.99999..., which made p57 bind.
+    at_share = SLOConfig(targets=["tpot_p57 <= 0.005"], attainment=0.57)
+    assert slo_summary(tail.assign(tpot_s=[0.001] * 6 + [0.04] * 4), at_share)["slo_met"] == 1.0  # p57 0.0061
 
 
 @pytest.mark.parametrize(("target", "message"), [
