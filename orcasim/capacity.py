@@ -3,7 +3,8 @@
 The search, per system and replication (one job each, run in parallel on the sweep backends):
 
 1. Evaluate the scenario's own rate. A rate *passes* when the run meets the SLO
-   (`orcasim.slo`: attainment and every named percentile) and its queue is stable
+   (`orcasim.slo`: attainment, and every named percentile above the attainment share) and
+   its queue is stable
    (`orcasim.saturation`): a short run at an overloaded rate can meet an SLO only because it
    ended before its queue did, and is rejected.
 2. Double the rate until one fails (or halve it until one passes): a bracket [pass, fail].

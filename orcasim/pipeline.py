@@ -8,10 +8,11 @@ this: it runs one batch at a time through all stages, which the ordinary `Engine
 models when the cost model's iteration time spans every stage.
 
 Timing: a cost model's `iteration_time_s` is the time of one iteration through all stages
-(compute of every layer plus the stage-to-stage sends). Stages are balanced, so each stage
-is busy for iteration_time_s / pipeline_parallel, and batches flow through the stages in
-order (a flow shop): stage k starts a batch when the batch has left stage k-1 and stage k
-has finished the previous batch.
+(compute of every layer plus the stage-to-stage sends). Each stage is busy for its layers'
+share of it (`catalog.stage_layers`; iteration_time_s / pipeline_parallel where they divide
+evenly or no model is given), and batches flow through the stages in order (a flow shop):
+stage k starts a batch when the batch has left stage k-1 and stage k has finished the
+previous batch. An iteration row is the batch's time on the first stage, the busiest.
 """
 
 from __future__ import annotations

@@ -98,6 +98,16 @@ def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
     assert base_dict["sweep"]["values"] == [0.5, 1.0]
     with pytest.raises(ScenarioError, match="is not valid YAML"):
         apply_override(base_dict, "cost={kind: linear, kind: roofline}")
+    with pytest.raises(ScenarioError, match="expected KEY=VALUE"):
+        apply_override(base_dict, "workload.max_tokens")
+    with pytest.raises(ScenarioError, match=r"index \[5\] does not exist"):
+        apply_override(base_dict, "systems[5].name=x")
+
+
+def test_scenario_is_frozen(base_dict: dict[str, Any]) -> None:
+    sc = scenario_from_dict(base_dict)
+    with pytest.raises(Exception, match="frozen"):
+        sc.seed = 3  # type: ignore[misc]
 
 
 def test_a_list_item_named_by_a_dot_is_told_its_brackets(base_dict: dict[str, Any]) -> None:
