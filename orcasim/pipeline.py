@@ -51,6 +51,10 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
     def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int):
         super().__init__(cfg, requests, kv_capacity_tokens)
         self.in_flight = np.zeros(len(requests), dtype=bool)
+        # The KV holding tokens: every admitted request's prompt and generated tokens, in
+        # flight or not (a batch holds only a share of them, unlike an unpipelined Orca's).
+        # Kept as a running sum: summing the running set each step cost 15-20% of a run.
+        self.kv_held_tokens = 0
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         chosen = [r for r in self.running if not self.in_flight[r]][: self.max_batch_size]
@@ -59,21 +63,22 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
             if head is None:
                 break
             chosen.append(head)
+            self.kv_held_tokens += int(self.requests.prompt_tokens[head] + self.generated[head])
         ids = np.array(chosen, dtype=np.int64)
         known = self.requests.prompt_tokens[ids] + self.generated[ids]
         new_tokens = known - self.computed[ids]
         self.in_flight[ids] = True
         assert self.reserved_tokens <= self.kv_capacity_tokens
-        # KV holding tokens once this batch has run: every admitted request's, in flight or
-        # not (the batch alone is a share of them, unlike an unpipelined Orca's).
-        running = np.array(self.running, dtype=np.int64)
-        used = int((self.requests.prompt_tokens[running] + self.generated[running]).sum())
         return SchedulerOutput(ids, new_tokens, Batch(new_tokens, known), self.reserved_tokens,
-                               kv_used_tokens=used)
+                               kv_used_tokens=self.kv_held_tokens)
 
     def update_from_output(self, out: SchedulerOutput) -> StepResult:
         self.in_flight[out.req_ids] = False
-        return super().update_from_output(out)
+        result = super().update_from_output(out)
+        done = result.finished_ids
+        freed = (self.requests.prompt_tokens[done] + self.generated[done]).sum() if len(done) else 0
+        self.kv_held_tokens += len(out.req_ids) - int(freed)  # a token each; the finished go
+        return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,30 @@ def test_an_uneven_layer_split_paces_the_pipeline_by_its_busiest_stage() -> None
     assert result.iterations["duration_s"].tolist() == pytest.approx([0.35] * 4)  # the busiest
 
 
+def test_the_kv_in_use_is_every_admitted_request_s_tokens_at_each_step() -> None:
+    # Kept as a running sum; checked against the sum over the running set at every step.
+    rng = np.random.default_rng(3)
+    n = 60
+    reqs = Requests(np.sort(rng.uniform(0, 5, n)), rng.integers(1, 50, n), rng.integers(1, 20, n),
+                    np.full(n, 80, np.int64))
+    sched = PipelinedIterationLevelScheduler(IterationLevelConfig(kind="iteration_level", max_batch_size=4),
+                                             reqs, kv_capacity_tokens=600)
+    for r in range(n):
+        sched.add_request(r)
+    in_flight: list = []
+    steps = 0
+    while sched.has_unfinished():
+        out = sched.schedule(0.0)
+        running = np.array(sched.running, dtype=np.int64)
+        assert out.kv_used_tokens == int((reqs.prompt_tokens[running] + sched.generated[running]).sum())
+        if not out.is_empty:
+            in_flight.append(out)
+        if len(in_flight) == 3 or (out.is_empty and in_flight):  # three stages
+            sched.update_from_output(in_flight.pop(0))
+        steps += 1
+    assert steps > n and sched.kv_held_tokens == 0
+
+
 @pytest.mark.parametrize(("cfg", "stages", "warns"), [
     ({"kind": "paged"}, 2, True), ({"kind": "chunked", "chunk_size_tokens": 64}, 4, True),
     ({"kind": "paged", "policy": "prefill_first"}, 2, True), ({"kind": "paged"}, 1, False),
