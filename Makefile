@@ -66,9 +66,9 @@ bench-instructions: $(STAMP)  # needs valgrind: instructions per simulated reque
 
 # Profile the tiny model on this CPU, fit, and replay a real serving run against the simulation.
 calibrate: $(STAMP)
-	$(BIN)/python -m calibrate profile --model tiny --device cpu --grid default --out calibrate/profiles/cpu-tiny.csv
-	$(BIN)/python -m calibrate fit calibrate/profiles/cpu-tiny.csv --out calibrate/cost_models/cpu-tiny.yaml
-	$(BIN)/python -m calibrate replay scenarios/calibrated/cpu_tiny.yaml --model tiny --device cpu --load 0.55
+	$(BIN)/python -m calibrate profile --model tiny --device cpu --grid default --out calibrate/profiles/cpu-tiny.csv --force
+	$(BIN)/python -m calibrate fit calibrate/profiles/cpu-tiny.csv --out calibrate/cost_models/cpu-tiny.yaml --force
+	$(BIN)/python -m calibrate replay scenarios/calibrated/cpu_tiny.yaml --model tiny --device cpu --load 0.55 --force
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

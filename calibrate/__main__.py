@@ -1,8 +1,9 @@
-"""`python -m calibrate profile | fit | replay`: measure, fit, and check the cost model."""
+"""`python -m calibrate profile | fit | replay | logs`: measure, fit, and check the cost model."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -39,27 +40,60 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
+def _at_least_one(text: str) -> int:
+    """An integer >= 1 (argparse names the option and prints this as its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
+def _above_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0")
+    return value
+
+
+def _writable(path: Path, force: bool) -> None:
+    """Nothing is overwritten without --force; checked before any work is done."""
+    if path.is_dir():
+        raise FileExistsError(f"--out {path} is a folder; expected a file to write")
+    if path.exists() and not force:
+        raise FileExistsError(f"--out {path} already exists; pass --force to overwrite it")
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m calibrate", description=__doc__)
     sub = p.add_subparsers(required=True)
     prof = sub.add_parser("profile", help="time real iterations over a grid; write a CSV")
     _model_options(prof)
     prof.add_argument("--grid", choices=("default", "ci"), default="default")
-    prof.add_argument("--max-tokens", type=int, default=1024, help="largest context in the grid")
+    prof.add_argument("--max-tokens", type=_at_least_one, default=1024, help="largest context in the grid")
     prof.add_argument("--out", type=Path, required=True)
+    prof.add_argument("--force", action="store_true", help="overwrite --out")
     prof.set_defaults(func=cmd_profile)
     fit = sub.add_parser("fit", help="fit the cost model to a profile CSV; write a YAML")
     fit.add_argument("profile", type=Path)
     fit.add_argument("--out", type=Path, required=True)
     fit.add_argument("--knots", default="64,256", help="token counts where the slope may change")
     fit.add_argument("--target", choices=("time_s", "measured_s", "cpu_s", "device_s"), default="time_s")
+    fit.add_argument("--force", action="store_true", help="overwrite --out")
     fit.set_defaults(func=cmd_fit)
     rep = sub.add_parser("replay", help="serve a scenario for real twice, simulate it, compare")
     rep.add_argument("scenario", type=Path)
     _model_options(rep)
     rep.add_argument("--cost", type=Path, help="fitted cost YAML to simulate with (default: the scenario's)")
     rep.add_argument("--out", type=Path, help="results folder (default results/calibrate/<scenario name>)")
-    rep.add_argument("--load", type=float, help="rescale arrivals to this fraction of the fitted capacity")
+    rep.add_argument("--load", type=_above_zero,
+                     help="rescale arrivals to this fraction of the fitted capacity")
+    rep.add_argument("--force", action="store_true", help="replace --out's results folder")
     rep.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                      help="cpu: advance time by each real iteration's CPU time (for a shared machine)")
     rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -88,10 +122,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny")
-    p.add_argument("--layers", type=int, help="build only this many layers (profile times are scaled "
-                                               "to the full count)")
+    p.add_argument("--layers", type=_at_least_one,
+                   help="build only this many layers (profile times are scaled to the full count)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=_at_least_one, default=1,
                    help="torch CPU threads (default 1: see README, multi-threaded timings are bimodal "
                         "on a small shared machine)")
     p.add_argument("--seed", type=int, default=0)
@@ -110,6 +144,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from calibrate.model import build_model, model_args
     from calibrate.profile import GRIDS, header_lines, profile_rows, write_profile
 
+    _writable(args.out, args.force)
     _setup_torch(args)
     full = model_args(args.model)
     shape = model_args(args.model, args.layers)
@@ -126,9 +161,12 @@ def cmd_fit(args: argparse.Namespace) -> None:
     from calibrate.profile import read_profile
 
     if not args.profile.is_file():
-        raise FileNotFoundError(f"profile '{args.profile}' not found")
-    knots = [int(k) for k in args.knots.split(",") if k.strip()]
-    header, rows = read_profile(args.profile)
+        what = "is a folder" if args.profile.is_dir() else "not found"
+        raise FileNotFoundError(f"profile '{args.profile}' {what}; expected a CSV of python -m "
+                                "calibrate profile")
+    knots = knots_of(args.knots)
+    _writable(args.out, args.force)
+    header, rows = read_profile(args.profile, args.target, len(knots))
     doc = fit_profile(rows, knots, target=args.target)
     write_cost_model(args.out, doc, args.profile, header, args.target)
     print(yaml.safe_dump({"quality": doc["quality"]}, sort_keys=False), end="")
@@ -142,10 +180,13 @@ def cmd_replay(args: argparse.Namespace) -> None:
     from calibrate.replay import replay
     from calibrate.report import write_replay
     from orcasim.cost.fitted import FittedCostConfig
+    from orcasim.results import check_out_dir
     from orcasim.scenario import load_scenario
 
     _setup_torch(args)
     scenario = load_scenario(args.scenario, args.set)
+    out = args.out or Path("results/calibrate") / scenario.name
+    check_out_dir(out, args.force)  # before the real runs, which take minutes
     if args.cost:
         cost = FittedCostConfig(kind="fitted", path=str(args.cost.resolve()))
         scenario = scenario.model_copy(update={"cost": cost})
@@ -153,11 +194,22 @@ def cmd_replay(args: argparse.Namespace) -> None:
     model = build_model(model_args(args.model, args.layers), args.device, args.seed,
                         max_positions=max_tokens + 1)
     result = replay(model, scenario, args.scenario.resolve().parent, args.seed, args.load, args.clock)
-    out = args.out or Path("results/calibrate") / scenario.name
-    write_replay(out, result)
+    write_replay(out, result, args.force)
     print(result.table.to_string(float_format=lambda v: f"{v:.4g}"))
     print(json.dumps({k: v for k, v in result.report.items() if k != "metrics"}))
     print(f"wrote {out}/fidelity.json and fidelity.png")
+
+
+def knots_of(text: str) -> list[int]:
+    """`--knots`: comma-separated token counts >= 1, increasing."""
+    try:
+        knots = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        knots = []
+    if not knots or min(knots) < 1 or knots != sorted(set(knots)):
+        raise ScenarioError(f"--knots = {text!r}: expected increasing token counts >= 1, "
+                            "comma-separated (e.g. 64,256)")
+    return knots
 
 
 def fit_names(text: str) -> tuple[str, ...]:

@@ -35,14 +35,14 @@ if [[ "$DEVICE" == "cuda" ]]; then nvidia-smi --query-gpu=name,driver_version,me
 
 step "profile $MODEL ($LAYERS layers) on $DEVICE, grid $GRID"
 "$PY" -m calibrate profile --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --grid "$GRID" \
-  --max-tokens "$MAX_TOKENS" --out "$DEST/profile.csv"
+  --max-tokens "$MAX_TOKENS" --out "$DEST/profile.csv" --force
 
 step "fit"
-"$PY" -m calibrate fit "$DEST/profile.csv" --out "$DEST/cost_model.yaml"
-"$PY" -m calibrate fit "$DEST/profile.csv" --target measured_s --out "$DEST/cost_model_measured.yaml"
+"$PY" -m calibrate fit "$DEST/profile.csv" --out "$DEST/cost_model.yaml" --force
+"$PY" -m calibrate fit "$DEST/profile.csv" --target measured_s --out "$DEST/cost_model_measured.yaml" --force
 
 step "replay $SCENARIO"
 "$PY" -m calibrate replay "$SCENARIO" --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" \
   --cost "$DEST/cost_model_measured.yaml" --load 0.55 --set "workload.num_requests=$REQUESTS" \
-  --out "$DEST/replay"
+  --out "$DEST/replay" --force
 step "done: $DEST"

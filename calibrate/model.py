@@ -71,7 +71,12 @@ def model_args(name: str, n_layers: int | None = None) -> ModelArgs:
     if name not in SHAPES:
         raise ScenarioError(f"--model = {name!r}: expected one of {', '.join(SHAPES)}")
     args = SHAPES[name]
-    return replace(args, n_layers=n_layers) if n_layers else args
+    if n_layers is None:
+        return args
+    if not 1 <= n_layers <= args.n_layers:
+        raise ScenarioError(f"--layers = {n_layers}: {name} has {args.n_layers} layers; expected "
+                            f"1 to {args.n_layers}")
+    return replace(args, n_layers=n_layers)
 
 
 class Sequence:

@@ -23,7 +23,9 @@ import pandas as pd
 import torch
 
 from calibrate.model import ModelArgs, Sequence, Transformer
-from orcasim.cost.fitted import batch_inputs
+from orcasim.config import ScenarioError
+from orcasim.cost.fitted import RANGE_INPUTS, batch_inputs, term_names
+from orcasim.paths import read_csv
 
 Shape = tuple[list[int], list[int]]  # (query_tokens, context_tokens) per request
 
@@ -231,8 +233,11 @@ def write_profile(path: Path, header: list[str], rows: pd.DataFrame) -> None:
     tmp.replace(path)
 
 
-def read_profile(path: Path) -> tuple[dict[str, str], pd.DataFrame]:
-    """The `# key: value` header as a dict, and the rows."""
+def read_profile(path: Path, target: str = "time_s",
+                 num_knots: int = 0) -> tuple[dict[str, str], pd.DataFrame]:
+    """The `# key: value` header as a dict, and the rows: refused, in one line naming the
+    file, unless they hold the fit's inputs and a `target` time > 0 in every row, and enough
+    rows to fit every coefficient and hold some out."""
     header: dict[str, str] = {}
     with path.open() as f:
         for line in f:
@@ -240,4 +245,27 @@ def read_profile(path: Path) -> tuple[dict[str, str], pd.DataFrame]:
                 break
             key, _, value = line[1:].strip().partition(": ")
             header[key] = value
-    return header, pd.read_csv(path, comment="#")
+    rows = read_csv(path, comment="#")
+    expected = "expected a profile CSV of python -m calibrate profile"
+    missing = [c for c in (*RANGE_INPUTS, target) if c not in rows.columns]
+    if missing:
+        raise ScenarioError(f"{path}: no column {', '.join(missing)}; {expected}")
+    values = rows[[*RANGE_INPUTS, target]].apply(pd.to_numeric, errors="coerce")
+    if values[target].isna().all() and len(rows):
+        raise ScenarioError(f"{path}: {target} is empty in every row (device_s is measured on "
+                            "CUDA only); expected another --target")
+    for column in (*RANGE_INPUTS, target):
+        least_ok = 0.0 if column != target else np.nextafter(0.0, 1.0)  # a time is > 0
+        x = values[column].to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(x) | (x < least_ok)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = rows[column].iloc[row]
+            value = value.item() if isinstance(value, np.generic) else value  # -0.001, not np.float64
+            raise ScenarioError(f"{path} data row {row + 1}: {column} = {value!r}, "
+                                f"expected a number {'> 0' if column == target else '>= 0'}")
+    least = len(term_names(list(range(1, num_knots + 1)))) + 2  # every coefficient, and a test
+    if len(rows) < least:
+        raise ScenarioError(f"{path}: {len(rows)} row(s); expected at least {least} to fit "
+                            f"{least - 2} coefficients and hold some out")
+    return header, rows

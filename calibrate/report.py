@@ -26,8 +26,9 @@ def fidelity_figure(table: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
-def write_replay(out_dir: Path, result: ReplayResult) -> Path:
-    """fidelity.json, fidelity.png and the per-request rows, replacing `out_dir` atomically."""
+def write_replay(out_dir: Path, result: ReplayResult, force: bool = False) -> Path:
+    """fidelity.json, fidelity.png and the per-request rows, written atomically; an existing
+    `out_dir` is replaced only with `force`."""
     def fill(tmp: Path) -> None:
         (tmp / "fidelity.json").write_text(json.dumps(json_safe(result.report), indent=2) + "\n")
         for i, frame in enumerate(result.real_requests, start=1):
@@ -36,4 +37,4 @@ def write_replay(out_dir: Path, result: ReplayResult) -> Path:
         save_figure(fidelity_figure(result.table, f"replay of {result.report['scenario']}"),
                     tmp / "fidelity.png")
 
-    return write_atomically(out_dir, fill, force=True)
+    return write_atomically(out_dir, fill, force=force)

@@ -75,6 +75,61 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "expected one of" in capsys.readouterr().err
 
 
+SHIPPED_PROFILE = ROOT / "calibrate" / "profiles" / "cpu-tiny.csv"
+
+
+def _profile_with(tmp_path: Path, edit) -> Path:  # noqa: ANN001 - a text edit
+    path = tmp_path / "p.csv"
+    path.write_text(edit(SHIPPED_PROFILE.read_text()))
+    return path
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    # A tester's finds: each was a traceback (exit 1) or a model written from nonsense.
+    (lambda t: t.replace(",time_s,", ",time,"), r"no column time_s; expected a profile CSV"),
+    (lambda t: t.replace("decode,1,1,8,0,8,0.000573976,", "decode,1,1,8,0,8,-0.001,"),
+     r"data row 1: time_s = -0.001, expected a number > 0"),
+    (lambda t: "\n".join(t.splitlines()[:15]) + "\n", r": 1 row\(s\); expected at least"),
+    (lambda t: "\n".join(t.splitlines()[:14]) + "\n", r": 0 row\(s\); expected at least"),
+    (lambda t: "format: orcasim-fitted-cost/v1\n", r"no column tokens, .*; expected a profile CSV"),
+])
+def test_fit_refuses_a_profile_it_cannot_fit_in_one_line(tmp_path: Path, edit, message: str,  # noqa: ANN001
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c.yaml"
+    assert main(["fit", str(_profile_with(tmp_path, edit)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and __import__("re").search(message, err), err
+    assert not out.exists()
+
+
+def test_fit_and_profile_options_are_checked_before_any_work(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c.yaml"
+    assert main(["fit", str(SHIPPED_PROFILE), "--out", str(out), "--target", "device_s"]) == 2
+    assert "device_s is empty in every row" in capsys.readouterr().err
+    assert main(["fit", str(SHIPPED_PROFILE), "--out", str(out), "--knots", "abc"]) == 2
+    assert "--knots = 'abc': expected increasing token counts" in capsys.readouterr().err
+    assert main(["fit", str(tmp_path), "--out", str(out)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    out.write_text("mine")  # nothing is overwritten without --force
+    assert main(["fit", str(SHIPPED_PROFILE), "--out", str(out)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err and out.read_text() == "mine"
+    assert main(["fit", str(SHIPPED_PROFILE), "--out", str(out), "--force"]) == 0
+    capsys.readouterr()
+    for option, value, said in [("--layers", "0", "expected an integer >= 1"),
+                                ("--layers", "-1", "expected an integer >= 1"),
+                                ("--threads", "0", "expected an integer >= 1"),
+                                ("--max-tokens", "0", "expected an integer >= 1")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(["profile", option, value, "--out", str(tmp_path / "p.csv")])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert main(["profile", "--layers", "5", "--out", str(tmp_path / "p.csv")]) == 2
+    assert "--layers = 5: tiny has 2 layers; expected 1 to 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replay", "s.yaml", "--load", "0"])
+    assert "--load: '0': expected a number > 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     """calibrate/gpu_check.sh is run on a lent GPU in one try: its CPU path proves the steps."""
