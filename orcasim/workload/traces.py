@@ -423,11 +423,9 @@ def _raise_on_bad(
 
 
 def _line_of(path: Path, raw: pd.Series, row: int, line_offset: int) -> int:
-    """The file line of data row `row`: a CSV's (line_offset 2: a header, then data) counts
-    blank lines back in; JSON lines' rows are indexed by their line."""
-    if line_offset == JSON_LINES:
-        return int(raw.index[row])
-    return csv_data_line(path, row) if line_offset == 2 else row + line_offset
+    """The file line of data row `row`: JSON lines' rows are indexed by their line; a CSV's
+    (a header, then data) counts blank lines back in."""
+    return int(raw.index[row]) if line_offset == JSON_LINES else csv_data_line(path, row)
 
 
 def _sorted_from_zero(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace:
