@@ -61,12 +61,14 @@ def _above_zero(text: str) -> float:
     return value
 
 
-def _writable(path: Path, force: bool) -> None:
-    """Nothing is overwritten without --force; checked before any work is done."""
+def _writable(path: Path, force: bool, what: str) -> None:
+    """Nothing is overwritten without --force, and a folder never: checked before any work
+    is done (a fit or a profile takes minutes)."""
     if path.is_dir():
-        raise FileExistsError(f"--out {path} is a folder; expected a file to write")
+        raise ScenarioError(f"--out {path} is a folder; expected the path of the {what} file "
+                            "to write (--force replaces a file, never a folder)")
     if path.exists() and not force:
-        raise FileExistsError(f"--out {path} already exists; pass --force to overwrite it")
+        raise FileExistsError(f"{path} already exists; pass --force to overwrite it")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -144,7 +146,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from calibrate.model import build_model, model_args
     from calibrate.profile import GRIDS, header_lines, profile_rows, write_profile
 
-    _writable(args.out, args.force)
+    _writable(args.out, args.force, "profile CSV")
     _setup_torch(args)
     full = model_args(args.model)
     shape = model_args(args.model, args.layers)
@@ -165,7 +167,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"profile '{args.profile}' {what}; expected a CSV of python -m "
                                 "calibrate profile")
     knots = knots_of(args.knots)
-    _writable(args.out, args.force)
+    _writable(args.out, args.force, "cost YAML")
     header, rows = read_profile(args.profile, args.target, len(knots))
     doc = fit_profile(rows, knots, target=args.target)
     write_cost_model(args.out, doc, args.profile, header, args.target)
@@ -228,11 +230,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
     from orcasim.scenario import load_scenario
 
-    if args.out.is_dir():  # refused now: the write comes only after minutes of fitting
-        raise ScenarioError(f"--out {args.out} is a folder; expected the path of the cost YAML "
-                            "file to write (--force replaces a file, never a folder)")
-    if args.out.exists() and not args.force:
-        raise FileExistsError(f"{args.out} already exists; pass --force to overwrite it")
+    _writable(args.out, args.force, "cost YAML")
     scenario = load_scenario(args.scenario, args.set)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:
