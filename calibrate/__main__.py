@@ -168,7 +168,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
                                 "calibrate profile")
     knots = knots_of(args.knots)
     _writable(args.out, args.force, "cost YAML")
-    header, rows = read_profile(args.profile, args.target, len(knots))
+    header, rows = read_profile(args.profile, args.target, knots)
     doc = fit_profile(rows, knots, target=args.target)
     write_cost_model(args.out, doc, args.profile, header, args.target)
     print(yaml.safe_dump({"quality": doc["quality"]}, sort_keys=False), end="")

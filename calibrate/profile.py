@@ -234,7 +234,7 @@ def write_profile(path: Path, header: list[str], rows: pd.DataFrame) -> None:
 
 
 def read_profile(path: Path, target: str = "time_s",
-                 num_knots: int = 0) -> tuple[dict[str, str], pd.DataFrame]:
+                 knots_tokens: list[int] | None = None) -> tuple[dict[str, str], pd.DataFrame]:
     """The `# key: value` header as a dict, and the rows: refused, in one line naming the
     file, unless they hold the fit's inputs and a `target` time > 0 in every row, and enough
     rows to fit every coefficient and hold some out."""
@@ -255,16 +255,15 @@ def read_profile(path: Path, target: str = "time_s",
         raise ScenarioError(f"{path}: {target} is empty in every row (device_s is measured on "
                             "CUDA only); expected another --target")
     for column in (*RANGE_INPUTS, target):
-        least_ok = 0.0 if column != target else np.nextafter(0.0, 1.0)  # a time is > 0
         x = values[column].to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(x) | (x < least_ok)
+        bad = ~np.isfinite(x) | ((x <= 0) if column == target else (x < 0))  # a time is > 0
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             value = rows[column].iloc[row]
             value = value.item() if isinstance(value, np.generic) else value  # -0.001, not np.float64
             raise ScenarioError(f"{path} data row {row + 1}: {column} = {value!r}, "
                                 f"expected a number {'> 0' if column == target else '>= 0'}")
-    least = len(term_names(list(range(1, num_knots + 1)))) + 2  # every coefficient, and a test
+    least = len(term_names(knots_tokens or [])) + 2  # every coefficient, and a test
     if len(rows) < least:
         raise ScenarioError(f"{path}: {len(rows)} row(s); expected at least {least} to fit "
                             f"{least - 2} coefficients and hold some out")
