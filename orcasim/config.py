@@ -36,6 +36,16 @@ def errors_under(prefix: str, *, opening: tuple[str, ...] = ("",), drop: str = "
         raise
 
 
+# Bounds every part of the scenario shares. MAX_REQUESTS: a bound, not a crash in numpy's
+# allocator: a run keeps about 0.8 KB a request (peak RSS 774 MB at 1M paged requests, the
+# README's benchmark), so 1e8 is some 80 GB already. MAX_TIME_S: past it a float64 timestamp
+# keeps less than 0.12 us (np.spacing(1e9)): a run this long is almost surely a unit mistake
+# (a rate in req/hour, a cost in ms), and TTFT and TPOT, the differences of such timestamps,
+# would lose their precision silently.
+MAX_REQUESTS = 100_000_000
+MAX_TIME_S = 1e9
+
+
 class Strict(BaseModel):
     """Frozen pydantic model that rejects unknown keys with a 'did you mean' hint."""
 

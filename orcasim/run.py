@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.closed_loop import arrival_source
-from orcasim.config import ScenarioError, errors_under
+from orcasim.config import MAX_TIME_S, ScenarioError, errors_under
 from orcasim.cost import CostConfig, CostModel, build_cost_model
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
@@ -200,12 +200,6 @@ def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
         summary.update(slo_summary(reqs, scenario.slo, warmup_s))
     warn_saturated(system_name, summary)
     return summary
-
-
-# Past this a float64 timestamp keeps less than 0.12 us (np.spacing(1e9)): a run this long
-# is almost surely a unit mistake (a rate in req/hour, a cost in ms), and TTFT and TPOT, the
-# differences of such timestamps, would lose their precision silently.
-MAX_TIME_S = 1e9
 
 
 def check_times(system_name: str, reqs: pd.DataFrame) -> None:

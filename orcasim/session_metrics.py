@@ -81,7 +81,8 @@ def _step_rows(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
 def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
                      warmup_s: float = 0.0) -> dict[str, float]:
     """Tasks completed per hour, task time and step latency percentiles, and where task
-    time went, over the sessions (and steps) that start at or after `warmup_s`."""
+    time went, over the sessions that start at or after `warmup_s`; step latency over the
+    steps sent at or after it."""
     done = sessions[(sessions["start_s"] >= warmup_s) & sessions["end_s"].notna()]
     nan = float("nan")
     span_s = float(done["end_s"].max() - done["start_s"].min()) if len(done) else 0.0

@@ -457,6 +457,17 @@ def test_the_run_folder_holds_a_session_table(tmp_path) -> None:
     # Some step's prompt and answer may reach more than a budget of 1,024 tokens.
     ({"systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_batched_tokens": 1024}}]},
      r"max_num_batched_tokens = 1024 is below a session step's prompt \+ output - 1 = \d+ tokens"),
+    # Sizes refused before anything is drawn (they ran numpy out of memory), and a tool time
+    # whose sum over a session's steps overflowed the send times to inf.
+    ({"workload.arrival.steps": {"kind": "constant", "value": 10**9}},
+     r"the sessions would make about 24,000,000,000 calls \(num_sessions x steps x "
+     r"fan_out.branches\); expected at most 100,000,000"),
+    ({"workload.arrival.fan_out": {"branches": 10**8, "wait_for": 1}},
+     "the sessions would make about 4,800,000,000 calls"),
+    ({"workload.arrival.num_sessions": 10**9},
+     "num_sessions = 1000000000: Input should be less than or equal to 100000000"),
+    ({"workload.arrival.tool_time": {"kind": "constant", "value_s": 1e308}},
+     r"tool_time.value_s = 1e\+308: Input should be less than or equal to 1000000000"),
 ])
 def test_bad_session_input_is_one_line(changes: dict, message: str) -> None:
     with pytest.raises(ScenarioError, match=message) as err:

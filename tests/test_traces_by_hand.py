@@ -244,13 +244,15 @@ def test_mooncake_content_keeps_the_file_order_among_simultaneous_arrivals(tmp_p
     ([-1], 5, r"\[-1\]", 1),
     ([True], 5, r"\[True\]", 1),    # a JSON boolean is no id
     ([1.5], 5, r"\[1\.5\]", 1),
+    ([2**64 - 1], 5, rf"\[{2**64 - 1}\]", 1),  # beyond int64: numpy's OverflowError before
+    ([2**63 - 1], 5, rf"\[{2**63 - 1}\]", 1),  # the outputs' ids after it wrapped below 0
 ])
-def test_hash_ids_must_be_one_integer_id_of_at_least_0_per_block(
+def test_hash_ids_must_be_one_integer_id_below_2_62_per_block(
         tmp_path: Path, ids: object, tokens: int, shown: str, blocks: int) -> None:
     path = _mooncake(tmp_path, [_record(0, 5, [0]), _record(1, tokens, ids)])
     with pytest.raises(ScenarioError, match=rf"^m\.jsonl line 2: hash_ids = {shown}, expected "
-                                            rf"{blocks} integer id\(s\) >= 0, one per 512 tokens "
-                                            rf"of input_length = {tokens}$"):
+                                            rf"{blocks} integer id\(s\) from 0 to below 2\*\*62, one "
+                                            rf"per 512 tokens of input_length = {tokens}$"):
         read_trace_with_content(path)
 
 

@@ -82,8 +82,8 @@ class PagedMemoryConfig(Strict):
     swap_bandwidth_bytes_per_s: PositiveFloat = PCIE4_X16_BYTES_PER_S
     # One GPU's share of a token's KV; None: derived from the scenario's model and hardware.
     kv_bytes_per_token: PositiveInt | None = None
-    # vLLM v1's automatic prefix caching (off by default, as in vLLM before v0.8 and SGLang's
-    # --disable-radix-cache): see "Prefix caching" in the module docstring.
+    # vLLM v1's automatic prefix caching: off unless given, as in vLLM v0 and DistServe (v1
+    # turns it on by default, SGLang its radix cache): see the module docstring.
     enable_prefix_caching: bool = False
 
     def watermark_fraction(self) -> float:

@@ -9,7 +9,7 @@ from typing import Annotated, Self
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import MAX_REQUESTS, ScenarioError, Strict
 from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
@@ -41,15 +41,10 @@ class SystemPromptConfig(Strict):
         return PromptContent(prompts, np.arange(n, dtype=np.int64) + self.variants + n)
 
 
-MAX_REQUESTS = 100_000_000
-
-
 class WorkloadConfig(Strict):
     """The offered load. With a trace arrival the trace supplies the lengths; with a
     session arrival (conversations, agents) the sessions do, and their steps are the requests."""
 
-    # A bound, not a crash in numpy's allocator: a run keeps about 0.8 KB a request (peak RSS
-    # 774 MB at 1M paged requests, README's benchmark), so 1e8 is some 80 GB already.
     num_requests: Annotated[PositiveInt, Field(le=MAX_REQUESTS)] | None = None
     arrival: Arrival
     prompt_tokens: LengthDist | None = None

@@ -17,14 +17,14 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from orcasim.config import Strict
+from orcasim.config import MAX_TIME_S, Strict
 
 
 class ExponentialThink(Strict):
     """Exponential think times with mean `mean_s` (the machine-repairman's think time)."""
 
     kind: Literal["exponential"]
-    mean_s: PositiveFloat
+    mean_s: Annotated[PositiveFloat, Field(le=MAX_TIME_S)]
 
     def mean_think_s(self) -> float:
         return self.mean_s
@@ -37,7 +37,7 @@ class ConstantThink(Strict):
     """The same think time after every request; 0 resubmits at once (a saturating client)."""
 
     kind: Literal["constant"]
-    value_s: NonNegativeFloat
+    value_s: Annotated[NonNegativeFloat, Field(le=MAX_TIME_S)]
 
     def mean_think_s(self) -> float:
         return self.value_s

@@ -22,12 +22,12 @@ Poisson process (`session_rate_per_s`). Each distribution knows its theoretical 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 import numpy as np
-from pydantic import PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import MAX_REQUESTS, ScenarioError, Strict
 from orcasim.workload.closed_loop import ThinkTime
 from orcasim.workload.lengths import LengthDist, TokenCount
 
@@ -51,7 +51,7 @@ class FanOut(Strict):
     """Each step issues `branches` calls with the same prompt and goes on once `wait_for`
     of them are done; the context then grows by those first answers (ordered by branch)."""
 
-    branches: PositiveInt = 1
+    branches: Annotated[PositiveInt, Field(le=MAX_REQUESTS)] = 1
     wait_for: PositiveInt = 1
 
     @model_validator(mode="after")
@@ -65,7 +65,7 @@ class FanOut(Strict):
 class _SessionArrival(Strict):
     """What conversations and agents share: how sessions start, and the context limit."""
 
-    num_sessions: PositiveInt
+    num_sessions: Annotated[PositiveInt, Field(le=MAX_REQUESTS)]
     concurrent_sessions: PositiveInt | None = None
     session_rate_per_s: PositiveFloat | None = None
     system_prompt: SystemPrompt | None = None
@@ -197,10 +197,12 @@ class SessionPlan:
 
 def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) -> SessionPlan:
     """Draw every session's steps. Raises ScenarioError if a step could not fit its limits."""
-    num = shape.num_sessions
+    num, branches = shape.num_sessions, shape.fan_out.branches
+    _check_calls(num * shape.mean_steps() * branches, "would make about")  # before drawing any of them
     steps = shape.steps.sample(rng, num)
     step_start = np.concatenate([[0], np.cumsum(steps)]).astype(np.int64)
-    total, branches = int(step_start[-1]), shape.fan_out.branches
+    total = int(step_start[-1])
+    _check_calls(total * branches, "make")
     message_tokens = shape.message_tokens.sample(rng, total)
     output_tokens = shape.output_tokens.sample(rng, total * branches).reshape(total, branches)
     pause_s = shape.pause.sample(rng, total)
@@ -216,6 +218,14 @@ def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) ->
                        pause_s, shape.fan_out.wait_for, shape.max_context_tokens, max_tokens)
     _check_limits(plan)
     return plan
+
+
+def _check_calls(calls: float, verb: str) -> None:
+    """Every call is a request: the sessions may not make more than MAX_REQUESTS."""
+    if calls > MAX_REQUESTS:
+        raise ScenarioError(
+            f"workload.arrival: the sessions {verb} {calls:,.0f} calls (num_sessions x steps x "
+            f"fan_out.branches); expected at most {MAX_REQUESTS:,}")
 
 
 def _system_prompts(cfg: SystemPrompt | None, num: int,

@@ -41,6 +41,9 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 Trace = tuple[np.ndarray, np.ndarray, np.ndarray]
 MOONCAKE_BLOCK_TOKENS = 512  # the block size of Mooncake's hash_ids (FAST'25 traces README)
+# Content ids are int64, and the outputs' ids follow the largest block id: below this bound
+# they cannot wrap (Mooncake's own ids count up from 0).
+MAX_HASH_ID = 2**62
 
 
 MEASURED_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
@@ -107,11 +110,12 @@ def _mooncake_content(
     for row, (ids, tokens) in enumerate(zip(hash_ids, prompt.tolist(), strict=True)):
         blocks = -(-tokens // MOONCAKE_BLOCK_TOKENS)
         if not (isinstance(ids, list) and len(ids) == blocks
-                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_HASH_ID
+                        for i in ids)):
             raise ScenarioError(
                 f"{path.name} line {lines[row]}: hash_ids = {str(ids)[:60]}, expected "
-                f"{blocks} integer id(s) >= 0, one per {MOONCAKE_BLOCK_TOKENS} tokens of "
-                f"input_length = {tokens}")
+                f"{blocks} integer id(s) from 0 to below 2**62, one per {MOONCAKE_BLOCK_TOKENS} "
+                f"tokens of input_length = {tokens}")
         last = tokens - MOONCAKE_BLOCK_TOKENS * (blocks - 1)
         segments: list[int] = []
         for j, block_id in enumerate(ids):
