@@ -15,7 +15,8 @@ The search, per system and replication (one job each, run in parallel on the swe
    power) and a median SLO can still be met. But every saturated run of the search measured
    the server's throughput at full load (the rate it admitted requests), and a stable queue
    needs an arrival rate below it. So a rate at or above that measured throughput fails, and
-   if the answer of step 3 was such a rate the search bisects again below it.
+   if the answer of step 3 was such a rate the search bisects again below it (halving down
+   from it first where no rate that passed is left below).
 
 Replication r draws its requests from its own seed at every rate, and a generated arrival
 process scales exactly with the rate (exponential and gamma gaps are a unit draw times
@@ -34,13 +35,14 @@ every point is searched, and the Pareto front of cost against latency at capacit
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from orcasim.config import ScenarioError
+from orcasim.saturation import MIN_ARRIVALS, SKIP_FRACTION
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
@@ -59,6 +62,9 @@ DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
 DEFAULT_REQUESTS = 2000
 MAX_BRACKET_STEPS = 10  # doublings or halvings: a factor of about a thousand either way
+# The fewest requests a run of the search may have: fewer leave under MIN_ARRIVALS in the span
+# the saturation test reads (the last three quarters of the arrivals), and it cannot judge.
+MIN_SEARCH_REQUESTS = math.ceil(MIN_ARRIVALS / (1 - SKIP_FRACTION))
 CAPACITY_COLUMNS = ["point", "system", "max_rate_per_s", "ci_low", "ci_high", "gpus",
                     "goodput_per_gpu", "cost_per_hour_usd", "cost_per_million_tokens"]
 
@@ -225,6 +231,8 @@ def _bisect(job: SearchJob) -> tuple[float, float, list[dict[str, float]]]:
                 row["passes"] = 0.0
         low = max((r["rate_per_s"] for r in rows if r["passes"]), default=0.0)
         high = min(high, limit)
+        if low == 0.0:  # every rate that passed was at or above the limit: halve down from it
+            low, high = _halve(high, passes)
     return low, high, rows
 
 
@@ -256,11 +264,17 @@ def _bracket(rate: float, passes: Callable[[float], bool]) -> tuple[float, float
                 return rate, rate * 2
             rate *= 2
         return rate, math.inf
+    return _halve(rate, passes)
+
+
+def _halve(failing: float, passes: Callable[[float], bool]) -> tuple[float, float]:
+    """[highest passing, lowest failing] below a rate that fails, by halving; (0, lowest
+    tried) when none passes."""
     for _ in range(MAX_BRACKET_STEPS):
-        if passes(rate / 2):
-            return rate / 2, rate
-        rate /= 2
-    return 0.0, rate
+        if passes(failing / 2):
+            return failing / 2, failing
+        failing /= 2
+    return 0.0, failing
 
 
 # ---- planning and summarising -------------------------------------------------------------
@@ -285,14 +299,28 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     jobs = [SearchJob(p, name, r, s, params, base, str(base_dir), knob, settings)
             for p, params in enumerate(points or [{}])
             for name in chosen for r, s in enumerate(seeds)]
-    from orcasim.run import data_dir, make_requests
+    from orcasim.run import check_warmup, data_dir, make_requests
 
     for job in jobs[:: replications]:  # every point and system validates before any runs
         first = point_scenario(job, knob.start_rate_per_s)
         if job.system == chosen[0]:
             with data_dir(base_dir):
-                make_requests(first)  # lengths against max_tokens, trace files
+                requests = make_requests(first)  # lengths against max_tokens, trace files
+            with _drawn_by_the_search(settings.num_requests):
+                check_warmup(first, requests)  # else every run of the search fails alike
     return jobs
+
+
+@contextlib.contextmanager
+def _drawn_by_the_search(num_requests: int | None) -> Iterator[None]:
+    """Says, in an error about the requests, that the search draws its own number of them."""
+    try:
+        yield
+    except ScenarioError as e:
+        if num_requests is None:
+            raise
+        raise ScenarioError(f"{e} (in the {num_requests} requests of each run of the search: "
+                            "--requests)") from None
 
 
 # Student's t 97.5% quantiles for 1 to 30 degrees of freedom (a two-sided 95% interval),
@@ -407,6 +435,8 @@ def cheapest(table: pd.DataFrame) -> pd.Series | None:
     """The configuration that meets the SLOs at the lowest cost: the lowest cost per hour of
     serving the target rate when one was given, else the lowest cost per million output
     tokens; None when no configuration has a finite cost with a positive capacity."""
+    if table.empty:  # every search failed
+        return None
     column = "cost_per_hour_for_target_usd" if "cost_per_hour_for_target_usd" in table else \
         "cost_per_million_tokens"
     usable = table[(table["max_rate_per_s"] > 0) & np.isfinite(table[column])]
@@ -526,7 +556,8 @@ def no_front_reason(table: pd.DataFrame, slo: SLOConfig) -> str | None:
 def capacity_warnings(result: CapacityResult, slo: SLOConfig,
                       target_rate_per_s: float | None = None) -> list[str]:
     """One line per (point, system) no rate tried passed at (its max_rate_per_s is 0, which
-    alone reads like an answer), and one if a configuration search has no Pareto front."""
+    alone reads like an answer) or every rate did (a lower bound, which alone reads as
+    certain), and one if a configuration search has no Pareto front."""
     table, tried = result.table, result.evaluations
     params = list(table.columns[1:table.columns.get_loc("system")]) if len(table) else []
     lines = []
@@ -538,6 +569,12 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
                      f"(the lowest, {mine['rate_per_s'].min():.3g} req/s, failed too), so "
                      f"max_rate_per_s is 0{target}")
     lines += _partial_warnings(table[table["max_rate_per_s"] > 0], tried, params)
+    for _, row in table[table.get("capped", pd.Series(0.0, index=table.index)) == 1].iterrows():
+        target = (f"; copies_for_target is at most {row['copies_for_target']:g}"
+                  if target_rate_per_s is not None else "")
+        lines.append(f"{_which(row, params)}: every rate tried met the SLOs, up to "
+                     f"{row['max_rate_per_s']:.4g} req/s after {MAX_BRACKET_STEPS} doublings, so "
+                     f"max_rate_per_s is a lower bound, not the capacity{target}")
     reason = no_front_reason(table, slo)
     return lines if reason is None else [*lines, reason]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -518,9 +519,13 @@ def capacity(
         if replications < 1 or requests < 0 or not 0 < rel_tol < 1:
             fail(f"--replications {replications}, --requests {requests}, --rel-tol {rel_tol:g}: "
                  "expected replications >= 1, requests >= 0 and 0 < rel-tol < 1")
+        if 0 < requests < cap.MIN_SEARCH_REQUESTS:
+            fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
+                 f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "
+                 "a run (fewer pass at any rate)")
         for flag, value in (("--price-per-gpu-hour", price_per_gpu_hour), ("--target-rate", target_rate)):
-            if value is not None and not value > 0:
-                fail(f"{flag} = {value:g}: expected a positive number")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                fail(f"{flag} = {value:g}: expected a positive finite number")
         settings = cap.SearchSettings(rel_tol, requests or None)
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)

@@ -42,8 +42,11 @@ def requests_frame(
     })
 
 
-def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) -> dict[str, float]:
-    """Summary metrics of one system; requests arriving before `warmup_s` are dropped."""
+def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0,
+              admitted_s: np.ndarray | None = None) -> dict[str, float]:
+    """Summary metrics of one system; requests arriving before `warmup_s` are dropped.
+    `admitted_s`: when each request left the queue the saturation test watches (see
+    `orcasim.saturation.saturation`), if not its first schedule."""
     done = reqs[(reqs["arrival_s"] >= warmup_s) & reqs["finish_s"].notna()]
     it = iters[iters["start_s"] >= warmup_s]
     start_s = max(warmup_s, float(reqs["arrival_s"].min())) if len(reqs) else 0.0
@@ -63,7 +66,7 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0) ->
     out.update(kv_memory_stats(it))
     out.update(prefix_cache_stats(done))
     out.update(littles_law(done))
-    out.update(saturation(reqs, warmup_s))
+    out.update(saturation(reqs, warmup_s, admitted_s))
     return out
 
 

@@ -182,12 +182,12 @@ def check_warmup(scenario: Scenario, requests: Requests) -> None:
 
 
 def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
-                     iters: pd.DataFrame) -> dict[str, float]:
+                     iters: pd.DataFrame, admitted_s: np.ndarray | None = None) -> dict[str, float]:
     """`summarize` after the scenario's warm-up, with its SLO attainment when it names SLOs;
     refuses a summary with nothing in it (every metric would be NaN) and warns when the
-    queue was unstable (`orcasim.saturation`)."""
+    queue was unstable (`orcasim.saturation`; `admitted_s` as there)."""
     warmup_s = scenario.warmup_s
-    summary = summarize(reqs, iters, warmup_s)
+    summary = summarize(reqs, iters, warmup_s, admitted_s)
     if summary["requests_completed"] == 0:
         last_s = float(reqs["arrival_s"].max()) if len(reqs) else 0.0
         rejected = int(reqs["rejected"].sum()) if "rejected" in reqs else 0
@@ -277,9 +277,12 @@ def run_disaggregated(
     reqs["decode_replica"] = fleet.decode_replica
     reqs["kv_transfer_s"] = fleet.kv_transfer_s
     # Transferred to a decode instance until it first ran there: decode-side queueing.
-    reqs["decode_wait_s"] = fleet.decode_first_scheduled_s() - fleet.bridge.arrival_s
+    decode_first_s = fleet.decode_first_scheduled_s()
+    reqs["decode_wait_s"] = decode_first_s - fleet.bridge.arrival_s
     iters = fleet.iterations_frame()
-    summary = measured_summary(scenario, system.name, reqs, iters)
+    # A request queues until its decode instance takes it: an overloaded decode pool leaves
+    # the prefill side's schedules on time while its own queue grows.
+    summary = measured_summary(scenario, system.name, reqs, iters, decode_first_s)
     done = reqs[(reqs["arrival_s"] >= scenario.warmup_s) & reqs["decode_replica"].ge(0)]
     for column in ("kv_transfer_s", "decode_wait_s"):
         values = done[column].dropna()

@@ -45,15 +45,20 @@ def waiting_count(arrival_s: np.ndarray, scheduled_s: np.ndarray, t_s: np.ndarra
     return arrived - started
 
 
-def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0) -> dict[str, float]:
+def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,
+               admitted_s: np.ndarray | None = None) -> dict[str, float]:
     """`saturated` (1.0 or 0.0) and its evidence: the waiting queue's growth over the last
     three quarters of the arrival window (requests), that span's arrival and admission
-    rates (req/s) and the growth in units of its noise (`saturation_z`)."""
-    window = reqs[reqs["arrival_s"] >= warmup_s]
-    if "rejected" in window:
-        window = window[~window["rejected"].to_numpy(dtype=bool)]
-    arrival = window["arrival_s"].to_numpy(dtype=np.float64)
-    scheduled = np.nan_to_num(window["first_scheduled_s"].to_numpy(dtype=np.float64), nan=np.inf)
+    rates (req/s) and the growth in units of its noise (`saturation_z`). A request waits
+    until it is first scheduled, or until `admitted_s` (per row of `reqs`; NaN: never) where
+    that is the stage that queues: a disaggregated cluster's decode admission."""
+    keep = reqs["arrival_s"].to_numpy(dtype=np.float64) >= warmup_s
+    if "rejected" in reqs:
+        keep &= ~reqs["rejected"].to_numpy(dtype=bool)
+    arrival = reqs["arrival_s"].to_numpy(dtype=np.float64)[keep]
+    if admitted_s is None:
+        admitted_s = reqs["first_scheduled_s"].to_numpy(dtype=np.float64)
+    scheduled = np.nan_to_num(np.asarray(admitted_s, dtype=np.float64)[keep], nan=np.inf)
     nan = float("nan")
     evidence = {"saturated": 0.0, "saturation_z": nan, "saturation_growth_requests": nan,
                 "saturation_arrival_rps": nan, "saturation_admission_rps": nan}

@@ -62,16 +62,19 @@ def test_search_is_not_fooled_by_an_slo_an_overloaded_run_meets() -> None:
     assert (overloaded_but_unflagged["passes"] == 0).all()
 
 
-def test_a_rate_above_the_measured_service_rate_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("start", [1.0, 5.5])
+def test_a_rate_above_the_measured_service_rate_fails(monkeypatch: pytest.MonkeyPatch,
+                                                      start: float) -> None:
     """The server serves 5 req/s; runs are flagged saturated only above 6 (a weak test) and
-    meet the SLO up to 6: the answer is still just below 5."""
+    meet the SLO up to 6: the answer is still just below 5, also where the search starts at
+    a rate that passes above 5 and no rate that passed is left below it (it answered 0)."""
     def evaluate(job: cap.SearchJob, rate: float) -> dict[str, float]:
         saturated = rate > 6
         return {"rate_per_s": rate, "passes": float(not saturated), "saturated": float(saturated),
                 "saturation_admission_rps": 5.0 if saturated else rate}
 
     monkeypatch.setattr(cap, "evaluate", evaluate)
-    outcome = cap.search(fake_job(0, 1.0)[0])
+    outcome = cap.search(fake_job(0, start)[0])
     assert 5.0 / (1 + cap.DEFAULT_REL_TOL) <= outcome.max_rate_per_s < 5.0 <= outcome.fail_rate_per_s
     assert all(not e["passes"] for e in outcome.evaluations if e["rate_per_s"] >= 5.0)
 
@@ -226,6 +229,8 @@ def test_cheapest_by_tokens_or_by_target() -> None:
     table["cost_per_hour_for_target_usd"] = [8.0, 6.0, np.inf]
     assert cap.cheapest(table)["system"] == "b"
     assert cap.cheapest(table.iloc[[2]]) is None
+    # Every search failed: the table is empty, with object columns (a TypeError before).
+    assert cap.cheapest(pd.DataFrame(columns=cap.CAPACITY_COLUMNS)) is None
 
 
 # ---- the command ---------------------------------------------------------------------------
@@ -297,6 +302,14 @@ def test_cli_configuration_search_writes_the_pareto_front(tmp_path: Path) -> Non
     (["--slo", "ttft_p90=1", "--replications", "0"], "--replications"),
     (["--slo", "ttft_p90=1", "--system", "nope"], "--system = 'nope'"),
     (["--slo", "ttft_p90=1", "--price-per-gpu-hour", "-1"], "--price-per-gpu-hour"),
+    # Infinite: the search ran, then an OverflowError (target) or a cost of inf (price).
+    (["--slo", "ttft_p90=1", "--target-rate", "inf"], "--target-rate = inf: expected a positive finite"),
+    (["--slo", "ttft_p90=1", "--price-per-gpu-hour", "inf"], "--price-per-gpu-hour = inf"),
+    # Too few arrivals for the saturation test: every rate passed, up to the cap.
+    (["--slo", "ttft_p90=1", "--requests", "5"], "--requests 5: expected 0 (the scenario's) or at least 27"),
+    # Every run of the search would fail alike (a traceback after them all).
+    (["--slo", "ttft_p90=1", "--requests", "100", "--set", "warmup_s=1000"],
+     "warmup_s = 1000 is past the last arrival"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["capacity", str(scenario_file(tmp_path)),

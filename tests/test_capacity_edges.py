@@ -113,6 +113,22 @@ def test_an_impossible_slo_is_zero_with_a_warning_and_no_target_cost(tmp_path: P
                                           "copies_for_target", "cost_per_hour_for_target_usd"))
 
 
+def test_a_capped_answer_is_a_lower_bound_with_a_warning(tmp_path: Path) -> None:
+    """From 0.001 req/s every rate passes a loose SLO: the answer is where the doublings stop
+    (1.024 req/s, well below the server's limit), which read as certain before."""
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", str(scenario_file(tmp_path)), "--out", str(out),
+                                 "--system", "orca", "--target-rate", "5", "--slo",
+                                 "e2e_p90=1000", "--set", "workload.arrival.rate_per_s=0.001",
+                                 *QUICK])
+    assert result.exit_code == 0, result.output
+    row = pd.read_csv(out / "capacity.csv").iloc[0]
+    assert row["capped"] == 1
+    assert (f"warning: orca: every rate tried met the SLOs, up to {row['max_rate_per_s']:.4g} "
+            f"req/s after {cap.MAX_BRACKET_STEPS} doublings, so max_rate_per_s is a lower bound, "
+            "not the capacity; copies_for_target is at most 5") in result.stderr, result.stderr
+
+
 def test_a_search_where_no_point_meets_the_slo_says_why_there_is_no_front(tmp_path: Path) -> None:
     grid = grid_file(tmp_path)
     out = tmp_path / "cap"

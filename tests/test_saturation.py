@@ -192,3 +192,38 @@ def test_the_growth_is_the_continuous_least_squares_slope() -> None:
     # A timestamp on a sample point of a sampled fit would flip its count; here nothing jumps.
     nudged = reqs.assign(first_scheduled_s=scheduled * (1 + 1e-15))
     assert saturation(nudged)["saturation_z"] == pytest.approx(out["saturation_z"], rel=1e-9)
+
+
+# A decode pool of one instance running at most 4 requests, 50 steps of 10 ms each: 8 req/s.
+# The prefill instance (64 at once, one 10 ms step a prompt) keeps up at any of these rates.
+DISAGGREGATED = {
+    "name": "decode-bound", "seed": 1,
+    "workload": {"num_requests": 1000, "arrival": {"kind": "poisson", "rate_per_s": 4.0},
+                 "prompt_tokens": {"kind": "constant", "value": 100},
+                 "output_tokens": {"kind": "constant", "value": 50}, "max_tokens": 200},
+    "cost": {"kind": "linear", "base_s": 0.010, "per_token_s": 0.0, "per_context_token_s": 0.0},
+    "kv_capacity_tokens": 100_000,
+    "systems": [{"name": "split", "scheduler": {"kind": "paged", "max_num_seqs": 4,
+                                                "kv_bytes_per_token": 1000},
+                 "cluster": {"prefill": {"count": 1, "scheduler": {
+                     "kind": "paged", "max_num_seqs": 64, "kv_bytes_per_token": 1000}},
+                             "decode": {"count": 1}, "link": {"kind": "nvlink"}}}],
+}
+
+
+@pytest.mark.parametrize(("rate_per_s", "saturated"), [(4.0, 0.0), (12.0, 1.0)])
+def test_a_disaggregated_cluster_queues_at_its_decode_pool(rate_per_s: float,
+                                                           saturated: float) -> None:
+    """Past the decode pool's 8 req/s every request is still scheduled on time by the
+    prefill instance: the queue that grows is the decode side's, and the test watches it
+    (it read z = 0 at 12 req/s, with 39 s of decode wait on average)."""
+    from orcasim.scenario import scenario_from_dict
+
+    data = DISAGGREGATED | {"workload": DISAGGREGATED["workload"] | {
+        "arrival": {"kind": "poisson", "rate_per_s": rate_per_s}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_scenario(scenario_from_dict(data)).systems["split"]
+    assert result.summary["saturated"] == saturated
+    assert saturation(result.requests)["saturated"] == 0.0  # first schedules: on time
+    assert (result.summary["decode_wait_s_mean"] > 10.0) == bool(saturated)
