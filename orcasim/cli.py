@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from orcasim.scenario import Scenario
     from orcasim.schedulers import Scheduler
     from orcasim.slo import SLOConfig
+    from orcasim.sweeps import Sweep
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -96,6 +97,13 @@ def fail(message: str) -> None:
     """Report a user error on one line and exit with code 2."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _check_address(backend: str, address: str | None) -> None:
+    """--address names a Ray cluster: with the local pool it would be ignored."""
+    if address is not None and backend != "ray":
+        fail(f"--address {address} applies to --backend ray; expected no --address with "
+             f"--backend {backend}")
 
 
 _told_interrupted = False  # `interrupted` said how to resume; main adds nothing
@@ -253,13 +261,18 @@ def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -
                             "none would run; expected a larger kv_capacity_tokens or shorter requests")
 
 
+def _check_sweep_runs(sw: Sweep) -> None:
+    """What a run of each point checks (its data files too), before any work starts."""
+    for task in sw.tasks()[:: sw.spec.replications]:
+        _check_runs(task.scenario(), Path(task.base_dir), f"point {task.id} ({task.params}): ")
+
+
 def _validate_sweep(path: Path, overrides: list[str]) -> None:
     from orcasim.sweeps import load_sweep
 
     try:
         sw = load_sweep(path, overrides)  # validates the base scenario and every point
-        for task in sw.tasks()[:: sw.spec.replications]:  # and what a run of each checks
-            _check_runs(task.scenario(), Path(task.base_dir), f"point {task.id} ({task.params}): ")
+        _check_sweep_runs(sw)
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{path}: ok (sweep: {len(sw.points())} points x {sw.spec.replications} replications)")
@@ -296,7 +309,9 @@ def sweep(
 
     out_dir = out
     try:
+        _check_address(backend, address)
         sw = load_sweep(spec)
+        _check_sweep_runs(sw)  # a missing data file, before the pool starts (exit 2)
         out_dir = out or default_results_dir(sw.spec.name)
         if force:  # before any work, and with the files this sweep reads
             check_replaceable(out_dir, [spec, spec.parent / sw.spec.base])
@@ -512,6 +527,7 @@ def capacity(
 
     out_dir = out
     try:
+        _check_address(backend, address)
         if attainment is not None and not 0 < attainment <= 1:
             fail(f"--attainment = {attainment:g}: expected a share in (0, 1]")
         scenario, base_dir, points, seed, name = _capacity_input(spec, set_ or [])
@@ -574,6 +590,9 @@ def _capacity_input(path: Path, overrides: list[str]) -> tuple[
         if overrides:
             fail("--set applies to a scenario; a sweep file takes its overrides in 'set:'")
         sw = load_sweep(path)
+        if "replications" in sw.spec.model_fields_set:
+            typer.echo(f"warning: {path.name}'s replications: {sw.spec.replications} is not "
+                       "used: --replications sets the independent searches", err=True)
         scenario = scenario_from_dict(dict(sw.base), str(path))
         return scenario, sw.base_dir, sw.points(), sw.spec.seed, sw.spec.name
     scenario = load_scenario(path, overrides)

@@ -53,22 +53,30 @@ def metrics_kind(path: Path) -> str:
 
 
 def _sweep_metrics(table: pd.DataFrame) -> Metrics:
-    """A row's label is its parameter values, replication and system ('rate_per_s=2.0
-    r00/orca'), not its point number: two sweeps of the same points in another order pair up."""
-    from orcasim.sweeps.table import param_columns
+    """A row's label is its parameter values (by name, numbers written alike: 2 and 2.0 are
+    '2'), replication and system ('rate_per_s=2 r00/orca'), not its point number: two sweeps
+    of the same points in another order, or with the grid's keys in another order, pair up."""
+    from orcasim.sweeps.table import param_columns, param_names
 
     params = param_columns(table)
-    short = [p.rsplit(".", 1)[-1] for p in params]
-    names = short if len(set(short)) == len(short) else params  # short unless they clash
+    names = param_names(params)
     skip = {"point", "replication", "seed", "system", *params}
     metrics = [c for c in table.columns if c not in skip]
+    named = sorted(zip(names, params, strict=True))
 
     def label(r: dict) -> str:
-        point = " ".join(f"{n}={r[p]}" for n, p in zip(names, params, strict=True))
+        point = " ".join(f"{n}={_value_text(r[p])}" for n, p in named)
         point = point or f"p{int(r['point']):04d}"
         return f"{point} r{int(r['replication']):02d}/{r['system']}"
 
     return {label(r): {m: float(r[m]) for m in metrics} for r in table.to_dict("records")}
+
+
+def _value_text(value: object) -> str:
+    """A parameter value as a label shows it: a whole number without its '.0'."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def read_metrics(path: Path) -> Metrics:

@@ -370,12 +370,13 @@ def percentile_bands(
 
 def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Figure]:
     """The standard figures of a sweep, by file stem."""
-    from orcasim.sweeps.table import param_columns
+    from orcasim.sweeps.table import param_columns, param_names
 
     _checked(table, ("system",), "the sweep table")
     figures = {"latency_vs_throughput": latency_vs_throughput(table, slo=slo)}
-    for x in param_columns(table):
-        figures[f"bands_{x.rsplit('.', 1)[-1]}"] = percentile_bands(table, x)
+    params = param_columns(table)
+    for x, name in zip(params, param_names(params), strict=True):  # one figure each
+        figures[f"bands_{name}"] = percentile_bands(table, x)
     return figures
 
 

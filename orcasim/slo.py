@@ -105,8 +105,9 @@ class SLOConfig(Strict):
         targets = data["targets"]
         if isinstance(targets, dict):  # {ttft_p90: 0.2}
             targets = [f"{k} <= {v}" for k, v in targets.items()]
-        if isinstance(targets, list):
-            targets = [_parsed(i, t) if isinstance(t, str) else t for i, t in enumerate(targets)]
+        if not isinstance(targets, list):  # pydantic names the key and the type
+            return data
+        targets = [_parsed(i, t) if isinstance(t, str) else t for i, t in enumerate(targets)]
         names = [t.name for t in targets if isinstance(t, SLOTarget)]
         if len(set(names)) < len(names):
             raise ScenarioError(f"targets repeat {sorted({n for n in names if names.count(n) > 1})[0]}")

@@ -129,12 +129,12 @@ def test_a_file_wrong_on_its_own_is_still_blamed_with_overrides(tmp_path: Path) 
 def test_a_sweep_files_bad_set_is_blamed_not_the_base(tmp_path: Path) -> None:
     scenario = _write(tmp_path, {}, None)
     grid = tmp_path / "grid.yaml"
-    grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name, "set": ["seed=x"],
+    grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name, "set": ["warmup_s=x"],
                                     "grid": {"parameters": {"warmup_s": [0]}}}))
     result = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
-    assert f"{scenario} with set: seed=x: seed = 'x'" in result.output, result.output
-    grid.write_text(grid.read_text().replace("- seed=x", "- seed=4"))
+    assert f"{scenario} with set: warmup_s=x: warmup_s = 'x'" in result.output, result.output
+    grid.write_text(grid.read_text().replace("- warmup_s=x", "- warmup_s=0"))
     result = CliRunner().invoke(app, ["validate", str(grid), "--set", "workload.num_requestz=5"])
     assert result.exit_code == 2, result.output
     assert f"{scenario} with --set workload.num_requestz=5: workload: unknown" in result.output

@@ -282,10 +282,14 @@ def grid_file(tmp_path: Path) -> Path:
 
 def test_cli_configuration_search_writes_the_pareto_front(tmp_path: Path) -> None:
     grid = grid_file(tmp_path)
+    grid.write_text(grid.read_text() + "replications: 5\n")  # a sweep's, not capacity's
     out = tmp_path / "cap"
     result = runner.invoke(app, ["capacity", str(grid), "--out", str(out), "--system", "orca",
                                  "--price-per-gpu-hour", "2", *ARGS])
     assert result.exit_code == 0, result.output
+    assert ("warning: grid.yaml's replications: 5 is not used: --replications sets the "
+            "independent searches") in result.stderr
+    assert (pd.read_csv(out / "capacity.csv")["replications"] == 2).all()  # ARGS' --replications
     table = pd.read_csv(out / "capacity.csv").set_index("systems[1].scheduler.max_batch_size")
     assert table.loc[8, "max_rate_per_s"] > table.loc[1, "max_rate_per_s"]
     assert table.loc[1, "cost_per_million_tokens"] > table.loc[8, "cost_per_million_tokens"]

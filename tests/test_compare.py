@@ -61,8 +61,8 @@ def test_sweep_folders_compare_point_by_point(tmp_path: Path) -> None:
     path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [2.0]")
     run_sweep(load_sweep(path), tmp_path / "out", workers=1, progress=False)
     metrics = load_metrics(tmp_path / "out")
-    assert list(metrics) == ["rate_per_s=2.0 r00/request-level", "rate_per_s=2.0 r00/orca"]
-    assert "workload.arrival.rate_per_s" not in metrics["rate_per_s=2.0 r00/orca"]
+    assert list(metrics) == ["rate_per_s=2 r00/request-level", "rate_per_s=2 r00/orca"]
+    assert "workload.arrival.rate_per_s" not in metrics["rate_per_s=2 r00/orca"]
     assert (deltas(metrics, metrics)["rel_change"] == 0).all()
     # Its table given as a file, as the README names it: refused as "not UTF-8 text; expected
     # a JSON file" (a tester's find). A sweep folder and its table are one kind.
@@ -130,13 +130,19 @@ def test_a_sweeps_labels_and_metrics_by_hand() -> None:
                           "workload.arrival.rate_per_s": [1.0, 2.0], "system": ["orca", "vllm"],
                           "e2e_s_p50": [0.5, 0.25], "requests_completed": [10, 20]})
     assert _sweep_metrics(table) == {
-        "rate_per_s=1.0 r01/orca": {"e2e_s_p50": 0.5, "requests_completed": 10.0},
-        "rate_per_s=2.0 r00/vllm": {"e2e_s_p50": 0.25, "requests_completed": 20.0}}
+        "rate_per_s=1 r01/orca": {"e2e_s_p50": 0.5, "requests_completed": 10.0},
+        "rate_per_s=2 r00/vllm": {"e2e_s_p50": 0.25, "requests_completed": 20.0}}
     reordered = table.iloc[::-1].assign(point=[0, 3])
     assert _sweep_metrics(reordered).keys() == _sweep_metrics(table).keys()
     clash = table.rename(columns={"workload.arrival.rate_per_s": "a.x"}).assign(**{"b.x": [4, 5]})
     clash = clash[["point", "replication", "seed", "a.x", "b.x", "system", "e2e_s_p50"]]
-    assert list(_sweep_metrics(clash)) == ["a.x=1.0 b.x=4 r01/orca", "a.x=2.0 b.x=5 r00/vllm"]
+    assert list(_sweep_metrics(clash)) == ["a.x=1 b.x=4 r01/orca", "a.x=2 b.x=5 r00/vllm"]
+    # The grid's keys in the other order, its numbers written as integers (a tester's find:
+    # the same results read as 1,424 changed metrics and "no common point").
+    swapped = clash[["point", "replication", "seed", "b.x", "a.x", "system", "e2e_s_p50"]]
+    assert _sweep_metrics(swapped) == _sweep_metrics(clash.astype({"a.x": "int64"}))
+    assert list(_sweep_metrics(table.assign(**{"workload.arrival.rate_per_s": [1.5, 2.0]}))) == [
+        "rate_per_s=1.5 r01/orca", "rate_per_s=2 r00/vllm"]
     bare = table.drop(columns=["workload.arrival.rate_per_s"])
     assert list(_sweep_metrics(bare)) == ["p0000 r01/orca", "p0003 r00/vllm"]
 

@@ -25,6 +25,7 @@ from orcasim.plots import (
 )
 from orcasim.render import write_plots
 from orcasim.sweeps import load_sweep, run_sweep_in_memory
+from orcasim.sweeps.table import param_columns
 from tests.conftest import examples
 
 EXACT = 1e-12
@@ -136,6 +137,17 @@ def test_percentile_bands_span_replications(sweep_table: pd.DataFrame) -> None:
     fig = percentile_bands(sweep_table, "workload.arrival.rate_per_s")
     assert_labelled(fig)
     assert len(fig.axes[0].collections) == 3  # one band per line
+
+
+def test_each_swept_parameter_gets_its_own_bands_figure(sweep_table: pd.DataFrame) -> None:
+    """Two parameters ending alike (`high`) drew one figure over the other, as one name."""
+    table = sweep_table.rename(columns={"workload.arrival.rate_per_s": "workload.prompt_tokens.high"})
+    seed_at = list(table.columns).index("seed") + 1
+    table.insert(seed_at, "workload.output_tokens.high", 64)
+    figures = sweep_figures(table)
+    assert {"bands_workload.output_tokens.high", "bands_workload.prompt_tokens.high"} <= set(figures)
+    assert len(figures) == len(param_columns(table)) + 1
+    assert "bands_rate_per_s" in sweep_figures(sweep_table)  # short where nothing clashes
 
 
 def test_plot_command_writes_png_and_svg(tmp_path: Path) -> None:

@@ -86,6 +86,9 @@ def test_a_run_reports_attainment_when_the_scenario_names_slos() -> None:
 def test_bad_slo_block_in_a_scenario() -> None:
     with pytest.raises(ScenarioError, match="slo"):
         make_scenario(slo={"targets": ["latency_p90 <= 1"]})
+    with pytest.raises(ScenarioError, match=r"slo.targets = 5: Input should be a valid list") as err:
+        make_scenario(slo={"targets": 5})  # a TypeError traceback before
+    assert "\n" not in str(err.value)
 
 
 def test_error_messages_name_the_problem() -> None:

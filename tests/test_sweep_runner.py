@@ -88,10 +88,46 @@ def test_failing_point_is_recorded_and_the_rest_finish(tmp_path: Path) -> None:
 
 
 def test_cli_exits_nonzero_naming_failed_points(tmp_path: Path) -> None:
+    # Point 1 is valid and its requests are, but its run reaches past MAX_TIME_S: only
+    # running it tells.
+    sweep = write_sweep(tmp_path, """
+parameters:
+  workload.arrival.rate_per_s: [1.0, 1.0e-9, 3.0]
+""")
+    res = CliRunner().invoke(app, ["sweep", str(sweep), "--out", str(tmp_path / "out"),
+                                   "--workers", "1", "--no-progress"])
+    assert res.exit_code == 1
+    assert "p0001-r00" in res.output and "beyond 1e+09 s" in res.output
+
+
+def test_cli_refuses_what_a_run_of_a_point_would_refuse_before_any_work(tmp_path: Path) -> None:
+    """Point 1's drawn prompts exceed its max_tokens, as `validate` says; the sweep ran every
+    point and exited 1, and a missing data file failed every point alike."""
     res = CliRunner().invoke(app, ["sweep", str(failing_sweep(tmp_path)), "--out",
                                    str(tmp_path / "out"), "--workers", "1", "--no-progress"])
-    assert res.exit_code == 1
-    assert "p0001-r00" in res.output
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: point p0001-r00 (") and "max_tokens" in res.output
+    assert not (tmp_path / "out").exists()
+    missing = write_sweep(tmp_path, """
+parameters:
+  workload.arrival.speedup: [1.0, 2.0]
+""", name="missing")
+    (tmp_path / "tiny.yaml").write_text(
+        "name: rel\nworkload: {arrival: {kind: trace, path: gone.csv}, max_tokens: 100}\n"
+        "cost: {kind: linear, base_s: 0.01}\nkv_capacity_tokens: 20000\n"
+        "systems: [{name: orca, scheduler: {kind: iteration_level, max_batch_size: 4}}]\n")
+    res = CliRunner().invoke(app, ["sweep", str(missing), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "gone.csv" in res.output and "not found" in res.output, res.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["sweep", "capacity"])
+def test_an_address_without_ray_is_refused(tmp_path: Path, command: str) -> None:
+    res = CliRunner().invoke(app, [command, str(write_grid_4x3(tmp_path)), "--address", "auto",
+                                   "--out", str(tmp_path / "out"), "--slo", "ttft_p90=1"][
+                                       : 6 if command == "sweep" else None])
+    assert res.exit_code == 2, res.output
+    assert "--address auto applies to --backend ray" in res.output
 
 
 def test_cli_bad_backend_is_exit_2(tmp_path: Path) -> None:

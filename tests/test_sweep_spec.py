@@ -65,12 +65,25 @@ def test_replication_seeds_are_distinct_and_shared_across_points(tmp_path: Path)
     ("parameters:\n  workload.arrival.rate_per_s: []", "at least one value"),
     # A bad value at a later point fails here too, not as failed points of the run.
     ("parameters:\n  workload.arrival.rate_per_s: [1.0, -4.0]", "rate_per_s = -4.0"),
+    # One table column per parameter: a traceback from Parquet after every point had run.
+    ("parameters:\n  systems[1].scheduler.max_batch_size: [4, '8']",
+     "parameters.systems[1].scheduler.max_batch_size = [4, '8']: mixes number and text values"),
+    ("parameters:\n  systems[1].scheduler.max_batch_size: [4, true]", "mixes boolean and number"),
 ])
 def test_bad_sweeps_fail_with_one_line(tmp_path: Path, grid: str, message: str) -> None:
     with pytest.raises(ScenarioError) as err:
         load_sweep(write_sweep(tmp_path, grid))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_numbers_of_both_kinds_share_a_column_and_a_set_seed_is_refused(tmp_path: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1, 2.5]"))
+    assert [p["workload.arrival.rate_per_s"] for p in sweep.points()] == [1, 2.5]
+    path = write_sweep(tmp_path, "parameters:\n  warmup_s: [0]")
+    path.write_text(path.read_text().replace("seed: 5\n", "seed: 5\nset: [seed=9]\n"))
+    with pytest.raises(ScenarioError, match=r"^set: 'seed=9': a sweep's seeds come from its own "):
+        load_sweep(path)
 
 
 def test_a_base_scenarios_own_sweep_left_out_of_the_grid_is_named(tmp_path: Path) -> None:

@@ -46,6 +46,13 @@ from orcasim.scenario import (
 ParamValue = int | float | str | bool
 
 
+def _kind(value: ParamValue) -> str:
+    """A grid value's type as its table column holds it: integers and floats are numbers."""
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, int | float) else "text"
+
+
 class Grid(Strict):
     mode: Literal["product", "zip"] = "product"
     parameters: dict[str, list[ParamValue]] = Field(min_length=1)
@@ -58,6 +65,10 @@ class Grid(Strict):
                 raise ScenarioError(f"parameters.{path}: needs at least one value")
             if parse_dotted(path)[0] == "seed":
                 raise ScenarioError("parameters.seed: use `replications` for independent seeds")
+            kinds = sorted({_kind(v) for v in values})
+            if len(kinds) > 1:  # one table column per parameter: Parquet holds one type
+                raise ScenarioError(f"parameters.{path} = {values}: mixes {' and '.join(kinds)} "
+                                    "values; expected values of one type")
         lengths = {len(v) for v in self.parameters.values()}
         if self.mode == "zip" and len(lengths) > 1:
             raise ScenarioError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
@@ -177,6 +188,10 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     value fails here, before any work starts. `set_keys` says who gave each of `spec.set`
     (the file's `set:` or the command line's `--set`), for an error to name."""
     base_path = base_path.resolve()
+    for given in spec.set:  # each point's seed is its replication's: a set seed would be lost
+        if given.split("=", 1)[0].strip() == "seed":
+            raise ScenarioError(f"set: {given!r}: a sweep's seeds come from its own `seed` and "
+                                "`replications`; expected seed: at the sweep file's top level")
     scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
     own = scenario.sweep
     if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it

@@ -31,6 +31,13 @@ def param_columns(table: pd.DataFrame) -> list[str]:
     return cols[cols.index("seed") + 1 : cols.index("system")] if len(cols) else []
 
 
+def param_names(params: list[str]) -> list[str]:
+    """Each swept parameter's name in labels and file names: the last part of its path
+    (`rate_per_s`), or every parameter's whole path where two last parts clash."""
+    short = [p.rsplit(".", 1)[-1] for p in params]
+    return short if len(set(short)) == len(short) else params
+
+
 def throughput_under_bound(
     table: pd.DataFrame, bound_s: float, sustain_fraction: float = SUSTAIN_FRACTION
 ) -> pd.Series:
