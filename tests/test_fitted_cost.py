@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -241,6 +242,26 @@ def test_distserve_needs_its_model_and_tensor_parallelism_and_reads_facebook_nam
         distserve().iteration_time_s(batch([1], [100]))
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("{oops", r"cannot read a DistServe profile \(Expecting property name enclosed in double "
+              r"quotes: line 1 column 2 \(char 1\)\)"),
+    ("[1, 2]", "expected DistServe's profile JSON, a mapping of model names to"),
+    ("{}", "expected DistServe's profile JSON"),
+    ('{"opt-13b": {"1": {}}}', "opt-13b: 1: prefill: Field required"),
+    ('{"opt-13b": {"1": {"prefill": [1, "x", 3], "decoding_smallbs": [1, 2, 3], '
+     '"decoding_largebs": [1, 2, 3], "decoding_large_small_bs_threshold": 8}}}',
+     r"opt-13b: 1: prefill\[1\] = 'x': Input should be a valid number"),
+])
+def test_a_bad_distserve_profile_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    """Each was a traceback (JSONDecodeError, TypeError, KeyError, ValueError) or, for {},
+    'expected one of' an empty list."""
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=r"^cost.path = 'p.json'|^cost.model") as err:
+        build(path, model="opt-13b", tensor_parallel=1)
+    assert re.search(message, str(err.value)) and "\n" not in str(err.value), str(err.value)
+
+
 def test_a_fitted_cost_names_its_file_and_what_it_lacks(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"format": FORMAT, "knots_tokens": KNOTS,
@@ -249,8 +270,22 @@ def test_a_fitted_cost_names_its_file_and_what_it_lacks(tmp_path: Path) -> None:
                                             r"sum_context_decode, sum_prefill_sq, tokens_over_64$"):
         build(path)
     path.write_text("format: [unclosed")
-    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': cannot read a fitted cost model"):
-        build(path)
+    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': cannot read a fitted cost model "
+                                            r"\(expected ',' or '\]', but got '<stream end>' at "
+                                            r"line 1, column 18\)$"):
+        build(path)  # YAML's own message ran over five lines
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ScenarioError, match=r"cannot read a fitted cost model \(not UTF-8 text\)$"):
+        build(path)  # a UnicodeDecodeError traceback
+    # Contents of the wrong kind: a ValueError or KeyError traceback each.
+    for changes, message in (({"coefficients_s": {**COEF, "tokens": "x"}}, "coefficients_s.tokens = 'x'"),
+                             ({"range": None}, "range: Input should be a valid dictionary"),
+                             ({"knots_tokens": [-1]}, "knots_tokens[0] = -1")):
+        path.write_text(yaml.safe_dump({"format": FORMAT, "knots_tokens": KNOTS,
+                                        "coefficients_s": COEF, "range": RANGE} | changes))
+        with pytest.raises(ScenarioError, match=rf"^bad\.yaml: {re.escape(message)}") as err:
+            build(path)
+        assert "\n" not in str(err.value)
     path.write_text(yaml.safe_dump({"format": "other"}))
     with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': expected a YAML file with format: "):
         build(path)

@@ -23,15 +23,44 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt, ValidationError
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, format_validation_error
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.fitted import OutOfRangeCounter
+from orcasim.cost.fitted import OutOfRangeCounter, read_problem
 
 MS = 1e-3
+
+
+Coefficients = tuple[FiniteFloat, FiniteFloat, FiniteFloat]
+
+
+class DistServeEntry(BaseModel):
+    """One model and TP degree of the profile: three coefficients a phase, and the decode
+    batch size from which the large-batch ones apply."""
+
+    model_config = ConfigDict(extra="ignore")
+    prefill: Coefficients
+    decoding_smallbs: Coefficients
+    decoding_largebs: Coefficients
+    decoding_large_small_bs_threshold: NonNegativeInt
+
+
+def _read_profiles(path: Path) -> dict[str, dict[str, Any]]:
+    """The profile file as {model: {tp: entry}}, or one line saying why it is not one."""
+    where = f"cost.path = {path.name!r}"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ScenarioError(f"{where}: cannot read a DistServe profile ({read_problem(e)})") from None
+    if not (isinstance(doc, dict) and doc and all(isinstance(v, dict) for v in doc.values())):
+        raise ScenarioError(f"{where}: expected DistServe's profile JSON, a mapping of model "
+                            "names to tensor-parallel degrees to coefficients")
+    return doc
 
 
 class DistServeCost(CostModel):
@@ -48,7 +77,7 @@ class DistServeCost(CostModel):
         where = f"cost.path = {path.name!r}"
         if model is None or tensor_parallel is None:
             raise ScenarioError(f"{where}: a DistServe profile needs cost.model and cost.tensor_parallel")
-        doc = json.loads(path.read_text())
+        doc = _read_profiles(path)
         key = model if model in doc else f"facebook/{model}"
         if key not in doc:
             raise ScenarioError(f"cost.model = {model!r}: expected one of {', '.join(doc)}")
@@ -57,8 +86,15 @@ class DistServeCost(CostModel):
                 f"cost.tensor_parallel = {tensor_parallel}: {key} was profiled at "
                 f"{', '.join(doc[key])}"
             )
+        source = f"{path.name}[{key}, tp={tensor_parallel}]"
+        entry = doc[key][str(tensor_parallel)]
+        try:
+            DistServeEntry.model_validate(entry)
+        except ValidationError as e:
+            raise ScenarioError(format_validation_error(e, f"{where}: {key}: {tensor_parallel}",
+                                                        entry)) from None
         capacity = _kv_capacity_tokens(path.parent / "max_num_tokens.csv", key, tensor_parallel)
-        return cls(doc[key][str(tensor_parallel)], capacity, f"{path.name}[{key}, tp={tensor_parallel}]")
+        return cls(entry, capacity, source)
 
     def _decode_coef(self, batch_size: int) -> np.ndarray:
         return self.small_ms if batch_size < self.threshold else self.large_ms

@@ -26,9 +26,9 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import PositiveInt
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, format_validation_error
 from orcasim.cost.base import Batch, CostModel
 from orcasim.cost.overhead import CostConfigBase
 from orcasim.paths import DataPath, read_once, resolve_data_path
@@ -95,18 +95,43 @@ class OutOfRangeCounter:
         self.count += n
 
 
+def read_problem(error: BaseException) -> str:
+    """Why a file could not be read or parsed, on one line (YAML's and JSON's messages run
+    over several, pointing at the place)."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is not None:  # yaml.MarkedYAMLError
+        return f"{getattr(error, 'problem', None) or 'not YAML'} at line {mark.line + 1}, column {mark.column + 1}"
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8 text"
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text
+
+
+class FittedDoc(BaseModel):
+    """What a fitter's YAML must hold (other keys, the fit's record, are kept as written)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    knots_tokens: list[NonNegativeInt] = []
+    coefficients_s: dict[str, float]
+    range: dict[str, tuple[float, float]]
+
+
 class FittedCost(CostModel):
     """Linear in the terms above, loaded from the fitter's YAML."""
 
     def __init__(self, doc: dict[str, Any], source: str) -> None:
-        self.knots_tokens = [int(k) for k in doc.get("knots_tokens", [])]
-        coef = doc["coefficients_s"]
+        try:
+            fitted = FittedDoc.model_validate(doc)
+        except ValidationError as e:
+            raise ScenarioError(format_validation_error(e, source, doc)) from None
+        self.knots_tokens = list(fitted.knots_tokens)
+        coef = fitted.coefficients_s
         names = term_names(self.knots_tokens)
         missing = [n for n in names if n not in coef]
         if missing:
             raise ScenarioError(f"{source}: coefficients_s lacks {', '.join(missing)}")
-        self.coef = np.array([float(coef[n]) for n in names])
-        self.range = {k: (float(v[0]), float(v[1])) for k, v in doc["range"].items()}
+        self.coef = np.array([coef[n] for n in names])
+        self.range = dict(fitted.range)
         self._oor = OutOfRangeCounter(source)
 
     def iteration_time_s(self, batch: Batch) -> float:
@@ -157,9 +182,10 @@ class FittedCost(CostModel):
 
 def read_fitted_yaml(path: Path) -> dict[str, Any]:
     try:
-        doc = read_once(path, "fitted yaml", lambda: yaml.safe_load(path.read_text()))
-    except (OSError, yaml.YAMLError) as e:
-        raise ScenarioError(f"cost.path = {str(path)!r}: cannot read a fitted cost model ({e})") from None
+        doc = read_once(path, "fitted yaml", lambda: yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ScenarioError(f"cost.path = {str(path)!r}: cannot read a fitted cost model "
+                            f"({read_problem(e)})") from None
     if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, CALIBRATED_FORMAT):
         raise ScenarioError(f"cost.path = {str(path)!r}: expected a YAML file with format: "
                             f"{FORMAT} (python -m calibrate fit) or orcasim-calibrated-cost/v1 "
