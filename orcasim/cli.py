@@ -247,8 +247,10 @@ def _is_sweep_file(path: Path) -> bool:
     sweep file that says so); anything unreadable is left to the loader."""
     import yaml
 
+    from orcasim import yaml_strict
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml_strict.load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(data, dict) and "base" in data

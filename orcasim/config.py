@@ -88,9 +88,23 @@ def format_validation_error(err: ValidationError, source: str, data: Any = None)
     error per form from pydantic; they read as one problem (see `_union_problems`)."""
     lines = []
     for loc, value, msg in _union_problems(err.errors(include_url=False), data):
-        shown = "" if isinstance(value, dict | list) or value is None else f" = {value!r}"
+        shown = _shown(value, msg)
         lines.append(f"{source}: {loc}{shown}: {msg}" if shown else f"{source}: {_joined(loc, msg)}")
     return "; ".join(lines)
+
+
+def _shown(value: Any, msg: str) -> str:
+    """` = value` for an error's line: null as YAML writes it (an empty `key:`), a list cut
+    to 60 characters; nothing for a mapping, or for a missing key (pydantic's input is then
+    the mapping around it)."""
+    if isinstance(value, dict) or msg == "Field required":
+        return ""
+    if value is None:
+        return " = null"
+    if isinstance(value, list):
+        text = repr(value)
+        return f" = {text if len(text) <= 60 else text[:57] + '...'}"
+    return f" = {value!r}"
 
 
 def format_field_error(err: ValidationError, source: str, data: Any = None) -> str:

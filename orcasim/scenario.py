@@ -34,6 +34,9 @@ from orcasim.slo import SLOConfig
 from orcasim.workload import WorkloadConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+# A name is a folder's (results/<scenario>/<system>/): well under a file system's 255 bytes, so
+# that a long one is refused here, not after the run when its folder cannot be made.
+NAME_MAX_CHARS = 100
 
 
 # What a results folder holds beside one folder per system: a system may not be named so.
@@ -45,7 +48,7 @@ class SystemConfig(Strict):
     """One serving system to compare. `cost` overrides the scenario's cost model;
     `cluster` makes it a fleet of replicas behind a router (`orcasim.cluster`)."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS)
     scheduler: SchedulerConfig
     cost: CostConfig | None = None
     cluster: ClusterConfig | None = None
@@ -83,7 +86,7 @@ HARDWARE_COST_KINDS = ("roofline", "profile")
 
 
 class Scenario(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS)
     seed: NonNegativeInt = 0  # numpy's SeedSequence takes non-negative integers
     workload: WorkloadConfig
     cost: CostConfig

@@ -43,6 +43,15 @@ _StrictLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+class TooDeepError(yaml.YAMLError):
+    """Nesting deeper than Python's recursion limit (PyYAML's reader recurses per level)."""
+
+    problem = "nested too deeply"
+
+
 def load(text: str) -> Any:
-    """`yaml.safe_load`, refusing duplicate keys."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    """`yaml.safe_load`, refusing duplicate keys, and nesting too deep to read as a YAMLError."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise TooDeepError("nested too deeply") from None

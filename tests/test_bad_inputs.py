@@ -68,6 +68,18 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "systems[1].cluster.replicas = 'abc': Input should be a valid integer or a valid list"),
     ("a replica group of 0", {"systems[1].cluster": {"replicas": [{"count": 0}]}}, None,
      "systems[1].cluster.replicas[0].count = 0: Input should be greater than 0"),
+    # The value, where it is null or a list, as with any other (it was left out).
+    ("a key left empty", {"seed": None}, None, "seed = null: Input should be a valid integer"),
+    ("a list for a number", {"seed": [1, 2]}, None, "seed = [1, 2]: Input should be a valid integer"),
+    # Sizes that overflowed numpy (an OverflowError or ValueError traceback).
+    ("a huge system prompt", {"workload.system_prompt": {"tokens": 10**19}}, None,
+     "workload.system_prompt.tokens = 10000000000000000000: Input should be less than or equal"),
+    ("huge system prompt variants", {"workload.system_prompt": {"tokens": 10, "variants": 10**19}},
+     None, "workload.system_prompt.variants = 10000000000000000000: Input should be less than"),
+    # Its folder could not be made, after the whole run (exit 1).
+    ("a system name too long for a folder",
+     {"systems": [{"name": "a" * 300, "scheduler": {"kind": "paged"}}]}, None,
+     "String should have at most 100 characters"),
 ]
 
 
@@ -82,6 +94,14 @@ def _write(tmp_path: Path, changes: dict[str, Any], trace: str | None) -> Path:
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def test_nesting_too_deep_for_the_yaml_reader_is_malformed_yaml(tmp_path: Path) -> None:
+    scenario = tmp_path / "deep.yaml"
+    scenario.write_text("x: " + "[" * 5000 + "]" * 5000 + "\n")  # a RecursionError traceback
+    result = CliRunner().invoke(app, ["validate", str(scenario)])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: {scenario}: malformed YAML (nested too deeply)\n"
 
 
 def test_a_compressed_trace_named_csv_names_the_file(tmp_path: Path) -> None:

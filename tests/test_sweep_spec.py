@@ -104,3 +104,10 @@ def test_a_base_scenarios_own_sweep_left_out_of_the_grid_is_named(tmp_path: Path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_sweep(spec)
+
+
+def test_replications_are_bounded(tmp_path: Path) -> None:
+    """1e12 replications never finished validating (SeedSequence.spawn)."""
+    with pytest.raises(ScenarioError, match="replications = 1000000000000: Input should be "
+                                            "less than or equal to 10000"):
+        load_sweep(write_sweep(tmp_path, "parameters:\n  warmup_s: [0]", replications=10**12))

@@ -26,7 +26,7 @@ import itertools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import yaml
@@ -35,6 +35,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, model_
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.scenario import (
+    NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
     load_scenario,
@@ -44,6 +45,7 @@ from orcasim.scenario import (
 )
 
 ParamValue = int | float | str | bool
+MAX_REPLICATIONS = 10_000
 
 
 def _kind(value: ParamValue) -> str:
@@ -76,11 +78,12 @@ class Grid(Strict):
 
 
 class SweepSpec(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS)
     base: str
     set: list[str] = []
     grid: Grid
-    replications: PositiveInt = 1
+    # A bound, not a hang in SeedSequence.spawn: 1e12 replications never finished validating.
+    replications: Annotated[PositiveInt, Field(le=MAX_REPLICATIONS)] = 1
     seed: NonNegativeInt = 0
 
 

@@ -23,9 +23,9 @@ class SystemPromptConfig(Strict):
     system prompts of `tokens` tokens each (chosen uniformly), put before their own
     prompt, whose length `prompt_tokens` (or the trace) gives. What a prefix cache shares."""
 
-    tokens: PositiveInt
+    tokens: TokenCount
     fraction: float = Field(default=1.0, ge=0.0, le=1.0)
-    variants: PositiveInt = 1
+    variants: Annotated[PositiveInt, Field(le=MAX_REQUESTS)] = 1
 
     def content(self, rng: np.random.Generator, own_tokens: np.ndarray) -> PromptContent:
         """Each request's segments: a system prompt (ids 0..variants-1) if it carries one,
