@@ -265,6 +265,7 @@ class DisaggregatedFleet:
             self.source.on_finished(done, time_s)
         for req_id in moving:
             decode = self.decode_router(req_id, time_s)
+            decode.promise(req_id)  # the next one routed sees it there
             self.decode_replica[req_id] = decode.index - len(self.prefill)
             transfer_s = self.transfer_s(req_id)
             self.kv_transfer_s[req_id] = transfer_s

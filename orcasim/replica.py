@@ -138,6 +138,9 @@ class Replica:
         self._breaks_s = sorted(row_breaks_s, reverse=True)  # warm-up breaks to come, next last
         self.now_s = 0.0  # the last boundary this replica processed
         self.inbox: list[int] = []  # delivered, not yet admitted, in arrival order
+        # Routed here, not yet delivered: a disaggregated decode instance's requests whose KV
+        # is on its way (push) or whose prefill batch is still being handed out (pull).
+        self.promised: list[int] = []
         self.unit_end_s: float | None = None
         self.plan_at_s: float | None = None
         self._blocked = False  # an arrival during the pending unit could not join (FCFS)
@@ -179,9 +182,16 @@ class Replica:
         else:
             self._plan()
 
+    def promise(self, req_id: int) -> None:
+        """`req_id` is routed here and will be delivered later (`add_request`): a router
+        sees it waiting here from now on, as a colocated router sees its inbox."""
+        self.promised.append(req_id)
+
     def add_request(self, req_id: int, time_s: float) -> None:
         """A request routed here at its arrival time `time_s` (the loop's now)."""
         self._touch()
+        if self.promised:
+            self.promised.remove(req_id)
         self.inbox.append(req_id)
         if self.unit_end_s is None or self.stepper.plans_on_arrival:
             if self.plan_at_s is None or time_s < self.plan_at_s:
@@ -200,17 +210,22 @@ class Replica:
         self._cut_at(time_s)
 
     def load(self, time_s: float) -> Load:
-        """The load at `time_s`, with any part of a pending jump that ended before it applied."""
+        """The load at `time_s`, with any part of a pending jump that ended before it applied;
+        the inbox and the promised requests wait, with what is left of their prompts (none
+        of a prompt prefilled elsewhere) and outputs."""
         self.split(time_s)
         base = self.stepper.load()
-        queued = self.inbox
-        prompt = self.scheduler.requests.prompt_tokens
-        output = self.scheduler.requests.output_tokens
-        inbox_prompt = sum(prompt[queued].tolist()) if queued else 0
-        inbox_left = inbox_prompt + (sum(output[queued].tolist()) if queued else 0)
+        queued = self.inbox + self.promised
+        if not queued:
+            return base
+        scheduler = self.scheduler
+        prompt = scheduler.requests.prompt_tokens[queued]
+        prompt_left = int((prompt - np.minimum(scheduler.computed[queued], prompt)).sum())
+        output_left = int((scheduler.requests.output_tokens[queued]
+                           - scheduler.generated[queued]).sum())
         return Load(base.running, base.waiting + len(queued),
-                    base.waiting_prompt_tokens + inbox_prompt,
-                    base.outstanding_tokens + inbox_left, base.kv_used_tokens,
+                    base.waiting_prompt_tokens + prompt_left,
+                    base.outstanding_tokens + prompt_left + output_left, base.kv_used_tokens,
                     base.kv_capacity_tokens)
 
     def advance(self, until_s: float) -> None:
@@ -223,9 +238,10 @@ class Replica:
         self.split(until_s)
 
     def num_requests(self) -> int:
-        """Running and waiting requests, the inbox included: what `load(t).requests` says,
-        read without applying a pending jump (the count is fixed within a run)."""
-        return self.scheduler.num_requests + len(self.inbox)
+        """Running and waiting requests, the inbox and the promised included: what
+        `load(t).requests` says, read without applying a pending jump (the count is fixed
+        within a run)."""
+        return self.scheduler.num_requests + len(self.inbox) + len(self.promised)
 
     def split(self, time_s: float) -> None:
         """Apply the iterations of a pending jump that ended before `time_s`, and replan.

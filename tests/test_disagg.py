@@ -461,6 +461,25 @@ def test_prompts_prefilled_together_reach_the_decode_router_in_batch_order(tmp_p
     assert reqs["decode_replica"].tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+@pytest.mark.parametrize("router", ["least_outstanding", "least_tokens"])
+def test_the_decode_router_counts_what_it_routed_before_it_arrives(
+        tmp_path, mode: str, handoff: str, router: str) -> None:  # noqa: ANN001
+    """Request 0 (20 tokens) decodes on instance 0 from t = 3.5 s. Requests 1 to 3 (30
+    tokens each) are prefilled one at a time (first tokens at t = 4, 5, 6 s) and their KV
+    takes 2.5 s to move: each is routed while the one before is still on its way to
+    instance 1, and must see it there (a request, 29 tokens left), as a colocated router
+    sees its inbox. Pushed, all three went to instance 1, seen empty: [0, 1, 1, 1]."""
+    trace = _trace(tmp_path, [(0.0, 4, 20), (3.0, 4, 30), (3.0, 4, 30), (3.0, 4, 30)])
+    changes = _disagg(trace, prefill={"scheduler": {**PAGED, "max_num_seqs": 1}},
+                      decode={"count": 2, "router": {"kind": router}},
+                      link={"latency_s": 2.5}, mode=mode, handoff=handoff)
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 4.0, 5.0, 6.0]
+    assert reqs["decode_replica"].tolist() == [0, 1, 0, 1]
+
+
 ALL_ROUTERS = ["random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
                "power_of_two", "session", "prefix_affinity"]
 
