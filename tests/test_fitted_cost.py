@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -279,7 +280,7 @@ def test_a_fitted_cost_names_its_file_and_what_it_lacks(tmp_path: Path) -> None:
         build(path)  # a UnicodeDecodeError traceback
     # Contents of the wrong kind: a ValueError or KeyError traceback each.
     for changes, message in (({"coefficients_s": {**COEF, "tokens": "x"}}, "coefficients_s.tokens = 'x'"),
-                             ({"range": None}, "range: Input should be a valid dictionary"),
+                             ({"range": None}, "range = null: Input should be a valid dictionary"),
                              ({"knots_tokens": [-1]}, "knots_tokens[0] = -1")):
         path.write_text(yaml.safe_dump({"format": FORMAT, "knots_tokens": KNOTS,
                                         "coefficients_s": COEF, "range": RANGE} | changes))
@@ -400,3 +401,48 @@ def test_an_out_of_range_warning_names_the_model_and_the_case(cost_file: Path) -
     with pytest.warns(RuntimeWarning, match=r"^cost model profiler-a100-80g\.vllm\.json\[facebook/opt-13b, tp=1\]: "
                                             r"a batch reading 72000 KV tokens is outside the fitted range"):
         distserve().iteration_time_s(Batch(np.ones(9, dtype=np.int64), context))
+
+
+def test_a_fitted_model_that_prices_no_time_is_refused_where_it_does(tmp_path: Path) -> None:
+    """A negative intercept: the run went on with negative iterations (finish before
+    arrival, e2e p50 of -23 s); NaN stopped the engine with an AssertionError."""
+    path = tmp_path / "neg.yaml"
+    for const, shown in ((-1.0, "-1"), (0.0, "0"), (float("nan"), "nan")):
+        coef = dict(zip(term_names([]), [const, 0.0, 0.0, 0.0, 0.0], strict=True))
+        path.write_text(yaml.safe_dump({"format": FORMAT, "coefficients_s": coef, "range": {}}))
+        if const != const:  # NaN is refused as it is read
+            with pytest.raises(ScenarioError, match="coefficients_s.const"):
+                build(path)
+            continue
+        cost = build(path)
+        with pytest.raises(ScenarioError, match=rf"^neg\.yaml: priced a batch of 1 requests at "
+                                                rf"{shown} s; expected >= 1e-09 s"):
+            cost.iteration_time_s(batch([1], [10]))
+        with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests"):
+            cost.decode_steps_s(np.array([10, 20]), 3)
+
+
+def test_a_distserve_profile_that_prices_no_time_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    entry = {"prefill": [-50.0, 0.0, 0.0], "decoding_smallbs": [-5.0, 0.0, 0.0],
+             "decoding_largebs": [-5.0, 0.0, 0.0], "decoding_large_small_bs_threshold": 8}
+    path.write_text(json.dumps({"opt-13b": {"1": entry}}))
+    cost = build(path, model="opt-13b", tensor_parallel=1)
+    with pytest.raises(ScenarioError, match=r"^p\.json\[opt-13b, tp=1\]: priced a batch of 1 "
+                                            r"requests at -0\.05 s"):
+        cost.iteration_time_s(batch([4], [4]))
+    with pytest.raises(ScenarioError, match=r"priced a decode step of 1 requests at -0\.005 s"):
+        cost.decode_steps_s(np.array([10]), 2)
+
+
+def test_a_run_on_a_model_that_prices_no_time_stops_with_one_line(tmp_path: Path) -> None:
+    from orcasim.run import run_scenario
+    from tests.conftest import make_scenario
+
+    path = tmp_path / "neg.yaml"
+    coef = dict(zip(term_names([]), [-1.0, 0.0, 0.0, 0.0, 0.0], strict=True))
+    path.write_text(yaml.safe_dump({"format": FORMAT, "coefficients_s": coef, "range": {}}))
+    for mode in ("fast", "reference"):
+        with pytest.raises(ScenarioError, match=r"neg\.yaml: priced a"):
+            run_scenario(make_scenario(**{"cost": {"kind": "fitted", "path": str(path)},
+                                          "engine.mode": mode}))

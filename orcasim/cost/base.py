@@ -57,6 +57,24 @@ class Batch:
         return self._context_total
 
 
+# No GPU step is faster: below it time barely moves (at t = 1e6 s a float cannot tell 1e-10 s
+# apart) and the clock would stand still. A model read from a file may price below it (a fit
+# with a negative coefficient, used beyond its data): `check_durations` refuses that.
+MIN_ITERATION_S = 1e-9
+
+
+def check_durations(durations_s: np.ndarray | float, source: str, what: str) -> None:
+    """A ScenarioError naming the model's file if any duration is under MIN_ITERATION_S
+    (or NaN): a negative one ran time backwards (finish before arrival)."""
+    shortest_s = float(np.min(durations_s)) if np.size(durations_s) else MIN_ITERATION_S
+    if not shortest_s >= MIN_ITERATION_S:
+        from orcasim.config import ScenarioError
+
+        raise ScenarioError(
+            f"{source}: priced {what} at {shortest_s:g} s; expected >= {MIN_ITERATION_S:g} s "
+            "(its coefficients give no time, or less, to a batch it is asked to price)")
+
+
 class DecodeLine(NamedTuple):
     """Decode step k lasts `max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s`,
     evaluated on Python numbers in that order: the same IEEE operations, so the same bits,

@@ -30,7 +30,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt, ValidationError
 
 from orcasim.config import ScenarioError, format_validation_error
-from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.base import Batch, CostModel, check_durations
 from orcasim.cost.fitted import OutOfRangeCounter, read_problem
 
 MS = 1e-3
@@ -70,6 +70,7 @@ class DistServeCost(CostModel):
         self.large_ms = np.array(entry["decoding_largebs"], dtype=np.float64)
         self.threshold = int(entry["decoding_large_small_bs_threshold"])
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.source = source
         self._oor = OutOfRangeCounter(source)
 
     @classmethod
@@ -108,10 +109,13 @@ class DistServeCost(CostModel):
         a_d, b_d, c_d = self._decode_coef(n_decode)
         decode_ms = b_d * c[decode].sum() + c_d * n_decode
         if n_decode == len(q):
-            return float(a_d + decode_ms) * MS
-        a_p, b_p, c_p = self.prefill_ms
-        prefill_ms = a_p + b_p * q[~decode].sum() + c_p * (q[~decode] * c[~decode]).sum()
-        return float(prefill_ms + decode_ms) * MS
+            time_s = float(a_d + decode_ms) * MS
+        else:
+            a_p, b_p, c_p = self.prefill_ms
+            prefill_ms = a_p + b_p * q[~decode].sum() + c_p * (q[~decode] * c[~decode]).sum()
+            time_s = float(prefill_ms + decode_ms) * MS
+        check_durations(time_s, self.source, f"a batch of {len(q)} requests")
+        return time_s
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         # Step j reads sum(context) + size * j KV tokens. Each step is priced with the
@@ -121,7 +125,9 @@ class DistServeCost(CostModel):
         over = context_sums > self.kv_capacity_tokens
         self._oor.add(int(over.sum()), f"a decode step of {size} requests")
         a_d, b_d, c_d = self._decode_coef(size)
-        return (a_d + (b_d * context_sums + c_d * size)) * MS
+        times_s = (a_d + (b_d * context_sums + c_d * size)) * MS
+        check_durations(times_s, self.source, f"a decode step of {size} requests")
+        return times_s
 
     def out_of_range_count(self) -> int:
         return self._oor.count

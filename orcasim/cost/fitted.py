@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError
 
 from orcasim.config import ScenarioError, format_validation_error
-from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.base import Batch, CostModel, check_durations
 from orcasim.cost.overhead import CostConfigBase
 from orcasim.paths import DataPath, read_once, resolve_data_path
 
@@ -132,6 +132,7 @@ class FittedCost(CostModel):
             raise ScenarioError(f"{source}: coefficients_s lacks {', '.join(missing)}")
         self.coef = np.array([coef[n] for n in names])
         self.range = dict(fitted.range)
+        self.source = source
         self._oor = OutOfRangeCounter(source)
 
     def iteration_time_s(self, batch: Batch) -> float:
@@ -140,7 +141,9 @@ class FittedCost(CostModel):
         if outside:
             self._oor.add(1, f"{outside[0]} = {inputs[outside[0]]:g}")
         row = design_matrix({k: np.array([v]) for k, v in inputs.items()}, self.knots_tokens)
-        return float(self._predict(row)[0])
+        time_s = float(self._predict(row)[0])
+        check_durations(time_s, self.source, f"a batch of {len(batch.query_tokens)} requests")
+        return time_s
 
     def _predict(self, rows: np.ndarray) -> np.ndarray:
         """rows @ coef, term by term in one order: a row's value never depends on how many
@@ -170,7 +173,9 @@ class FittedCost(CostModel):
                   "num_requests": np.full(num_steps, float(size)),
                   "sum_context_decode": context_sums.astype(np.float64),
                   "sum_prefill_sq": np.zeros(num_steps)}
-        return self._predict(design_matrix(inputs, self.knots_tokens))
+        times_s = self._predict(design_matrix(inputs, self.knots_tokens))
+        check_durations(times_s, self.source, f"a decode step of {size} requests")
+        return times_s
 
     def _inside_array(self, key: str, values: np.ndarray) -> np.ndarray:
         low, high = self.range.get(key, (-np.inf, np.inf))

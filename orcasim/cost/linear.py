@@ -8,10 +8,8 @@ import numpy as np
 from pydantic import NonNegativeFloat, model_validator
 
 from orcasim.config import ScenarioError
-from orcasim.cost.base import Batch, CostModel, DecodeLine
+from orcasim.cost.base import MIN_ITERATION_S, Batch, CostModel, DecodeLine
 from orcasim.cost.overhead import CostConfigBase
-
-MIN_ITERATION_S = 1e-9
 
 
 class LinearCostConfig(CostConfigBase):
