@@ -290,8 +290,10 @@ class DisaggregatedFleet:
         self._release_prefill(req_id, time_s, wake=True)
 
     def _turned_away(self, req_ids: list[int], time_s: float) -> None:
-        """Turned away by a decode instance (it can never fit there): nothing will pull it."""
+        """Turned away by a decode instance (it can never fit there): nothing will pull it,
+        so no transfer took place."""
         for req_id in req_ids:
+            self.kv_transfer_s[req_id] = math.nan
             self._release_prefill(req_id, time_s, wake=True)
 
     def _release_prefill(self, req_id: int, time_s: float, wake: bool) -> None:

@@ -189,6 +189,8 @@ def test_a_pulled_request_turned_away_mid_run_frees_the_prefill_kv_at_once(tmp_p
     assert reqs["first_scheduled_s"].tolist() == [0.0, 1.5, 3.0, 4.5]
     assert reqs["rejected"].tolist() == [False, False, True, False]
     assert reqs["finish_s"].tolist()[:2] == [20.5, 22.5] and reqs["finish_s"][3] == 22.5
+    # C was never copied: no transfer time (it read 0.5 s, and counted in the mean).
+    assert reqs["kv_transfer_s"].isna().tolist() == [False, False, True, False]
 
 
 @pytest.mark.filterwarnings("ignore:pd.*can never fit")

@@ -6,7 +6,7 @@ kernel from the host, which the GPU cannot outrun. For a batch of B requests wit
 prompt (or chunk) tokens, on a deployment of L layers per pipeline stage:
 
     time = max(gpu_s, L * launch_per_layer_s)                   launch-bound or GPU-bound
-         + per_iteration_s + [tensor_parallel > 1] * tensor_parallel_per_iteration_s
+         + per_iteration_s + [tensor_parallel * data_parallel > 1] * tensor_parallel_per_iteration_s
          + per_sequence_s * B + per_prefill_token_s * P          host work, not overlapped
 
 With data-parallel attention (a MoE deployment's `data_parallel_attention` groups) each
