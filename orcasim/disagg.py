@@ -57,7 +57,7 @@ from orcasim.cluster import build_router
 from orcasim.config import ScenarioError
 from orcasim.cost import CostModel
 from orcasim.engine import EngineRun
-from orcasim.fleet import ReplicaSpec, cost_models, pool_specs, replica_for
+from orcasim.fleet import ReplicaSpec, cost_models, naming_group, pool_specs, replica_for
 from orcasim.generic_stepper import GenericStepper
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Router, drive, shared_recorder
@@ -369,15 +369,16 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     for k, (pool, view) in enumerate(((cluster.prefill, prefill_requests),
                                       (cluster.decode, requests))):
         base = Recorder(len(requests))
-        specs = pool_specs(scenario, system, pool)
-        for spec, cost in zip(specs, cost_models(specs, built), strict=True):
-            replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
-                                  scenario.engine.mode, (scenario.warmup_s,), index,
-                                  fused=k == 0)
-            if k == 0:
-                _hold_finished(replica)
-            pools[k].append(replica)
-            index += 1
+        with naming_group(f"cluster.{('prefill', 'decode')[k]}", pool):
+            specs = pool_specs(scenario, system, pool)
+            for spec, cost in zip(specs, cost_models(specs, built), strict=True):
+                replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
+                                      scenario.engine.mode, (scenario.warmup_s,), index,
+                                      fused=k == 0)
+                if k == 0:
+                    _hold_finished(replica)
+                pools[k].append(replica)
+                index += 1
     prefill, decode = pools
     for instances in pools:
         for replica in instances:

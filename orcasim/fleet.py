@@ -8,8 +8,9 @@ runs them behind its router on one clock loop (`orcasim.replica.drive`).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
+from orcasim.config import ScenarioError
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef, stage_layers
 from orcasim.engine import EngineMode, EngineRun, stepper_for
@@ -77,6 +79,24 @@ def cost_models(specs: Sequence[ReplicaSpec], built: dict[int, CostModel]) -> li
         if id(spec) not in built:
             built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
     return [built[id(spec)] for spec in specs]
+
+
+@contextlib.contextmanager
+def naming_group(where: str, group: ReplicaGroup) -> Iterator[None]:
+    """A refusal while building a group (or a pool) that gives keys of its own names it
+    (`where`, e.g. 'cluster.replicas[1]'): 'scheduler.x = ...' as 'cluster.replicas[1].
+    scheduler.x = ...', any other as 'cluster.replicas[1]: ...'. A group of a count alone
+    runs the system's settings: its refusals name the system's keys, as they were."""
+    own = any(getattr(group, key) is not None
+              for key in ("model", "hardware", "kv_capacity_tokens", "scheduler", "cost"))
+    try:
+        yield
+    except ScenarioError as e:
+        if not own:
+            raise
+        text = str(e)
+        raise ScenarioError(f"{where}.{text}" if text.startswith(("scheduler.", "cost."))
+                            else f"{where}: {text}") from None
 
 
 def replica_specs(scenario: Scenario, system: SystemConfig) -> list[ReplicaSpec]:
@@ -147,13 +167,16 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
                       "decode pools, does)", UserWarning, stacklevel=2)
     source = arrival_source(requests)
     recorder = Recorder(len(requests))
-    replicas = []
+    replicas: list[Replica] = []
     built: dict[int, CostModel] = {}
-    specs = replica_specs(scenario, system)
-    for index, (spec, cost) in enumerate(zip(specs, cost_models(specs, built), strict=True)):
-        replicas.append(replica_for(spec, requests, cost, source,
-                                    shared_recorder(requests, recorder), scenario.engine.mode,
-                                    (scenario.warmup_s,), index))
+    for g, group in enumerate(system.cluster.groups()):
+        with naming_group(f"cluster.replicas[{g}]", group):
+            specs = pool_specs(scenario, system, group)
+            for spec, cost in zip(specs, cost_models(specs, built), strict=True):
+                replicas.append(replica_for(spec, requests, cost, source,
+                                            shared_recorder(requests, recorder),
+                                            scenario.engine.mode, (scenario.warmup_s,),
+                                            len(replicas)))
     for replica in replicas:
         replica.sole = len(replicas) == 1
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]

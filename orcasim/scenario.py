@@ -205,14 +205,21 @@ class Scenario(Strict):
                         "cluster.handoff: pull")
 
     def _check_group_reservations(self) -> None:
-        """As above, for a fleet's group with KV of its own: no request could be admitted there."""
+        """As above, for a fleet's group, or a disaggregated cluster's decode pool, with KV of
+        its own: no request could be admitted there. (A prefill instance holds a prompt and
+        one token, whatever its scheduler reserves.)"""
         for j, system in enumerate(self.systems):
-            for i, group in enumerate(system.cluster.groups() if system.cluster else []):
+            cluster = system.cluster
+            if cluster is None:
+                continue
+            named = [("decode", cluster.decode)] if cluster.decode is not None else \
+                [(f"replicas[{i}]", group) for i, group in enumerate(cluster.groups())]
+            for where, group in named:
                 kv = group.kv_capacity_tokens
                 if kv is not None and kv < self.workload.max_tokens and \
                         reserves_max_tokens(group.scheduler or system.scheduler):
                     raise ScenarioError(
-                        f"systems[{j}].cluster.replicas[{i}].kv_capacity_tokens = {kv} is below "
+                        f"systems[{j}].cluster.{where}.kv_capacity_tokens = {kv} is below "
                         f"workload.max_tokens = {self.workload.max_tokens}: its scheduler reserves "
                         "max_tokens per request, so no request could ever be admitted there")
 

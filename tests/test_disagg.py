@@ -408,6 +408,43 @@ def test_a_pool_inheriting_a_request_level_scheduler_is_refused() -> None:
         scenario_from_dict(data)
 
 
+def test_a_decode_pool_that_could_admit_nothing_is_refused_up_front() -> None:
+    """Orca reserves max_tokens (64) a request: a decode pool of 48 tokens admits none. A
+    colocated group was refused so; the pool ran, and turned every request away after its
+    prefill."""
+    data = {**BASE, "systems": [{"name": "pd", "scheduler": {"kind": "iteration_level",
+                                                             "max_batch_size": 4},
+                                 "cluster": {"prefill": {"count": 1},
+                                             "decode": {"count": 1, "kv_capacity_tokens": 48}}}]}
+    data["workload"] = {**BASE["workload"], "max_tokens": 64}
+    with pytest.raises(ScenarioError, match=r"systems\[0\].cluster.decode.kv_capacity_tokens = 48 "
+                                            r"is below workload.max_tokens = 64"):
+        scenario_from_dict(data)
+
+
+@pytest.mark.parametrize(("pools", "named"), [
+    ({"prefill": {"count": 1, "scheduler": {**PAGED, "max_num_batched_tokens": 8}},
+      "decode": {"count": 1}}, "systems[0].cluster.prefill.scheduler.max_num_batched_tokens = 8"),
+    ({"replicas": [{"count": 1}, {"count": 1, "kv_capacity_tokens": 6}]},
+     "systems[0].cluster.replicas[1].scheduler.block_size_tokens = 4 does not divide "
+     "kv_capacity_tokens = 6"),
+    ({"replicas": [{"count": 1}, {"count": 1, "scheduler": {**PAGED, "max_num_batched_tokens": 8}}]},
+     "systems[0].cluster.replicas[1].scheduler.max_num_batched_tokens = 8"),
+])
+def test_a_group_s_or_pool_s_refusal_names_its_own_keys(tmp_path, pools: dict,  # noqa: ANN001
+                                                        named: str) -> None:
+    """Each read 'systems[0].scheduler...', a key the file had right."""
+    from orcasim.run import naming_system
+
+    trace = _trace(tmp_path, [(0.0, 10, 5)])
+    changes = _disagg(trace)
+    changes["systems"] = [{"name": "pd", "scheduler": PAGED, "cluster": pools}]
+    scenario = _scenario(changes)
+    with pytest.raises(ScenarioError) as err, naming_system(scenario, scenario.systems[0]):
+        run_scenario(scenario)
+    assert str(err.value).startswith(named), str(err.value)
+
+
 def test_a_link_s_transfer_time_by_hand() -> None:
     # bytes / bandwidth + latency, from the preset or the keys that override it.
     assert LinkConfig().transfer_s(3e9) == 5e-6 + 3e9 / 300e9  # NVLink 3, one way
