@@ -76,7 +76,8 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
                                initializer=_ignore_interrupts)
     try:
-        futures = {pool.submit(run, t): t for t in tasks}
+        with _interrupts_blocked():  # the first submit starts every worker
+            futures = {pool.submit(run, t): t for t in tasks}
         for future in as_completed(futures):
             try:
                 yield future.result()
@@ -108,8 +109,23 @@ def _interrupts_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _interrupts_blocked() -> Iterator[None]:
+    """Hold Ctrl-C back meanwhile: a worker started now inherits the blocked signal, so one
+    still importing (before `_ignore_interrupts`) cannot die of it with a traceback; this
+    process takes it when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _ignore_interrupts() -> None:
+    """A worker's: Ctrl-C is the parent's to act on (a pending one, held back while the
+    worker started, is dropped with it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
