@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -136,3 +137,21 @@ def test_cli_bad_backend_is_exit_2(tmp_path: Path) -> None:
                                    str(tmp_path / "out")])
     assert res.exit_code == 2
     assert "expected 'local' or 'ray'" in res.output
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_points_warnings_are_shown_alike_from_every_backend(tmp_path: Path, workers: int) -> None:
+    """An overloaded point warns that it saturated. Run here, the warning reached the user
+    ('warning: ...' from the command line); from a pool's worker it was printed raw by the
+    worker, and from Ray not at all. The warnings travel in the outcome and this process
+    warns of them, whatever ran the point."""
+    sweep = write_sweep(tmp_path, """
+parameters:
+  workload.arrival.rate_per_s: [1.0, 400.0]
+""")
+    with pytest.warns(UserWarning, match="orca: saturated"):
+        run_sweep(load_sweep(sweep), tmp_path / "out", workers=workers, progress=False)
+    outcome = json.loads((tmp_path / "out" / "points" / "p0001-r00" / "outcome.json").read_text())
+    assert any(w.startswith("orca: saturated") for w in outcome["warnings"])
+    quiet = json.loads((tmp_path / "out" / "points" / "p0000-r00" / "outcome.json").read_text())
+    assert quiet["warnings"] == []

@@ -44,7 +44,7 @@ from orcasim.scenario import Scenario
 from orcasim.sweeps.backends import Backend, check_backend, execute
 from orcasim.sweeps.spec import Sweep, Task, scenario_sweep
 from orcasim.sweeps.table import tidy_table
-from orcasim.sweeps.task import Outcome
+from orcasim.sweeps.task import Outcome, show_warnings
 
 OUTCOME_FILE = "outcome.json"
 
@@ -69,6 +69,7 @@ def run_sweep(
     todo = [t for t in tasks if not _finished(out_dir, t)]
     for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
         write_outcome(out_dir, outcome.id, outcome.to_json())
+        show_warnings(outcome)
     outcomes = [read_outcome(out_dir, t) for t in tasks]
     failed = [o for o in outcomes if not o.ok]
     table = tidy_table([o for o in outcomes if o.ok])
@@ -83,6 +84,8 @@ def run_sweep_in_memory(
     """Run every task and return the tidy table without writing anything (for notebooks)."""
     check_backend(backend, workers)
     outcomes = list(execute(sweep.tasks(), backend, workers, address))
+    for outcome in outcomes:
+        show_warnings(outcome)
     ok = [o for o in outcomes if o.ok]
     return SweepResult(tidy_table(ok), [o for o in outcomes if not o.ok], len(outcomes), 0)
 

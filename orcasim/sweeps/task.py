@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -50,6 +51,9 @@ class Outcome(JsonRecord):
     systems: dict[str, dict[str, float]] = field(default_factory=dict)
     error: str = ""
     wall_s: float = 0.0
+    # What the run warned of, in order, each once: a worker's warnings go nowhere a user
+    # sees (a pool's print raw, Ray's not at all), so the parent shows these (`show_warnings`).
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def failed(cls, task: Task, error: BaseException | str, wall_s: float = 0.0) -> Outcome:
@@ -63,14 +67,24 @@ def run_task(task: Task) -> Outcome:
     from orcasim.run import run_scenario
 
     start = time.perf_counter()
-    try:
-        result = run_scenario(task.scenario(), base_dir=Path(task.base_dir))
-    except Exception as e:  # noqa: BLE001 - recorded per point, reported at the end
-        return Outcome.failed(task, e, time.perf_counter() - start)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = run_scenario(task.scenario(), base_dir=Path(task.base_dir))
+        except Exception as e:  # noqa: BLE001 - recorded per point, reported at the end
+            return Outcome.failed(task, e, time.perf_counter() - start)
+    said = list(dict.fromkeys(str(w.message) for w in caught))
     # The realised load beside the summary: whether a system keeps up is judged against it.
     systems: dict[str, dict[str, Any]] = {
         n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy()), **r.summary}
         for n, r in result.systems.items()
     }
     return Outcome(task.id, task.point, task.replication, task.seed, task.params, True,
-                   systems=systems, wall_s=time.perf_counter() - start)
+                   systems=systems, wall_s=time.perf_counter() - start, warnings=said)
+
+
+def show_warnings(outcome: Outcome) -> None:
+    """Warn, here, of what a task's run warned of wherever it ran: the same text from every
+    backend, and a message many points share shown once (Python's default filter)."""
+    for message in outcome.warnings:
+        warnings.warn(message, UserWarning, stacklevel=2)
