@@ -526,6 +526,7 @@ def capacity(
     with goodput per GPU and cost per million output tokens; see orcasim.capacity."""
     from orcasim import capacity as cap
     from orcasim.results import check_replaceable, default_results_dir
+    from orcasim.slo import held_by_share
 
     out_dir = out
     try:
@@ -534,6 +535,8 @@ def capacity(
             fail(f"--attainment = {attainment:g}: expected a share in (0, 1]")
         scenario, base_dir, points, seed, name = _capacity_input(spec, set_ or [])
         slo_cfg = _capacity_slo(scenario, slo, attainment)
+        for line in held_by_share(slo_cfg):
+            typer.echo(f"warning: {line}", err=True)
         if replications < 1 or requests < 0 or not 0 < rel_tol < 1:
             fail(f"--replications {replications}, --requests {requests}, --rel-tol {rel_tol:g}: "
                  "expected replications >= 1, requests >= 0 and 0 < rel-tol < 1")

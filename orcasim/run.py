@@ -34,7 +34,7 @@ from orcasim.scenario import (
 from orcasim.schedulers import Scheduler, build_scheduler
 from orcasim.session_metrics import session_columns, sessions_frame, sessions_summary
 from orcasim.sessions import SessionSource
-from orcasim.slo import slo_summary
+from orcasim.slo import held_by_share, slo_summary
 from orcasim.sources import ArrivalSource
 from orcasim.workload import generate_requests
 
@@ -348,6 +348,8 @@ def run_scenario(
     elif not isinstance(scenario, Scenario):
         base_dir = base_dir or Path(scenario).resolve().parent
         scenario = load_scenario(scenario, overrides)
+    for line in held_by_share(scenario.slo) if scenario.slo is not None else []:
+        warnings.warn(line, UserWarning, stacklevel=2)
     with data_dir(base_dir or scenario.source_dir):
         requests = make_requests(scenario)
         check_warmup(scenario, requests)

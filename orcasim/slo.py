@@ -138,6 +138,17 @@ def attains(reqs: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
     return ok
 
 
+def held_by_share(slo: SLOConfig) -> list[str]:
+    """A line per target whose percentile lies below the attainment share: the share holds
+    it (`slo_summary`), so a p50 target at attainment 0.9 asks 90% of requests, not half,
+    to meet its bound. Said aloud, since the name reads otherwise."""
+    return [f"slo: {t.name} <= {t.bound_s:g} s is held at the attainment share "
+            f"{slo.attainment:g} ({slo.attainment * 100:g}% of requests within it), not at "
+            f"p{t.percentile:g}; for a p{t.percentile:g} target give attainment "
+            f"{t.percentile / 100:g}"
+            for t in slo.targets if t.percentile / 100 < slo.attainment]
+
+
 def slo_summary(reqs: pd.DataFrame, slo: SLOConfig, warmup_s: float = 0.0) -> dict[str, float]:
     """The run's attainment, each target's percentile, and whether the run meets the SLO
     (`slo_met`: 1.0 or 0.0), over the requests that arrived at or after `warmup_s`."""
