@@ -60,6 +60,9 @@ def resolve_data_path(path: str) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+    folders = [c for c in candidates if c.is_dir()]
+    if folders:  # it exists, but not as a file: "not found" would send the user looking
+        raise FileNotFoundError(f"'{path}' is a folder ({folders[0]}); expected a file")
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(f"file '{path}' not found (looked at: {tried})")
 

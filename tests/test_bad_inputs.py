@@ -96,6 +96,16 @@ def _write(tmp_path: Path, changes: dict[str, Any], trace: str | None) -> Path:
     return path
 
 
+def test_a_folder_given_for_a_file_is_called_a_folder(tmp_path: Path) -> None:
+    """It read "file 'runs' not found (looked at: .../runs)": the folder is right there."""
+    scenario = _write(tmp_path, {}, TRACE + "0,10,5\n")
+    (tmp_path / "runs").mkdir()
+    scenario.write_text(scenario.read_text().replace("path: trace.csv", "path: runs"))
+    result = CliRunner().invoke(app, ["validate", str(scenario)])
+    assert result.exit_code == 2, result.output
+    assert f"'runs' is a folder ({tmp_path / 'runs'}); expected a file" in result.output, result.output
+
+
 def test_nesting_too_deep_for_the_yaml_reader_is_malformed_yaml(tmp_path: Path) -> None:
     scenario = tmp_path / "deep.yaml"
     scenario.write_text("x: " + "[" * 5000 + "]" * 5000 + "\n")  # a RecursionError traceback
