@@ -9,8 +9,9 @@ models when the cost model's iteration time spans every stage.
 
 Timing: a cost model's `iteration_time_s` is the time of one iteration through all stages
 (compute of every layer plus the stage-to-stage sends). Each stage is busy for its layers'
-share of it (`catalog.stage_layers`; iteration_time_s / pipeline_parallel where they divide
-evenly or no model is given), and batches flow through the stages in order (a flow shop):
+share of it (`catalog.stage_layers`, `CostModel.stage_times_s`; iteration_time_s /
+pipeline_parallel where they divide evenly or no model is given; an engine overhead's launch
+floor is each stage's own), and batches flow through the stages in order (a flow shop):
 stage k starts a batch when the batch has left stage k-1 and stage k has finished the
 previous batch. An iteration row is the batch's time on the first stage, the busiest.
 """
@@ -105,7 +106,8 @@ class PipelineStepper:
         self.num_stages = num_stages
         # Each stage's layers where the model is known; an uneven split makes the busiest
         # stage the pipeline's bottleneck (40 layers on 3 stages: 14 of 40, not a third).
-        self.layers = tuple(layers) if layers is not None and len(set(layers)) > 1 else None
+        # Without a model, equal shares.
+        self.layers = tuple(layers) if layers is not None else (1,) * num_stages
         self.replica: Replica  # set by the replica that runs it
         self.wake_s: float | None = None
         self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
@@ -143,7 +145,7 @@ class PipelineStepper:
         """Progress is always up to date."""
 
     def _launch(self, plan: SchedulerOutput, now_s: float) -> _Flight:
-        times_s = self._stage_times_s(self.cost.iteration_time_s(plan.batch))
+        times_s = self.cost.stage_times_s(plan.batch, self.layers)
         t = now_s
         start_s = t
         for k, stage_s in enumerate(times_s):
@@ -153,14 +155,6 @@ class PipelineStepper:
             t = begin + stage_s
             self.stage_free_s[k] = t
         return _Flight(plan, start_s, t, times_s[0])
-
-    def _stage_times_s(self, iteration_s: float) -> list[float]:
-        """The iteration's time split over the stages by their layers (evenly without a
-        model, or where the layers divide evenly)."""
-        if self.layers is None:
-            return [iteration_s / self.num_stages] * self.num_stages
-        total = sum(self.layers)
-        return [iteration_s * layers / total for layers in self.layers]
 
 
 class PipelineEngine:

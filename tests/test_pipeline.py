@@ -151,6 +151,29 @@ def test_an_uneven_layer_split_paces_the_pipeline_by_its_busiest_stage() -> None
     assert result.iterations["duration_s"].tolist() == pytest.approx([0.35] * 4)  # the busiest
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_each_stage_launches_its_own_layers(mode: str) -> None:
+    """GPT-3 13B on 2 stages of 20 layers, a GPU step of 1 ms, 10 ms to launch a layer and
+    50 ms of host work a batch. A stage takes max(its 0.5 ms of GPU, 20 x 10 ms) + half the
+    host's 50 ms = 0.225 s. Split by layers, the whole iteration's floor (20 x 10 ms: the
+    busiest stage's) was halved too: 0.125 s, a stage faster than it can launch its kernels."""
+    sc = make_scenario(**{
+        "workload.num_requests": 1, "workload.arrival": {"kind": "constant", "rate_per_s": 1.0},
+        "workload.prompt_tokens": {"kind": "constant", "value": 2},
+        "workload.output_tokens": {"kind": "constant", "value": 3},
+        "model": "gpt3-13b", "kv_capacity_tokens": 1000, "engine.mode": mode,
+        "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+        "cost": {"kind": "linear", "base_s": 1e-3, "per_token_s": 0.0, "per_context_token_s": 0.0,
+                 "overhead": {"per_iteration_s": 0.05, "per_sequence_s": 0.0,
+                              "tensor_parallel_per_iteration_s": 0.0, "launch_per_layer_s": 0.01}},
+        "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 1}}],
+    })
+    result = run_scenario(sc).systems["orca"]
+    assert result.iterations["duration_s"].tolist() == pytest.approx([0.225] * 3, abs=1e-12)
+    start_s = float(result.requests["arrival_s"][0])
+    assert result.requests["finish_s"][0] == pytest.approx(start_s + 3 * 0.45, abs=1e-12)
+
+
 def test_the_kv_in_use_is_every_admitted_request_s_tokens_at_each_step() -> None:
     # Kept as a running sum; checked against the sum over the running set at every step.
     rng = np.random.default_rng(3)

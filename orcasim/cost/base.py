@@ -9,6 +9,7 @@ flattened sum of query tokens, attention sees each request on its own.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -133,6 +134,16 @@ class CostModel(ABC):
         without building the per-request array, and prices only the steps it needs.
         """
         return None
+
+    def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
+        """A pipelined iteration's time on each stage, which holds `layers[k]` layers: the
+        iteration's time split by layers (a model whose parts scale otherwise overrides it).
+        Equal stages take iteration / stages, whose bits a product by layers need not keep."""
+        iteration_s = self.iteration_time_s(batch)
+        if len(set(layers)) == 1:
+            return [iteration_s / len(layers)] * len(layers)
+        total = sum(layers)
+        return [iteration_s * k / total for k in layers]
 
     def out_of_range_count(self) -> int:
         """How many evaluations fell outside the model's measured or fitted range."""

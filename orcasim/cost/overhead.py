@@ -34,6 +34,7 @@ engine, measured at the engine).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,7 @@ class OverheadCost(CostModel):
                 "keys 'model' and 'hardware'"
             )
         self.inner = inner
+        self.launch_per_layer_s = cfg.launch_per_layer_s
         self.floor_s = (layers_per_stage or 0) * cfg.launch_per_layer_s
         processes = tensor_parallel * data_parallel
         tp_s = cfg.tensor_parallel_per_iteration_s if processes > 1 else 0.0
@@ -119,6 +121,21 @@ class OverheadCost(CostModel):
                                                   context_total)
         host_s = self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
         return max(gpu_s, self.floor_s) + host_s
+
+    def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
+        """Each stage's share of the GPU time and of the host's work, by its layers, but
+        each floored by launching its own layers: every stage's host launches all of its
+        kernels (split by layers, the floor shrank with the stages: 0.125 s a stage where
+        launching 20 layers at 10 ms takes 0.2)."""
+        if not self.launch_per_layer_s:  # no floor: the plain split (and its bits)
+            return super().stage_times_s(batch, layers)
+        if batch.size == 0:
+            return [0.0] * len(layers)
+        prefill = batch.query_tokens[batch.query_tokens > 1]
+        host_s = self.host_s(batch.size, sum(prefill.tolist()))
+        gpu_s, total = self.inner.iteration_time_s(batch), sum(layers)
+        return [max(gpu_s * k / total, k * self.launch_per_layer_s) + host_s * k / total
+                for k in layers]
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         gpu_s = self.inner.decode_steps_s(context_tokens, num_steps)
