@@ -85,18 +85,19 @@ def cost_models(specs: Sequence[ReplicaSpec], built: dict[int, CostModel]) -> li
 def naming_group(where: str, group: ReplicaGroup) -> Iterator[None]:
     """A refusal while building a group (or a pool) that gives keys of its own names it
     (`where`, e.g. 'cluster.replicas[1]'): 'scheduler.x = ...' as 'cluster.replicas[1].
-    scheduler.x = ...', any other as 'cluster.replicas[1]: ...'. A group of a count alone
-    runs the system's settings: its refusals name the system's keys, as they were."""
-    own = any(getattr(group, key) is not None
-              for key in ("model", "hardware", "kv_capacity_tokens", "scheduler", "cost"))
+    scheduler.x = ...' where the group gives its scheduler (so for `cost.`), any other as
+    'cluster.replicas[1]: ...' (the system's scheduler meeting the group's capacity, say). A
+    group of a count alone runs the system's settings: its refusals name the system's keys."""
+    given = [key for key in ("model", "hardware", "kv_capacity_tokens", "scheduler", "cost")
+             if getattr(group, key) is not None]
     try:
         yield
     except ScenarioError as e:
-        if not own:
+        if not given:
             raise
         text = str(e)
-        raise ScenarioError(f"{where}.{text}" if text.startswith(("scheduler.", "cost."))
-                            else f"{where}: {text}") from None
+        own = text.startswith(tuple(f"{key}." for key in given))
+        raise ScenarioError(f"{where}.{text}" if own else f"{where}: {text}") from None
 
 
 def replica_specs(scenario: Scenario, system: SystemConfig) -> list[ReplicaSpec]:

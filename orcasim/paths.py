@@ -108,6 +108,22 @@ def read_json(path: Path) -> Any:
         raise ScenarioError(f"{path}: not UTF-8 text; expected a JSON file") from None
     except json.JSONDecodeError as e:
         raise ScenarioError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:  # the decoder recurses per level of nesting
+        raise ScenarioError(f"{path}: not valid JSON (nested too deeply)") from None
+
+
+def read_problem(error: BaseException) -> str:
+    """Why a file could not be read or parsed, on one line (YAML's and JSON's messages run
+    over several, pointing at the place)."""
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    if mark is not None:  # yaml.MarkedYAMLError
+        return f"{problem or 'not YAML'} at line {mark.line + 1}, column {mark.column + 1}"
+    if problem:  # a YAML error with no place (nested too deeply)
+        return str(problem)
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8 text"
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text
 
 
 # The compressions pandas infers from a name's last suffix; the readers that are not pandas'

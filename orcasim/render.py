@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from orcasim import yaml_strict
 from orcasim.compare import read_metrics
 from orcasim.config import ScenarioError
 from orcasim.paths import read_csv, read_parquet
@@ -80,7 +81,7 @@ def _read_slo(path: Path) -> SLOConfig:
     from pydantic import ValidationError
 
     try:
-        return SLOConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        return SLOConfig.model_validate(yaml_strict.load(path.read_text(encoding="utf-8")))
     except (yaml.YAMLError, UnicodeDecodeError, ValidationError):
         raise ScenarioError(f"{path}: not the SLO block orcasim capacity writes") from None
 
@@ -88,7 +89,7 @@ def _read_slo(path: Path) -> SLOConfig:
 def _scenario_sweep(path: Path) -> tuple[str, str]:
     """A scenario sweep folder's swept parameter and scenario name, from its scenario.yaml."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml_strict.load(path.read_text(encoding="utf-8"))
         return str(data["sweep"]["parameter"]), str(data["name"])
     except (OSError, yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError):
         raise ScenarioError(f"{path}: not the scenario with a sweep block that orcasim run "

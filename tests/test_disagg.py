@@ -425,8 +425,8 @@ def test_a_decode_pool_that_could_admit_nothing_is_refused_up_front() -> None:
 @pytest.mark.parametrize(("pools", "named"), [
     ({"prefill": {"count": 1, "scheduler": {**PAGED, "max_num_batched_tokens": 8}},
       "decode": {"count": 1}}, "systems[0].cluster.prefill.scheduler.max_num_batched_tokens = 8"),
-    ({"replicas": [{"count": 1}, {"count": 1, "kv_capacity_tokens": 6}]},
-     "systems[0].cluster.replicas[1].scheduler.block_size_tokens = 4 does not divide "
+    ({"replicas": [{"count": 1}, {"count": 1, "kv_capacity_tokens": 6}]},  # the system's scheduler
+     "systems[0].cluster.replicas[1]: scheduler.block_size_tokens = 4 does not divide "
      "kv_capacity_tokens = 6"),
     ({"replicas": [{"count": 1}, {"count": 1, "scheduler": {**PAGED, "max_num_batched_tokens": 8}}]},
      "systems[0].cluster.replicas[1].scheduler.max_num_batched_tokens = 8"),
@@ -517,6 +517,22 @@ def test_the_decode_router_counts_what_it_routed_before_it_arrives(
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 4.0, 5.0, 6.0]
     assert reqs["decode_replica"].tolist() == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_least_tokens_counts_a_routed_request_s_output_not_its_prompt_again(
+        tmp_path, mode: str) -> None:  # noqa: ANN001
+    """A (20 tokens) decodes on instance 0 from 3.5 s. B (a 40-token prompt, 3 tokens out)
+    is routed to instance 1 at 4 s; its KV reaches it at 6.5. C, routed at 5, sees A's 18 or
+    so tokens left on 0 and B's 2 on 1 (its prompt is done: prefilled elsewhere), so goes to
+    1; counted as prompt + output, B's 43 sent C to 0."""
+    trace = _trace(tmp_path, [(0.0, 4, 20), (3.0, 40, 3), (3.0, 4, 30)])
+    changes = _disagg(trace, prefill={"scheduler": {**PAGED, "max_num_seqs": 1}},
+                      decode={"count": 2, "router": {"kind": "least_tokens"}},
+                      link={"latency_s": 2.5}, mode=mode)
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 4.0, 5.0]
+    assert reqs["decode_replica"].tolist() == [0, 1, 1]
 
 
 ALL_ROUTERS = ["random", "round_robin", "least_outstanding", "least_tokens", "least_kv",

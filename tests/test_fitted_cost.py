@@ -244,8 +244,9 @@ def test_distserve_needs_its_model_and_tensor_parallelism_and_reads_facebook_nam
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("{oops", r"cannot read a DistServe profile \(Expecting property name enclosed in double "
-              r"quotes: line 1 column 2 \(char 1\)\)"),
+    ("{oops", r"p\.json: not valid JSON \(Expecting property name enclosed in double quotes "
+              r"at line 1\)"),
+    ("[" * 100_000 + "]" * 100_000, r"p\.json: not valid JSON \(nested too deeply\)"),  # RecursionError
     ("[1, 2]", "expected DistServe's profile JSON, a mapping of model names to"),
     ("{}", "expected DistServe's profile JSON"),
     ('{"opt-13b": {"1": {}}}', "opt-13b: 1: prefill: Field required"),
@@ -275,6 +276,9 @@ def test_a_fitted_cost_names_its_file_and_what_it_lacks(tmp_path: Path) -> None:
                                             r"\(expected ',' or '\]', but got '<stream end>' at "
                                             r"line 1, column 18\)$"):
         build(path)  # YAML's own message ran over five lines
+    path.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")  # a RecursionError traceback
+    with pytest.raises(ScenarioError, match=r"cannot read a fitted cost model \(nested too deeply"):
+        build(path)
     path.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(ScenarioError, match=r"cannot read a fitted cost model \(not UTF-8 text\)$"):
         build(path)  # a UnicodeDecodeError traceback
@@ -446,3 +450,22 @@ def test_a_run_on_a_model_that_prices_no_time_stops_with_one_line(tmp_path: Path
         with pytest.raises(ScenarioError, match=r"neg\.yaml: priced a"):
             run_scenario(make_scenario(**{"cost": {"kind": "fitted", "path": str(path)},
                                           "engine.mode": mode}))
+
+
+def test_an_engine_overhead_that_lifts_a_fit_above_zero_runs_it(tmp_path: Path) -> None:
+    """The check is on what the engine runs: an intercept of -0.1 ms under a host's 1 ms a
+    step is 1 ms a step (it was refused inside the fit, before the overhead's floor)."""
+    path = tmp_path / "neg.yaml"
+    coef = dict(zip(term_names([]), [-1e-4, 0.0, 0.0, 1e-9, 0.0], strict=True))
+    path.write_text(yaml.safe_dump({"format": FORMAT, "coefficients_s": coef, "range": {}}))
+    overhead = {"per_iteration_s": 1e-3, "per_sequence_s": 0.0, "tensor_parallel_per_iteration_s": 0.0}
+    cost = build(path, overhead=overhead)
+    assert cost.iteration_time_s(batch([1], [10])) == 1e-3
+    assert cost.decode_steps_s(np.array([10, 20]), 3).tolist() == [1e-3] * 3
+    bare = build(path)  # and without it, still refused
+    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a batch of 1 requests"):
+        bare.iteration_time_s(batch([1], [10]))
+    nothing = build(path, overhead={**overhead, "per_iteration_s": 0.0})  # max(gpu, 0) + 0
+    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests "
+                                            r"at 0 s"):
+        nothing.decode_steps_s(np.array([10, 20]), 3)

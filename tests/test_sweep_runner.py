@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -155,3 +156,21 @@ parameters:
     assert any(w.startswith("orca: saturated") for w in outcome["warnings"])
     quiet = json.loads((tmp_path / "out" / "points" / "p0000-r00" / "outcome.json").read_text())
     assert quiet["warnings"] == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_warning_every_point_gives_is_shown_once(tmp_path: Path, workers: int) -> None:
+    """An SLO target below the attainment share warns at every point: once, from every
+    backend (in this process each task's catch_warnings wiped Python's memory of it, and it
+    came once per point)."""
+    sweep = write_sweep(tmp_path, """
+parameters:
+  workload.arrival.rate_per_s: [1.0, 2.0, 3.0]
+""")
+    (tmp_path / "tiny.yaml").write_text((tmp_path / "tiny.yaml").read_text()
+                                        + "slo: {targets: ['e2e_p50 <= 100']}\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # only the sweep's own rule may hold repeats back
+        run_sweep(load_sweep(sweep), tmp_path / "out", workers=workers, progress=False)
+    held = [w for w in caught if "held at the attainment share" in str(w.message)]
+    assert len(held) == 1, [str(w.message) for w in held]

@@ -21,7 +21,6 @@ reports (`max_num_tokens.csv`, pipeline degree 1); beyond it the profile says no
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt, Validat
 
 from orcasim.config import ScenarioError, format_validation_error
 from orcasim.cost.base import Batch, CostModel, check_durations
-from orcasim.cost.fitted import OutOfRangeCounter, read_problem
+from orcasim.cost.fitted import OutOfRangeCounter
+from orcasim.paths import read_json
 
 MS = 1e-3
 
@@ -54,9 +54,11 @@ def _read_profiles(path: Path) -> dict[str, dict[str, Any]]:
     """The profile file as {model: {tp: entry}}, or one line saying why it is not one."""
     where = f"cost.path = {path.name!r}"
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ScenarioError(f"{where}: cannot read a DistServe profile ({read_problem(e)})") from None
+        doc = read_json(path)
+    except OSError as e:
+        raise ScenarioError(f"{where}: cannot read ({e.strerror})") from None
+    except ScenarioError as e:  # not JSON, or not UTF-8: the reader's line, under the key
+        raise ScenarioError(f"{where}: {e}") from None
     if not (isinstance(doc, dict) and doc and all(isinstance(v, dict) for v in doc.values())):
         raise ScenarioError(f"{where}: expected DistServe's profile JSON, a mapping of model "
                             "names to tensor-parallel degrees to coefficients")
@@ -70,7 +72,7 @@ class DistServeCost(CostModel):
         self.large_ms = np.array(entry["decoding_largebs"], dtype=np.float64)
         self.threshold = int(entry["decoding_large_small_bs_threshold"])
         self.kv_capacity_tokens = kv_capacity_tokens
-        self.source = source
+        self.checked_source: str | None = source
         self._oor = OutOfRangeCounter(source)
 
     @classmethod
@@ -90,12 +92,12 @@ class DistServeCost(CostModel):
         source = f"{path.name}[{key}, tp={tensor_parallel}]"
         entry = doc[key][str(tensor_parallel)]
         try:
-            DistServeEntry.model_validate(entry)
+            checked = DistServeEntry.model_validate(entry).model_dump()
         except ValidationError as e:
             raise ScenarioError(format_validation_error(e, f"{where}: {key}: {tensor_parallel}",
                                                         entry)) from None
         capacity = _kv_capacity_tokens(path.parent / "max_num_tokens.csv", key, tensor_parallel)
-        return cls(entry, capacity, source)
+        return cls(checked, capacity, source)
 
     def _decode_coef(self, batch_size: int) -> np.ndarray:
         return self.small_ms if batch_size < self.threshold else self.large_ms
@@ -114,7 +116,7 @@ class DistServeCost(CostModel):
             a_p, b_p, c_p = self.prefill_ms
             prefill_ms = a_p + b_p * q[~decode].sum() + c_p * (q[~decode] * c[~decode]).sum()
             time_s = float(prefill_ms + decode_ms) * MS
-        check_durations(time_s, self.source, f"a batch of {len(q)} requests")
+        check_durations(time_s, self.checked_source, f"a batch of {len(q)} requests")
         return time_s
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
@@ -126,7 +128,7 @@ class DistServeCost(CostModel):
         self._oor.add(int(over.sum()), f"a decode step of {size} requests")
         a_d, b_d, c_d = self._decode_coef(size)
         times_s = (a_d + (b_d * context_sums + c_d * size)) * MS
-        check_durations(times_s, self.source, f"a decode step of {size} requests")
+        check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
         return times_s
 
     def out_of_range_count(self) -> int:

@@ -28,10 +28,11 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError
 
+from orcasim import yaml_strict
 from orcasim.config import ScenarioError, format_validation_error
 from orcasim.cost.base import Batch, CostModel, check_durations
 from orcasim.cost.overhead import CostConfigBase
-from orcasim.paths import DataPath, read_once, resolve_data_path
+from orcasim.paths import DataPath, read_once, read_problem, resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
 CALIBRATED_FORMAT = "orcasim-calibrated-cost/v1"  # a whole cost block (python -m calibrate logs)
@@ -95,18 +96,6 @@ class OutOfRangeCounter:
         self.count += n
 
 
-def read_problem(error: BaseException) -> str:
-    """Why a file could not be read or parsed, on one line (YAML's and JSON's messages run
-    over several, pointing at the place)."""
-    mark = getattr(error, "problem_mark", None)
-    if mark is not None:  # yaml.MarkedYAMLError
-        return f"{getattr(error, 'problem', None) or 'not YAML'} at line {mark.line + 1}, column {mark.column + 1}"
-    if isinstance(error, UnicodeDecodeError):
-        return "not UTF-8 text"
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if not isinstance(error, ValueError) else text
-
-
 class FittedDoc(BaseModel):
     """What a fitter's YAML must hold (other keys, the fit's record, are kept as written)."""
 
@@ -132,7 +121,7 @@ class FittedCost(CostModel):
             raise ScenarioError(f"{source}: coefficients_s lacks {', '.join(missing)}")
         self.coef = np.array([coef[n] for n in names])
         self.range = dict(fitted.range)
-        self.source = source
+        self.checked_source: str | None = source
         self._oor = OutOfRangeCounter(source)
 
     def iteration_time_s(self, batch: Batch) -> float:
@@ -142,7 +131,7 @@ class FittedCost(CostModel):
             self._oor.add(1, f"{outside[0]} = {inputs[outside[0]]:g}")
         row = design_matrix({k: np.array([v]) for k, v in inputs.items()}, self.knots_tokens)
         time_s = float(self._predict(row)[0])
-        check_durations(time_s, self.source, f"a batch of {len(batch.query_tokens)} requests")
+        check_durations(time_s, self.checked_source, f"a batch of {len(batch.query_tokens)} requests")
         return time_s
 
     def _predict(self, rows: np.ndarray) -> np.ndarray:
@@ -174,7 +163,7 @@ class FittedCost(CostModel):
                   "sum_context_decode": context_sums.astype(np.float64),
                   "sum_prefill_sq": np.zeros(num_steps)}
         times_s = self._predict(design_matrix(inputs, self.knots_tokens))
-        check_durations(times_s, self.source, f"a decode step of {size} requests")
+        check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
         return times_s
 
     def _inside_array(self, key: str, values: np.ndarray) -> np.ndarray:
@@ -187,7 +176,7 @@ class FittedCost(CostModel):
 
 def read_fitted_yaml(path: Path) -> dict[str, Any]:
     try:
-        doc = read_once(path, "fitted yaml", lambda: yaml.safe_load(path.read_text(encoding="utf-8")))
+        doc = read_once(path, "fitted yaml", lambda: yaml_strict.load(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ScenarioError(f"cost.path = {str(path)!r}: cannot read a fitted cost model "
                             f"({read_problem(e)})") from None

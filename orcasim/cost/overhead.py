@@ -41,7 +41,7 @@ import numpy as np
 from pydantic import NonNegativeFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.cost.base import Batch, CostModel, DecodeLine
+from orcasim.cost.base import Batch, CostModel, DecodeLine, check_durations
 
 VIDUR_PER_ITERATION_S = 0.81e-3  # TP 1: schedule + sampler + prepare inputs + process outputs
 VIDUR_PER_SEQUENCE_S = 0.042e-3  # the same medians' slope in the batch size (8 to 128)
@@ -91,6 +91,9 @@ class OverheadCost(CostModel):
                 "keys 'model' and 'hardware'"
             )
         self.inner = inner
+        # The engine runs the floored time: a fit pricing under a nanosecond that the floor
+        # lifts is fine, so the check moves here from the inner model.
+        self.checked_source, inner.checked_source = inner.checked_source, None
         self.launch_per_layer_s = cfg.launch_per_layer_s
         self.floor_s = (layers_per_stage or 0) * cfg.launch_per_layer_s
         processes = tensor_parallel * data_parallel
@@ -109,7 +112,10 @@ class OverheadCost(CostModel):
             return 0.0
         prefill = batch.query_tokens[batch.query_tokens > 1]
         host_s = self.host_s(batch.size, sum(prefill.tolist()))
-        return max(self.inner.iteration_time_s(batch), self.floor_s) + host_s
+        time_s = max(self.inner.iteration_time_s(batch), self.floor_s) + host_s
+        if self.checked_source is not None:
+            check_durations(time_s, self.checked_source, f"a batch of {batch.size} requests")
+        return time_s
 
     def iteration_time_lists_s(
         self, query_tokens: list[int], context_tokens: list[int], query_total: int,
@@ -120,7 +126,10 @@ class OverheadCost(CostModel):
         gpu_s = self.inner.iteration_time_lists_s(query_tokens, context_tokens, query_total,
                                                   context_total)
         host_s = self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
-        return max(gpu_s, self.floor_s) + host_s
+        time_s = max(gpu_s, self.floor_s) + host_s
+        if self.checked_source is not None:
+            check_durations(time_s, self.checked_source, f"a batch of {len(query_tokens)} requests")
+        return time_s
 
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
         """Each stage's share of the GPU time and of the host's work, by its layers, but
@@ -134,14 +143,20 @@ class OverheadCost(CostModel):
         prefill = batch.query_tokens[batch.query_tokens > 1]
         host_s = self.host_s(batch.size, sum(prefill.tolist()))
         gpu_s, total = self.inner.iteration_time_s(batch), sum(layers)
-        return [max(gpu_s * k / total, k * self.launch_per_layer_s) + host_s * k / total
-                for k in layers]
+        times_s = [max(gpu_s * k / total, k * self.launch_per_layer_s) + host_s * k / total
+                   for k in layers]
+        if self.checked_source is not None:
+            check_durations(np.array(times_s), self.checked_source, f"a batch of {batch.size} requests")
+        return times_s
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         gpu_s = self.inner.decode_steps_s(context_tokens, num_steps)
         if len(context_tokens) == 0:
             return gpu_s
-        return np.maximum(gpu_s, self.floor_s) + self.host_s(len(context_tokens), 0)
+        times_s = np.maximum(gpu_s, self.floor_s) + self.host_s(len(context_tokens), 0)
+        if self.checked_source is not None:
+            check_durations(times_s, self.checked_source, f"a decode step of {len(context_tokens)} requests")
+        return times_s
 
     def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
         line = self.inner.decode_line(size, context_total)

@@ -67,9 +67,10 @@ def run_sweep(
     tasks = sweep.tasks()
     _prepare(sweep, tasks, out_dir, resume, force)
     todo = [t for t in tasks if not _finished(out_dir, t)]
+    shown: set[str] = set()
     for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
         write_outcome(out_dir, outcome.id, outcome.to_json())
-        show_warnings(outcome)
+        show_warnings(outcome, shown)
     outcomes = [read_outcome(out_dir, t) for t in tasks]
     failed = [o for o in outcomes if not o.ok]
     table = tidy_table([o for o in outcomes if o.ok])
@@ -84,8 +85,9 @@ def run_sweep_in_memory(
     """Run every task and return the tidy table without writing anything (for notebooks)."""
     check_backend(backend, workers)
     outcomes = list(execute(sweep.tasks(), backend, workers, address))
+    shown: set[str] = set()
     for outcome in outcomes:
-        show_warnings(outcome)
+        show_warnings(outcome, shown)
     ok = [o for o in outcomes if o.ok]
     return SweepResult(tidy_table(ok), [o for o in outcomes if not o.ok], len(outcomes), 0)
 

@@ -83,8 +83,11 @@ def run_task(task: Task) -> Outcome:
                    systems=systems, wall_s=time.perf_counter() - start, warnings=said)
 
 
-def show_warnings(outcome: Outcome) -> None:
+def show_warnings(outcome: Outcome, shown: set[str]) -> None:
     """Warn, here, of what a task's run warned of wherever it ran: the same text from every
-    backend, and a message many points share shown once (Python's default filter)."""
+    backend, a message many points share once (`shown`: this sweep's so far; Python's own
+    memory of shown warnings is wiped by each in-process task's `catch_warnings`)."""
     for message in outcome.warnings:
-        warnings.warn(message, UserWarning, stacklevel=2)
+        if message not in shown:
+            shown.add(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
