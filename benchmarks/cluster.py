@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             times.append(time.process_time() - start_s)
         out[f"{mode}_cpu_s"] = statistics.median(times)
         out["throughput_rps"] = result.systems[spec["scheduler"]].summary["throughput_rps"]
-    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["peak_rss_bytes"] = single.peak_rss_bytes()
     return out
 
 

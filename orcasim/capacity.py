@@ -352,6 +352,12 @@ def t_interval(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def rate_interval(rates: np.ndarray) -> tuple[float, float]:
+    """`t_interval` of the replications' rates, stopped at 0: a rate is never negative."""
+    low, high = t_interval(rates)
+    return (low if math.isnan(low) else max(low, 0.0)), high
+
+
 def gpus_and_price(scenario: Scenario, system_name: str,
                    price_per_gpu_hour: float | None) -> tuple[int, float]:
     """GPUs the system occupies and its price per hour (NaN if a GPU has no catalog price
@@ -382,7 +388,7 @@ def capacity_table(outcomes: list[SearchOutcome], jobs: list[SearchJob],
     for (point, system), group in sorted(_groups(done), key=lambda g: order[g[0]]):
         job = by_key[(point, system)]
         rates = np.array([o.max_rate_per_s for o in group])
-        low, high = t_interval(rates)
+        low, high = rate_interval(rates)
         scenario = point_scenario(job, job.knob.start_rate_per_s)
         gpus, per_hour = gpus_and_price(scenario, system, price_per_gpu_hour)
         rate = float(rates.mean())

@@ -365,6 +365,8 @@ def plot(
     """Write every figure of RESULTS_DIR into it as PNG (and SVG)."""
     from orcasim.render import write_plots
 
+    if slo is not None and not (slo > 0 and math.isfinite(slo)):  # a log axis: no line drawn
+        fail(f"--slo {slo:g}: expected a positive, finite number of seconds per token")
     try:
         paths = write_plots(results_dir, svg=svg, slo=slo)
     except USER_ERRORS as e:

@@ -34,15 +34,22 @@ LOG_SPAN = 100.0
 SATURATED = "saturated: queue unstable"
 
 
-def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str) -> None:
-    """A figure's input has rows and the columns it reads, or a ValueError naming what is
-    missing (and what there is), before pandas or matplotlib fails deep inside."""
-    if table.empty:
-        raise ValueError(f"{what} has no rows (a sweep whose every point failed?): nothing to plot")
+class FigureInputError(ValueError):
+    """A figure's input lacks what the figure reads: bad input where a user's results
+    folder gave it (`orcasim plot` says so on one line), not a bug."""
+
+
+def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str,
+             empty_ok: bool = False) -> None:
+    """A figure's input has rows and the columns it reads, or a FigureInputError naming
+    what is missing (and what there is), before pandas or matplotlib fails deep inside."""
+    if table.empty and not empty_ok:
+        raise FigureInputError(f"{what} has no rows (a sweep whose every point failed?): "
+                               "nothing to plot")
     missing = [c for c in columns if c is not None and c not in table.columns]
     if missing:
-        raise ValueError(f"{what} has no column {', '.join(map(repr, missing))}; its columns: "
-                         f"{', '.join(map(str, table.columns))}")
+        raise FigureInputError(f"{what} has no column {', '.join(map(repr, missing))}; its "
+                               f"columns: {', '.join(map(str, table.columns))}")
 
 
 def _one_system(frame: pd.DataFrame) -> pd.DataFrame:
@@ -50,12 +57,17 @@ def _one_system(frame: pd.DataFrame) -> pd.DataFrame:
     return frame if "system" in frame.columns else frame.assign(system="this run")
 
 
-def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()) -> Figure:
+def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset(),
+                 warmup_s: float = 0.0) -> Figure:
     """CDFs of TTFT, TPOT, e2e and normalized latency, per `system` (a frame without that
-    column is one system's).
-    Systems in `saturated` are labelled so, and drawn dotted: their curves describe the run's
-    length, not the server."""
+    column is one system's), over the requests arriving at or after `warmup_s`, as the
+    summary counts them. Systems in `saturated` are labelled so, and drawn dotted: their
+    curves describe the run's length, not the server."""
     requests = _one_system(requests)
+    _checked(requests, (*CDF_METRICS, "arrival_s" if warmup_s > 0 else None), "the requests table",
+             empty_ok=True)
+    if warmup_s > 0:
+        requests = requests[requests["arrival_s"] >= warmup_s]
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (metric, label) in zip(axes.flat, CDF_METRICS.items(), strict=True):
@@ -78,7 +90,8 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
     handles, labels = axes.flat[0].get_legend_handles_labels()
     # Outside the panels: inside, a legend hides some curve in one of the four.
     fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
-    fig.suptitle("Latency distributions per system")
+    fig.suptitle("Latency distributions per system"
+                 + (f" (requests arriving after the {warmup_s:g} s warm-up)" if warmup_s > 0 else ""))
     return fig
 
 
@@ -191,6 +204,7 @@ def timelines(
         raise ValueError(f"num_bins = {num_bins}, columns = {columns!r}: expected at least one "
                          "window and one column")
     iterations = _one_system(iterations)
+    _checked(iterations, ("start_s", "duration_s", *columns), "the iterations table", empty_ok=True)
     end_s, edges_s, mids_s = time_bins(iterations, num_bins)
     fig = Figure(figsize=(11, 1.2 + 2.4 * len(columns)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(columns), 1, sharex=True))
@@ -276,11 +290,18 @@ def _other_system(column: str, index: int) -> bool:
     return match is not None and int(match.group(1)) != index
 
 
+# The last part of a parameter's path that says it sets the offered load: a rate, a trace's
+# speed-up (the capacity search's knob for a trace), a closed loop's or sessions' population.
+LOAD_KEYS = ("rate", "speedup", "num_clients", "concurrent_sessions")
+
+
 def load_parameter(table: pd.DataFrame) -> str | None:
-    """The swept parameter that sets the offered load: the first one naming a rate."""
+    """The swept parameter that sets the offered load: the first one naming a rate or
+    another load knob (LOAD_KEYS); without one, every value of the load drew a point."""
     from orcasim.sweeps.table import param_columns
 
-    return next((c for c in param_columns(table) if "rate" in c), None)
+    return next((c for c in param_columns(table)
+                 if any(key in c.rsplit(".", 1)[-1] for key in LOAD_KEYS)), None)
 
 
 def latency_vs_throughput(
@@ -307,8 +328,8 @@ def latency_vs_throughput(
         med = med.sort_index() if load else med.sort_values("throughput_rps")
         ax.plot(med["throughput_rps"], med[metric], label=line.label, **line.style)
         lowest = min(lowest, float(med[metric].min()))
-        if "saturated" in line.rows:
-            unstable = line.rows.groupby(by)["saturated"].median().reindex(med.index) > 0.5
+        if "saturated" in line.rows:  # any replication: a majority hid one of two
+            unstable = line.rows.groupby(by)["saturated"].max().reindex(med.index) > 0
         if "saturated" in line.rows and unstable.any():
             ax.scatter(med.loc[unstable, "throughput_rps"], med.loc[unstable, metric],
                        s=70, facecolors="none", edgecolors="red", zorder=3,
@@ -389,10 +410,11 @@ def scenario_sweep_figures(table: pd.DataFrame, parameter: str, title: str,
 
 def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
                    saturated: frozenset[str] = frozenset(),
-                   clusters: tuple[str, ...] = ()) -> dict[str, Figure]:
+                   clusters: tuple[str, ...] = (), warmup_s: float = 0.0) -> dict[str, Figure]:
     """The standard figures of one run from its frames (each with a `system` column), and
     each cluster's per-replica load (`replicas_<system>`), for the systems in `clusters`."""
-    figures = {"latency_cdf": latency_cdfs(requests, saturated), "timelines": timelines(iterations)}
+    figures = {"latency_cdf": latency_cdfs(requests, saturated, warmup_s),
+               "timelines": timelines(iterations)}
     for name in clusters:
         mine = iterations[iterations["system"] == name].drop(columns="system")
         figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name)
@@ -405,7 +427,7 @@ def run_figures(result: RunResult) -> dict[str, Figure]:
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
     unstable = frozenset(n for n, r in result.systems.items() if r.summary.get("saturated"))
     clusters = tuple(n for n, r in result.systems.items() if r.replicas is not None)
-    return frames_figures(reqs, iters, unstable, clusters)
+    return frames_figures(reqs, iters, unstable, clusters, result.scenario.warmup_s)
 
 
 def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attainment: float,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import yaml
@@ -14,6 +15,9 @@ from orcasim.config import ScenarioError
 from orcasim.paths import read_csv, read_parquet
 from orcasim.results import MARKER, mark_results, save_figure
 from orcasim.slo import SLOConfig
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -27,9 +31,27 @@ def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) -> list[Path]:
     """Write every figure of a run, sweep, scenario sweep or capacity folder as PNG (and
     SVG); return the paths."""
-    from orcasim.plots import frames_figures, scenario_sweep_figures, sweep_figures
+    from orcasim.plots import FigureInputError
 
     results_dir = Path(results_dir)
+    try:
+        figures = _figures(results_dir, slo)
+    except FigureInputError as e:  # a damaged or foreign folder: bad input, not a bug
+        raise ScenarioError(f"{results_dir}: {e}") from None
+    paths: list[Path] = []
+    for stem, fig in figures.items():
+        if (results_dir / MARKER).is_file():  # figures are orcasim's files: --force may replace
+            # them. Listed before they are written, as record_file does: one written before a
+            # later figure failed was left unlisted, and --force then refused the folder.
+            mark_results(results_dir, [f"{stem}.png", *([f"{stem}.svg"] if svg else [])])
+        paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
+    return paths
+
+
+def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
+    """The folder's figures, by file stem, from the files its kind keeps."""
+    from orcasim.plots import frames_figures, scenario_sweep_figures, sweep_figures
+
     if (results_dir / "sweep.parquet").exists():
         table = read_parquet(results_dir / "sweep.parquet")
         if table.empty:
@@ -56,18 +78,12 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
         # A cluster's run keeps its per-replica summaries, which its load figure goes with.
         clusters = tuple(n for n in summary if (results_dir / n / "replicas.csv").is_file())
-        figures = frames_figures(*load_run_frames(results_dir), unstable, clusters)
+        figures = frames_figures(*load_run_frames(results_dir), unstable, clusters,
+                                 _warmup_s(results_dir / "scenario.yaml"))
     else:
         raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet, sweep.csv or "
                                 "capacity.csv (is it a results folder?)")
-    paths: list[Path] = []
-    for stem, fig in figures.items():
-        if (results_dir / MARKER).is_file():  # figures are orcasim's files: --force may replace
-            # them. Listed before they are written, as record_file does: one written before a
-            # later figure failed was left unlisted, and --force then refused the folder.
-            mark_results(results_dir, [f"{stem}.png", *([f"{stem}.svg"] if svg else [])])
-        paths += save_figure(fig, results_dir / f"{stem}.png", svg=svg)
-    return paths
+    return figures
 
 
 def _no_slo_line(slo: float | None, results_dir: Path, what: str) -> None:
@@ -84,6 +100,16 @@ def _read_slo(path: Path) -> SLOConfig:
         return SLOConfig.model_validate(yaml_strict.load(path.read_text(encoding="utf-8")))
     except (yaml.YAMLError, UnicodeDecodeError, ValidationError):
         raise ScenarioError(f"{path}: not the SLO block orcasim capacity writes") from None
+
+
+def _warmup_s(path: Path) -> float:
+    """A run folder's warm-up, from the scenario.yaml it wrote (0 where it has none)."""
+    try:
+        data = yaml_strict.load(path.read_text(encoding="utf-8"))
+        return float(data.get("warmup_s", 0.0))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, AttributeError, TypeError, ValueError):
+        raise ScenarioError(f"{path}: not the scenario orcasim run writes beside summary.json "
+                            "(its warmup_s says which requests the figures count)") from None
 
 
 def _scenario_sweep(path: Path) -> tuple[str, str]:

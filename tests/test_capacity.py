@@ -341,3 +341,12 @@ def test_shipped_scenarios_get_capacity_answers(tmp_path: Path, scenario: str, s
     table = pd.read_csv(tmp_path / "c" / "capacity.csv").set_index("system")
     assert (table["max_rate_per_s"] > 0).all()
     assert table["max_rate_per_s"].idxmax() == iteration_level
+
+
+def test_an_interval_of_a_rate_stops_at_zero() -> None:
+    """Two replications far apart: Student's t reaches below 0, a rate no server has (a
+    tester's search read ci_low = -1.02 req/s)."""
+    low, high = cap.rate_interval(np.array([0.1, 2.0]))
+    assert low == 0.0 and high == pytest.approx(cap.t_interval(np.array([0.1, 2.0]))[1])
+    assert cap.t_interval(np.array([0.1, 2.0]))[0] < 0  # what it was
+    assert cap.rate_interval(np.array([1.0, 1.1])) == cap.t_interval(np.array([1.0, 1.1]))

@@ -290,3 +290,53 @@ def test_one_systems_frames_and_a_lone_request_draw() -> None:
     assert len(lines) == 1 and lines[0].get_marker() == "o" and lines[0].get_label() == "this run"
     frame = iterations([(0.0, 1.0, 2), (1.0, 1.0, 3)]).drop(columns="system", errors="ignore")
     assert isinstance(timelines(frame, columns=("batch_size",)), Figure)
+
+
+def test_a_trace_s_speedup_is_the_load_its_lines_run_along(sweep_table: pd.DataFrame) -> None:
+    """A sweep over a trace's speed-up drew one loose point per (system, value): no line
+    named a rate, so each load value was a line of its own."""
+    from orcasim.plots import load_parameter
+
+    table = sweep_table.rename(columns={"workload.arrival.rate_per_s": "workload.arrival.speedup"})
+    assert load_parameter(table) == "workload.arrival.speedup"
+    lines = latency_vs_throughput(table).axes[0].get_lines()
+    assert [len(line.get_xdata()) for line in lines] == [2, 2, 2]  # two loads, three lines
+
+
+def test_a_point_saturated_in_one_replication_of_two_is_ringed(sweep_table: pd.DataFrame) -> None:
+    """Ringed where any replication saturated: a majority rule left one of two unmarked."""
+    from orcasim.plots import SATURATED
+
+    table = sweep_table.assign(saturated=0.0)
+    table.loc[table.index[-1], "saturated"] = 1.0  # one replication of one point
+    assert SATURATED in latency_vs_throughput(table).axes[0].get_legend_handles_labels()[1]
+
+
+def test_the_cdfs_count_the_requests_the_summary_counts() -> None:
+    """After the warm-up only: the figure counted every request, the summary the later."""
+    from orcasim.plots import latency_cdfs
+
+    reqs = pd.DataFrame({"system": ["a"] * 4, "arrival_s": [0.0, 1.0, 2.0, 3.0],
+                         "ttft_s": [9.0, 9.0, 0.1, 0.3], "tpot_s": [0.01] * 4,
+                         "e2e_s": [9.0, 9.0, 1.0, 3.0], "normalized_latency_s_per_token": [0.1] * 4})
+    fig = latency_cdfs(reqs, warmup_s=2.0)
+    assert fig.axes[0].get_lines()[0].get_xdata().tolist() == [0.1, 0.3]
+    assert "after the 2 s warm-up" in fig._suptitle.get_text()
+
+
+def test_plot_refuses_a_damaged_run_folder_and_a_meaningless_slo_on_one_line(
+        tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario), "--out", str(out), "--no-plots"]).exit_code == 0
+    for value in ("-1", "0", "inf"):  # exit 0, a legend entry and no line
+        res = CliRunner().invoke(app, ["plot", str(out), f"--slo={value}"])
+        assert res.exit_code == 2 and "expected a positive, finite number" in res.output, res.output
+    for system in ("request-level", "orca"):  # a KeyError traceback
+        path = out / system / "requests.parquet"
+        pd.read_parquet(path).drop(columns="ttft_s").to_parquet(path)
+    res = CliRunner().invoke(app, ["plot", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "the requests table has no column 'ttft_s'" in res.output and "\n" == res.output[-1]
+    assert res.output.count("\n") == 1
