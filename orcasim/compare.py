@@ -46,6 +46,10 @@ def metrics_kind(path: Path) -> str:
         return "run"
     if (path / "sweep.parquet").exists() or (path / "sweep.csv").exists():
         return "sweep"
+    if (path / "capacity.csv").exists():  # its plan.json made it read as baselines
+        raise ScenarioError(f"{path}: a capacity folder, which compare does not read; expected "
+                            "a run, a sweep or a baselines folder (compare capacity.csv files "
+                            "with a table tool)")
     if any(path.glob("*.json")):
         return "baselines folder"
     raise FileNotFoundError(f"{path}: no summary.json, sweep.parquet or baseline .json files "

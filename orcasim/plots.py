@@ -417,6 +417,9 @@ def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
                "timelines": timelines(iterations)}
     for name in clusters:
         mine = iterations[iterations["system"] == name].drop(columns="system")
+        # Concatenated beside a plain system's rows, the replica column turned float (NaN
+        # there): 'replica 0.0' in the legend.
+        mine = mine.astype({c: np.int64 for c in ("replica",) if c in mine})
         figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name)
     return figures
 

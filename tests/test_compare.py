@@ -6,10 +6,12 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from orcasim.cli import app
 from orcasim.compare import deltas, load_metrics, relative_change
+from orcasim.config import ScenarioError
 
 
 def write_summary(folder: Path, summary: dict[str, dict[str, float | None]]) -> Path:
@@ -165,3 +167,16 @@ def test_kinds_baselines_and_float_noise(tmp_path: Path) -> None:
     assert list(load_metrics(baselines)) == ["quick/orca"]
     res = CliRunner().invoke(app, ["compare", "results/baselines", "results/baselines"])
     assert res.exit_code == 0 and " 0 of " in res.output
+
+
+def test_a_capacity_folder_is_named_as_one(tmp_path: Path) -> None:
+    """Its plan.json made it read as a baselines folder: 'cap is a baselines folder and run
+    a run', or 'plan.json: expected {system: {metric: number}}'."""
+    from orcasim.compare import metrics_kind
+
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    (cap / "capacity.csv").write_text("point,system,max_rate_per_s\n0,orca,1.0\n")
+    (cap / "plan.json").write_text("{}")
+    with pytest.raises(ScenarioError, match="a capacity folder, which compare does not read"):
+        metrics_kind(cap)

@@ -340,3 +340,16 @@ def test_plot_refuses_a_damaged_run_folder_and_a_meaningless_slo_on_one_line(
     assert res.exit_code == 2, res.output
     assert "the requests table has no column 'ttft_s'" in res.output and "\n" == res.output[-1]
     assert res.output.count("\n") == 1
+
+
+def test_a_cluster_beside_a_plain_system_names_its_replicas_as_integers(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO.replace(
+        "max_batch_size: 4}}\n", "max_batch_size: 4}, cluster: {replicas: 2}}\n", 1))
+    from orcasim.plots import run_figures
+    from orcasim.run import run_scenario
+
+    result = run_scenario(str(scenario))  # request-level is the cluster, orca plain
+    fig = run_figures(result)["replicas_request-level"]
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["replica 0", "replica 1"], labels  # 'replica 0.0' beside a plain system
