@@ -76,6 +76,11 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "workload.system_prompt.tokens = 10000000000000000000: Input should be less than or equal"),
     ("huge system prompt variants", {"workload.system_prompt": {"tokens": 10, "variants": 10**19}},
      None, "workload.system_prompt.variants = 10000000000000000000: Input should be less than"),
+    # A memory budget at or below zero blamed the weights, under "(top level)".
+    ("no memory budget", {"model": "opt-13b", "kv_capacity_tokens": None,
+                          "hardware": {"gpu": "a100-80gb", "gpu_memory_utilization": 1e-300}}, None,
+     "hardware.gpu_memory_utilization = 1e-300 of 80 GB less activation_reserve_gib = 1 leaves "
+     "-1.07 GB for weights and KV"),
     # Its folder could not be made, after the whole run (exit 1).
     ("a system name too long for a folder",
      {"systems": [{"name": "a" * 300, "scheduler": {"kind": "paged"}}]}, None,

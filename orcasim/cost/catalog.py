@@ -452,6 +452,12 @@ def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
     """
     weights_per_gpu = weight_bytes_per_gpu(model, hw)
     budget = hw.gpu.memory_bytes * hw.gpu_memory_utilization - hw.activation_reserve_gib * GIB
+    if budget <= 0:  # the two settings alone: say so, not that the weights are too large
+        raise ScenarioError(
+            f"hardware.gpu_memory_utilization = {hw.gpu_memory_utilization:g} of "
+            f"{hw.gpu.memory_bytes / 1e9:g} GB less activation_reserve_gib = "
+            f"{hw.activation_reserve_gib:g} leaves {budget / 1e9:.3g} GB for weights and KV; "
+            "expected a utilisation near vLLM's 0.9 and a reserve well under the GPU's memory")
     tokens_per_gpu = int((budget - weights_per_gpu) // kv_bytes_per_token_per_gpu(model, hw))
     if tokens_per_gpu < 1:  # weights over the budget, or too close to it for one token's KV
         raise ScenarioError(
