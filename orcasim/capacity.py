@@ -157,7 +157,7 @@ def rate_knob(scenario: Scenario, base_dir: Path | None = None,
         return RateKnob("workload.arrival.speedup", own_rate, own_rate * speedup)
     raise ScenarioError(f"workload.arrival.kind = '{kind}': a capacity search scales an open "
                         "arrival process (poisson, gamma, constant or trace); a closed loop "
-                        "sets its own rate")
+                        "sets its own rate, and a session's calls follow its answers")
 
 
 # ---- one search ---------------------------------------------------------------------------
