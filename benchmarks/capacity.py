@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -27,6 +26,9 @@ sys.path.insert(0, str(ROOT))
 from orcasim import capacity as cap  # noqa: E402
 from orcasim.scenario import load_scenario, scenario_from_dict  # noqa: E402
 from orcasim.slo import slo_from_strings  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engine  # noqa: E402 - benchmarks/engine.py, beside this file
 
 RESULTS = Path(__file__).parent / "results" / "capacity.json"
 REPEATS = 3
@@ -71,16 +73,16 @@ def main() -> None:
             rows.append(row)
             print(f"{label:28s} workers {workers}: {row['wall_s']:6.1f} s, "
                   f"{row['evaluations']} rates evaluated, capacity {row['max_rate_per_s']:.3g} req/s")
-    self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    # This process's own peak (VmHWM). The workers' is not reported: RUSAGE_CHILDREN keeps
+    # this process's high-water mark in every spawned worker (it read exactly the parent's).
+    self_rss = engine.peak_rss_bytes()
     record = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
               "python": platform.python_version(), "repeats": REPEATS, "slo": SLO,
               "replications": 3, "requests_per_rate": cap.DEFAULT_REQUESTS,
-              "rel_tol": cap.DEFAULT_REL_TOL, "peak_rss_bytes": {"parent": self_rss,
-                                                                 "largest_worker": child_rss},
+              "rel_tol": cap.DEFAULT_REL_TOL, "peak_rss_bytes": {"parent": self_rss},
               "cases": rows}
     RESULTS.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"peak RSS: parent {self_rss / 2**20:.0f} MiB, largest worker {child_rss / 2**20:.0f} MiB")
+    print(f"peak RSS: parent {self_rss / 2**20:.0f} MiB")
     print(f"written to {RESULTS}")
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,10 +247,15 @@ class RecordingCost(CostModel):
         # priced once and noted.
         if batch.size == 0:
             return 0.0
-        gpu_s = max(self.cost.inner.iteration_time_s(batch), self.cost.floor_s)
+        gpu_s = self.cost.gpu_part_s(batch)
         prefill = sum(batch.query_tokens[batch.query_tokens > 1].tolist())
         self.rows.append((gpu_s, batch.size, prefill))
         return gpu_s + self.cost.host_s(batch.size, prefill)
+
+    def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
+        # One row per iteration is what the fit solves over; a pipeline's stages overlap.
+        raise ScenarioError("a pipelined Orca system cannot be calibrated from logs: its "
+                            "stages overlap, and the fit needs one iteration after another")
 
     def out_of_range_count(self) -> int:
         return self.cost.out_of_range_count()

@@ -419,7 +419,8 @@ def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
         mine = iterations[iterations["system"] == name].drop(columns="system")
         # Concatenated beside a plain system's rows, the replica column turned float (NaN
         # there): 'replica 0.0' in the legend.
-        mine = mine.astype({c: np.int64 for c in ("replica",) if c in mine})
+        if "replica" in mine:
+            mine = mine.astype({"replica": np.int64})
         figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name)
     return figures
 

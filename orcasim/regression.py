@@ -25,7 +25,8 @@ BASELINE_DIR = Path("results/baselines")
 # move them): every count a summary reports.
 TOLERANCES: dict[str, float] = dict.fromkeys(
     ("requests_completed", "iterations", "cost_out_of_range", "preemptions", "requests_rejected",
-     "recomputed_tokens", "cache_evictions", "prefill_tokens_saved", "replicas"), 0.0)
+     "recomputed_tokens", "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
+     "replicas", "prefill_replicas", "decode_replicas", "sessions_completed"), 0.0)
 # `tolerance`: the relative change the metric may make (0: a count); `note` says where a
 # side is missing rather than NaN, which a table cannot tell apart.
 MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change", "tolerance", "note"]

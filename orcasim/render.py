@@ -103,7 +103,11 @@ def _read_slo(path: Path) -> SLOConfig:
 
 
 def _warmup_s(path: Path) -> float:
-    """A run folder's warm-up, from the scenario.yaml it wrote (0 where it has none)."""
+    """A run folder's warm-up, from the scenario.yaml it wrote (0, said, where it has none)."""
+    if not path.is_file():
+        warnings.warn(f"{path.parent}: no scenario.yaml, so its warm-up is unknown: the latency "
+                      "CDFs count every request", UserWarning, stacklevel=3)
+        return 0.0
     try:
         data = yaml_strict.load(path.read_text(encoding="utf-8"))
         return float(data.get("warmup_s", 0.0))

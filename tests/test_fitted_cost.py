@@ -452,20 +452,27 @@ def test_a_run_on_a_model_that_prices_no_time_stops_with_one_line(tmp_path: Path
                                           "engine.mode": mode}))
 
 
-def test_an_engine_overhead_that_lifts_a_fit_above_zero_runs_it(tmp_path: Path) -> None:
-    """The check is on what the engine runs: an intercept of -0.1 ms under a host's 1 ms a
-    step is 1 ms a step (it was refused inside the fit, before the overhead's floor)."""
+def test_a_launch_floor_lifts_a_fit_above_zero_and_host_work_does_not(tmp_path: Path) -> None:
+    """The check is on the GPU part the engine runs, max(fit, launch floor): an intercept of
+    -0.1 ms under a floor of 10 layers x 0.1 ms is 1 ms (it was refused inside the fit,
+    before the floor). Host work added after it lifts nothing: with a host's 1 ms and no
+    floor, the negative fit ran at the host's time, unnoticed."""
+    from orcasim.cost import build_cost_model
+    from orcasim.cost.overhead import OverheadConfig, OverheadCost
+
     path = tmp_path / "neg.yaml"
     coef = dict(zip(term_names([]), [-1e-4, 0.0, 0.0, 1e-9, 0.0], strict=True))
     path.write_text(yaml.safe_dump({"format": FORMAT, "coefficients_s": coef, "range": {}}))
-    overhead = {"per_iteration_s": 1e-3, "per_sequence_s": 0.0, "tensor_parallel_per_iteration_s": 0.0}
-    cost = build(path, overhead=overhead)
-    assert cost.iteration_time_s(batch([1], [10])) == 1e-3
-    assert cost.decode_steps_s(np.array([10, 20]), 3).tolist() == [1e-3] * 3
-    bare = build(path)  # and without it, still refused
-    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a batch of 1 requests"):
-        bare.iteration_time_s(batch([1], [10]))
-    nothing = build(path, overhead={**overhead, "per_iteration_s": 0.0})  # max(gpu, 0) + 0
-    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests "
-                                            r"at 0 s"):
-        nothing.decode_steps_s(np.array([10, 20]), 3)
+    bare = build(path)
+    checked, bare.checked_source = bare.checked_source, None  # as build_cost_model hands it over
+    floor = OverheadConfig(per_iteration_s=1e-3, per_sequence_s=0.0,
+                           tensor_parallel_per_iteration_s=0.0, launch_per_layer_s=1e-4)
+    cost = OverheadCost(bare, floor, 10, 1, checked_source=checked)
+    assert cost.iteration_time_s(batch([1], [10])) == pytest.approx(2e-3)
+    assert cost.decode_steps_s(np.array([10, 20]), 3).tolist() == pytest.approx([2e-3] * 3)
+    host_only = {"per_iteration_s": 1e-3, "per_sequence_s": 0.0, "tensor_parallel_per_iteration_s": 0.0}
+    lifted = build_cost_model(FittedCostConfig(kind="fitted", path=str(path), overhead=host_only))
+    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a batch of 1 requests at 0 s"):
+        lifted.iteration_time_s(batch([1], [10]))
+    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests"):
+        lifted.decode_steps_s(np.array([10, 20]), 3)

@@ -353,3 +353,19 @@ def test_a_cluster_beside_a_plain_system_names_its_replicas_as_integers(tmp_path
     fig = run_figures(result)["replicas_request-level"]
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == ["replica 0", "replica 1"], labels  # 'replica 0.0' beside a plain system
+
+
+def test_plot_redraws_a_run_s_cdfs_after_its_warm_up_as_run_drew_them(tmp_path: Path) -> None:
+    """The warm-up comes from the scenario.yaml the run wrote: the same figure, byte for byte
+    (plot drew every request); without that file, every request, said so."""
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO + "warmup_s: 5.0\n")
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario), "--out", str(out)]).exit_code == 0
+    drawn = (out / "latency_cdf.png").read_bytes()
+    write_plots(out)
+    assert (out / "latency_cdf.png").read_bytes() == drawn
+    (out / "scenario.yaml").unlink()
+    with pytest.warns(UserWarning, match="no scenario.yaml, so its warm-up is unknown"):
+        write_plots(out)
+    assert (out / "latency_cdf.png").read_bytes() != drawn

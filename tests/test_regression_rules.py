@@ -55,7 +55,9 @@ def test_counts_use_no_tolerance_and_every_other_metric_the_default() -> None:
     # "counts must match exactly" did not allow).
     assert set(TOLERANCES) == {"requests_completed", "iterations", "cost_out_of_range",
                                "preemptions", "requests_rejected", "recomputed_tokens",
-                               "cache_evictions", "prefill_tokens_saved", "replicas"}
+                               "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
+                               "replicas", "prefill_replicas", "decode_replicas",
+                               "sessions_completed"}
     for metric in TOLERANCES:
         assert tolerance(metric) == 0.0
     assert tolerance("e2e_s_p50") == DEFAULT_REL_TOL

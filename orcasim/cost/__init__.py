@@ -27,11 +27,15 @@ def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> C
     gpu = _gpu_cost_model(cfg, deployment)
     if cfg.overhead is None:
         return gpu
+    # The overhead checks the floored GPU time (`OverheadCost.gpu_part_s`): the model it
+    # wraps, built here for it alone, gives up its own check.
+    checked, gpu.checked_source = gpu.checked_source, None
     if deployment is None:
-        return OverheadCost(gpu, cfg.overhead, None, 1)
+        return OverheadCost(gpu, cfg.overhead, None, 1, checked_source=checked)
     hw = deployment.hardware
     layers = layers_per_stage(deployment.model, hw.pipeline_parallel)
-    return OverheadCost(gpu, cfg.overhead, layers, hw.tensor_parallel, hw.data_parallel_attention)
+    return OverheadCost(gpu, cfg.overhead, layers, hw.tensor_parallel, hw.data_parallel_attention,
+                        checked_source=checked)
 
 
 def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel:

@@ -83,7 +83,7 @@ class OverheadCost(CostModel):
 
     def __init__(
         self, inner: CostModel, cfg: OverheadConfig, layers_per_stage: int | None,
-        tensor_parallel: int, data_parallel: int = 1,
+        tensor_parallel: int, data_parallel: int = 1, checked_source: str | None = None,
     ) -> None:
         if cfg.launch_per_layer_s and layers_per_stage is None:
             raise ScenarioError(
@@ -91,9 +91,11 @@ class OverheadCost(CostModel):
                 "keys 'model' and 'hardware'"
             )
         self.inner = inner
-        # The engine runs the floored time: a fit pricing under a nanosecond that the floor
-        # lifts is fine, so the check moves here from the inner model.
-        self.checked_source, inner.checked_source = inner.checked_source, None
+        # The GPU part the engine runs is the floored one: a fit pricing under a nanosecond
+        # that a launch floor lifts is fine, so a model read from a file (`checked_source`)
+        # is checked here, on max(gpu, floor), by whoever built `inner` unchecked. Host work
+        # does not lift it: a negative GPU time is wrong whatever is added to it.
+        self.checked_source = checked_source
         self.launch_per_layer_s = cfg.launch_per_layer_s
         self.floor_s = (layers_per_stage or 0) * cfg.launch_per_layer_s
         processes = tensor_parallel * data_parallel
@@ -107,15 +109,19 @@ class OverheadCost(CostModel):
         return (self.fixed_s + self.per_sequence_s * batch_size
                 + self.per_prefill_token_s * prefill_tokens)
 
+    def gpu_part_s(self, batch: Batch) -> float:
+        """The GPU's part of a (non-empty) batch's iteration: its time, floored by the
+        launches; checked where the model came from a file."""
+        gpu_s = max(self.inner.iteration_time_s(batch), self.floor_s)
+        if self.checked_source is not None:
+            check_durations(gpu_s, self.checked_source, f"a batch of {batch.size} requests")
+        return gpu_s
+
     def iteration_time_s(self, batch: Batch) -> float:
         if batch.size == 0:
             return 0.0
         prefill = batch.query_tokens[batch.query_tokens > 1]
-        host_s = self.host_s(batch.size, sum(prefill.tolist()))
-        time_s = max(self.inner.iteration_time_s(batch), self.floor_s) + host_s
-        if self.checked_source is not None:
-            check_durations(time_s, self.checked_source, f"a batch of {batch.size} requests")
-        return time_s
+        return self.gpu_part_s(batch) + self.host_s(batch.size, sum(prefill.tolist()))
 
     def iteration_time_lists_s(
         self, query_tokens: list[int], context_tokens: list[int], query_total: int,
@@ -123,13 +129,11 @@ class OverheadCost(CostModel):
     ) -> float:
         if not query_tokens:
             return 0.0
-        gpu_s = self.inner.iteration_time_lists_s(query_tokens, context_tokens, query_total,
-                                                  context_total)
-        host_s = self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
-        time_s = max(gpu_s, self.floor_s) + host_s
+        gpu_s = max(self.inner.iteration_time_lists_s(query_tokens, context_tokens, query_total,
+                                                      context_total), self.floor_s)
         if self.checked_source is not None:
-            check_durations(time_s, self.checked_source, f"a batch of {len(query_tokens)} requests")
-        return time_s
+            check_durations(gpu_s, self.checked_source, f"a batch of {len(query_tokens)} requests")
+        return gpu_s + self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
 
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
         """Each stage's share of the GPU time and of the host's work, by its layers, but
@@ -143,20 +147,19 @@ class OverheadCost(CostModel):
         prefill = batch.query_tokens[batch.query_tokens > 1]
         host_s = self.host_s(batch.size, sum(prefill.tolist()))
         gpu_s, total = self.inner.iteration_time_s(batch), sum(layers)
-        times_s = [max(gpu_s * k / total, k * self.launch_per_layer_s) + host_s * k / total
-                   for k in layers]
+        gpus_s = [max(gpu_s * k / total, k * self.launch_per_layer_s) for k in layers]
         if self.checked_source is not None:
-            check_durations(np.array(times_s), self.checked_source, f"a batch of {batch.size} requests")
-        return times_s
+            check_durations(np.array(gpus_s), self.checked_source, f"a batch of {batch.size} requests")
+        return [g + host_s * k / total for g, k in zip(gpus_s, layers, strict=True)]
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         gpu_s = self.inner.decode_steps_s(context_tokens, num_steps)
         if len(context_tokens) == 0:
             return gpu_s
-        times_s = np.maximum(gpu_s, self.floor_s) + self.host_s(len(context_tokens), 0)
+        gpu_s = np.maximum(gpu_s, self.floor_s)
         if self.checked_source is not None:
-            check_durations(times_s, self.checked_source, f"a decode step of {len(context_tokens)} requests")
-        return times_s
+            check_durations(gpu_s, self.checked_source, f"a decode step of {len(context_tokens)} requests")
+        return gpu_s + self.host_s(len(context_tokens), 0)
 
     def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
         line = self.inner.decode_line(size, context_total)
