@@ -107,17 +107,22 @@ class Stepper(Protocol):
         """The run is over: write back any progress kept implicitly."""
 
 
+def tokens_left(scheduler: Scheduler, ids: np.ndarray | list[int]) -> tuple[int, int]:
+    """The prompt tokens still to compute and the output tokens still to emit of requests
+    `ids`, by the scheduler's progress (a prompt prefilled elsewhere has none left)."""
+    prompt = scheduler.requests.prompt_tokens[ids]
+    prompt_left = int((prompt - np.minimum(scheduler.computed[ids], prompt)).sum())
+    return prompt_left, int((scheduler.requests.output_tokens[ids] - scheduler.generated[ids]).sum())
+
+
 def scheduler_load(scheduler: Scheduler) -> Load:
     """`Load` of a scheduler whose per-request progress is up to date."""
     requests = scheduler.requests
     active = np.array(scheduler.active_ids(), dtype=np.int64)
     queued = np.array(scheduler.queued_ids(), dtype=np.int64)
-    ids = np.concatenate([active, queued])
-    prompt = requests.prompt_tokens[ids]
-    left = prompt + requests.output_tokens[ids]
-    left -= np.minimum(scheduler.computed[ids], prompt) + scheduler.generated[ids]
+    prompt_left, output_left = tokens_left(scheduler, np.concatenate([active, queued]))
     return Load(len(active), len(queued),
-                int(requests.prompt_tokens[queued].sum()), int(left.sum()),
+                int(requests.prompt_tokens[queued].sum()), prompt_left + output_left,
                 scheduler.kv_in_use_tokens(), scheduler.kv_capacity_tokens)
 
 
@@ -218,11 +223,7 @@ class Replica:
         queued = self.inbox + self.promised
         if not queued:
             return base
-        scheduler = self.scheduler
-        prompt = scheduler.requests.prompt_tokens[queued]
-        prompt_left = int((prompt - np.minimum(scheduler.computed[queued], prompt)).sum())
-        output_left = int((scheduler.requests.output_tokens[queued]
-                           - scheduler.generated[queued]).sum())
+        prompt_left, output_left = tokens_left(self.scheduler, queued)
         return Load(base.running, base.waiting + len(queued),
                     base.waiting_prompt_tokens + prompt_left,
                     base.outstanding_tokens + prompt_left + output_left, base.kv_used_tokens,

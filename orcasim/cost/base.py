@@ -99,8 +99,8 @@ class CostModel(ABC):
     """Maps a batch to the wall time of one iteration, in seconds."""
 
     # A model read from a file (fitted, DistServe's) may price below MIN_ITERATION_S: it
-    # checks what it prices (`check_durations`) under this name. An engine overhead on top
-    # checks what the engine runs, after its floor, and clears its inner model's.
+    # checks what it prices (`check_durations`) under this name. Under an engine overhead,
+    # `build_cost_model` moves the check to the overhead, which checks the floored GPU part.
     checked_source: str | None = None
 
     @abstractmethod
