@@ -8,6 +8,7 @@ import pandas as pd
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.saturation import saturation
+from orcasim.warmup import measured_iterations, measured_requests
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s_per_token", "queue_delay_s")
 PERCENTILES = (50, 90, 99)
@@ -47,13 +48,14 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0,
     """Summary metrics of one system; requests arriving before `warmup_s` are dropped.
     `admitted_s`: when each request left the queue the saturation test watches (see
     `orcasim.saturation.saturation`), if not its first schedule."""
-    done = reqs[(reqs["arrival_s"] >= warmup_s) & reqs["finish_s"].notna()]
-    it = iters[iters["start_s"] >= warmup_s]
+    window = measured_requests(reqs, warmup_s)
+    done = window[window["finish_s"].notna()]
+    it = measured_iterations(iters, warmup_s)
     start_s = max(warmup_s, float(reqs["arrival_s"].min())) if len(reqs) else 0.0
     duration_s = float(done["finish_s"].max()) - start_s if len(done) else 0.0
     out: dict[str, float] = {
         "requests_completed": float(len(done)),
-        "requests_rejected": float(reqs.loc[reqs["arrival_s"] >= warmup_s, "rejected"].sum())
+        "requests_rejected": float(window["rejected"].sum())
         if "rejected" in reqs else 0.0,
         "duration_s": duration_s,
         "throughput_rps": len(done) / duration_s if duration_s > 0 else 0.0,

@@ -19,6 +19,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from orcasim.recorder import SUMMED_COLUMNS
 from orcasim.run import RunResult
+from orcasim.warmup import measured_requests
 
 CDF_METRICS = {
     "ttft_s": "time to first token (s)",
@@ -67,7 +68,7 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
     _checked(requests, (*CDF_METRICS, "arrival_s" if warmup_s > 0 else None), "the requests table",
              empty_ok=True)
     if warmup_s > 0:
-        requests = requests[requests["arrival_s"] >= warmup_s]
+        requests = measured_requests(requests, warmup_s)
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (metric, label) in zip(axes.flat, CDF_METRICS.items(), strict=True):

@@ -36,6 +36,7 @@ from orcasim.session_metrics import session_columns, sessions_frame, sessions_su
 from orcasim.sessions import SessionSource
 from orcasim.slo import held_by_share, slo_summary
 from orcasim.sources import ArrivalSource
+from orcasim.warmup import measured_iterations
 from orcasim.workload import generate_requests
 
 
@@ -302,7 +303,7 @@ def pool_summaries(iters: pd.DataFrame, end_s: float, warmup_s: float) -> pd.Dat
     """One row per instance of a disaggregated cluster: its pool, iterations and busy share."""
     rows = []
     for (pool, replica), it in iters.groupby(["pool", "replica"], sort=False):
-        it = it[it["start_s"] >= warmup_s]
+        it = measured_iterations(it, warmup_s)
         busy_s = float(it["duration_s"].sum())
         rows.append({"pool": pool, "replica": replica, "iterations": float(it["num_iterations"].sum()),
                      "busy_fraction": busy_s / (end_s - warmup_s) if end_s > warmup_s else float("nan"),
@@ -319,7 +320,7 @@ def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
     for i in range(num_replicas):
         mine, rows_i = reqs[reqs["replica"] == i], iters[iters["replica"] == i]
         summary = summarize(mine, rows_i, warmup_s)
-        busy_s = float(rows_i.loc[rows_i["start_s"] >= warmup_s, "duration_s"].sum())
+        busy_s = float(measured_iterations(rows_i, warmup_s)["duration_s"].sum())
         summary["busy_fraction"] = busy_s / (end_s - warmup_s) if end_s > warmup_s else float("nan")
         summary["requests_routed"] = float(len(mine))
         rows[i] = summary

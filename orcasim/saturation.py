@@ -33,6 +33,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from orcasim.warmup import counted
+
 SATURATION_Z = 3.0
 MIN_ARRIVALS = 20
 SKIP_FRACTION = 0.25  # of the arrival window, left out at its start
@@ -52,7 +54,7 @@ def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,
     rates (req/s) and the growth in units of its noise (`saturation_z`). A request waits
     until it is first scheduled, or until `admitted_s` (per row of `reqs`; NaN: never) where
     that is the stage that queues: a disaggregated cluster's decode admission."""
-    keep = reqs["arrival_s"].to_numpy(dtype=np.float64) >= warmup_s
+    keep = counted(reqs["arrival_s"].to_numpy(dtype=np.float64), warmup_s)
     if "rejected" in reqs:
         keep &= ~reqs["rejected"].to_numpy(dtype=bool)
     arrival = reqs["arrival_s"].to_numpy(dtype=np.float64)[keep]

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.sessions import SessionSource
+from orcasim.warmup import counted
 
 SECONDS_PER_HOUR = 3600.0
 TASK_PERCENTILES = (50, 90, 99)
@@ -83,7 +84,7 @@ def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
     """Tasks completed per hour, task time and step latency percentiles, and where task
     time went, over the sessions that start at or after `warmup_s`; step latency over the
     steps sent at or after it."""
-    done = sessions[(sessions["start_s"] >= warmup_s) & sessions["end_s"].notna()]
+    done = sessions[counted(sessions["start_s"], warmup_s) & sessions["end_s"].notna()]
     nan = float("nan")
     span_s = float(done["end_s"].max() - done["start_s"].min()) if len(done) else 0.0
     total_s = float(done["task_time_s"].sum())
@@ -97,7 +98,7 @@ def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
         "steps_per_task_mean": float(done["steps"].mean()) if len(done) else nan,
     }
     sent_s = source.step_sent_s
-    latency_s = (source.step_done_s - sent_s)[sent_s >= warmup_s]
+    latency_s = (source.step_done_s - sent_s)[counted(sent_s, warmup_s)]
     latency_s = latency_s[~np.isnan(latency_s)]
     times_s = done["task_time_s"].to_numpy()
     for p in TASK_PERCENTILES:

@@ -26,6 +26,7 @@ import pandas as pd
 from pydantic import Field, ValidationError, model_validator
 
 from orcasim.config import ScenarioError, Strict
+from orcasim.warmup import measured_requests
 
 # The per-request column each SLO metric name reads (orcasim.metrics.requests_frame).
 SLO_COLUMNS = {
@@ -152,7 +153,7 @@ def held_by_share(slo: SLOConfig) -> list[str]:
 def slo_summary(reqs: pd.DataFrame, slo: SLOConfig, warmup_s: float = 0.0) -> dict[str, float]:
     """The run's attainment, each target's percentile, and whether the run meets the SLO
     (`slo_met`: 1.0 or 0.0), over the requests that arrived at or after `warmup_s`."""
-    window = reqs[reqs["arrival_s"] >= warmup_s]
+    window = measured_requests(reqs, warmup_s)
     done = window[window["finish_s"].notna()]
     share = float(attains(window, slo).mean()) if len(window) else float("nan")
     out: dict[str, float] = {"slo_attainment": share}

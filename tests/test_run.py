@@ -11,6 +11,7 @@ import pytest
 from orcasim import run_scenario
 from orcasim.config import ScenarioError
 from orcasim.scenario import load_scenario
+from orcasim.warmup import counted, measured_requests
 from tests.conftest import make_scenario
 
 # Orca's C1/C2 at moderate load: "well below" means at most this fraction of request-level.
@@ -82,6 +83,20 @@ def test_warmup_drops_early_requests() -> None:
     res = run_scenario(sc).systems["orca"]
     kept = int((res.requests["arrival_s"] >= 20.0).sum())
     assert res.summary["requests_completed"] == kept < len(res.requests)
+
+
+def test_a_request_arriving_at_the_warm_up_counts_everywhere() -> None:
+    """The warm-up rule lives in `orcasim.warmup`: the summary, the SLO and the saturation
+    test all count a request that arrives exactly at `warmup_s`."""
+    arrival_s = run_scenario(make_scenario()).systems["orca"].requests["arrival_s"]
+    warmup_s = float(arrival_s.iloc[10])
+    sc = make_scenario(warmup_s=warmup_s, slo={"targets": ["e2e_p99 <= 1000"]})
+    res = run_scenario(sc).systems["orca"]
+    kept = len(res.requests) - 10
+    assert res.summary["requests_completed"] == kept
+    assert res.summary["slo_attainment"] == 1.0
+    assert len(measured_requests(res.requests, warmup_s)) == kept
+    assert int(counted(res.requests["arrival_s"].to_numpy(), warmup_s).sum()) == kept
 
 
 def test_the_python_api_takes_a_mapping_and_one_override_string() -> None:
