@@ -150,7 +150,9 @@ def test_a_points_warnings_are_shown_alike_from_every_backend(tmp_path: Path, wo
 parameters:
   workload.arrival.rate_per_s: [1.0, 400.0]
 """)
-    with pytest.warns(UserWarning, match="orca: saturated"):
+    # Named by its point: the message's own numbers do not say which point saturated.
+    with pytest.warns(UserWarning, match=r"point p0001-r00 \(workload.arrival.rate_per_s=400.0\): "
+                      "orca: saturated"):
         run_sweep(load_sweep(sweep), tmp_path / "out", workers=workers, progress=False)
     outcome = json.loads((tmp_path / "out" / "points" / "p0001-r00" / "outcome.json").read_text())
     assert any(w.startswith("orca: saturated") for w in outcome["warnings"])
@@ -174,3 +176,25 @@ parameters:
         run_sweep(load_sweep(sweep), tmp_path / "out", workers=workers, progress=False)
     held = [w for w in caught if "held at the attainment share" in str(w.message)]
     assert len(held) == 1, [str(w.message) for w in held]
+
+
+def test_a_failed_points_warnings_are_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a point warned of before it failed may say why it failed; it was dropped with
+    the run's result. (Points that fail every request are refused before a sweep starts, so
+    the failure is made here: a run that warns, then raises.)"""
+    import orcasim.run
+
+    def warn_then_fail(*args: object, **kwargs: object) -> None:
+        warnings.warn("orca: 3 request(s) can never fit in KV memory", UserWarning, stacklevel=1)
+        raise RuntimeError("the run stopped")
+
+    monkeypatch.setattr(orcasim.run, "run_scenario", warn_then_fail)
+    sweep = write_sweep(tmp_path, """
+parameters:
+  workload.arrival.rate_per_s: [1.0]
+""")
+    with pytest.warns(UserWarning, match=r"point p0000-r00 \(workload.arrival.rate_per_s=1.0\): "
+                      "orca: 3 request"):
+        result = run_sweep(load_sweep(sweep), tmp_path / "out", workers=1, progress=False)
+    assert [(o.id, o.error) for o in result.failed] == [("p0000-r00", "RuntimeError: the run stopped")]
+    assert result.failed[0].warnings == ["orca: 3 request(s) can never fit in KV memory"]

@@ -107,8 +107,13 @@ class Task:
         data["seed"] = self.seed
         for path, value in self.params.items():
             set_dotted(data, path, value)
-        where = ", ".join(f"{path}={value}" for path, value in self.params.items())
-        return scenario_from_dict(data, f"point {self.id} ({where})")
+        return scenario_from_dict(data, point_name(self.id, self.params))
+
+
+def point_name(task_id: str, params: dict[str, ParamValue]) -> str:
+    """How a message names a sweep's task: `point p0001-r00 (workload.arrival.rate_per_s=4.0)`."""
+    where = ", ".join(f"{path}={value}" for path, value in params.items())
+    return f"point {task_id} ({where})"
 
 
 @dataclass(frozen=True)

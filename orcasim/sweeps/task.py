@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from orcasim.config import ScenarioError
-from orcasim.sweeps.spec import ParamValue, Task
+from orcasim.sweeps.spec import ParamValue, Task, point_name
 
 
 class JsonRecord:
@@ -56,9 +56,10 @@ class Outcome(JsonRecord):
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def failed(cls, task: Task, error: BaseException | str, wall_s: float = 0.0) -> Outcome:
+    def failed(cls, task: Task, error: BaseException | str, wall_s: float = 0.0,
+               said: list[str] | None = None) -> Outcome:
         return cls(task.id, task.point, task.replication, task.seed, task.params, False,
-                   error=first_line(error), wall_s=wall_s)
+                   error=first_line(error), wall_s=wall_s, warnings=said or [])
 
 
 def run_task(task: Task) -> Outcome:
@@ -72,7 +73,9 @@ def run_task(task: Task) -> Outcome:
         try:
             result = run_scenario(task.scenario(), base_dir=Path(task.base_dir))
         except Exception as e:  # noqa: BLE001 - recorded per point, reported at the end
-            return Outcome.failed(task, e, time.perf_counter() - start)
+            # What it warned of before it failed may say why (a saturated system, say).
+            said = list(dict.fromkeys(str(w.message) for w in caught))
+            return Outcome.failed(task, e, time.perf_counter() - start, said)
     said = list(dict.fromkeys(str(w.message) for w in caught))
     # The realised load beside the summary: whether a system keeps up is judged against it.
     systems: dict[str, dict[str, Any]] = {
@@ -85,9 +88,11 @@ def run_task(task: Task) -> Outcome:
 
 def show_warnings(outcome: Outcome, shown: set[str]) -> None:
     """Warn, here, of what a task's run warned of wherever it ran: the same text from every
-    backend, a message many points share once (`shown`: this sweep's so far; Python's own
-    memory of shown warnings is wiped by each in-process task's `catch_warnings`)."""
+    backend, naming the point; a message many points share once, naming the first
+    (`shown`: this sweep's so far; Python's own memory of shown warnings is wiped by each
+    in-process task's `catch_warnings`)."""
     for message in outcome.warnings:
         if message not in shown:
             shown.add(message)
-            warnings.warn(message, UserWarning, stacklevel=2)
+            warnings.warn(f"{point_name(outcome.id, outcome.params)}: {message}", UserWarning,
+                          stacklevel=2)
