@@ -156,3 +156,28 @@ def test_request_latency_in_a_closed_loop_delays_each_send(mode: str, cluster) -
     np.testing.assert_allclose(late["first_scheduled_s"] - late["arrival_s"], 0.1, rtol=1e-9)
     assert late["arrival_s"][0] == 0.0  # sent at 0, seen at 0.1
     assert late["arrival_s"][1:].tolist() == late["finish_s"][:-1].tolist()
+
+
+def test_one_batch_at_a_time_launches_every_stage_s_layers() -> None:
+    """A one-batch engine's iteration passes all the stages, each launching its own layers:
+    GPT-3 13B's 40 layers on 4 stages at 1 ms a layer take 40 ms a step, as the pipelined
+    engine times one request alone (each stage floored by its 10 layers, in turn). The floor
+    was the busiest stage's 10 layers: 10 ms a step, a quarter of the launches."""
+    launch = ZERO.model_copy(update={"launch_per_layer_s": 1e-3})
+    systems = [{"name": "rl", "scheduler": {"kind": "request_level", "max_batch_size": 8}},
+               {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 8}},
+               {"name": "paged", "scheduler": {"kind": "paged", "max_num_seqs": 8}}]
+    sc = scenario_from_dict({
+        "name": "pp-launch", "model": "gpt3-13b",
+        "hardware": {"gpu": "a100-40gb", "tensor_parallel": 8, "pipeline_parallel": 4},
+        "workload": {"num_requests": 1, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "prompt_tokens": {"kind": "constant", "value": 8},
+                     "output_tokens": {"kind": "constant", "value": 2}, "max_tokens": 64},
+        "kv_capacity_tokens": 10_000, "systems": systems,
+        "cost": {"kind": "roofline", "overhead": launch.model_dump()},
+    })
+    for name, system in run_scenario(sc).systems.items():
+        req = system.requests.iloc[0]
+        if name != "rl":  # a whole-request engine gives every token at its end
+            assert req["ttft_s"] == pytest.approx(0.040, rel=1e-9), name
+        assert req["e2e_s"] == pytest.approx(0.080, rel=1e-9), name

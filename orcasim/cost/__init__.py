@@ -8,7 +8,7 @@ from pydantic import Field
 
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.catalog import Deployment, layers_per_stage
+from orcasim.cost.catalog import Deployment
 from orcasim.cost.fitted import FittedCostConfig, build_fitted_cost
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.overhead import OverheadConfig, OverheadCost
@@ -33,9 +33,11 @@ def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> C
     if deployment is None:
         return OverheadCost(gpu, cfg.overhead, None, 1, checked_source=checked)
     hw = deployment.hardware
-    layers = layers_per_stage(deployment.model, hw.pipeline_parallel)
-    return OverheadCost(gpu, cfg.overhead, layers, hw.tensor_parallel, hw.data_parallel_attention,
-                        checked_source=checked)
+    # An iteration's time spans every stage (one batch passes them in turn, each stage's
+    # host launching its own layers), so its floor is every layer's launch: the sum of the
+    # stages' own floors, which a pipelined engine applies stage by stage (stage_times_s).
+    return OverheadCost(gpu, cfg.overhead, deployment.model.num_layers, hw.tensor_parallel,
+                        hw.data_parallel_attention, checked_source=checked)
 
 
 def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel:

@@ -3,7 +3,7 @@
 A real engine spends time outside its kernels: it schedules, prepares inputs, samples,
 detokenises and streams results (host work the GPU waits for), and it launches every
 kernel from the host, which the GPU cannot outrun. For a batch of B requests with P
-prompt (or chunk) tokens, on a deployment of L layers per pipeline stage:
+prompt (or chunk) tokens, on a deployment of L layers:
 
     time = max(gpu_s, L * launch_per_layer_s)                   launch-bound or GPU-bound
          + per_iteration_s + [tensor_parallel * data_parallel > 1] * tensor_parallel_per_iteration_s
@@ -17,7 +17,13 @@ a group's share, and the multi-process term applies as it does to tensor paralle
 launches kernels asynchronously, so an iteration lasts at least as long as launching
 them all (a small model at a small batch, or a wide tensor-parallel group whose GPU time
 has shrunk, is launch-bound: "CPU overhead" in PyTorch's and gpt-fast's words); the rest
-of the host's work happens before or after the forward pass and adds to it.
+of the host's work happens before or after the forward pass and adds to it. Under pipeline
+parallelism a batch passes the stages in turn, each stage's host launching its own layers
+once the batch reaches it (vLLM's workers receive a stage's input before they run it): L
+counts every stage's layers, and a pipelined engine floors each stage by its own
+(`stage_times_s`), which for one batch alone sums to the same. P counts the queries of more
+than one token: a one-token prompt or chunk is priced as a decode (a `Batch` does not say
+which it is).
 
 Defaults (`overhead: {}`) come from Vidur's measurements of a vLLM-style engine on A100
 (microsoft/vidur, `data/profiles/cpu_overhead`, sarathi-serve's vLLM scheduler; MIT), the
@@ -82,10 +88,10 @@ class OverheadCost(CostModel):
     """`inner`'s GPU time, floored by the host's kernel launches, plus the host's own work."""
 
     def __init__(
-        self, inner: CostModel, cfg: OverheadConfig, layers_per_stage: int | None,
+        self, inner: CostModel, cfg: OverheadConfig, num_layers: int | None,
         tensor_parallel: int, data_parallel: int = 1, checked_source: str | None = None,
     ) -> None:
-        if cfg.launch_per_layer_s and layers_per_stage is None:
+        if cfg.launch_per_layer_s and num_layers is None:
             raise ScenarioError(
                 "cost.overhead.launch_per_layer_s needs the layer count: give the scenario "
                 "keys 'model' and 'hardware'"
@@ -97,7 +103,7 @@ class OverheadCost(CostModel):
         # does not lift it: a negative GPU time is wrong whatever is added to it.
         self.checked_source = checked_source
         self.launch_per_layer_s = cfg.launch_per_layer_s
-        self.floor_s = (layers_per_stage or 0) * cfg.launch_per_layer_s
+        self.floor_s = (num_layers or 0) * cfg.launch_per_layer_s
         processes = tensor_parallel * data_parallel
         tp_s = cfg.tensor_parallel_per_iteration_s if processes > 1 else 0.0
         self.fixed_s = cfg.per_iteration_s + tp_s
