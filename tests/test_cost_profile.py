@@ -570,3 +570,14 @@ def test_a_missing_table_names_the_key_that_gave_it() -> None:
     result = CliRunner().invoke(app, ["validate", str(scenario), "--set", "cost.mlp_csv=nope.csv"])
     assert result.exit_code == 2
     assert result.output.startswith("error: cost.mlp_csv: file 'nope.csv' not found"), result.output
+
+
+def test_an_overhead_on_the_profiles_own_roofline_is_refused() -> None:
+    """`cost.roofline` only fills in what the tables do not time: an overhead there was
+    accepted and ignored (a 5 s per_iteration_s changed no latency)."""
+    from orcasim.scenario import load_scenario
+
+    path = Path(__file__).parent.parent / "scenarios" / "profile_llama2_70b.yaml"
+    with pytest.raises(ScenarioError, match=r"cost.roofline.overhead is not used here .*expected "
+                                            "the engine's overhead as cost.overhead$"):
+        load_scenario(path, ["cost.roofline={kind: roofline, overhead: {per_iteration_s: 5.0}}"])

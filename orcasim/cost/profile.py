@@ -53,6 +53,10 @@ class ProfileCostConfig(CostConfigBase):
     def _one_attention_source(self) -> ProfileCostConfig:
         if self.attention_csv and self.aiconfigurator_dir:
             raise ScenarioError("give attention_csv or aiconfigurator_dir, not both")
+        if self.roofline.overhead is not None:  # it was ignored: only the whole cost's applies
+            raise ScenarioError("roofline.overhead is not used here (the roofline only fills in "
+                                "what the tables do not time): expected the engine's overhead "
+                                "as cost.overhead")
         return self
 
 
