@@ -84,6 +84,16 @@ def test_each_data_parallel_group_holds_its_own_requests_kv() -> None:
      "hardware.expert_parallel = 2 needs a mixture-of-experts model; .* is dense"),
     ("mixtral-8x7b", {"data_parallel_attention": 16, "expert_parallel": 16},
      "hardware.expert_parallel = 16 does not divide .* 8 routed experts"),
+    # A dense model told to run its attention data-parallel: the message sent the user on
+    # to set expert_parallel = 2, which a dense model refuses next.
+    ("llama-3.2-3b", {"data_parallel_attention": 2},
+     "expected 2 .*; data-parallel attention is for mixture-of-experts models$"),
+    # vLLM splits the KV heads or replicates them; it refuses 8 KV heads over 6 or 12 ranks
+    # (orcasim priced 8/6 heads a rank).
+    ("llama-3.2-3b", {"tensor_parallel": 6},
+     ": hardware.tensor_parallel = 6 does not split llama-3.2-3b's 8 KV heads: expected a divisor "
+     "or a multiple of 8$"),
+    ("llama-3.2-3b", {"tensor_parallel": 12}, "tensor_parallel = 12 does not split"),
 ])
 def test_an_impossible_expert_layout_is_a_one_line_error(model: str, hardware: dict, message: str) -> None:
     """Through the scenario, as a user meets it: one line naming the key and the value."""

@@ -367,7 +367,9 @@ class HardwareConfig(Strict):
                 f"{stage} (tensor_parallel x data_parallel_attention: expert parallelism spans "
                 "the attention GPUs of a stage)" + (
                     "" if self.data_parallel_attention > 1 or stage == 1
-                    else " or 1 (experts split by tensor parallelism)"))
+                    else " or 1 (experts split by tensor parallelism)")
+                + ("; data-parallel attention is for mixture-of-experts models"
+                   if self.data_parallel_attention > 1 else ""))
         return self
 
 
@@ -384,6 +386,12 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
     if model.num_heads % hardware.tensor_parallel:
         raise ScenarioError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
                          f"divide {model.name}'s {model.num_heads} attention heads")
+    kv, tp = model.kv_heads, hardware.tensor_parallel
+    if model.mla is None and (kv % tp if kv >= tp else tp % kv):
+        # vLLM splits the KV heads over the ranks, or gives each rank a replica of one
+        # (fewer heads than ranks); it refuses the rest (QKVParallelLinear, LlamaAttention).
+        raise ScenarioError(f"{where}hardware.tensor_parallel = {tp} does not split {model.name}'s "
+                            f"{kv} KV heads: expected a divisor or a multiple of {kv}")
     if hardware.pipeline_parallel > model.num_layers:
         raise ScenarioError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
                          f"exceeds {model.name}'s {model.num_layers} layers")
