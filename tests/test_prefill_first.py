@@ -92,14 +92,15 @@ def test_the_watermark_holds_even_when_nothing_runs() -> None:
     assert planned_tokens(trace)[0] == {1: 90}
     # Peak 95 passes can_allocate (100 - 95 >= 5), and can_append_slot's free block is the
     # watermark's: vLLM v0.2.3's BlockSpaceManager serves it (a tester ran it); orcasim
-    # turned it away, a block too strict. By swap it could not come back: turned away.
+    # turned it away, a block too strict. A prompt alone is never preempted, so it fits
+    # under swap too (it was turned away there).
     served = make_requests([95], [1], max_tokens=100)
     sched = _sched(served, capacity=100, block_size_tokens=1, watermark=0.05)
     assert drive(sched, served, check_paged_step).finish_step == {0: 0} and not sched.rejected_ids
     swap = build_scheduler(PagedConfig(kind="paged", policy="prefill_first", block_size_tokens=1,
                                        watermark=0.05, preemption="swap", kv_bytes_per_token=1),
                            served, 100)
-    assert swap.never_fits(0)
+    assert not swap.never_fits(0)
     # vLLM v1's rule waives the watermark for a lone request, which then fits.
     mixed = build_scheduler(PagedConfig(kind="paged", block_size_tokens=1, watermark=0.05),
                             reqs, 100)
@@ -250,3 +251,35 @@ def test_swap_space_is_sized_from_the_model_when_bytes_are_not_given(scheduler: 
     kv_bytes = 2 * 40 * 5120 * 2
     sched = build_scheduler(cfg, make_requests([8], [4]), 1024, kv_bytes)
     assert sched.swap_capacity_blocks == 4 * 2**30 // (kv_bytes * 16)
+
+
+def test_a_request_fits_alone_by_the_blocks_its_last_decode_holds() -> None:
+    """4 blocks of 16, no watermark. Prompt 20 + output 30 peaks at 49 tokens, 4 blocks, but
+    its last decode starts holding 48 (3 blocks): can_append_slot finds the 4th free, and it
+    finishes. A prompt of 64 with one output token fills the pool in its prompt step and
+    ends there. Both were turned away (its peak's blocks + 1 > 4); vLLM v0.2.3 serves both.
+    Prompt 20 + output 31 would start its last decode holding all 4: turned away."""
+    reqs = make_requests([20, 64, 20], [30, 1, 31], max_tokens=64)
+    for preemption in ("recompute", "swap"):
+        sched = build_scheduler(PagedConfig(kind="paged", policy="prefill_first", block_size_tokens=16,
+                                            preemption=preemption, kv_bytes_per_token=1), reqs, 64)
+        assert [sched.never_fits(i) for i in range(3)] == [False, False, True], preemption
+    alone = make_requests([20], [30], max_tokens=64)
+    sched = _sched(alone, capacity=64, block_size_tokens=16, watermark=0.0)
+    assert drive(sched, alone, check_paged_step).finish_step == {0: 29}
+    assert not sched.rejected_ids and sched.preemptions_total == 0
+
+
+def test_coming_back_by_swap_takes_a_block_more_than_by_recompute() -> None:
+    """3 blocks of 16, one kept by the watermark. Prompt 20 + output 13 peaks at 32 tokens
+    (2 blocks): preempted by recompute it re-prefills 2 blocks (can_allocate: 3 - 2 >= 1);
+    by swap, can_swap_in asks for its 2 blocks + 1 (3 - 3 < 1), so it could never come back."""
+    reqs = make_requests([20], [13], max_tokens=48)
+    fits = {}
+    for preemption in ("recompute", "swap"):
+        sched = build_scheduler(PagedConfig(kind="paged", policy="prefill_first", block_size_tokens=16,
+                                            watermark=0.34, preemption=preemption,
+                                            kv_bytes_per_token=1), reqs, 48)
+        assert sched.watermark_blocks == 1
+        fits[preemption] = not sched.never_fits(0)
+    assert fits == {"recompute": True, "swap": False}

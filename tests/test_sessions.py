@@ -618,16 +618,20 @@ def test_a_session_call_never_fits_by_its_row_at_arrival(peak_tokens: int, never
 
 
 def test_prefill_firsts_budget_check_bounds_a_session_step_by_the_room_alone() -> None:
-    """Prefill-first keeps a block free beside a request running alone (can_append_slot):
-    in a pool of 10 blocks of 4, a call fits alone up to 36 tokens, so a step bounded by
-    100 tokens needs a prefill budget of 36 (a longer call is turned away), not 40."""
+    """Prefill-first keeps the watermark's blocks free beside a request running alone
+    (can_allocate), none in a pool of 10 blocks of 4: a call of one output token fits alone
+    up to 40 tokens, prefilled in one step, so a step bounded by 100 tokens needs a prefill
+    budget of 40 (a longer call is turned away). With a watermark of 2 blocks, 32."""
     from orcasim.schedulers.paged import PagedConfig
 
-    def build(budget_tokens: int) -> None:
+    def build(budget_tokens: int, watermark: float = 0.01) -> None:
         cfg = PagedConfig(kind="paged", policy="prefill_first", block_size_tokens=4,
-                          max_num_seqs=4, max_num_batched_tokens=budget_tokens)
+                          max_num_seqs=4, max_num_batched_tokens=budget_tokens, watermark=watermark)
         build_scheduler(cfg, _one_call_session(60, 41), 40)
 
-    build(36)
-    with pytest.raises(ScenarioError, match="below a session step's prompt \\+ output - 1 = 36 tokens"):
-        build(35)
+    build(40)
+    with pytest.raises(ScenarioError, match="below a session step's prompt \\+ output - 1 = 40 tokens"):
+        build(39)
+    build(32, watermark=0.2)
+    with pytest.raises(ScenarioError, match="below a session step's prompt \\+ output - 1 = 32 tokens"):
+        build(31, watermark=0.2)

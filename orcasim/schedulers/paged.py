@@ -222,9 +222,12 @@ class PagedScheduler(Scheduler):
             # Rows are written at arrival (orcasim.sessions), and `never_fits` reads them
             # then. Here, for `_check_budget`: each step's bound, where a call that fits
             # alone may reach it (a longer one is turned away).
-            room_tokens = (num_blocks - self._blocks_kept_free_alone()) * cfg.block_size_tokens
+            # Clipped to the room, each bound fits.
+            room_tokens = self._room_blocks_alone() * cfg.block_size_tokens
             self._peak_tokens = np.minimum(requests.sessions.peak_bound_tokens(), room_tokens)
-        self._fits_alone = self._fits_alone_with(self._peak_tokens)
+            self._fits_alone = np.ones(len(self._peak_tokens), dtype=bool)
+        else:
+            self._fits_alone = self._fits_alone_with(requests.prompt_tokens, requests.output_tokens)
         self.swap_capacity_blocks = self._swap_capacity_blocks(kv_bytes_per_token)
         self.swapped_blocks = 0  # blocks now held in CPU memory
         n = len(requests)
@@ -250,13 +253,15 @@ class PagedScheduler(Scheduler):
         self.kv_bytes_per_token = float(kv_bytes)
         return int(self.cfg.swap_space_bytes // (kv_bytes * self.cfg.block_size_tokens))
 
-    def _fits_alone_with(self, peak_tokens: np.ndarray) -> np.ndarray:
-        peak_blocks = blocks_for(peak_tokens, self.cfg.block_size_tokens)
-        return peak_blocks + self._blocks_kept_free_alone() <= self._num_blocks
+    def _fits_alone_with(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+        """Whether each request can run to its end, alone or coming back from a preemption:
+        its peak KV (every token but the last generated one) fits the pool."""
+        peak_blocks = blocks_for(prompt_tokens + output_tokens - 1, self.cfg.block_size_tokens)
+        return peak_blocks <= self._room_blocks_alone()
 
-    def _blocks_kept_free_alone(self) -> int:
-        """Blocks a request running alone must leave free; more means it never fits."""
-        return 0
+    def _room_blocks_alone(self) -> int:
+        """The most blocks a request that fits may hold (a bound of `_fits_alone_with`)."""
+        return self._num_blocks
 
     def _check_budget(self) -> None:
         """Without chunking the longest (re)prefill must fit one step's token budget."""
@@ -281,8 +286,8 @@ class PagedScheduler(Scheduler):
     def never_fits(self, req_id: int) -> bool:
         if self._rows_at_arrival:
             r = self.requests
-            peak_tokens = int(r.prompt_tokens[req_id] + r.output_tokens[req_id]) - 1
-            return not bool(self._fits_alone_with(np.array([peak_tokens]))[0])
+            return not bool(self._fits_alone_with(r.prompt_tokens[req_id:req_id + 1],
+                                                  r.output_tokens[req_id:req_id + 1])[0])
         return not bool(self._fits_alone[req_id])
 
     def known_tokens(self, req_id: int) -> int:

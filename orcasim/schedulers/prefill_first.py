@@ -48,6 +48,7 @@ import bisect
 import numpy as np
 
 from orcasim.cost.base import Batch
+from orcasim.memory import blocks_for
 from orcasim.requests import Requests
 from orcasim.schedulers.base import FastForward, SchedulerOutput
 from orcasim.schedulers.paged import Admission, PagedConfig, PagedScheduler, Plan
@@ -88,16 +89,26 @@ class PrefillFirstScheduler(PagedScheduler):
         while self.swapped and (fit := self._swap_in_blocks_fit(self.swapped[0])) is not None:
             self._join(plan, self.swapped[0], fit)
 
-    def _blocks_kept_free_alone(self) -> int:
-        # Alone, a request passes can_allocate at its peak (free - blocks >= watermark), and
-        # can_append_slot's one free block is the watermark's when that is a block or more:
-        # vLLM v0.2.3 serves a lone request of N - watermark blocks (a tester ran its
-        # BlockSpaceManager). One preempted by swap must come back through can_swap_in
-        # (free - (blocks + 1) >= watermark), a block more; with no watermark vLLM would
-        # recompute one of the whole pool every step, which orcasim turns away instead.
-        if self.cfg.preemption == "recompute" and self.watermark_blocks >= 1:
-            return self.watermark_blocks
-        return 1 + self.watermark_blocks
+    def _fits_alone_with(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+        # vLLM v0.2.3's BlockSpaceManager: the prompt passes can_allocate (free - blocks >=
+        # watermark); each decode step can_append_slot (a block free, needed or not), the
+        # last one holding blocks(peak - 1). Preempted while others run, a request comes
+        # back by recompute, re-prefilling up to its peak through can_allocate, or by swap
+        # through can_swap_in (free - (blocks + 1) >= watermark). One that could not would
+        # wait at the head of the queue for good (or, holding the whole pool with decodes
+        # left, recompute itself every step), which orcasim turns away instead.
+        block, room = self.cfg.block_size_tokens, self._room_blocks_alone()
+        peak_tokens = prompt_tokens + output_tokens - 1
+        decodes = output_tokens > 1
+        held = blocks_for(np.maximum(peak_tokens - 1, 0), block)  # before the last decode
+        fits = blocks_for(peak_tokens, block) <= room
+        fits &= ~decodes | (held + 1 <= self._num_blocks)
+        if self.cfg.preemption == "swap":
+            fits &= ~decodes | (held + 1 <= room)
+        return fits
+
+    def _room_blocks_alone(self) -> int:
+        return self._num_blocks - self.watermark_blocks
 
     def _grow(self, req: int, target_tokens: int) -> bool:
         # can_append_slot: a block free per running sequence, needed or not.
