@@ -61,12 +61,20 @@ def _above_zero(text: str) -> float:
     return value
 
 
-def _writable(path: Path, force: bool, what: str) -> None:
-    """Nothing is overwritten without --force, and a folder never: checked before any work
-    is done (a fit or a profile takes minutes)."""
+def _writable(path: Path, force: bool, what: str, inputs: tuple[Path, ...] = ()) -> None:
+    """Nothing is overwritten without --force, and a folder or the command's own input
+    never; a path that cannot be made is refused too: checked before any work is done (a
+    fit or a profile takes minutes)."""
     if path.is_dir():
         raise ScenarioError(f"--out {path} is a folder; expected the path of the {what} file "
                             "to write (--force replaces a file, never a folder)")
+    if any(path.resolve() == p.resolve() for p in inputs):
+        raise ScenarioError(f"--out {path} is an input of this command; expected another path "
+                            f"for the {what} (--force never replaces an input)")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ScenarioError(f"--out {path}: {parent} is a file, not a folder; expected a path "
+                            f"in a folder for the {what}")
     if path.exists() and not force:
         raise FileExistsError(f"{path} already exists; pass --force to overwrite it")
 
@@ -167,9 +175,12 @@ def cmd_fit(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"profile '{args.profile}' {what}; expected a CSV of python -m "
                                 "calibrate profile")
     knots = knots_of(args.knots)
-    _writable(args.out, args.force, "cost YAML")
+    _writable(args.out, args.force, "cost YAML", (args.profile,))
     header, rows = read_profile(args.profile, args.target, knots)
-    doc = fit_profile(rows, knots, target=args.target)
+    try:
+        doc = fit_profile(rows, knots, target=args.target)
+    except ScenarioError as e:
+        raise ScenarioError(f"{args.profile}: {e}") from None
     write_cost_model(args.out, doc, args.profile, header, args.target)
     print(yaml.safe_dump({"quality": doc["quality"]}, sort_keys=False), end="")
     print(f"wrote {args.out}")
@@ -230,7 +241,11 @@ def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
     from orcasim.scenario import load_scenario
 
-    _writable(args.out, args.force, "cost YAML")
+    _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
+    workload = [s for s in args.set if s.split("=", 1)[0].strip().split(".")[0] == "workload"]
+    if workload:  # each log replaces the workload: the setting would be dropped unread
+        raise ScenarioError(f"--set {workload[0]}: each log gives the workload (its arrivals and "
+                            "lengths); expected --set on the cost, the scheduler or the hardware")
     scenario = load_scenario(args.scenario, args.set)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:

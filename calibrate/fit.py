@@ -17,21 +17,41 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from orcasim.config import ScenarioError
 from orcasim.cost.fitted import FORMAT, RANGE_INPUTS, design_matrix, term_names
+from orcasim.results import write_file_atomically
 
 DEFAULT_KNOTS_TOKENS = (64, 256)
 SPLITS = 20
 TEST_FRACTION = 0.25
+R2_SPREAD = 1e-20  # held-out times spread less than this (relative, squared) have no R²
 
 
-def wls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Coefficients minimising Σ ((x·β − y) / y)²."""
+def _weighted(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The relative-error system (rows over y), its columns scaled to unit norm, and the scale."""
     w = 1.0 / y
     xw = x * w[:, None]
     scale = np.linalg.norm(xw, axis=0)
     scale[scale == 0] = 1.0
-    beta, *_ = np.linalg.lstsq(xw / scale, y * w, rcond=None)
+    return xw / scale, y * w, scale
+
+
+def wls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients minimising Σ ((x·β − y) / y)²."""
+    a, b, scale = _weighted(x, y)
+    beta, *_ = np.linalg.lstsq(a, b, rcond=None)
     return beta / scale
+
+
+def check_determined(x: np.ndarray, y: np.ndarray, names: list[str]) -> None:
+    """Refuse rows that cannot tell every coefficient apart (a rank-deficient design: all
+    decodes, or a few distinct rows repeated): lstsq would still answer, one of many."""
+    rank = int(np.linalg.matrix_rank(_weighted(x, y)[0]))
+    if rank < len(names):
+        raise ScenarioError(f"the rows determine {rank} of the {len(names)} coefficients "
+                            f"({', '.join(names)}); expected rows whose prompt tokens, decode "
+                            "batch sizes and contexts vary apart, as python -m calibrate "
+                            "profile's grid does")
 
 
 def inputs_of(rows: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -55,10 +75,13 @@ def heldout_quality(x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> Q
         pred = x[test] @ wls(x[train], y[train])
         resid = ((y[test] - pred) ** 2).sum()
         total = ((y[test] - y[test].mean()) ** 2).sum()
-        r2s.append(1.0 - resid / total if total > 0 else np.nan)
+        # Equal times leave rounding in `total` (1e-36, not 0): R² says nothing there.
+        spread = total > R2_SPREAD * (y[test] ** 2).sum()
+        r2s.append(1.0 - resid / total if spread else np.nan)
         rel.append(np.abs(pred - y[test]) / y[test])
     errors = np.concatenate(rel)
-    return Quality(float(np.nanmean(r2s)), float(np.median(errors)), float(np.percentile(errors, 90)))
+    r2 = float(np.nanmean(r2s)) if not np.isnan(r2s).all() else float("nan")  # equal times: none
+    return Quality(r2, float(np.median(errors)), float(np.percentile(errors, 90)))
 
 
 def fit_profile(rows: pd.DataFrame, knots_tokens: list[int], seed: int = 0,
@@ -67,6 +90,7 @@ def fit_profile(rows: pd.DataFrame, knots_tokens: list[int], seed: int = 0,
     inputs = inputs_of(rows)
     x = design_matrix(inputs, knots_tokens)
     y = rows[target].to_numpy(dtype=np.float64)
+    check_determined(x, y, term_names(knots_tokens))
     beta = wls(x, y)
     quality = heldout_quality(x, y, np.random.default_rng(seed))
     return {
@@ -93,10 +117,6 @@ def write_cost_model(path: Path, doc: dict[str, Any], profile_path: Path,
         "profile": str(profile_path), "target_column": target, **header,
         "fitted_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        "# Written by `python -m calibrate fit`; loaded by `cost: {kind: fitted, path: ...}`.\n"
-        + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-    )
-    tmp.replace(path)
+    text = ("# Written by `python -m calibrate fit`; loaded by `cost: {kind: fitted, path: ...}`.\n"
+            + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    write_file_atomically(path, lambda tmp: tmp.write_text(text))

@@ -32,9 +32,10 @@ p90), the error to expect on a new run of the same setup.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,8 +176,17 @@ def _not_a_coefficient(cost: dict[str, Any], dotted: str) -> str:
     return f"the scenario's cost (kind {cost['kind']}) has {shown}, not a real-valued coefficient"
 
 
+@contextlib.contextmanager
+def naming(log: ServingLog) -> Iterator[None]:
+    """A replay's bad input names the log it came from (one of several)."""
+    try:
+        yield
+    except ScenarioError as e:
+        raise ScenarioError(f"log {log.path}: {e}") from None
+
+
 def simulate(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | None) -> pd.DataFrame:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), naming(log):
         warnings.simplefilter("ignore")  # rejections and extrapolation: counted, not shouted
         result = run_scenario(replay_of(scenario, log.path, log.fmt), base_dir=base_dir)
     return result.systems[system].requests
@@ -279,7 +289,7 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
     replay = replay_of(scenario, log.path, log.fmt).model_copy(
         update={"engine": EngineConfig(mode="reference")})
     system_cfg = next(s for s in replay.systems if s.name == system)
-    with data_dir(base_dir), warnings.catch_warnings():
+    with data_dir(base_dir), warnings.catch_warnings(), naming(log):
         warnings.simplefilter("ignore")
         cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment())
         assert isinstance(cost, OverheadCost), "with_cost gives a calibrated cost an overhead"

@@ -26,6 +26,7 @@ from calibrate.model import ModelArgs, Sequence, Transformer
 from orcasim.config import ScenarioError
 from orcasim.cost.fitted import RANGE_INPUTS, batch_inputs, term_names
 from orcasim.paths import read_csv
+from orcasim.results import write_file_atomically
 
 Shape = tuple[list[int], list[int]]  # (query_tokens, context_tokens) per request
 
@@ -225,12 +226,12 @@ def cpu_name() -> str:
 
 
 def write_profile(path: Path, header: list[str], rows: pd.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        f.writelines(f"# {line}\n" for line in header)
-        rows.to_csv(f, index=False, float_format="%.6g")
-    tmp.replace(path)
+    def write(tmp: Path) -> None:
+        with tmp.open("w") as f:
+            f.writelines(f"# {line}\n" for line in header)
+            rows.to_csv(f, index=False, float_format="%.6g")
+
+    write_file_atomically(path, write)
 
 
 def read_profile(path: Path, target: str = "time_s",
@@ -239,13 +240,13 @@ def read_profile(path: Path, target: str = "time_s",
     file, unless they hold the fit's inputs and a `target` time > 0 in every row, and enough
     rows to fit every coefficient and hold some out."""
     header: dict[str, str] = {}
+    rows = read_csv(path, comment="#")  # first: it names the file of a binary or bad one
     with path.open() as f:
         for line in f:
             if not line.startswith("#"):
                 break
             key, _, value = line[1:].strip().partition(": ")
             header[key] = value
-    rows = read_csv(path, comment="#")
     expected = "expected a profile CSV of python -m calibrate profile"
     missing = [c for c in (*RANGE_INPUTS, target) if c not in rows.columns]
     if missing:

@@ -172,3 +172,45 @@ def test_a_command_line_that_does_not_parse_is_one_line(argv: list[str], phrase:
         main(argv)
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.startswith(f"error: {phrase}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("out, phrase", [
+    ("{log}", "is an input of this command; expected another path for the cost YAML "
+              "(--force never replaces an input)"),
+    ("{scenario}", "is an input of this command"),
+    ("{log}/c.yaml", "{log} is a file, not a folder; expected a path in a folder for the cost YAML"),
+])
+def test_out_is_checked_against_the_inputs_before_any_work(tmp_path: Path, capsys, out: str,  # noqa: ANN001
+                                                           phrase: str) -> None:
+    """--force replaced the log or the scenario with the fitted YAML; an --out under a file
+    failed after the whole fit, naming neither --out nor what was expected."""
+    log, scenario = tmp_path / "run.csv", _scenario(tmp_path)
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0,10,5,0.1\n")
+    before = log.read_text(), scenario.read_text()
+    target = out.format(log=log, scenario=scenario)
+    assert main(["logs", str(log), "--scenario", str(scenario), "--out", target, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {target}") and err.count("\n") == 1, err
+    assert phrase.format(log=log) in err, err
+    assert (log.read_text(), scenario.read_text()) == before
+
+
+def test_a_workload_setting_is_refused_as_each_log_replaces_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    log = _write_log(tmp_path / "run.csv")
+    assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--out",
+                 str(tmp_path / "c.yaml"), "--set", "workload.arrival.rate_per_s=100"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --set workload.arrival.rate_per_s=100: each log gives the workload (its arrivals "
+        "and lengths); expected --set on the cost, the scheduler or the hardware\n")
+
+
+def test_a_replays_bad_input_names_its_log(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """A request longer than the scenario's max_tokens, in one of two logs: the error did
+    not say which."""
+    good = _write_log(tmp_path / "good.csv")
+    long = tmp_path / "long.csv"
+    long.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0,10,5,0.1\n1,500,100,0.2\n")
+    assert main(["logs", str(good), str(long), "--scenario", str(_scenario(tmp_path)),
+                 "--out", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: log {long}: ") and "max_tokens = 512" in err, err

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from calibrate.fit import fit_profile, wls
+from orcasim.config import ScenarioError
 from orcasim.cost.fitted import batch_inputs, term_names
 
 RECOVERY_RTOL = 1e-6
@@ -60,3 +62,38 @@ def test_wls_minimises_relative_error() -> None:
     y_scaled = y * np.array([1, 1, 1, 1, 1.1])  # 10% off on the largest point
     beta = wls(x, y_scaled)[0]
     assert 2.0 < beta < 2.0 * 1.1 / 5 + 2.0  # pulled by a fifth of the 10%, not by its size
+
+
+def test_rows_that_cannot_tell_the_coefficients_apart_are_refused() -> None:
+    """Decodes alone (tokens = requests, no prompt terms) or two distinct rows repeated:
+    lstsq answered one of many solutions and the held-out R² read 1.0."""
+    rows = synthetic_rows(np.random.default_rng(3))
+    decodes = rows[rows["sum_prefill_sq"] == 0]
+    with pytest.raises(ScenarioError, match=r"^the rows determine 3 of the 7 coefficients \(const, "):
+        fit_profile(decodes, KNOTS)
+    repeated = pd.concat([rows.iloc[:2]] * 10, ignore_index=True)
+    with pytest.raises(ScenarioError, match="determine 2 of the 7"):
+        fit_profile(repeated, KNOTS)
+
+
+def test_equal_times_have_no_held_out_r2() -> None:
+    """Every row 10 ms (the constant alone): R² was -10.8, rounding's 1e-36 of spread in
+    the held-out times taken for variance."""
+    rows = synthetic_rows(np.random.default_rng(4), n=150)  # 38 held out: their mean rounds
+    rows["time_s"] = 0.01
+    q = fit_profile(rows, KNOTS)["quality"]
+    assert np.isnan(q["heldout_r2"]) and q["p90_rel_error"] < RECOVERY_RTOL
+
+
+def test_writing_leaves_a_users_tmp_file_alone(tmp_path) -> None:  # noqa: ANN001
+    """The YAML and the profile were written through `<out stem>.tmp`, replacing a user's
+    file of that name."""
+    from calibrate.fit import write_cost_model
+    from calibrate.profile import write_profile
+
+    (tmp_path / "cost.tmp").write_text("mine")
+    doc = fit_profile(synthetic_rows(np.random.default_rng(5)), KNOTS)
+    write_cost_model(tmp_path / "cost.yaml", doc, tmp_path / "p.csv", {}, "time_s")
+    write_profile(tmp_path / "cost.csv", ["model: x"], synthetic_rows(np.random.default_rng(6), 12))
+    assert (tmp_path / "cost.tmp").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.csv", "cost.tmp", "cost.yaml"]
