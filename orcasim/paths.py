@@ -6,10 +6,12 @@ import bz2
 import contextlib
 import contextvars
 import copy
+import csv
 import gzip
 import io
 import json
 import lzma
+import os
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -190,7 +192,7 @@ def open_text(path: Path) -> IO[str]:
 def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     try:
         with decompressing(path):
-            return pd.read_csv(path, **kwargs)
+            frame = pd.read_csv(path, **kwargs)
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not UTF-8 text (compressed or binary?); expected a CSV "
                             "file") from None
@@ -200,6 +202,50 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         raise ScenarioError(f"{path}: malformed CSV ({str(e).strip().splitlines()[-1]})") from None
     except ValueError as e:  # e.g. a column asked for is absent
         raise ScenarioError(f"{path}: {e}") from None
+    if kwargs.get("nrows") is None:
+        _check_last_row(Path(path), kwargs.get("comment"))
+    return frame
+
+
+LAST_ROW_BYTES = 1 << 16  # a CSV's last row is looked for in its last 64 KiB
+
+
+def _check_last_row(path: Path, comment: str | None) -> None:
+    """A file cut off mid-row (a copy that stopped, a download that failed) ends in a row
+    with fewer fields than its header, which pandas fills with NaN: refused. Plain files
+    only (a compressed one cannot be read from its end)."""
+    if compression_suffix(path):
+        return
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        start = max(0, f.tell() - LAST_ROW_BYTES)
+        f.seek(start)
+        raw = f.read()
+    tail = raw.decode("utf-8", errors="replace").splitlines()
+    if start > 0:
+        tail = tail[1:]  # it began mid-line
+    with open_text(path) as f:
+        header = next((line for line in f if line.strip()
+                       and not (comment and line.startswith(comment))), None)
+    rows = [line for line in tail if line.strip() and not (comment and line.startswith(comment))]
+    if header is None or not rows or rows[-1] == header.rstrip("\r\n") or '"' in rows[-1]:
+        return  # (a quoted field may span lines: its last line is not a row)
+    fields = len(next(csv.reader([rows[-1]])))
+    expected = len(next(csv.reader([header])))
+    if fields < expected:
+        raise ScenarioError(f"{path} line {_last_row_line(path, raw, tail)}: {fields} of the "
+                            f"header's {expected} fields ({rows[-1][:60]!r}); expected a complete "
+                            "row (was the file cut off?)")
+
+
+def _last_row_line(path: Path, raw: bytes, tail: list[str]) -> int:
+    """The line number (from 1) of the last non-blank line of `path`, whose end is `raw`
+    (split into `tail`)."""
+    with path.open("rb") as f:
+        newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    lines = newlines + (0 if raw.endswith(b"\n") else 1)
+    blanks = len(tail) - max(i for i, line in enumerate(tail) if line.strip()) - 1
+    return lines - blanks
 
 
 def csv_data_line(path: Path, row: int) -> int:

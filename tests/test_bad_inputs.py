@@ -128,6 +128,19 @@ def test_a_compressed_trace_named_csv_names_the_file(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "trace.csv: not UTF-8 text" in result.output, result.output
 
 
+@pytest.mark.parametrize("tail", ["1,12", "1,12\n", "1,12\n\n"])
+def test_a_trace_cut_off_mid_row_is_refused(tmp_path: Path, tail: str) -> None:
+    """pandas fills a short last row with NaN: a copy that stopped mid-row ran as if whole
+    (a serving log's latencies read as unmeasured, its last output shortened)."""
+    scenario = _write(tmp_path, {}, TRACE + "0,10,5\n" + tail)
+    result = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"error: {tmp_path / 'trace.csv'} line 3: 2 of the header's 3 fields "
+                             "('1,12'); expected a complete row (was the file cut off?)\n")
+    whole = _write(tmp_path, {}, TRACE + "0,10,5\n1,12,3")  # no newline at the end: whole
+    assert CliRunner().invoke(app, ["validate", str(whole)]).exit_code == 0
+
+
 @pytest.mark.parametrize("override, phrase", [
     ("systems[0]..name=x", "is malformed"), ("systems[0]]].name=x", "is malformed"),
     ("systems[x].name=y", "is malformed"), ("novalue", "expected KEY=VALUE"),
