@@ -27,3 +27,15 @@ def test_one_point_runs_and_orca_is_faster(path: Path) -> None:
     assert sc.hardware.gpu.name == "a100-40gb" and sc.model.max_seq_len == 2048
     summary = run_scenario(sc).summary_frame()["normalized_latency_s_per_token_p50"]
     assert summary["orca-bs16"] < summary["ft-bs16"]
+
+
+def test_the_report_reads_the_committed_sweeps_from_any_folder(tmp_path: Path) -> None:
+    """It read results/orca_paper relative to the working folder: a traceback elsewhere, or
+    another checkout's files where one was there."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scenarios" / "orca_paper" / "report.py"
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    assert "| GPT-3 175B | 16 (TP8 x PP2) | 1.64 | 4.70 | 2.9x | 36.9x |" in out, out

@@ -19,7 +19,7 @@ import pandas as pd
 
 from orcasim.sweeps import throughput_under_bound
 
-RESULTS = Path("results/orca_paper")
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "orca_paper"  # from any folder
 BOUND_S_PER_TOKEN = 0.19  # the paper's comparison point for GPT-3 175B (section 6.2)
 MODELS = {"13b": ("1", "TP1"), "101b": ("8", "TP8"), "175b": ("16", "TP8 x PP2"), "341b": ("32", "TP8 x PP4")}
 PAPER_RATIO = {"175b": "36.9x"}  # the paper states a single ratio for 175B only
