@@ -180,3 +180,16 @@ def test_a_capacity_folder_is_named_as_one(tmp_path: Path) -> None:
     (cap / "plan.json").write_text("{}")
     with pytest.raises(ScenarioError, match="a capacity folder, which compare does not read"):
         metrics_kind(cap)
+
+
+def test_a_sweep_stopped_before_its_tables_is_named_as_one(tmp_path: Path) -> None:
+    """An interrupted sweep holds plan.json and sweep.yaml but no table yet: it read as a
+    baselines folder ('plan.json: expected {system: {metric: number}}')."""
+    from orcasim.compare import metrics_kind
+
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    (sweep / "plan.json").write_text("{}")
+    (sweep / "sweep.yaml").write_text("name: sw\n")
+    with pytest.raises(ScenarioError, match=r"a sweep with no table yet .* run it again with --resume$"):
+        metrics_kind(sweep)
