@@ -46,9 +46,9 @@ import pandas as pd
 from orcasim.config import ScenarioError
 from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.cost.fitted import CALIBRATED_FORMAT
-from orcasim.cost.overhead import OverheadCost
+from orcasim.cost.overhead import OverheadCost, request_latency_s
 from orcasim.fidelity import METRICS, compare, headline_error, read_real_run, replay_of, run_labels
-from orcasim.run import data_dir, make_requests, request_latency_s, run_scenario, run_system
+from orcasim.run import data_dir, make_requests, run_scenario, run_system
 from orcasim.scenario import EngineConfig, Scenario, scenario_from_dict, set_dotted
 
 DEFAULT_PARAMETERS = ("overhead.per_iteration_s", "overhead.per_sequence_s",

@@ -21,6 +21,7 @@ from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
 from orcasim.config import ScenarioError
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef, stage_layers
+from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import EngineMode, EngineRun, stepper_for
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
@@ -117,10 +118,22 @@ def pool_specs(scenario: Scenario, system: SystemConfig, group: ReplicaGroup) ->
     kv = group.kv_capacity_tokens
     if kv is None and own_deployment and model is not None and hardware is not None:
         kv = Deployment(model=model, hardware=hardware).kv_capacity_tokens
+    if group.cost is not None:
+        check_way_in(group.cost, scenario.system_cost(system))
     spec = ReplicaSpec(group.scheduler or system.scheduler,
                        group.cost or scenario.system_cost(system),
                        kv or scenario.kv_capacity_tokens, model, hardware)
     return [spec] * group.count
+
+
+def check_way_in(group_cost: CostConfig, system_cost: CostConfig) -> None:
+    """A request reaches the router before any replica: its way in (`request_latency_s`) is
+    the system's, and a group's own would be dropped unread."""
+    own_s, system_s = request_latency_s(group_cost), request_latency_s(system_cost)
+    if own_s != system_s:
+        raise ScenarioError(f"cost.overhead.request_latency_s = {own_s:g}: a request reaches the "
+                            f"router before any replica, so its way in is the system's "
+                            f"({system_s:g} s); expected it on the system's or the scenario's cost")
 
 
 @dataclass

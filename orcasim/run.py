@@ -16,7 +16,8 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.config import MAX_TIME_S, ScenarioError, errors_under
-from orcasim.cost import CostConfig, CostModel, build_cost_model
+from orcasim.cost import CostModel, build_cost_model
+from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
 from orcasim.metrics import requests_frame, summarize
@@ -87,11 +88,6 @@ def scheduler_for(scenario: Scenario, system: SystemConfig, requests: Requests) 
     deployment = scenario.deployment()
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
     return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes)
-
-
-def request_latency_s(cost_cfg: CostConfig) -> float:
-    """How long after the client sent it a request reaches the engine (0 without overhead)."""
-    return cost_cfg.overhead.request_latency_s if cost_cfg.overhead else 0.0
 
 
 def at_the_engine(requests: Requests, latency_s: float) -> Requests:

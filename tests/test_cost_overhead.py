@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
+from orcasim.config import ScenarioError
 from orcasim.cost import Batch, OverheadConfig, build_cost_model
 from orcasim.cost.catalog import Deployment, HardwareConfig, gpu_spec, model_spec
 from orcasim.cost.linear import LinearCostConfig
@@ -131,6 +134,24 @@ def test_request_latency_adds_to_ttft_and_e2e_only() -> None:
     np.testing.assert_allclose(shifted["e2e_s"], base["e2e_s"] + 0.25, rtol=1e-12)
     np.testing.assert_allclose(shifted["tpot_s"], base["tpot_s"], rtol=1e-9)
     assert shifted["arrival_s"].tolist() == base["arrival_s"].tolist()
+
+
+@pytest.mark.parametrize(("where", "cluster"), [
+    ("replicas[0]", {"replicas": [{"count": 2, "cost": {"kind": "linear", "base_s": 0.01,
+                                                         "overhead": {"request_latency_s": 1.0}}}]}),
+    ("prefill", {"prefill": {"count": 1, "cost": {"kind": "linear", "base_s": 0.01,
+                                                   "overhead": {"request_latency_s": 1.0}}},
+                 "decode": {"count": 1}}),
+])
+def test_a_groups_own_request_latency_is_refused(where: str, cluster: dict) -> None:
+    """A request reaches the router before a replica: a group's or pool's own latency was
+    dropped unread (TTFT 12 ms where it said 1 s). The system's applies."""
+    system = {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+              "cluster": cluster}
+    with pytest.raises(ScenarioError, match=rf"^systems\[0\].cluster.{re.escape(where)}.cost.overhead."
+                                            r"request_latency_s = 1: a request reaches the router "
+                                            r"before any replica, so its way in is the system's \(0 s\)"):
+        run_scenario(scenario_from_dict({**SCENARIO, "systems": [system]}))
 
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])

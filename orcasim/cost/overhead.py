@@ -84,6 +84,11 @@ class CostConfigBase(Strict):
         return data
 
 
+def request_latency_s(cost_cfg: CostConfigBase) -> float:
+    """How long after the client sent it a request reaches the engine (0 without overhead)."""
+    return cost_cfg.overhead.request_latency_s if cost_cfg.overhead else 0.0
+
+
 class OverheadCost(CostModel):
     """`inner`'s GPU time, floored by the host's kernel launches, plus the host's own work."""
 
