@@ -151,10 +151,17 @@ def _setup_torch(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
+    from calibrate.fit import DEFAULT_KNOTS_TOKENS
     from calibrate.model import build_model, model_args
-    from calibrate.profile import GRIDS, header_lines, profile_rows, write_profile
+    from calibrate.profile import GRIDS, grid_shapes, header_lines, profile_rows, write_profile
+    from orcasim.cost.fitted import term_names
 
     _writable(args.out, args.force, "profile CSV")
+    shapes, least = len(grid_shapes(GRIDS[args.grid], args.max_tokens)), len(term_names(DEFAULT_KNOTS_TOKENS)) + 2
+    if shapes < least:  # fit needs every coefficient's worth and some held out (read_profile)
+        raise ScenarioError(f"--max-tokens {args.max_tokens}: the {args.grid} grid has {shapes} "
+                            f"batch shape(s) within it; expected at least {least} for python -m "
+                            "calibrate fit (a larger --max-tokens)")
     _setup_torch(args)
     full = model_args(args.model)
     shape = model_args(args.model, args.layers)

@@ -125,6 +125,12 @@ def test_fit_and_profile_options_are_checked_before_any_work(tmp_path: Path,
         assert exit_.value.code == 2 and said in capsys.readouterr().err
     assert main(["profile", "--layers", "5", "--out", str(tmp_path / "p.csv")]) == 2
     assert "--layers = 5: tiny has 2 layers; expected 1 to 2" in capsys.readouterr().err
+    # A grid too small to fit: 0 rows written, exit 0; 7 rows that fit then refused.
+    assert main(["profile", "--grid", "ci", "--max-tokens", "8", "--out", str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err == ("error: --max-tokens 8: the ci grid has 7 batch shape(s) within "
+                                       "it; expected at least 9 for python -m calibrate fit (a "
+                                       "larger --max-tokens)\n")
+    assert not (tmp_path / "p.csv").exists()
     with pytest.raises(SystemExit):
         main(["replay", "s.yaml", "--load", "0"])
     assert "--load: '0': expected a number > 0" in capsys.readouterr().err
