@@ -151,17 +151,15 @@ def _setup_torch(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from calibrate.fit import DEFAULT_KNOTS_TOKENS
     from calibrate.model import build_model, model_args
-    from calibrate.profile import GRIDS, grid_shapes, header_lines, profile_rows, write_profile
-    from orcasim.cost.fitted import term_names
+    from calibrate.profile import GRIDS, check_grid_fits, header_lines, profile_rows, write_profile
 
     _writable(args.out, args.force, "profile CSV")
-    shapes, least = len(grid_shapes(GRIDS[args.grid], args.max_tokens)), len(term_names(DEFAULT_KNOTS_TOKENS)) + 2
-    if shapes < least:  # fit needs every coefficient's worth and some held out (read_profile)
-        raise ScenarioError(f"--max-tokens {args.max_tokens}: the {args.grid} grid has {shapes} "
-                            f"batch shape(s) within it; expected at least {least} for python -m "
-                            "calibrate fit (a larger --max-tokens)")
+    try:  # what fit would refuse, before minutes of timing
+        check_grid_fits(GRIDS[args.grid], args.max_tokens)
+    except ScenarioError as e:
+        raise ScenarioError(f"--max-tokens {args.max_tokens}: the {args.grid} grid has {e} for "
+                            "python -m calibrate fit (a larger --max-tokens)") from None
     _setup_torch(args)
     full = model_args(args.model)
     shape = model_args(args.model, args.layers)
@@ -249,10 +247,12 @@ def cmd_logs(args: argparse.Namespace) -> None:
     from orcasim.scenario import load_scenario
 
     _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
-    workload = [s for s in args.set if s.split("=", 1)[0].strip().split(".")[0] == "workload"]
-    if workload:  # each log replaces the workload: the setting would be dropped unread
+    keys = [(s, s.split("=", 1)[0].strip()) for s in args.set]
+    workload = [s for s, key in keys if key.startswith("workload.") and key != "workload.max_tokens"]
+    if workload:  # each log replaces the workload (but its max_tokens): it would be dropped unread
         raise ScenarioError(f"--set {workload[0]}: each log gives the workload (its arrivals and "
-                            "lengths); expected --set on the cost, the scheduler or the hardware")
+                            "lengths); expected --set on workload.max_tokens, the cost, the "
+                            "scheduler or the hardware")
     scenario = load_scenario(args.scenario, args.set)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:

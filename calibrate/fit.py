@@ -19,7 +19,7 @@ import yaml
 
 from orcasim.config import ScenarioError
 from orcasim.cost.fitted import FORMAT, RANGE_INPUTS, design_matrix, term_names
-from orcasim.results import write_file_atomically
+from orcasim.results import write_text_atomically
 
 DEFAULT_KNOTS_TOKENS = (64, 256)
 SPLITS = 20
@@ -43,10 +43,20 @@ def wls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return beta / scale
 
 
+def rows_to_fit(knots_tokens: list[int] | tuple[int, ...]) -> int:
+    """The fewest profile rows a fit takes: one a coefficient, and two to hold out."""
+    return len(term_names(list(knots_tokens))) + 2
+
+
+def determined(x: np.ndarray, y: np.ndarray) -> int:
+    """How many coefficients the rows tell apart: the rank of the relative-error system."""
+    return int(np.linalg.matrix_rank(_weighted(x, y)[0]))
+
+
 def check_determined(x: np.ndarray, y: np.ndarray, names: list[str]) -> None:
     """Refuse rows that cannot tell every coefficient apart (a rank-deficient design: all
     decodes, or a few distinct rows repeated): lstsq would still answer, one of many."""
-    rank = int(np.linalg.matrix_rank(_weighted(x, y)[0]))
+    rank = determined(x, y)
     if rank < len(names):
         raise ScenarioError(f"the rows determine {rank} of the {len(names)} coefficients "
                             f"({', '.join(names)}); expected rows whose prompt tokens, decode "
@@ -119,4 +129,4 @@ def write_cost_model(path: Path, doc: dict[str, Any], profile_path: Path,
     }}
     text = ("# Written by `python -m calibrate fit`; loaded by `cost: {kind: fitted, path: ...}`.\n"
             + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
-    write_file_atomically(path, lambda tmp: tmp.write_text(text))
+    write_text_atomically(path, text)

@@ -32,10 +32,9 @@ p90), the error to expect on a new run of the same setup.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, errors_under
 from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.cost.fitted import CALIBRATED_FORMAT
 from orcasim.cost.overhead import OverheadCost, request_latency_s
@@ -176,17 +175,9 @@ def _not_a_coefficient(cost: dict[str, Any], dotted: str) -> str:
     return f"the scenario's cost (kind {cost['kind']}) has {shown}, not a real-valued coefficient"
 
 
-@contextlib.contextmanager
-def naming(log: ServingLog) -> Iterator[None]:
-    """A replay's bad input names the log it came from (one of several)."""
-    try:
-        yield
-    except ScenarioError as e:
-        raise ScenarioError(f"log {log.path}: {e}") from None
-
-
 def simulate(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | None) -> pd.DataFrame:
-    with warnings.catch_warnings(), naming(log):
+    # A replay's bad input names the log it came from (one of several).
+    with warnings.catch_warnings(), errors_under(f"log {log.path}: "):
         warnings.simplefilter("ignore")  # rejections and extrapolation: counted, not shouted
         result = run_scenario(replay_of(scenario, log.path, log.fmt), base_dir=base_dir)
     return result.systems[system].requests
@@ -289,7 +280,7 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
     replay = replay_of(scenario, log.path, log.fmt).model_copy(
         update={"engine": EngineConfig(mode="reference")})
     system_cfg = next(s for s in replay.systems if s.name == system)
-    with data_dir(base_dir), warnings.catch_warnings(), naming(log):
+    with data_dir(base_dir), warnings.catch_warnings(), errors_under(f"log {log.path}: "):
         warnings.simplefilter("ignore")
         cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment())
         assert isinstance(cost, OverheadCost), "with_cost gives a calibrated cost an overhead"

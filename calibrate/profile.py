@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibrate.fit import DEFAULT_KNOTS_TOKENS, determined, rows_to_fit
 from calibrate.model import ModelArgs, Sequence, Transformer
 from orcasim.config import ScenarioError
-from orcasim.cost.fitted import RANGE_INPUTS, batch_inputs, term_names
+from orcasim.cost.fitted import RANGE_INPUTS, batch_inputs, design_matrix, term_names
 from orcasim.paths import read_csv
 from orcasim.results import write_file_atomically
 
@@ -95,6 +96,23 @@ def grid_shapes(grid: Grid, max_tokens: int) -> list[tuple[str, Shape]]:
             for c in (grid.decode_context[1], grid.decode_context[-1]):
                 out.append(("mixed", ([1] * b + [p], [c] * b + [p])))
     return [(k, s) for k, s in out if max(s[1]) <= max_tokens]
+
+
+def check_grid_fits(grid: Grid, max_tokens: int) -> None:
+    """Refuse a grid whose shapes up to `max_tokens` cannot fit the default knots' terms (too
+    few, or too alike: no prompt past a knot), before any is timed: `fit` would refuse the
+    profile. The rank does not depend on the times, only on the shapes."""
+    shapes = grid_shapes(grid, max_tokens)
+    least = rows_to_fit(DEFAULT_KNOTS_TOKENS)
+    if len(shapes) < least:
+        raise ScenarioError(f"{len(shapes)} batch shape(s) within it; expected at least {least}")
+    rows = [batch_inputs(np.array(q, dtype=np.int64), np.array(c, dtype=np.int64)) for _, (q, c) in shapes]
+    inputs = {k: np.array([r[k] for r in rows]) for k in RANGE_INPUTS}
+    knots = list(DEFAULT_KNOTS_TOKENS)
+    rank, terms = determined(design_matrix(inputs, knots), np.ones(len(rows))), len(term_names(knots))
+    if rank < terms:
+        raise ScenarioError(f"shapes that determine {rank} of the {terms} coefficients (too few "
+                            f"tokens past the {knots[-1]}-token knot); expected all {terms}")
 
 
 def make_batch(model: Transformer, shape: Shape, rng: np.random.Generator) -> list[tuple[Sequence, int]]:
@@ -264,7 +282,7 @@ def read_profile(path: Path, target: str = "time_s",
             value = value.item() if isinstance(value, np.generic) else value  # -0.001, not np.float64
             raise ScenarioError(f"{path} data row {row + 1}: {column} = {value!r}, "
                                 f"expected a number {'> 0' if column == target else '>= 0'}")
-    least = len(term_names(knots_tokens or [])) + 2  # every coefficient, and a test
+    least = rows_to_fit(knots_tokens or [])
     if len(rows) < least:
         raise ScenarioError(f"{path}: {len(rows)} row(s); expected at least {least} to fit "
                             f"{least - 2} coefficients and hold some out")

@@ -50,9 +50,10 @@ def metrics_kind(path: Path) -> str:
         raise ScenarioError(f"{path}: a capacity folder, which compare does not read; expected "
                             "a run, a sweep or a baselines folder (compare capacity.csv files "
                             "with a table tool)")
-    if (path / "sweep.yaml").exists() and (path / "plan.json").exists():  # not baselines either
-        raise ScenarioError(f"{path}: a sweep with no table yet (stopped before its tables were "
-                            "written); expected a finished sweep: run it again with --resume")
+    if (path / "plan.json").exists():  # a sweep's or a capacity search's work list: no baselines
+        raise ScenarioError(f"{path}: a sweep or capacity search with no table yet (stopped "
+                            "before its tables were written); expected a finished one: run it "
+                            "again with --resume")
     if any(path.glob("*.json")):
         return "baselines folder"
     raise FileNotFoundError(f"{path}: no summary.json, sweep.parquet or baseline .json files "

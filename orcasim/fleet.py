@@ -128,9 +128,11 @@ def pool_specs(scenario: Scenario, system: SystemConfig, group: ReplicaGroup) ->
 
 def check_way_in(group_cost: CostConfig, system_cost: CostConfig) -> None:
     """A request reaches the router before any replica: its way in (`request_latency_s`) is
-    the system's, and a group's own would be dropped unread."""
+    the system's, and one a group gives itself would be dropped unread. A group that does not
+    give it (no overhead, or an overhead without it) takes the system's."""
+    given = group_cost.overhead is not None and "request_latency_s" in group_cost.overhead.model_fields_set
     own_s, system_s = request_latency_s(group_cost), request_latency_s(system_cost)
-    if own_s != system_s:
+    if given and own_s != system_s:
         raise ScenarioError(f"cost.overhead.request_latency_s = {own_s:g}: a request reaches the "
                             f"router before any replica, so its way in is the system's "
                             f"({system_s:g} s); expected it on the system's or the scenario's cost")

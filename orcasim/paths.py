@@ -212,8 +212,10 @@ LAST_ROW_BYTES = 1 << 16  # a CSV's last row is looked for in its last 64 KiB
 
 def _check_last_row(path: Path, comment: str | None) -> None:
     """A file cut off mid-row (a copy that stopped, a download that failed) ends in a row
-    with fewer fields than its header, which pandas fills with NaN: refused. Plain files
-    only (a compressed one cannot be read from its end)."""
+    with fewer fields than its header, which pandas fills with NaN: refused. The last row
+    only (where a cut falls; a short row inside is left to the columns' own checks), of a
+    plain file (a compressed one cannot be read from its end), read whole (`read_csv`
+    skips this for `nrows`)."""
     if compression_suffix(path):
         return
     with path.open("rb") as f:
@@ -224,28 +226,29 @@ def _check_last_row(path: Path, comment: str | None) -> None:
     tail = raw.decode("utf-8", errors="replace").splitlines()
     if start > 0:
         tail = tail[1:]  # it began mid-line
-    with open_text(path) as f:
-        header = next((line for line in f if line.strip()
-                       and not (comment and line.startswith(comment))), None)
-    rows = [line for line in tail if line.strip() and not (comment and line.startswith(comment))]
+    def is_row(line: str) -> bool:
+        return bool(line.strip()) and not (comment and line.startswith(comment))
+
+    with open_text(path) as text:
+        header = next((line for line in text if is_row(line)), None)
+    rows = [line for line in tail if is_row(line)]
     if header is None or not rows or rows[-1] == header.rstrip("\r\n") or '"' in rows[-1]:
         return  # (a quoted field may span lines: its last line is not a row)
     fields = len(next(csv.reader([rows[-1]])))
     expected = len(next(csv.reader([header])))
     if fields < expected:
-        raise ScenarioError(f"{path} line {_last_row_line(path, raw, tail)}: {fields} of the "
+        after = len(tail) - max(i for i, line in enumerate(tail) if is_row(line)) - 1
+        raise ScenarioError(f"{path} line {_last_row_line(path, raw, after)}: {fields} of the "
                             f"header's {expected} fields ({rows[-1][:60]!r}); expected a complete "
                             "row (was the file cut off?)")
 
 
-def _last_row_line(path: Path, raw: bytes, tail: list[str]) -> int:
-    """The line number (from 1) of the last non-blank line of `path`, whose end is `raw`
-    (split into `tail`)."""
+def _last_row_line(path: Path, raw: bytes, after: int) -> int:
+    """The line number (from 1) of the line `after` lines (blank or comments) before the end
+    of `path`, whose last bytes are `raw`. Only for an error: it reads the whole file."""
     with path.open("rb") as f:
         newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    lines = newlines + (0 if raw.endswith(b"\n") else 1)
-    blanks = len(tail) - max(i for i, line in enumerate(tail) if line.strip()) - 1
-    return lines - blanks
+    return newlines + (0 if raw.endswith(b"\n") else 1) - after
 
 
 def csv_data_line(path: Path, row: int) -> int:

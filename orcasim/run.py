@@ -37,7 +37,7 @@ from orcasim.session_metrics import session_columns, sessions_frame, sessions_su
 from orcasim.sessions import SessionSource
 from orcasim.slo import held_by_share, slo_summary
 from orcasim.sources import ArrivalSource
-from orcasim.warmup import measured_iterations
+from orcasim.warmup import measured_iterations, measured_requests
 from orcasim.workload import generate_requests
 
 
@@ -280,7 +280,8 @@ def run_disaggregated(
     # A request queues until its decode instance takes it: an overloaded decode pool leaves
     # the prefill side's schedules on time while its own queue grows.
     summary = measured_summary(scenario, system.name, reqs, iters, decode_first_s)
-    done = reqs[(reqs["arrival_s"] >= scenario.warmup_s) & reqs["decode_replica"].ge(0)]
+    window = measured_requests(reqs, scenario.warmup_s)
+    done = window[window["decode_replica"].ge(0)]
     for column in ("kv_transfer_s", "decode_wait_s"):
         values = done[column].dropna()
         summary[f"{column}_mean"] = float(values.mean()) if len(values) else float("nan")

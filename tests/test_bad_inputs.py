@@ -128,17 +128,29 @@ def test_a_compressed_trace_named_csv_names_the_file(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "trace.csv: not UTF-8 text" in result.output, result.output
 
 
-@pytest.mark.parametrize("tail", ["1,12", "1,12\n", "1,12\n\n"])
+@pytest.mark.parametrize("tail", ["1,12,3", "1,12,3\n", "1,12,3\n\n"])
 def test_a_trace_cut_off_mid_row_is_refused(tmp_path: Path, tail: str) -> None:
     """pandas fills a short last row with NaN: a copy that stopped mid-row ran as if whole
-    (a serving log's latencies read as unmeasured, its last output shortened)."""
-    scenario = _write(tmp_path, {}, TRACE + "0,10,5\n" + tail)
+    (here the last request's TTFT, a column the run does not need, read as unmeasured; a
+    serving log's latencies so, its last output shortened)."""
+    header = "arrival_s,prompt_tokens,output_tokens,ttft_s\n"
+    scenario = _write(tmp_path, {}, header + "0,10,5,0.1\n" + tail)
     result = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
-    assert result.output == (f"error: {tmp_path / 'trace.csv'} line 3: 2 of the header's 3 fields "
-                             "('1,12'); expected a complete row (was the file cut off?)\n")
-    whole = _write(tmp_path, {}, TRACE + "0,10,5\n1,12,3")  # no newline at the end: whole
+    assert result.output == (f"error: {tmp_path / 'trace.csv'} line 3: 3 of the header's 4 fields "
+                             "('1,12,3'); expected a complete row (was the file cut off?)\n")
+    whole = _write(tmp_path, {}, header + "0,10,5,0.1\n1,12,3,0.2")  # no newline at the end: whole
     assert CliRunner().invoke(app, ["validate", str(whole)]).exit_code == 0
+
+
+def test_a_cut_off_rows_line_counts_the_comments_after_it(tmp_path: Path) -> None:
+    from orcasim.config import ScenarioError
+    from orcasim.paths import read_csv
+
+    path = tmp_path / "p.csv"
+    path.write_text("# model: x\na,b,c\n1,2,3\n4,5\n# end\n\n")
+    with pytest.raises(ScenarioError, match=r"p.csv line 4: 2 of the header's 3 fields \('4,5'\)"):
+        read_csv(path, comment="#")
 
 
 @pytest.mark.parametrize("override, phrase", [

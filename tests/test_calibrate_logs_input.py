@@ -201,7 +201,8 @@ def test_a_workload_setting_is_refused_as_each_log_replaces_it(tmp_path: Path, c
                  str(tmp_path / "c.yaml"), "--set", "workload.arrival.rate_per_s=100"]) == 2
     assert capsys.readouterr().err == (
         "error: --set workload.arrival.rate_per_s=100: each log gives the workload (its arrivals "
-        "and lengths); expected --set on the cost, the scheduler or the hardware\n")
+        "and lengths); expected --set on workload.max_tokens, the cost, the scheduler or the "
+        "hardware\n")
 
 
 def test_a_replays_bad_input_names_its_log(tmp_path: Path, capsys) -> None:  # noqa: ANN001
@@ -214,3 +215,7 @@ def test_a_replays_bad_input_names_its_log(tmp_path: Path, capsys) -> None:  # n
                  "--out", str(tmp_path / "c.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: log {long}: ") and "max_tokens = 512" in err, err
+    # The way out it names: the log keeps the scenario's max_tokens, which --set may raise.
+    assert main(["logs", str(good), str(long), "--scenario", str(_scenario(tmp_path)), "--out",
+                 str(tmp_path / "c.yaml"), "--set", "workload.max_tokens=1024", "--fit",
+                 "overhead.per_iteration_s", "--no-leave-one-out"]) == 0

@@ -131,6 +131,12 @@ def test_fit_and_profile_options_are_checked_before_any_work(tmp_path: Path,
                                        "it; expected at least 9 for python -m calibrate fit (a "
                                        "larger --max-tokens)\n")
     assert not (tmp_path / "p.csv").exists()
+    # Enough shapes, but none past the 256-token knot: fit would refuse what it timed.
+    assert main(["profile", "--grid", "ci", "--max-tokens", "64", "--out", str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err == ("error: --max-tokens 64: the ci grid has shapes that determine "
+                                       "6 of the 7 coefficients (too few tokens past the 256-token "
+                                       "knot); expected all 7 for python -m calibrate fit (a larger "
+                                       "--max-tokens)\n")
     with pytest.raises(SystemExit):
         main(["replay", "s.yaml", "--load", "0"])
     assert "--load: '0': expected a number > 0" in capsys.readouterr().err

@@ -190,6 +190,9 @@ def test_a_sweep_stopped_before_its_tables_is_named_as_one(tmp_path: Path) -> No
     sweep = tmp_path / "sw"
     sweep.mkdir()
     (sweep / "plan.json").write_text("{}")
+    with pytest.raises(ScenarioError, match=r"a sweep or capacity search with no table yet .* run it "
+                                            r"again with --resume$"):
+        metrics_kind(sweep)  # a capacity search's holds plan.json alone
     (sweep / "sweep.yaml").write_text("name: sw\n")
-    with pytest.raises(ScenarioError, match=r"a sweep with no table yet .* run it again with --resume$"):
+    with pytest.raises(ScenarioError, match=r"a sweep or capacity search with no table yet"):
         metrics_kind(sweep)

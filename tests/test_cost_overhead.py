@@ -152,6 +152,15 @@ def test_a_groups_own_request_latency_is_refused(where: str, cluster: dict) -> N
                                             r"request_latency_s = 1: a request reaches the router "
                                             r"before any replica, so its way in is the system's \(0 s\)"):
         run_scenario(scenario_from_dict({**SCENARIO, "systems": [system]}))
+    # A group cost that does not give one (no overhead, or one without it) takes the system's.
+    late = {**LINEAR, "overhead": {"request_latency_s": 0.5}}
+    for own in ({"kind": "linear", "base_s": 0.02}, {"kind": "linear", "base_s": 0.02,
+                                                     "overhead": {"per_iteration_s": 0.001}}):
+        group = ({"prefill": {"count": 1, "cost": own}, "decode": {"count": 1}} if where == "prefill"
+                 else {"replicas": [{"count": 2, "cost": own}]})
+        reqs = run_scenario(scenario_from_dict({**SCENARIO, "cost": late, "systems": [
+            {**system, "cluster": group}]})).systems["orca"].requests
+        assert (reqs["ttft_s"] > 0.5).all()
 
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])

@@ -87,7 +87,8 @@ def test_each_data_parallel_group_holds_its_own_requests_kv() -> None:
     # A dense model told to run its attention data-parallel: the message sent the user on
     # to set expert_parallel = 2, which a dense model refuses next.
     ("llama-3.2-3b", {"data_parallel_attention": 2},
-     "expected 2 .*; data-parallel attention is for mixture-of-experts models$"),
+     r"expected 2 .*, or data_parallel_attention = 1 on a dense model \(data-parallel attention is "
+     r"for mixture-of-experts models\)$"),
     # vLLM splits the KV heads or replicates them; it refuses 8 KV heads over 6 or 12 ranks
     # (orcasim priced 8/6 heads a rank).
     ("llama-3.2-3b", {"tensor_parallel": 6},

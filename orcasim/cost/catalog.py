@@ -368,8 +368,8 @@ class HardwareConfig(Strict):
                 "the attention GPUs of a stage)" + (
                     "" if self.data_parallel_attention > 1 or stage == 1
                     else " or 1 (experts split by tensor parallelism)")
-                + ("; data-parallel attention is for mixture-of-experts models"
-                   if self.data_parallel_attention > 1 else ""))
+                + (", or data_parallel_attention = 1 on a dense model (data-parallel attention is "
+                   "for mixture-of-experts models)" if self.data_parallel_attention > 1 else ""))
         return self
 
 

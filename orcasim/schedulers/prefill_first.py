@@ -29,9 +29,12 @@ measurements; v0.4 and v0.5 keep the rules without the padding. Each iteration:
 
 vLLM preempts a single-sequence request by recompute unless told otherwise;
 `preemption: swap` models the swap path. One departure, to keep FCFS from stalling: a
-request whose peak KV plus the watermark exceeds the pool (plus one block more where
-preemption is by swap, which can_swap_in needs, or the watermark is under a block) is
-rejected on arrival (vLLM would run it until a preemption, then ignore it as too long).
+request that could not finish alone or come back from a preemption is rejected on arrival
+(vLLM would wait for it at the head of the queue for good): one whose prompt, or whose peak
+KV when it comes back by recompute, leaves fewer than the watermark's blocks free
+(`can_allocate`); whose last decode would start with no block free (`can_append_slot`);
+or, by swap, whose blocks before its last decode plus one leave fewer than the watermark's
+(`can_swap_in`). See `_fits_alone_with`.
 
 Fast-forward (`orcasim.schedulers.paged_runs`) is exact here too: a decode iteration plans
 every running request, whether anyone can join (a prompt, or a swap-in while anything is

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from orcasim.results import save_figure  # noqa: E402
 from orcasim.run import run_scenario  # noqa: E402
+from orcasim.warmup import measured_requests  # noqa: E402
 
 HERE = Path(__file__).parent
 SCENARIO = HERE / "disagg_vs_colocated.yaml"
@@ -38,7 +39,7 @@ ATTAINMENT = 0.9
 
 
 def attainment(reqs: pd.DataFrame, warmup_s: float) -> dict[str, float]:
-    done = reqs[reqs["arrival_s"] >= warmup_s]
+    done = measured_requests(reqs, warmup_s)
     ttft_ok = done["ttft_s"] <= TTFT_SLO_S
     # A one-token request has no TPOT: it meets that SLO by definition.
     tpot_ok = done["tpot_s"].isna() | (done["tpot_s"] <= TPOT_SLO_S)
