@@ -14,6 +14,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 
@@ -197,3 +198,12 @@ def _child(node: Any, part: Any) -> Any:
     if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
         return node[part]
     return None
+
+
+def check_finite_times(times_s: np.ndarray, key: str, value: float) -> None:
+    """A rate (or a trace's speedup) so small that the times overflow to infinity: refused by
+    its key, `workload.arrival.<key>` (the run's own check of its times comes after the
+    engine, which stops first on times it cannot reach)."""
+    if not np.isfinite(times_s).all():
+        raise ScenarioError(f"workload.arrival.{key} = {value:g}: the arrival times overflow to "
+                            f"infinity; expected a {key} that keeps them below {MAX_TIME_S:g} s")

@@ -7,6 +7,7 @@ the file's few lines (the real traces' tests cannot see a shifted line number or
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -527,6 +528,12 @@ def test_an_azure_time_without_a_date_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"^a\.csv line 2: TIMESTAMP = '17:03\.9', expected a "
                                             r"date and time"):
         read_trace(path)
+    # A time alone in other forms: a trace from 11:59:59 PM to 12:00:01 AM was read as today,
+    # its two rows reordered 86,398 s apart.
+    for alone in ("11:59:59 PM", "11:59:59 p.m.", "T18:17:03", "18:17:03Z", "18:17:03+01:00"):
+        bare = _write(tmp_path, "b.csv", f"{AZURE_HEADER}\n{alone},10,2\n")
+        with pytest.raises(ScenarioError, match=rf"^b\.csv line 2: TIMESTAMP = '{re.escape(alone)}'"):
+            read_trace(bare)
     # Every form with a date is read as before (a reviewer's list of those a first check refused).
     for first, second in [("16.11.2023 18:17:03", "16.11.2023 18:17:05"),
                           ("20231116 18:17:03", "20231116 18:17:05"),

@@ -362,3 +362,57 @@ def test_the_context_limit_may_hold_exactly_the_system_prompt_and_the_longest_me
                                             rf"{need} tokens, which truncation cannot drop; "
                                             rf"expected max_context_tokens >= {need}$"):
         sessions.draw_plan(shape, 2000, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(("arrival", "key"), [
+    ({"kind": "poisson", "rate_per_s": 1e-309}, "rate_per_s"),
+    ({"kind": "gamma", "rate_per_s": 1e-320, "cv": 2.0}, "rate_per_s"),
+    ({"kind": "constant", "rate_per_s": 1e-320}, "rate_per_s"),
+])
+def test_a_rate_whose_times_overflow_is_refused_by_its_key(arrival: dict, key: str) -> None:
+    """1 / 1e-309 is inf: every arrival at infinity, and the engine stopped on an assertion
+    (a traceback) before the run's own check of its times."""
+    cfg = WorkloadConfig.model_validate({"num_requests": 3, "arrival": arrival, "max_tokens": 64,
+                                         "prompt_tokens": {"kind": "constant", "value": 8},
+                                         "output_tokens": {"kind": "constant", "value": 4}})
+    with pytest.raises(ScenarioError, match=rf"^workload.arrival.{key} = .*: the arrival times "
+                                            "overflow to infinity"):
+        generate_requests(cfg, np.random.default_rng(0))
+
+
+def test_a_trace_speedup_whose_times_overflow_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,8,4\n1,8,4\n")
+    cfg = WorkloadConfig.model_validate({"arrival": {"kind": "trace", "path": str(tmp_path / "t.csv"),
+                                                     "speedup": 1e-309}, "max_tokens": 64})
+    with pytest.raises(ScenarioError, match=r"^workload.arrival.speedup = .*: the arrival times overflow"):
+        generate_requests(cfg, np.random.default_rng(0))
+
+
+def test_a_lognormal_mean_over_a_huge_support_is_quick() -> None:
+    """The exact mean summed over every token up to `max`: 10^9 tokens took minutes and tens
+    of GB (a session's step count bounded so). Past exp(mu + 9 sigma) the mass is negligible."""
+    import time
+
+    start = time.perf_counter()
+    small = lengths.LognormalLength(kind="lognormal", mean=8, sigma=0.5, max=50)
+    huge = lengths.LognormalLength(kind="lognormal", mean=8, sigma=0.5, max=10**9)
+    wide = lengths.LognormalLength(kind="lognormal", mean=100, sigma=3, max=10**9)
+    assert huge.mean_tokens() == pytest.approx(huge.clipped_mean_tokens(), abs=0.5)
+    assert wide.mean_tokens() == wide.clipped_mean_tokens()  # the closed form past 10^6 tokens
+    assert small.mean_tokens() == pytest.approx(7.999713547843641, rel=1e-15)  # as before
+    assert time.perf_counter() - start < 5.0
+
+
+def test_an_empirical_column_is_read_again_when_its_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "e.csv"
+    path.write_text("n\n5\n6\n")
+    assert lengths.load_length_column(str(path), "n").tolist() == [5, 6]
+    path.write_text("n\n500\n600\n700\n")  # a cache by path alone served [5, 6]
+    assert lengths.load_length_column(str(path), "n").tolist() == [500, 600, 700]
+
+
+def test_a_session_rate_whose_starts_overflow_is_refused() -> None:
+    with pytest.raises(ScenarioError, match=r"^workload.arrival.session_rate_per_s = 1e-310: the "
+                                            "arrival times overflow to infinity"):
+        sessions.draw_plan(_conversations(num_sessions=3, session_rate_per_s=1e-310), 2000,
+                           np.random.default_rng(0))

@@ -78,3 +78,4 @@ Arrival = Annotated[
     | ConversationArrival | AgentArrival,
     Field(discriminator="kind"),
 ]
+

@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.paths import DataPath, csv_data_line, read_csv, resolve_data_path
+from orcasim.paths import DataPath, csv_data_line, read_csv, read_once, resolve_data_path
 
 # The longest request length accepted anywhere (a prompt, an output, a limit): far above any
 # model's context today, and far below where int64 token sums or float64 times lose digits.
@@ -51,6 +51,9 @@ class UniformLength(Strict):
         return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
 
 
+EXACT_MEAN_SUPPORT = 1_000_000  # tokens a lognormal's mean is summed over, at most
+
+
 class LognormalLength(Strict):
     """Lognormal with the given mean (tokens) and log-space sigma, rounded and clipped to [1, max].
 
@@ -68,10 +71,17 @@ class LognormalLength(Strict):
         return math.log(self.mean) - self.sigma**2 / 2.0
 
     def mean_tokens(self) -> float:
-        k = np.arange(1, self.max + 1, dtype=np.float64)
-        upper = np.append(_lognorm_cdf(k[:-1] + 0.5, self._mu(), self.sigma), 1.0)
+        # Beyond exp(mu + 9 sigma) lies under 1e-19 of the mass: the sum stops there (that
+        # mass counted at `max`, 1e-10 tokens at most), or, where even that is too long a
+        # support, the closed form (within half a token) takes over.
+        last = min(self.max, math.ceil(math.exp(min(self._mu() + 9.0 * self.sigma, 700.0))))
+        if last > EXACT_MEAN_SUPPORT:
+            return self.clipped_mean_tokens()
+        k = np.arange(1, last + 1, dtype=np.float64)
+        cdf = _lognorm_cdf(k + 0.5, self._mu(), self.sigma)
+        upper = np.append(cdf[:-1], 1.0) if last == self.max else cdf
         lower = np.insert(upper[:-1], 0, 0.0)
-        return float(np.sum(k * (upper - lower)))
+        return float(np.sum(k * (upper - lower))) + (1.0 - upper[-1]) * self.max
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         x = rng.lognormal(self._mu(), self.sigma, size=n)
@@ -119,8 +129,6 @@ LengthDist = Annotated[
     Field(discriminator="kind"),
 ]
 
-_COLUMN_CACHE: dict[tuple[str, str], np.ndarray] = {}
-
 
 def bad_lengths(values: np.ndarray) -> np.ndarray:
     """Which of `values` (float64) are not whole token counts in [1, MAX_LENGTH_TOKENS]."""
@@ -131,20 +139,26 @@ def bad_lengths(values: np.ndarray) -> np.ndarray:
 def load_length_column(path: str, column: str) -> np.ndarray:
     """Read one positive integer column of a CSV; errors name the file, column and line."""
 
+    # Read again when the file changes (a cache by path alone served an edited file stale);
+    # the array is shared, read-only.
     resolved = resolve_data_path(path)
-    key = (str(resolved), column)
-    if key not in _COLUMN_CACHE:
-        header = read_csv(resolved, nrows=0).columns
-        if column not in header:
-            raise ScenarioError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
-        # As text, so that an error quotes the value as written ('abc', '0'), and a
-        # non-number is named rather than failing the conversion.
-        values = read_csv(resolved, usecols=[column], dtype=str)[column]
-        if values.empty:  # nothing to resample from
-            raise ScenarioError(f"{path}: column '{column}' has no rows; expected at least one "
-                                f"length, {LENGTH_EXPECTED}")
-        _COLUMN_CACHE[key] = _positive_ints(values, resolved, column)
-    return _COLUMN_CACHE[key]
+    return read_once(resolved, ("length column", column), lambda: _read_column(path, resolved, column),
+                     copy_out=lambda values: values)
+
+
+def _read_column(path: str, resolved: Path, column: str) -> np.ndarray:
+    header = read_csv(resolved, nrows=0).columns
+    if column not in header:
+        raise ScenarioError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
+    # As text, so that an error quotes the value as written ('abc', '0'), and a non-number is
+    # named rather than failing the conversion.
+    values = read_csv(resolved, usecols=[column], dtype=str)[column]
+    if values.empty:  # nothing to resample from
+        raise ScenarioError(f"{path}: column '{column}' has no rows; expected at least one "
+                            f"length, {LENGTH_EXPECTED}")
+    lengths = _positive_ints(values, resolved, column)
+    lengths.flags.writeable = False
+    return lengths
 
 
 def _positive_ints(values: pd.Series, path: Path, column: str) -> np.ndarray:

@@ -371,9 +371,11 @@ def _token_counts(rows: pd.DataFrame, column: str, path: Path, line_offset: int)
     return values.astype(np.int64)
 
 
-# A time alone, a spreadsheet's display of a timestamp (17:03.9, minutes and seconds),
-# which pandas would read as today at 17:03:54; any form with a date is pandas' to read.
-_TIME_ALONE = r"^\s*\d{1,2}:\d{1,2}(?::\d{1,2})?(?:\.\d*)?\s*$"
+# A time alone, a spreadsheet's display of a timestamp (17:03.9, minutes and seconds; or
+# 11:59:59 PM; or ISO's T18:17:03), which pandas would read as today: a trace crossing
+# midnight would be reordered. Any form with a date is pandas' to read.
+_TIME_ALONE = (r"^\s*T?\d{1,2}:\d{1,2}(?::\d{1,2})?(?:\.\d*)?\s*(?:[AaPp]\.?[Mm]\.?)?"
+               r"\s*(?:Z|[+-]\d{2}:?\d{2})?\s*$")
 
 
 def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
