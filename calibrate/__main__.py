@@ -244,15 +244,11 @@ def fit_names(text: str) -> tuple[str, ...]:
 
 def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
+    from orcasim.fidelity import check_replay_overrides
     from orcasim.scenario import load_scenario
 
     _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
-    keys = [(s, s.split("=", 1)[0].strip()) for s in args.set]
-    workload = [s for s, key in keys if key.startswith("workload.") and key != "workload.max_tokens"]
-    if workload:  # each log replaces the workload (but its max_tokens): it would be dropped unread
-        raise ScenarioError(f"--set {workload[0]}: each log gives the workload (its arrivals and "
-                            "lengths); expected --set on workload.max_tokens, the cost, the "
-                            "scheduler or the hardware")
+    check_replay_overrides(args.set)
     scenario = load_scenario(args.scenario, args.set)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:

@@ -387,7 +387,12 @@ def fidelity(
     plots: Annotated[bool, typer.Option(help="Write real-against-simulated CDF plots.")] = True,
 ) -> None:
     """Replay each real run's arrivals and lengths through SCENARIO; compare the percentiles."""
-    from orcasim.fidelity import MEASURED_FORMATS, fidelity_table, headline_error
+    from orcasim.fidelity import (
+        MEASURED_FORMATS,
+        check_replay_overrides,
+        fidelity_table,
+        headline_error,
+    )
     from orcasim.results import check_out_dir, default_results_dir, write_fidelity
     from orcasim.scenario import load_scenario
 
@@ -395,6 +400,7 @@ def fidelity(
         fail(f"--format = {fmt!r}: expected {', '.join(MEASURED_FORMATS[:-1])} or "
              f"{MEASURED_FORMATS[-1]}")
     try:
+        check_replay_overrides(set_ or [])
         sc = load_scenario(scenario, set_ or [])
         names = system or [s.name for s in sc.systems]
         unknown = [n for n in names if n not in {s.name for s in sc.systems}]

@@ -16,8 +16,10 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
+from orcasim.paths import resolve_data_path
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
+from orcasim.warmup import counted
 from orcasim.workload.traces import read_measurements
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
@@ -33,12 +35,25 @@ def read_real_run(path: Path, fmt: str = "auto") -> pd.DataFrame:
     return read_measurements(str(path), fmt)
 
 
+def check_replay_overrides(overrides: list[str]) -> None:
+    """A replay takes its workload from the log but for `workload.max_tokens`: any other
+    `--set workload.*` would be dropped unread (a speedup, a request cap, a system prompt)."""
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key.startswith("workload.") and key != "workload.max_tokens":
+            raise ScenarioError(f"--set {override}: each log gives the workload (its arrivals and "
+                                "lengths); expected --set on workload.max_tokens, the cost, the "
+                                "scheduler or the hardware")
+
+
 def replay_of(scenario: Scenario, run_path: Path, fmt: str = "auto") -> Scenario:
     """`scenario` with its workload replaced by the run's arrivals and lengths."""
     data = scenario.model_dump(mode="json", exclude_none=True)
     data.pop("sweep", None)
+    # Found where the log reader finds it (the scenario's folder, the working folder, the
+    # package's data): a shipped run's name replays it from any folder.
     data["workload"] = {
-        "arrival": {"kind": "trace", "path": str(Path(run_path).resolve()), "format": fmt},
+        "arrival": {"kind": "trace", "path": str(resolve_data_path(str(run_path))), "format": fmt},
         "max_tokens": data["workload"]["max_tokens"],
     }
     return scenario_from_dict(data, f"{scenario.name} replaying {Path(run_path).name}")
@@ -89,13 +104,26 @@ def fidelity_table(
             raise ScenarioError(f"--real {path}: {e}") from None
         for system in systems:
             simulated = result.systems[system].requests
-            table = compare(real, simulated)
+            # After the scenario's warm-up, as its summary counts (the same requests on both
+            # sides: the replay's arrivals are the log's).
+            kept = counted(simulated["arrival_s"].to_numpy(), scenario.warmup_s)
+            table = compare(real[kept], simulated[kept])
             tables.append(table.assign(run=label, system=system))
-            frames[f"{label}/{system}"] = pd.concat(
-                [real.assign(source="real"), simulated[list(METRICS)].assign(source="simulated")]
-            )
+            frames[f"{label}/{system}"] = paired_frames(real[kept], simulated[kept])
     order = ["run", "system", *COLUMNS]
     return pd.concat(tables, ignore_index=True)[order], frames
+
+
+def paired_frames(real: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
+    """Both sides for the figures, each metric kept where both have it, as `compare` takes
+    its percentiles (the curves drew each side over its own requests: a rejected or an
+    unmeasured request counted on one side only)."""
+    real, simulated = real[list(METRICS)].copy(), simulated[list(METRICS)].copy()
+    for metric in METRICS:
+        both = real[metric].notna().to_numpy() & simulated[metric].notna().to_numpy()
+        real.loc[~both, metric] = np.nan
+        simulated.loc[~both, metric] = np.nan
+    return pd.concat([real.assign(source="real"), simulated.assign(source="simulated")])
 
 
 def run_labels(runs: list[Path], given_as: str = "--real") -> list[str]:

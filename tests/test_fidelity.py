@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from orcasim.fidelity import COLUMNS, compare, fidelity_table, headline_error, replay_of
+from orcasim.paths import PACKAGE_DATA_DIR
 from tests.conftest import make_scenario
 
 
@@ -89,9 +90,15 @@ def test_the_replay_takes_the_runs_arrivals_and_lengths_and_keeps_the_rest(tmp_p
     scenario's max_tokens kept); a sweep is dropped (one replay per run); systems, cost and
     seed and name stay."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "run-7.csv").write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0,8,4,0.1\n")
     replay = replay_of(_scenario(), Path("run-7.csv"), "orcasim")
     arrival = replay.workload.arrival
     assert arrival.kind == "trace" and arrival.path == str(tmp_path / "run-7.csv")
+    # A shipped run's name, as the scenarios write it, from another folder: it was made
+    # absolute against the working folder ('not found' for a log the reader had found).
+    shipped = replay_of(_scenario(), Path("ground_truth/distserve_opt13b_a100/vllm-100-1.csv"))
+    assert shipped.workload.arrival.path == str(PACKAGE_DATA_DIR / "ground_truth" /
+                                                "distserve_opt13b_a100" / "vllm-100-1.csv")
     assert arrival.format == "orcasim"
     assert replay.workload.max_tokens == 256 and replay.sweep is None
     assert [s.name for s in replay.systems] == ["a", "b"] and replay.seed == 1
@@ -213,3 +220,52 @@ def test_plot_on_a_fidelity_folder_says_what_it_is(tmp_path: Path) -> None:
     assert result.output == (f"error: {out}: an orcasim fidelity folder, whose CDF figures orcasim "
                              "fidelity writes (rerun it with --force to redraw them); expected a "
                              "run, sweep or capacity folder\n")
+
+
+def test_the_figures_draw_each_metric_over_the_requests_the_table_compares(tmp_path: Path) -> None:
+    """A request the log left unmeasured is left out of the simulated curve too (each side
+    was drawn over its own requests, unlike the table's percentiles)."""
+    log = tmp_path / "run.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0.0,10,3,0.05\n1.0,20,2,\n"
+                   "2.0,30,5,0.07\n")
+    _, frames = fidelity_table(_scenario(), [log], ["a"], "orcasim")
+    simulated = frames["run/a"][frames["run/a"]["source"] == "simulated"]
+    assert simulated["ttft_s"].isna().tolist() == [False, True, False]
+
+
+def test_the_comparison_counts_the_requests_after_the_warm_up(tmp_path: Path) -> None:
+    """The scenario's warm-up was checked against the log (past its last arrival: refused)
+    but not applied: every request was compared."""
+    table, _ = fidelity_table(_scenario(warmup_s=1.5), [_run_log(tmp_path)], ["a"], "orcasim")
+    ttft = table[table["metric"] == "ttft_s"]
+    assert ttft["real"].tolist() == pytest.approx([0.07] * 3)  # the request at 2 s alone
+
+
+@pytest.mark.parametrize("override", ["workload.arrival.speedup=4", "workload.num_requests=5"])
+def test_a_workload_setting_the_replay_would_drop_is_refused(tmp_path: Path, override: str) -> None:
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nworkload: {num_requests: 3, arrival: {kind: poisson, rate_per_s: 1},"
+                        " prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant,"
+                        " value: 4}, max_tokens: 256}\ncost: {kind: linear, base_s: 0.01}\n"
+                        "kv_capacity_tokens: 4096\nsystems: [{name: a, scheduler: {kind: paged}}]\n")
+    result = CliRunner().invoke(app, ["fidelity", str(scenario), "--real", str(_run_log(tmp_path)),
+                                      "--set", override, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: --set {override}: each log gives the workload")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_vllm_result_of_empty_lists_is_one_line(tmp_path: Path) -> None:
+    """Empty lists made an empty Python mask, which pandas took for columns: KeyError."""
+    from orcasim.config import ScenarioError
+    from orcasim.workload.traces import read_trace
+
+    path = tmp_path / "empty.json"
+    path.write_text('{"completed": 0, "input_lens": [], "output_lens": [], "ttfts": [], "itls": [],'
+                    ' "start_times": [], "errors": []}')
+    with pytest.raises(ScenarioError, match=r"^empty.json: no requests"):
+        read_trace(path)

@@ -81,8 +81,14 @@ def test_a_file_of_unknown_columns_names_what_each_format_expects(tmp_path: Path
     with pytest.raises(ScenarioError, match=r"^bad\.csv: cannot tell the trace format from columns "
                                             r"\['a', 'b'\]; expected arrival_s, prompt_tokens, "
                                             r"output_tokens \(orcasim\) or TIMESTAMP, ContextTokens, "
-                                            r"GeneratedTokens \(azure\)$"):
+                                            r"GeneratedTokens \(azure\); a vLLM benchmark result is "
+                                            r"read by its \.json name or --format vllm$"):
         read_trace(_write(tmp_path, "bad.csv", "a,b\n1,2\n"))
+    # A vLLM result under another name reads as a CSV of thousands of columns: the message
+    # listed every one (120 KB on one line).
+    wide = _write(tmp_path, "res.txt", ",".join(f"c{i}" for i in range(3000)) + "\n")
+    with pytest.raises(ScenarioError, match=r"columns \['c0', .*'c7'\] and 2992 more; expected"):
+        read_trace(wide)
 
 
 def test_a_format_forced_on_a_file_without_its_columns_names_the_missing_ones(tmp_path: Path) -> None:
@@ -324,8 +330,10 @@ VLLM_GOOD = {"start_times": [0.0, 1.0], "input_lens": [5, 5], "output_lens": [2,
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"errors": [""]}, r"r\.json: errors has 1 entries, expected one per request \(2, as input_lens\)"),
-    ({"output_lens": ["x", 3]}, r"r\.json request 0: output_lens = 'x', expected a number"),
-    ({"output_lens": [2, True]}, r"r\.json request 1: output_lens = True, expected a number"),
+    ({"output_lens": ["x", 3]}, r"r\.json request 0: output_lens = 'x', expected a token count >= 0"),
+    ({"output_lens": [2, True]}, r"r\.json request 1: output_lens = True, expected a token count"),
+    # vLLM writes 0 for a failed request (dropped); a negative count was dropped as one too.
+    ({"output_lens": [2, -5]}, r"r\.json request 1: output_lens = -5, expected a token count >= 0$"),
     ({"itls": [None, [0.1, 0.1]]}, r"r\.json request 0: itls = None, expected a list of numbers "
                                    r">= 0 \(seconds between output tokens\)"),
     ({"itls": [[0.1], [0.1, -0.1]]}, r"r\.json request 1: itls = \[0\.1, -0\.1\], expected a list "

@@ -233,18 +233,20 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
                       "send times waited on earlier requests; they are replayed as given (an "
                       "open loop), which a slower simulated server would not have seen",
                       UserWarning, stacklevel=2)
-    ok = [not error and length > 0 for error, length in zip(errors, doc["output_lens"], strict=True)]
+    ok = np.array([not error and length > 0 for error, length in zip(errors, doc["output_lens"],
+                                                                      strict=True)], dtype=bool)
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
     start_s = np.array(doc["start_times"], dtype=np.float64)
     output = np.array(doc["output_lens"], dtype=np.float64)
     ttft_s = np.array(doc["ttfts"], dtype=np.float64)
     frame = pd.DataFrame({
-        "arrival_s": start_s - start_s[ok].min() if any(ok) else start_s,
+        "arrival_s": start_s - start_s[ok].min() if ok.any() else start_s,
         "input_lens": doc["input_lens"], "output_lens": doc["output_lens"],
         "ttft_s": ttft_s, "e2e_s": ttft_s + decode_s,
         "tpot_s": np.where(output > 1, decode_s / np.maximum(output - 1, 1), np.nan),
     })
-    # The index stays each request's position in the result's lists, which errors name.
+    # The index stays each request's position in the result's lists, which errors name. A
+    # boolean array: an empty list would pick columns, and lose them all.
     return frame[ok]
 
 
@@ -264,9 +266,13 @@ def _checked_vllm_lists(doc: dict[str, Any], path: Path) -> list[Any]:
     if len(errors) != n:
         raise ScenarioError(f"{path.name}: errors has {len(errors)} entries, expected one per "
                             f"request ({n}, as input_lens)")
-    for field in ("start_times", "input_lens", "output_lens"):
-        _raise_on_bad(np.array([not _is_number(v) for v in doc[field]], dtype=bool),
-                      pd.Series(doc[field], dtype=object), field, path, JSON_LISTS, "a number")
+    _raise_on_bad(np.array([not _is_number(v) for v in doc["start_times"]], dtype=bool),
+                  pd.Series(doc["start_times"], dtype=object), "start_times", path, JSON_LISTS,
+                  "a number")
+    for field in ("input_lens", "output_lens"):  # 0 output: a failed request, dropped
+        _raise_on_bad(np.array([not (_is_number(v) and v >= 0) for v in doc[field]], dtype=bool),
+                      pd.Series(doc[field], dtype=object), field, path, JSON_LISTS,
+                      "a token count >= 0")
     _raise_on_bad(np.array([not (_is_number(v) and v >= 0) for v in doc["ttfts"]], dtype=bool),
                   pd.Series(doc["ttfts"], dtype=object), "ttfts", path, JSON_LISTS,
                   "a number of seconds >= 0")
@@ -300,8 +306,9 @@ def _detect_format(path: Path) -> str:
     if set(AZURE_COLUMNS) <= set(header):
         return "azure"
     raise ScenarioError(
-        f"{path.name}: cannot tell the trace format from columns {list(header)}; expected "
-        f"{', '.join(ORCASIM_COLUMNS)} (orcasim) or {', '.join(AZURE_COLUMNS)} (azure)"
+        f"{path.name}: cannot tell the trace format from columns {_shown(list(header))}; expected "
+        f"{', '.join(ORCASIM_COLUMNS)} (orcasim) or {', '.join(AZURE_COLUMNS)} (azure); a vLLM "
+        "benchmark result is read by its .json name or --format vllm"
     )
 
 
@@ -376,6 +383,13 @@ def _token_counts(rows: pd.DataFrame, column: str, path: Path, line_offset: int)
 # midnight would be reordered. Any form with a date is pandas' to read.
 _TIME_ALONE = (r"^\s*T?\d{1,2}:\d{1,2}(?::\d{1,2})?(?:\.\d*)?\s*(?:[AaPp]\.?[Mm]\.?)?"
                r"\s*(?:Z|[+-]\d{2}:?\d{2})?\s*$")
+
+
+def _shown(columns: list[str], most: int = 8) -> str:
+    """Columns for a message: the first `most` of them (a JSON file read as CSV has thousands)."""
+    if len(columns) <= most:
+        return str(columns)
+    return f"{columns[:most]} and {len(columns) - most} more"
 
 
 def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
