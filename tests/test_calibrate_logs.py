@@ -125,7 +125,7 @@ def test_a_malformed_vllm_log_is_one_line_naming_the_field(tmp_path: Path, capsy
                                "ttfts": [0.1, 0.1], "itls": [[], [0.1, 0.1]]}))
     assert main(["logs", str(bad), "--scenario", str(scenario), "--out", str(tmp_path / "c.yaml")]) == 2
     err = capsys.readouterr().err
-    assert err == "error: bench.json request 0: output_lens = 'x', expected a number\n", err
+    assert err == "error: bench.json request 0: output_lens = 'x', expected a token count >= 0\n", err
 
 
 @pytest.mark.parametrize(("name", "message"), [
