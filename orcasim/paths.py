@@ -212,12 +212,17 @@ LAST_ROW_BYTES = 1 << 16  # a CSV's last row is looked for in its last 64 KiB
 
 def _check_last_row(path: Path, comment: str | None) -> None:
     """A file cut off mid-row (a copy that stopped, a download that failed) ends in a row
-    with fewer fields than its header, which pandas fills with NaN: refused. The last row
-    only (where a cut falls; a short row inside is left to the columns' own checks), of a
-    plain file (a compressed one cannot be read from its end), read whole (`read_csv`
+    with fewer fields than its header and than the row before it, which pandas fills with
+    NaN: refused. (A file whose rows all leave trailing empty fields out is whole.) The last
+    row only (where a cut falls; a short row inside is left to the columns' own checks), of
+    a plain file (a compressed one cannot be read from its end), read whole (`read_csv`
     skips this for `nrows`)."""
     if compression_suffix(path):
         return
+
+    def is_row(line: str) -> bool:
+        return bool(line.strip()) and not (comment and line.startswith(comment))
+
     with path.open("rb") as f:
         f.seek(0, os.SEEK_END)
         start = max(0, f.tell() - LAST_ROW_BYTES)
@@ -226,9 +231,6 @@ def _check_last_row(path: Path, comment: str | None) -> None:
     tail = raw.decode("utf-8", errors="replace").splitlines()
     if start > 0:
         tail = tail[1:]  # it began mid-line
-    def is_row(line: str) -> bool:
-        return bool(line.strip()) and not (comment and line.startswith(comment))
-
     with open_text(path) as text:
         header = next((line for line in text if is_row(line)), None)
     rows = [line for line in tail if is_row(line)]
@@ -236,7 +238,8 @@ def _check_last_row(path: Path, comment: str | None) -> None:
         return  # (a quoted field may span lines: its last line is not a row)
     fields = len(next(csv.reader([rows[-1]])))
     expected = len(next(csv.reader([header])))
-    if fields < expected:
+    before = len(next(csv.reader([rows[-2]]))) if len(rows) > 1 and rows[-2] != header.rstrip("\r\n") else 0
+    if fields < expected and fields < before:
         after = len(tail) - max(i for i, line in enumerate(tail) if is_row(line)) - 1
         raise ScenarioError(f"{path} line {_last_row_line(path, raw, after)}: {fields} of the "
                             f"header's {expected} fields ({rows[-1][:60]!r}); expected a complete "

@@ -141,6 +141,9 @@ def test_a_trace_cut_off_mid_row_is_refused(tmp_path: Path, tail: str) -> None:
                              "('1,12,3'); expected a complete row (was the file cut off?)\n")
     whole = _write(tmp_path, {}, header + "0,10,5,0.1\n1,12,3,0.2")  # no newline at the end: whole
     assert CliRunner().invoke(app, ["validate", str(whole)]).exit_code == 0
+    # Rows that all leave a trailing empty field out are whole too (a file written by hand).
+    short = _write(tmp_path, {}, header + "0,10,5\n1,12,3\n")
+    assert CliRunner().invoke(app, ["validate", str(short)]).exit_code == 0
 
 
 def test_a_cut_off_rows_line_counts_the_comments_after_it(tmp_path: Path) -> None:
