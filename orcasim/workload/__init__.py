@@ -115,7 +115,8 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             warnings.warn(f"workload.{key} = {cap}, but {Path(cfg.arrival.path).name} holds "
                           f"{len(arrival_s)} requests: all {len(arrival_s)} are replayed",
                           UserWarning, stacklevel=2)
-        arrival_s = arrival_s / cfg.arrival.speedup
+        with np.errstate(over="ignore"):  # an overflow is refused next, by its key
+            arrival_s = arrival_s / cfg.arrival.speedup
         check_finite_times(arrival_s, "speedup", cfg.arrival.speedup)
     else:
         assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
