@@ -391,7 +391,7 @@ def fidelity(
         MEASURED_FORMATS,
         check_replay_overrides,
         fidelity_table,
-        headline_error,
+        headline_title,
     )
     from orcasim.results import check_out_dir, default_results_dir, write_fidelity
     from orcasim.scenario import load_scenario
@@ -413,7 +413,7 @@ def fidelity(
     except USER_ERRORS as e:
         fail(error_text(e))
     for (run, name), rows in table.groupby(["run", "system"], sort=False):
-        title = f"{run} / {name}: median |error| at p50 and p90 = {headline_error(rows):.1%}"
+        title = f"{run} / {name}: {headline_title(rows)}"
         console.print(frame_table(rows.drop(columns=["run", "system"]), title))
     typer.echo(f"results written to {out_dir}/")
 

@@ -79,14 +79,27 @@ def compare(
             continue  # the log does not measure it (or no simulated request has it)
         for q in percentiles:
             r, s = float(np.percentile(real_values, q)), float(np.percentile(sim_values, q))
-            rows.append((metric, q, r, s, s / r - 1.0 if r > 0 else np.nan))
+            # A real 0 has no relative error, unless the simulation says 0 too.
+            rows.append((metric, q, r, s, s / r - 1.0 if r > 0 else 0.0 if s == 0 else np.nan))
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
 def headline_error(table: pd.DataFrame, percentiles: tuple[int, ...] = SCORED_PERCENTILES) -> float:
-    """Median |relative error| over the table's metrics at `percentiles`."""
+    """Median |relative error| over the table's metrics at `percentiles` (those with one:
+    see `headline_title`)."""
     scored = table[table["percentile"].isin(percentiles)]["rel_error"].abs()
     return float(scored.median()) if len(scored) else float("nan")
+
+
+def headline_title(table: pd.DataFrame) -> str:
+    """The headline as a table's title says it, with how many numbers it leaves out (a real
+    value of 0, a TPOT where the server returns whole answers, has no relative error)."""
+    scored = table[table["percentile"].isin(SCORED_PERCENTILES)]["rel_error"]
+    text = f"median |error| at p50 and p90 = {headline_error(table):.1%}"
+    if scored.isna().any():
+        text += (f" (over {int(scored.notna().sum())} of {len(scored)} numbers: a real value of 0 "
+                 "has no relative error)")
+    return text
 
 
 def fidelity_table(

@@ -269,3 +269,34 @@ def test_a_vllm_result_of_empty_lists_is_one_line(tmp_path: Path) -> None:
                     ' "start_times": [], "errors": []}')
     with pytest.raises(ScenarioError, match=r"^empty.json: no requests"):
         read_trace(path)
+
+
+@pytest.mark.parametrize("word", ["NaN", "null", "NA"])
+def test_only_an_empty_cell_is_unmeasured(tmp_path: Path, word: str) -> None:
+    """pandas reads 'NaN', 'null' and 'NA' as missing: a log that wrote them had its request
+    left out of the comparison, where the contract says a number or empty."""
+    from orcasim.config import ScenarioError
+    from orcasim.fidelity import read_real_run
+
+    log = tmp_path / "run.csv"
+    log.write_text(f"arrival_s,prompt_tokens,output_tokens,e2e_s\n0.0,10,3,0.1\n1.0,20,2,{word}\n")
+    with pytest.raises(ScenarioError, match=rf"run.csv line 3: e2e_s = '{word}', expected a number "
+                                            "of seconds >= 0 or empty"):
+        read_real_run(log)
+    log.write_text("arrival_s,prompt_tokens,output_tokens,e2e_s\n0.0,10,3,0.1\n1.0,20,2,\n")
+    assert read_real_run(log)["e2e_s"].isna().tolist() == [False, True]
+
+
+def test_the_headline_says_how_many_numbers_it_scores() -> None:
+    """A real TPOT of 0 (whole answers) has no relative error: the median went over 4
+    numbers where it said p50 and p90 of three metrics, without a word. A simulated 0 against
+    a real 0 is no error."""
+    from orcasim.fidelity import headline_title
+
+    real = _frame([1.0, 2.0], [0.0, 0.0], [1.0, 2.0])
+    table = compare(real, _frame([1.1, 2.2], [0.1, 0.1], [1.1, 2.2]), (50, 90))
+    assert headline_title(table) == ("median |error| at p50 and p90 = 10.0% (over 4 of 6 numbers: a "
+                                      "real value of 0 has no relative error)")
+    exact = compare(real, _frame([1.1, 2.2], [0.0, 0.0], [1.1, 2.2]), (50, 90))
+    assert exact[exact["metric"] == "tpot_s"]["rel_error"].tolist() == [0.0, 0.0]
+    assert headline_title(exact) == "median |error| at p50 and p90 = 10.0%"

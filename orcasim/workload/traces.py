@@ -157,7 +157,9 @@ def _measured_columns(path: Path) -> pd.DataFrame:
     if not present:
         raise ScenarioError(f"{path.name}: no measured column; expected any of "
                          f"{', '.join(MEASURED_COLUMNS)}")
-    measured = read_csv(path, usecols=present, dtype=str)
+    # Only an empty cell is "not measured": pandas' own NA words ('NaN', 'null', 'NA') would
+    # pass for it, where a log that wrote them meant something else (or nothing at all).
+    measured = read_csv(path, usecols=present, dtype=str, keep_default_na=False, na_values=[""])
     return pd.DataFrame({c: _seconds(measured, c, path) if c in present else np.nan
                          for c in MEASURED_COLUMNS})
 
