@@ -10,6 +10,7 @@ side, and `headline_error` is the figure the validation suite reports: the media
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,9 @@ def fidelity_table(
     columns) and the frames for the figures, keyed `run/system`."""
     tables, frames = [], {}
     for path, label in zip(runs, run_labels(runs), strict=True):
-        real = read_real_run(path, fmt)
+        with warnings.catch_warnings():  # the replay reads the same file and says them once
+            warnings.simplefilter("ignore")
+            real = read_real_run(path, fmt)
         try:  # a run the scenario cannot replay (a request beyond max_tokens): say which
             result = run_scenario(replay_of(scenario, path, fmt), base_dir=base_dir)
         except ScenarioError as e:

@@ -300,3 +300,20 @@ def test_the_headline_says_how_many_numbers_it_scores() -> None:
     exact = compare(real, _frame([1.1, 2.2], [0.0, 0.0], [1.1, 2.2]), (50, 90))
     assert exact[exact["metric"] == "tpot_s"]["rel_error"].tolist() == [0.0, 0.0]
     assert headline_title(exact) == "median |error| at p50 and p90 = 10.0%"
+
+
+def test_a_logs_warning_is_said_once(tmp_path: Path) -> None:
+    """The log is read twice (its latencies, then its replay): a vLLM result's
+    --max-concurrency warning was printed twice."""
+    import json
+    import warnings
+
+    log = tmp_path / "bench.json"
+    log.write_text(json.dumps({"input_lens": [10, 20], "output_lens": [3, 2], "ttfts": [0.05, 0.06],
+                               "itls": [[0.02, 0.02], [0.03]], "start_times": [0.0, 1.0],
+                               "errors": ["", ""], "max_concurrency": 4}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fidelity_table(_scenario(), [log], ["a"], "vllm")
+    said = [str(w.message) for w in caught if "--max-concurrency" in str(w.message)]
+    assert len(said) == 1, said
