@@ -226,8 +226,10 @@ class ModelSpec(Strict):
 
     def active_param_count(self) -> int:
         """Parameters one token uses: all of a dense model; a MoE's routed top-k, shared
-        experts and routers, not its other experts (the embedding table counts whole, as
-        the published figures count it)."""
+        experts and routers, not its other experts. The embedding table counts whole, as
+        Mixtral's and DeepSeek-V3's published figures count it (12.9B, 37B); gpt-oss's card
+        leaves one table out (5.1B and 3.6B against 5.71B and 4.19B here, the gap one
+        201,088 x 2,880 table). A count shown, not priced: FLOPs take the layers' own."""
         return self._all_layers_params(active=True) + self.embedding_params()
 
     @property
