@@ -41,7 +41,7 @@ def check_replay_overrides(overrides: list[str]) -> None:
     `--set workload.*` would be dropped unread (a speedup, a request cap, a system prompt)."""
     for override in overrides:
         key = override.split("=", 1)[0].strip()
-        if key.startswith("workload.") and key != "workload.max_tokens":
+        if (key == "workload" or key.startswith("workload.")) and key != "workload.max_tokens":
             raise ScenarioError(f"--set {override}: each log gives the workload (its arrivals and "
                                 "lengths); expected --set on workload.max_tokens, the cost, the "
                                 "scheduler or the hardware")
@@ -96,6 +96,8 @@ def headline_title(table: pd.DataFrame) -> str:
     """The headline as a table's title says it, with how many numbers it leaves out (a real
     value of 0, a TPOT where the server returns whole answers, has no relative error)."""
     scored = table[table["percentile"].isin(SCORED_PERCENTILES)]["rel_error"]
+    if scored.notna().sum() == 0:
+        return "median |error| at p50 and p90: none to take (a real value of 0 has no relative error)"
     text = f"median |error| at p50 and p90 = {headline_error(table):.1%}"
     if scored.isna().any():
         text += (f" (over {int(scored.notna().sum())} of {len(scored)} numbers: a real value of 0 "

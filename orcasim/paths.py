@@ -207,6 +207,13 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     return frame
 
 
+def shown_columns(columns: list[str], most: int = 8, joined: bool = False) -> str:
+    """Columns for a message, as a list (or `joined` by commas): the first `most` of them (a
+    JSON file read as CSV has thousands)."""
+    text = ", ".join(columns[:most]) if joined else str(columns[:most])
+    return text if len(columns) <= most else f"{text} and {len(columns) - most} more"
+
+
 LAST_ROW_BYTES = 1 << 16  # a CSV's last row is looked for in its last 64 KiB
 
 
@@ -228,7 +235,8 @@ def _check_last_row(path: Path, comment: str | None) -> None:
         start = max(0, f.tell() - LAST_ROW_BYTES)
         f.seek(start)
         raw = f.read()
-    tail = raw.decode("utf-8", errors="replace").splitlines()
+    # From the start, as open_text reads it (a byte-order mark is not the header's).
+    tail = raw.decode("utf-8-sig" if start == 0 else "utf-8", errors="replace").splitlines()
     if start > 0:
         tail = tail[1:]  # it began mid-line
     with open_text(path) as text:
@@ -238,7 +246,8 @@ def _check_last_row(path: Path, comment: str | None) -> None:
         return  # (a quoted field may span lines: its last line is not a row)
     fields = len(next(csv.reader([rows[-1]])))
     expected = len(next(csv.reader([header])))
-    before = len(next(csv.reader([rows[-2]]))) if len(rows) > 1 and rows[-2] != header.rstrip("\r\n") else 0
+    # The row before it: a row shorter than both was cut; after the header alone, the header.
+    before = len(next(csv.reader([rows[-2]]))) if len(rows) > 1 else expected
     if fields < expected and fields < before:
         after = len(tail) - max(i for i, line in enumerate(tail) if is_row(line)) - 1
         raise ScenarioError(f"{path} line {_last_row_line(path, raw, after)}: {fields} of the "

@@ -241,7 +241,8 @@ def test_the_comparison_counts_the_requests_after_the_warm_up(tmp_path: Path) ->
     assert ttft["real"].tolist() == pytest.approx([0.07] * 3)  # the request at 2 s alone
 
 
-@pytest.mark.parametrize("override", ["workload.arrival.speedup=4", "workload.num_requests=5"])
+@pytest.mark.parametrize("override", ["workload.arrival.speedup=4", "workload.num_requests=5",
+                                      "workload={max_tokens: 300}"])
 def test_a_workload_setting_the_replay_would_drop_is_refused(tmp_path: Path, override: str) -> None:
     from typer.testing import CliRunner
 
@@ -300,6 +301,9 @@ def test_the_headline_says_how_many_numbers_it_scores() -> None:
     exact = compare(real, _frame([1.1, 2.2], [0.0, 0.0], [1.1, 2.2]), (50, 90))
     assert exact[exact["metric"] == "tpot_s"]["rel_error"].tolist() == [0.0, 0.0]
     assert headline_title(exact) == "median |error| at p50 and p90 = 10.0%"
+    zeros = compare(_frame([0.0], [0.0], [0.0]), _frame([1.0], [1.0], [1.0]), (50, 90))
+    assert headline_title(zeros) == ("median |error| at p50 and p90: none to take (a real value of "
+                                     "0 has no relative error)")
 
 
 def test_a_logs_warning_is_said_once(tmp_path: Path) -> None:
@@ -317,3 +321,28 @@ def test_a_logs_warning_is_said_once(tmp_path: Path) -> None:
         fidelity_table(_scenario(), [log], ["a"], "vllm")
     said = [str(w.message) for w in caught if "--max-concurrency" in str(w.message)]
     assert len(said) == 1, said
+
+
+def test_a_metric_the_log_lacks_draws_an_empty_panel_quietly(tmp_path: Path) -> None:
+    """A TTFT-only log: the TPOT and E2E panels have no curve (both sides are blanked where
+    either lacks the metric), and matplotlib warned of a legend with nothing in it."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nworkload: {num_requests: 3, arrival: {kind: poisson, rate_per_s: 1},"
+                        " prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant,"
+                        " value: 4}, max_tokens: 256}\ncost: {kind: linear, base_s: 0.01}\n"
+                        "kv_capacity_tokens: 4096\nsystems: [{name: a, scheduler: {kind: paged}}]\n")
+    log = tmp_path / "run.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0.0,10,3,0.05\n1.0,20,2,0.06\n")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(app, ["fidelity", str(scenario), "--real", str(log), "--out",
+                                          str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert not [str(w.message) for w in caught if "legend" in str(w.message)]
+    assert list((tmp_path / "o").glob("*.png"))

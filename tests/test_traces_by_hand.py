@@ -538,7 +538,8 @@ def test_an_azure_time_without_a_date_is_refused(tmp_path: Path) -> None:
         read_trace(path)
     # A time alone in other forms: a trace from 11:59:59 PM to 12:00:01 AM was read as today,
     # its two rows reordered 86,398 s apart.
-    for alone in ("11:59:59 PM", "11:59:59 p.m.", "T18:17:03", "18:17:03Z", "18:17:03+01:00"):
+    for alone in ("11:59:59 PM", "11:59:59 p.m.", "T18:17:03", "18:17:03Z", "18:17:03+01:00",
+                  "18:17:03-05", "18:17:03 UTC", "18:17:03.5 GMT", "18:17:03z"):
         bare = _write(tmp_path, "b.csv", f"{AZURE_HEADER}\n{alone},10,2\n")
         with pytest.raises(ScenarioError, match=rf"^b\.csv line 2: TIMESTAMP = '{re.escape(alone)}'"):
             read_trace(bare)

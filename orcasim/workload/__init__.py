@@ -129,7 +129,8 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             clients = ClientLoop(cfg.arrival.num_clients, cfg.arrival.think_times_s(rng, n))
             arrival_s = np.full(n, np.nan)  # known only when a system runs them
         else:
-            arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
+            with np.errstate(over="ignore"):  # an overflow is refused next, by its key
+                arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
             check_finite_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
         prompt = cfg.prompt_tokens.sample(rng, n)
         output = cfg.output_tokens.sample(rng, n)

@@ -11,7 +11,14 @@ import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.paths import DataPath, csv_data_line, read_csv, read_once, resolve_data_path
+from orcasim.paths import (
+    DataPath,
+    csv_data_line,
+    read_csv,
+    read_once,
+    resolve_data_path,
+    shown_columns,
+)
 
 # The longest request length accepted anywhere (a prompt, an output, a limit): far above any
 # model's context today, and far below where int64 token sums or float64 times lose digits.
@@ -57,8 +64,9 @@ EXACT_MEAN_SUPPORT = 1_000_000  # tokens a lognormal's mean is summed over, at m
 class LognormalLength(Strict):
     """Lognormal with the given mean (tokens) and log-space sigma, rounded and clipped to [1, max].
 
-    `mean_tokens` is the mean after rounding and clipping, computed exactly over the
-    integer support, so that it is the theory a sample mean converges to.
+    `mean_tokens` is the mean after rounding and clipping, summed over the integer support
+    (exactly up to 10^6 tokens of it; past that the closed form of `clipped_mean_tokens`,
+    within half a token), so that it is the theory a sample mean converges to.
     """
 
     kind: Literal["lognormal"]
@@ -149,7 +157,7 @@ def load_length_column(path: str, column: str) -> np.ndarray:
 def _read_column(path: str, resolved: Path, column: str) -> np.ndarray:
     header = read_csv(resolved, nrows=0).columns
     if column not in header:
-        raise ScenarioError(f"{path}: no column '{column}'; columns are {', '.join(header)}")
+        raise ScenarioError(f"{path}: no column '{column}'; columns are {shown_columns(list(header), joined=True)}")
     # As text, so that an error quotes the value as written ('abc', '0'), and a non-number is
     # named rather than failing the conversion.
     values = read_csv(resolved, usecols=[column], dtype=str)[column]

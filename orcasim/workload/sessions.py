@@ -212,7 +212,8 @@ def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) ->
     output_ids = next_id + total + np.arange(total * branches, dtype=np.int64).reshape(total, branches)
     start_s = None
     if shape.session_rate_per_s is not None:
-        start_s = np.cumsum(rng.exponential(1.0 / shape.session_rate_per_s, size=num))
+        with np.errstate(over="ignore"):  # an overflow is refused next, by its key
+            start_s = np.cumsum(rng.exponential(1.0 / shape.session_rate_per_s, size=num))
         check_finite_times(start_s, "session_rate_per_s", shape.session_rate_per_s)
     plan = SessionPlan(start_s, shape.concurrent_sessions or num, system_ids, system_tokens,
                        step_start, message_ids, message_tokens, output_ids, output_tokens,

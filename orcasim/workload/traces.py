@@ -32,6 +32,7 @@ from orcasim.paths import (
     read_json,
     read_once,
     resolve_data_path,
+    shown_columns,
 )
 from orcasim.requests import PromptContent
 from orcasim.workload.lengths import LENGTH_EXPECTED, bad_lengths
@@ -268,13 +269,13 @@ def _checked_vllm_lists(doc: dict[str, Any], path: Path) -> list[Any]:
     if len(errors) != n:
         raise ScenarioError(f"{path.name}: errors has {len(errors)} entries, expected one per "
                             f"request ({n}, as input_lens)")
-    _raise_on_bad(np.array([not _is_number(v) for v in doc["start_times"]], dtype=bool),
-                  pd.Series(doc["start_times"], dtype=object), "start_times", path, JSON_LISTS,
-                  "a number")
-    for field in ("input_lens", "output_lens"):  # 0 output: a failed request, dropped
-        _raise_on_bad(np.array([not (_is_number(v) and v >= 0) for v in doc[field]], dtype=bool),
-                      pd.Series(doc[field], dtype=object), field, path, JSON_LISTS,
-                      "a token count >= 0")
+    for field in ("start_times", "input_lens"):  # a prompt's length is checked as a length next
+        _raise_on_bad(np.array([not _is_number(v) for v in doc[field]], dtype=bool),
+                      pd.Series(doc[field], dtype=object), field, path, JSON_LISTS, "a number")
+    # vLLM writes 0 for a failed request (dropped); a negative count was dropped as one too.
+    _raise_on_bad(np.array([not (_is_number(v) and v >= 0) for v in doc["output_lens"]], dtype=bool),
+                  pd.Series(doc["output_lens"], dtype=object), "output_lens", path, JSON_LISTS,
+                  "a token count >= 0")
     _raise_on_bad(np.array([not (_is_number(v) and v >= 0) for v in doc["ttfts"]], dtype=bool),
                   pd.Series(doc["ttfts"], dtype=object), "ttfts", path, JSON_LISTS,
                   "a number of seconds >= 0")
@@ -308,7 +309,7 @@ def _detect_format(path: Path) -> str:
     if set(AZURE_COLUMNS) <= set(header):
         return "azure"
     raise ScenarioError(
-        f"{path.name}: cannot tell the trace format from columns {_shown(list(header))}; expected "
+        f"{path.name}: cannot tell the trace format from columns {shown_columns(list(header))}; expected "
         f"{', '.join(ORCASIM_COLUMNS)} (orcasim) or {', '.join(AZURE_COLUMNS)} (azure); a vLLM "
         "benchmark result is read by its .json name or --format vllm"
     )
@@ -383,15 +384,8 @@ def _token_counts(rows: pd.DataFrame, column: str, path: Path, line_offset: int)
 # A time alone, a spreadsheet's display of a timestamp (17:03.9, minutes and seconds; or
 # 11:59:59 PM; or ISO's T18:17:03), which pandas would read as today: a trace crossing
 # midnight would be reordered. Any form with a date is pandas' to read.
-_TIME_ALONE = (r"^\s*T?\d{1,2}:\d{1,2}(?::\d{1,2})?(?:\.\d*)?\s*(?:[AaPp]\.?[Mm]\.?)?"
-               r"\s*(?:Z|[+-]\d{2}:?\d{2})?\s*$")
-
-
-def _shown(columns: list[str], most: int = 8) -> str:
-    """Columns for a message: the first `most` of them (a JSON file read as CSV has thousands)."""
-    if len(columns) <= most:
-        return str(columns)
-    return f"{columns[:most]} and {len(columns) - most} more"
+_TIME_ALONE = (r"(?i)^\s*T?\d{1,2}:\d{1,2}(?::\d{1,2})?(?:\.\d*)?\s*(?:[AP]\.?M\.?)?"
+               r"\s*(?:Z|[+-]\d{2}(?::?\d{2})?|UTC|GMT)?\s*$")
 
 
 def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
