@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibrate.fit import DEFAULT_KNOTS_TOKENS, determined, rows_to_fit
+from calibrate.fit import DEFAULT_KNOTS_TOKENS, determined, inputs_of, rows_to_fit
 from calibrate.model import ModelArgs, Sequence, Transformer
 from orcasim.config import ScenarioError
 from orcasim.cost.fitted import RANGE_INPUTS, batch_inputs, design_matrix, term_names
@@ -106,10 +106,10 @@ def check_grid_fits(grid: Grid, max_tokens: int) -> None:
     least = rows_to_fit(DEFAULT_KNOTS_TOKENS)
     if len(shapes) < least:
         raise ScenarioError(f"{len(shapes)} batch shape(s) within it; expected at least {least}")
-    rows = [batch_inputs(np.array(q, dtype=np.int64), np.array(c, dtype=np.int64)) for _, (q, c) in shapes]
-    inputs = {k: np.array([r[k] for r in rows]) for k in RANGE_INPUTS}
+    rows = pd.DataFrame([batch_inputs(np.array(q, dtype=np.int64), np.array(c, dtype=np.int64))
+                         for _, (q, c) in shapes])
     knots = list(DEFAULT_KNOTS_TOKENS)
-    rank, terms = determined(design_matrix(inputs, knots), np.ones(len(rows))), len(term_names(knots))
+    rank, terms = determined(design_matrix(inputs_of(rows), knots), np.ones(len(rows))), len(term_names(knots))
     if rank < terms:
         raise ScenarioError(f"shapes that determine {rank} of the {terms} coefficients (too few "
                             f"tokens past the {knots[-1]}-token knot); expected all {terms}")

@@ -60,6 +60,12 @@ def replay_of(scenario: Scenario, run_path: Path, fmt: str = "auto") -> Scenario
     return scenario_from_dict(data, f"{scenario.name} replaying {Path(run_path).name}")
 
 
+def measured_on_both(real: pd.DataFrame, simulated: pd.DataFrame, metric: str) -> np.ndarray:
+    """The requests that have `metric` on both sides (the log measured it; the simulation
+    served the request): what the table's percentiles and the figures' curves count."""
+    return real[metric].notna().to_numpy() & simulated[metric].notna().to_numpy()
+
+
 def compare(
     real: pd.DataFrame, simulated: pd.DataFrame, percentiles: tuple[int, ...] = PERCENTILES
 ) -> pd.DataFrame:
@@ -73,7 +79,7 @@ def compare(
                          "simulated; a replay simulates each request of its run")
     rows = []
     for metric in METRICS:
-        both = real[metric].notna().to_numpy() & simulated[metric].notna().to_numpy()
+        both = measured_on_both(real, simulated, metric)
         real_values = real[metric].to_numpy()[both]
         sim_values = simulated[metric].to_numpy()[both]
         if len(real_values) == 0:
@@ -138,7 +144,7 @@ def paired_frames(real: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
     unmeasured request counted on one side only)."""
     real, simulated = real[list(METRICS)].copy(), simulated[list(METRICS)].copy()
     for metric in METRICS:
-        both = real[metric].notna().to_numpy() & simulated[metric].notna().to_numpy()
+        both = measured_on_both(real, simulated, metric)
         real.loc[~both, metric] = np.nan
         simulated.loc[~both, metric] = np.nan
     return pd.concat([real.assign(source="real"), simulated.assign(source="simulated")])
