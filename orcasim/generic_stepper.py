@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orcasim.cost.base import CostModel
+from orcasim.cost.base import CostModel, OutsideSteps
 from orcasim.recorder import Recorder
 from orcasim.replica import Load, Times, scheduler_load
 from orcasim.schedulers.base import ContinuedRun, DecodeRun, Scheduler, SchedulerOutput
@@ -33,6 +33,7 @@ class _Unit:
     plan: SchedulerOutput | None  # None: a continued run
     run: DecodeRun | None  # None: one iteration
     duration_s: float = 0.0  # a single iteration's own duration (ends_s[0] - start_s rounds)
+    outside: OutsideSteps | None = None  # the run's steps outside the cost model's range
 
 
 class GenericStepper:
@@ -55,7 +56,7 @@ class GenericStepper:
             self.continuing = False
             continued = self.scheduler.continue_run()
             if continued is not None:  # the rest decodes on without a `schedule` call
-                return self._begin(now_s, self._run_ends(now_s, continued), None, continued)
+                return self._begin(now_s, *self._run_ends(now_s, continued), None, continued)
         self.continuing = False
         plan = self.scheduler.schedule(now_s)
         if plan.pulled:  # KV pulled in from prefill instances: they free it as copies end
@@ -69,12 +70,12 @@ class GenericStepper:
             end_s = now_s + duration_s
             self._unit = _Unit(now_s, np.array([end_s]), 1, plan, None, duration_s)
             return end_s
-        return self._begin(now_s, self._run_ends(now_s, run, plan), plan, run)
+        return self._begin(now_s, *self._run_ends(now_s, run, plan), plan, run)
 
-    def _begin(self, start_s: float, ends_s: np.ndarray, plan: SchedulerOutput | None,
-               run: DecodeRun) -> float:
+    def _begin(self, start_s: float, ends_s: np.ndarray, outside: OutsideSteps | None,
+               plan: SchedulerOutput | None, run: DecodeRun) -> float:
         n = self._jump_length(start_s, ends_s)
-        self._unit = _Unit(start_s, ends_s, n, plan, run)
+        self._unit = _Unit(start_s, ends_s, n, plan, run, outside=outside)
         return float(ends_s[n - 1])
 
     def ends_s(self) -> Times:
@@ -124,6 +125,8 @@ class GenericStepper:
         assert plan is not None and run is not None
         waiting = self.scheduler.num_waiting * n + self.replica.late_waiting(ends_s, n)
         first, last = self.scheduler.advance(plan, run, n)
+        if unit.outside is not None:  # the steps that ran: n - 1 after the plan's iteration
+            self.cost.count_outside(unit.outside, n - 1)
         end_s = float(ends_s[n - 1])
         self.recorder.record_jump(unit.start_s, ends_s[:n], plan, run, waiting)
         self.recorder.record_scheduled(plan.req_ids, unit.start_s)
@@ -140,22 +143,28 @@ class GenericStepper:
         end_s = float(ends_s[n - 1])
         waiting = self.scheduler.num_waiting * n + self.replica.late_waiting(ends_s, n)
         result = self.scheduler.advance_run(run, n)
+        if unit.outside is not None:
+            self.cost.count_outside(unit.outside, n)
         self.recorder.record_run(unit.start_s, ends_s[:n], run, waiting)
         self.recorder.record_result(result, end_s)
         self.replica.source.on_finished(result.finished_ids, end_s)
         self.continuing = n == len(ends_s)
 
-    def _run_ends(self, now_s: float, run: DecodeRun, plan: SchedulerOutput | None = None) -> np.ndarray:
-        """End times of the plan's iteration (if any, index 0) and of each step of the run."""
+    def _run_ends(
+        self, now_s: float, run: DecodeRun, plan: SchedulerOutput | None = None
+    ) -> tuple[np.ndarray, OutsideSteps | None]:
+        """End times of the plan's iteration (if any, index 0) and of each step of the run;
+        which steps the cost model counts outside its range once they have run."""
         head = 1 if plan is None else 2
         ends_s = np.empty(run.num_steps + head)
         ends_s[0] = now_s
         if plan is not None:
             ends_s[1] = self._plan_time_s(plan)
-        if run.num_steps:  # a zero-step run prices nothing (a model may count what it prices)
-            ends_s[head:] = self.cost.decode_steps_s(run.context_tokens, run.num_steps)
+        outside = None
+        if run.num_steps:  # a zero-step run prices nothing
+            ends_s[head:], outside = self.cost.decode_steps_outside(run.context_tokens, run.num_steps)
         # Running sums in order: the same float additions as one iteration at a time.
-        return np.add.accumulate(ends_s)[1:]  # a new array: in place is slower
+        return np.add.accumulate(ends_s)[1:], outside  # a new array: in place is slower
 
     def _plan_time_s(self, plan: SchedulerOutput) -> float:
         """One iteration of `plan`, with the KV copying it waits for (swaps, pulled KV)."""

@@ -34,7 +34,7 @@ from orcasim.replica import Load
 from orcasim.schedulers.iteration_level import IterationLevelScheduler
 
 if TYPE_CHECKING:
-    from orcasim.cost.base import CostModel
+    from orcasim.cost.base import CostModel, OutsideSteps
     from orcasim.recorder import Recorder
     from orcasim.replica import Replica
 
@@ -47,26 +47,28 @@ def applies(scheduler: object) -> bool:
 def decode_ends(
     cost: CostModel, ends_s: list[float], start_s: float, cut_s: float, size: int,
     context_total: int, num_steps: int, contexts: Callable[[], np.ndarray],
-) -> None:
+) -> OutsideSteps | None:
     """Append to `ends_s` (a unit's ends so far, maybe none) the ends of its next decode steps.
 
     Up to `num_steps` steps of `size` requests holding `context_total` context tokens at the
     first (`contexts()`: each one's, asked only when the cost has no line), stopping at the
     first end at or after `cut_s`, where the generic stepper's `_jump_length` stops. Running
     sums in order from the last end (or `start_s`): the same additions as one iteration at
-    a time, so a fused loop's ends are the generic loop's bits.
+    a time, so a fused loop's ends are the generic loop's bits. Which of the steps the cost
+    model counts outside its range once they have run (`CostModel.count_outside`).
     """
     t = ends_s[-1] if ends_s else start_s
     if t >= cut_s:
-        return
+        return None
     line = cost.decode_line(size, context_total)
     if line is None:
-        for duration_s in cost.decode_steps_s(contexts(), num_steps).tolist():
+        durations_s, outside = cost.decode_steps_outside(contexts(), num_steps)
+        for duration_s in durations_s.tolist():
             t += duration_s
             ends_s.append(t)
             if t >= cut_s:
                 break
-        return
+        return outside
     intercept_s, x0, dx, slope_s, floor_s, plus_s = line
     if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
         for k in range(num_steps):
@@ -74,12 +76,13 @@ def decode_ends(
             ends_s.append(t)
             if t >= cut_s:
                 break
-        return
+        return None
     for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
         t += intercept_s + (x0 + dx * k) * slope_s
         ends_s.append(t)
         if t >= cut_s:
             break
+    return None
 
 
 @dataclass(slots=True)
@@ -95,6 +98,7 @@ class _Jump:
     query_total: int = 0
     single: bool = False  # the plan alone, as reference mode runs it
     plan_s: float = 0.0
+    outside: OutsideSteps | None = None  # decode steps outside the cost model's range
 
 
 class OrcaFusedStepper:
@@ -216,6 +220,8 @@ class OrcaFusedStepper:
             self._advance(1, jump.newcomers or [], jump.start_s, end_s, end_s)
             return False
         waiting_sum = waiting * n + self.replica.late_waiting(ends_s, n)
+        if jump.outside is not None:  # the decode steps that ran: all but the plan's
+            self.cost.count_outside(jump.outside, n - 1)
         self.recorder.jump_row(jump.start_s, ends_s, size, query_total, context_total,
                                context_total, size, context_total + size, reserved, waiting_sum)
         return self._advance(n, jump.newcomers or [], jump.start_s, ends_s[0], ends_s[-1])
@@ -224,9 +230,10 @@ class OrcaFusedStepper:
         """Extend `jump.ends_s` (the plan's end, if any) by the members' decode steps' ends,
         up to `num_steps`, stopping at the known cut (`decode_ends`). The members hold
         `context_total` tokens at the first step (each base + iterations + `ahead`)."""
-        decode_ends(self.cost, jump.ends_s, jump.start_s, self.replica.cut_s(jump.start_s),
-                    jump.size, context_total, num_steps,
-                    lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead))
+        jump.outside = decode_ends(
+            self.cost, jump.ends_s, jump.start_s, self.replica.cut_s(jump.start_s), jump.size,
+            context_total, num_steps,
+            lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead))
 
     def _advance(
         self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float
@@ -252,6 +259,8 @@ class OrcaFusedStepper:
 
     def _finish_continued(self, jump: _Jump) -> bool:
         ends_s, n = jump.ends_s, len(jump.ends_s)
+        if jump.outside is not None:
+            self.cost.count_outside(jump.outside, n)
         # Nobody waited at the start; deliveries inside are queued after the jump.
         self.recorder.run_row(jump.start_s, ends_s, jump.size, jump.context_total,
                               self.scheduler.reserved_tokens, self.replica.late_waiting(ends_s, n))

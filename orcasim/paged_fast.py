@@ -58,7 +58,7 @@ from orcasim.schedulers.paged import PagedScheduler, Plan
 from orcasim.schedulers.prefill_first import PrefillFirstScheduler
 
 if TYPE_CHECKING:
-    from orcasim.cost.base import CostModel
+    from orcasim.cost.base import CostModel, OutsideSteps
     from orcasim.recorder import Recorder
     from orcasim.replica import Replica
     from orcasim.schedulers.paged_runs import BlockGrowth
@@ -97,6 +97,7 @@ class _Unit:
     prompts_only: bool = False
     # The plan's KV in use: its context unpadded, and a prompt iteration's waiting decodes'.
     kv_used_tokens: int = 0
+    outside: OutsideSteps | None = None  # decode steps outside the cost model's range
 
 
 class PagedFusedStepper:
@@ -373,9 +374,10 @@ class PagedFusedStepper:
         unit.full = steps + 1
         unit.run_context_total = unit.kv_used_tokens + unit.size  # its KV: unpadded
         if steps:
-            decode_ends(self.cost, unit.ends_s, unit.start_s, self.replica.cut_s(unit.start_s),
-                        unit.size, unit.run_context_total, steps,
-                        lambda: np.array(known, dtype=np.int64) + 1)
+            unit.outside = decode_ends(
+                self.cost, unit.ends_s, unit.start_s, self.replica.cut_s(unit.start_s),
+                unit.size, unit.run_context_total, steps,
+                lambda: np.array(known, dtype=np.int64) + 1)
 
     def _finish_single(self, unit: _Unit) -> None:
         """The plan's iteration alone (no decode run): `GenericStepper._finish_iteration`."""
@@ -402,6 +404,8 @@ class PagedFusedStepper:
         assert unit.growth is not None
         if n > 1:
             paged_runs.allocate_steps(s, unit.growth, n - 1)
+        if unit.outside is not None:  # the decode steps that ran: all but the plan's
+            self.cost.count_outside(unit.outside, n - 1)
         self.iterations += n
         self._apply_joiners(unit, ends_s[0])
         done = self._completions()
@@ -440,8 +444,9 @@ class PagedFusedStepper:
             return None  # the first step's allocations would fail and preempt
         context_total = sum(computed) + size
         unit = _Unit(start_s, [], size, steps, context_total, growth, growth.reserved_at(0))
-        decode_ends(self.cost, unit.ends_s, start_s, self.replica.cut_s(start_s), size,
-                    context_total, steps, lambda: np.array(computed, dtype=np.int64) + 1)
+        unit.outside = decode_ends(self.cost, unit.ends_s, start_s, self.replica.cut_s(start_s),
+                                   size, context_total, steps,
+                                   lambda: np.array(computed, dtype=np.int64) + 1)
         return unit
 
     def _finish_continued(self, unit: _Unit) -> None:
@@ -450,6 +455,8 @@ class PagedFusedStepper:
         waiting = s.num_waiting * n + self.replica.late_waiting(ends_s, n)
         assert unit.growth is not None
         paged_runs.allocate_steps(s, unit.growth, n)
+        if unit.outside is not None:
+            self.cost.count_outside(unit.outside, n)
         self.iterations += n
         done = self._completions()
         self.recorder.run_row(unit.start_s, ends_s, unit.size, unit.context_total,

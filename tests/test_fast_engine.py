@@ -9,6 +9,7 @@ from typing import get_args
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
@@ -548,3 +549,72 @@ def test_fast_mode_matches_reference_with_a_binding_launch_floor(data: st.DataOb
         launch_per_layer_s=data.draw(st.sampled_from([2e-4, 4e-4, 1e-3])),
         per_sequence_s=data.draw(st.floats(0.0, 1e-3))))
     assert_same_run(case)
+
+
+# --- cost_out_of_range: fast mode prices a decode run ahead and cuts it at an arrival; only
+# the steps that ran count (and warn), as in reference mode ---
+
+FITTED_KNOTS = [64]
+NARROW_FIT = {"format": "orcasim-fitted-cost/v1", "knots_tokens": FITTED_KNOTS,
+              "coefficients_s": dict(zip(["const", "tokens", "num_requests", "sum_context_decode",
+                                          "sum_prefill_sq", "tokens_over_64"],
+                                         [1e-3, 2e-5, 1e-4, 3e-7, 1e-8, 5e-6], strict=True)),
+              # decodes of 8 requests leave this range within a run, so cut runs reach past it
+              "range": {"tokens": [1, 4096], "num_requests": [1, 64],
+                        "sum_context_decode": [0, 600], "sum_prefill_sq": [0, 1e9],
+                        "max_context": [1, 100000]}}
+# Llama-2-70B at TP 2 on Vidur's A100 tables: decode attention is measured up to 4,032 KV
+# tokens, so a batch of prompts past 4,030 decodes outside it at every step.
+VIDUR_70B = {"kind": "profile",
+             "mlp_csv": "profiles/vidur/compute/a100/meta-llama/Llama-2-70b-hf/mlp.csv",
+             "attention_csv": "profiles/vidur/compute/a100/attention_llama2_70b_tp2.csv"}
+
+
+def out_of_range_in_both_modes(data: dict) -> dict[str, tuple[dict[str, float], int]]:
+    """Per mode: each system's cost_out_of_range, and how many range warnings were given."""
+    seen = {}
+    for mode in ("fast", "reference"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run_scenario(scenario_from_dict({**data, "engine": {"mode": mode}}))
+        seen[mode] = ({name: s.summary["cost_out_of_range"] for name, s in result.systems.items()},
+                      sum("range" in str(w.message) for w in caught))
+    return seen
+
+
+def every_paged_kind(batch: int) -> list[dict]:
+    return [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": batch}},
+            {"name": "paged", "scheduler": {"kind": "paged", "max_num_seqs": batch}},
+            {"name": "prefill-first", "scheduler": {"kind": "paged", "policy": "prefill_first",
+                                                    "max_num_seqs": batch}},
+            {"name": "chunked", "scheduler": {"kind": "chunked", "max_num_seqs": batch}}]
+
+
+@pytest.mark.parametrize("overhead", [None, {"per_iteration_s": 1e-6}], ids=["plain", "overhead"])
+def test_out_of_range_counts_only_steps_that_ran_with_a_fitted_cost(tmp_path: Path,
+                                                                     overhead: dict | None) -> None:
+    path = tmp_path / "narrow.yaml"
+    path.write_text(yaml.safe_dump(NARROW_FIT))
+    cost = {"kind": "fitted", "path": str(path), **({"overhead": overhead} if overhead else {})}
+    data = {"name": "oor", "seed": 1, "cost": cost,
+            "workload": {"num_requests": 60, "arrival": {"kind": "poisson", "rate_per_s": 40.0},
+                         "prompt_tokens": {"kind": "uniform", "low": 1, "high": 60},
+                         "output_tokens": {"kind": "uniform", "low": 20, "high": 120},
+                         "max_tokens": 200},
+            "kv_capacity_tokens": 4000, "systems": every_paged_kind(8)}
+    seen = out_of_range_in_both_modes(data)
+    assert all(count > 0 for count in seen["reference"][0].values())
+    assert seen["fast"] == seen["reference"]  # 79 against 71 when steps past a cut counted
+
+
+def test_out_of_range_counts_only_steps_that_ran_with_a_profile_cost() -> None:
+    data = {"name": "oor", "seed": 2, "model": "llama2-70b",
+            "hardware": {"gpu": "a100-80gb", "tensor_parallel": 2}, "cost": VIDUR_70B,
+            "workload": {"num_requests": 16, "arrival": {"kind": "poisson", "rate_per_s": 0.3},
+                         "prompt_tokens": {"kind": "uniform", "low": 4030, "high": 4040},
+                         "output_tokens": {"kind": "uniform", "low": 20, "high": 56},
+                         "max_tokens": 4096},
+            "systems": every_paged_kind(4)[:2]}
+    seen = out_of_range_in_both_modes(data)
+    assert all(count > 0 for count in seen["reference"][0].values())
+    assert seen["fast"] == seen["reference"]  # 413 against 353 when steps past a cut counted

@@ -79,6 +79,30 @@ def check_durations(durations_s: np.ndarray | float, source: str | None, what: s
             "(its coefficients give no time, or less, to a batch it is asked to price)")
 
 
+@dataclass(frozen=True, slots=True)
+class OutsideSteps:
+    """Which steps of a decode run priced ahead (`CostModel.decode_steps_outside`) fall
+    outside the model's measured or fitted range: `steps`, a bool per step (what is
+    counted), and `why`, each subject a warning would name against a bool per step."""
+
+    steps: np.ndarray
+    why: dict[str, np.ndarray]
+
+    def among_first(self, num_steps: int) -> tuple[int, list[str]]:
+        """How many of the first `num_steps` steps are outside, and the subjects among them."""
+        count = int(self.steps[:num_steps].sum())
+        return count, [what for what, mask in self.why.items() if mask[:num_steps].any()]
+
+
+def counted_decode_steps_s(cost: CostModel, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+    """`decode_steps_s` of a model that says which steps are outside its range
+    (`CostModel.decode_steps_outside`): every step priced runs, so every one is counted."""
+    times_s, outside = cost.decode_steps_outside(context_tokens, num_steps)
+    if outside is not None:
+        cost.count_outside(outside, num_steps)
+    return times_s
+
+
 class DecodeLine(NamedTuple):
     """Decode step k lasts `max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s`,
     evaluated on Python numbers in that order: the same IEEE operations, so the same bits,
@@ -132,6 +156,21 @@ class CostModel(ABC):
         return np.array(
             [self.iteration_time_s(Batch(ones, context_tokens + j)) for j in range(num_steps)]
         )
+
+    def decode_steps_outside(
+        self, context_tokens: np.ndarray, num_steps: int
+    ) -> tuple[np.ndarray, OutsideSteps | None]:
+        """`decode_steps_s`'s durations, counting none of the steps outside the model's range
+        but saying which they are (None: the model counts nothing). A fast stepper prices a
+        run ahead and cuts it; it counts (`count_outside`) only the steps that ran, so that
+        `out_of_range_count` and the warnings are reference mode's."""
+        return self.decode_steps_s(context_tokens, num_steps), None
+
+    def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
+        """Count (and warn of) the first `num_steps` steps of a run that
+        `decode_steps_outside` priced; a model that says which steps are outside overrides it."""
+        raise NotImplementedError(f"{type(self).__name__} says which decode steps are outside "
+                                  "its range but does not count them")
 
     def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
         """`decode_steps_s` as a line, for `size` requests holding `context_total` context

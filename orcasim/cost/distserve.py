@@ -29,7 +29,13 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt, ValidationError
 
 from orcasim.config import ScenarioError, format_validation_error
-from orcasim.cost.base import Batch, CostModel, check_durations
+from orcasim.cost.base import (
+    Batch,
+    CostModel,
+    OutsideSteps,
+    check_durations,
+    counted_decode_steps_s,
+)
 from orcasim.cost.fitted import OutOfRangeCounter
 from orcasim.paths import read_json
 
@@ -120,16 +126,23 @@ class DistServeCost(CostModel):
         return time_s
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        return counted_decode_steps_s(self, context_tokens, num_steps)
+
+    def decode_steps_outside(
+        self, context_tokens: np.ndarray, num_steps: int
+    ) -> tuple[np.ndarray, OutsideSteps]:
         # Step j reads sum(context) + size * j KV tokens. Each step is priced with the
         # operations of `iteration_time_s`, in its order, so fast mode gets the same bits.
         size = len(context_tokens)
         context_sums = context_tokens.sum() + size * np.arange(num_steps, dtype=np.int64)
         over = context_sums > self.kv_capacity_tokens
-        self._oor.add(int(over.sum()), f"a decode step of {size} requests")
         a_d, b_d, c_d = self._decode_coef(size)
         times_s = (a_d + (b_d * context_sums + c_d * size)) * MS
         check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
-        return times_s
+        return times_s, OutsideSteps(over, {f"a decode step of {size} requests": over})
+
+    def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
+        self._oor.add_steps(outside, num_steps)
 
     def out_of_range_count(self) -> int:
         return self._oor.count

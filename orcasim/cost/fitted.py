@@ -30,7 +30,13 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, Validat
 
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, format_validation_error
-from orcasim.cost.base import Batch, CostModel, check_durations
+from orcasim.cost.base import (
+    Batch,
+    CostModel,
+    OutsideSteps,
+    check_durations,
+    counted_decode_steps_s,
+)
 from orcasim.cost.overhead import CostConfigBase
 from orcasim.paths import DataPath, read_once, read_problem, resolve_data_path
 
@@ -95,6 +101,12 @@ class OutOfRangeCounter:
             )
         self.count += n
 
+    def add_steps(self, outside: OutsideSteps, num_steps: int) -> None:
+        """The first `num_steps` steps of a decode run priced ahead: those outside."""
+        count, why = outside.among_first(num_steps)
+        if count:
+            self.add(count, why[0])
+
 
 class FittedDoc(BaseModel):
     """What a fitter's YAML must hold (other keys, the fit's record, are kept as written)."""
@@ -148,6 +160,11 @@ class FittedCost(CostModel):
         return low <= value <= high
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        return counted_decode_steps_s(self, context_tokens, num_steps)
+
+    def decode_steps_outside(
+        self, context_tokens: np.ndarray, num_steps: int
+    ) -> tuple[np.ndarray, OutsideSteps]:
         # Step j has the same tokens and requests; Σ context grows by B·j, max context by j.
         # Each step is priced as `iteration_time_s` prices it (`_predict`): the same bits.
         size = len(context_tokens)
@@ -157,14 +174,16 @@ class FittedCost(CostModel):
         fits = (np.full(num_steps, shape_fits)
                 & self._inside_array("sum_context_decode", context_sums)
                 & self._inside_array("max_context", context_tokens.max() + steps))
-        self._oor.add(int((~fits).sum()), f"a decode step of {size} requests")
         inputs = {"tokens": np.full(num_steps, float(size)),
                   "num_requests": np.full(num_steps, float(size)),
                   "sum_context_decode": context_sums.astype(np.float64),
                   "sum_prefill_sq": np.zeros(num_steps)}
         times_s = self._predict(design_matrix(inputs, self.knots_tokens))
         check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
-        return times_s
+        return times_s, OutsideSteps(~fits, {f"a decode step of {size} requests": ~fits})
+
+    def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
+        self._oor.add_steps(outside, num_steps)
 
     def _inside_array(self, key: str, values: np.ndarray) -> np.ndarray:
         low, high = self.range.get(key, (-np.inf, np.inf))

@@ -47,7 +47,14 @@ import numpy as np
 from pydantic import NonNegativeFloat, model_validator
 
 from orcasim.config import ScenarioError, Strict
-from orcasim.cost.base import Batch, CostModel, DecodeLine, check_durations
+from orcasim.cost.base import (
+    Batch,
+    CostModel,
+    DecodeLine,
+    OutsideSteps,
+    check_durations,
+    counted_decode_steps_s,
+)
 
 VIDUR_PER_ITERATION_S = 0.81e-3  # TP 1: schedule + sampler + prepare inputs + process outputs
 VIDUR_PER_SEQUENCE_S = 0.042e-3  # the same medians' slope in the batch size (8 to 128)
@@ -164,13 +171,21 @@ class OverheadCost(CostModel):
         return [g + host_s * k / total for g, k in zip(gpus_s, layers, strict=True)]
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
-        gpu_s = self.inner.decode_steps_s(context_tokens, num_steps)
+        return counted_decode_steps_s(self, context_tokens, num_steps)
+
+    def decode_steps_outside(
+        self, context_tokens: np.ndarray, num_steps: int
+    ) -> tuple[np.ndarray, OutsideSteps | None]:
+        gpu_s, outside = self.inner.decode_steps_outside(context_tokens, num_steps)
         if len(context_tokens) == 0:
-            return gpu_s
+            return gpu_s, outside
         gpu_s = np.maximum(gpu_s, self.floor_s)
         if self.checked_source is not None:
             check_durations(gpu_s, self.checked_source, f"a decode step of {len(context_tokens)} requests")
-        return gpu_s + self.host_s(len(context_tokens), 0)
+        return gpu_s + self.host_s(len(context_tokens), 0), outside
+
+    def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
+        self.inner.count_outside(outside, num_steps)
 
     def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
         line = self.inner.decode_line(size, context_total)

@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import model_validator
 
 from orcasim.config import ScenarioError, errors_under
-from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.base import Batch, CostModel, OutsideSteps, counted_decode_steps_s
 from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
@@ -97,6 +97,9 @@ class ProfileCost(CostModel):
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._out_of_range = 0
         self._warned: set[str] = set()
+        # While a decode run is priced ahead: each table's out-of-range points, kept (not
+        # warned of) until the steps that ran are known (`count_outside`).
+        self._deferred: dict[str, list[np.ndarray]] | None = None
 
     def out_of_range_count(self) -> int:
         return self._out_of_range
@@ -107,14 +110,20 @@ class ProfileCost(CostModel):
         """Look up `query`; flag (and warn once per table about) relevant points out of range."""
         values, outside = table(*query)
         outside = outside & relevant
-        if outside.any() and name not in self._warned:
+        if self._deferred is not None:
+            self._deferred.setdefault(name, []).append(np.asarray(outside))
+        elif outside.any():
+            self._warn(name)
+        return values, outside
+
+    def _warn(self, name: str) -> None:
+        if name not in self._warned:
             self._warned.add(name)
             warnings.warn(
                 f"profile cost: {name} queried outside its measured range; extrapolating "
                 f"linearly and counting such iterations in cost_out_of_range",
-                stacklevel=3,
+                stacklevel=4,
             )
-        return values, outside
 
     def _token_side(self, num_tokens: np.ndarray, batch_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Everything but attention, for arrays of token and request counts: (seconds, outside)."""
@@ -169,14 +178,36 @@ class ProfileCost(CostModel):
         return float(fixed + attention[0])
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        return counted_decode_steps_s(self, context_tokens, num_steps)
+
+    def decode_steps_outside(
+        self, context_tokens: np.ndarray, num_steps: int
+    ) -> tuple[np.ndarray, OutsideSteps]:
         size = len(context_tokens)
         if size == 0:
-            return np.zeros(num_steps)
+            return np.zeros(num_steps), OutsideSteps(np.zeros(num_steps, dtype=bool), {})
         contexts = context_tokens[None, :] + np.arange(num_steps)[:, None]
-        fixed, out_f = self._token_side(np.array(float(size)), np.array(float(size)))
-        attention, out_a = self._attention(np.ones_like(contexts), contexts)
-        self._out_of_range += int((out_a | bool(out_f)).sum())
-        return fixed + attention
+        self._deferred = {}
+        try:
+            fixed, out_f = self._token_side(np.array(float(size)), np.array(float(size)))
+            attention, out_a = self._attention(np.ones_like(contexts), contexts)
+            why = {name: np.logical_or.reduce([_per_step(m, num_steps) for m in masks])
+                   for name, masks in self._deferred.items()}
+        finally:
+            self._deferred = None
+        return fixed + attention, OutsideSteps(out_a | bool(out_f), why)
+
+    def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
+        count, why = outside.among_first(num_steps)
+        self._out_of_range += count
+        for name in why:
+            self._warn(name)
+
+
+def _per_step(mask: np.ndarray, num_steps: int) -> np.ndarray:
+    """A table's out-of-range points over a decode run's steps (axis 0, or none: every step)."""
+    steps = np.asarray(mask.any(axis=tuple(range(1, mask.ndim)))) if mask.ndim > 1 else mask
+    return np.broadcast_to(steps, (num_steps,))
 
 
 def _naming(key: str) -> contextlib.AbstractContextManager[None]:
