@@ -7,7 +7,7 @@ each replica reports at that moment (`Replica.load`): the state after its last
 scheduling decision, never a jump's future.
 
 Routers (ties go to the first replica after the last one chosen, so an idle fleet is
-filled in turn, deterministically):
+filled in turn, deterministically; `power_of_two`'s go to the first of its two draws):
 
 * `random`: uniform, from the run's own generator;
 * `round_robin`: in turn;
@@ -25,7 +25,9 @@ filled in turn, deterministically):
   prefix if it covers more than `cache_threshold` of the prompt (the least loaded of any
   tied), else the least loaded. Where SGLang's router keeps its own approximate tree of
   what it sent where, this one reads the replicas' real caches at the arrival, as a router
-  fed by the engines' KV events (Dynamo's) does.
+  fed by the engines' KV events (Dynamo's, or sgl-router's event-driven mode) does; so on
+  a miss it takes the least loaded, as that mode falls back, not the approximate tree's
+  smallest tree (the replica caching least).
 """
 
 from __future__ import annotations

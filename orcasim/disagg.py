@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -290,10 +291,11 @@ class DisaggregatedFleet:
         self._release_prefill(req_id, time_s, wake=True)
 
     def _turned_away(self, req_ids: list[int], time_s: float) -> None:
-        """Turned away by a decode instance (it can never fit there): nothing will pull it,
-        so no transfer took place."""
+        """Turned away by a decode instance (it can never fit there). Pulled, nothing will
+        pull it, so no transfer took place; pushed, its KV had already moved."""
         for req_id in req_ids:
-            self.kv_transfer_s[req_id] = math.nan
+            if self.pull:
+                self.kv_transfer_s[req_id] = math.nan
             self._release_prefill(req_id, time_s, wake=True)
 
     def _release_prefill(self, req_id: int, time_s: float, wake: bool) -> None:
@@ -384,6 +386,10 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
         for replica in instances:
             replica.sole = len(instances) == 1
     kv_bytes_per_token = _kv_bytes_per_token(pool_specs(scenario, system, cluster.prefill)[0])
+    if not kv_bytes_per_token and cluster.link.model_fields_set & {"kind", "bandwidth_bytes_per_s"}:
+        warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "
+                      "model a transfer moves no bytes and takes the link's latency alone; "
+                      "give `model` to size the KV", UserWarning, stacklevel=2)
     prompt = requests.prompt_tokens
 
     def transfer_s(req_id: int) -> float:

@@ -286,7 +286,8 @@ def run_disaggregated(
         values = done[column].dropna()
         summary[f"{column}_mean"] = float(values.mean()) if len(values) else float("nan")
         summary[f"{column}_p90"] = float(values.quantile(0.9)) if len(values) else float("nan")
-    per_replica = pool_summaries(iters, float(reqs["finish_s"].max()), scenario.warmup_s)
+    per_replica = pool_summaries(iters, float(reqs["finish_s"].max()), scenario.warmup_s,
+                                 {"prefill": len(fleet.prefill), "decode": len(fleet.decode)})
     for pool, rows in per_replica.groupby("pool"):
         summary[f"{pool}_busy_fraction"] = float(rows["busy_fraction"].mean())
         summary[f"{pool}_replicas"] = float(len(rows))
@@ -296,16 +297,20 @@ def run_disaggregated(
                          fleet.source, scenario.warmup_s)
 
 
-def pool_summaries(iters: pd.DataFrame, end_s: float, warmup_s: float) -> pd.DataFrame:
-    """One row per instance of a disaggregated cluster: its pool, iterations and busy share."""
+def pool_summaries(iters: pd.DataFrame, end_s: float, warmup_s: float,
+                   pool_sizes: dict[str, int]) -> pd.DataFrame:
+    """One row per instance of a disaggregated cluster (`pool_sizes[pool]` in each pool, an
+    idle one too): its pool, iterations and busy share."""
     rows = []
-    for (pool, replica), it in iters.groupby(["pool", "replica"], sort=False):
-        it = measured_iterations(it, warmup_s)
-        busy_s = float(it["duration_s"].sum())
-        rows.append({"pool": pool, "replica": replica, "iterations": float(it["num_iterations"].sum()),
-                     "busy_fraction": busy_s / (end_s - warmup_s) if end_s > warmup_s else float("nan"),
-                     "batch_size_mean": float((it["batch_size"] * it["num_iterations"]).sum()
-                                              / max(float(it["num_iterations"].sum()), 1.0))})
+    for pool, size in pool_sizes.items():
+        mine = iters[iters["pool"] == pool]
+        for replica in range(size):
+            it = measured_iterations(mine[mine["replica"] == replica], warmup_s)
+            busy_s, count = float(it["duration_s"].sum()), float(it["num_iterations"].sum())
+            rows.append({"pool": pool, "replica": replica, "iterations": count,
+                         "busy_fraction": busy_s / (end_s - warmup_s) if end_s > warmup_s else float("nan"),
+                         "batch_size_mean": float((it["batch_size"] * it["num_iterations"]).sum()) / count
+                         if count else float("nan")})
     return pd.DataFrame(rows).set_index(["pool", "replica"])
 
 

@@ -167,7 +167,23 @@ class Scenario(Strict):
         self._check_group_reservations()
         self._check_distserve_placement()
         self._check_pool_schedulers()
+        self._check_pool_models()
         return self
+
+    def _check_pool_models(self) -> None:
+        """A decode instance continues the KV a prefill instance computed: both pools serve
+        one model (the transfer is sized by it)."""
+        for j, system in enumerate(self.systems):
+            cluster = system.cluster
+            if cluster is None or cluster.prefill is None or cluster.decode is None:
+                continue
+            prefill = cluster.prefill.model or self.model
+            decode = cluster.decode.model or self.model
+            if prefill is not None and decode is not None and prefill != decode:
+                raise ScenarioError(
+                    f"systems[{j}].cluster.decode.model = {decode.name!r}: a decode instance "
+                    "continues the KV of a prefill instance, so both pools serve one model; "
+                    f"expected the prefill pool's ({prefill.name!r})")
 
     def _check_pool_schedulers(self) -> None:
         """A disaggregated pool runs iterations: a request-level scheduler, its own or the
@@ -390,3 +406,4 @@ def _portable_paths(obj: Any, data: Any, base: Path | None) -> None:
         for key, item in obj.items():
             if key in data:
                 _portable_paths(item, data[key], base)
+

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orcasim.cluster import LinkConfig
+from orcasim.cluster import LINKS, LinkConfig
 from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
@@ -191,6 +191,54 @@ def test_a_pulled_request_turned_away_mid_run_frees_the_prefill_kv_at_once(tmp_p
     assert reqs["finish_s"].tolist()[:2] == [20.5, 22.5] and reqs["finish_s"][3] == 22.5
     # C was never copied: no transfer time (it read 0.5 s, and counted in the mean).
     assert reqs["kv_transfer_s"].isna().tolist() == [False, False, True, False]
+
+
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+def test_a_pushed_request_the_decode_instance_turns_away_had_moved(tmp_path) -> None:  # noqa: ANN001
+    """Pushed, A's KV (8 + 8 tokens, more than the decode instance's 3 blocks) moves in
+    0.5 s as its prefill ends and is turned away on arrival: the copy took place, so its
+    kv_transfer_s stays (it read empty, as for a pulled request, which is never copied)."""
+    trace = _trace(tmp_path, [(0.0, 8, 8), (0.0, 8, 2)])
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 12}, decode={"kv_capacity_tokens": 12})
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["rejected"].tolist() == [True, False]
+    assert reqs["kv_transfer_s"].tolist() == [0.5, 0.5]
+
+
+def test_every_instance_has_a_summary_row_an_idle_one_too(tmp_path) -> None:  # noqa: ANN001
+    """One request on 2 prefill and 3 decode instances: one of each runs, prefill [0, 1],
+    KV moved by 1.5, decodes [1.5, 2.5] and [2.5, 3.5]. The table has all five instances,
+    and a pool's busy share is the mean over its instances (the idle ones were left out:
+    decode_busy_fraction 2/3.5 over one instance, decode_replicas 1)."""
+    trace = _trace(tmp_path, [(0.0, 4, 3)])
+    changes = _disagg(trace, prefill={"count": 2}, decode={"count": 3})
+    result = run_scenario(_scenario(changes)).systems["pd"]
+    table = result.replicas
+    assert table.index.tolist() == [("prefill", 0), ("prefill", 1), ("decode", 0), ("decode", 1),
+                                    ("decode", 2)]
+    assert table["iterations"].tolist() == [1.0, 0.0, 2.0, 0.0, 0.0]
+    assert np.isnan(table["batch_size_mean"].tolist()[1])
+    assert result.summary["prefill_replicas"] == 2.0 and result.summary["decode_replicas"] == 3.0
+    assert result.summary["prefill_busy_fraction"] == pytest.approx((1 / 3.5) / 2, rel=1e-12)
+    assert result.summary["decode_busy_fraction"] == pytest.approx((2 / 3.5) / 3, rel=1e-12)
+
+
+def test_pools_that_serve_different_models_are_refused(tmp_path) -> None:  # noqa: ANN001
+    trace = _trace(tmp_path, [(0.0, 4, 3)])
+    changes = _disagg(trace, prefill={"model": "llama3-8b"}, decode={"model": "opt-13b"})
+    with pytest.raises(ScenarioError, match=r"^scenario: systems\[0\]\.cluster\.decode\.model = 'opt-13b': "
+                       r".*expected the prefill pool's \('llama3-8b'\)$"):
+        _scenario(changes)
+    same = _disagg(trace, prefill={"model": "opt-13b"}, decode={"model": "opt-13b"})
+    _scenario(same)  # the same model, given on each pool
+
+
+def test_a_link_without_a_model_warns_that_it_moves_no_bytes(tmp_path) -> None:  # noqa: ANN001
+    trace = _trace(tmp_path, [(0.0, 4, 3)])
+    changes = _disagg(trace, link={"kind": "ethernet", "bandwidth_bytes_per_s": 1000.0})
+    with pytest.warns(UserWarning, match="link's bandwidth is not used: without a model"):
+        reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["kv_transfer_s"][0] == LINKS["ethernet"][1]  # the latency alone
 
 
 @pytest.mark.filterwarnings("ignore:pd.*can never fit")
