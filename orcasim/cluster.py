@@ -141,10 +141,13 @@ class LinkConfig(Strict):
     latency_s: NonNegativeFloat | None = None
 
     def transfer_s(self, num_bytes: float) -> float:
-        bandwidth, latency = LINKS[self.kind]
-        bandwidth = self.bandwidth_bytes_per_s or bandwidth
-        latency = latency if self.latency_s is None else self.latency_s
-        return latency + num_bytes / bandwidth
+        """Moving `num_bytes` over an idle link: its latency, then the bytes."""
+        latency = LINKS[self.kind][1] if self.latency_s is None else self.latency_s
+        return latency + self.busy_s(num_bytes)
+
+    def busy_s(self, num_bytes: float) -> float:
+        """How long `num_bytes` hold the link (its bandwidth's share; the latency overlaps)."""
+        return num_bytes / (self.bandwidth_bytes_per_s or LINKS[self.kind][0])
 
 
 class PoolConfig(ReplicaGroup):

@@ -224,7 +224,8 @@ class DisaggregatedFleet:
     source: ArrivalSource
     prefill_router: Router
     decode_router: Router
-    transfer_s: Callable[[int], float]  # a request's KV transfer time
+    transfer_s: Callable[[int], float]  # a request's KV transfer time, on an idle link
+    link_busy_s: Callable[[int], float]  # the part of it that holds the link: bytes / bandwidth
     first_token_from_decode: bool = False
     pull: bool = False  # handoff: pull (see the module docstring)
 
@@ -233,6 +234,9 @@ class DisaggregatedFleet:
         self.prefill_replica = np.full(n, -1, dtype=np.int64)
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.kv_transfer_s = np.full(n, np.nan)
+        # Pushed: when each instance's link is next free (by `Replica.index`). A push holds
+        # the sender's and the receiver's link for its bytes; the latency overlaps.
+        self.link_free_s = [0.0] * (len(self.prefill) + len(self.decode))
         self.bridge = BridgeSource(n, self.source, self._delivered, self._copying,
                                    self._turned_away, frees_on_rejection=self.pull)
         self.releases = KvReleases(self._copied)
@@ -269,14 +273,28 @@ class DisaggregatedFleet:
             decode.promise(req_id)  # the next one routed sees it there
             self.decode_replica[req_id] = decode.index - len(self.prefill)
             transfer_s = self.transfer_s(req_id)
-            self.kv_transfer_s[req_id] = transfer_s
             first_token_emitted = not self.first_token_from_decode
             if self.pull:  # delivered now; the KV moves when the decode instance admits it
+                self.kv_transfer_s[req_id] = transfer_s
                 decode.scheduler.mark_transferred(req_id, first_token_emitted, transfer_s)
                 self.bridge.push(time_s, req_id)
             else:
+                start_s = self._link_start_s(req_id, decode, time_s)
+                moved_s = start_s + transfer_s
+                # Its handoff, the wait for the link included (on a free link, transfer_s's bits).
+                self.kv_transfer_s[req_id] = transfer_s if start_s == time_s else moved_s - time_s
                 decode.scheduler.mark_transferred(req_id, first_token_emitted)
-                self.bridge.push(time_s + transfer_s, req_id)
+                self.bridge.push(moved_s, req_id)
+
+    def _link_start_s(self, req_id: int, decode: Replica, time_s: float) -> float:
+        """When a push from `req_id`'s prefill instance to `decode`, ready at `time_s`,
+        starts: once both instances' links are free (pushes at once share them, one after
+        another, in the order the prefills ended). It holds them for its bytes."""
+        sender, receiver = int(self.prefill_replica[req_id]), decode.index
+        free = self.link_free_s
+        start_s = max(time_s, free[sender], free[receiver])
+        free[sender] = free[receiver] = start_s + self.link_busy_s(req_id)
+        return start_s
 
     def _delivered(self, req_id: int, time_s: float) -> None:
         if not self.pull:  # pushed: the KV has moved
@@ -395,6 +413,9 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     def transfer_s(req_id: int) -> float:
         return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token)
 
+    def link_busy_s(req_id: int) -> float:
+        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token)
+
     seeds = np.random.SeedSequence(scenario.seed).spawn(4)
     prefill_router = build_router(cluster.prefill.router, prefill,
                                   np.random.default_rng(seeds[2]), requests.session_ids)
@@ -402,7 +423,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                                  requests.session_ids)
     _check_pulls(decode, cluster.pulls_kv)
     return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
-                              prefill_router, decode_router, transfer_s,
+                              prefill_router, decode_router, transfer_s, link_busy_s,
                               cluster.first_token_from_decode, cluster.pulls_kv)
 
 

@@ -193,6 +193,26 @@ def test_a_pulled_request_turned_away_mid_run_frees_the_prefill_kv_at_once(tmp_p
     assert reqs["kv_transfer_s"].isna().tolist() == [False, False, True, False]
 
 
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+@pytest.mark.parametrize(("prefills", "decodes", "moved_s"), [
+    (1, 1, [2.5, 3.5]), (1, 2, [2.5, 3.5]), (2, 1, [2.5, 3.5]), (2, 2, [2.5, 2.5])])
+def test_pushes_at_once_share_an_instance_s_link(tmp_path, mode: str, prefills: int,  # noqa: ANN001
+                                                 decodes: int, moved_s: list[float]) -> None:
+    """Two 10-token prompts prefill [0, 1]; each KV (10 x 524,288 bytes of Llama-2-7B) holds
+    a link of 5,242,880 B/s for 1 s, then 0.5 s of latency. Through one sender's link or into
+    one receiver's, the second starts as the first's bytes end: moved at 2.5 and 3.5 (both
+    moved at 2.5, twice the link's bandwidth). Two pairs of instances move both at once."""
+    trace = _trace(tmp_path, [(0.0, 10, 3), (0.0, 10, 3)])
+    changes = _disagg(trace, prefill={"count": prefills}, decode={"count": decodes}, mode=mode,
+                      link={"bandwidth_bytes_per_s": 5_242_880.0, "latency_s": 0.5})
+    changes["model"] = "llama2-7b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 1.0]
+    assert reqs["kv_transfer_s"].tolist() == [t - 1.0 for t in moved_s]
+    # Each decodes its last two tokens from its KV's arrival (B joins A's batch at 3.5).
+    assert reqs["finish_s"].tolist() == [t + 2.0 for t in moved_s]
+
+
 @pytest.mark.filterwarnings("ignore:pd.*can never fit")
 def test_a_pushed_request_the_decode_instance_turns_away_had_moved(tmp_path) -> None:  # noqa: ANN001
     """Pushed, A's KV (8 + 8 tokens, more than the decode instance's 3 blocks) moves in
