@@ -114,7 +114,7 @@ def check(
             errors.append(str(e))
     if errors:
         raise ScenarioError("; ".join(errors))
-    orphans = [b for b in sorted(baseline_dir.glob("*.json")) if b.stem not in runs]
+    orphans = [b for b in sorted(baseline_dir.glob("*.json")) if b.stem not in runs and is_baseline(b)]
     if update:
         for stem, now in runs.items():
             write_text_atomically(baseline_dir / f"{stem}.json", json.dumps(json_safe(now), indent=2) + "\n")
@@ -127,6 +127,17 @@ def check(
     tables += [_row(b.stem, "(no scenario)") for b in orphans]
     tables = [t for t in tables if len(t)]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
+
+
+def is_baseline(path: Path) -> bool:
+    """Whether `path` holds a baseline ({system: {metric: number}}, neither empty): only such a
+    file counts as one without a scenario, or is removed by an update (a folder may hold
+    other JSON, a package.json, that is none of the check's business)."""
+    try:
+        metrics = read_metrics(path)
+    except ScenarioError:
+        return False
+    return bool(metrics) and all(metrics.values())
 
 
 def _against_baseline(stem: str, now: Metrics, baseline_file: Path) -> pd.DataFrame:

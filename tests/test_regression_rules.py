@@ -171,6 +171,21 @@ def test_a_baseline_without_its_scenario_counts_as_moved_and_update_removes_it(t
     assert [p.name for p in baselines.iterdir()] == ["one.json"] and check(scenarios, baselines).empty
 
 
+def test_other_json_beside_the_baselines_is_left_alone(tmp_path: Path) -> None:
+    """A folder that holds baselines may hold other JSON (a project's package.json, an empty
+    {}): it is no baseline without a scenario, so check neither fails on it nor, updating,
+    removes it (update deleted both)."""
+    scenarios, baselines = _two_scenarios(tmp_path)
+    check(scenarios, baselines, update=True)
+    others = {"package.json": '{"name": "myapp"}', "tsconfig.json": "{}",
+              "notes.json": '{"a": {}}', "broken.json": "{"}
+    for name, text in others.items():
+        (baselines / name).write_text(text)
+    assert check(scenarios, baselines).empty
+    check(scenarios, baselines, update=True)
+    assert {name: (baselines / name).read_text() for name in others} == others
+
+
 def test_what_check_cannot_gate_is_refused_on_one_line(tmp_path: Path) -> None:
     """A sweep block (a baseline holds one run per system; check ran the base point alone),
     a scenario under two suffixes, and a file passed as the baselines folder."""
