@@ -159,7 +159,7 @@ def run(
     """Run every system of SCENARIO on the same requests and write results/<name>/."""
     from orcasim.results import check_out_dir, default_results_dir, write_run
     from orcasim.run import run_scenario
-    from orcasim.scenario import load_scenario
+    from orcasim.scenario import data_inputs, load_scenario
 
     if _is_sweep_file(scenario):
         fail(f"{scenario} is a sweep file (it names a base scenario), not a scenario; run it with "
@@ -167,7 +167,7 @@ def run(
     try:
         sc = load_scenario(scenario, set_ or [])
         out_dir = out or default_results_dir(sc.name)
-        check_out_dir(out_dir, force, [scenario])
+        check_out_dir(out_dir, force, [scenario, *data_inputs(sc)])
         if sc.sweep is not None:
             return _run_sweep(sc, scenario, out_dir, force, plots)
         result = run_scenario(sc, base_dir=scenario.resolve().parent)
@@ -269,6 +269,14 @@ def _check_sweep_runs(sw: Sweep) -> None:
         _check_runs(task.scenario(), Path(task.base_dir), f"point {task.id} ({task.params}): ")
 
 
+def _sweep_inputs(sw: Sweep) -> list[Path]:
+    """The data files every point of a sweep reads (a point may set its own)."""
+    from orcasim.scenario import data_inputs
+
+    return [path for task in sw.tasks()[:: sw.spec.replications]
+            for path in data_inputs(task.scenario(), Path(task.base_dir))]
+
+
 def _validate_sweep(path: Path, overrides: list[str]) -> None:
     from orcasim.sweeps import load_sweep
 
@@ -316,7 +324,7 @@ def sweep(
         _check_sweep_runs(sw)  # a missing data file, before the pool starts (exit 2)
         out_dir = out or default_results_dir(sw.spec.name)
         if force:  # before any work, and with the files this sweep reads
-            check_replaceable(out_dir, [spec, spec.parent / sw.spec.base])
+            check_replaceable(out_dir, [spec, spec.parent / sw.spec.base, *_sweep_inputs(sw)])
         result = run_sweep(sw, out_dir, backend, workers, address, resume, force, progress)  # type: ignore[arg-type]
     except USER_ERRORS as e:
         fail(error_text(e))
@@ -394,7 +402,7 @@ def fidelity(
         headline_title,
     )
     from orcasim.results import check_out_dir, default_results_dir, write_fidelity
-    from orcasim.scenario import load_scenario
+    from orcasim.scenario import data_inputs, load_scenario
 
     if fmt not in MEASURED_FORMATS:  # the formats that hold measured latencies
         fail(f"--format = {fmt!r}: expected {', '.join(MEASURED_FORMATS[:-1])} or "
@@ -407,7 +415,7 @@ def fidelity(
         if unknown:
             fail(f"--system = {unknown[0]!r}: expected one of {', '.join(s.name for s in sc.systems)}")
         out_dir = out or default_results_dir(sc.name, Path("results") / "fidelity")
-        check_out_dir(out_dir, force, [scenario, *real])
+        check_out_dir(out_dir, force, [scenario, *real, *data_inputs(sc)])
         table, frames = fidelity_table(sc, real, names, fmt, scenario.resolve().parent)
         write_fidelity(table, frames, out_dir, force=force, plots=plots)
     except USER_ERRORS as e:
@@ -534,6 +542,7 @@ def capacity(
     with goodput per GPU and cost per million output tokens; see orcasim.capacity."""
     from orcasim import capacity as cap
     from orcasim.results import check_replaceable, default_results_dir
+    from orcasim.scenario import data_inputs
     from orcasim.slo import held_by_share
 
     out_dir = out
@@ -559,10 +568,11 @@ def capacity(
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
-        if force:  # before any search, and with the file it reads
-            check_replaceable(out_dir, [spec])
+        inputs = [spec, *data_inputs(scenario, base_dir)]
+        if force:  # before any search, and with the files it reads
+            check_replaceable(out_dir, inputs)
         result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
-                                  price_per_gpu_hour, target_rate, inputs=[spec])
+                                  price_per_gpu_hour, target_rate, inputs=inputs)
         cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
         fail(error_text(e))

@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -144,14 +144,23 @@ def files_under(folder: Path) -> list[str]:
 
 
 def unlisted_files(folder: Path) -> Iterator[Path]:
-    """Files below a marked `folder` that its marker does not list; a subfolder with its own
-    marker (a sweep's points/<id>/) answers for itself."""
+    """Files below a marked `folder` that its marker does not list, and what it never writes:
+    a link to a folder, a folder holding none of its files (a user's, empty). A subfolder
+    with its own marker (a sweep's points/<id>/) answers for itself."""
     listed = written_files(folder)
+    holders = {parent.as_posix() for name in listed for parent in PurePosixPath(name).parents}
     for root, dirs, files in os.walk(folder):
         here = Path(root)
-        for d in [d for d in dirs if (here / d / MARKER).is_file()]:
-            dirs.remove(d)
-            yield from unlisted_files(here / d)
+        for d in list(dirs):
+            path = here / d
+            if path.is_symlink():  # os.walk lists it as a folder and does not enter it
+                dirs.remove(d)
+                yield path
+            elif (path / MARKER).is_file():
+                dirs.remove(d)
+                yield from unlisted_files(path)
+            elif path.relative_to(folder).as_posix() not in holders and not any(path.iterdir()):
+                yield path
         for f in files:
             if f != MARKER and (here / f).relative_to(folder).as_posix() not in listed:
                 yield here / f

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -386,6 +387,32 @@ def scenario_to_yaml(scenario: Scenario) -> str:
     data = scenario.model_dump(mode="json", exclude_none=True)
     _portable_paths(scenario, data, scenario.source_dir)
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def data_inputs(scenario: Scenario, base: Path | None = None) -> list[Path]:
+    """The files and folders the scenario's data paths name (a trace, a length column, a cost
+    file), where found beside the scenario (`base`, else its own folder) or under the working
+    folder: inputs of its run, which `--force` must not delete with a results folder."""
+    base = base or scenario.source_dir
+    found = [Path(portable_data_path(value, base)) for value in _data_path_values(scenario)]
+    return [path for path in found if path.is_absolute()]
+
+
+def _data_path_values(obj: Any) -> Iterator[str]:
+    """Every value of a field marked as a data path, anywhere in `obj`."""
+    if isinstance(obj, BaseModel):
+        for name, field in type(obj).model_fields.items():
+            value = getattr(obj, name)
+            if DATA_PATH in field.metadata and isinstance(value, str):
+                yield value
+            else:
+                yield from _data_path_values(value)
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _data_path_values(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _data_path_values(item)
 
 
 def _portable_paths(obj: Any, data: Any, base: Path | None) -> None:

@@ -53,6 +53,26 @@ def test_force_never_deletes_the_scenario_being_run(tmp_path: Path) -> None:
         assert len(p.stderr.strip().splitlines()) == 1
 
 
+def test_force_never_deletes_a_data_file_the_run_reads(tmp_path: Path) -> None:
+    """A trace kept in a results folder (calibrate replay writes sim_requests.csv into its
+    own) and replayed from there: --force deleted it, and the new scenario.yaml named a file
+    that was gone. Refused, named, nothing deleted."""
+    out = tmp_path / "run"
+    assert orcasim("run", "scenarios/quickstart.yaml", "--out", str(out), *QUICK, "--no-plots").returncode == 0
+    trace = out / "orca" / "requests.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,20,5\n")
+    from orcasim.results import mark_results
+
+    mark_results(out, ["orca/requests.csv"])  # as if orcasim had written it there
+    scenario = tmp_path / "replay.yaml"
+    scenario.write_text("name: replay\nseed: 1\nworkload: {arrival: {kind: trace, path: run/orca/requests.csv},"
+                        " max_tokens: 64}\ncost: {kind: linear, base_s: 0.01}\nkv_capacity_tokens: 1000\n"
+                        "systems: [{name: orca, scheduler: {kind: iteration_level, max_batch_size: 4}}]\n")
+    p = orcasim("run", str(scenario), "--out", str(out), "--force", "--no-plots")
+    assert p.returncode == 2 and f"holds {trace}, an input of this run" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and trace.is_file()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--set", "workload.arrival.rate_per_s=-2"], "workload.arrival.rate_per_s = -2"),
     (["--set", "workload.max_tokens=100"], "workload.max_tokens = 100 is below request"),

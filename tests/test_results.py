@@ -85,6 +85,31 @@ def test_force_keeps_a_file_put_into_orcasim_s_folder(tmp_path: Path) -> None:
         check_replaceable(out, [out / "orca" / "a.parquet"])
 
 
+def test_force_keeps_a_link_or_a_folder_put_into_orcasim_s_folder(tmp_path: Path) -> None:
+    """A link to a folder (os.walk lists it among the folders and does not enter it) and an
+    empty folder the user made were deleted with the results; both now make --force refuse.
+    A folder of orcasim's own files is still its own."""
+    from orcasim.results import check_replaceable
+
+    def fill(folder: Path) -> None:
+        (folder / "orca").mkdir()
+        (folder / "orca" / "a.parquet").write_text("1")
+
+    out = write_atomically(tmp_path / "r", fill)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    for extra, make in ((out / "link", lambda p: p.symlink_to(elsewhere)),
+                        (out / "mine", lambda p: p.mkdir()),
+                        (out / "orca" / "deeper", lambda p: p.mkdir())):
+        make(extra)
+        with pytest.raises(ResultsExistError, match=f"holds {extra}, which orcasim did not write"):
+            check_replaceable(out)
+        extra.unlink() if extra.is_symlink() else extra.rmdir()
+    check_replaceable(out)
+    assert (elsewhere / "keep.txt").read_text() == "mine"
+
+
 def test_folders_follow_the_umask_as_mkdir_does(tmp_path: Path) -> None:
     """A run's folder is as readable as a sweep's: mkdtemp's 0700 does not leak out."""
     import os
