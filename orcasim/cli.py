@@ -312,6 +312,7 @@ def sweep(
     resume: Annotated[bool, typer.Option(help="Keep finished points, run the rest.")] = False,
     force: Annotated[bool, typer.Option(help="Delete existing results first.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    set_: SetOpt = None,
 ) -> None:
     """Run every point of a sweep; write sweep.parquet/csv, one row per (point, system, replication)."""
     from orcasim.results import check_replaceable, default_results_dir
@@ -320,7 +321,7 @@ def sweep(
     out_dir = out
     try:
         _check_address(backend, address)
-        sw = load_sweep(spec)
+        sw = load_sweep(spec, set_ or [])  # --set after the file's own set:, as validate takes it
         _check_sweep_runs(sw)  # a missing data file, before the pool starts (exit 2)
         out_dir = out or default_results_dir(sw.spec.name)
         if force:  # before any work, and with the files this sweep reads
@@ -610,9 +611,7 @@ def _capacity_input(path: Path, overrides: list[str]) -> tuple[
     from orcasim.sweeps import load_sweep
 
     if _is_sweep_file(path):
-        if overrides:
-            fail("--set applies to a scenario; a sweep file takes its overrides in 'set:'")
-        sw = load_sweep(path)
+        sw = load_sweep(path, overrides)  # after the file's own set:, as sweep takes them
         if "replications" in sw.spec.model_fields_set:
             typer.echo(f"warning: {path.name}'s replications: {sw.spec.replications} is not "
                        "used: --replications sets the independent searches", err=True)

@@ -161,7 +161,9 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
             continue
         expected = dict.fromkeys(m.removeprefix("Input should be ").split(",")[0] for _, _, m in forms[""])
         problems.append((union or "(top level)", forms[""][0][1], f"Input should be {' or '.join(expected)}"))
-    return problems
+    # Two forms may say the same thing (a NaN is no finite int nor finite float): once. By key
+    # and message, not value: a NaN is not equal to itself.
+    return list({(loc, msg): (loc, value, msg) for loc, value, msg in problems}.values())
 
 
 def _dotted(loc: tuple[Any, ...], data: Any) -> tuple[str, str | None, str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -97,6 +97,9 @@ class Task:
     params: dict[str, ParamValue]
     base: dict[str, Any]
     base_dir: str
+    # The base's keys as given (no defaults): where a point changes a `kind`, the object
+    # starts again from these, as `--set ....kind=` on the scenario file would.
+    given: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -106,8 +109,26 @@ class Task:
         data = copy.deepcopy(self.base)
         data["seed"] = self.seed
         for path, value in self.params.items():
+            owner, _, key = path.rpartition(".")
+            if key == "kind" and owner and _get_dotted(data, path) != value:
+                # The base's defaults are the old kind's (a request-level scheduler has no
+                # kv_reservation): keep only what was given.
+                set_dotted(data, owner, copy.deepcopy(_get_dotted(self.given, owner) or {}))
             set_dotted(data, path, value)
         return scenario_from_dict(data, point_name(self.id, self.params))
+
+
+def _get_dotted(data: Any, path: str) -> Any:
+    """The value at a dotted path, or None where the path does not reach."""
+    node = data
+    for part in parse_dotted(path):
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
 
 
 def point_name(task_id: str, params: dict[str, ParamValue]) -> str:
@@ -123,6 +144,7 @@ class Sweep:
     base_dir: Path
     # A scenario's own sweep block runs on the scenario's seed, as a plain run of it would.
     own_seed: bool = False
+    given: dict[str, Any] = field(default_factory=dict)  # see Task.given
 
     def points(self) -> list[dict[str, ParamValue]]:
         names = list(self.spec.grid.parameters)
@@ -141,7 +163,7 @@ class Sweep:
     def tasks(self) -> list[Task]:
         seeds = self.replication_seeds()
         return [
-            Task(p, r, seed, params, self.base, str(self.base_dir))
+            Task(p, r, seed, params, self.base, str(self.base_dir), self.given)
             for p, params in enumerate(self.points())
             for r, seed in enumerate(seeds)
         ]
@@ -177,7 +199,8 @@ def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
     data = {"name": scenario.name, "base": scenario.name, "seed": scenario.seed,
             "grid": {"parameters": {scenario.sweep.parameter: scenario.sweep.values}}}
     spec = _validate_spec(data, f"{scenario.name}: sweep")
-    sweep = Sweep(spec, _base_data(scenario), Path(base_dir).resolve(), own_seed=True)
+    base, given = _base_data(scenario)
+    sweep = Sweep(spec, base, Path(base_dir).resolve(), own_seed=True, given=given)
     for task in sweep.tasks():
         task.scenario()
     return sweep
@@ -206,19 +229,22 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
         warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
                       "file's grid replaces it (add the parameter to the grid to sweep it too)",
                       UserWarning, stacklevel=2)
-    sweep = Sweep(spec, _base_data(scenario), base_path.parent)
+    base, as_given = _base_data(scenario)
+    sweep = Sweep(spec, base, base_path.parent, given=as_given)
     for task in sweep.tasks()[:: spec.replications]:
         task.scenario()
     return sweep
 
 
-def _base_data(scenario: Scenario) -> dict[str, Any]:
-    """The scenario as plain data that every point starts from."""
+def _base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scenario as plain data that every point starts from, and its keys as given."""
     # The validated dump holds every default, so each swept path already exists in it. A
     # derived KV capacity is left out so that each point derives its own (it may change the
     # hardware), and a scenario's own one-parameter `sweep:` block is replaced by the grid.
     derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
-    return scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep", *derived})
+    exclude = {"sweep", *derived}
+    return (scenario.model_dump(mode="json", exclude_none=True, exclude=exclude),
+            scenario.model_dump(mode="json", exclude_none=True, exclude=exclude, exclude_unset=True))
 
 
 def _parse_spec(path: Path) -> SweepSpec:
