@@ -60,6 +60,9 @@ from orcasim.sweeps.task import JsonRecord, first_line
 DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
 DEFAULT_REQUESTS = 2000
+# The finest search: a factor-2 bracket narrows to it in about 20 runs; below float64's
+# resolution (1 + 1e-16 is 1) the bisection would never end.
+MIN_REL_TOL = 1e-6
 MAX_BRACKET_STEPS = 10  # doublings or halvings: a factor of about a thousand either way
 # The fewest requests a run of the search may have. The saturation test reads the last three
 # quarters of the arrival window, in time, and judges only with MIN_ARRIVALS (20) in it:
@@ -249,6 +252,8 @@ def _narrow(low: float, high: float, passes: Callable[[float], bool],
     """Bisect [low passes, high fails] geometrically until high / low <= 1 + rel_tol."""
     while high != math.inf and low > 0 and high / low > 1 + rel_tol:
         middle = math.sqrt(low * high)
+        if not low < middle < high:  # neighbouring floats: nothing lies between
+            break
         if passes(middle):
             low = middle
         else:
@@ -258,14 +263,34 @@ def _narrow(low: float, high: float, passes: Callable[[float], bool],
 
 def _bracket(rate: float, passes: Callable[[float], bool]) -> tuple[float, float]:
     """[highest passing, lowest failing] rates around `rate`, by doubling or halving:
-    (0, lowest tried) when none passes, (highest tried, inf) when all do."""
+    (0, lowest tried) when none passes, (highest tried, inf) when all do.
+
+    Where nothing below a failing start passes, the rates above it are tried too: a server
+    that holds a batch for more requests (a request-level batch's `max_queue_delay_s`, as
+    Triton's dynamic batcher waits) answers a slow stream late and a fast one in time, so
+    its SLO may hold only at higher rates (a tester's search answered 0 from 5 req/s where
+    40 to 150 pass)."""
     if passes(rate):
-        for _ in range(MAX_BRACKET_STEPS):
-            if not passes(rate * 2):
-                return rate, rate * 2
-            rate *= 2
-        return rate, math.inf
-    return _halve(rate, passes)
+        return _double(rate, passes)
+    low, high = _halve(rate, passes)
+    if low > 0:
+        return low, high
+    up = rate
+    for _ in range(MAX_BRACKET_STEPS):
+        up *= 2
+        if passes(up):
+            return _double(up, passes)
+    return 0.0, high
+
+
+def _double(passing: float, passes: Callable[[float], bool]) -> tuple[float, float]:
+    """[highest passing, lowest failing] above a rate that passes, by doubling; (highest
+    tried, inf) when every one does."""
+    for _ in range(MAX_BRACKET_STEPS):
+        if not passes(passing * 2):
+            return passing, passing * 2
+        passing *= 2
+    return passing, math.inf
 
 
 def _halve(failing: float, passes: Callable[[float], bool]) -> tuple[float, float]:
@@ -290,11 +315,18 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
         base.pop("kv_capacity_tokens")  # each point derives its own (it may change the hardware)
     base["slo"] = slo.model_dump(mode="json")
     names = [s.name for s in scenario.systems]
-    chosen = systems or names
+    chosen = list(dict.fromkeys(systems or names))  # a system named twice is one search
     unknown = [n for n in chosen if n not in names]
     if unknown:
         raise ScenarioError(f"--system = {unknown[0]!r}: expected one of {', '.join(names)}")
     knob = rate_knob(scenario, base_dir, settings.num_requests)
+    drawn = {knob.path} | ({"workload.num_requests", "workload.arrival.max_requests"}
+                           if settings.num_requests is not None else set())
+    swept = next((path for params in points or [] for path in params if path in drawn), None)
+    if swept is not None:  # every point would be the same search
+        raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
+                            f"({'the rate it searches' if swept == knob.path else '--requests'}); "
+                            "expected a grid over other keys")
     children = np.random.SeedSequence(scenario.seed if seed is None else seed).spawn(replications)
     seeds = [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
     jobs = [SearchJob(p, name, r, s, params, base, str(base_dir), knob, settings)
@@ -309,7 +341,23 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
                 requests = make_requests(first)  # lengths against max_tokens, trace files
             with _drawn_by_the_search(settings.num_requests):
                 check_warmup(first, requests)  # else every run of the search fails alike
+                _check_measured(first, requests)
     return jobs
+
+
+def _check_measured(scenario: Scenario, requests: Any) -> None:
+    """Each run must measure enough requests for the saturation test to judge it (fewer pass
+    at any rate: 25 requests gave 5 times an M/D/1 server's capacity). The warm-up, scaled
+    with the rate, drops the same requests at every rate. A closed loop's or sessions'
+    arrivals are made by the run: not known here."""
+    if requests.clients is not None or requests.sessions is not None:
+        return
+    measured = int(np.count_nonzero(requests.arrival_s >= scenario.warmup_s))
+    if measured < MIN_SEARCH_REQUESTS:
+        raise ScenarioError(f"each run of the search measures {measured} requests (after "
+                            f"warmup_s); expected at least {MIN_SEARCH_REQUESTS}, enough for the "
+                            "saturation test to judge a run (fewer pass at any rate): more "
+                            "requests, or a shorter warm-up")
 
 
 @contextlib.contextmanager
@@ -576,6 +624,7 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
                      f"(the lowest, {mine['rate_per_s'].min():.3g} req/s, failed too), so "
                      f"max_rate_per_s is 0{target}")
     lines += _partial_warnings(table[table["max_rate_per_s"] > 0], tried, params)
+    lines += _rising_warnings(table, tried, params)
     for _, row in table[table.get("capped", pd.Series(0.0, index=table.index)) == 1].iterrows():
         target = (f"; copies_for_target is at most {row['copies_for_target']:g}"
                   if target_rate_per_s is not None else "")
@@ -605,6 +654,27 @@ def _partial_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str
             lines.append(f"{_which(row, params)}: {int((mine == 0).sum())} of "
                          f"{len(mine)} replications found no rate within the SLOs; "
                          f"max_rate_per_s {row['max_rate_per_s']:.3g} averages them in")
+    return lines
+
+
+def _rising_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]) -> list[str]:
+    """A (point, system) where a rate failed at under half of a rate that passed, in one
+    replication: its attainment does not fall with the load, which the bisection assumes."""
+    if tried.empty:
+        return []
+    lines = []
+    for _, row in table.iterrows():
+        mine = tried[(tried["point"] == row["point"]) & (tried["system"] == row["system"])]
+        for _, runs in mine.groupby("replication"):
+            passed = runs.loc[runs["passes"] == 1, "rate_per_s"]
+            failed = runs.loc[(runs["passes"] == 0) & (runs["rate_per_s"] < passed.max() / 2),
+                              "rate_per_s"] if len(passed) else passed
+            if len(failed):
+                lines.append(f"{_which(row, params)}: {failed.min():.3g} req/s failed the SLOs "
+                             f"and {passed.max():.3g} req/s met them: attainment rises with the "
+                             "load here (a batch held for more requests?), so max_rate_per_s "
+                             "is the highest rate found, and lower rates may fail")
+                break
     return lines
 
 
@@ -651,4 +721,9 @@ def write_capacity(result: CapacityResult, out_dir: Path, slo: SLOConfig,
     if plots:
         for stem, fig in capacity_figures(result.table, result.evaluations, slo).items():
             paths.append(record_file(out_dir, f"{stem}.png", functools.partial(_save_png, fig)))
+    # A resumed search rewrites the folder: what this answer has no part of goes (an earlier
+    # run's failures, or its front at a price this one was not given).
+    for stale in ("failures.csv", "pareto.csv", "pareto.png"):
+        if out_dir / stale not in paths:
+            (out_dir / stale).unlink(missing_ok=True)
     return paths

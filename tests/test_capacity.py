@@ -106,7 +106,8 @@ def test_none_passing_gives_zero_and_all_passing_is_capped(monkeypatch: pytest.M
     monkeypatch.setattr(cap, "evaluate", lambda job, rate: {"rate_per_s": rate, "passes": 0.0})
     outcome = cap.search(fake_job(0, 1.0)[0])
     assert outcome.max_rate_per_s == 0.0
-    assert len(outcome.evaluations) == cap.MAX_BRACKET_STEPS + 1
+    # The start, its halvings, then (nothing below passed) its doublings.
+    assert len(outcome.evaluations) == 2 * cap.MAX_BRACKET_STEPS + 1
     monkeypatch.setattr(cap, "evaluate", lambda job, rate: {"rate_per_s": rate, "passes": 1.0})
     outcome = cap.search(fake_job(0, 1.0)[0])
     assert outcome.max_rate_per_s == 2.0**cap.MAX_BRACKET_STEPS and outcome.fail_rate_per_s == math.inf

@@ -14,6 +14,7 @@ import pytest
 from orcasim import capacity as cap
 from orcasim.cli import app
 from orcasim.results import mark_results
+from orcasim.scenario import scenario_from_dict
 from orcasim.slo import slo_from_strings
 from tests.conftest import make_scenario
 from tests.test_capacity import ROOT, grid_file, runner, scenario_file
@@ -182,7 +183,130 @@ def test_replications_that_found_no_rate_are_named() -> None:
     table = pd.DataFrame({"point": [0, 0], "system": ["a", "b"], "max_rate_per_s": [1.0, 2.0]})
     tried = pd.DataFrame({"point": [0] * 6, "system": ["a"] * 4 + ["b"] * 2,
                           "replication": [0, 0, 1, 1, 0, 1],
+                          "rate_per_s": [1.0, 2.0, 1.0, 0.5, 1.0, 1.0],
                           "passes": [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]})
     result = cap.CapacityResult(table, tried, [], 4, 0)
     assert cap.capacity_warnings(result, slo_from_strings(["e2e_p90=1"])) == [
         "a: 1 of 2 replications found no rate within the SLOs; max_rate_per_s 1 averages them in"]
+
+
+# --- a tester's cases: M/D/1, one request at a time, each exactly 0.1 s (10 req/s at most) ---
+
+MD1 = {"name": "md1", "seed": 7,
+       "workload": {"num_requests": 60, "arrival": {"kind": "poisson", "rate_per_s": 5.0},
+                    "prompt_tokens": {"kind": "constant", "value": 1},
+                    "output_tokens": {"kind": "constant", "value": 1}, "max_tokens": 2},
+       "cost": {"kind": "linear", "base_s": 0.1, "per_token_s": 0.0, "per_context_token_s": 0.0},
+       "kv_capacity_tokens": 1000,
+       "systems": [{"name": "rl", "scheduler": {"kind": "request_level", "max_batch_size": 1}}]}
+
+
+def _md1(tmp_path: Path, **changes: object) -> Path:
+    import copy
+
+    import yaml
+
+    data = copy.deepcopy(MD1)
+    for key, value in changes.items():
+        section, _, leaf = key.partition("__")
+        if leaf:
+            data[section][leaf] = value  # type: ignore[index]
+        else:
+            data[key] = value
+    path = tmp_path / "md1.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_bisection_ends_between_neighbouring_floats() -> None:
+    """At a tolerance below float64's resolution (1 + 1e-17 is 1) the bisection never
+    ended; the command refuses such a tolerance too."""
+    calls: list[float] = []
+
+    def passes(rate: float) -> bool:
+        calls.append(rate)
+        assert len(calls) < 200, "still bisecting"
+        return rate < 7.0
+
+    low, high = cap._narrow(5.0, 10.0, passes, 1e-17)
+    assert low < 7.0 <= high and math.nextafter(low, math.inf) == high
+
+
+def test_a_tolerance_finer_than_a_search_can_reach_is_refused(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["capacity", str(_md1(tmp_path)), "--slo", "e2e_p90=1",
+                                   "--rel-tol", "1e-300", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "1e-06 <= rel-tol < 1" in result.output
+
+
+def test_a_system_named_twice_is_searched_once(tmp_path: Path) -> None:
+    """Named twice it ran every replication twice: replications 4 of 2, and an interval
+    over duplicated answers (3.5 times too narrow)."""
+    scenario = scenario_from_dict(MD1)
+    jobs = cap.search_jobs(scenario, tmp_path, slo_from_strings(["e2e_p90=1"]), 2,
+                           cap.SearchSettings(0.1, 60), ["rl", "rl"])
+    assert [(j.system, j.replication) for j in jobs] == [("rl", 0), ("rl", 1)]
+
+
+@pytest.mark.parametrize(("changes", "requests"), [({"workload__num_requests": 25}, 0),
+                                                   ({"warmup_s": 6.0}, 40)])
+def test_a_run_that_measures_too_few_requests_is_refused(tmp_path: Path, changes: dict,
+                                                         requests: int) -> None:
+    """--requests 39 was refused, but a 25-request scenario (--requests 0: the scenario's)
+    ran, as did 40 requests of which a warm-up leaves a handful: unjudged runs pass at any
+    rate (5 and 2 times the server's 10 req/s)."""
+    result = runner.invoke(app, ["capacity", str(_md1(tmp_path, **changes)), "--slo",
+                                   "e2e_p90=1", "--requests", str(requests),
+                                   "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert "expected at least 40, enough for the saturation test" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("parameter", ["workload.arrival.rate_per_s", "workload.num_requests"])
+def test_a_grid_over_what_the_search_sets_is_refused(tmp_path: Path, parameter: str) -> None:
+    """Each point's search sets the rate (and with --requests, the count) at every run: two
+    points were one search, reported as two configurations."""
+    _md1(tmp_path)
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(f"name: sw\nbase: md1.yaml\ngrid:\n  parameters:\n    {parameter}: [50, 80]\n")
+    result = runner.invoke(app, ["capacity", str(sweep), "--slo", "e2e_p90=1", "--requests",
+                                   "60", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert f"grid.parameters.{parameter}: the search sets it at every run" in result.output
+
+
+def test_a_resumed_search_leaves_no_earlier_failures_or_front(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_capacity wrote failures.csv and pareto.csv only where they applied and removed
+    neither: a resumed search that succeeded, or ran without the price, kept the old ones."""
+    out = tmp_path / "o"
+    jobs = cap.search_jobs(scenario_from_dict(MD1), tmp_path, slo_from_strings(["e2e_p90=1"]), 1,
+                           cap.SearchSettings(0.1, 60))
+    cap.run_capacity(jobs, out, workers=1)
+    mark_results(out, ["failures.csv", "pareto.csv", "pareto.png"])
+    for name in ("failures.csv", "pareto.csv", "pareto.png"):  # as an earlier run left them
+        (out / name).write_text("old")
+    result = cap.run_capacity(jobs, out, workers=1, resume=True)
+    cap.write_capacity(result, out, slo_from_strings(["e2e_p90=1"]), plots=False)
+    assert not result.failed
+    assert not any((out / name).exists() for name in ("failures.csv", "pareto.csv", "pareto.png"))
+    assert (out / "capacity.csv").is_file()
+
+
+def test_a_search_looks_above_a_start_that_fails_where_nothing_below_passes(tmp_path: Path) -> None:
+    """A request-level batch held up to 0.5 s for 8 requests (Triton's max_queue_delay): a slow
+    stream waits the whole delay (TTFT p90 0.55 s at 5 req/s), a fast one fills its batch
+    at once. The search started at 5 req/s, halved down and answered 0; it now looks above
+    and finds the rates that pass, and says that lower ones fail."""
+    data = {**MD1, "workload": {**MD1["workload"], "num_requests": 300},
+            "cost": {**MD1["cost"], "base_s": 0.05},
+            "systems": [{"name": "triton", "scheduler": {"kind": "request_level",
+                                                         "max_batch_size": 8,
+                                                         "max_queue_delay_s": 0.5}}]}
+    slo = slo_from_strings(["ttft_p90=0.3"])
+    jobs = cap.search_jobs(scenario_from_dict(data), tmp_path, slo, 1, cap.SearchSettings(0.1, 300))
+    result = cap.run_capacity(jobs, workers=1)
+    answer = float(result.table["max_rate_per_s"].iloc[0])
+    assert answer > 40, result.evaluations[["rate_per_s", "passes"]]
+    lines = cap.capacity_warnings(result, slo)
+    assert any("attainment rises with the load" in line for line in lines), lines
