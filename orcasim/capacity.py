@@ -670,7 +670,7 @@ def _rising_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]
             failed = runs.loc[(runs["passes"] == 0) & (runs["rate_per_s"] < passed.max() / 2),
                               "rate_per_s"] if len(passed) else passed
             if len(failed):
-                lines.append(f"{_which(row, params)}: {failed.min():.3g} req/s failed the SLOs "
+                lines.append(f"{_which(row, params)}: {failed.max():.3g} req/s failed the SLOs "
                              f"and {passed.max():.3g} req/s met them: attainment rises with the "
                              "load here (a batch held for more requests?), so max_rate_per_s "
                              "is the highest rate found, and lower rates may fail")
