@@ -15,6 +15,7 @@ from calibrate.logs import DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
 from orcasim.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, INTERRUPTED_TEXT, sigterm_as_interrupt
 from orcasim.fidelity import MEASURED_FORMATS
+from orcasim.paths import check_in_a_folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,10 +72,7 @@ def _writable(path: Path, force: bool, what: str, inputs: tuple[Path, ...] = ())
     if any(path.resolve() == p.resolve() for p in inputs):
         raise ScenarioError(f"--out {path} is an input of this command; expected another path "
                             f"for the {what} (--force never replaces an input)")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ScenarioError(f"--out {path}: {parent} is a file, not a folder; expected a path "
-                            f"in a folder for the {what}")
+    check_in_a_folder(path, what)
     if path.exists() and not force:
         raise FileExistsError(f"{path} already exists; pass --force to overwrite it")
 

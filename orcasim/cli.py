@@ -245,15 +245,25 @@ def _check_runs(sc: Scenario, base_dir: Path, where: str = "") -> int:
 def _is_sweep_file(path: Path) -> bool:
     """A sweep file names a base scenario (a key no scenario has: one missing its grid is a
     sweep file that says so); anything unreadable is left to the loader."""
+    data = _top_level(path)
+    return isinstance(data, dict) and "base" in data
+
+
+def _is_scenario_file(path: Path) -> bool:
+    """A scenario names its systems (a key no sweep file has)."""
+    data = _top_level(path)
+    return isinstance(data, dict) and "systems" in data and "base" not in data
+
+
+def _top_level(path: Path) -> object:
     import yaml
 
     from orcasim import yaml_strict
 
     try:
-        data = yaml_strict.load(path.read_text(encoding="utf-8"))
+        return yaml_strict.load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and "base" in data
+        return None
 
 
 def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:
@@ -319,6 +329,9 @@ def sweep(
     from orcasim.sweeps import load_sweep, run_sweep
 
     out_dir = out
+    if _is_scenario_file(spec):
+        fail(f"{spec} is a scenario (it names systems, no base scenario), not a sweep file; run "
+             f"it with `orcasim run {spec}` (a `sweep:` block in it sweeps one parameter)")
     try:
         _check_address(backend, address)
         sw = load_sweep(spec, set_ or [])  # --set after the file's own set:, as validate takes it

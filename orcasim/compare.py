@@ -97,6 +97,9 @@ def read_metrics(path: Path) -> Metrics:
         for m in data.values())
     if not ok:
         raise ScenarioError(f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes it")
+    if not data:
+        raise ScenarioError(f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes "
+                            "it; it holds no system")
     return {s: {k: math.nan if v is None else float(v) for k, v in m.items()} for s, m in data.items()}
 
 

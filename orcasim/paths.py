@@ -36,6 +36,15 @@ DataPath = Annotated[str, DATA_PATH]
 OptionalDataPath = Annotated[str | None, DATA_PATH]
 
 
+def check_in_a_folder(path: Path, what: str) -> None:
+    """Refuse an output path below a file (`--out notes.txt/sub`), which no write could
+    make, in one line naming the file; checked before any work."""
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ScenarioError(f"--out {path}: {parent} is a file, not a folder; expected a path "
+                            f"in a folder for the {what}")
+
+
 def portable_data_path(path: str, base: Path | None) -> str:
     """`path` as a copy of the scenario saved in another folder still finds it: a file or
     folder found beside the scenario (`base`) or under the working folder becomes absolute.

@@ -80,6 +80,9 @@ def read_baseline(path: Path) -> Metrics:
 def regression_scenarios(scenario_dir: Path) -> list[Path]:
     """The folder's scenario files (.yaml and .yml), by name; two of one name are refused,
     as both would gate against one baseline."""
+    if Path(scenario_dir).is_file():
+        raise ScenarioError(f"--scenarios {scenario_dir} is a file; expected a folder of "
+                            "regression scenarios (*.yaml)")
     paths = sorted([*Path(scenario_dir).glob("*.yaml"), *Path(scenario_dir).glob("*.yml")])
     if not paths:
         raise FileNotFoundError(f"{scenario_dir}: no regression scenarios (*.yaml)")

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 from matplotlib.figure import Figure
 
+from orcasim.paths import check_in_a_folder
 from orcasim.run import RunResult
 from orcasim.scenario import Scenario, scenario_to_yaml
 
@@ -171,6 +172,7 @@ def check_replaceable(out_dir: Path, inputs: Iterable[Path] = ()) -> None:
     only the files it wrote and none of the run's `inputs`: `--force` never deletes a file,
     the scenario's own folder or anything else it did not write."""
     if not out_dir.exists() and not out_dir.is_symlink():
+        check_in_a_folder(out_dir, "results")
         return
     if out_dir.is_symlink() or not out_dir.is_dir():
         kind = "a link" if out_dir.is_symlink() else "a file"

@@ -367,3 +367,25 @@ def test_validate_refuses_what_run_refuses(tmp_path: Path) -> None:
                                     "grid": {"parameters": {"warmup_s": [0, 1]}}}))
     result = CliRunner().invoke(app, ["validate", str(grid), "--set", "workload.num_requests=-5"])
     assert result.exit_code == 2 and "num_requests = -5" in result.output, result.output
+
+
+def test_commands_given_the_wrong_kind_of_path_say_so(tmp_path: Path) -> None:
+    """Each was one vague line: 'q.yaml: file exists', 'unknown key workload', 'no regression
+    scenarios', and an empty summary compared as '0 of 0 metrics' with exit 0."""
+    scenario = _write(tmp_path, {}, None)
+    empty = tmp_path / "e.json"
+    empty.write_text("{}")
+    cases = [
+        (["run", str(scenario), "--out", str(scenario / "sub")],
+         f"--out {scenario / 'sub'}: {scenario} is a file, not a folder"),
+        (["sweep", str(scenario)], f"{scenario} is a scenario (it names systems, no base scenario), "
+                                   "not a sweep file"),
+        (["check", "--scenarios", str(scenario)], f"--scenarios {scenario} is a file; expected a folder"),
+        (["compare", str(empty), str(empty)], f"{empty}: expected {{system: {{metric: number}}}}, as "
+                                              "orcasim writes it; it holds no system"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.strip() == f"error: {message}" or message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
