@@ -118,8 +118,9 @@ class ReplicaGroup(Strict):
     cost: CostConfig | None = None
 
 
-# Links that carry KV from a prefill instance to a decode instance: per-direction bandwidth
-# and a per-transfer latency, nominal figures from the vendors' specifications.
+# Links that carry KV from a prefill instance to a decode instance: one GPU's per-direction
+# bandwidth (each GPU moves its shard over its own: orcasim.disagg) and a per-transfer
+# latency, nominal figures from the vendors' specifications.
 LINKS: dict[str, tuple[float, float]] = {
     # NVLink 3 (A100 SXM): 600 GB/s over 12 links in both directions = 300 GB/s one way.
     "nvlink": (300e9, 5e-6),
@@ -131,7 +132,7 @@ LINKS: dict[str, tuple[float, float]] = {
 
 
 class LinkConfig(Strict):
-    """How long a request's KV takes to move: `bytes / bandwidth + latency`.
+    """How long a request's KV takes to move over one GPU's link: `bytes / bandwidth + latency`.
 
     `kind` picks a preset (`LINKS`); `bandwidth_bytes_per_s` or `latency_s` override it.
     """

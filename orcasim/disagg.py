@@ -403,7 +403,12 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     for instances in pools:
         for replica in instances:
             replica.sole = len(instances) == 1
-    kv_bytes_per_token = _kv_bytes_per_token(pool_specs(scenario, system, cluster.prefill)[0])
+    prefill_spec = pool_specs(scenario, system, cluster.prefill)[0]
+    kv_bytes_per_token = _kv_bytes_per_token(prefill_spec)
+    # Each GPU of an instance holds its shard of a request's KV (TP its heads, PP its layers)
+    # and moves it over its own link, all at once, as vLLM's disaggregated prefill moves each
+    # TP rank's KV to its peer: min(GPUs a side) links in parallel.
+    lanes = min(_kv_shards(prefill_spec), _kv_shards(pool_specs(scenario, system, cluster.decode)[0]))
     if not kv_bytes_per_token and cluster.link.model_fields_set & {"kind", "bandwidth_bytes_per_s"}:
         warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "
                       "model a transfer moves no bytes and takes the link's latency alone; "
@@ -411,10 +416,10 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     prompt = requests.prompt_tokens
 
     def transfer_s(req_id: int) -> float:
-        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token)
+        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token / lanes)
 
     def link_busy_s(req_id: int) -> float:
-        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token)
+        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token / lanes)
 
     seeds = np.random.SeedSequence(scenario.seed).spawn(4)
     prefill_router = build_router(cluster.prefill.router, prefill,
@@ -444,6 +449,13 @@ def _hold_finished(replica: Replica) -> None:
     if not isinstance(scheduler, PagedScheduler):
         return  # an Orca reservation is freed at once (its KV is counted, not placed)
     scheduler.holds_finished = True
+
+
+def _kv_shards(spec: ReplicaSpec) -> int:
+    """The GPUs among which an instance splits a request's KV: TP x PP (a data-parallel
+    attention group holds its own requests' KV whole)."""
+    hardware = spec.hardware
+    return 1 if hardware is None else hardware.tensor_parallel * hardware.pipeline_parallel
 
 
 def _kv_bytes_per_token(spec: ReplicaSpec) -> float:

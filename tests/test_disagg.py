@@ -213,6 +213,27 @@ def test_pushes_at_once_share_an_instance_s_link(tmp_path, mode: str, prefills: 
     assert reqs["finish_s"].tolist() == [t + 2.0 for t in moved_s]
 
 
+@pytest.mark.filterwarnings("ignore:scheduler.kind = 'paged' with hardware.pipeline_parallel")
+@pytest.mark.parametrize(("prefill", "decode", "transfer_s"), [
+    ((1, 1), (1, 1), 1.5), ((2, 1), (2, 1), 1.0), ((2, 1), (1, 1), 1.5), ((2, 2), (4, 1), 0.75)])
+def test_each_gpu_moves_its_shard_of_the_kv(tmp_path, prefill: tuple[int, int],  # noqa: ANN001
+                                           decode: tuple[int, int], transfer_s: float) -> None:
+    """A 10-token prompt's KV (5,242,880 bytes of Llama-2-7B) over links of 5,242,880 B/s and
+    0.5 s latency: each GPU (TP x PP a side) holds a shard and moves it over its own link, so
+    min(GPUs a side) links carry it at once. It took 1.5 s whatever the parallelism."""
+    def pool(tp_pp: tuple[int, int]) -> dict:
+        return {"kv_capacity_tokens": 1000,
+                "hardware": {"gpu": "a100-80gb", "tensor_parallel": tp_pp[0],
+                             "pipeline_parallel": tp_pp[1]}}
+
+    trace = _trace(tmp_path, [(0.0, 10, 3)])
+    changes = _disagg(trace, prefill=pool(prefill), decode=pool(decode),
+                      link={"bandwidth_bytes_per_s": 5_242_880.0, "latency_s": 0.5})
+    changes["model"] = "llama2-7b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["kv_transfer_s"].tolist() == [transfer_s]
+
+
 @pytest.mark.filterwarnings("ignore:pd.*can never fit")
 def test_a_pushed_request_the_decode_instance_turns_away_had_moved(tmp_path) -> None:  # noqa: ANN001
     """Pushed, A's KV (8 + 8 tokens, more than the decode instance's 3 blocks) moves in
