@@ -46,7 +46,15 @@ from orcasim.config import ScenarioError, errors_under
 from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.cost.fitted import CALIBRATED_FORMAT
 from orcasim.cost.overhead import OverheadCost, request_latency_s
-from orcasim.fidelity import METRICS, compare, headline_error, read_real_run, replay_of, run_labels
+from orcasim.fidelity import (
+    METRICS,
+    after_warmup,
+    compare,
+    headline_error,
+    read_real_run,
+    replay_of,
+    run_labels,
+)
 from orcasim.run import data_dir, make_requests, run_scenario, run_system
 from orcasim.scenario import EngineConfig, Scenario, scenario_from_dict, set_dotted
 
@@ -219,9 +227,12 @@ class Objective:
             scenario = with_cost(self.scenario, self.values(x))
         except ScenarioError:
             return math.inf  # outside a coefficient's valid range (an efficiency above 1)
-        errors = np.concatenate([
-            log_errors(simulate(scenario, log, self.system, self.base_dir), log.real)
-            for log in self.logs])
+        parts = []
+        for log in self.logs:  # the requests after the warm-up, as `fidelity` compares them
+            simulated = simulate(scenario, log, self.system, self.base_dir)
+            real, simulated = after_warmup(log.real, simulated, scenario.warmup_s)
+            parts.append(log_errors(simulated, real))
+        errors = np.concatenate(parts)
         if errors.size == 0:  # the mean of nothing is NaN, which the search takes for a value
             raise ScenarioError(f"--system {self.system}: simulates none of the latencies the "
                                 "logs measure above 0; expected a system that serves requests")
@@ -443,7 +454,9 @@ def _search(objective: Objective, x0: np.ndarray, surveyed: list[int], survey_po
 
 
 def scored_error(scenario: Scenario, log: ServingLog, system: str, base_dir: Path | None) -> float:
-    return headline_error(compare(log.real, simulate(scenario, log, system, base_dir)))
+    """The headline error of a replay, over the requests after the warm-up (as `fidelity`)."""
+    simulated = simulate(scenario, log, system, base_dir)
+    return headline_error(compare(*after_warmup(log.real, simulated, scenario.warmup_s)))
 
 
 def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,

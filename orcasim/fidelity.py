@@ -128,14 +128,21 @@ def fidelity_table(
             raise ScenarioError(f"--real {path}: {e}") from None
         for system in systems:
             simulated = result.systems[system].requests
-            # After the scenario's warm-up, as its summary counts (the same requests on both
-            # sides: the replay's arrivals are the log's).
-            kept = counted(simulated["arrival_s"].to_numpy(), scenario.warmup_s)
-            table = compare(real[kept], simulated[kept])
+            measured = after_warmup(real, simulated, scenario.warmup_s)
+            table = compare(*measured)
             tables.append(table.assign(run=label, system=system))
-            frames[f"{label}/{system}"] = paired_frames(real[kept], simulated[kept])
+            frames[f"{label}/{system}"] = paired_frames(*measured)
     order = ["run", "system", *COLUMNS]
     return pd.concat(tables, ignore_index=True)[order], frames
+
+
+def after_warmup(real: pd.DataFrame, simulated: pd.DataFrame,
+                 warmup_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The requests a comparison of a replay with its log counts: those arriving from the
+    scenario's warm-up on, as its summary counts them (the same requests on both sides: the
+    replay's arrivals are the log's). `fidelity` and `calibrate logs` both compare these."""
+    kept = counted(simulated["arrival_s"].to_numpy(), warmup_s)
+    return real[kept], simulated[kept]
 
 
 def paired_frames(real: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:

@@ -170,3 +170,22 @@ def test_compare_and_headline_on_a_hand_made_run() -> None:
     np.testing.assert_allclose(table["rel_error"], [0.1, 0.1, -0.5, -0.5])
     assert headline_error(table) == pytest.approx(0.3)
     assert json.loads(json.dumps(table.to_dict()))  # plain numbers: written as CSV and JSON
+
+
+def test_a_fit_compares_the_requests_after_the_warm_up(short_logs: list[Path], tmp_path: Path) -> None:
+    """As `orcasim fidelity` does: the scenario's warm-up leaves its requests out of the
+    comparison (calibrate logs counted them, so a cold start's latencies in a log pulled the
+    fit). Here the log's first requests read ten times too slow, and are warm-up."""
+    from calibrate.logs import scored_error
+
+    frame = pd.read_csv(short_logs[0])
+    warmup_s = float(frame["arrival_s"].iloc[8])
+    cold = frame["arrival_s"] < warmup_s
+    for column in ("ttft_s", "e2e_s"):
+        frame.loc[cold, column] *= 10
+    log = tmp_path / "cold.csv"
+    frame.to_csv(log, index=False)
+    truth = with_cost(scenario_from_dict({**SCENARIO, "warmup_s": warmup_s}), TRUE)
+    assert scored_error(truth, read_logs([log])[0], "vllm", None) < 1e-9
+    without = with_cost(scenario_from_dict(SCENARIO), TRUE)
+    assert scored_error(without, read_logs([log])[0], "vllm", None) > 0.1

@@ -89,7 +89,7 @@ def test_a_tpot_only_log_leaves_the_linear_terms_to_the_search(tmp_path: Path) -
 def test_a_loss_over_no_metric_is_an_error_not_nan(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     # A simulation that measures nothing the log does: the loss would be a mean of nothing.
     logs = read_logs([_write_log(tmp_path / "run.csv")])
-    nothing = logs[0].real.assign(ttft_s=np.nan, tpot_s=np.nan, e2e_s=np.nan)
+    nothing = logs[0].real.assign(arrival_s=0.0, ttft_s=np.nan, tpot_s=np.nan, e2e_s=np.nan)
     monkeypatch.setattr("calibrate.logs.simulate", lambda *args: nothing)
     objective = Objective(scenario_from_dict(SCENARIO), logs, "vllm", ("base_s",), None)
     with pytest.raises(ScenarioError, match="--system vllm: simulates none of the latencies"):
