@@ -51,3 +51,18 @@ def test_pipeline_parallel_adds_one_send_per_boundary() -> None:
     batch = Batch(np.array([300, 1]), np.array([300, 700]))
     sends = 3 * send_recv_s(301 * 12288 * 2, pp4.pp_link)
     assert pp4.iteration_time_s(batch) - pp1.iteration_time_s(batch) == pytest.approx(float(sends))
+
+
+@pytest.mark.parametrize(("tp", "links"), [(2, 1), (4, 3), (8, 7)])
+def test_a_full_mesh_gives_a_tp_group_one_link_per_peer(tp: int, links: int) -> None:
+    """MI300X's Infinity Fabric is 7 point-to-point links of 64 GB/s a way (AMD's RCCL note):
+    a TP-2 pair shares one of them, not the 448 GB/s of all seven, which a switch (NVSwitch)
+    would give any peer. TP 2 priced its all-reduces 7 times too fast."""
+    from orcasim.cost.catalog import HardwareConfig
+    from orcasim.cost.parallel import pipeline_link, tensor_parallel_link
+
+    mesh = HardwareConfig(gpu="mi300x", tensor_parallel=tp)
+    assert tensor_parallel_link(mesh, 1.0, 0.0).bandwidth_bytes_per_s == pytest.approx(links * 64e9)
+    assert pipeline_link(mesh, 1.0, 0.0).bandwidth_bytes_per_s == pytest.approx(64e9)
+    switch = HardwareConfig(gpu="h100-80gb", tensor_parallel=tp)
+    assert tensor_parallel_link(switch, 1.0, 0.0).bandwidth_bytes_per_s == 450e9

@@ -285,6 +285,9 @@ class GpuSpec(Strict):
     hbm_bandwidth_bytes_per_s: PositiveFloat
     memory_bytes: PositiveFloat
     nvlink_bandwidth_bytes_per_s: PositiveFloat  # total per GPU, both directions
+    # A full mesh of this many point-to-point links, the total split evenly among them
+    # (None: a switch, which gives any peer the whole bandwidth). See cost.parallel._nvlink.
+    mesh_links: PositiveInt | None = None
     node_network_bytes_per_s: PositiveFloat  # per GPU, between nodes
     gpus_per_node: PositiveInt = 8
     source: str = ""

@@ -46,9 +46,15 @@ def send_recv_s(size_bytes: np.ndarray | float, link: Link) -> np.ndarray:
     return link.latency_s + np.asarray(size_bytes, dtype=np.float64) / link.bandwidth_bytes_per_s
 
 
-def _nvlink(gpu: GpuSpec, efficiency: float, latency_s: float) -> Link:
-    # The datasheet figure counts both directions; a ring step uses one.
-    return Link(gpu.nvlink_bandwidth_bytes_per_s / 2.0 * efficiency, latency_s)
+def _nvlink(gpu: GpuSpec, efficiency: float, latency_s: float, peers: int) -> Link:
+    """A GPU's link inside its node to `peers` others. The datasheet figure counts both
+    directions; a ring step uses one. Through a switch (NVSwitch) a GPU reaches any peer at
+    its whole bandwidth; in a full mesh (MI300X's Infinity Fabric: 7 point-to-point links of
+    64 GB/s a way) it has one link to each peer, so a group of 2 has one link, not seven."""
+    one_way_s = gpu.nvlink_bandwidth_bytes_per_s / 2.0
+    if gpu.mesh_links is not None:
+        one_way_s *= min(max(peers, 1), gpu.mesh_links) / gpu.mesh_links
+    return Link(one_way_s * efficiency, latency_s)
 
 
 def _network(gpu: GpuSpec, efficiency: float, latency_s: float) -> Link:
@@ -58,7 +64,7 @@ def _network(gpu: GpuSpec, efficiency: float, latency_s: float) -> Link:
 def tensor_parallel_link(hw: HardwareConfig, efficiency: float, latency_s: float) -> Link:
     """TP groups live inside a node (NVLink) unless they are wider than a node."""
     if hw.tensor_parallel <= hw.gpu.gpus_per_node:
-        return _nvlink(hw.gpu, efficiency, latency_s)
+        return _nvlink(hw.gpu, efficiency, latency_s, hw.tensor_parallel - 1)
     return _network(hw.gpu, efficiency, latency_s)
 
 
@@ -68,8 +74,8 @@ def pipeline_link(hw: HardwareConfig, efficiency: float, latency_s: float) -> Li
     Orca places one stage per node (8-way TP inside, stages across nodes), so every
     boundary crosses; a deployment that fits in a node sends over NVLink.
     """
-    if hw.num_gpus <= hw.gpu.gpus_per_node:
-        return _nvlink(hw.gpu, efficiency, latency_s)
+    if hw.num_gpus <= hw.gpu.gpus_per_node:  # a send to the next stage: one peer at a time
+        return _nvlink(hw.gpu, efficiency, latency_s, 1)
     return _network(hw.gpu, efficiency, latency_s)
 
 
@@ -87,5 +93,6 @@ def all_to_all_s(size_bytes: np.ndarray | float, num_ranks: int, ranks_per_node:
 
 
 def expert_parallel_links(hw: HardwareConfig, efficiency: float, latency_s: float) -> tuple[Link, Link]:
-    """NVLink inside a node, the network between nodes."""
-    return _nvlink(hw.gpu, efficiency, latency_s), _network(hw.gpu, efficiency, latency_s)
+    """NVLink inside a node (to the node's other ranks), the network between nodes."""
+    peers = min(hw.expert_parallel, hw.gpu.gpus_per_node) - 1
+    return _nvlink(hw.gpu, efficiency, latency_s, peers), _network(hw.gpu, efficiency, latency_s)
