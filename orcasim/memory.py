@@ -4,8 +4,9 @@ Two families, as the vLLM paper (Kwon et al., SOSP 2023, section 3) contrasts th
 
 * Reserving (Orca, FasterTransformer): a request holds one contiguous slab from admission
   to finish. Its size is a policy (`reservation_tokens`): `max` reserves the request's
-  `max_tokens`, `pow2` the next power of two of its true total (capped at `max_tokens`),
-  `oracle` exactly its true total. What the slab holds beyond the request's current
+  `max_tokens`, `pow2` its prompt and the next power of two of its true output (capped at
+  `max_tokens`: the paper's Orca (Pow2) "over-reserves the space for outputs by at most
+  2x", 32 positions for an output of 25), `oracle` exactly its true total. What the slab holds beyond the request's current
   tokens is reserved but empty.
 * Paged (vLLM's PagedAttention): memory is cut into blocks of `block_size_tokens`; a
   request owns a table of blocks and gets one more only when its last block fills, so at
@@ -42,8 +43,9 @@ def reservation_tokens(requests: Requests, policy: ReservationPolicy) -> np.ndar
     match policy:
         case "max":
             return requests.max_tokens.copy()
-        case "pow2":
-            return np.minimum(next_power_of_two(total), requests.max_tokens)
+        case "pow2":  # the output's room rounded up, not the prompt's (section 6.1)
+            rounded = requests.prompt_tokens + next_power_of_two(requests.output_tokens)
+            return np.minimum(rounded, requests.max_tokens)
         case "oracle":
             return total.copy()
     raise AssertionError(f"unhandled reservation policy {policy!r}")

@@ -26,20 +26,24 @@ def test_reservation_policies_match_the_vllm_paper_definitions():
     reqs = make_requests([100, 10, 1000], [50, 6, 1000], max_tokens=1500)
     # The third request's true total (2000) exceeds max_tokens only in this hand table.
     assert reservation_tokens(reqs, "max").tolist() == [1500, 1500, 1500]
-    assert reservation_tokens(reqs, "pow2").tolist() == [256, 16, 1500]
+    # Pow2 rounds the output's room up ("if the true output length is 25, it reserves 32
+    # positions for outputs", section 6.1), not prompt + output: 100 + 64, 10 + 8.
+    assert reservation_tokens(reqs, "pow2").tolist() == [164, 18, 1500]
     assert reservation_tokens(reqs, "oracle").tolist() == [150, 16, 2000]
 
 
-@given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.integers(1, 8000))
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 5000)), min_size=1, max_size=30),
+       st.integers(1, 8000))
 @settings(max_examples=examples(EXAMPLES), deadline=None)
-def test_pow2_reservation_bounds(totals, max_tokens):
-    reqs = make_requests(totals, [0] * len(totals), max_tokens=max_tokens)
+def test_pow2_reservation_bounds(lengths, max_tokens):
+    prompt, output = (np.array(column) for column in zip(*lengths, strict=True))
+    reqs = make_requests(prompt.tolist(), output.tolist(), max_tokens=max_tokens)
     pow2 = reservation_tokens(reqs, "pow2")
-    total = np.array(totals)
     assert np.all(pow2 <= max_tokens)
     uncapped = pow2 < max_tokens
-    assert np.all(pow2[uncapped] >= total[uncapped]) and np.all(pow2[uncapped] < 2 * total[uncapped])
-    assert np.all(pow2[uncapped] & (pow2[uncapped] - 1) == 0)  # a power of two
+    room = pow2[uncapped] - prompt[uncapped]  # the output's room: at most twice the output
+    assert np.all(room >= output[uncapped]) and np.all(room < 2 * output[uncapped])
+    assert np.all(room & (room - 1) == 0)  # a power of two
 
 
 def test_blocks_for_is_a_ceiling():
