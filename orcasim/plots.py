@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,21 +171,29 @@ def _instance_keys(iterations: pd.DataFrame) -> list[str]:
     return ["pool", "replica"] if has_pool else ["replica"]
 
 
-def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120) -> Figure:
+def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
+                 instances: Sequence[tuple[Any, ...]] | None = None) -> Figure:
     """A cluster's load per replica over simulated time: running and waiting requests.
 
-    `iterations` are one system's rows, with a `replica` column; each line is a time
-    average over `num_bins` equal windows (see `binned_time_average`).
+    `iterations` are one system's rows, with a `replica` column (and a disaggregated one's
+    `pool`); each line is a time average over `num_bins` equal windows (see
+    `binned_time_average`). `instances` (keys as the rows give them: (replica,) or (pool,
+    replica)) are drawn whether or not they ran: a replica a router starved is a flat line
+    at 0, not missing. None: those with rows.
     """
     end_s, edges_s, mids_s = time_bins(iterations, num_bins)
+    keys = _instance_keys(iterations)
+    groups = {key if isinstance(key, tuple) else (key,): rows
+              for key, rows in iterations.groupby(keys, sort=True)}
     fig = Figure(figsize=(11, 6), layout="constrained")
     axes = fig.subplots(2, 1, sharex=True)
     columns = (("batch_size", "running (requests)"), ("num_waiting", "waiting (requests)"))
     for ax, (column, label) in zip(axes, columns, strict=True):
-        for key, rows in iterations.groupby(_instance_keys(iterations), sort=True):
+        for key in sorted(groups) if instances is None else instances:
             name = " ".join(str(k) for k in key)
-            ax.plot(mids_s, binned_time_average(rows, column, edges_s),
-                    label=f"replica {name}" if len(key) == 1 else name, linewidth=1.0)
+            rows = groups.get(tuple(key))
+            load = np.zeros(len(mids_s)) if rows is None else binned_time_average(rows, column, edges_s)
+            ax.plot(mids_s, load, label=f"replica {name}" if len(key) == 1 else name, linewidth=1.0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -414,19 +422,30 @@ def scenario_sweep_figures(table: pd.DataFrame, parameter: str, title: str,
 
 def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
                    saturated: frozenset[str] = frozenset(),
-                   clusters: tuple[str, ...] = (), warmup_s: float = 0.0) -> dict[str, Figure]:
+                   clusters: Mapping[str, Sequence[tuple[Any, ...]]] | None = None,
+                   warmup_s: float = 0.0) -> dict[str, Figure]:
     """The standard figures of one run from its frames (each with a `system` column), and
-    each cluster's per-replica load (`replicas_<system>`), for the systems in `clusters`."""
+    each cluster's per-replica load (`replicas_<system>`), for the systems in `clusters`
+    (each with its instances' keys, `instance_keys`)."""
     figures = {"latency_cdf": latency_cdfs(requests, saturated, warmup_s),
                "timelines": timelines(iterations)}
-    for name in clusters:
+    for name, instances in (clusters or {}).items():
         mine = iterations[iterations["system"] == name].drop(columns="system")
         # Concatenated beside a plain system's rows, the replica column turned float (NaN
         # there): 'replica 0.0' in the legend.
         if "replica" in mine:
             mine = mine.astype({"replica": np.int64})
-        figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name)
+        figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name,
+                                                   instances=instances)
     return figures
+
+
+def instance_keys(replicas: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """A cluster's instances, from its per-replica table (`replicas.csv`, or its frame):
+    (replica,) each, or (pool, replica) for a disaggregated one."""
+    table = replicas.reset_index() if "replica" not in replicas.columns else replicas
+    columns = ["pool", "replica"] if "pool" in table.columns else ["replica"]
+    return [tuple(row) for row in table[columns].itertuples(index=False, name=None)]
 
 
 def run_figures(result: RunResult) -> dict[str, Figure]:
@@ -434,7 +453,8 @@ def run_figures(result: RunResult) -> dict[str, Figure]:
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
     unstable = frozenset(n for n, r in result.systems.items() if r.summary.get("saturated"))
-    clusters = tuple(n for n, r in result.systems.items() if r.replicas is not None)
+    clusters = {n: instance_keys(r.replicas) for n, r in result.systems.items()
+                if r.replicas is not None}
     return frames_figures(reqs, iters, unstable, clusters, result.scenario.warmup_s)
 
 
@@ -490,7 +510,9 @@ def cost_latency_pareto(table: pd.DataFrame, front: pd.DataFrame, latency: str,
                    label=str(system))
     ax.plot(front[latency], front["cost_per_million_tokens"], color="black", linewidth=1,
             marker="o", markerfacecolor="none", markersize=9, label="Pareto front")
-    ax.set_xlabel(latency.removesuffix("_at_capacity").removeprefix("slo_") + " at capacity (s)")
+    metric = latency.removesuffix("_at_capacity").removeprefix("slo_")
+    unit = "s/token" if metric.startswith("normalized_latency") else "s"
+    ax.set_xlabel(f"{metric} at capacity ({unit})")
     ax.set_ylabel("cost per million output tokens (USD)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")

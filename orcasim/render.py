@@ -50,7 +50,7 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
 
 def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
     """The folder's figures, by file stem, from the files its kind keeps."""
-    from orcasim.plots import frames_figures, scenario_sweep_figures, sweep_figures
+    from orcasim.plots import frames_figures, instance_keys, scenario_sweep_figures, sweep_figures
 
     if (results_dir / "sweep.parquet").exists():
         table = read_parquet(results_dir / "sweep.parquet")
@@ -77,7 +77,8 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
         summary = read_metrics(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
         # A cluster's run keeps its per-replica summaries, which its load figure goes with.
-        clusters = tuple(n for n in summary if (results_dir / n / "replicas.csv").is_file())
+        clusters = {n: instance_keys(read_csv(results_dir / n / "replicas.csv")) for n in summary
+                    if (results_dir / n / "replicas.csv").is_file()}
         figures = frames_figures(*load_run_frames(results_dir), unstable, clusters,
                                  _warmup_s(results_dir / "scenario.yaml"))
     else:

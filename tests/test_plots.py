@@ -369,3 +369,34 @@ def test_plot_redraws_a_run_s_cdfs_after_its_warm_up_as_run_drew_them(tmp_path: 
     with pytest.warns(UserWarning, match="no scenario.yaml, so its warm-up is unknown"):
         write_plots(out)
     assert (out / "latency_cdf.png").read_bytes() != drawn
+
+
+def test_the_load_figure_draws_every_replica_an_idle_one_too(tmp_path: Path) -> None:
+    """2 requests on 4 replicas behind round_robin: replicas 2 and 3 never run. The figure
+    drew replicas 0 and 1 alone (it grouped the iteration rows), so a router that starves a
+    replica hid it; they are flat lines at 0 now, from a run and from `orcasim plot` alike."""
+    import orcasim
+    from orcasim.plots import instance_keys, run_figures
+    from orcasim.render import write_plots
+    from orcasim.results import write_run
+    from tests.conftest import BASE
+
+    data = {**BASE, "workload": {**BASE["workload"], "num_requests": 2},
+            "systems": [{"name": "fleet", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                         "cluster": {"replicas": 4, "router": {"kind": "round_robin"}}}]}
+    result = orcasim.run_scenario(data)
+    fig = run_figures(result)["replicas_fleet"]
+    want = [f"replica {i}" for i in range(4)]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == want
+    write_run(result, tmp_path / "r", plots=False)
+    assert instance_keys(pd.read_csv(tmp_path / "r" / "fleet" / "replicas.csv")) == [(i,) for i in range(4)]
+    assert tmp_path / "r" / "replicas_fleet.png" in write_plots(tmp_path / "r")
+
+
+def test_a_pareto_front_of_normalized_latency_is_in_seconds_per_token() -> None:
+    from orcasim.plots import cost_latency_pareto
+
+    table = pd.DataFrame({"point": [0, 1], "system": ["a", "a"], "cost_per_million_tokens": [1.0, 2.0],
+                          "slo_normalized_latency_p90_at_capacity": [0.02, 0.01]})
+    fig = cost_latency_pareto(table, table, "slo_normalized_latency_p90_at_capacity")
+    assert fig.axes[0].get_xlabel() == "normalized_latency_p90 at capacity (s/token)"
