@@ -393,6 +393,9 @@ def plot(
         paths = write_plots(results_dir, svg=svg, slo=slo)
     except USER_ERRORS as e:
         fail(error_text(e))
+    if not paths:  # a capacity folder whose searches all failed: nothing was evaluated
+        typer.echo(f"warning: {results_dir} holds nothing to draw (no rate was evaluated); "
+                   "no figure written", err=True)
     for p in paths:
         typer.echo(str(p))
 

@@ -310,3 +310,18 @@ def test_a_search_looks_above_a_start_that_fails_where_nothing_below_passes(tmp_
     assert answer > 40, result.evaluations[["rate_per_s", "passes"]]
     lines = cap.capacity_warnings(result, slo)
     assert any("attainment rises with the load" in line for line in lines), lines
+
+
+def test_plot_of_a_capacity_folder_with_nothing_evaluated_says_so(tmp_path: Path) -> None:
+    """A folder whose evaluations.csv holds no row (every search failed) drew nothing and
+    exited 0 without a word."""
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["capacity", str(_md1(tmp_path)), "--slo", "e2e_p90=1",
+                                 "--requests", "60", "--replications", "1", "--no-plots",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    evaluations = out / "evaluations.csv"
+    evaluations.write_text(evaluations.read_text().splitlines()[0] + "\n")
+    result = runner.invoke(app, ["plot", str(out)])
+    assert result.exit_code == 0
+    assert "holds nothing to draw (no rate was evaluated)" in result.output

@@ -123,6 +123,19 @@ def test_a_metric_at_zero_is_drawn_on_a_linear_axis_with_a_warning(sweep_table: 
     assert latency_vs_throughput(sweep_table).axes[0].get_yscale() == "log"
 
 
+def test_a_log_latency_axis_starts_at_a_labelled_value(sweep_table: pd.DataFrame) -> None:
+    """Over a span of 10x to 1000x only 1, 2 and 5 x 10^k are labelled, and the axis began
+    just under the lowest line: Orca's lines at 0.024 s/token sat under the lowest label,
+    0.05, in the README's Orca figure. The axis now starts at such a value."""
+    table = sweep_table.copy()
+    table["normalized_latency_s_per_token_p50"] = np.where(
+        table["system"] == "request-level", 2.0, 0.024 + table["workload.arrival.rate_per_s"] * 1e-3)
+    ax = latency_vs_throughput(table).axes[0]
+    low, _ = ax.get_ylim()
+    assert low == pytest.approx(0.02)
+    assert ax.yaxis.get_minor_formatter()(low, 0) == "0.02"
+
+
 def test_latency_vs_throughput_runs_lines_along_a_chosen_parameter(sweep_table: pd.DataFrame) -> None:
     # Along the batch size, each line is one rate, with a point per batch size.
     fig = latency_vs_throughput(sweep_table, along="systems[1].scheduler.max_batch_size", title="by batch")
@@ -400,3 +413,18 @@ def test_a_pareto_front_of_normalized_latency_is_in_seconds_per_token() -> None:
                           "slo_normalized_latency_p90_at_capacity": [0.02, 0.01]})
     fig = cost_latency_pareto(table, table, "slo_normalized_latency_p90_at_capacity")
     assert fig.axes[0].get_xlabel() == "normalized_latency_p90 at capacity (s/token)"
+
+
+def test_each_configuration_panel_names_its_parameters() -> None:
+    """Panels read 'point 0', 'point 1' without the configuration each searched."""
+    from orcasim.plots import attainment_vs_rate
+
+    evaluations = pd.DataFrame({
+        "point": [0, 0, 1, 1], "system": ["s"] * 4, "rate_per_s": [1.0, 2.0, 1.0, 2.0],
+        "slo_attainment": [1.0, 0.2, 1.0, 0.9], "saturated": [0.0] * 4,
+        "passes": [1.0, 0.0, 1.0, 1.0]})
+    capacity = pd.DataFrame({"point": [0, 1], "systems[0].scheduler.max_batch_size": [2, 8],
+                             "system": ["s", "s"], "max_rate_per_s": [1.0, 2.0]})
+    fig = attainment_vs_rate(evaluations, capacity, 0.9, title="t")
+    assert [ax.get_title() for ax in fig.axes] == ["t: point 0 (max_batch_size=2)",
+                                                   "t: point 1 (max_batch_size=8)"]
