@@ -325,6 +325,7 @@ def sweep(
     set_: SetOpt = None,
 ) -> None:
     """Run every point of a sweep; write sweep.parquet/csv, one row per (point, system, replication)."""
+    from orcasim.paths import check_in_a_folder
     from orcasim.results import check_replaceable, default_results_dir
     from orcasim.sweeps import load_sweep, run_sweep
 
@@ -337,6 +338,7 @@ def sweep(
         sw = load_sweep(spec, set_ or [])  # --set after the file's own set:, as validate takes it
         _check_sweep_runs(sw)  # a missing data file, before the pool starts (exit 2)
         out_dir = out or default_results_dir(sw.spec.name)
+        check_in_a_folder(out_dir, "results")
         if force:  # before any work, and with the files this sweep reads
             check_replaceable(out_dir, [spec, spec.parent / sw.spec.base, *_sweep_inputs(sw)])
         result = run_sweep(sw, out_dir, backend, workers, address, resume, force, progress)  # type: ignore[arg-type]
@@ -558,6 +560,7 @@ def capacity(
     """The highest arrival rate each system (and configuration) sustains within the SLOs,
     with goodput per GPU and cost per million output tokens; see orcasim.capacity."""
     from orcasim import capacity as cap
+    from orcasim.paths import check_in_a_folder
     from orcasim.results import check_replaceable, default_results_dir
     from orcasim.scenario import data_inputs
     from orcasim.slo import held_by_share
@@ -586,6 +589,7 @@ def capacity(
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
+        check_in_a_folder(out_dir, "results")
         inputs = [spec, *data_inputs(scenario, base_dir)]
         if force:  # before any search, and with the files it reads
             check_replaceable(out_dir, inputs)

@@ -57,6 +57,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.cluster import build_router
 from orcasim.config import ScenarioError
 from orcasim.cost import CostModel
+from orcasim.cost.catalog import kv_bytes_per_token_per_gpu
 from orcasim.engine import EngineRun
 from orcasim.fleet import ReplicaSpec, cost_models, naming_group, pool_specs, replica_for
 from orcasim.generic_stepper import GenericStepper
@@ -403,12 +404,13 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     for instances in pools:
         for replica in instances:
             replica.sole = len(instances) == 1
-    prefill_spec = pool_specs(scenario, system, cluster.prefill)[0]
-    kv_bytes_per_token = _kv_bytes_per_token(prefill_spec)
     # Each GPU of an instance holds its shard of a request's KV (TP its heads, PP its layers)
     # and moves it over its own link, all at once, as vLLM's disaggregated prefill moves each
-    # TP rank's KV to its peer: min(GPUs a side) links in parallel.
-    lanes = min(_kv_shards(prefill_spec), _kv_shards(pool_specs(scenario, system, cluster.decode)[0]))
+    # TP rank's KV to its peer: a transfer takes as long as the largest shard a GPU of either
+    # side sends or receives (a whole KV head where a rank replicates one, GQA; MLA's whole
+    # latent on every rank).
+    kv_bytes_per_token = max(_kv_bytes_per_gpu(pool_specs(scenario, system, pool)[0])
+                             for pool in (cluster.prefill, cluster.decode))
     if not kv_bytes_per_token and cluster.link.model_fields_set & {"kind", "bandwidth_bytes_per_s"}:
         warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "
                       "model a transfer moves no bytes and takes the link's latency alone; "
@@ -416,10 +418,10 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     prompt = requests.prompt_tokens
 
     def transfer_s(req_id: int) -> float:
-        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token / lanes)
+        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token)
 
     def link_busy_s(req_id: int) -> float:
-        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token / lanes)
+        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token)
 
     seeds = np.random.SeedSequence(scenario.seed).spawn(4)
     prefill_router = build_router(cluster.prefill.router, prefill,
@@ -451,14 +453,12 @@ def _hold_finished(replica: Replica) -> None:
     scheduler.holds_finished = True
 
 
-def _kv_shards(spec: ReplicaSpec) -> int:
-    """The GPUs among which an instance splits a request's KV: TP x PP (a data-parallel
-    attention group holds its own requests' KV whole)."""
-    hardware = spec.hardware
-    return 1 if hardware is None else hardware.tensor_parallel * hardware.pipeline_parallel
-
-
-def _kv_bytes_per_token(spec: ReplicaSpec) -> float:
-    """KV bytes of one token over every layer and head (what a transfer moves), or 0
-    without a model (a scenario with a plain cost model moves KV for free)."""
-    return 0.0 if spec.model is None else float(spec.model.kv_bytes_per_token())
+def _kv_bytes_per_gpu(spec: ReplicaSpec) -> float:
+    """KV bytes one GPU of an instance holds per token (its share over TP x PP, a replica of
+    a head or of MLA's latent where it keeps one), the model's whole KV without hardware,
+    or 0 without a model (a scenario with a plain cost model moves KV for free)."""
+    if spec.model is None:
+        return 0.0
+    if spec.hardware is None:
+        return float(spec.model.kv_bytes_per_token())
+    return kv_bytes_per_token_per_gpu(spec.model, spec.hardware)

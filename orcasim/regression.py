@@ -138,7 +138,7 @@ def is_baseline(path: Path) -> bool:
     other JSON, a package.json, that is none of the check's business)."""
     try:
         metrics = read_metrics(path)
-    except ScenarioError:
+    except (ScenarioError, OSError):  # not JSON, or no file at all (a folder, a dead link)
         return False
     return bool(metrics) and all(metrics.values())
 

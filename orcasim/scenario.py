@@ -394,7 +394,7 @@ def data_inputs(scenario: Scenario, base: Path | None = None) -> list[Path]:
     file), where found beside the scenario (`base`, else its own folder) or under the working
     folder: inputs of its run, which `--force` must not delete with a results folder."""
     base = base or scenario.source_dir
-    found = [Path(portable_data_path(value, base)) for value in _data_path_values(scenario)]
+    found = [Path(portable_data_path(value, base)).expanduser() for value in _data_path_values(scenario)]
     return [path for path in found if path.is_absolute()]
 
 

@@ -381,6 +381,8 @@ def test_commands_given_the_wrong_kind_of_path_say_so(tmp_path: Path) -> None:
         (["sweep", str(scenario)], f"{scenario} is a scenario (it names systems, no base scenario), "
                                    "not a sweep file"),
         (["check", "--scenarios", str(scenario)], f"--scenarios {scenario} is a file; expected a folder"),
+        (["capacity", str(scenario), "--slo", "e2e_p90=9", "--out", str(scenario / "sub")],
+         f"--out {scenario / 'sub'}: {scenario} is a file, not a folder"),
         (["compare", str(empty), str(empty)], f"{empty}: expected {{system: {{metric: number}}}}, as "
                                               "orcasim writes it; it holds no system"),
     ]

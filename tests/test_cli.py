@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,13 @@ def test_force_never_deletes_a_data_file_the_run_reads(tmp_path: Path) -> None:
     p = orcasim("run", str(scenario), "--out", str(out), "--force", "--no-plots")
     assert p.returncode == 2 and f"holds {trace}, an input of this run" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and trace.is_file()
+    # The same trace named from the home folder, ~/run/...: the path read as relative.
+    scenario.write_text(scenario.read_text().replace("path: run/", "path: ~/run/"))
+    home = subprocess.run([sys.executable, "-m", "orcasim.cli", "run", str(scenario), "--out",
+                           str(out), "--force", "--no-plots"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HOME": str(tmp_path)})
+    assert home.returncode == 2 and f"holds {trace}, an input" in home.stderr, home.stderr
+    assert trace.is_file()
 
 
 @pytest.mark.parametrize("args,message", [

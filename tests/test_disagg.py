@@ -234,6 +234,21 @@ def test_each_gpu_moves_its_shard_of_the_kv(tmp_path, prefill: tuple[int, int], 
     assert reqs["kv_transfer_s"].tolist() == [transfer_s]
 
 
+@pytest.mark.filterwarnings("ignore:scheduler.kind = 'paged' with hardware.pipeline_parallel")
+def test_a_replicated_kv_head_moves_whole(tmp_path) -> None:  # noqa: ANN001
+    """Qwen3-30B-A3B has 4 KV heads: at TP 8 each rank keeps a replica of one, as many bytes
+    as at TP 4, so the transfer takes as long (it was priced over 8 lanes, twice as fast)."""
+    def seconds(tp: int) -> float:
+        pool = {"kv_capacity_tokens": 4000, "hardware": {"gpu": "h100-80gb", "tensor_parallel": tp}}
+        changes = _disagg(_trace(tmp_path, [(0.0, 1000, 3)]), prefill=pool, decode=pool,
+                          link={"bandwidth_bytes_per_s": 1e9, "latency_s": 0.0})
+        changes["model"] = "qwen3-30b-a3b"
+        changes["workload.max_tokens"] = 1024
+        return float(run_scenario(_scenario(changes)).systems["pd"].requests["kv_transfer_s"][0])
+
+    assert seconds(8) == seconds(4) == pytest.approx(seconds(2) / 2)
+
+
 @pytest.mark.filterwarnings("ignore:pd.*can never fit")
 def test_a_pushed_request_the_decode_instance_turns_away_had_moved(tmp_path) -> None:  # noqa: ANN001
     """Pushed, A's KV (8 + 8 tokens, more than the decode instance's 3 blocks) moves in

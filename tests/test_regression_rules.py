@@ -181,6 +181,8 @@ def test_other_json_beside_the_baselines_is_left_alone(tmp_path: Path) -> None:
               "notes.json": '{"a": {}}', "broken.json": "{"}
     for name, text in others.items():
         (baselines / name).write_text(text)
+    (baselines / "folder.json").mkdir()  # read_json's OSError stopped the check
+    (baselines / "dead.json").symlink_to(baselines / "nowhere")
     assert check(scenarios, baselines).empty
     check(scenarios, baselines, update=True)
     assert {name: (baselines / name).read_text() for name in others} == others

@@ -133,3 +133,19 @@ parameters:
     assert first.systems[1].scheduler.max_batch_size == 4 == second.systems[1].scheduler.max_batch_size
     assert second.systems[1].scheduler.kind == "request_level"
     assert second.workload.arrival.kind == "constant" and second.workload.arrival.rate_per_s == 4.0
+
+
+def test_a_kind_change_keeps_the_keys_swept_before_it(tmp_path: Path) -> None:
+    """Parameters applied in grid order: a kind named after a key of its own object reset
+    that object and dropped the swept value (the points ran with the base's 4)."""
+    path = write_sweep(tmp_path, """
+mode: zip
+parameters:
+  systems[1].scheduler.max_batch_size: [2, 16]
+  systems[1].scheduler.kind: [iteration_level, request_level]
+""")
+    first, second = (task.scenario() for task in load_sweep(path).tasks())
+    assert (first.systems[1].scheduler.kind, first.systems[1].scheduler.max_batch_size) == (
+        "iteration_level", 2)
+    assert (second.systems[1].scheduler.kind, second.systems[1].scheduler.max_batch_size) == (
+        "request_level", 16)

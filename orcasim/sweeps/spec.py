@@ -108,12 +108,13 @@ class Task:
     def scenario(self) -> Scenario:
         data = copy.deepcopy(self.base)
         data["seed"] = self.seed
-        for path, value in self.params.items():
+        for path, value in self.params.items():  # kinds first: a reset keeps no swept key
             owner, _, key = path.rpartition(".")
             if key == "kind" and owner and _get_dotted(data, path) != value:
                 # The base's defaults are the old kind's (a request-level scheduler has no
                 # kv_reservation): keep only what was given.
                 set_dotted(data, owner, copy.deepcopy(_get_dotted(self.given, owner) or {}))
+        for path, value in self.params.items():
             set_dotted(data, path, value)
         return scenario_from_dict(data, point_name(self.id, self.params))
 
