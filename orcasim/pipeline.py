@@ -3,9 +3,11 @@
 Orca's scheduler (Yu et al., OSDI'22, section 4.4 and Algorithm 1) keeps up to
 `n_workers` = `pipeline_parallel` batches in flight. Selecting the next batch skips every
 request that is already in flight, so while stage k runs batch i, stage k-1 can run batch
-i+1 made of other requests. The request-level baseline (FasterTransformer) does not do
-this: it runs one batch at a time through all stages, which the ordinary `Engine` already
-models when the cost model's iteration time spans every stage.
+i+1 made of other requests. The request-level baseline (FasterTransformer) is modelled
+running one batch at a time through all stages, which the ordinary `Engine` already does
+when the cost model's iteration time spans every stage. (FasterTransformer itself splits a
+batch into micro-batches under pipeline parallelism, `getLocalBatchSize`; not modelled, so
+its pipelined times are pessimistic.)
 
 Timing: a cost model's `iteration_time_s` is the time of one iteration through all stages
 (compute of every layer plus the stage-to-stage sends). Each stage is busy for its layers'

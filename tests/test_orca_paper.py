@@ -40,3 +40,19 @@ def test_the_report_reads_the_committed_sweeps_from_any_folder(tmp_path: Path) -
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                          text=True, check=True).stdout
     assert re.search(r"\| GPT-3 175B \| 16 \(TP8 x PP2\) \| [\d.]+ \| [\d.]+ \| [\d.]+x \| 36.9x \|", out), out
+
+
+def test_the_report_refuses_a_bad_bound_and_says_none_where_nothing_meets_it() -> None:
+    """`report.py abc` was a ValueError traceback, `-1` ran, and a family that met no rate
+    printed nan."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scenarios" / "orca_paper" / "report.py"
+    for bad in ("abc", "-1", "nan"):
+        p = subprocess.run([sys.executable, str(script), bad], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr == (
+            f"error: bound = {bad!r}: expected a positive number of seconds per token\n"), p.stderr
+    out = subprocess.run([sys.executable, str(script), "0.027"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "| GPT-3 13B | 1 (TP1) | none | " in out and "nan" not in out, out

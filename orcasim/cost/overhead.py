@@ -26,7 +26,8 @@ than one token: a one-token prompt or chunk is priced as a decode (a `Batch` doe
 which it is).
 
 Defaults (`overhead: {}`) come from Vidur's measurements of a vLLM-style engine on A100
-(microsoft/vidur, `data/profiles/cpu_overhead`, sarathi-serve's vLLM scheduler; MIT), the
+(microsoft/vidur, `data/profiling/a100/cpu_overheads.csv` as of commit 6d98aa8, removed in
+bee57da; sarathi-serve's vLLM scheduler; MIT), the
 sum of the medians of schedule, sampler, prepare_inputs and process_model_outputs:
 0.81 ms + 0.042 ms per request at TP 1 (Llama-2-7B, phi-2; batch 8-128), and 0.7-1.2 ms
 more plus Ray's driver-to-worker round trip (ray_comm_time, 6.2-6.5 ms) at TP 2 and 4.

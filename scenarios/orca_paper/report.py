@@ -33,7 +33,28 @@ def row(model: str, bound_s: float) -> str:
     gpus, layout = MODELS[model]
     ratio = f"{orca / ft:.1f}x" if ft > 0 else "n/a"
     paper = PAPER_RATIO.get(model, "not stated")
-    return f"| GPT-3 {model.upper()} | {gpus} ({layout}) | {ft:.2f} | {orca:.2f} | {ratio} | {paper} |"
+    return (f"| GPT-3 {model.upper()} | {gpus} ({layout}) | {_rate(ft)} | {_rate(orca)} | {ratio} "
+            f"| {paper} |")
+
+
+def _rate(rate_per_s: float) -> str:
+    """A family's best sustained rate, or 'none' where no rate met the bound (NaN)."""
+    return "none" if not rate_per_s > 0 else f"{rate_per_s:.2f}"
+
+
+def bound_from(argv: list[str]) -> float:
+    """The bound in s/token from the command line, or a one-line exit naming it."""
+    if not argv:
+        return BOUND_S_PER_TOKEN
+    try:
+        bound_s = float(argv[0])
+    except ValueError:
+        bound_s = float("nan")
+    if not 0 < bound_s < float("inf"):
+        print(f"error: bound = {argv[0]!r}: expected a positive number of seconds per token",
+              file=sys.stderr)
+        sys.exit(2)
+    return bound_s
 
 
 def main(bound_s: float = BOUND_S_PER_TOKEN) -> None:
@@ -45,4 +66,4 @@ def main(bound_s: float = BOUND_S_PER_TOKEN) -> None:
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]) if len(sys.argv) > 1 else BOUND_S_PER_TOKEN)
+    main(bound_from(sys.argv[1:]))
