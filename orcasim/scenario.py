@@ -351,6 +351,19 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
         raise _not_a_mapping(node, last, path)
 
 
+def get_dotted(data: Any, path: str) -> Any:
+    """The value at a dotted path (`set_dotted`'s), or None where the path does not reach."""
+    node = data
+    for part in parse_dotted(path):
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
 def _not_a_mapping(node: Any, part: str, path: str) -> ScenarioError:
     if isinstance(node, list) and part.isdigit():  # systems.0, as other tools write it
         return ScenarioError(f"override '{path}': '{part}' names an item of a list; expected "

@@ -38,6 +38,7 @@ from orcasim.scenario import (
     NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
+    get_dotted,
     load_scenario,
     parse_dotted,
     scenario_from_dict,
@@ -110,26 +111,13 @@ class Task:
         data["seed"] = self.seed
         for path, value in self.params.items():  # kinds first: a reset keeps no swept key
             owner, _, key = path.rpartition(".")
-            if key == "kind" and owner and _get_dotted(data, path) != value:
+            if key == "kind" and owner and get_dotted(data, path) != value:
                 # The base's defaults are the old kind's (a request-level scheduler has no
                 # kv_reservation): keep only what was given.
-                set_dotted(data, owner, copy.deepcopy(_get_dotted(self.given, owner) or {}))
+                set_dotted(data, owner, copy.deepcopy(get_dotted(self.given, owner) or {}))
         for path, value in self.params.items():
             set_dotted(data, path, value)
         return scenario_from_dict(data, point_name(self.id, self.params))
-
-
-def _get_dotted(data: Any, path: str) -> Any:
-    """The value at a dotted path, or None where the path does not reach."""
-    node = data
-    for part in parse_dotted(path):
-        if isinstance(part, int) and isinstance(node, list) and part < len(node):
-            node = node[part]
-        elif isinstance(part, str) and isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return None
-    return node
 
 
 def point_name(task_id: str, params: dict[str, ParamValue]) -> str:
