@@ -239,11 +239,23 @@ class ModelSpec(Strict):
             return PRECISION_BYTES[self.moe.expert_weight_dtype]
         return self.weight_element_bytes
 
+    @property
+    def embedding_element_bytes(self) -> float:
+        """Bytes an embedding, LM head or final norm weight takes: the model's own dtype
+        whatever `weight_dtype` says, as vLLM's Fp8Config quantizes only linear layers and
+        fused experts (the vocabulary embedding and LM head stay in bf16; DeepSeek-V3's
+        report, section 3.3.2, keeps them too)."""
+        return self.dtype_bytes
+
     def weight_bytes(self) -> float:
-        if self.moe is None or self.moe.expert_weight_dtype is None:
-            return self.param_count() * self.weight_element_bytes
         experts = self.routed_expert_params()
-        return (self.param_count() - experts) * self.weight_element_bytes + experts * self.expert_element_bytes
+        if self.weight_element_bytes == self.embedding_element_bytes and (
+                self.moe is None or self.moe.expert_weight_dtype is None):
+            return self.param_count() * self.weight_element_bytes  # one precision throughout
+        embedding = self.embedding_params()
+        layers = self.param_count() - experts - embedding
+        return (layers * self.weight_element_bytes + experts * self.expert_element_bytes
+                + embedding * self.embedding_element_bytes)
 
     def kv_values_per_token_per_layer(self) -> int:
         """Values a layer caches per token: K and V of every KV head (GQA shrinks it), or
@@ -451,7 +463,12 @@ def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     experts = model.routed_expert_params()
     rest = model.param_count() - experts
     expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
-    per_stage = (rest * model.weight_element_bytes / hw.tensor_parallel
+    rest_bytes = rest * model.weight_element_bytes
+    if model.weight_element_bytes != model.embedding_element_bytes:  # fp8 layers, bf16 tables
+        embedding = model.embedding_params()
+        rest_bytes = ((rest - embedding) * model.weight_element_bytes
+                      + embedding * model.embedding_element_bytes)
+    per_stage = (rest_bytes / hw.tensor_parallel
                  + experts * model.expert_element_bytes / expert_ranks)
     return per_stage / hw.pipeline_parallel
 

@@ -267,7 +267,7 @@ def lm_head_op(model: ModelSpec, tp: int) -> Op:
     """Final norm and the vocabulary projection, applied to one token per request."""
     vocab = model.vocab_size / tp
     d, dt = model.hidden_size, model.dtype_bytes
-    weight_bytes = d * vocab * model.weight_element_bytes
+    weight_bytes = d * vocab * model.embedding_element_bytes  # not quantized (see catalog)
     return Op("lm_head", 2.0 * d * vocab + ELEMENTWISE_FLOPS * d, weight_bytes, (2 * d + vocab) * dt)
 
 

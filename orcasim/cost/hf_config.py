@@ -113,6 +113,10 @@ def _sliding_window(config: Config) -> dict[str, Any]:
     layers = int(_need(config, "num_hidden_layers"))
     types = config.get("layer_types")
     if types is not None:
+        if not (isinstance(types, list) and len(types) == layers
+                and all(isinstance(t, str) for t in types)):
+            raise ScenarioError(f"model.hf_config: layer_types = {types!r}: expected a list of "
+                                f"{layers} layer kinds, one per hidden layer")
         unknown = sorted({t for t in types} - {"sliding_attention", "full_attention"})
         if unknown:
             raise ScenarioError(f"model.hf_config: layer_types {unknown[0]!r} is not modelled; "
