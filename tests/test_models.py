@@ -246,3 +246,17 @@ def test_the_model_command_takes_a_weight_precision() -> None:
     done = CliRunner().invoke(app, [*args, "--weight-dtype", "fp8"])
     assert done.exit_code == 0, done.output
     assert "671,026,404,352" in done.output
+
+
+def test_a_mistral_config_without_kv_heads_has_transformers_default(tmp_path: Path) -> None:
+    """transformers' MistralConfig (and MixtralConfig) default num_key_value_heads to 8, where
+    Llama's default to the attention heads: a trimmed Mistral-7B config read as 32 KV heads,
+    four times the KV and 8.05B parameters against 7.24B."""
+    config = {"model_type": "mistral", "num_attention_heads": 32, "hidden_size": 4096,
+              "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
+              "max_position_embeddings": 32768}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert model_from_argument(str(path)).num_kv_heads == 8
+    path.write_text(json.dumps({**config, "model_type": "llama"}))
+    assert model_from_argument(str(path)).num_kv_heads == 32

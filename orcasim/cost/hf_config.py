@@ -77,13 +77,20 @@ def _need(config: Config, *keys: str) -> Any:
                         "configs have")
 
 
+def _default_kv_heads(config: Config, heads: int) -> int:
+    """KV heads where a config leaves them out: transformers' MistralConfig defaults to 8 (a
+    trimmed Mistral config read as 32, four times the KV); Llama's and the others' default
+    to the attention heads."""
+    return 8 if config["model_type"] in ("mistral", "mixtral") else heads
+
+
 def _llama_like(config: Config) -> dict[str, Any]:
     heads = _need(config, "num_attention_heads")
     fields: dict[str, Any] = {
         "num_layers": _need(config, "num_hidden_layers"),
         "hidden_size": _need(config, "hidden_size"),
         "num_heads": heads,
-        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "num_kv_heads": config.get("num_key_value_heads") or _default_kv_heads(config, heads),
         "intermediate_size": _need(config, "intermediate_size"),
         "gated_mlp": True,
         "vocab_size": _need(config, "vocab_size"),
