@@ -134,6 +134,11 @@ def _joined(loc: str, msg: str) -> str:
         tail = ".".join(parts[k:])
         if msg.startswith(tail) and msg[len(tail):len(tail) + 1] in (".", "[", " "):
             return ".".join([*parts[:k], msg]) if k else msg
+    # A message that names the block under an outer key (`model.moe.x` raised under `moe`,
+    # where `orcasim model` validates the model alone): its own key already says it all.
+    key = msg.split(" ", 1)[0]
+    if _OPENS_WITH_KEY.match(msg) and f".{loc}." in f".{key}":
+        return msg
     # A key relative to the block that raised it: `targets[0] = ...` under `slo`.
     return f"{loc}.{msg}" if _OPENS_WITH_KEY.match(msg) else f"{loc}: {msg}"
 

@@ -260,3 +260,16 @@ def test_a_mistral_config_without_kv_heads_has_transformers_default(tmp_path: Pa
     assert model_from_argument(str(path)).num_kv_heads == 8
     path.write_text(json.dumps({**config, "model_type": "llama"}))
     assert model_from_argument(str(path)).num_kv_heads == 32
+
+
+def test_a_moe_block_error_names_its_key_once(tmp_path: Path) -> None:
+    """`orcasim model` validates a model alone, under `moe`: the error read
+    'moe.model.moe.experts_per_token'."""
+    config = json.loads((Path(__file__).parent.parent / "orcasim" / "data" / "hf_configs"
+                         / "mixtral-8x7b" / "config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "num_experts_per_tok": 9}))
+    with pytest.raises(ScenarioError) as err:
+        model_from_argument(str(path))
+    assert str(err.value) == (f"model {path}: model.moe.experts_per_token = 9 exceeds "
+                              "num_experts = 8; expected at most that")
