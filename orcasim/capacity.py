@@ -53,6 +53,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from orcasim.config import ScenarioError
+from orcasim.paths import input_digests
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
@@ -534,17 +535,18 @@ def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: st
                  workers: int | None = None, address: str | None = None, resume: bool = False,
                  force: bool = False, price_per_gpu_hour: float | None = None,
                  target_rate_per_s: float | None = None,
-                 inputs: Sequence[Path] = ()) -> CapacityResult:
+                 inputs: Sequence[Path] = (), data: Sequence[Path] = ()) -> CapacityResult:
     """Run every job (those already finished in `out_dir` are kept with `resume`), writing
     each outcome as it arrives; `out_dir=None` runs in memory. `inputs` are the files the
-    run reads, which `--force` must not delete."""
+    run reads, which `--force` must not delete; `data`, those of them the runs read data
+    from, whose contents the plan records (a change is not resumed)."""
     from orcasim.sweeps.backends import check_backend, execute_jobs
     from orcasim.sweeps.runner import prepare_resumable, write_outcome
 
     check_backend(backend, workers)
     todo = jobs
     if out_dir is not None:
-        prepare_resumable(out_dir, _plan(jobs), {}, resume, force, inputs)
+        prepare_resumable(out_dir, _plan(jobs, input_digests(data)), {}, resume, force, inputs)
         todo = [j for j in jobs if _read(out_dir, j) is None]
     fresh = {}
     for outcome in execute_jobs(todo, search, SearchOutcome.failed, backend, workers, address):  # type: ignore[arg-type]
@@ -563,8 +565,11 @@ def _save_png(fig: Figure, path: Path) -> None:
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
 
 
-def _plan(jobs: list[SearchJob]) -> str:
-    return json.dumps([asdict(j) for j in jobs], indent=1, default=str) + "\n"
+def _plan(jobs: list[SearchJob], digests: dict[str, str]) -> str:
+    """The jobs, and the data files' digests where they read any (`paths.input_digests`)."""
+    listed = [asdict(j) for j in jobs]
+    return json.dumps({"jobs": listed, "inputs": digests} if digests else listed, indent=1,
+                      default=str) + "\n"
 
 
 def _read(out_dir: Path, job: SearchJob) -> SearchOutcome | None:

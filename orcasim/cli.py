@@ -273,18 +273,24 @@ def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -
                             "none would run; expected a larger kv_capacity_tokens or shorter requests")
 
 
+def _resume_command(head: list[str], out_dir: Path | None, sets: list[str], backend: str,
+                    address: str | None) -> str:
+    """The command that resumes this one: its file, folder, overrides and backend (the plan
+    it resumes was made with them), quoted for a shell."""
+    import shlex
+
+    args = [*head, *(["--out", str(out_dir)] if out_dir else [])]
+    args += [a for item in sets for a in ("--set", item)]
+    if backend != "local":
+        args += ["--backend", backend, *(["--address", address] if address else [])]
+    return shlex.join([*args, "--resume"])
+
+
 def _check_sweep_runs(sw: Sweep) -> None:
-    """What a run of each point checks (its data files too), before any work starts."""
-    for task in sw.tasks()[:: sw.spec.replications]:
+    """What a run of each task checks (its data files too), before any work starts: every
+    replication, as its seed draws the requests a check reads (the last arrival)."""
+    for task in sw.tasks():
         _check_runs(task.scenario(), Path(task.base_dir), f"point {task.id} ({task.params}): ")
-
-
-def _sweep_inputs(sw: Sweep) -> list[Path]:
-    """The data files every point of a sweep reads (a point may set its own)."""
-    from orcasim.scenario import data_inputs
-
-    return [path for task in sw.tasks()[:: sw.spec.replications]
-            for path in data_inputs(task.scenario(), Path(task.base_dir))]
 
 
 def _validate_sweep(path: Path, overrides: list[str]) -> None:
@@ -340,12 +346,13 @@ def sweep(
         out_dir = out or default_results_dir(sw.spec.name)
         check_in_a_folder(out_dir, "results")
         if force:  # before any work, and with the files this sweep reads
-            check_replaceable(out_dir, [spec, spec.parent / sw.spec.base, *_sweep_inputs(sw)])
+            check_replaceable(out_dir, [spec, spec.parent / sw.spec.base, *sw.data_inputs()])
         result = run_sweep(sw, out_dir, backend, workers, address, resume, force, progress)  # type: ignore[arg-type]
     except USER_ERRORS as e:
         fail(error_text(e))
     except KeyboardInterrupt:
-        interrupted(f"orcasim sweep {spec}{f' --out {out_dir}' if out_dir else ''} --resume")
+        interrupted(_resume_command(["orcasim", "sweep", str(spec)], out_dir, set_ or [],
+                                    backend, address))
     console.print(f"{result.ran} tasks run, {result.skipped} already done; "
                   f"{len(result.table)} rows in {out_dir}/sweep.parquet")
     if result.failed:
@@ -590,11 +597,12 @@ def capacity(
                                points, seed)
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
         check_in_a_folder(out_dir, "results")
-        inputs = [spec, *data_inputs(scenario, base_dir)]
+        data = data_inputs(scenario, base_dir)
+        inputs = [spec, *data]
         if force:  # before any search, and with the files it reads
             check_replaceable(out_dir, inputs)
         result = cap.run_capacity(jobs, out_dir, backend, workers, address, resume, force,
-                                  price_per_gpu_hour, target_rate, inputs=inputs)
+                                  price_per_gpu_hour, target_rate, inputs=inputs, data=data)
         cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
         fail(error_text(e))

@@ -8,6 +8,7 @@ import contextvars
 import copy
 import csv
 import gzip
+import hashlib
 import io
 import json
 import lzma
@@ -15,7 +16,7 @@ import os
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, TypeVar
 
@@ -34,6 +35,19 @@ SCENARIO_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 DATA_PATH = "orcasim data path"
 DataPath = Annotated[str, DATA_PATH]
 OptionalDataPath = Annotated[str | None, DATA_PATH]
+
+
+def input_digests(paths: Iterable[Path]) -> dict[str, str]:
+    """Each data file a run reads (a folder's files, in order), by path: the SHA-256 of its
+    bytes. A resumable run's plan records them, so that a file changed between an
+    interruption and `--resume` is not half read one way and half the other."""
+    digests: dict[str, str] = {}
+    for path in sorted({Path(p) for p in paths}):
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if file.is_file():
+                digests[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return digests
 
 
 def check_in_a_folder(path: Path, what: str) -> None:

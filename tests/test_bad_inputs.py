@@ -391,3 +391,54 @@ def test_commands_given_the_wrong_kind_of_path_say_so(tmp_path: Path) -> None:
         assert result.exit_code == 2, (args, result.output)
         assert result.output.strip() == f"error: {message}" or message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_resume_refuses_a_run_whose_data_file_changed(tmp_path: Path) -> None:
+    """plan.json recorded the base's keys (a length column's path), not the file: a sweep
+    resumed after the file changed ran its remaining points on the new one, and its table
+    mixed the two (a tester's case). The plan now records the data files' digests."""
+    lens = tmp_path / "lens.csv"
+    lens.write_text("p\n" + "\n".join(str(300 + i) for i in range(50)) + "\n")
+    scenario = _write(tmp_path, {"workload.num_requests": 30, "workload.max_tokens": 512,
+                                 "workload.prompt_tokens": {"kind": "empirical", "path": str(lens),
+                                                            "column": "p"}}, None)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name,
+                                    "grid": {"parameters": {"warmup_s": [0, 1]}}}))
+    out = tmp_path / "sweep"
+    args = ["sweep", str(grid), "--out", str(out), "--workers", "1", "--no-progress"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert str(lens) in json.loads((out / "plan.json").read_text())["inputs"]
+    lens.write_text("p\n" + "\n".join(str(20 + i) for i in range(50)) + "\n")
+    again = CliRunner().invoke(app, [*args, "--resume"])
+    assert again.exit_code == 2 and "holds a different run (plan.json differs)" in again.output
+
+
+def test_the_resume_line_after_an_interrupt_repeats_the_overrides() -> None:
+    """It dropped --set (and the backend), so the command it printed was refused."""
+    from orcasim.cli import _resume_command
+
+    assert _resume_command(["orcasim", "sweep", "s w.yaml"], Path("o"), ["workload.x=1 2"],
+                           "ray", "auto") == (
+        "orcasim sweep 's w.yaml' --out o --set 'workload.x=1 2' --backend ray --address auto "
+        "--resume")
+
+
+def test_a_seed_check_fails_before_the_run_in_every_replication(tmp_path: Path) -> None:
+    """Only replication 0 was checked: a warm-up past the last arrival of replication 1
+    (drawn from its own seed) failed at run time, exit 1, where the README promises exit 2
+    and nothing written."""
+    scenario = _write(tmp_path, {"workload.num_requests": 30}, None)
+    from orcasim.sweeps import load_sweep
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name, "replications": 4,
+                                    "seed": 0, "grid": {"parameters": {"warmup_s": [0.0]}}}))
+    from orcasim.run import make_requests
+
+    arrivals = [float(make_requests(t.scenario()).arrival_s.max()) for t in load_sweep(grid).tasks()]
+    cut = (min(arrivals) + max(arrivals)) / 2  # past some replications' last arrival only
+    grid.write_text(grid.read_text().replace("- 0.0", f"- {cut}"))
+    result = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert "is past the last arrival" in result.output and not (tmp_path / "o").exists()

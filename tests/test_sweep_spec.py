@@ -88,6 +88,9 @@ def test_numbers_of_both_kinds_share_a_column_and_a_set_seed_is_refused(tmp_path
     path.write_text(path.read_text().replace("seed: 5\n", "seed: 5\nset: [seed=9]\n"))
     with pytest.raises(ScenarioError, match=r"^set: 'seed=9': a sweep's seeds come from its own "):
         load_sweep(path)
+    # Given on the command line, it is named as such (it read 'set:').
+    with pytest.raises(ScenarioError, match=r"^--set 'seed=4': a sweep's seeds come from its own "):
+        load_sweep(write_sweep(tmp_path, "parameters:\n  warmup_s: [0]"), ["seed=4"])
 
 
 def test_a_base_scenarios_own_sweep_left_out_of_the_grid_is_named(tmp_path: Path) -> None:

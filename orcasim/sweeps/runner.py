@@ -32,6 +32,7 @@ from rich.progress import (
 )
 
 from orcasim.config import ScenarioError
+from orcasim.paths import input_digests
 from orcasim.results import (
     ResultsExistError,
     check_replaceable,
@@ -103,15 +104,21 @@ def run_scenario_sweep(scenario: Scenario, base_dir: Path) -> pd.DataFrame:
     return result.table
 
 
-def _plan(tasks: list[Task]) -> str:
+def _plan(tasks: list[Task], digests: dict[str, str]) -> str:
+    """The work list, and the data files' digests where the points read any (see
+    `paths.input_digests`): a plan that differs is not resumed."""
     rows = [{"id": t.id, "point": t.point, "replication": t.replication, "seed": t.seed,
              "params": t.params} for t in tasks]
-    return json.dumps({"base": tasks[0].base, "tasks": rows}, indent=1) + "\n"
+    plan: dict[str, object] = {"base": tasks[0].base, "tasks": rows}
+    if digests:
+        plan["inputs"] = digests
+    return json.dumps(plan, indent=1) + "\n"
 
 
 def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force: bool) -> None:
     spec_yaml = yaml.safe_dump(sweep.spec.model_dump(mode="json"), sort_keys=False)
-    prepare_resumable(out_dir, _plan(tasks), {"sweep.yaml": spec_yaml}, resume, force)
+    plan = _plan(tasks, input_digests(sweep.data_inputs()))
+    prepare_resumable(out_dir, plan, {"sweep.yaml": spec_yaml}, resume, force)
 
 
 def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: bool,

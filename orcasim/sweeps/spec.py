@@ -38,6 +38,7 @@ from orcasim.scenario import (
     NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
+    data_inputs,
     get_dotted,
     load_scenario,
     parse_dotted,
@@ -149,6 +150,11 @@ class Sweep:
         # 63 bits keep the seed a non-negative int64 in the results table.
         return [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
 
+    def data_inputs(self) -> list[Path]:
+        """The data files every point reads (a point may name its own): `scenario.data_inputs`."""
+        return sorted({path for task in self.tasks()[:: self.spec.replications]
+                       for path in data_inputs(task.scenario(), Path(task.base_dir))})
+
     def tasks(self) -> list[Task]:
         seeds = self.replication_seeds()
         return [
@@ -208,9 +214,10 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     value fails here, before any work starts. `set_keys` says who gave each of `spec.set`
     (the file's `set:` or the command line's `--set`), for an error to name."""
     base_path = base_path.resolve()
-    for given in spec.set:  # each point's seed is its replication's: a set seed would be lost
-        if given.split("=", 1)[0].strip() == "seed":
-            raise ScenarioError(f"set: {given!r}: a sweep's seeds come from its own `seed` and "
+    keys = set_keys or ["set:"] * len(spec.set)
+    for given, key in zip(spec.set, keys, strict=True):  # a set seed would be lost: each
+        if given.split("=", 1)[0].strip() == "seed":   # point's is its replication's
+            raise ScenarioError(f"{key} {given!r}: a sweep's seeds come from its own `seed` and "
                                 "`replications`; expected seed: at the sweep file's top level")
     scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
     own = scenario.sweep
