@@ -744,7 +744,10 @@ def test_qwens_window_is_off_unless_its_config_switches_it_on(tmp_path: Path) ->
     assert model_from_argument(write_config(tmp_path, qwen)).sliding_window is None
     on = model_from_argument(write_config(tmp_path, {**qwen, "use_sliding_window": True}))
     assert (on.sliding_window, on.sliding_window_layers) == (32, [2, 3])
-    mistral = model_from_argument(write_config(tmp_path, {**qwen, "model_type": "mistral"}))
+    # (With its KV heads given: transformers' MistralConfig defaults them to 8, which 4 heads
+    # cannot share.)
+    mistral = model_from_argument(write_config(tmp_path, {**qwen, "model_type": "mistral",
+                                                          "num_key_value_heads": 4}))
     assert (mistral.sliding_window, mistral.sliding_window_layers) == (32, None)
 
 
