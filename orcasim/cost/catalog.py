@@ -247,15 +247,18 @@ class ModelSpec(Strict):
         report, section 3.3.2, keeps them too)."""
         return self.dtype_bytes
 
-    def weight_bytes(self) -> float:
-        experts = self.routed_expert_params()
-        if self.weight_element_bytes == self.embedding_element_bytes and (
-                self.moe is None or self.moe.expert_weight_dtype is None):
-            return self.param_count() * self.weight_element_bytes  # one precision throughout
+    def non_expert_weight_bytes(self) -> float:
+        """Bytes of every weight but the routed experts': the layers' at `weight_dtype`, the
+        embedding and LM head at their own (`embedding_element_bytes`)."""
+        rest = self.param_count() - self.routed_expert_params()
+        if self.weight_element_bytes == self.embedding_element_bytes:
+            return rest * self.weight_element_bytes
         embedding = self.embedding_params()
-        layers = self.param_count() - experts - embedding
-        return (layers * self.weight_element_bytes + experts * self.expert_element_bytes
-                + embedding * self.embedding_element_bytes)
+        return (rest - embedding) * self.weight_element_bytes + embedding * self.embedding_element_bytes
+
+    def weight_bytes(self) -> float:
+        # Whole numbers times a power of two, or 17/32 (mxfp4): the sum is exact.
+        return self.non_expert_weight_bytes() + self.routed_expert_params() * self.expert_element_bytes
 
     def kv_values_per_token_per_layer(self) -> int:
         """Values a layer caches per token: K and V of every KV head (GQA shrinks it), or
@@ -460,16 +463,9 @@ def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     Without data-parallel attention that is the weights / GPUs (expert parallelism then
     spans the tensor-parallel ranks, `HardwareConfig`).
     """
-    experts = model.routed_expert_params()
-    rest = model.param_count() - experts
     expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
-    rest_bytes = rest * model.weight_element_bytes
-    if model.weight_element_bytes != model.embedding_element_bytes:  # fp8 layers, bf16 tables
-        embedding = model.embedding_params()
-        rest_bytes = ((rest - embedding) * model.weight_element_bytes
-                      + embedding * model.embedding_element_bytes)
-    per_stage = (rest_bytes / hw.tensor_parallel
-                 + experts * model.expert_element_bytes / expert_ranks)
+    per_stage = (model.non_expert_weight_bytes() / hw.tensor_parallel
+                 + model.routed_expert_params() * model.expert_element_bytes / expert_ranks)
     return per_stage / hw.pipeline_parallel
 
 
