@@ -6,8 +6,9 @@ request that is already in flight, so while stage k runs batch i, stage k-1 can 
 i+1 made of other requests. The request-level baseline (FasterTransformer) is modelled
 running one batch at a time through all stages, which the ordinary `Engine` already does
 when the cost model's iteration time spans every stage. (FasterTransformer itself splits a
-batch into micro-batches under pipeline parallelism, `getLocalBatchSize`; not modelled, so
-its pipelined times are pessimistic.)
+batch into micro-batches under pipeline parallelism, `getLocalBatchSize`; not modelled: its
+pipelined prefills would overlap their stages, and its weight-bound decodes gain only if
+steps overlap too.)
 
 Timing: a cost model's `iteration_time_s` is the time of one iteration through all stages
 (compute of every layer plus the stage-to-stage sends). Each stage is busy for its layers'
