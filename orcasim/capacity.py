@@ -57,6 +57,7 @@ from orcasim.paths import input_digests
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
+from orcasim.warmup import counted
 
 DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
@@ -353,7 +354,7 @@ def _check_measured(scenario: Scenario, requests: Any) -> None:
     arrivals are made by the run: not known here."""
     if requests.clients is not None or requests.sessions is not None:
         return
-    measured = int(np.count_nonzero(requests.arrival_s >= scenario.warmup_s))
+    measured = int(np.count_nonzero(counted(requests.arrival_s, scenario.warmup_s)))
     if measured < MIN_SEARCH_REQUESTS:
         raise ScenarioError(f"each run of the search measures {measured} requests (after "
                             f"warmup_s); expected at least {MIN_SEARCH_REQUESTS}, enough for the "
