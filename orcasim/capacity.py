@@ -620,7 +620,7 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
     alone reads like an answer) or every rate did (a lower bound, which alone reads as
     certain), and one if a configuration search has no Pareto front."""
     table, tried = result.table, result.evaluations
-    params = list(table.columns[1:table.columns.get_loc("system")]) if len(table) else []
+    params = point_parameters(table) if len(table) else []
     lines = []
     for _, row in table[table["max_rate_per_s"] == 0].iterrows():
         mine = tried[(tried["point"] == row["point"]) & (tried["system"] == row["system"])]
@@ -639,6 +639,15 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
                      f"max_rate_per_s is a lower bound, not the capacity{target}")
     reason = no_front_reason(table, slo)
     return lines if reason is None else [*lines, reason]
+
+
+def point_parameters(table: pd.DataFrame) -> list[str]:
+    """A capacity table's configuration parameters: its columns between `point` and
+    `system` (none without both)."""
+    columns = list(table.columns)
+    if "point" not in columns or "system" not in columns:
+        return []
+    return columns[columns.index("point") + 1:columns.index("system")]
 
 
 def _which(row: pd.Series, params: list[str]) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from orcasim.capacity import point_parameters
 from orcasim.recorder import SUMMED_COLUMNS
 from orcasim.run import RunResult
 from orcasim.warmup import measured_requests
@@ -376,12 +377,9 @@ def latency_vs_throughput(
 def _point_values(capacity: pd.DataFrame, point: int) -> str:
     """A configuration point's parameters as capacity.csv gives them (the columns between
     `point` and `system`), for a panel's title: ' (max_batch_size=8)'."""
-    columns = list(capacity.columns)
-    if "point" not in columns or "system" not in columns:
-        return ""
-    params = columns[columns.index("point") + 1:columns.index("system")]
-    row = capacity[capacity["point"] == point]
-    if not params or row.empty:
+    params = point_parameters(capacity)
+    row = capacity[capacity["point"] == point] if params else None
+    if row is None or row.empty:
         return ""
     return " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={row.iloc[0][k]}" for k in params) + ")"
 
