@@ -213,9 +213,16 @@ def open_text(path: Path) -> IO[str]:
 
 
 def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
+    """A user's CSV, every row checked against the header; `usecols` is applied after
+    reading, since pandas given it stops counting a row's fields (a row `0.5,1,500,30`,
+    an unquoted 1,500, read as prompt 1 and output 500). The caller checks that the
+    columns are present."""
+    columns = kwargs.pop("usecols", None)
     try:
         with decompressing(path):
             frame = pd.read_csv(path, **kwargs)
+        if kwargs.get("nrows") is None:
+            _check_last_row(Path(path), kwargs.get("comment"))
     except UnicodeDecodeError:
         raise ScenarioError(f"{path}: not UTF-8 text (compressed or binary?); expected a CSV "
                             "file") from None
@@ -223,11 +230,15 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         raise ScenarioError(f"{path}: empty; expected a CSV file with a header row") from None
     except pd.errors.ParserError as e:
         raise ScenarioError(f"{path}: malformed CSV ({str(e).strip().splitlines()[-1]})") from None
-    except ValueError as e:  # e.g. a column asked for is absent
+    except ScenarioError:
+        raise
+    except ValueError as e:
         raise ScenarioError(f"{path}: {e}") from None
-    if kwargs.get("nrows") is None:
-        _check_last_row(Path(path), kwargs.get("comment"))
-    return frame
+    if not isinstance(frame.index, pd.RangeIndex):  # pandas took the extra field for an index
+        raise ScenarioError(f"{path} line {csv_data_line(Path(path), 0)}: more fields than the "
+                            f"header's {len(frame.columns)}; expected one value per column "
+                            "(an unquoted comma inside a value?)")
+    return frame if columns is None else frame[list(columns)]
 
 
 def shown_columns(columns: list[str], most: int = 8, joined: bool = False) -> str:

@@ -584,3 +584,57 @@ def test_a_vllm_result_of_a_capped_concurrency_says_its_times_were_a_closed_loop
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_trace(_vllm(tmp_path, "s.json", max_concurrency=None, **fields))  # vLLM's default
+
+
+def test_a_year_last_date_order_is_decided_for_the_whole_column(tmp_path: Path) -> None:
+    # 12 May 23:59:59 then 13 May 00:00:01, day first (a European spreadsheet's save). Read
+    # cell by cell, 12/05 was 5 December and 13/05 13 May: swapped, 17,884,798 s apart.
+    day_first = _write(tmp_path, "d.csv", f"{AZURE_HEADER}\n12/05/2024 23:59:59,10,5\n"
+                                          "13/05/2024 00:00:01,20,6\n")
+    month_first = _write(tmp_path, "m.csv", f"{AZURE_HEADER}\n05/12/2024 23:59:59,10,5\n"
+                                            "05/13/2024 00:00:01,20,6\n")
+    for path in (day_first, month_first):
+        arrival_s, prompt, _ = read_trace(path)
+        assert arrival_s.tolist() == [0.0, 2.0] and prompt.tolist() == [10, 20]
+    one_day = _write(tmp_path, "o.csv", f"{AZURE_HEADER}\n01/02/2024 10:00:00,10,5\n"
+                                        "01/02/2024 10:00:02,20,6\n")  # the same date: either way
+    assert read_trace(one_day)[0].tolist() == [0.0, 2.0]
+
+
+def test_a_date_order_that_nothing_settles_or_that_changes_is_refused(tmp_path: Path) -> None:
+    both = _write(tmp_path, "b.csv", f"{AZURE_HEADER}\n13/05/2024 00:00:01,10,5\n"
+                                     "05/14/2024 00:00:01,20,6\n")
+    with pytest.raises(ScenarioError, match=r"b.csv line 3: TIMESTAMP = '05/14/2024 00:00:01', "
+                                            r"expected the day first, as '13/05/2024 00:00:01'"):
+        read_trace(both)
+    unsettled = _write(tmp_path, "u.csv", f"{AZURE_HEADER}\n01/02/2024 10:00:00,10,5\n"
+                                          "02/02/2024 10:00:00,20,6\n")
+    with pytest.raises(ScenarioError, match=r"no day over 12 tells which; expected ISO dates"):
+        read_trace(unsettled)
+
+
+def test_a_row_with_more_fields_than_the_header_is_refused(tmp_path: Path) -> None:
+    # An unquoted thousands separator (prompt 1,500). Read for its three columns alone,
+    # the row was prompt 1 and output 500, the fourth field dropped.
+    later = _write(tmp_path, "l.csv", f"{ORCASIM_HEADER}\n0,10,5\n0.5,1,500,30\n")
+    with pytest.raises(ScenarioError, match=r"Expected 3 fields in line 3, saw 4"):
+        read_trace(later)
+    first = _write(tmp_path, "f.csv", f"{ORCASIM_HEADER}\n\n0.5,1,500,30\n1,2,3\n")
+    with pytest.raises(ScenarioError, match=r"f.csv line 3: more fields than the header's 3"):
+        read_trace(first)
+
+
+@pytest.mark.parametrize("name, text, read", [
+    ("t.csv", b"arrival_s,prompt_tokens,output_tokens,note\n0,10,5,caf\xe9\n1,20,6,x\n", "trace"),
+    ("log.csv", b"arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n0,10,5,0.1,\xff,0.2\n",
+     "measurements"),
+])
+def test_a_byte_that_is_not_utf8_anywhere_is_a_one_line_error(
+    tmp_path: Path, name: str, text: bytes, read: str
+) -> None:
+    # In a column orcasim does not read, the byte escaped as a traceback from the check of
+    # the file's last row.
+    f = tmp_path / name
+    f.write_bytes(text)
+    with pytest.raises(ScenarioError, match=r"not UTF-8 text"):
+        (read_trace if read == "trace" else read_measurements)(str(f))

@@ -394,10 +394,11 @@ def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
                   text, "TIMESTAMP", path, 2,
                   "a date and time, as 2023-11-16 18:17:03.9799600 (a spreadsheet may show and "
                   "save the time alone)")
+    day_first = _day_first(text, path)
     try:
-        stamps = pd.to_datetime(rows["TIMESTAMP"], errors="coerce", format="mixed")
+        stamps = pd.to_datetime(text, errors="coerce", format="mixed", dayfirst=day_first)
     except ValueError:  # pandas refuses timestamps of different UTC offsets in one column
-        stamps = _utc_instants(rows["TIMESTAMP"], path)
+        stamps = _utc_instants(text, path, day_first)
     _raise_on_bad(stamps.isna().to_numpy(), rows["TIMESTAMP"], "TIMESTAMP", path, 2, "a timestamp")
     # By unit, not by assuming nanoseconds: pandas infers the resolution from the text
     # (seconds, ms, us or ns), and the Azure 2024 trace's six fractional digits give
@@ -405,14 +406,38 @@ def _azure_seconds(rows: pd.DataFrame, path: Path) -> np.ndarray:
     return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
 
 
-def _utc_instants(raw: pd.Series, path: Path) -> pd.Series:
+# A date written with its year last (12/05/2024, 12.05.2024): day or month first.
+_YEAR_LAST = r"^\s*(\d{1,2})[/.-](\d{1,2})[/.-]\d{2,4}\b"
+
+
+def _day_first(text: pd.Series, path: Path) -> bool:
+    """Whether the year-last dates of a column put the day first, decided for the column:
+    pandas' mixed format guesses per cell, so 12/05 (read as 5 December) then 13/05 (13
+    May) were swapped and months apart. A day over 12 in either place settles it; both
+    places is refused, and so is a column whose dates differ and none of which settles it."""
+    parts = text.str.extract(_YEAR_LAST).dropna().astype(int)
+    if parts.empty:
+        return False
+    over_first, over_second = (parts[0] > 12).to_numpy(), (parts[1] > 12).to_numpy()
+    if over_first.any() and over_second.any():
+        _raise_on_bad(over_second, text.loc[parts.index], "TIMESTAMP", path, 2,
+                      f"the day first, as {text.loc[parts.index[over_first.argmax()]]!r} has it "
+                      "(one order of day and month for the file; ISO dates, 2024-05-13, have one)")
+    if not over_first.any() and not over_second.any() and len(parts.drop_duplicates()) > 1:
+        raise ScenarioError(
+            f"{path.name}: TIMESTAMP dates such as {text.loc[parts.index[0]]!r} read as day/month "
+            "or month/day, and no day over 12 tells which; expected ISO dates (2024-05-13)")
+    return bool(over_first.any())
+
+
+def _utc_instants(raw: pd.Series, path: Path, day_first: bool) -> pd.Series:
     """Timestamps with different UTC offsets, as UTC instants (each names one moment, so
     their gaps are real). One without an offset among them is ambiguous: refused, as
     reading it as UTC would shift its arrival silently by hours."""
     naive = np.array([_is_naive(text) for text in raw], dtype=bool)
     _raise_on_bad(naive, raw, "TIMESTAMP", path, 2,
                   "a UTC offset, as other timestamps of the file have (without one, the time is ambiguous)")
-    return pd.to_datetime(raw, errors="coerce", format="mixed", utc=True)
+    return pd.to_datetime(raw, errors="coerce", format="mixed", utc=True, dayfirst=day_first)
 
 
 def _is_naive(text: object) -> bool:
