@@ -114,8 +114,9 @@ def parser() -> argparse.ArgumentParser:
                       help="the deployment, scheduler and cost kind to fit (its workload is "
                            "replaced by each log's)")
     logs.add_argument("--out", type=Path, required=True, help="calibrated cost YAML to write")
-    logs.add_argument("--fit", default=",".join(DEFAULT_PARAMETERS),
-                      help="cost coefficients to fit, by dotted path inside `cost`")
+    logs.add_argument("--fit", action="append",
+                      help="cost coefficients to fit, by dotted path inside `cost`, comma-separated "
+                           "or the flag repeated (default: " + ",".join(DEFAULT_PARAMETERS) + ")")
     logs.add_argument("--system", help="the scenario's system the logs come from (default: first)")
     logs.add_argument("--format", dest="fmt", default="auto", choices=MEASURED_FORMATS,
                       help="log format: auto, orcasim or vllm")
@@ -252,7 +253,8 @@ def cmd_logs(args: argparse.Namespace) -> None:
     if system not in {s.name for s in scenario.systems}:
         raise ScenarioError(f"--system = {system!r}: expected one of "
                          f"{', '.join(s.name for s in scenario.systems)}")
-    parameters = fit_names(args.fit)
+    # Repeated, each --fit adds (the last alone was fitted, silently).
+    parameters = fit_names(",".join(args.fit) if args.fit else ",".join(DEFAULT_PARAMETERS))
     current_values(scenario, parameters)  # a name that cannot be fitted fails now, not after reading logs
     base_dir = args.scenario.resolve().parent
     logs = read_logs(args.logs, args.fmt)
