@@ -284,3 +284,27 @@ def test_a_way_in_shows_the_engine_each_send_its_latency_later() -> None:
     assert source.times_until(4.0).tolist() == [3.25]
     assert source.take_until(3.25) == range(2, 3)
     assert (source.arrival_s[2], table.arrival_s[2]) == (3.25, 3.0)
+
+
+@pytest.mark.validation
+def test_the_summarys_throughput_of_a_busy_server_is_one_over_its_service_time() -> None:
+    # 64 clients, no think time, one request at a time of exactly D = 10 iterations x 10 ms:
+    # the server never idles, so X = 1 / D = 10 req/s over any window (the bound X <= 1/D,
+    # attained). Counting only the requests that arrived after the 10 s warm-up, while
+    # dividing by the whole window from 10 s, read 836 / 90 = 9.29 (the closed-loop tester's).
+    scenario = make_scenario(**{
+        "seed": 1, "warmup_s": 10.0, "kv_capacity_tokens": 10_000,
+        "workload.num_requests": 1000, "workload.max_tokens": 64,
+        "workload.arrival": closed_loop(64, {"kind": "constant", "value_s": 0.0}),
+        "workload.prompt_tokens": {"kind": "constant", "value": 10},
+        "workload.output_tokens": {"kind": "constant", "value": 10},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 0.0, "per_context_token_s": 0.0},
+        "systems": [{"name": "s", "scheduler": {"kind": "request_level", "max_batch_size": 1}}],
+    })
+    system = run_scenario(scenario).systems["s"]
+    finish_s = np.sort(system.requests["finish_s"].to_numpy())
+    assert np.diff(finish_s) == pytest.approx(0.1, rel=EXACT_RTOL)  # busy throughout
+    # A window's edges cut the periodic completions: one completion either way.
+    one_completion_rps = 1.0 / system.summary["duration_s"]
+    assert abs(system.summary["throughput_rps"] - 10.0) <= one_completion_rps
+    assert abs(system.summary["throughput_tokens_per_s"] - 100.0) <= 10 * one_completion_rps
