@@ -55,6 +55,10 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a trace with only its header", {}, TRACE, "trace.csv: no requests (a header alone"),
     ("more requests than memory holds", {"workload.num_requests": 10**11}, None,
      "workload.num_requests = 100000000000: Input should be less than or equal to 100000000"),
+    # Without a model nothing else bounds the stages: 1e11 was a MemoryError traceback.
+    ("more pipeline stages than any model has layers",
+     {"hardware": {"gpu": "a100-40gb", "pipeline_parallel": 10**11}}, None,
+     "hardware.pipeline_parallel = 100000000000: Input should be less than or equal to 1024"),
     ("a system's scheduler that does not fit its KV", {"systems[1].scheduler": {
         "kind": "paged", "block_size_tokens": 3000}}, None,
      "systems[1].scheduler.block_size_tokens = 3000 does not divide kv_capacity_tokens = 2000"),

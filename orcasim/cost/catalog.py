@@ -345,6 +345,9 @@ def gpu_spec(name: str) -> GpuSpec:
     return GpuSpec.model_validate(_resolve("gpus", name))
 
 
+MAX_PIPELINE_STAGES = 1024
+
+
 class HardwareConfig(Strict):
     """The deployment: which GPU, how the model is split, and the KV memory budget.
 
@@ -363,7 +366,10 @@ class HardwareConfig(Strict):
 
     gpu: GpuRef
     tensor_parallel: PositiveInt = 1
-    pipeline_parallel: PositiveInt = 1
+    # A bound, not a stage per layer: without a model nothing else caps it, and a run keeps
+    # per-stage state (1e11 stages was a MemoryError; 1e6 took 69 s for 20 requests). No
+    # model has near this many layers (Llama-3.1-405B: 126).
+    pipeline_parallel: PositiveInt = Field(default=1, le=MAX_PIPELINE_STAGES)
     data_parallel_attention: PositiveInt = 1
     expert_parallel: PositiveInt = 1
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
