@@ -9,9 +9,9 @@ engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
 
 1. Least squares for the overhead terms that times are linear in (`LINEAR_TERMS`): on the
    schedule a replay makes, each request's TTFT and decode time (E2E - TTFT) is a known
-   part plus a linear combination of them (`linear_rows`); solve (non-negative, relative
-   errors), replay with the answer, a step that does worse halved, for a few rounds
-   (`solve_linear`).
+   part plus a linear combination of them (`linear_rows`); solve (non-negative, least
+   absolute relative errors), replay with the answer, a step that does worse halved, for
+   a few rounds (`solve_linear`).
 2. Nelder-Mead on every fitted coefficient in log space (positive, scale-free), from
    there, on the loss
 
@@ -362,19 +362,20 @@ def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float]
 def solve_linear(scenario: Scenario, logs: list[ServingLog], system: str,
                  fitted: list[str], values: dict[str, float], base_dir: Path | None
                  ) -> dict[str, float]:
-    """The linear terms by non-negative least squares on relative errors, damped to a fixed
+    """The linear terms by non-negative least absolute relative errors, damped to a fixed
     point.
 
     With the schedule of the current values, every measured time is a known part plus a
     linear combination of the fitted terms, and the rows give those values' own error
-    exactly. Solve them (a Gauss-Newton step that holds the schedule still) and replay
-    there; a step whose error is worse than the best point's (the schedule moved under it:
-    other batches, another request first) is halved back toward that point. The best point
-    replayed is the answer. Noise-free logs of the same model give their coefficients back:
-    at them the schedule matches and the error is 0. Undamped, the steps from a start 4 to
-    20 times off went round a cycle 8 to 41% from the truth for some coefficients.
+    exactly. Solve them (a step that holds the schedule still) and replay there; a step
+    whose error is worse than the best point's (the schedule moved under it: other
+    batches, another request first) is halved back toward that point. The best point
+    replayed is the answer. Near the truth most requests keep its schedule and fit it
+    exactly, while the few an iteration early or late are far off: absolute errors follow
+    the many, where squared errors followed the few (undamped, their steps from a start 4
+    to 20 times off went round a cycle 8 to 41% from the truth for some coefficients).
+    Noise-free logs give their coefficients back: at them the error is 0.
     """
-
     values = dict(values)
     best: np.ndarray | None = None
     best_error, target, step = math.inf, np.zeros(len(fitted)), 1.0

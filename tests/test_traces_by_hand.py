@@ -638,3 +638,12 @@ def test_a_byte_that_is_not_utf8_anywhere_is_a_one_line_error(
     f.write_bytes(text)
     with pytest.raises(ScenarioError, match=r"not UTF-8 text"):
         (read_trace if read == "trace" else read_measurements)(str(f))
+
+
+def test_a_date_order_refused_names_the_files_line(tmp_path: Path) -> None:
+    # An ISO row first: the row that breaks the order is the file's line 4, not the third
+    # year-last date's place among the year-last dates.
+    mixed = _write(tmp_path, "i.csv", f"{AZURE_HEADER}\n2024-05-12 23:59:59,10,5\n"
+                                      "13/05/2024 00:00:01,20,6\n05/14/2024 00:00:01,30,7\n")
+    with pytest.raises(ScenarioError, match=r"i.csv line 4: TIMESTAMP = '05/14/2024 00:00:01'"):
+        read_trace(mixed)

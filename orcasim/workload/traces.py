@@ -415,18 +415,16 @@ def _day_first(text: pd.Series, path: Path) -> bool:
     pandas' mixed format guesses per cell, so 12/05 (read as 5 December) then 13/05 (13
     May) were swapped and months apart. A day over 12 in either place settles it; both
     places is refused, and so is a column whose dates differ and none of which settles it."""
-    parts = text.str.extract(_YEAR_LAST).dropna().astype(int)
-    if parts.empty:
-        return False
+    parts = text.str.extract(_YEAR_LAST).apply(pd.to_numeric)  # NaN where not year-last
     over_first, over_second = (parts[0] > 12).to_numpy(), (parts[1] > 12).to_numpy()
     if over_first.any() and over_second.any():
-        _raise_on_bad(over_second, text.loc[parts.index], "TIMESTAMP", path, 2,
-                      f"the day first, as {text.loc[parts.index[over_first.argmax()]]!r} has it "
-                      "(one order of day and month for the file; ISO dates, 2024-05-13, have one)")
-    if not over_first.any() and not over_second.any() and len(parts.drop_duplicates()) > 1:
+        _raise_on_bad(over_second, text, "TIMESTAMP", path, 2,
+                      f"the day first, as {text.iloc[over_first.argmax()]!r} has it (one order "
+                      "of day and month for the file; ISO dates, 2024-05-13, have one)")
+    if not over_first.any() and not over_second.any() and len(parts.dropna().drop_duplicates()) > 1:
         raise ScenarioError(
-            f"{path.name}: TIMESTAMP dates such as {text.loc[parts.index[0]]!r} read as day/month "
-            "or month/day, and no day over 12 tells which; expected ISO dates (2024-05-13)")
+            f"{path.name}: TIMESTAMP dates such as {text[parts[0].notna()].iloc[0]!r} read as "
+            "day/month or month/day, and no day over 12 tells which; expected ISO dates (2024-05-13)")
     return bool(over_first.any())
 
 
