@@ -326,6 +326,9 @@ def test_littles_law_edges_and_offered_rate() -> None:
     assert offered_rps(np.array([0.0, 1.0, 3.0])) == pytest.approx(2 / 3)
     assert offered_rps(np.array([0.0, 2.0])) == 0.5 and offered_rps(np.array([0.0, 0.25])) == 4.0
     assert np.isnan(offered_rps(np.array([5.0]))) and np.isnan(offered_rps(np.array([2.0, 2.0])))
+    # A closed loop of 3 clients sends 3 at time 0, then 2 more by t = 4: 0.5 req/s.
+    assert offered_rps(np.array([0.0, 0.0, 0.0, 1.0, 4.0]), initial_sends=3) == 0.5
+    assert np.isnan(offered_rps(np.array([0.0, 0.0]), initial_sends=3))
 
 
 def test_the_summary_judges_saturation_after_the_warm_up() -> None:

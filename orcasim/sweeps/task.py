@@ -71,15 +71,19 @@ def run_task(task: Task) -> Outcome:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result = run_scenario(task.scenario(), base_dir=Path(task.base_dir))
+            scenario = task.scenario()
+            result = run_scenario(scenario, base_dir=Path(task.base_dir))
         except Exception as e:  # noqa: BLE001 - recorded per point, reported at the end
             # What it warned of before it failed may say why (a saturated system, say).
             said = list(dict.fromkeys(str(w.message) for w in caught))
             return Outcome.failed(task, e, time.perf_counter() - start, said)
     said = list(dict.fromkeys(str(w.message) for w in caught))
     # The realised load beside the summary: whether a system keeps up is judged against it.
+    arrival = scenario.workload.arrival
+    initial_sends = arrival.num_clients if arrival.kind == "closed_loop" else 1
     systems: dict[str, dict[str, Any]] = {
-        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy()), **r.summary}
+        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy(), initial_sends),
+            **r.summary}
         for n, r in result.systems.items()
     }
     return Outcome(task.id, task.point, task.replication, task.seed, task.params, True,
