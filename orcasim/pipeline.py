@@ -13,10 +13,12 @@ steps overlap too.)
 Timing: a cost model's `iteration_time_s` is the time of one iteration through all stages
 (compute of every layer plus the stage-to-stage sends). Each stage is busy for its layers'
 share of it (`catalog.stage_layers`, `CostModel.stage_times_s`; iteration_time_s /
-pipeline_parallel where they divide evenly or no model is given; an engine overhead's launch
-floor is each stage's own), and batches flow through the stages in order (a flow shop):
-stage k starts a batch when the batch has left stage k-1 and stage k has finished the
-previous batch. An iteration row is the batch's time on the first stage, the busiest.
+pipeline_parallel where they divide evenly or no model is given; the embedding on the first
+stage, the LM head on the last and each boundary's send on the stage that sends, where the
+cost model knows them, `CostModel.stage_ends`; an engine overhead's launch floor is each
+stage's own), and batches flow through the stages in order (a flow shop): stage k starts a
+batch when the batch has left stage k-1 and stage k has finished the previous batch. An
+iteration row is the batch's time on its busiest stage, the pipeline's pace.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class _Flight:
     plan: SchedulerOutput
     start_s: float  # when stage 1 starts it
     end_s: float  # when the last stage finishes it
-    stage_s: float  # its time on the first stage (the busiest, where layers split unevenly)
+    stage_s: float  # its time on its busiest stage
 
 
 class PipelineStepper:
@@ -108,7 +110,8 @@ class PipelineStepper:
         self.scheduler, self.cost, self.recorder = scheduler, cost, recorder
         self.num_stages = num_stages
         # Each stage's layers where the model is known; an uneven split makes the busiest
-        # stage the pipeline's bottleneck (40 layers on 3 stages: 14 of 40, not a third).
+        # stage the pipeline's bottleneck (40 layers on 3 stages: 14 of 40, not a third),
+        # as do the ends (the LM head on the last stage).
         # Without a model, equal shares.
         self.layers = tuple(layers) if layers is not None else (1,) * num_stages
         self.replica: Replica  # set by the replica that runs it
@@ -157,7 +160,7 @@ class PipelineStepper:
                 start_s = begin
             t = begin + stage_s
             self.stage_free_s[k] = t
-        return _Flight(plan, start_s, t, times_s[0])
+        return _Flight(plan, start_s, t, max(times_s))
 
 
 class PipelineEngine:

@@ -211,3 +211,23 @@ def test_one_batch_at_a_time_launches_every_stage_s_layers() -> None:
         if name != "rl":  # a whole-request engine gives every token at its end
             assert req["ttft_s"] == pytest.approx(0.040, rel=1e-9), name
         assert req["e2e_s"] == pytest.approx(0.080, rel=1e-9), name
+
+
+@pytest.mark.parametrize("launch_per_layer_s", [0.0, 1e-6, 4e-4])
+def test_pipeline_stages_keep_the_models_ends_under_an_overhead(launch_per_layer_s: float) -> None:
+    """Llama-2-7B over 4 stages with an engine's host work (split by layers) and launches
+    (each stage's own): the model's embedding, LM head and sends stay on their stages;
+    a launch floor lifts a stage only where its GPU share is quicker than its launches."""
+    dep = Deployment(model=model_spec("llama2-7b"),
+                     hardware=HardwareConfig(gpu=gpu_spec("a100-80gb"), pipeline_parallel=4))
+    overhead = OverheadConfig(per_iteration_s=0.002, per_sequence_s=0.0005, per_prefill_token_s=1e-5,
+                              launch_per_layer_s=launch_per_layer_s)
+    plain = build_cost_model(RooflineCostConfig(kind="roofline"), dep)
+    cost = build_cost_model(RooflineCostConfig(kind="roofline", overhead=overhead), dep)
+    batch, layers = _batch([1, 1, 40], [300, 500, 40]), [8, 8, 8, 8]
+    host_s = 0.002 + 3 * 0.0005 + 40 * 1e-5
+    gpu_s = plain.stage_times_s(batch, layers)
+    assert cost.stage_ends(batch) == plain.stage_ends(batch) is not None
+    want = [max(g, 8 * launch_per_layer_s) + host_s / 4 for g in gpu_s]
+    assert cost.stage_times_s(batch, layers) == pytest.approx(want, rel=1e-12)
+    assert (max(gpu_s) < 8 * launch_per_layer_s) == (launch_per_layer_s == 4e-4)

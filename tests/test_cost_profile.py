@@ -581,3 +581,24 @@ def test_an_overhead_on_the_profiles_own_roofline_is_refused() -> None:
     with pytest.raises(ScenarioError, match=r"cost.roofline.overhead is not used here .*expected "
                                             "the engine's overhead as cost.overhead$"):
         load_scenario(path, ["cost.roofline={kind: roofline, overhead: {per_iteration_s: 5.0}}"])
+
+
+@pytest.mark.parametrize("tables", [{}, {"send_recv_csv": SEND_RECV_A100}])
+def test_pipeline_stages_run_the_embedding_head_and_sends_where_they_are(tables: dict[str, str]) -> None:
+    """Llama-2-70B, TP 2 x PP 4 (20 layers a stage): the first stage's embedding from the
+    table, the last stage's LM head, a send on each of the others (from the table where
+    given); the stages add up to the iteration."""
+    dep = Deployment(model=model_spec("llama2-70b"),
+                     hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=2, pipeline_parallel=4))
+    cost = ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, **tables), dep)
+    batch = Batch(np.array([1] * 15 + [49]), np.array([700] * 15 + [49]))
+    stages = cost.stage_times_s(batch, [20] * 4)
+    assert sum(stages) == pytest.approx(cost.iteration_time_s(batch), rel=1e-12)
+    ends = cost.stage_ends(batch)
+    assert ends is not None and ends.first_s == float(cost.embedding(np.asarray(64.0))[0])
+    send_s = (float(network_table(SEND_RECV_A100, "send_recv", 2, dep.hardware)(64 * 16384.0)[0])
+              if tables else cost.roofline.stage_send_s(64.0))
+    assert ends.send_s == send_s > 0
+    assert ends.last_s == float(cost.roofline.op_time_s(cost.roofline.lm_head, 16.0)) > 0
+    assert stages[3] - stages[1] == pytest.approx(ends.last_s - ends.send_s, rel=1e-9)
+    assert stages[0] - stages[1] == pytest.approx(ends.first_s, rel=1e-9, abs=1e-15)

@@ -58,6 +58,42 @@ class Batch:
         return self._context_total
 
 
+@dataclass(frozen=True, slots=True)
+class StageEnds:
+    """The parts of a pipelined iteration's time that one stage spends alone.
+
+    vLLM builds the embedding on the first pipeline rank only and the LM head on the last
+    (`PPMissingLayer` stands in for them elsewhere; its `get_pp_indices` gives the last
+    stage fewer layers for that reason), and each stage but the last sends the activations
+    to the next. Split by layers instead, the LM head of a large vocabulary (Llama-3-8B's
+    128k x 4096, 1 GB read per decode step) spread over the stages, hiding the last stage's
+    lead and so the pipeline's pace.
+    """
+
+    first_s: float  # the embedding
+    last_s: float  # the LM head
+    send_s: float  # one stage boundary's send, on the sending stage
+
+
+def split_stages(iteration_s: float, layers: Sequence[int], ends: StageEnds | None) -> list[float]:
+    """`iteration_s` over stages holding `layers[k]` layers: its ends where they run, the
+    rest by layers. Equal stages without ends take iteration / stages, whose bits a product
+    by layers need not keep."""
+    if ends is None or len(layers) == 1:
+        if len(set(layers)) == 1:
+            return [iteration_s / len(layers)] * len(layers)
+        total = sum(layers)
+        return [iteration_s * k / total for k in layers]
+    num_sends = len(layers) - 1
+    body_s = iteration_s - ends.first_s - ends.last_s - num_sends * ends.send_s
+    total = sum(layers)
+    times_s = [body_s * k / total + (ends.send_s if i < num_sends else 0.0)
+               for i, k in enumerate(layers)]
+    times_s[0] += ends.first_s
+    times_s[-1] += ends.last_s
+    return times_s
+
+
 # No GPU step is faster: below it time barely moves (at t = 1e6 s a float cannot tell 1e-10 s
 # apart) and the clock would stand still. A model read from a file may price below it (a fit
 # with a negative coefficient, used beyond its data): `check_durations` refuses that.
@@ -184,13 +220,15 @@ class CostModel(ABC):
 
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
         """A pipelined iteration's time on each stage, which holds `layers[k]` layers: the
-        iteration's time split by layers (a model whose parts scale otherwise overrides it).
-        Equal stages take iteration / stages, whose bits a product by layers need not keep."""
-        iteration_s = self.iteration_time_s(batch)
-        if len(set(layers)) == 1:
-            return [iteration_s / len(layers)] * len(layers)
-        total = sum(layers)
-        return [iteration_s * k / total for k in layers]
+        iteration's time split by layers, but for the parts one stage runs alone
+        (`stage_ends`, see `split_stages`)."""
+        return split_stages(self.iteration_time_s(batch), layers, self.stage_ends(batch))
+
+    def stage_ends(self, batch: Batch) -> StageEnds | None:
+        """The parts of `iteration_time_s(batch)` that the first stage, the last stage and
+        each sending stage run alone; None (the default) where the model does not know its
+        parts (a `linear` or `fitted` cost): the whole iteration splits by layers."""
+        return None
 
     def out_of_range_count(self) -> int:
         """How many evaluations fell outside the model's measured or fitted range."""

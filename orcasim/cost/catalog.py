@@ -441,9 +441,8 @@ def layers_per_stage(model: ModelSpec, pipeline_parallel: int) -> int:
 
 def stage_layers(model: ModelSpec, pipeline_parallel: int) -> list[int]:
     """Each stage's layers, split as evenly as they go. The remainder goes on the first
-    stages (vLLM's get_pp_indices puts it on those before the last; Orca does not say):
-    the pipeline's pace is its busiest stage's wherever that is, and putting it first makes
-    a pipelined row's time (its first stage's) the bottleneck's."""
+    stages (vLLM's get_pp_indices puts it on those before the last, which holds the LM head;
+    Orca does not say): the pipeline's pace is its busiest stage's wherever that is."""
     base, extra = divmod(model.num_layers, pipeline_parallel)
     return [base + (k < extra) for k in range(pipeline_parallel)]
 

@@ -53,6 +53,7 @@ from orcasim.cost.base import (
     CostModel,
     DecodeLine,
     OutsideSteps,
+    StageEnds,
     check_durations,
     counted_decode_steps_s,
 )
@@ -154,6 +155,10 @@ class OverheadCost(CostModel):
             check_durations(gpu_s, self.checked_source, f"a batch of {len(query_tokens)} requests")
         return gpu_s + self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
 
+    def stage_ends(self, batch: Batch) -> StageEnds | None:
+        """The model's own (the host's work splits by layers)."""
+        return self.inner.stage_ends(batch)
+
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
         """Each stage's share of the GPU time and of the host's work, by its layers, but
         each floored by launching its own layers: every stage's host launches all of its
@@ -165,8 +170,9 @@ class OverheadCost(CostModel):
             return [0.0] * len(layers)
         prefill = batch.query_tokens[batch.query_tokens > 1]
         host_s = self.host_s(batch.size, sum(prefill.tolist()))
-        gpu_s, total = self.inner.iteration_time_s(batch), sum(layers)
-        gpus_s = [max(gpu_s * k / total, k * self.launch_per_layer_s) for k in layers]
+        total = sum(layers)
+        gpus_s = [max(g, k * self.launch_per_layer_s)
+                  for g, k in zip(self.inner.stage_times_s(batch, layers), layers, strict=True)]
         if self.checked_source is not None:
             check_durations(np.array(gpus_s), self.checked_source, f"a batch of {batch.size} requests")
         return [g + host_s * k / total for g, k in zip(gpus_s, layers, strict=True)]

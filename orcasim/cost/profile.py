@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import model_validator
 
 from orcasim.config import ScenarioError, errors_under
-from orcasim.cost.base import Batch, CostModel, OutsideSteps, counted_decode_steps_s
+from orcasim.cost.base import Batch, CostModel, OutsideSteps, StageEnds, counted_decode_steps_s
 from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
@@ -134,6 +134,20 @@ class ProfileCost(CostModel):
         lm_head = self.roofline.op_time_s(lm_head_op(self.model, self.tp), batch_size)
         total = layers * ops + emb + comm + lm_head
         return total, out | comm_out
+
+    def stage_ends(self, batch: Batch) -> StageEnds | None:
+        """`_token_side`'s embedding, LM head and one stage send (see `StageEnds`); its
+        out-of-range points are counted there, once."""
+        if self.pipeline_stages == 1 or batch.size == 0:
+            return None
+        num_tokens = np.asarray(float(batch.total_query_tokens))
+        emb, _ = self.embedding(num_tokens)
+        lm_head = self.roofline.op_time_s(lm_head_op(self.model, self.tp), float(batch.size))
+        if self.send_recv is None:
+            send_s = self.roofline.stage_send_s(float(num_tokens))
+        else:
+            send_s = float(self.send_recv(num_tokens * self.activation_bytes_per_token)[0])
+        return StageEnds(float(emb), float(lm_head), send_s)
 
     def _communication(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """TP all-reduces and PP sends, from the tables when given, else the link model."""

@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat
 
-from orcasim.cost.base import Batch, CostModel, DecodeLine
+from orcasim.cost.base import Batch, CostModel, DecodeLine, StageEnds
 from orcasim.cost.catalog import Deployment
 from orcasim.cost.flops import (
     ExpertOp,
@@ -238,6 +238,20 @@ class Roofline(CostModel):
         if self.experts is not None:
             comm = comm + self.expert_all_to_all_s(num_tokens)
         return layers + ends + comm
+
+    def stage_ends(self, batch: Batch) -> StageEnds | None:
+        """`_fixed_s`'s embedding, LM head and one stage send: the first stage embeds, the
+        last samples, each other sends (see `StageEnds`)."""
+        if self.pipeline_stages == 1 or batch.size == 0:
+            return None
+        group_tokens = batch.total_query_tokens / self.dp
+        return StageEnds(float(self.op_time_s(self.embedding, group_tokens)),
+                         float(self.op_time_s(self.lm_head, batch.size / self.dp)),
+                         self.stage_send_s(group_tokens))
+
+    def stage_send_s(self, num_tokens: float) -> float:
+        """One stage boundary's send of N x hidden (`pipeline_sends_s` over PP - 1)."""
+        return float(send_recv_s(num_tokens * self.activation_bytes_per_token, self.pp_link))
 
     def _op_scalar_s(self, op: Op, n: float) -> float:
         """`op_time_s` on Python floats: the same IEEE operations without numpy's overhead."""
