@@ -400,17 +400,25 @@ def test_each_out_of_range_warning_names_its_table() -> None:
 
 def test_stages_across_nodes_send_at_one_gpu_a_node() -> None:
     """TP 8 x PP 2 spans two 8-GPU nodes: the stage boundary crosses them (1 per node);
-    TP 4 x PP 2 fits one node: 2 workers in a node."""
-    def sends(tp: int) -> ProfileCost:
+    TP 4 x PP 2 fits one node: 2 workers in a node; TP 4 x PP 4 crosses at its middle
+    boundary alone, and its iteration adds one send across and two inside."""
+    def sends(tp: int, pp: int = 2) -> ProfileCost:
         dep = Deployment(model=model_spec("llama2-70b"),
-                         hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=tp, pipeline_parallel=2))
+                         hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=tp, pipeline_parallel=pp))
         return ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, send_recv_csv=SEND_RECV_A100), dep)
 
     hw = HardwareConfig(gpu="a100-80gb")
     across = network_table(SEND_RECV_A100, "send_recv", 2, hw, True)
     inside = network_table(SEND_RECV_A100, "send_recv", 2, hw, False)
-    assert sends(8).send_recv.y.tolist() == across.y.tolist() != inside.y.tolist()
-    assert sends(4).send_recv.y.tolist() == inside.y.tolist()
+    assert [t.y.tolist() for t in sends(8).boundary_sends] == [across.y.tolist()] != [inside.y.tolist()]
+    assert [t.y.tolist() for t in sends(4).boundary_sends] == [inside.y.tolist()]
+    four = sends(4, pp=4)
+    assert [t.y.tolist() for t in four.boundary_sends] == [inside.y.tolist(), across.y.tolist(),
+                                                           inside.y.tolist()]
+    size = 64 * 8192 * 2.0
+    comm, _ = four._communication(np.array(64.0))
+    want = float(four.roofline.tp_all_reduce_s(64.0)) + 2 * float(inside(size)[0]) + float(across(size)[0])
+    assert float(comm) == pytest.approx(want, rel=1e-12)
 
 
 def test_a_sliced_table_brackets_each_query_by_its_neighbouring_slices() -> None:
@@ -597,8 +605,8 @@ def test_pipeline_stages_run_the_embedding_head_and_sends_where_they_are(tables:
     ends = cost.stage_ends(batch)
     assert ends is not None and ends.first_s == float(cost.embedding(np.asarray(64.0))[0])
     send_s = (float(network_table(SEND_RECV_A100, "send_recv", 2, dep.hardware)(64 * 16384.0)[0])
-              if tables else cost.roofline.stage_send_s(64.0))
-    assert ends.send_s == send_s > 0
+              if tables else cost.roofline.stage_sends_s(64.0)[0])
+    assert ends.sends_s == (send_s,) * 3 and send_s > 0
     assert ends.last_s == float(cost.roofline.op_time_s(cost.roofline.lm_head, 16.0)) > 0
-    assert stages[3] - stages[1] == pytest.approx(ends.last_s - ends.send_s, rel=1e-9)
+    assert stages[3] - stages[1] == pytest.approx(ends.last_s - send_s, rel=1e-9)
     assert stages[0] - stages[1] == pytest.approx(ends.first_s, rel=1e-9, abs=1e-15)

@@ -72,7 +72,7 @@ class StageEnds:
 
     first_s: float  # the embedding
     last_s: float  # the LM head
-    send_s: float  # one stage boundary's send, on the sending stage
+    sends_s: tuple[float, ...]  # each stage boundary's send, on the sending stage
 
 
 def split_stages(iteration_s: float, layers: Sequence[int], ends: StageEnds | None) -> list[float]:
@@ -84,11 +84,11 @@ def split_stages(iteration_s: float, layers: Sequence[int], ends: StageEnds | No
             return [iteration_s / len(layers)] * len(layers)
         total = sum(layers)
         return [iteration_s * k / total for k in layers]
-    num_sends = len(layers) - 1
-    body_s = iteration_s - ends.first_s - ends.last_s - num_sends * ends.send_s
+    assert len(ends.sends_s) == len(layers) - 1, "one send a boundary"
+    body_s = iteration_s - ends.first_s - ends.last_s - sum(ends.sends_s)
     total = sum(layers)
-    times_s = [body_s * k / total + (ends.send_s if i < num_sends else 0.0)
-               for i, k in enumerate(layers)]
+    times_s = [body_s * k / total + send_s for k, send_s in zip(layers, (*ends.sends_s, 0.0),
+                                                                 strict=True)]
     times_s[0] += ends.first_s
     times_s[-1] += ends.last_s
     return times_s

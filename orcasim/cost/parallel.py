@@ -68,15 +68,27 @@ def tensor_parallel_link(hw: HardwareConfig, efficiency: float, latency_s: float
     return _network(hw.gpu, efficiency, latency_s)
 
 
-def pipeline_link(hw: HardwareConfig, efficiency: float, latency_s: float) -> Link:
-    """Stage boundaries cross nodes once the deployment spans more than one node.
+def stage_boundaries_cross_nodes(hw: HardwareConfig) -> list[bool]:
+    """Whether each stage boundary's sends leave a node.
 
-    Orca places one stage per node (8-way TP inside, stages across nodes), so every
-    boundary crosses; a deployment that fits in a node sends over NVLink.
+    Stages fill the nodes in order, `gpus_per_stage` GPUs each: vLLM's and Megatron's rank
+    order, tensor parallelism varying fastest (vLLM's `initialize_model_parallel` reshapes
+    the ranks to (..., pipeline, tensor)). Rank i of a stage sends to rank i of the next, so
+    a boundary crosses where any such pair sits in two nodes: every boundary of Orca's one
+    stage a node (TP 8 x PP 2), one of the 15 of TP 1 x PP 16 on 8-GPU nodes, none inside
+    one node.
     """
-    if hw.num_gpus <= hw.gpu.gpus_per_node:  # a send to the next stage: one peer at a time
-        return _nvlink(hw.gpu, efficiency, latency_s, 1)
-    return _network(hw.gpu, efficiency, latency_s)
+    per_stage, per_node = hw.gpus_per_stage, hw.gpu.gpus_per_node
+    return [any((k * per_stage + i) // per_node != ((k + 1) * per_stage + i) // per_node
+                for i in range(per_stage))
+            for k in range(hw.pipeline_parallel - 1)]
+
+
+def pipeline_links(hw: HardwareConfig, efficiency: float, latency_s: float) -> list[Link]:
+    """Each stage boundary's link: NVLink to one peer inside a node, the network across."""
+    nvlink = _nvlink(hw.gpu, efficiency, latency_s, 1)  # a send to the next stage: one peer
+    network = _network(hw.gpu, efficiency, latency_s)
+    return [network if crosses else nvlink for crosses in stage_boundaries_cross_nodes(hw)]
 
 
 def all_to_all_s(size_bytes: np.ndarray | float, num_ranks: int, ranks_per_node: int,

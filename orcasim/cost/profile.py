@@ -29,6 +29,7 @@ from orcasim.cost.catalog import Deployment, ModelSpec
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
 from orcasim.cost.overhead import CostConfigBase
+from orcasim.cost.parallel import stage_boundaries_cross_nodes
 from orcasim.cost.profile_tables import (
     aiconfigurator_attention,
     mlp_table,
@@ -87,13 +88,19 @@ class ProfileCost(CostModel):
             self.token_ops, self.embedding = mlp_table(cfg.mlp_csv, self.model, self.tp)
         with _naming("attention_csv" if cfg.attention_csv else "aiconfigurator_dir"):
             self.decode_attention, self.prefill_attention = _attention_tables(cfg, self.model, self.tp)
-        crosses_nodes = hw.num_gpus > hw.gpu.gpus_per_node
         with _naming("all_reduce_csv"):
             self.all_reduce = network_table(cfg.all_reduce_csv, "all_reduce", self.tp, hw) if cfg.all_reduce_csv else None
-        with _naming("send_recv_csv"):
-            self.send_recv = (
-                network_table(cfg.send_recv_csv, "send_recv", 2, hw, crosses_nodes) if cfg.send_recv_csv else None
-            )
+        # Each stage boundary's send from the table's rows for its placement (two workers in
+        # a node, or one a node across): the boundaries by placement, counted.
+        self.send_recv: list[tuple[Table1D, int]] | None = None
+        self.boundary_sends: list[Table1D] = []
+        if cfg.send_recv_csv:
+            crossings = stage_boundaries_cross_nodes(hw)
+            with _naming("send_recv_csv"):
+                tables = {crosses: network_table(cfg.send_recv_csv, "send_recv", 2, hw, crosses)
+                          for crosses in dict.fromkeys(crossings)}
+            self.send_recv = [(table, crossings.count(crosses)) for crosses, table in tables.items()]
+            self.boundary_sends = [tables[crosses] for crosses in crossings]
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._out_of_range = 0
         self._warned: set[str] = set()
@@ -144,10 +151,11 @@ class ProfileCost(CostModel):
         emb, _ = self.embedding(num_tokens)
         lm_head = self.roofline.op_time_s(lm_head_op(self.model, self.tp), float(batch.size))
         if self.send_recv is None:
-            send_s = self.roofline.stage_send_s(float(num_tokens))
+            sends_s = self.roofline.stage_sends_s(float(num_tokens))
         else:
-            send_s = float(self.send_recv(num_tokens * self.activation_bytes_per_token)[0])
-        return StageEnds(float(emb), float(lm_head), send_s)
+            size = num_tokens * self.activation_bytes_per_token
+            sends_s = tuple(float(table(size)[0]) for table in self.boundary_sends)
+        return StageEnds(float(emb), float(lm_head), sends_s)
 
     def _communication(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """TP all-reduces and PP sends, from the tables when given, else the link model."""
@@ -160,8 +168,10 @@ class ProfileCost(CostModel):
             total = 2 * self.model.num_layers * per_call
         if self.send_recv is None or self.pipeline_stages == 1:
             return total + self.roofline.pipeline_sends_s(num_tokens), outside
-        per_send, out = self._look("send_recv.csv size", self.send_recv, size)
-        return total + (self.pipeline_stages - 1) * per_send, outside | out
+        for table, count in self.send_recv:
+            per_send, out = self._look("send_recv.csv size", table, size)
+            total, outside = total + count * per_send, outside | out
+        return total, outside
 
     def _attention(self, query: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Attention of all layers for a (..., B) grid of requests: (seconds, outside)."""

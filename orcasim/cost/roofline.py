@@ -22,6 +22,7 @@ the `overhead` block's (`orcasim.cost.overhead`), none by default: an ideal engi
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,7 +45,7 @@ from orcasim.cost.overhead import CostConfigBase
 from orcasim.cost.parallel import (
     all_to_all_s,
     expert_parallel_links,
-    pipeline_link,
+    pipeline_links,
     ring_all_reduce_s,
     send_recv_s,
     tensor_parallel_link,
@@ -99,7 +100,9 @@ class Roofline(CostModel):
         self.num_dense_layers = self.model.num_layers - self.num_moe_layers
         self.moe_ops = token_ops(self.model, self.tp, moe_layer=True) if moe else []
         self.tp_link = tensor_parallel_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
-        self.pp_link = pipeline_link(hw, cfg.network_efficiency, cfg.collective_latency_s)
+        self.pp_links = pipeline_links(hw, cfg.network_efficiency, cfg.collective_latency_s)
+        # The boundaries by link, counted (most deployments have one: (PP - 1) x one send).
+        self._pp_link_counts = list(Counter(self.pp_links).items())
         self.ep_links = expert_parallel_links(hw, cfg.network_efficiency, cfg.collective_latency_s)
         # Tokens go to their experts in fp8 when the experts' GEMMs take fp8 inputs (DeepEP's
         # FP8 dispatch for W8A8 experts) and come back in the activations' precision.
@@ -221,11 +224,13 @@ class Roofline(CostModel):
                             *self.ep_links)
 
     def pipeline_sends_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
-        """One send/recv of N x hidden at each of the PP - 1 stage boundaries."""
+        """One send/recv of N x hidden at each of the PP - 1 stage boundaries, over NVLink
+        or across nodes as each boundary is placed."""
         size = np.asarray(num_tokens, dtype=np.float64) * self.activation_bytes_per_token
-        if self.pipeline_stages == 1:
-            return np.zeros_like(size)
-        return (self.pipeline_stages - 1) * send_recv_s(size, self.pp_link)
+        total = np.zeros_like(size)
+        for link, count in self._pp_link_counts:
+            total = total + count * send_recv_s(size, link)
+        return total
 
     def _fixed_s(self, num_tokens: np.ndarray | float, batch_size: float) -> np.ndarray:
         """Everything but attention: it depends only on the token and request counts (a
@@ -247,11 +252,12 @@ class Roofline(CostModel):
         group_tokens = batch.total_query_tokens / self.dp
         return StageEnds(float(self.op_time_s(self.embedding, group_tokens)),
                          float(self.op_time_s(self.lm_head, batch.size / self.dp)),
-                         self.stage_send_s(group_tokens))
+                         self.stage_sends_s(group_tokens))
 
-    def stage_send_s(self, num_tokens: float) -> float:
-        """One stage boundary's send of N x hidden (`pipeline_sends_s` over PP - 1)."""
-        return float(send_recv_s(num_tokens * self.activation_bytes_per_token, self.pp_link))
+    def stage_sends_s(self, num_tokens: float) -> tuple[float, ...]:
+        """Each stage boundary's send of N x hidden (`pipeline_sends_s` adds them up)."""
+        size = num_tokens * self.activation_bytes_per_token
+        return tuple(float(send_recv_s(size, link)) for link in self.pp_links)
 
     def _op_scalar_s(self, op: Op, n: float) -> float:
         """`op_time_s` on Python floats: the same IEEE operations without numpy's overhead."""
