@@ -544,7 +544,7 @@ def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: st
     from orcasim.sweeps.backends import check_backend, execute_jobs
     from orcasim.sweeps.runner import prepare_resumable, write_outcome
 
-    check_backend(backend, workers)
+    check_backend(backend, workers, address)
     todo = jobs
     if out_dir is not None:
         prepare_resumable(out_dir, _plan(jobs, input_digests(data)), {}, resume, force, inputs)

@@ -10,9 +10,9 @@ from orcasim.cost.catalog import HardwareConfig
 from orcasim.cost.parallel import (
     Link,
     pipeline_links,
-    stage_boundaries_cross_nodes,
     ring_all_reduce_s,
     send_recv_s,
+    stage_boundaries_cross_nodes,
     tensor_parallel_link,
 )
 from tests.test_cost_roofline import roofline

@@ -198,3 +198,39 @@ parameters:
         result = run_sweep(load_sweep(sweep), tmp_path / "out", workers=1, progress=False)
     assert [(o.id, o.error) for o in result.failed] == [("p0000-r00", "RuntimeError: the run stopped")]
     assert result.failed[0].warnings == ["orca: 3 request(s) can never fit in KV memory"]
+
+
+def _closed_port() -> int:
+    """A local port where nothing listens (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["sweep", "capacity"])
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_a_ray_address_where_nothing_answers_is_refused_at_once(
+        tmp_path: Path, command: str, address: str) -> None:
+    """Given a head that is not there, ray.init retried for minutes, printing warnings (a
+    sweep killed after 120 s); now the run is refused before it writes anything."""
+    address = address.format(port=_closed_port())
+    spec = write_grid_4x3(tmp_path) if command == "sweep" else Path("scenarios/quickstart.yaml")
+    slo = ["--slo", "ttft_p90<=1"] if command == "capacity" else []
+    res = CliRunner().invoke(app, [command, str(spec), "--backend", "ray", "--address", address,
+                                   "--out", str(tmp_path / "out"), *slo])
+    assert res.exit_code == 2, res.output
+    assert f"--address = '{address}': nothing answers at" in res.output
+    assert "running Ray head" in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "host:port", ":80"])
+def test_a_ray_address_without_a_port_is_refused(address: str) -> None:
+    from orcasim.config import ScenarioError
+    from orcasim.sweeps.backends import check_backend
+
+    with pytest.raises(ScenarioError, match=r"--address = .*expected the host:port of a running Ray head"):
+        check_backend("ray", None, address)
+    check_backend("local", None, None)

@@ -11,6 +11,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Literal
@@ -21,6 +22,9 @@ from orcasim.sweeps.task import Outcome, run_task
 
 Backend = Literal["local", "ray"]
 RAY_POLL_S = 0.25
+# How long a named Ray head has to accept a connection before the run is refused: given an
+# address where nothing listens, ray.init retries for minutes, printing warnings.
+RAY_CONNECT_TIMEOUT_S = 5.0
 
 
 # A module-level function from a job to its outcome; it must turn its own errors into a
@@ -32,11 +36,32 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-def check_backend(backend: str, workers: int | None) -> None:
+def check_backend(backend: str, workers: int | None, address: str | None = None) -> None:
     if backend not in ("local", "ray"):
         raise ScenarioError(f"backend = {backend!r}: expected 'local' or 'ray'")
     if workers is not None and workers < 1:
         raise ScenarioError(f"workers = {workers}: expected at least 1")
+    if backend == "ray" and address is not None:
+        check_ray_address(address)
+
+
+def check_ray_address(address: str) -> None:
+    """A Ray cluster's address (`host:port` of its head, or `ray://host:port` for Ray
+    Client) must answer before the run starts; `auto` and `local` are Ray's own to resolve
+    (a missing `auto` cluster fails at once)."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    expected = ("expected the host:port of a running Ray head (as `ray start --head` prints "
+                "it), auto, or no --address for a local instance")
+    if not host or not port.isdigit():
+        raise ScenarioError(f"--address = {address!r}: {expected}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ScenarioError(f"--address = {address!r}: nothing answers at {host}:{port} "
+                            f"({reason}); {expected}") from None
 
 
 def execute(
@@ -53,7 +78,7 @@ def execute_jobs(
 ) -> Iterator[Any]:
     """Run `run(job)` for every job on `backend` and yield each result as soon as it is
     done; `failed(job, error)` stands in for a job whose worker died."""
-    check_backend(backend, workers)
+    check_backend(backend, workers, address)
     if not jobs:
         return
     match backend:

@@ -64,7 +64,7 @@ def run_sweep(
 ) -> SweepResult:
     """Run every unfinished task of `sweep`, writing each outcome as it arrives."""
     out_dir = Path(out_dir)
-    check_backend(backend, workers)
+    check_backend(backend, workers, address)
     tasks = sweep.tasks()
     _prepare(sweep, tasks, out_dir, resume, force)
     todo = [t for t in tasks if not _finished(out_dir, t)]
@@ -84,7 +84,7 @@ def run_sweep_in_memory(
     address: str | None = None,
 ) -> SweepResult:
     """Run every task and return the tidy table without writing anything (for notebooks)."""
-    check_backend(backend, workers)
+    check_backend(backend, workers, address)
     outcomes = list(execute(sweep.tasks(), backend, workers, address))
     shown: set[str] = set()
     for outcome in outcomes:
