@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -149,7 +151,7 @@ def test_an_admission_may_leave_exactly_the_watermark_free(second_prompt: int, j
 @pytest.mark.parametrize(("second_prompt", "joins"), [(4, True), (5, False)])
 def test_prompts_may_fill_the_token_budget_exactly(second_prompt: int, joins: bool):
     reqs = make_requests([4, second_prompt], [2, 2])
-    sched = _paged(reqs, capacity=64, max_num_batched_tokens=8)
+    sched = _paged(reqs, capacity=64, max_num_batched_tokens=8, max_num_seqs=8)
     sched.add_request(0)
     sched.add_request(1)
     assert sched.schedule(0.0).num_new_tokens.tolist() == ([4, second_prompt] if joins else [4])
@@ -189,12 +191,13 @@ def test_budget_below_the_longest_prefill_is_an_error():
     with pytest.raises(ValueError, match=r"^scheduler.max_num_batched_tokens = 64 is below request 1's "
                                          r"prompt \+ output - 1 = 109 tokens, which it must prefill in one "
                                          r"step without chunking; expected >= 109 \(or use kind: chunked\)$"):
-        _paged(make_requests([10, 100], [5, 10]), capacity=1024, max_num_batched_tokens=64)
+        _paged(make_requests([10, 100], [5, 10]), capacity=1024, max_num_batched_tokens=64,
+               max_num_seqs=64)
 
 
 def test_a_request_that_never_fits_is_rejected_not_hung():
     reqs = make_requests([10, 200, 10], [5, 5, 5])  # request 1 needs 204 tokens of KV
-    sched = _paged(reqs, capacity=128, max_num_batched_tokens=32)
+    sched = _paged(reqs, capacity=128, max_num_batched_tokens=32, max_num_seqs=32)
     trace = drive(sched, reqs, check_paged_step)
     assert sched.rejected_ids == [1]
     assert_paged_end_state(sched, reqs, trace)
@@ -401,3 +404,31 @@ def test_a_policy_set_after_loading_gets_its_own_watermark(tmp_path) -> None:  #
     assert [(c.policy, c.watermark_fraction()) for c in points] == [("mixed", 0.0),
                                                                     ("prefill_first", 0.01)]
 
+
+
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_a_token_budget_below_max_num_seqs_is_refused_as_vllm_refuses_it(policy: str) -> None:
+    """vLLM's SchedulerConfig._verify_args (v0 and v1): max_num_batched_tokens >= max_num_seqs.
+    Each running request takes a token of the budget a step, so `mixed` with a budget of 128
+    and the default 256 sequences quietly ran at most 128 (a tester's find)."""
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens = 128 is below max_num_seqs = "
+                                            r"256; expected >= max_num_seqs, as vLLM requires"):
+        PagedConfig(kind="paged", policy=policy, max_num_batched_tokens=128)
+    assert PagedConfig(kind="paged", policy=policy, max_num_batched_tokens=128, max_num_seqs=128)
+    # DistServe's decode instance has its own limits and no such rule.
+    assert PagedConfig(kind="paged", policy="distserve_decode", max_num_batched_tokens=128)
+
+
+def test_a_chunk_below_max_num_seqs_warns_that_it_caps_the_batch() -> None:
+    """Eight one-token prompts of 10 outputs under a 4-token chunk: at most four run, as
+    every running request takes a token of the chunk a step; said, not silent."""
+    reqs = make_requests([1] * 8, [10] * 8)
+    with pytest.warns(UserWarning, match=r"chunk_size_tokens = 4 is below max_num_seqs = 8: at "
+                                         r"most 4 requests run at once"):
+        sched = ChunkedScheduler(ChunkedConfig(kind="chunked", chunk_size_tokens=4, max_num_seqs=8),
+                                 reqs, 64)
+    trace = drive(sched, reqs, check_paged_step)
+    assert max(len(p.req_ids) for p in trace.plans) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ChunkedScheduler(ChunkedConfig(kind="chunked", chunk_size_tokens=8, max_num_seqs=8), reqs, 64)

@@ -161,7 +161,7 @@ def test_a_request_finishing_in_a_lone_plan_iteration_finishes() -> None:
     its only token there: it finishes at that iteration's end, as in the generic loop."""
     requests = Requests(np.zeros(2), np.array([6, 6]), np.array([1, 3]), np.array([9, 9]))
     scheduler = PagedConfig(kind="paged", block_size_tokens=2, watermark=0.0,
-                            max_num_batched_tokens=10)
+                            max_num_batched_tokens=10, max_num_seqs=10)
     _, fused_run = fused_small_run(requests, scheduler, 0.5)
     assert fused_run.recorder.finish_s.tolist() == [0.5, 2.0]
     assert fused_run.recorder.iterations_frame()["num_iterations"].tolist()[0] == 1

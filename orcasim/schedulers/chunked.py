@@ -13,10 +13,15 @@ chunk as the prompt is computed, where Sarathi's block manager allocates a whole
 admission (so here a prompt may start where Sarathi's would wait, and be preempted later);
 and the watermark is waived while nothing runs. With `chunk_size_tokens` at the token
 budget and `watermark: 0` this is vLLM v1's default scheduler (chunked prefill on).
+
+Each running request takes a token of the chunk every step, so at most
+`chunk_size_tokens` requests run at once, whatever `max_num_seqs` says: a run with the
+chunk below `max_num_seqs` warns (vLLM refuses such a token budget, `paged` too).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from pydantic import PositiveInt
@@ -30,6 +35,7 @@ class ChunkedConfig(PagedMemoryConfig):
     chunk_size_tokens: PositiveInt = 512
 
 
+
 class ChunkedScheduler(PagedScheduler):
     chunked_prefill = True
     # The paged hooks decline a run while any prompt chunk is left (paged_runs.decode_run).
@@ -40,3 +46,8 @@ class ChunkedScheduler(PagedScheduler):
         kv_bytes_per_token: float | None = None,
     ) -> None:
         self._setup(cfg, requests, kv_capacity_tokens, cfg.chunk_size_tokens, kv_bytes_per_token)
+        if cfg.chunk_size_tokens < cfg.max_num_seqs:
+            warnings.warn(f"scheduler.chunk_size_tokens = {cfg.chunk_size_tokens} is below "
+                          f"max_num_seqs = {cfg.max_num_seqs}: at most {cfg.chunk_size_tokens} "
+                          "requests run at once (each takes a token of the chunk a step); "
+                          "vLLM refuses a token budget below max_num_seqs", stacklevel=2)

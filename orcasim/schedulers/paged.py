@@ -131,13 +131,21 @@ class PagedConfig(PagedMemoryConfig):
                                 "(it follows vLLM v1's prefix cache)")
         if self.pad_prompts and self.policy != "prefill_first":
             raise ScenarioError("pad_prompts applies only to policy: prefill_first (vLLM v0.2-v0.3)")
-        if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_num_seqs:
-            # vLLM's SchedulerConfig._verify_args: every running decode must fit a step.
-            raise ScenarioError(
-                f"max_num_batched_tokens = {self.max_num_batched_tokens} is below max_num_seqs = "
-                f"{self.max_num_seqs}; expected >= max_num_seqs, as vLLM requires"
-            )
+        if self.policy != "distserve_decode":  # DistServe's decode instance has no such rule
+            check_budget_holds_seqs("max_num_batched_tokens", self.max_num_batched_tokens,
+                                    self.max_num_seqs)
         return self
+
+
+def check_budget_holds_seqs(key: str, budget_tokens: int, max_num_seqs: int) -> None:
+    """vLLM's SchedulerConfig._verify_args (v0 and v1, chunked prefill on or off): the
+    token budget holds at least `max_num_seqs` tokens. Every running request takes one
+    token of it a step, so below that it would quietly cap the batch at the budget."""
+    if budget_tokens < max_num_seqs:
+        raise ScenarioError(
+            f"{key} = {budget_tokens} is below max_num_seqs = {max_num_seqs}; expected >= "
+            "max_num_seqs, as vLLM requires (each running request takes a token a step: "
+            f"at most {budget_tokens} would run)")
 
 
 class Admission(NamedTuple):
