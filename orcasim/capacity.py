@@ -150,7 +150,7 @@ def rate_knob(scenario: Scenario, base_dir: Path | None = None,
     if kind == "trace":
         if num_requests is not None:
             data = scenario.model_dump(mode="json", exclude_none=True)
-            data["workload"]["arrival"]["max_requests"] = num_requests
+            cap_requests(data, num_requests)
             scenario = scenario_from_dict(data, scenario.name)
         with data_dir(base_dir):
             arrival_s = make_requests(scenario).arrival_s
@@ -178,10 +178,19 @@ def point_scenario(job: SearchJob, rate_per_s: float) -> Scenario:
     # A warm-up in seconds drops the same requests at every rate.
     data["warmup_s"] = float(data.get("warmup_s", 0.0)) * job.knob.start_rate_per_s / rate_per_s
     if job.settings.num_requests is not None:
-        trace = data["workload"]["arrival"]["kind"] == "trace"
-        key = "workload.arrival.max_requests" if trace else "workload.num_requests"
-        set_dotted(data, key, job.settings.num_requests)
+        cap_requests(data, job.settings.num_requests)
     return scenario_from_dict(data, f"{job.id} at {rate_per_s:.6g} req/s")
+
+
+def cap_requests(data: dict[str, Any], num_requests: int) -> None:
+    """Make a scenario's data run `num_requests` requests: a trace replays its first ones
+    (`max_requests`, in place of the `num_requests` that may have capped it), anything else
+    draws that many."""
+    if data["workload"]["arrival"]["kind"] == "trace":
+        data["workload"].pop("num_requests", None)
+        set_dotted(data, "workload.arrival.max_requests", num_requests)
+    else:
+        set_dotted(data, "workload.num_requests", num_requests)
 
 
 def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
@@ -227,7 +236,7 @@ def _bisect(job: SearchJob) -> tuple[float, float, list[dict[str, float]]]:
     low, high = _bracket(job.knob.start_rate_per_s, passes)
     for _ in range(MAX_BRACKET_STEPS):
         low, high = _narrow(low, high, passes, job.settings.rel_tol)
-        limit = service_rate(rows)
+        limit = stable_limit(rows, job.settings.rel_tol)
         if low < limit:
             break
         # A rate at or above what the server can serve passed only because its run ended
@@ -240,6 +249,15 @@ def _bisect(job: SearchJob) -> tuple[float, float, list[dict[str, float]]]:
         if low == 0.0:  # every rate that passed was at or above the limit: halve down from it
             low, high = _halve(high, passes)
     return low, high, rows
+
+
+def stable_limit(rows: list[dict[str, float]], rel_tol: float) -> float:
+    """The rate every stable arrival rate stays below: the measured throughput
+    (`service_rate`) less the search's tolerance. The throughput is a count over a finite
+    window: an M/D/1 server of 10 req/s read 10.006 and 10.017 in runs of 500 requests, and
+    10.0, its ceiling, passed. A rate within the search's tolerance of it is the ceiling at
+    the search's resolution."""
+    return service_rate(rows) / (1 + rel_tol)
 
 
 def service_rate(rows: list[dict[str, float]]) -> float:
@@ -329,6 +347,11 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
         raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
                             f"({'the rate it searches' if swept == knob.path else '--requests'}); "
                             "expected a grid over other keys")
+    if replications > 1 and scenario.workload.arrival.kind == "trace":
+        warnings.warn(f"workload.arrival.kind = 'trace': every replication replays the same "
+                      f"requests, so the {replications} replications differ only where a system "
+                      "draws at random (a random or power_of_two router); an interval of zero "
+                      "width is one sample of the trace, not a certain answer", stacklevel=2)
     children = np.random.SeedSequence(scenario.seed if seed is None else seed).spawn(replications)
     seeds = [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
     jobs = [SearchJob(p, name, r, s, params, base, str(base_dir), knob, settings)
@@ -402,10 +425,19 @@ def t_interval(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean() - half), float(values.mean() + half)
 
 
-def rate_interval(rates: np.ndarray) -> tuple[float, float]:
-    """`t_interval` of the replications' rates, stopped at 0: a rate is never negative."""
+def rate_interval(rates: np.ndarray, ceiling: float = math.inf) -> tuple[float, float]:
+    """`t_interval` of the replications' rates, stopped at 0 (a rate is never negative) and
+    at `ceiling`, the rate the search let no stable rate reach (an M/D/1 server of 10 req/s
+    had an interval up to 10.5)."""
     low, high = t_interval(rates)
-    return (low if math.isnan(low) else max(low, 0.0)), high
+    return (low if math.isnan(low) else max(low, 0.0)), min(high, ceiling)
+
+
+def measured_limit(group: Sequence[SearchOutcome], rel_tol: float) -> float:
+    """The median over the replications of each search's `stable_limit`; inf where none
+    saturated."""
+    measured = [r for r in (stable_limit(o.evaluations, rel_tol) for o in group) if r != math.inf]
+    return float(np.median(measured)) if measured else math.inf
 
 
 def gpus_and_price(scenario: Scenario, system_name: str,
@@ -438,7 +470,7 @@ def capacity_table(outcomes: list[SearchOutcome], jobs: list[SearchJob],
     for (point, system), group in sorted(_groups(done), key=lambda g: order[g[0]]):
         job = by_key[(point, system)]
         rates = np.array([o.max_rate_per_s for o in group])
-        low, high = rate_interval(rates)
+        low, high = rate_interval(rates, measured_limit(group, job.settings.rel_tol))
         scenario = point_scenario(job, job.knob.start_rate_per_s)
         gpus, per_hour = gpus_and_price(scenario, system, price_per_gpu_hour)
         rate = float(rates.mean())

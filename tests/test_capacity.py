@@ -66,8 +66,9 @@ def test_search_is_not_fooled_by_an_slo_an_overloaded_run_meets() -> None:
 def test_a_rate_above_the_measured_service_rate_fails(monkeypatch: pytest.MonkeyPatch,
                                                       start: float) -> None:
     """The server serves 5 req/s; runs are flagged saturated only above 6 (a weak test) and
-    meet the SLO up to 6: the answer is still just below 5, also where the search starts at
-    a rate that passes above 5 and no rate that passed is left below it (it answered 0)."""
+    meet the SLO up to 6: the answer is still just below 5 (less the search's tolerance,
+    which covers the measurement's own noise), also where the search starts at a rate that
+    passes above 5 and no rate that passed is left below it (it answered 0)."""
     def evaluate(job: cap.SearchJob, rate: float) -> dict[str, float]:
         saturated = rate > 6
         return {"rate_per_s": rate, "passes": float(not saturated), "saturated": float(saturated),
@@ -75,8 +76,9 @@ def test_a_rate_above_the_measured_service_rate_fails(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(cap, "evaluate", evaluate)
     outcome = cap.search(fake_job(0, start)[0])
-    assert 5.0 / (1 + cap.DEFAULT_REL_TOL) <= outcome.max_rate_per_s < 5.0 <= outcome.fail_rate_per_s
-    assert all(not e["passes"] for e in outcome.evaluations if e["rate_per_s"] >= 5.0)
+    limit = 5.0 / (1 + cap.DEFAULT_REL_TOL)
+    assert limit / (1 + cap.DEFAULT_REL_TOL) <= outcome.max_rate_per_s < limit <= outcome.fail_rate_per_s
+    assert all(not e["passes"] for e in outcome.evaluations if e["rate_per_s"] >= limit)
 
 
 def fake_job(threshold: float, start: float) -> tuple[cap.SearchJob, list[float]]:

@@ -325,3 +325,49 @@ def test_plot_of_a_capacity_folder_with_nothing_evaluated_says_so(tmp_path: Path
     result = runner.invoke(app, ["plot", str(out)])
     assert result.exit_code == 0
     assert "holds nothing to draw (no rate was evaluated)" in result.output
+
+
+def test_the_servers_ceiling_is_not_a_capacity() -> None:
+    """A tester's case: e2e_p90 <= 1.5 at 500 requests. Replication 2 doubled 5 to exactly
+    10 req/s, the ceiling, which passed: its saturated runs read the throughput as 10.006
+    and 10.017 (a count over a finite window), and the interval reached 10.5. A rate within
+    the search's tolerance of the measured throughput now fails, and the interval stops
+    there."""
+    jobs = cap.search_jobs(scenario_from_dict(MD1), Path.cwd(), slo_from_strings(["e2e_p90=1.5"]), 4,
+                           cap.SearchSettings(num_requests=500))
+    outcomes = [cap.search(job) for job in jobs]
+    assert all(o.ok and 8.0 < o.max_rate_per_s < 10.0 / (1 + cap.DEFAULT_REL_TOL) for o in outcomes)
+    table = cap.capacity_table(outcomes, jobs)
+    assert table["ci_high"].iloc[0] < 10.0
+    assert table["ci_high"].iloc[0] == pytest.approx(cap.measured_limit(outcomes, cap.DEFAULT_REL_TOL))
+
+
+def _trace_md1(tmp_path: Path, num_requests: int) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    trace = tmp_path / "tr.csv"
+    pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(0.2, 300)), "prompt_tokens": 1,
+                  "output_tokens": 1}).to_csv(trace, index=False)
+    workload = {"num_requests": num_requests, "arrival": {"kind": "trace", "path": str(trace)},
+                "max_tokens": 2}
+    return {**MD1, "workload": workload}
+
+
+def test_a_trace_capped_by_num_requests_is_searched_at_the_requests_given(tmp_path: Path) -> None:
+    """A trace scenario that caps itself with workload.num_requests (as `run` accepts) was
+    refused at any --requests but its own: the search set arrival.max_requests beside it."""
+    scenario = scenario_from_dict(_trace_md1(tmp_path, 250))
+    jobs = cap.search_jobs(scenario, tmp_path, slo_from_strings(["e2e_p90=1"]), 1,
+                           cap.SearchSettings(num_requests=200))
+    point = cap.point_scenario(jobs[0], 3.0)
+    assert point.workload.num_requests is None and point.workload.arrival.max_requests == 200
+    assert cap.search(jobs[0]).ok
+
+
+def test_a_traces_replications_are_said_to_be_one_sample(tmp_path: Path) -> None:
+    scenario = scenario_from_dict(_trace_md1(tmp_path, 250))
+    with pytest.warns(UserWarning, match=r"every replication replays the same requests, so the 3 "
+                                         r"replications differ only where a system draws at random"):
+        cap.search_jobs(scenario, tmp_path, slo_from_strings(["e2e_p90=1"]), 3,
+                        cap.SearchSettings(num_requests=200))
