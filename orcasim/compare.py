@@ -92,15 +92,27 @@ def read_metrics(path: Path) -> Metrics:
     one-line error naming the file."""
     data = read_json(path)
     ok = isinstance(data, dict) and all(
-        isinstance(m, dict) and all(v is None or (isinstance(v, int | float) and not isinstance(v, bool))
-                                    for v in m.values())
-        for m in data.values())
+        isinstance(m, dict) and all(map(_is_metric, m.values())) for m in data.values())
     if not ok:
-        raise ScenarioError(f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes it")
+        raise ScenarioError(f"{path}: expected {{system: {{metric: number}}}} with finite numbers "
+                            "(null where undefined), as orcasim writes it")
     if not data:
         raise ScenarioError(f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes "
                             "it; it holds no system")
     return {s: {k: math.nan if v is None else float(v) for k, v in m.items()} for s, m in data.items()}
+
+
+def _is_metric(value: object) -> bool:
+    """null, or a finite number a float holds: orcasim writes nothing else. Python's json
+    reads `Infinity` and `NaN`, against which any value compared as unmoved."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer past float's range
+        return False
 
 
 # Relative tolerance: only float summation noise across numpy builds and platforms.
@@ -113,7 +125,7 @@ def moved(before: float, after: float, rel_tol: float = DEFAULT_REL_TOL) -> bool
     """Whether a metric changed by more than float noise (`rel_tol` 0: by anything)."""
     if same_value(before, after):
         return False
-    if math.isnan(before) or math.isnan(after):
+    if not (math.isfinite(before) and math.isfinite(after)):  # inf against anything: inf > inf
         return True
     return abs(after - before) > rel_tol * abs(before) + (ABS_TOL if rel_tol else 0.0)
 

@@ -164,11 +164,13 @@ def littles_law(done: pd.DataFrame) -> dict[str, float]:
 
 def offered_rps(arrival_s: np.ndarray, initial_sends: int = 1) -> float:
     """The realised arrival rate of a run: arrivals per second after the first
-    `initial_sends`, between the first arrival and the last.
+    `initial_sends`, between the first arrival and the last; NaN where nothing came after
+    them.
 
-    An open process starts with one arrival. A closed loop's clients all send their first
-    request at the start (`initial_sends` = the number of clients); what the loop offers
-    afterwards is one send per completion (after the think time). Counting the first sends
+    An open process starts with one arrival. A closed loop's clients, or a fixed number of
+    sessions, all send their first requests at the start (`initial_sends`, see
+    `orcasim.workload.arrivals.initial_sends`); what the loop offers afterwards is one send
+    per completion (after the think time). Counting the first sends
     as a rate made 128 clients of a server completing 6.1 req/s offer 9.8 req/s in 300
     requests, and a sweep's keeps-up test then rejected a row that could not fall behind.
     """

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orcasim.cli import app
-from orcasim.compare import deltas, load_metrics, relative_change
+from orcasim.compare import deltas, load_metrics, moved, relative_change
 from orcasim.config import ScenarioError
 
 
@@ -98,6 +98,9 @@ def test_relative_change_and_sameness_with_nan() -> None:
     assert not same_value(1.0, math.nan) and not same_value(math.nan, 1.0)
     assert relative_change(1.0, math.nan) == math.inf and relative_change(math.nan, 1.0) == math.inf
     assert relative_change(math.nan, math.nan) == 0.0
+    # Infinity against anything else moved (inf - x > tol * inf was inf > inf: False).
+    assert moved(math.inf, 5.0) and moved(5.0, math.inf) and moved(math.inf, -math.inf, 0.0)
+    assert not moved(math.inf, math.inf)
 
 
 def test_a_summary_that_is_not_systems_of_numbers_is_a_one_line_error(tmp_path: Path) -> None:
@@ -107,12 +110,16 @@ def test_a_summary_that_is_not_systems_of_numbers_is_a_one_line_error(tmp_path: 
     from orcasim.config import ScenarioError
 
     path = tmp_path / "summary.json"
+    # Python's json reads Infinity and NaN, and a baseline of Infinity matched any value (a
+    # tester's find); a 401-digit count was an OverflowError traceback.
     for bad in ([1, 2], {"orca": [1.0]}, {"orca": {"e2e_s_p50": "fast"}}, {"orca": {"ok": True}},
-                {"orca": {"x": 1.0}, "other": 3.0}):
+                {"orca": {"x": 1.0}, "other": 3.0}, {"orca": {"x": math.inf}},
+                {"orca": {"x": -math.inf}}, {"orca": {"x": math.nan}}, {"orca": {"n": 10**400}}):
         path.write_text(json.dumps(bad))
         with pytest.raises(ScenarioError) as error:
             read_metrics(path)
-        assert str(error.value) == f"{path}: expected {{system: {{metric: number}}}}, as orcasim writes it"
+        assert str(error.value) == (f"{path}: expected {{system: {{metric: number}}}} with finite "
+                                    "numbers (null where undefined), as orcasim writes it")
     path.write_text(json.dumps({"orca": {"n": 3, "x": None}}))
     metrics = read_metrics(path)
     assert metrics["orca"]["n"] == 3.0 and isinstance(metrics["orca"]["n"], float)

@@ -11,6 +11,7 @@ from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario
 from orcasim.sweeps import run_scenario_sweep, scenario_sweep, throughput_under_bound
+from orcasim.sweeps.table import SUSTAIN_FRACTION
 from tests.conftest import make_scenario
 from tests.test_cli import orcasim
 
@@ -107,3 +108,41 @@ def test_a_saturated_closed_loop_offers_what_it_completes() -> None:
     ratio = frame["throughput_rps"] / frame["offered_rps"]
     assert ratio.between(0.95, 1.05).all(), frame[["system", "offered_rps", "throughput_rps"]]
     assert throughput_under_bound(frame, float("inf")).notna().all()
+
+
+@pytest.mark.parametrize("kind", ["conversations", "agents"])
+def test_fixed_sessions_offer_what_they_complete(kind: str) -> None:
+    """64 sessions of three steps, 32 or 64 at once, no pause, on Orca with batches of 4: all
+    of their first calls go out at time 0 (an agent's fan-out of 2 sends two a step), then
+    one per answer. Counting the first ones as a rate read 0.83 and 0.64 of it completed (a
+    tester's find) and the keeps-up test dropped rows of a loop that cannot fall behind."""
+    steps = {"kind": "constant", "value": 3}
+    arrival = {"kind": kind, "num_sessions": 64, "concurrent_sessions": 32,
+               "output_tokens": {"kind": "uniform", "low": 8, "high": 32},
+               "max_context_tokens": 1024}
+    if kind == "conversations":
+        arrival |= {"turns": steps, "user_tokens": {"kind": "uniform", "low": 32, "high": 128},
+                    "think_time": {"kind": "constant", "value_s": 0.0}}
+    else:
+        arrival |= {"steps": steps, "observation_tokens": {"kind": "uniform", "low": 32, "high": 128},
+                    "tool_time": {"kind": "constant", "value_s": 0.0},
+                    "fan_out": {"branches": 2, "wait_for": 2}}
+    sc = make_scenario(**{"workload": {"max_tokens": 2048, "arrival": arrival},
+                          "kv_capacity_tokens": 100000,
+                          "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level",
+                                                                     "max_batch_size": 4}}],
+                          "sweep": {"parameter": "workload.arrival.concurrent_sessions",
+                                    "values": [32, 64]}})
+    frame = run_scenario_sweep(sc, Path.cwd())
+    ratio = frame["throughput_rps"] / frame["offered_rps"]
+    assert ratio.between(SUSTAIN_FRACTION, 1.1).all(), frame[["offered_rps", "throughput_rps"]]
+    assert throughput_under_bound(frame, float("inf"))["orca"] == frame["throughput_rps"].max()
+
+
+def test_every_request_sent_at_once_offers_no_rate_and_keeps_up() -> None:
+    """A closed loop of as many clients as requests sends them all at time 0: no rate is
+    offered after them (NaN), and such a row is not dropped as falling behind."""
+    frame = pd.DataFrame({"system": ["a", "a"], "throughput_rps": [3.0, 5.0],
+                          "normalized_latency_s_per_token_p50": [0.1, 0.1],
+                          "offered_rps": [3.0, float("nan")]})
+    assert throughput_under_bound(frame, 0.2)["a"] == 5.0

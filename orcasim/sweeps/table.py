@@ -49,7 +49,10 @@ def throughput_under_bound(
     that load. A measured row, not an interpolation: the sweep's grid sets the resolution
     (with replications, each one counts on its own). NaN when no row qualifies.
     """
-    keeps_up = table[THROUGHPUT] >= sustain_fraction * table["offered_rps"]
+    # No rate offered (every request sent at once at the start: a closed loop with as many
+    # clients as requests) is nothing to fall behind.
+    offered = table["offered_rps"]
+    keeps_up = (table[THROUGHPUT] >= sustain_fraction * offered) | offered.isna()
     ok = table[(table[MEDIAN_LATENCY] <= bound_s) & keeps_up]
     best = ok.groupby("system", sort=False)[THROUGHPUT].max()
     return best.reindex(table["system"].unique()).astype(np.float64)

@@ -66,6 +66,7 @@ def run_task(task: Task) -> Outcome:
     """Run one task. Any exception becomes a failed Outcome: a bad point never kills a sweep."""
     from orcasim.metrics import offered_rps
     from orcasim.run import run_scenario
+    from orcasim.workload.arrivals import initial_sends
 
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -79,10 +80,9 @@ def run_task(task: Task) -> Outcome:
             return Outcome.failed(task, e, time.perf_counter() - start, said)
     said = list(dict.fromkeys(str(w.message) for w in caught))
     # The realised load beside the summary: whether a system keeps up is judged against it.
-    arrival = scenario.workload.arrival
-    initial_sends = arrival.num_clients if arrival.kind == "closed_loop" else 1
+    first = initial_sends(scenario.workload.arrival)
     systems: dict[str, dict[str, Any]] = {
-        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy(), initial_sends),
+        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy(), first),
             **r.summary}
         for n, r in result.systems.items()
     }

@@ -79,3 +79,20 @@ Arrival = Annotated[
     Field(discriminator="kind"),
 ]
 
+
+
+def initial_sends(arrival: PoissonArrival | GammaArrival | ConstantArrival | TraceArrival
+                  | ClosedLoopArrival | ConversationArrival | AgentArrival) -> int:
+    """How many requests the workload sends at once at its start, before any answer: a
+    closed loop's clients, or the calls of a fixed number of sessions' first steps (an
+    agent's fan-out issues `branches` a step). What it offers after them is one send per
+    answer; an open process starts with one arrival."""
+    match arrival:
+        case ClosedLoopArrival():
+            return arrival.num_clients
+        case AgentArrival(concurrent_sessions=int(sessions)):
+            return min(sessions, arrival.num_sessions) * arrival.fan_out.branches
+        case ConversationArrival(concurrent_sessions=int(sessions)):
+            return min(sessions, arrival.num_sessions)
+        case _:
+            return 1
