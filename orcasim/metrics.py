@@ -170,9 +170,9 @@ def offered_rps(arrival_s: np.ndarray, initial_sends: int = 1) -> float:
     An open process starts with one arrival. A closed loop's clients, or a fixed number of
     sessions, all send their first requests at the start (`initial_sends`, see
     `orcasim.workload.arrivals.initial_sends`); what the loop offers afterwards is one send
-    per completion (after the think time). Counting the first sends
-    as a rate made 128 clients of a server completing 6.1 req/s offer 9.8 req/s in 300
-    requests, and a sweep's keeps-up test then rejected a row that could not fall behind.
+    per completion (after the think time). Counting the first sends as a rate made 128
+    clients of a server completing 6.1 req/s offer 9.8 req/s in 300 requests, and a sweep's
+    keeps-up test then rejected a row that could not fall behind.
     """
     n = len(arrival_s)
     span_s = float(arrival_s.max() - arrival_s.min()) if n > 1 else 0.0

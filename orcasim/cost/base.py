@@ -63,9 +63,9 @@ class StageEnds:
     """The parts of a pipelined iteration's time that one stage spends alone.
 
     vLLM builds the embedding on the first pipeline rank only and the LM head on the last
-    (`PPMissingLayer` stands in for them elsewhere; its `get_pp_indices` gives the last
-    stage fewer layers for that reason), and each stage but the last sends the activations
-    to the next. Split by layers instead, the LM head of a large vocabulary (Llama-3-8B's
+    (`PPMissingLayer` stands in for them elsewhere; `get_pp_indices` puts an uneven split's
+    extra layers on the stages before the last), and each stage but the last sends the
+    activations to the next. Split by layers instead, the LM head of a large vocabulary (Llama-3-8B's
     128k x 4096, 1 GB read per decode step) spread over the stages, hiding the last stage's
     lead and so the pipeline's pace.
     """

@@ -143,8 +143,8 @@ class ProfileCost(CostModel):
         return total, out | comm_out
 
     def stage_ends(self, batch: Batch) -> StageEnds | None:
-        """`_token_side`'s embedding, LM head and one stage send (see `StageEnds`); its
-        out-of-range points are counted there, once."""
+        """`_token_side`'s embedding and LM head, and `_communication`'s send at each stage
+        boundary (see `StageEnds`); their out-of-range points are counted there, once."""
         if self.pipeline_stages == 1 or batch.size == 0:
             return None
         num_tokens = np.asarray(float(batch.total_query_tokens))

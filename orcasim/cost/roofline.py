@@ -245,8 +245,8 @@ class Roofline(CostModel):
         return layers + ends + comm
 
     def stage_ends(self, batch: Batch) -> StageEnds | None:
-        """`_fixed_s`'s embedding, LM head and one stage send: the first stage embeds, the
-        last samples, each other sends (see `StageEnds`)."""
+        """`_fixed_s`'s embedding, LM head and each boundary's send: the first stage embeds,
+        the last runs the LM head, each but the last sends (see `StageEnds`)."""
         if self.pipeline_stages == 1 or batch.size == 0:
             return None
         group_tokens = batch.total_query_tokens / self.dp

@@ -35,7 +35,6 @@ class ChunkedConfig(PagedMemoryConfig):
     chunk_size_tokens: PositiveInt = 512
 
 
-
 class ChunkedScheduler(PagedScheduler):
     chunked_prefill = True
     # The paged hooks decline a run while any prompt chunk is left (paged_runs.decode_run).
