@@ -152,3 +152,30 @@ def test_the_2026_catalog_entries_come_from_their_configs_at_their_release_preci
     assert model_spec("llama3.1-70b").param_count() == model_spec("llama3-70b").param_count()
     for name in ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b"):
         assert model_spec(name).moe is not None and model_spec(name).source
+
+
+def test_each_pipeline_stage_holds_its_own_weights_and_the_tightest_sets_the_kv() -> None:
+    """GPT-3 13B (tied embeddings) on 3 A100-40GBs: 14, 13 and 13 layers, the embedding on
+    the first stage, the LM head (a copy of the tied table) and final norm on the last, as
+    vLLM builds them. The first stage holds the most weights and a layer more of KV: it
+    sets the capacity (vLLM takes the fewest blocks of its workers). The even share of the
+    weights read 91,927 tokens; the first stage holds 89,218."""
+    from orcasim.cost.catalog import (
+        GIB,
+        derive_kv_capacity_tokens,
+        stage_weight_bytes,
+    )
+
+    model, hw = model_spec("gpt3-13b"), HardwareConfig(gpu="a100-40gb", pipeline_parallel=3)
+    d, vocab, layer = 5120, model.vocab_size, model.layer_params()
+    positions = model.max_seq_len * d if model.positional == "learned" else 0
+    table, norm = vocab * d, 2 * d
+    assert stage_weight_bytes(model, hw) == pytest.approx(
+        [2 * (14 * layer + table + positions), 2 * 13 * layer, 2 * (13 * layer + table + norm)], rel=1e-12)
+    # One stage shares the tied table: the model's own count.
+    one = HardwareConfig(gpu="a100-40gb")
+    assert stage_weight_bytes(model, one) == pytest.approx([model.weight_bytes()], rel=1e-12)
+    budget = 40e9 * 0.9 - GIB
+    kv_per_layer = 2 * d * 2  # K and V, bf16
+    first = int((budget - 2 * (14 * layer + table + positions)) // (14 * kv_per_layer))
+    assert derive_kv_capacity_tokens(model, hw) == first == 89218

@@ -183,6 +183,13 @@ class ModelSpec(Strict):
         moe_layers = self.num_layers - len(moe.dense_layers)
         return moe_layers * moe.num_experts * self._params_per_expert(moe)
 
+    def layer_routed_expert_params(self, layer: int) -> int:
+        """Weights of decoder layer `layer`'s routed experts (0 in a dense layer)."""
+        moe = self.moe
+        if moe is None or layer in moe.dense_layers:
+            return 0
+        return moe.num_experts * self._params_per_expert(moe)
+
     def _params_per_expert(self, moe: MoESpec) -> int:
         return 3 * self.hidden_size * moe.expert_intermediate_size  # SwiGLU experts
 
@@ -453,7 +460,11 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
     With fewer KV heads than tensor-parallel ranks (GQA) each rank keeps a replica of one
     head, as Megatron and vLLM do.
     """
-    layers = layers_per_stage(model, hw.pipeline_parallel)
+    return kv_bytes_per_token_of_layers(model, hw, layers_per_stage(model, hw.pipeline_parallel))
+
+
+def kv_bytes_per_token_of_layers(model: ModelSpec, hw: HardwareConfig, layers: int) -> float:
+    """KV bytes one GPU holding `layers` layers keeps per token (`kv_bytes_per_token_per_gpu`)."""
     if model.mla is not None:  # the latent is not split by heads: every rank keeps it whole
         return float(layers * model.kv_values_per_token_per_layer() * model.kv_element_bytes)
     heads_per_gpu = max(model.kv_heads / hw.tensor_parallel, 1.0)
@@ -461,27 +472,64 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
 
 
 def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
-    """Weights one GPU holds: its stage's share of everything but the routed experts split
-    by tensor parallelism (replicated over data-parallel attention groups), and of the
-    routed experts split by expert parallelism (or by tensor parallelism without it).
+    """Weights one GPU of the heaviest stage holds: everything but the routed experts split
+    by tensor parallelism (replicated over data-parallel attention groups), and the routed
+    experts split by expert parallelism (or by tensor parallelism without it).
 
-    Without data-parallel attention that is the weights / GPUs (expert parallelism then
-    spans the tensor-parallel ranks, `HardwareConfig`).
+    On one stage, without data-parallel attention, that is the weights / GPUs (expert
+    parallelism then spans the tensor-parallel ranks, `HardwareConfig`); over several, each
+    stage's own (`stage_weight_bytes`).
     """
+    if hw.pipeline_parallel > 1:
+        return max(stage_weight_bytes(model, hw))
     expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
-    per_stage = (model.non_expert_weight_bytes() / hw.tensor_parallel
-                 + model.routed_expert_params() * model.expert_element_bytes / expert_ranks)
-    return per_stage / hw.pipeline_parallel
+    return (model.non_expert_weight_bytes() / hw.tensor_parallel
+            + model.routed_expert_params() * model.expert_element_bytes / expert_ranks)
+
+
+def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
+    """Weights one GPU of each pipeline stage holds: its layers (`stage_layers`), the token
+    (and learned position) embedding on the first stage, the final norm and LM head on the
+    last. vLLM builds them so (`PPMissingLayer` elsewhere), and with tied embeddings the
+    last stage keeps a copy of the table for its LM head."""
+    expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
+    d, emb_bytes = model.hidden_size, model.embedding_element_bytes
+    positions = model.max_seq_len * d if model.positional == "learned" else 0
+    first = (model.vocab_size * d + positions) * emb_bytes / hw.tensor_parallel
+    # One stage shares a tied table between embedding and LM head.
+    head = model.vocab_size * d if hw.pipeline_parallel > 1 or not model.tied_embeddings else 0
+    last = (head + d * (2 if model.bias else 1)) * emb_bytes / hw.tensor_parallel
+    out, start = [], 0
+    for k, count in enumerate(stage_layers(model, hw.pipeline_parallel)):
+        layers = range(start, start + count)
+        start += count
+        expert = [model.layer_routed_expert_params(i) for i in layers]
+        own = sum(model.layer_params(i) - e for i, e in zip(layers, expert, strict=True))
+        weights = (own * model.weight_element_bytes / hw.tensor_parallel
+                   + sum(expert) * model.expert_element_bytes / expert_ranks)
+        out.append(weights + (first if k == 0 else 0.0) + (last if k == hw.pipeline_parallel - 1 else 0.0))
+    return out
 
 
 def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
     """KV tokens the deployment can hold: (memory x utilisation - weights - reserve) / KV bytes.
 
     Per GPU, since every GPU holds the same tokens' KV for its own layers and heads; each
-    data-parallel attention group holds its own requests' KV, so the groups add up.
-    Raises ScenarioError when the weights leave no room for one token's KV.
+    data-parallel attention group holds its own requests' KV, so the groups add up. Over
+    pipeline stages, the fewest any stage holds (vLLM takes the minimum of its workers'
+    blocks): each with its own weights and layers. Raises ScenarioError when the weights
+    leave no room for one token's KV.
     """
-    weights_per_gpu = weight_bytes_per_gpu(model, hw)
+    if hw.pipeline_parallel > 1:
+        return min(_kv_capacity_tokens(model, hw, weights, layers) for weights, layers in
+                   zip(stage_weight_bytes(model, hw), stage_layers(model, hw.pipeline_parallel),
+                       strict=True))
+    return _kv_capacity_tokens(model, hw, weight_bytes_per_gpu(model, hw), model.num_layers)
+
+
+def _kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig, weights_per_gpu: float,
+                        layers: int) -> int:
+    """`derive_kv_capacity_tokens` of one stage of `layers` layers and those weights."""
     budget = hw.gpu.memory_bytes * hw.gpu_memory_utilization - hw.activation_reserve_gib * GIB
     if budget <= 0:  # the two settings alone: say so, not that the weights are too large
         raise ScenarioError(
@@ -489,7 +537,7 @@ def derive_kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig) -> int:
             f"{hw.gpu.memory_bytes / 1e9:g} GB less activation_reserve_gib = "
             f"{hw.activation_reserve_gib:g} leaves {budget / 1e9:.3g} GB for weights and KV; "
             "expected a utilisation near vLLM's 0.9 and a reserve well under the GPU's memory")
-    tokens_per_gpu = int((budget - weights_per_gpu) // kv_bytes_per_token_per_gpu(model, hw))
+    tokens_per_gpu = int((budget - weights_per_gpu) // kv_bytes_per_token_of_layers(model, hw, layers))
     if tokens_per_gpu < 1:  # weights over the budget, or too close to it for one token's KV
         raise ScenarioError(
             f"model {model.name} needs {weights_per_gpu / 1e9:.1f} GB of weights per GPU on "
