@@ -18,7 +18,9 @@ stage, the LM head on the last and each boundary's send on the stage that sends,
 cost model knows them, `CostModel.stage_ends`; an engine overhead's launch floor is each
 stage's own), and batches flow through the stages in order (a flow shop): stage k starts a
 batch when the batch has left stage k-1 and stage k has finished the previous batch. An
-iteration row is the batch's time on its busiest stage, the pipeline's pace.
+iteration row is the batch's time on the first stage, which takes one batch at a time, so
+rows never overlap (the busiest stage's time, from the first stage's start, overlapped the
+next row while the pipeline filled: a tester's find).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class _Flight:
     plan: SchedulerOutput
     start_s: float  # when stage 1 starts it
     end_s: float  # when the last stage finishes it
-    stage_s: float  # its time on its busiest stage
+    stage_s: float  # its time on the first stage
 
 
 class PipelineStepper:
@@ -160,7 +162,7 @@ class PipelineStepper:
                 start_s = begin
             t = begin + stage_s
             self.stage_free_s[k] = t
-        return _Flight(plan, start_s, t, max(times_s))
+        return _Flight(plan, start_s, t, times_s[0])
 
 
 class PipelineEngine:

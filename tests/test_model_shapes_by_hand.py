@@ -634,14 +634,19 @@ def test_a_host_over_a_plain_decode_line_adds_its_decode_terms_only() -> None:
 
 
 def test_weights_per_gpu_by_hand() -> None:
-    """Mixtral in bf16 over TP 2 x PP 2: every weight split by the 4 GPUs, experts by TP.
+    """Mixtral in bf16 over TP 2 x PP 2: each stage's weights split by TP 2, experts too;
+    the heavier stage is the last (its 16 layers, the LM head and the final norm; the first
+    holds the embedding: untied, as large as the head), a norm's 2 KiB over an even share.
     gpt-oss-20b over 2 data-parallel groups with EP 2: the bf16 non-expert weights whole
     on each GPU, half of the mxfp4 experts (17 bytes a block of 32 values)."""
     from orcasim.cost.catalog import weight_bytes_per_gpu
 
     mixtral = model_from_argument("mixtral-8x7b")
     tp_pp = HardwareConfig(gpu="h200", tensor_parallel=2, pipeline_parallel=2)
-    assert weight_bytes_per_gpu(mixtral, tp_pp) == pytest.approx(mixtral.param_count() * 2 / 4, rel=1e-15)
+    d = mixtral.hidden_size
+    last = 16 * mixtral.layer_params() + mixtral.vocab_size * d + d
+    assert weight_bytes_per_gpu(mixtral, tp_pp) == pytest.approx(last * 2 / 2, rel=1e-15)
+    assert weight_bytes_per_gpu(mixtral, tp_pp) - mixtral.param_count() * 2 / 4 == pytest.approx(d / 2 * 2 / 2)
     oss = hf("gpt-oss-20b")
     experts = oss.routed_expert_params()
     dp_ep = HardwareConfig(gpu="h200", data_parallel_attention=2, expert_parallel=2)

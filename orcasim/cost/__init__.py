@@ -8,7 +8,7 @@ from pydantic import Field
 
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.catalog import Deployment
+from orcasim.cost.catalog import Deployment, stage_layers
 from orcasim.cost.fitted import FittedCostConfig, build_fitted_cost
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.overhead import OverheadConfig, OverheadCost
@@ -37,7 +37,8 @@ def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> C
     # host launching its own layers), so its floor is every layer's launch: the sum of the
     # stages' own floors, which a pipelined engine applies stage by stage (stage_times_s).
     return OverheadCost(gpu, cfg.overhead, deployment.model.num_layers, hw.tensor_parallel,
-                        hw.data_parallel_attention, checked_source=checked)
+                        hw.data_parallel_attention, checked_source=checked,
+                        stage_layers=stage_layers(deployment.model, hw.pipeline_parallel))
 
 
 def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel:
