@@ -25,6 +25,7 @@ from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
 from orcasim.requests import Requests, WayIn
+from orcasim.saturation import session_saturation
 from orcasim.scenario import (
     Scenario,
     SystemConfig,
@@ -163,6 +164,19 @@ def with_sessions(result: SystemResult, source: ArrivalSource, warmup_s: float) 
     reqs = session_columns(result.requests, source)
     sessions = sessions_frame(reqs, source)
     summary = {**result.summary, **sessions_summary(sessions, source, warmup_s)}
+    summary.update(session_saturation(sessions["start_s"].to_numpy(), sessions["end_s"].to_numpy(),
+                                      warmup_s))
+    if not summary["sessions_completed"]:
+        warnings.warn(f"{result.name}: no session that started at or after warmup_s = {warmup_s:g} "
+                      "completed: the session metrics (tasks_per_hour, task_time_*) are empty; "
+                      "expected a warm-up below the last session's start", stacklevel=2)
+    if summary["session_saturated"] and not summary["saturated"]:
+        summary["saturated"] = 1.0
+        warnings.warn(
+            f"{result.name}: saturated: sessions in progress grew by "
+            f"{summary['session_saturation_growth_sessions']:.0f} over the last three quarters "
+            "of the session starts (its calls' own queue drains between steps); its task times "
+            "grow with the run's length", stacklevel=2)
     return dataclasses.replace(result, requests=reqs, summary=summary, sessions=sessions)
 
 

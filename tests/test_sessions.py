@@ -635,3 +635,43 @@ def test_prefill_firsts_budget_check_bounds_a_session_step_by_the_room_alone() -
     build(32, watermark=0.2)
     with pytest.raises(ScenarioError, match="below a session step's prompt \\+ output - 1 = 32 tokens"):
         build(31, watermark=0.2)
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_sessions_started_faster_than_served_are_saturated(mode: str) -> None:
+    """A tester's case: Tree-of-Thoughts agents started at 0.15 a second (540 tasks an hour)
+    on a request-level server that completes about 200: a session's calls come only as its
+    answers return, so the calls' queue drains and read z = -3.3, while the sessions in
+    progress grow and task time doubles with the run's length. Now flagged, on the sessions;
+    at a tenth of the rate the same server keeps up."""
+    from orcasim.scenario import load_scenario
+
+    def summary(rate: float) -> dict[str, float]:
+        sc = load_scenario("scenarios/agents/tree_of_thoughts.yaml", [
+            "workload.arrival.num_sessions=40", f"workload.arrival.session_rate_per_s={rate}",
+            "systems=[{name: rl, scheduler: {kind: request_level, max_batch_size: 16}}]",
+            f"engine.mode={mode}", "warmup_s=0"])
+        return run_scenario(sc).systems["rl"].summary
+
+    with pytest.warns(UserWarning, match=r"rl: saturated: sessions in progress grew by \d+"):
+        over = summary(0.15)
+    assert over["saturated"] == over["session_saturated"] == 1.0
+    assert over["session_saturation_z"] > 3 > over["saturation_z"]
+    assert over["tasks_per_hour"] < 0.5 * 0.15 * 3600
+    calm = summary(0.015)
+    assert calm["saturated"] == calm["session_saturated"] == 0.0
+    assert calm["session_saturation_z"] < 3
+
+
+def test_a_warm_up_past_every_session_says_the_session_metrics_are_empty() -> None:
+    """A tester's case: 12 conversations, all started within the 60 s warm-up: the requests
+    were measured, the session metrics were NaN without a word."""
+    from orcasim.scenario import load_scenario
+
+    sc = load_scenario("scenarios/prefix/conversations.yaml", [
+        "workload.arrival.num_sessions=12", "systems=[{name: o, scheduler: {kind: iteration_level, "
+        "max_batch_size: 8}}]"])
+    with pytest.warns(UserWarning, match=r"o: no session that started at or after warmup_s = 60 "
+                                         r"completed: the session metrics .* are empty"):
+        summary = run_scenario(sc).systems["o"].summary
+    assert summary["sessions_completed"] == 0 and np.isnan(summary["tasks_per_hour"])
