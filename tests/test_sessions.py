@@ -675,3 +675,14 @@ def test_a_warm_up_past_every_session_says_the_session_metrics_are_empty() -> No
                                          r"completed: the session metrics .* are empty"):
         summary = run_scenario(sc).systems["o"].summary
     assert summary["sessions_completed"] == 0 and np.isnan(summary["tasks_per_hour"])
+
+
+def test_a_sessions_clipped_lognormal_says_its_mean() -> None:
+    """A tester's case: a conversation's answers lognormal, mean 100, sigma 3, clipped to 40
+    tokens, ran without the warning a request workload's own lengths give."""
+    from orcasim.scenario import load_scenario
+
+    with pytest.warns(UserWarning, match=r"workload.arrival.output_tokens: lognormal mean 100, "
+                                         r"sigma 3, clipped to \[1, 40\], has a mean of about"):
+        load_scenario("scenarios/prefix/conversations.yaml",
+                      ["workload.arrival.output_tokens={kind: lognormal, mean: 100, sigma: 3, max: 40}"])
