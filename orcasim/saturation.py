@@ -30,6 +30,8 @@ short to judge: NaN evidence, not flagged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -47,6 +49,37 @@ def waiting_count(arrival_s: np.ndarray, scheduled_s: np.ndarray, t_s: np.ndarra
     return arrived - started
 
 
+@dataclass(frozen=True)
+class Growth:
+    """How much a count of things entered and not yet left grew over a window (see the
+    module docstring): `growth`, `z` in units of sqrt(`entered`), over [`from_s`, `from_s` +
+    `span_s` = `end_s`], the last three quarters of the entries."""
+
+    growth: float
+    z: float
+    from_s: float
+    end_s: float
+    span_s: float
+    entered: int
+
+
+def growth_over_entries(entered_s: np.ndarray, left_s: np.ndarray) -> Growth | None:
+    """The `Growth` of the things entered at `entered_s` and left at `left_s` (inf: never);
+    None where fewer than `MIN_ARRIVALS` entered in the window, too few to judge."""
+    if len(entered_s) < 2:
+        return None
+    start_s, end_s = float(entered_s.min()), float(entered_s.max())
+    from_s = start_s + SKIP_FRACTION * (end_s - start_s)
+    span_s = end_s - from_s
+    entered = int(((entered_s >= from_s) & (entered_s <= end_s)).sum())
+    if entered < MIN_ARRIVALS or span_s <= 0:
+        return None
+    # On the span's fraction (0 to 1), so the slope is the growth over the span whatever the
+    # time scale.
+    growth = 6.0 * (_steps_moment(entered_s, from_s, span_s) - _steps_moment(left_s, from_s, span_s))
+    return Growth(growth, float(growth / np.sqrt(entered)), from_s, end_s, span_s, entered)
+
+
 def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,
                admitted_s: np.ndarray | None = None) -> dict[str, float]:
     """`saturated` (1.0 or 0.0) and its evidence: the waiting queue's growth over the last
@@ -61,25 +94,15 @@ def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,
     if admitted_s is None:
         admitted_s = reqs["first_scheduled_s"].to_numpy(dtype=np.float64)
     scheduled = np.nan_to_num(np.asarray(admitted_s, dtype=np.float64)[keep], nan=np.inf)
-    nan = float("nan")
-    evidence = {"saturated": 0.0, "saturation_z": nan, "saturation_growth_requests": nan,
+    g = growth_over_entries(arrival, scheduled)
+    if g is None:
+        nan = float("nan")
+        return {"saturated": 0.0, "saturation_z": nan, "saturation_growth_requests": nan,
                 "saturation_arrival_rps": nan, "saturation_admission_rps": nan}
-    if len(arrival) < 2:
-        return evidence
-    start_s, end_s = float(arrival.min()), float(arrival.max())
-    from_s = start_s + SKIP_FRACTION * (end_s - start_s)
-    span_s = end_s - from_s
-    arrivals = int(((arrival >= from_s) & (arrival <= end_s)).sum())
-    if arrivals < MIN_ARRIVALS or span_s <= 0:
-        return evidence
-    # On the span's fraction (0 to 1), so the slope is the growth over the span whatever the
-    # time scale.
-    growth = 6.0 * (_steps_moment(arrival, from_s, span_s) - _steps_moment(scheduled, from_s, span_s))
-    z = float(growth / np.sqrt(arrivals))
-    admitted = int(((scheduled >= from_s) & (scheduled <= end_s)).sum())
-    return {"saturated": float(z > SATURATION_Z), "saturation_z": z,
-            "saturation_growth_requests": growth, "saturation_arrival_rps": arrivals / span_s,
-            "saturation_admission_rps": admitted / span_s}
+    admitted = int(((scheduled >= g.from_s) & (scheduled <= g.end_s)).sum())
+    return {"saturated": float(g.z > SATURATION_Z), "saturation_z": g.z,
+            "saturation_growth_requests": g.growth, "saturation_arrival_rps": g.entered / g.span_s,
+            "saturation_admission_rps": admitted / g.span_s}
 
 
 def _steps_moment(times_s: np.ndarray, from_s: float, span_s: float) -> float:
@@ -100,17 +123,10 @@ def session_saturation(start_s: np.ndarray, end_s: np.ndarray, warmup_s: float =
     keep = counted(np.asarray(start_s, dtype=np.float64), warmup_s)
     start = np.asarray(start_s, dtype=np.float64)[keep]
     end = np.nan_to_num(np.asarray(end_s, dtype=np.float64)[keep], nan=np.inf)
-    nan = float("nan")
-    evidence = {"session_saturated": 0.0, "session_saturation_z": nan,
+    g = growth_over_entries(start, end)
+    if g is None:
+        nan = float("nan")
+        return {"session_saturated": 0.0, "session_saturation_z": nan,
                 "session_saturation_growth_sessions": nan}
-    if len(start) < 2:
-        return evidence
-    from_s = float(start.min()) + SKIP_FRACTION * float(start.max() - start.min())
-    span_s = float(start.max()) - from_s
-    starts = int(((start >= from_s) & (start <= from_s + span_s)).sum())
-    if starts < MIN_ARRIVALS or span_s <= 0:
-        return evidence
-    growth = 6.0 * (_steps_moment(start, from_s, span_s) - _steps_moment(end, from_s, span_s))
-    z = float(growth / np.sqrt(starts))
-    return {"session_saturated": float(z > SATURATION_Z), "session_saturation_z": z,
-            "session_saturation_growth_sessions": growth}
+    return {"session_saturated": float(g.z > SATURATION_Z), "session_saturation_z": g.z,
+            "session_saturation_growth_sessions": g.growth}
