@@ -74,7 +74,7 @@ class WorkloadConfig(Strict):
                     raise ScenarioError(f"{key} must not be set: with arrival.kind = "
                                         f"{self.arrival.kind} the sessions make the requests "
                                         "(a shared system prompt is arrival.system_prompt)")
-            # The sessions' own lengths, as the requests' are (a session's is said too).
+            # The sessions' own lengths warn as a request workload's do.
             for key in ("output_tokens", "user_tokens", "observation_tokens", "turns", "steps"):
                 warn_if_clipped(f"arrival.{key}", getattr(self.arrival, key, None))
             return self

@@ -81,8 +81,7 @@ Arrival = Annotated[
 
 
 
-def initial_sends(arrival: PoissonArrival | GammaArrival | ConstantArrival | TraceArrival
-                  | ClosedLoopArrival | ConversationArrival | AgentArrival) -> int:
+def initial_sends(arrival: Arrival) -> int:
     """How many requests the workload sends at once at its start, before any answer: a
     closed loop's clients, or the calls of a fixed number of sessions' first steps (an
     agent's fan-out issues `branches` a step). What it offers after them is one send per
