@@ -15,16 +15,32 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 INTERRUPTED_TEXT = "interrupted; nothing was left half-written"
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM within `sigterm_as_interrupt`. A subclass, because CPython marks an
+    exactly-KeyboardInterrupt that leaves `exec` or `eval` of a string (a dataclass or named
+    tuple being built as a late import runs) as unhandled, even once caught: `python -m`
+    then ends by killing itself with SIGINT (exit -2) after the command said exit 130."""
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within it, SIGTERM unwinds like Ctrl-C (a KeyboardInterrupt), so a write in progress
-    removes its partial output; the caller's handler (a test's) comes back after."""
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    """Within it, SIGTERM unwinds like Ctrl-C (an `Interrupted`, a KeyboardInterrupt), so a
+    write in progress removes its partial output; Ctrl-C raises the same. The caller's
+    handlers (a test's) come back after, except where the command has since changed one (it
+    ignores Ctrl-C while it exits)."""
+    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Only Python's own Ctrl-C handler is replaced: an ignored SIGINT (a background job's)
+    # stays ignored, and a pool's worker keeps its own.
+    takes_int = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if takes_int:
+        signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        if takes_int and signal.getsignal(signal.SIGINT) is _raise_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _raise_interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Interrupted

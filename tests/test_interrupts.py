@@ -4,6 +4,7 @@ finishes it to the table a clean run gives."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -34,22 +36,30 @@ def sweep_file(folder: Path) -> Path:
     return path
 
 
-def start(spec: Path, out: Path, marker: str, *extra: str) -> subprocess.Popen[str]:
-    """The sweep, with Ctrl-C's default meaning, as a terminal's foreground job has it.
+@contextlib.contextmanager
+def ctrl_c_default() -> Iterator[None]:
+    """Ctrl-C with its default meaning for a child spawned within, as a terminal's foreground
+    job has it.
 
     A disposition of "ignored" survives exec, and a suite started as a background job of a
-    non-interactive shell (`pytest &`) holds SIGINT ignored: the sweep would inherit that and
+    non-interactive shell (`pytest &`) holds SIGINT ignored: the child would inherit that and
     rightly run on through Ctrl-C (Python keeps an inherited SIG_IGN). A handler does not
     survive exec, so one set here for the spawn gives the child the default."""
-    env = {**os.environ, "ORCASIM_TEST_MARK": marker}
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start(spec: Path, out: Path, marker: str, *extra: str) -> subprocess.Popen[str]:
+    """The sweep, with Ctrl-C's default meaning (`ctrl_c_default`)."""
+    env = {**os.environ, "ORCASIM_TEST_MARK": marker}
+    with ctrl_c_default():
         return subprocess.Popen([sys.executable, "-m", "orcasim.cli", "sweep", str(spec),
                                  "--out", str(out), "--workers", "2", "--no-progress", *extra],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def processes_marked(marker: str) -> list[int]:
@@ -134,14 +144,40 @@ def test_an_interrupt_while_the_command_loads_is_quiet(sig: int) -> None:
         "sys.argv = ['orcasim', 'validate', 'x.yaml']\n"
         "from orcasim.__main__ import main\n"
         "main()\n")
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # see start()
-    try:
+    with ctrl_c_default():
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               timeout=120)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert (done.returncode, done.stderr) == (130, "interrupted; nothing was left half-written\n")
 
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_inside_exec_of_a_string_still_exits_130(tmp_path: Path, sig: int) -> None:
+    """A KeyboardInterrupt leaving `exec` or `eval` of a string (as a dataclass or a named
+    tuple is built, in a module imported late) marks the interpreter "interrupted": caught,
+    told and ended with exit 130, `python -m orcasim` then killed itself with SIGINT (exit
+    -2; once in CI). The commands' interrupt is a subclass, which CPython does not mark."""
+    script = (
+        "import sys\n"
+        "from orcasim.exits import sigterm_as_interrupt\n"
+        "try:\n"
+        "    with sigterm_as_interrupt():\n"
+        "        print('ready', flush=True)\n"
+        "        while True:\n"
+        "            exec('total = 0\\nfor i in range(10**6): total += i')\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    # As a module (-m), as `python -m orcasim` runs: `-c` and a script file exit at once
+    # on SystemExit, before CPython looks at the mark.
+    (tmp_path / "looping.py").write_text(script)
+    with ctrl_c_default():
+        proc = subprocess.Popen([sys.executable, "-m", "looping"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    time.sleep(0.2)  # well inside an exec: the loop spends nearly all its time there
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
 
 
 def test_workers_start_with_ctrl_c_held_back_and_then_ignore_it() -> None:
