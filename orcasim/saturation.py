@@ -59,8 +59,11 @@ class Growth:
     z: float
     from_s: float
     end_s: float
-    span_s: float
     entered: int
+
+    @property
+    def span_s(self) -> float:
+        return self.end_s - self.from_s
 
 
 def growth_over_entries(entered_s: np.ndarray, left_s: np.ndarray) -> Growth | None:
@@ -77,7 +80,7 @@ def growth_over_entries(entered_s: np.ndarray, left_s: np.ndarray) -> Growth | N
     # On the span's fraction (0 to 1), so the slope is the growth over the span whatever the
     # time scale.
     growth = 6.0 * (_steps_moment(entered_s, from_s, span_s) - _steps_moment(left_s, from_s, span_s))
-    return Growth(growth, float(growth / np.sqrt(entered)), from_s, end_s, span_s, entered)
+    return Growth(growth, float(growth / np.sqrt(entered)), from_s, end_s, entered)
 
 
 def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,

@@ -80,7 +80,6 @@ Arrival = Annotated[
 ]
 
 
-
 def initial_sends(arrival: Arrival) -> int:
     """How many requests the workload sends at once at its start, before any answer: a
     closed loop's clients, or the calls of a fixed number of sessions' first steps (an
