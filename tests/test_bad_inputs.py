@@ -83,8 +83,8 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     # A memory budget at or below zero blamed the weights, under "(top level)".
     ("no memory budget", {"model": "opt-13b", "kv_capacity_tokens": None,
                           "hardware": {"gpu": "a100-80gb", "gpu_memory_utilization": 1e-300}}, None,
-     "hardware.gpu_memory_utilization = 1e-300 of 80 GB less activation_reserve_gib = 1 leaves "
-     "-1.07 GB for weights and KV"),
+     "hardware.gpu_memory_utilization = 1e-300 of 79.15 GiB less activation_reserve_gib = 1 "
+     "leaves -1 GiB for weights and KV"),
     # Its folder could not be made, after the whole run (exit 1).
     ("a system name too long for a folder",
      {"systems": [{"name": "a" * 300, "scheduler": {"kind": "paged"}}]}, None,

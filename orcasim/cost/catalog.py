@@ -305,7 +305,7 @@ class GpuSpec(Strict):
     peak_flops: PositiveFloat  # dense bf16, FLOP/s
     peak_flops_fp8: PositiveFloat | None = None  # dense fp8; None: no fp8 tensor cores
     hbm_bandwidth_bytes_per_s: PositiveFloat
-    memory_bytes: PositiveFloat
+    memory_bytes: PositiveFloat  # as the driver reports it, which vLLM takes its share of
     nvlink_bandwidth_bytes_per_s: PositiveFloat  # total per GPU, both directions
     # A full mesh of this many point-to-point links, the total split evenly among them
     # (None: a switch, which gives any peer the whole bandwidth). See cost.parallel._nvlink.
@@ -313,6 +313,7 @@ class GpuSpec(Strict):
     node_network_bytes_per_s: PositiveFloat  # per GPU, between nodes
     gpus_per_node: PositiveInt = 8
     source: str = ""
+    memory_source: str = ""
     # Rental price, for `orcasim capacity`'s cost per million tokens (overridable there).
     price_per_hour_usd: PositiveFloat | None = None
     price_source: str = ""
@@ -534,14 +535,14 @@ def _kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig, weights_per_gpu: f
     if budget <= 0:  # the two settings alone: say so, not that the weights are too large
         raise ScenarioError(
             f"hardware.gpu_memory_utilization = {hw.gpu_memory_utilization:g} of "
-            f"{hw.gpu.memory_bytes / 1e9:g} GB less activation_reserve_gib = "
-            f"{hw.activation_reserve_gib:g} leaves {budget / 1e9:.3g} GB for weights and KV; "
+            f"{hw.gpu.memory_bytes / GIB:.2f} GiB less activation_reserve_gib = "
+            f"{hw.activation_reserve_gib:g} leaves {budget / GIB:.3g} GiB for weights and KV; "
             "expected a utilisation near vLLM's 0.9 and a reserve well under the GPU's memory")
     tokens_per_gpu = int((budget - weights_per_gpu) // kv_bytes_per_token_of_layers(model, hw, layers))
     if tokens_per_gpu < 1:  # weights over the budget, or too close to it for one token's KV
         raise ScenarioError(
-            f"model {model.name} needs {weights_per_gpu / 1e9:.1f} GB of weights per GPU on "
-            f"{hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / 1e9:.1f} GB "
+            f"model {model.name} needs {weights_per_gpu / GIB:.1f} GiB of weights per GPU on "
+            f"{hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / GIB:.1f} GiB "
             f"budget; expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
             f"fewer weight bytes (weight_dtype) or kv_capacity_tokens"
         )
