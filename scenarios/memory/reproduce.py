@@ -141,8 +141,9 @@ def readme(df: pd.DataFrame, trace: pd.DataFrame, rate_per_s: float) -> str:
 
 Written by `scenarios/memory/reproduce.py` from `scenarios/memory/opt13b_a100_sharegpt.yaml`
 (its header gives the sources of every number). OPT-13B on one A100-40GB: the catalog's
-`opt-13b` and `a100-40gb`, with 15,006 tokens of KV (12.3 GB at 819,200 bytes per token,
-the paper's Figure 1 split) and the roofline cost model, whose decode steps agree with
+`opt-13b` and `a100-40gb`, with 15,212 tokens of KV (12.5 GB at 819,200 bytes per token:
+vLLM's 0.9 of the 39.50 GiB the GPU reports, less 25.7 GB of weights, the paper's Figure 1
+split) and the roofline cost model, whose decode steps agree with
 DistServe's measured vLLM fit within 2%. Workload: ShareGPT (prompt, output) pairs
 (Llama-2 tokenizer), pruned as vLLM's benchmark prunes (prompt <= 1024, total <= 2048),
 {trace_stats(trace)}; Poisson arrivals, the rate swept by rescaling one trace.
@@ -172,7 +173,7 @@ memory holding token states).
 The ordering is the paper's: every step from Orca(max) to pow2 to oracle to paging
 admits more requests and raises the share of KV memory holding real tokens, and the rate
 each system sustains before its latency climbs follows the same order. Orca(max)'s batch
-is set by its reservation alone, not by the trace: with 15,006 tokens it fits 7 requests
+is set by its reservation alone, not by the trace: with 15,212 tokens it fits 7 requests
 of 2,048, hence the paper's 7.00; oracle depends on the lengths and lands within about 10%
 of the paper's ({_at(df, "orca-oracle", rate_per_s, "batch_size_mean"):.2f} against 13.62);
 pow2, which rounds each output's room up to a power of two as the paper defines it (32 for

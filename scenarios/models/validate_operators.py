@@ -42,7 +42,7 @@ DEEPEP_TABLE = ROOT / "orcasim" / "data" / "profiles" / "deepep" / "low_latency_
 # DeepEP's test machine (docs/legacy.md): H800 (an H100 SXM with NVLink cut to 400 GB/s
 # both ways), one CX7 400 Gb/s InfiniBand NIC per GPU, 8 GPUs a node.
 H800 = {"name": "h800", "peak_flops": 989.4e12, "peak_flops_fp8": 1978.9e12,
-        "hbm_bandwidth_bytes_per_s": 3.35e12, "memory_bytes": 80e9,
+        "hbm_bandwidth_bytes_per_s": 3.35e12, "memory_bytes": 85.03e9,  # as an H100 reports it
         "nvlink_bandwidth_bytes_per_s": 400e9, "node_network_bytes_per_s": 50e9}
 DEEPEP_TOKENS_PER_RANK = 128
 TOKEN_BINS = [0, 64, 256, 1024, 4096, np.inf]
