@@ -478,6 +478,16 @@ def check(
         typer.echo(f"all regression metrics match {baselines}/")
 
 
+def _as_flags(message: str, fields: dict[str, object]) -> str:
+    """A hardware error in the words of `orcasim model`'s options: the command has flags, not
+    the scenario's `hardware:` keys, so `hardware.pipeline_parallel = 2000` reads
+    `--pipeline-parallel = 2000`."""
+    for key in fields:
+        flag = "--" + key.replace("_", "-")
+        message = message.replace(f"hardware: {key} = ", f"{flag} = ").replace(f"hardware.{key} = ", f"{flag} = ")
+    return message
+
+
 @app.command()
 def model(
     spec: Annotated[str, typer.Argument(help="A catalog name (llama3-70b) or a Hugging Face "
@@ -511,6 +521,9 @@ def model(
     if gpu is None and split is not None:
         fail(f"{split[0]} = {split[1]} needs --gpu: the degrees split a deployment's per-GPU "
              "figures, and without a GPU the figures are the whole model's")
+    fields: dict[str, object] = {
+        "gpu": gpu, "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
+        "data_parallel_attention": data_parallel_attention, "expert_parallel": expert_parallel}
     try:
         spec_model = model_from_argument(spec, weight_dtype)
         moe_only = ("--data-parallel-attention", "--expert-parallel")
@@ -520,16 +533,14 @@ def model(
                  "model (data-parallel attention and expert parallelism split a mixture of experts)")
         hw = None
         if gpu is not None:
-            fields = {"gpu": gpu, "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
-                      "data_parallel_attention": data_parallel_attention, "expert_parallel": expert_parallel}
             try:
                 hw = HardwareConfig.model_validate(fields)
             except ValidationError as e:  # --tensor-parallel 0, an unknown GPU, an EP that cannot be
-                fail(format_field_error(e, "hardware", fields))
+                fail(_as_flags(format_field_error(e, "hardware", fields), fields))
             check_deployment(spec_model, hw, 1)
         figures = model_figures(spec_model, hw)
     except USER_ERRORS as e:
-        fail(error_text(e))
+        fail(_as_flags(error_text(e), fields))
     table = Table(title=f"{spec_model.name}")
     table.add_column("figure")
     table.add_column("value", justify="right")

@@ -248,6 +248,24 @@ def test_the_model_command_takes_a_weight_precision() -> None:
     assert "671,026,404,352" in done.output
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    (["--pipeline-parallel", "2000"], "error: --pipeline-parallel = 2000: Input should be less than or equal to 1024"),
+    (["--tensor-parallel", "3"], "error: --tensor-parallel = 3 does not divide llama3-70b's 64 attention heads"),
+    (["--gpu", "nope"], "error: --gpu = 'nope': unknown gpu 'nope'; known gpus: "),
+])
+def test_the_model_commands_errors_name_its_flags(options: list[str], message: str) -> None:
+    """The command has flags, not the scenario's hardware keys: `--pipeline-parallel 2000`
+    read 'hardware: pipeline_parallel = 2000', a key the user never typed."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    done = CliRunner().invoke(app, ["model", "llama3-70b", "--gpu", "h100-80gb", *options])
+    assert done.exit_code == 2
+    assert done.output.startswith(message), done.output
+    assert "hardware" not in done.output and len(done.output.strip().splitlines()) == 1
+
+
 def test_a_mistral_config_without_kv_heads_has_transformers_default(tmp_path: Path) -> None:
     """transformers' MistralConfig (and MixtralConfig) default num_key_value_heads to 8, where
     Llama's default to the attention heads: a trimmed Mistral-7B config read as 32 KV heads,
