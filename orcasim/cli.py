@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import warnings
@@ -481,10 +482,13 @@ def check(
 def _as_flags(message: str, fields: dict[str, object]) -> str:
     """A hardware error in the words of `orcasim model`'s options: the command has flags, not
     the scenario's `hardware:` keys, so `hardware.pipeline_parallel = 2000` reads
-    `--pipeline-parallel = 2000`."""
-    for key in fields:
-        flag = "--" + key.replace("_", "-")
-        message = message.replace(f"hardware: {key} = ", f"{flag} = ").replace(f"hardware.{key} = ", f"{flag} = ")
+    `--pipeline-parallel = 2000`, and every other key the message names reads as its flag too
+    (`with --tensor-parallel = 1`), so one line never mixes the two vocabularies."""
+    message = re.sub(r"hardware(?::\s*|\.)(?=\w+ = )", "", message)
+    for key in [*fields, "weight_dtype"]:
+        # A bare word like "gpu" is also prose ("unknown gpu 'nope'"): only `gpu = ` is the key.
+        name = rf"(?<![\w-]){key}\b" if "_" in key else rf"(?<![\w-]){key}(?= = )"
+        message = re.sub(name, "--" + key.replace("_", "-"), message)
     return message
 
 

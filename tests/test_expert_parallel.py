@@ -118,7 +118,8 @@ def test_the_model_command_prints_an_expert_parallel_deployment_and_refuses_a_ba
                                    "--expert-parallel", "4"])
     assert bad.exit_code == 2
     assert bad.output.strip().count("\n") == 0 and "Traceback" not in bad.output
-    assert "expert_parallel = 4" in bad.output
+    assert bad.output.startswith("error: --expert-parallel = 4 with --tensor-parallel = 1 and "
+                                 "--data-parallel-attention = 8: expected 8 (--tensor-parallel x ")
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -544,7 +544,7 @@ def _kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig, weights_per_gpu: f
             f"model {model.name} needs {weights_per_gpu / GIB:.1f} GiB of weights per GPU on "
             f"{hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / GIB:.1f} GiB "
             f"budget; expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
-            f"fewer weight bytes (weight_dtype) or kv_capacity_tokens"
+            f"fewer weight bytes (weight_dtype), or in a scenario an explicit kv_capacity_tokens"
         )
     return hw.data_parallel_attention * tokens_per_gpu
 
