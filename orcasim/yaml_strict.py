@@ -8,11 +8,16 @@ mark the callers already report).
 It also reads `5e-1`, `1e0` and `1.0e1` as numbers, as YAML 1.2 does: PyYAML follows YAML
 1.1, where a float needs a dot and a signed exponent, and kept them as strings. A scenario's
 fields converted them anyway, but a sweep's grid kept them as text, ordered alphabetically.
+
+An alias (`*name`) reads as a copy of its anchor's value, not the same object: a scenario
+that shares one scheduler among its systems (`scheduler: *paged`) and is then changed at one
+of them (`--set systems[0].scheduler.max_num_seqs=2`) changes that system alone.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
@@ -29,6 +34,11 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):  # PyYAML's own check, which `seen` would pre-empt
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found a {type(key).__name__} as a key (a key is a name or a number)",
+                    key_node.start_mark)
             if key in seen:
                 raise DuplicateKeyError(None, None, f"key {key!r} given twice in one mapping",
                                         key_node.start_mark)
@@ -49,9 +59,29 @@ class TooDeepError(yaml.YAMLError):
     problem = "nested too deeply"
 
 
+class RecursiveAliasError(yaml.YAMLError):
+    """An anchor whose value holds an alias of itself: no finite scenario reads that way."""
+
+    problem = "an anchor's value contains an alias of that anchor (a value inside itself)"
+
+
 def load(text: str) -> Any:
-    """`yaml.safe_load`, refusing duplicate keys, and nesting too deep to read as a YAMLError."""
+    """`yaml.safe_load`, refusing duplicate keys, and nesting too deep to read as a YAMLError;
+    every alias a copy of its anchor's value."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return _unshared(yaml.load(text, Loader=_StrictLoader), ())  # noqa: S506 - SafeLoader
     except RecursionError:
         raise TooDeepError("nested too deeply") from None
+
+
+def _unshared(value: Any, inside: tuple[int, ...]) -> Any:
+    """`value` with each mapping and list copied, so that no two places share one; `inside`
+    holds the ids of the containers on the way down (one of them again is a cycle)."""
+    if not isinstance(value, dict | list):
+        return value
+    if id(value) in inside:
+        raise RecursiveAliasError(RecursiveAliasError.problem)
+    inside = (*inside, id(value))
+    if isinstance(value, list):
+        return [_unshared(item, inside) for item in value]
+    return {key: _unshared(item, inside) for key, item in value.items()}

@@ -77,6 +77,36 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path) -> None:  # noqa: ANN
     assert yaml_strict.load(merged.read_text()) == {"a": {"p": 1}, "b": {"p": 2}}
 
 
+def test_an_override_changes_one_system_of_a_shared_anchor(tmp_path) -> None:  # noqa: ANN001
+    """`scheduler: *s` shares no object with its anchor: a --set at one system (or a sweep
+    file's `set:`) changed every system that used the anchor (a tester's finding)."""
+    f = tmp_path / "shared.yaml"
+    f.write_text(
+        "name: shared\n"
+        "workload: {num_requests: 10, arrival: {kind: poisson, rate_per_s: 2},\n"
+        "  prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant, value: 4},\n"
+        "  max_tokens: 64}\n"
+        "cost: {kind: linear, base_s: 0.01, per_token_s: 0.001}\nkv_capacity_tokens: 1000\n"
+        "systems:\n"
+        "  - {name: a, scheduler: &s {kind: iteration_level, max_batch_size: 8}}\n"
+        "  - {name: b, scheduler: *s}\n")
+    sc = load_scenario(f, ["systems[0].scheduler.max_batch_size=1"])
+    assert [s.scheduler.max_batch_size for s in sc.systems] == [1, 8]
+
+
+def test_unreadable_keys_and_recursive_anchors_are_malformed_yaml(tmp_path) -> None:  # noqa: ANN001
+    """A list or mapping as a key, and an anchor inside its own value, are bad input (exit 2
+    at the CLI), not a TypeError or a RecursionError."""
+    for text, problem in (("? [1, 2]\n: 3\n", "found a list as a key"),
+                          ("name: x\nworkload: &w {n: *w}\n", "alias of that anchor")):
+        f = tmp_path / "bad.yaml"
+        f.write_text(text)
+        with pytest.raises(ScenarioError, match=f"malformed YAML .*{problem}"):
+            load_scenario(f)
+    with pytest.raises(ScenarioError, match="is not valid YAML"):
+        apply_override({}, "workload={[1]: 2}")
+
+
 def test_numbers_in_exponent_form_are_numbers() -> None:
     """YAML 1.2's floats: PyYAML (1.1) kept 5e-1 and 1e0 as strings, so a sweep grid of
     rates sorted as text ('1.0e1' < '1e0' < '4e0' < '5e-1')."""
