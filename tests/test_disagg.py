@@ -279,6 +279,19 @@ def test_every_instance_has_a_summary_row_an_idle_one_too(tmp_path) -> None:  # 
     assert result.summary["decode_busy_fraction"] == pytest.approx((2 / 3.5) / 3, rel=1e-12)
 
 
+def test_one_token_outputs_are_not_a_queue_on_the_decode_side(tmp_path) -> None:  # noqa: ANN001
+    """A one-token output is done at its prefill and never reaches a decode instance: the
+    saturation test counted it as never admitted, and a cluster a few percent busy read
+    `saturated` (a tester's finding). 80 requests 5 s apart, every other one a single
+    token: each is served before the next arrives."""
+    trace = _trace(tmp_path, [(5.0 * i, 4, 1 + i % 2) for i in range(80)])
+    result = run_scenario(_scenario(_disagg(trace))).systems["pd"]
+    assert result.requests["decode_replica"].lt(0).sum() == 40
+    assert result.summary["saturated"] == 0.0
+    span = result.summary["saturation_arrival_rps"]
+    assert result.summary["saturation_admission_rps"] == pytest.approx(span, rel=0.05)
+
+
 def test_pools_that_serve_different_models_are_refused(tmp_path) -> None:  # noqa: ANN001
     trace = _trace(tmp_path, [(0.0, 4, 3)])
     changes = _disagg(trace, prefill={"model": "llama3-8b"}, decode={"model": "opt-13b"})
