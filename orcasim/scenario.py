@@ -29,7 +29,7 @@ from orcasim.cluster import ClusterConfig, ReplicaGroup
 from orcasim.config import ScenarioError, Strict, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
-from orcasim.paths import DATA_PATH, portable_data_path
+from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.slo import SLOConfig
 from orcasim.workload import WorkloadConfig
@@ -272,8 +272,23 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     base = copy.deepcopy(data) if overrides else data
     for item in overrides:
         apply_override(data, item)
+    # Validation reads the files a model names (`model.hf_config`): against this file's
+    # folder, as a run reads its traces, not the working directory's.
+    token = SCENARIO_DIR.set(path.resolve().parent)
     try:
-        scenario = scenario_from_dict(data, str(path))
+        scenario = _validated(data, base, path, overrides, overrides_key)
+    finally:
+        SCENARIO_DIR.reset(token)
+    scenario._source_dir = path.resolve().parent
+    return scenario
+
+
+def _validated(data: dict[str, Any], base: dict[str, Any], path: Path,
+               overrides: list[str] | tuple[str, ...], overrides_key: str | list[str]) -> Scenario:
+    """`data` validated; an error that the file without its overrides (`base`) does not
+    have names the overrides that bring it."""
+    try:
+        return scenario_from_dict(data, str(path))
     except ScenarioError:
         if not overrides or not _valid(base):
             raise
@@ -283,9 +298,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
         culprits = _culprits(base, overrides)
         given = " ".join(f"{key} {item}" for key, item in zip(keys, overrides, strict=True)
                          if item in culprits)
-        scenario = scenario_from_dict(data, f"{path} with {given}")
-    scenario._source_dir = path.resolve().parent
-    return scenario
+        return scenario_from_dict(data, f"{path} with {given}")
 
 
 def _culprits(base: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> list[str]:

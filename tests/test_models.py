@@ -183,6 +183,27 @@ def test_mistral_without_a_window_reads_and_a_missing_file_is_named(tmp_path: Pa
         model_from_argument("nowhere.json")
 
 
+def test_a_scenario_s_hf_config_is_read_beside_the_scenario(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`model: {hf_config: cfg.json}` next to the scenario file, run from another folder: it
+    was looked up in the working directory only (not found there, or worse, a different
+    cfg.json found there read silently; a tester's finding)."""
+    from orcasim.scenario import load_scenario
+
+    config = json.loads(Path("orcasim/data/hf_configs/mistral-7b-v0.1/config.json").read_text())
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "cfg.json").write_text(json.dumps(config))
+    (tmp_path / "cfg.json").write_text(json.dumps({**config, "num_hidden_layers": 8}))
+    (tmp_path / "d" / "s.yaml").write_text(
+        "name: s\nworkload: {num_requests: 4, arrival: {kind: poisson, rate_per_s: 1},\n"
+        "  prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant, value: 4},\n"
+        "  max_tokens: 64}\nmodel: {hf_config: cfg.json}\nhardware: {gpu: a100-80gb}\n"
+        "cost: {kind: roofline}\nsystems: [{name: a, scheduler: {kind: iteration_level, max_batch_size: 4}}]\n")
+    monkeypatch.chdir(tmp_path)
+    scenario = load_scenario("d/s.yaml")
+    assert scenario.model.num_layers == config["num_hidden_layers"] == 32
+
+
 def test_fp8_weights_run_their_gemms_at_the_fp8_peak_where_the_gpu_has_one() -> None:
     """4,096 tokens of prefill: fp8 weights on an H100 (fp8 tensor cores) halve the
     compute-bound GEMMs and leave attention as it was; on an A100 (none) they only save
