@@ -207,10 +207,16 @@ def _child(node: Any, part: Any) -> Any:
     return None
 
 
-def check_finite_times(times_s: np.ndarray, key: str, value: float) -> None:
-    """A rate (or a trace's speedup) so small that the times overflow to infinity: refused by
-    its key, `workload.arrival.<key>` (the run's own check of its times comes after the
-    engine, which stops first on times it cannot reach)."""
+def check_arrival_times(times_s: np.ndarray, key: str, value: float) -> None:
+    """A rate (or a trace's speedup) so small that the arrival times overflow to infinity, or
+    pass MAX_TIME_S: refused by its key, `workload.arrival.<key>`, before any system runs (the
+    run's own check of its times comes after the engine; `validate` and a sweep's check of
+    its points before it run no engine)."""
     if not np.isfinite(times_s).all():
         raise ScenarioError(f"workload.arrival.{key} = {value:g}: the arrival times overflow to "
                             f"infinity; expected a {key} that keeps them below {MAX_TIME_S:g} s")
+    if len(times_s) and float(times_s.max()) > MAX_TIME_S:
+        raise ScenarioError(f"workload.arrival.{key} = {value:g}: the arrival times reach "
+                            f"{float(times_s.max()):.3g} s, beyond {MAX_TIME_S:g} s, where float "
+                            "timestamps lose precision; expected a rate in requests per second "
+                            "(is it off by a unit?)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -383,6 +384,25 @@ def test_a_rate_whose_times_overflow_is_refused_by_its_key(arrival: dict, key: s
         with pytest.raises(ScenarioError, match=rf"^workload.arrival.{key} = .*: the arrival times "
                                                 "overflow to infinity"):
             generate_requests(cfg, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("rate", [1e-8, 2.5e-7])
+def test_a_rate_whose_times_pass_the_clock_s_range_is_refused_before_any_run(rate: float) -> None:
+    """Finite arrival times beyond MAX_TIME_S (1e9 s): `validate` said ok and a sweep ran
+    the point, and only the run refused it after simulating, under a system's name (a
+    tester's finding). Refused with the arrivals, by the key."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "scenarios/quickstart.yaml", "--set",
+                                      f"workload.arrival.rate_per_s={rate}"])
+    assert result.exit_code == 2
+    assert re.search(rf"workload.arrival.rate_per_s = {rate:g}: the arrival times reach .* beyond "
+                     "1e\\+09 s", result.output), result.output
+    ok = CliRunner().invoke(app, ["validate", "scenarios/quickstart.yaml", "--set",
+                                  "workload.arrival.rate_per_s=1e-5"])  # 2e8 s: within range
+    assert ok.exit_code == 0, ok.output
 
 
 def test_a_trace_speedup_whose_times_overflow_is_refused(tmp_path: Path) -> None:

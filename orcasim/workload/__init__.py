@@ -9,7 +9,7 @@ from typing import Annotated, Self
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
-from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_finite_times
+from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
 from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
@@ -120,7 +120,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
                           UserWarning, stacklevel=2)
         with np.errstate(over="ignore"):  # an overflow is refused next, by its key
             arrival_s = arrival_s / cfg.arrival.speedup
-        check_finite_times(arrival_s, "speedup", cfg.arrival.speedup)
+        check_arrival_times(arrival_s, "speedup", cfg.arrival.speedup)
     else:
         assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
         n = cfg.num_requests
@@ -134,7 +134,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
         else:
             with np.errstate(over="ignore"):  # an overflow is refused next, by its key
                 arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
-            check_finite_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
+            check_arrival_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
         prompt = cfg.prompt_tokens.sample(rng, n)
         output = cfg.output_tokens.sample(rng, n)
     if cfg.system_prompt is not None and content is not None:

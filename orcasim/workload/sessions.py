@@ -27,7 +27,7 @@ from typing import Annotated, Literal, Self
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_finite_times
+from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
 from orcasim.workload.closed_loop import ThinkTime
 from orcasim.workload.lengths import LengthDist, TokenCount
 
@@ -214,7 +214,7 @@ def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) ->
     if shape.session_rate_per_s is not None:
         with np.errstate(over="ignore"):  # an overflow is refused next, by its key
             start_s = np.cumsum(rng.exponential(1.0 / shape.session_rate_per_s, size=num))
-        check_finite_times(start_s, "session_rate_per_s", shape.session_rate_per_s)
+        check_arrival_times(start_s, "session_rate_per_s", shape.session_rate_per_s)
     plan = SessionPlan(start_s, shape.concurrent_sessions or num, system_ids, system_tokens,
                        step_start, message_ids, message_tokens, output_ids, output_tokens,
                        pause_s, shape.fan_out.wait_for, shape.max_context_tokens, max_tokens)
