@@ -83,6 +83,9 @@ def regression_scenarios(scenario_dir: Path) -> list[Path]:
     if Path(scenario_dir).is_file():
         raise ScenarioError(f"--scenarios {scenario_dir} is a file; expected a folder of "
                             "regression scenarios (*.yaml)")
+    if not Path(scenario_dir).is_dir():  # the default is relative: run outside a checkout
+        raise ScenarioError(f"--scenarios {scenario_dir}: no such folder (from "
+                            f"{Path.cwd()}); expected a folder of regression scenarios (*.yaml)")
     paths = sorted([*Path(scenario_dir).glob("*.yaml"), *Path(scenario_dir).glob("*.yml")])
     if not paths:
         raise FileNotFoundError(f"{scenario_dir}: no regression scenarios (*.yaml)")

@@ -385,6 +385,9 @@ def test_commands_given_the_wrong_kind_of_path_say_so(tmp_path: Path) -> None:
         (["sweep", str(scenario)], f"{scenario} is a scenario (it names systems, no base scenario), "
                                    "not a sweep file"),
         (["check", "--scenarios", str(scenario)], f"--scenarios {scenario} is a file; expected a folder"),
+        # Outside a checkout the default folder is not there: said so, not "no scenarios".
+        (["check", "--scenarios", str(tmp_path / "none")],
+         f"--scenarios {tmp_path / 'none'}: no such folder"),
         (["capacity", str(scenario), "--slo", "e2e_p90=9", "--out", str(scenario / "sub")],
          f"--out {scenario / 'sub'}: {scenario} is a file, not a folder"),
         (["compare", str(empty), str(empty)], f"{empty}: expected {{system: {{metric: number}}}}, as "

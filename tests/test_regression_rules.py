@@ -123,6 +123,7 @@ def test_a_folder_without_scenarios_is_an_error(tmp_path: Path) -> None:
 
     from orcasim.regression import regression_scenarios
 
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"^.*empty: no regression scenarios \(\*\.yaml\)$"):
         regression_scenarios(tmp_path / "empty")
 
