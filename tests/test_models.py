@@ -204,6 +204,18 @@ def test_a_scenario_s_hf_config_is_read_beside_the_scenario(tmp_path: Path,
     assert scenario.model.num_layers == config["num_hidden_layers"] == 32
 
 
+@pytest.mark.parametrize(("key", "field"), [("head_dim", "head_size"),
+                                            ("num_key_value_heads", "num_kv_heads")])
+def test_a_zero_in_a_config_is_refused_not_replaced(tmp_path: Path, key: str, field: str) -> None:
+    """`head_dim: 0` read as no head_dim, and `num_key_value_heads: 0` as Mistral's default of
+    8: a broken config ran as another model (a tester's low finding)."""
+    config = json.loads(Path("orcasim/data/hf_configs/mistral-7b-v0.1/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, key: 0}))
+    with pytest.raises(ScenarioError, match=f"{field} = 0: Input should be greater than 0"):
+        model_from_argument(str(path))
+
+
 def test_fp8_weights_run_their_gemms_at_the_fp8_peak_where_the_gpu_has_one() -> None:
     """4,096 tokens of prefill: fp8 weights on an H100 (fp8 tensor cores) halve the
     compute-bound GEMMs and leave attention as it was; on an A100 (none) they only save

@@ -90,7 +90,9 @@ def _llama_like(config: Config) -> dict[str, Any]:
         "num_layers": _need(config, "num_hidden_layers"),
         "hidden_size": _need(config, "hidden_size"),
         "num_heads": heads,
-        "num_kv_heads": config.get("num_key_value_heads") or _default_kv_heads(config, heads),
+        # Present is taken as given (0 is refused by the model's checks, not replaced).
+        "num_kv_heads": (config["num_key_value_heads"] if config.get("num_key_value_heads") is not None
+                         else _default_kv_heads(config, heads)),
         "intermediate_size": _need(config, "intermediate_size"),
         "gated_mlp": True,
         "vocab_size": _need(config, "vocab_size"),
@@ -99,7 +101,7 @@ def _llama_like(config: Config) -> dict[str, Any]:
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
         "bias": False,
     }
-    if config.get("head_dim"):
+    if config.get("head_dim") is not None:
         fields["head_size"] = config["head_dim"]
     if config["model_type"] in ("qwen2", "qwen2_moe") or config.get("attention_bias"):
         fields["qkv_bias"] = True  # Qwen2's Q, K and V projections have biases
