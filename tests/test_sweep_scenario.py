@@ -47,6 +47,14 @@ def test_a_value_must_fit_one_table_column() -> None:
         small_sweep(**{"sweep": {"parameter": "workload.arrival", "values": [{"kind": "poisson", "rate_per_s": 1}]}})
 
 
+def test_a_seed_sweep_is_refused_in_the_block_s_own_keys() -> None:
+    """It named `grid.parameters.seed` and `replications`, keys a scenario's sweep block does
+    not have (a tester's low finding)."""
+    with pytest.raises(ScenarioError, match=r"sweep.parameter = 'seed': a scenario's sweep runs "
+                                            "every point on its seed"):
+        small_sweep(**{"sweep": {"parameter": "seed", "values": [1, 2]}})
+
+
 def test_a_derived_kv_capacity_is_derived_again_at_each_point() -> None:
     sc = small_sweep(**{"kv_capacity_tokens": None, "model": "llama2-7b", "hardware": {"gpu": "a100-40gb"},
                         "sweep": {"parameter": "hardware.gpu", "values": ["a100-40gb", "a100-80gb"]}})
