@@ -21,7 +21,7 @@ try:  # typer from 0.2x carries its own click, whose errors are not click's
 except ImportError:  # older typer: click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from orcasim.config import ScenarioError, format_field_error
+from orcasim.config import MAX_TIME_S, ScenarioError, format_field_error
 from orcasim.exits import (
     EXIT_BAD_INPUT,
     EXIT_ENVIRONMENT,
@@ -397,8 +397,10 @@ def plot(
     """Write every figure of RESULTS_DIR into it as PNG (and SVG)."""
     from orcasim.render import write_plots
 
-    if slo is not None and not (slo > 0 and math.isfinite(slo)):  # a log axis: no line drawn
-        fail(f"--slo {slo:g}: expected a positive, finite number of seconds per token")
+    # A log axis draws no line at 0 or inf, and overflows past the clock's range (1e308).
+    if slo is not None and not 0 < slo <= MAX_TIME_S:
+        fail(f"--slo {slo:g}: expected a positive number of seconds per token, at most "
+             f"{MAX_TIME_S:g}")
     try:
         paths = write_plots(results_dir, svg=svg, slo=slo)
     except USER_ERRORS as e:
