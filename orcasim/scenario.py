@@ -76,12 +76,6 @@ class SweepConfig(Strict):
 
     @model_validator(mode="after")
     def _scalar_values(self) -> Self:
-        # Checked here, in this block's own keys: the sweep built from it has a grid and
-        # replications, which the scenario does not (its error named grid.parameters.seed).
-        if parse_dotted(self.parameter)[0] == "seed":
-            raise ScenarioError(f"parameter = {self.parameter!r}: a scenario's sweep runs every "
-                                "point on its seed; expected another key (independent seeds "
-                                "are a sweep file's `replications`)")
         # Each point is one value in one column of the sweep table (orcasim.sweeps).
         for i, value in enumerate(self.values):
             if not isinstance(value, int | float | str | bool):

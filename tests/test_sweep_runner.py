@@ -90,11 +90,11 @@ def test_failing_point_is_recorded_and_the_rest_finish(tmp_path: Path) -> None:
 
 
 def test_cli_exits_nonzero_naming_failed_points(tmp_path: Path) -> None:
-    # Point 1 is valid and its requests are, but its run reaches past MAX_TIME_S: only
-    # running it tells.
+    # Point 1 is valid and its requests are, but its run reaches past MAX_TIME_S (iterations
+    # of 1e8 s): only running it tells. (Arrivals past it are refused with the requests.)
     sweep = write_sweep(tmp_path, """
 parameters:
-  workload.arrival.rate_per_s: [1.0, 1.0e-9, 3.0]
+  cost.base_s: [0.01, 1.0e8, 0.02]
 """)
     res = CliRunner().invoke(app, ["sweep", str(sweep), "--out", str(tmp_path / "out"),
                                    "--workers", "1", "--no-progress"])

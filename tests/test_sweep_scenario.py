@@ -52,7 +52,7 @@ def test_a_seed_sweep_is_refused_in_the_block_s_own_keys() -> None:
     not have (a tester's low finding)."""
     with pytest.raises(ScenarioError, match=r"sweep.parameter = 'seed': a scenario's sweep runs "
                                             "every point on its seed"):
-        small_sweep(**{"sweep": {"parameter": "seed", "values": [1, 2]}})
+        scenario_sweep(small_sweep(**{"sweep": {"parameter": "seed", "values": [1, 2]}}), Path.cwd())
 
 
 def test_a_derived_kv_capacity_is_derived_again_at_each_point() -> None:

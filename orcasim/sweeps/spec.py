@@ -191,6 +191,11 @@ def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
     Every point is validated here, so a bad value fails before any point runs."""
     if scenario.sweep is None:
         raise ScenarioError(f"scenario '{scenario.name}' has no 'sweep' block")
+    if parse_dotted(scenario.sweep.parameter)[0] == "seed":  # in the block's own keys: it has
+        # no grid or replications, which the sweep built from it would name
+        raise ScenarioError(f"{scenario.name}: sweep.parameter = {scenario.sweep.parameter!r}: a "
+                            "scenario's sweep runs every point on its seed; expected another "
+                            "key (independent seeds are a sweep file's `replications`)")
     data = {"name": scenario.name, "base": scenario.name, "seed": scenario.seed,
             "grid": {"parameters": {scenario.sweep.parameter: scenario.sweep.values}}}
     spec = _validate_spec(data, f"{scenario.name}: sweep")
