@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -13,7 +15,13 @@ import yaml
 
 from calibrate.logs import DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
-from orcasim.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, INTERRUPTED_TEXT, sigterm_as_interrupt
+from orcasim.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_ENVIRONMENT,
+    EXIT_INTERRUPTED,
+    INTERRUPTED_TEXT,
+    sigterm_as_interrupt,
+)
 from orcasim.fidelity import MEASURED_FORMATS
 from orcasim.paths import check_in_a_folder
 
@@ -29,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED_TEXT, file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:  # the machine, not the input: a full disk, a read-only folder
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}; nothing was left half-written", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     return 0
 
 
@@ -75,6 +87,13 @@ def _writable(path: Path, force: bool, what: str, inputs: tuple[Path, ...] = ())
     check_in_a_folder(path, what)
     if path.exists() and not force:
         raise FileExistsError(f"{path} already exists; pass --force to overwrite it")
+    folder = next((p for p in path.absolute().parents if p.exists()), None)
+    if folder is not None:  # a folder no file can be written to: said before the fit, not after
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            raise PermissionError(e.errno or errno.EACCES, f"cannot write the {what} here: "
+                                  f"{e.strerror or e}", str(folder)) from None
 
 
 def parser() -> argparse.ArgumentParser:

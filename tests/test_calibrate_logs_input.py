@@ -195,6 +195,30 @@ def test_out_is_checked_against_the_inputs_before_any_work(tmp_path: Path, capsy
     assert (log.read_text(), scenario.read_text()) == before
 
 
+def test_an_out_folder_that_cannot_be_written_is_one_line_before_the_fit(
+        tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    """--out /sys/nope.yaml fitted for seconds, then ended on a PermissionError traceback
+    (exit 1 with a stack; a tester's finding). Now refused before the fit, in one line,
+    with exit 1: the machine, not the input. As root no chmod stops a write, so the
+    folder's refusal is simulated where the command probes it."""
+    import errno
+
+    import calibrate.__main__ as cli
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    log = tmp_path / "run.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0,10,5,0.1\n")
+    monkeypatch.setattr(cli.tempfile, "TemporaryFile", read_only)
+    assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--out",
+                 str(tmp_path / "out" / "c.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: cannot write the cost YAML here: Read-only file system ({tmp_path}); "
+                   "nothing was left half-written\n"), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_workload_setting_is_refused_as_each_log_replaces_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     log = _write_log(tmp_path / "run.csv")
     assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--out",
