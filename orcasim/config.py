@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import math
 import re
 import typing
 from collections.abc import Iterator
@@ -205,6 +206,17 @@ def _child(node: Any, part: Any) -> Any:
     if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
         return node[part]
     return None
+
+
+def past_the_clock(last_s: float) -> str:
+    """Why a run that reaches `last_s` (beyond MAX_TIME_S, or overflowed to inf) is refused."""
+    if not math.isfinite(last_s):  # a step, a transfer or a wait too long for a float
+        return ("the run's clock overflows to infinity (a step or a KV transfer takes longer "
+                "than a float can hold); expected rates, costs, bandwidths and think times in "
+                "seconds and bytes (is one off by a unit?)")
+    return (f"the run reaches t = {last_s:.3g} s, beyond {MAX_TIME_S:g} s, where float timestamps "
+            f"keep only {np.spacing(min(last_s, 1e300)):.2g} s of precision; expected rates, "
+            "costs and think times in seconds (is one off by a unit?)")
 
 
 def check_arrival_times(times_s: np.ndarray, key: str, value: float) -> None:

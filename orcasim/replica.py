@@ -44,6 +44,7 @@ from typing import Protocol
 
 import numpy as np
 
+from orcasim.config import ScenarioError, past_the_clock
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.schedulers.base import Scheduler
@@ -461,6 +462,8 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
                 for req_id in source_k.take_until(arrival_s):
                     route_k(req_id, arrival_s).add_request(req_id, arrival_s)
             else:
+                if heap or any(s.pending() for s, _ in inputs):
+                    raise ScenarioError(past_the_clock(math.inf))  # a step or a move overflowed
                 return end_s
             # A step or a delivery may move others (completions, KV, a router's look).
             for replica in moved:
@@ -492,6 +495,8 @@ def _drive_one(replica: Replica, source: ArrivalSource, route: Router,
             for req_id in source.take_until(arrival_s):
                 route(req_id, arrival_s).add_request(req_id, arrival_s)
         else:
+            if event is not None or source.pending():  # a step's end overflowed to inf
+                raise ScenarioError(past_the_clock(math.inf))
             return end_s
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.closed_loop import arrival_source
-from orcasim.config import MAX_TIME_S, ScenarioError, errors_under
+from orcasim.config import MAX_TIME_S, ScenarioError, errors_under, past_the_clock
 from orcasim.cost import CostModel, build_cost_model
 from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import Engine, EngineRun
@@ -222,10 +222,7 @@ def check_times(system_name: str, reqs: pd.DataFrame) -> None:
     """A ScenarioError if the run's timestamps overflowed or reach past MAX_TIME_S."""
     last_s = float(np.nanmax(reqs[["arrival_s", "finish_s"]].to_numpy(dtype=np.float64)))
     if not np.isfinite(last_s) or last_s > MAX_TIME_S:
-        raise ScenarioError(
-            f"{system_name}: the run reaches t = {last_s:.3g} s, beyond {MAX_TIME_S:g} s, where "
-            f"float timestamps keep only {np.spacing(min(last_s, 1e300)):.2g} s of precision; "
-            "expected rates, costs and think times in seconds (is one off by a unit?)")
+        raise ScenarioError(f"{system_name}: {past_the_clock(last_s)}")
 
 
 def warn_saturated(system_name: str, summary: dict[str, float]) -> None:

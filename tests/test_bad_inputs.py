@@ -53,6 +53,11 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a gamma cv too small to draw", {"workload.arrival": {"kind": "gamma", "rate_per_s": 1,
                                                            "cv": 1e-300}}, None, "cv"),
     ("a run past 1e9 s", {"workload.arrival.rate_per_s": 1e-9}, None, "beyond 1e+09 s"),
+    # A step's end at inf read as "nothing pending": the loop ended and an assertion fired
+    # (a traceback; a tester's finding), where 1e300 was refused in one line.
+    ("a step whose end overflows", {"cost": {"kind": "linear", "base_s": 0.01,
+                                             "per_token_s": 1e305}}, None,
+     "the run's clock overflows to infinity"),
     ("an empty trace", {}, "", "empty; expected a CSV file with a header row"),
     ("a trace with only its header", {}, TRACE, "trace.csv: no requests (a header alone"),
     ("more requests than memory holds", {"workload.num_requests": 10**11}, None,
