@@ -440,6 +440,9 @@ def fidelity(
         check_replay_overrides(set_ or [])
         sc = load_scenario(scenario, set_ or [])
         names = system or [s.name for s in sc.systems]
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:  # each row would be written twice
+            fail(f"--system = {twice!r}: given twice; expected each system once")
         unknown = [n for n in names if n not in {s.name for s in sc.systems}]
         if unknown:
             fail(f"--system = {unknown[0]!r}: expected one of {', '.join(s.name for s in sc.systems)}")

@@ -157,11 +157,20 @@ def paired_frames(real: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([real.assign(source="real"), simulated.assign(source="simulated")])
 
 
+def _found(path: Path) -> Path:
+    """The file a log's path names, as it is read (`resolve_data_path`: a shipped log by its
+    data name is the same file as by its absolute path); as given where it is not found."""
+    try:
+        return resolve_data_path(str(path)).resolve()
+    except FileNotFoundError:
+        return Path(path).resolve()
+
+
 def run_labels(runs: list[Path], given_as: str = "--real") -> list[str]:
     """Each run's name in the table, summary and figures: its file's stem, with as many of
     its folders in front (a/run, b/run) as tell apart logs of the same stem, or its whole
     path. The same log given twice is a ScenarioError naming it as `given_as` does."""
-    paths = [Path(p).resolve() for p in runs]
+    paths = [_found(p) for p in runs]
     twice = next((runs[i] for i, p in enumerate(paths) if p in paths[:i]), None)
     if twice is not None:
         raise ScenarioError(f"{given_as} {twice}: given twice; expected each run once")

@@ -181,6 +181,29 @@ def test_logs_sharing_a_stem_stay_apart(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.glob("*.png")) == ["a__run-7__a_cdf.png", "b__run-7__a_cdf.png"]
     with pytest.raises(ScenarioError, match="given twice"):
         fidelity_table(_scenario(), [logs[0], tmp_path / "b" / ".." / "a" / "run-7.csv"], ["a"])
+    # A shipped log by its data name and by its absolute path is one log (a tester's finding:
+    # both were scored, one labelled by a folder that does not exist).
+    from orcasim.fidelity import run_labels
+    from orcasim.paths import PACKAGE_DATA_DIR
+
+    shipped = "ground_truth/distserve_opt13b_a100/vllm-100-1.csv"
+    with pytest.raises(ScenarioError, match=f"--real {PACKAGE_DATA_DIR / shipped}: given twice"):
+        run_labels([Path(shipped), PACKAGE_DATA_DIR / shipped])
+
+
+def test_a_system_named_twice_is_refused(tmp_path: Path) -> None:
+    """--system orca --system orca wrote every row of fidelity.csv twice (a tester's finding)."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    log = _run_log(tmp_path)
+    result = CliRunner().invoke(app, ["fidelity", "scenarios/quickstart.yaml", "--real", str(log),
+                                      "--system", "orca", "--system", "orca", "--out",
+                                      str(tmp_path / "out"), "--no-plots"])
+    assert result.exit_code == 2, result.output
+    assert "--system = 'orca': given twice; expected each system once" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_run_the_scenario_cannot_replay_is_named(tmp_path: Path) -> None:
