@@ -57,7 +57,13 @@ from orcasim.fidelity import (
     run_labels,
 )
 from orcasim.run import data_dir, make_requests, run_scenario, run_system
-from orcasim.scenario import EngineConfig, Scenario, scenario_from_dict, set_dotted
+from orcasim.scenario import (
+    EngineConfig,
+    Scenario,
+    portable_dump,
+    scenario_from_dict,
+    set_dotted,
+)
 
 DEFAULT_PARAMETERS = ("overhead.per_iteration_s", "overhead.per_sequence_s",
                       "overhead.per_prefill_token_s")
@@ -523,7 +529,9 @@ def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], sys
 
     fitted = with_cost(scenario, result.parameters)
     system_cfg = next(s for s in fitted.systems if s.name == system)
-    cost = fitted.system_cost(system_cfg).model_dump(mode="json", exclude_none=True)
+    # Its data paths (a profile's) as a scenario's copy writes them: found from any folder,
+    # not only from the scenario's (a tester's finding).
+    cost = portable_dump(fitted.system_cost(system_cfg), scenario.source_dir)
     doc = {"format": CALIBRATED_FORMAT, "cost": cost,
            "calibration": report(scenario, logs, system, result)}
     text = yaml.safe_dump(doc, sort_keys=False)

@@ -415,6 +415,14 @@ def scenario_to_yaml(scenario: Scenario) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def portable_dump(block: BaseModel, base: Path | None) -> dict[str, Any]:
+    """A part of a scenario (a cost block, say) as `scenario_to_yaml` writes it: its data
+    paths relative to `base`, the scenario's folder, made absolute where found there."""
+    data = block.model_dump(mode="json", exclude_none=True)
+    _portable_paths(block, data, base)
+    return data
+
+
 def data_inputs(scenario: Scenario, base: Path | None = None) -> list[Path]:
     """The files and folders the scenario's data paths name (a trace, a length column, a cost
     file), where found beside the scenario (`base`, else its own folder) or under the working

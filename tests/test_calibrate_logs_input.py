@@ -219,6 +219,41 @@ def test_an_out_folder_that_cannot_be_written_is_one_line_before_the_fit(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_calibrated_cost_finds_its_profile_from_any_folder(tmp_path: Path,
+                                                           monkeypatch) -> None:  # noqa: ANN001
+    """The written cost kept the scenario's `path: prof.json`, relative to the scenario's
+    folder, so a scenario elsewhere loading it failed, or found another prof.json (a
+    tester's finding). It is written as a scenario's copy writes its paths: absolute."""
+    import shutil
+
+    import yaml
+
+    from orcasim.paths import PACKAGE_DATA_DIR
+    from orcasim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "scen").mkdir()
+    (tmp_path / "out").mkdir()
+    shutil.copy(PACKAGE_DATA_DIR / "profiles/distserve/profiler-a100-80g.vllm.json",
+                tmp_path / "scen" / "prof.json")
+    text = (root / "scenarios/validation/vllm_opt13b_a100.yaml").read_text()
+    assert "path: profiles/distserve/profiler-a100-80g.vllm.json" in text
+    (tmp_path / "scen" / "s.yaml").write_text(
+        text.replace("path: profiles/distserve/profiler-a100-80g.vllm.json", "path: prof.json"))
+    log = PACKAGE_DATA_DIR / "ground_truth/distserve_opt13b_a100/vllm-100-1.csv"
+    (tmp_path / "log.csv").write_text("".join(log.read_text().splitlines(keepends=True)[:21]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["logs", "log.csv", "--scenario", "scen/s.yaml", "--out", "out/cost.yaml",
+                 "--fit", "overhead.request_latency_s", "--no-leave-one-out"]) == 0
+    written = yaml.safe_load((tmp_path / "out" / "cost.yaml").read_text())
+    assert written["cost"]["path"] == str(tmp_path / "scen" / "prof.json")
+    user = yaml.safe_load((tmp_path / "scen" / "s.yaml").read_text())
+    user["cost"] = {"kind": "fitted", "path": "cost.yaml"}
+    (tmp_path / "out" / "use.yaml").write_text(yaml.safe_dump(user))
+    monkeypatch.chdir(tmp_path / "out")
+    load_scenario("use.yaml")  # raised: file 'prof.json' not found
+
+
 def test_a_workload_setting_is_refused_as_each_log_replaces_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     log = _write_log(tmp_path / "run.csv")
     assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--out",
