@@ -386,6 +386,21 @@ def test_a_missing_tpot_is_derived_from_ttft_and_e2e_over_the_gaps(tmp_path: Pat
     assert tpot[0] == 0.5 and tpot[1] == 0.25 and np.isnan(tpot[2])
 
 
+def test_a_tpot_in_other_units_than_ttft_and_e2e_is_refused(tmp_path: Path) -> None:
+    """TPOT in ms beside TTFT and E2E in s was scored as is (-99.9%; a tester's finding). A
+    TPOT within a factor of 10 of the gaps passes: definitions differ by the first token."""
+    from orcasim.workload.traces import TPOT_UNITS_FACTOR
+
+    header = f"{ORCASIM_HEADER},ttft_s,tpot_s,e2e_s\n"
+    ok = _write(tmp_path, "ok.csv", header + "0,10,5,0.5,0.3,1.5\n1,10,5,0.5,0.9,1.5\n")
+    assert read_measurements(ok)["tpot_s"].tolist() == [0.3, 0.9]  # gaps of 0.25, as given
+    ms = _write(tmp_path, "ms.csv", header + "0,10,5,0.5,0.25,1.5\n1,10,5,0.5,250,1.5\n")
+    with pytest.raises(ScenarioError, match=r"^ms.csv line 3: tpot_s = 250.0, expected about "
+                                            r"\(e2e_s - ttft_s\) / \(output_tokens - 1\) = 0.25 s"):
+        read_measurements(ms)
+    assert TPOT_UNITS_FACTOR == 10.0
+
+
 def test_a_one_token_request_has_no_tpot_even_when_the_log_gives_one(tmp_path: Path) -> None:
     path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},tpot_s,e2e_s\n0,10,3,1,3\n1,10,1,0,1\n")
     measured = read_measurements(path)

@@ -147,10 +147,30 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     _raise_on_bad((frame["e2e_s"] < frame["ttft_s"]).to_numpy(), frame["e2e_s"], "e2e_s",
                   resolved, offset, "a number >= the request's ttft_s")
     derived = (frame["e2e_s"] - frame["ttft_s"]) / np.where(output > 1, output - 1, np.nan)
+    _check_tpot_units(frame["tpot_s"], derived.to_numpy(), resolved, offset)
     frame["tpot_s"] = frame["tpot_s"].fillna(derived)
     frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token
     order = np.argsort(arrival_s, kind="stable")
     return frame.iloc[order].reset_index(drop=True)
+
+
+# How far a log's TPOT may stray from the gaps its TTFT and E2E leave, (e2e - ttft) / (n - 1),
+# either way: definitions differ by the first token at most (a mean over all n tokens), so a
+# factor of 10 is no definition but a unit (TPOT in ms beside seconds reads as 1000).
+TPOT_UNITS_FACTOR = 10.0
+
+
+def _check_tpot_units(tpot_s: pd.Series, gaps_s: np.ndarray, path: Path, offset: int) -> None:
+    """Refuse a row whose tpot_s cannot be the gap its ttft_s and e2e_s leave (mixed units)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = tpot_s.to_numpy(dtype=np.float64) / gaps_s
+    bad = (gaps_s > 0) & np.isfinite(ratio) & ((ratio > TPOT_UNITS_FACTOR)
+                                               | (ratio < 1 / TPOT_UNITS_FACTOR))
+    if bad.any():
+        gap = float(gaps_s[np.flatnonzero(bad)[0]])
+        _raise_on_bad(bad, tpot_s, "tpot_s", path, offset,
+                      f"about (e2e_s - ttft_s) / (output_tokens - 1) = {gap:.3g} s: every "
+                      "latency in seconds (is tpot_s in ms?)")
 
 
 def _measured_columns(path: Path) -> pd.DataFrame:
