@@ -44,3 +44,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise Interrupted
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back in this thread meanwhile; one that arrived is raised as
+    the block ends. For the few steps that must not be cut in two: a temporary folder made
+    and its name kept, or a partial output removed while a second Ctrl-C arrives."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

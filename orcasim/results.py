@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 from matplotlib.figure import Figure
 
+from orcasim.exits import interrupts_held
 from orcasim.paths import check_in_a_folder
 from orcasim.run import RunResult
 from orcasim.scenario import Scenario, scenario_to_yaml
@@ -53,22 +54,34 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     check_out_dir(out_dir, force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "tmp"), dir=out_dir.parent))
+    tmp = old = None
     try:
+        # Held: an interrupt between the folder's making and its name's keeping would leak it.
+        with interrupts_held():
+            tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "tmp"), dir=out_dir.parent))
         os.chmod(tmp, _by_umask(0o777))  # as mkdir would: mkdtemp's 0700 would survive the rename
         fill(tmp)
         mark_results(tmp, files_under(tmp))
-        old = None
         if force and out_dir.exists():  # without --force, a folder appeared meanwhile: refused
             check_replaceable(out_dir)
-            old = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "old"), dir=out_dir.parent))
+            with interrupts_held():
+                old = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "old"),
+                                            dir=out_dir.parent))
             os.replace(out_dir, old / "previous")
         _claim(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Held: a second Ctrl-C must not cut the clean-up short (a partial folder was left
+        # behind once in CI). A replaced folder not yet succeeded goes back in place.
+        with interrupts_held():
+            if old is not None and (old / "previous").exists() and not out_dir.exists():
+                os.replace(old / "previous", out_dir)
+            for partial in (tmp, old):
+                if partial is not None:
+                    shutil.rmtree(partial, ignore_errors=True)
         raise
+    if old is not None:
+        with interrupts_held():
+            shutil.rmtree(old)
     return out_dir
 
 
@@ -204,14 +217,18 @@ def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     """Let `write` fill a temporary file beside `path`, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
+    name = None
     try:
+        with interrupts_held():  # see write_atomically
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+            os.close(fd)
         write(Path(name))
         os.chmod(name, _by_umask(0o666))  # mkstemp's 0600 is for the temporary file only
         os.replace(name, path)
     except BaseException:
-        Path(name).unlink(missing_ok=True)
+        if name is not None:
+            with interrupts_held():
+                Path(name).unlink(missing_ok=True)
         raise
     return path
 

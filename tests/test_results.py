@@ -205,3 +205,55 @@ def test_without_force_a_folder_force_could_not_replace_says_so_first(tmp_path: 
     mine = write_atomically(tmp_path / "mine", lambda t: (t / "a.txt").write_text("1"))
     with pytest.raises(ResultsExistError, match="already exists; pass --force"):
         check_out_dir(mine, force=False)
+
+
+def test_a_second_ctrl_c_during_the_clean_up_still_removes_the_partial_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C twice on a sweep left a point's hidden temporary folder (once in CI): the second
+    press landed in the clean-up of the first. It is held back until the folder is gone."""
+    import shutil
+    import signal
+
+    from orcasim import results
+
+    real_rmtree = shutil.rmtree
+
+    def second_press_then_rmtree(path: Path, *args: object, **kwargs: object) -> None:
+        signal.raise_signal(signal.SIGINT)  # the second Ctrl-C, as the clean-up starts
+        real_rmtree(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def first_press(tmp: Path) -> None:
+        (tmp / "outcome.json").write_text("{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.shutil, "rmtree", second_press_then_rmtree)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomically(tmp_path / "p0000", first_press)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_as_the_temporary_folder_is_made_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between mkdtemp's mkdir and the name's return the folder was nobody's to remove."""
+    import os
+    import signal
+
+    real_mkdir = os.mkdir
+
+    def mkdir_then_ctrl_c(path: str, *args: object, **kwargs: object) -> None:
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+        if ".tmp-" in os.fspath(path):
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_ctrl_c)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomically(tmp_path / "r", lambda t: (t / "a.txt").write_text("1"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert list(tmp_path.iterdir()) == []
