@@ -285,7 +285,9 @@ def run_disaggregated(
     from orcasim.disagg import build_disaggregated
 
     fleet = build_disaggregated(scenario, system, engine_requests)
-    reqs = fleet_requests(system.name, requests, fleet.run(), fleet.replicas)
+    with _naming_decode_pool(system):
+        done = fleet.run()
+    reqs = fleet_requests(system.name, requests, done, fleet.replicas)
     reqs["prefill_replica"] = fleet.prefill_replica
     reqs["decode_replica"] = fleet.decode_replica
     reqs["kv_transfer_s"] = fleet.kv_transfer_s
@@ -316,6 +318,16 @@ def run_disaggregated(
     summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),
                          fleet.source, scenario.warmup_s)
+
+
+def _naming_decode_pool(system: SystemConfig) -> contextlib.AbstractContextManager[None]:
+    """distserve_decode, which runs only in a decode pool, refuses mid-run when it deadlocks:
+    where the pool gives its own scheduler, that is the key to name (`naming_system` puts
+    'systems[j].' in front), not the system's."""
+    assert system.cluster is not None and system.cluster.decode is not None
+    if system.cluster.decode.scheduler is None:
+        return contextlib.nullcontext()
+    return errors_under("cluster.decode.", opening=("scheduler.policy = 'distserve_decode'",))
 
 
 def pool_summaries(iters: pd.DataFrame, end_s: float, warmup_s: float,

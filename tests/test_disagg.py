@@ -403,6 +403,8 @@ def test_a_distserve_decode_deadlock_is_one_line_not_a_hang(tmp_path, mode: str)
         run_scenario(_scenario(changes))
     message = str(err.value)
     assert "\n" not in message and "deadlocks" in message and "request 1" in message, message
+    # The decode pool's own scheduler, not the system's (a paged one here).
+    assert message.startswith("systems[0].cluster.decode.scheduler.policy = 'distserve_decode'")
 
 
 @pytest.mark.parametrize(("where", "handoff"), [("prefill", "pull"), ("decode", "push"),
