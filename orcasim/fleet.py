@@ -111,18 +111,12 @@ def replica_specs(scenario: Scenario, system: SystemConfig) -> list[ReplicaSpec]
 def pool_specs(scenario: Scenario, system: SystemConfig, group: ReplicaGroup) -> list[ReplicaSpec]:
     """`group.count` copies of one spec: the group's keys, else the system's, else the
     scenario's. A group with its own model or hardware derives its own KV capacity."""
-    assert scenario.kv_capacity_tokens is not None
-    model = group.model or scenario.model
-    hardware = group.hardware or scenario.hardware
-    own_deployment = group.model is not None or group.hardware is not None
-    kv = group.kv_capacity_tokens
-    if kv is None and own_deployment and model is not None and hardware is not None:
-        kv = Deployment(model=model, hardware=hardware).kv_capacity_tokens
     if group.cost is not None:
         check_way_in(group.cost, scenario.system_cost(system))
     spec = ReplicaSpec(group.scheduler or system.scheduler,
                        group.cost or scenario.system_cost(system),
-                       kv or scenario.kv_capacity_tokens, model, hardware)
+                       scenario.group_kv_capacity_tokens(group), group.model or scenario.model,
+                       group.hardware or scenario.hardware)
     return [spec] * group.count
 
 

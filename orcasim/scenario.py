@@ -158,14 +158,7 @@ class Scenario(Strict):
         if again is not None:
             raise ScenarioError(f"systems[{again}].name = {names[again]!r}: expected a name no other "
                                 f"system has (systems[{names.index(names[again])}] has it)")
-        blocked = [s.name for s in self.systems if reserves_max_tokens(s.scheduler)]
-        if self.workload.max_tokens > self.kv_capacity_tokens and blocked:
-            raise ScenarioError(
-                f"workload.max_tokens = {self.workload.max_tokens} exceeds kv_capacity_tokens = "
-                f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
-                "so no request could ever be admitted"
-            )
-        self._check_group_reservations()
+        self._check_reservations()
         self._check_distserve_placement()
         self._check_pool_schedulers()
         self._check_pool_models()
@@ -221,27 +214,69 @@ class Scenario(Strict):
                         "requests whose KV it pulls; expected it only in cluster.decode, with "
                         "cluster.handoff: pull")
 
-    def _check_group_reservations(self) -> None:
-        """As above, for a fleet's group, or a disaggregated cluster's decode pool, with KV of
-        its own: no request could be admitted there. (A prefill instance holds a prompt and
-        one token, whatever its scheduler reserves.)"""
+    def group_kv_capacity_tokens(self, group: ReplicaGroup) -> int:
+        """A fleet's group's or a pool's KV capacity: its own key, else derived from its own
+        model or hardware (the scenario's other half beside it), else the scenario's."""
+        assert self.kv_capacity_tokens is not None
+        if group.kv_capacity_tokens is not None:
+            return group.kv_capacity_tokens
+        model, hardware = group.model or self.model, group.hardware or self.hardware
+        own_deployment = group.model is not None or group.hardware is not None
+        if own_deployment and model is not None and hardware is not None:
+            return Deployment(model=model, hardware=hardware).kv_capacity_tokens
+        return self.kv_capacity_tokens
+
+    def _check_reservations(self) -> None:
+        """A scheduler that reserves max_tokens per request (request_level, or Orca's
+        `kv_reservation: max`) admits nothing where the KV capacity is below
+        workload.max_tokens: refused, naming the key the capacity comes from. Each replica
+        counts with the scheduler and KV it runs: a fleet's group or a decode pool with its own
+        (a prefill instance holds a prompt and one token, whatever its scheduler reserves)."""
+        max_tokens, blocked = self.workload.max_tokens, []
         for j, system in enumerate(self.systems):
-            cluster = system.cluster
-            if cluster is None:
-                continue
-            named = [("decode", cluster.decode)] if cluster.decode is not None else \
-                [(f"replicas[{i}]", group) for i, group in enumerate(cluster.groups())]
-            for where, group in named:
-                kv = group.kv_capacity_tokens
-                if kv is not None and kv < self.workload.max_tokens and \
-                        reserves_max_tokens(group.scheduler or system.scheduler):
-                    raise ScenarioError(
-                        f"systems[{j}].cluster.{where}.kv_capacity_tokens = {kv} is below "
-                        f"workload.max_tokens = {self.workload.max_tokens}: its scheduler reserves "
-                        "max_tokens per request, so no request could ever be admitted there")
+            for where, group in _kv_places(system):
+                scheduler = system.scheduler if group is None or group.scheduler is None \
+                    else group.scheduler
+                kv = self.kv_capacity_tokens if group is None else self.group_kv_capacity_tokens(group)
+                assert kv is not None
+                if kv >= max_tokens or not reserves_max_tokens(scheduler):
+                    continue
+                if group is None or not _own_kv(group):
+                    blocked.append(system.name if where is None else f"{system.name} ({where})")
+                    continue
+                key = f"systems[{j}].{where}"
+                source = (f"{key}.kv_capacity_tokens = {kv} is below" if group.kv_capacity_tokens
+                          else f"{key}: its KV capacity, {kv} tokens as its own model and hardware "
+                               "leave it, is below")
+                raise ScenarioError(
+                    f"{source} workload.max_tokens = {max_tokens}: its scheduler reserves "
+                    "max_tokens per request, so no request could ever be admitted there")
+        if blocked:
+            raise ScenarioError(
+                f"workload.max_tokens = {max_tokens} exceeds kv_capacity_tokens = "
+                f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
+                "so no request could ever be admitted")
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
         return system.cost if system.cost is not None else self.cost
+
+
+def _kv_places(system: SystemConfig) -> list[tuple[str | None, ReplicaGroup | None]]:
+    """Where `system` holds KV as it decodes, each with its key: the system itself (None), a
+    fleet's groups, or a disaggregated cluster's decode pool. A fleet of a count alone runs
+    the system's settings, as the system itself does."""
+    cluster = system.cluster
+    if cluster is not None and cluster.disaggregated:
+        assert cluster.decode is not None
+        return [("cluster.decode", cluster.decode)]
+    if cluster is None or not isinstance(cluster.replicas, list):
+        return [(None, None)]
+    return [(f"cluster.replicas[{i}]", group) for i, group in enumerate(cluster.replicas)]
+
+
+def _own_kv(group: ReplicaGroup) -> bool:
+    """Whether a group's KV capacity is its own (given, or derived from its own deployment)."""
+    return any(key is not None for key in (group.kv_capacity_tokens, group.model, group.hardware))
 
 
 def read_text_file(path: Path) -> str:

@@ -533,3 +533,46 @@ def test_a_link_on_a_colocated_cluster_says_it_is_not_used() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _fleet_run(systems=[{**systems[0], "cluster": {"replicas": 2, "link": {"kind": "nvlink"}}}])
+
+
+ORCA_MAX = {"kind": "iteration_level", "max_batch_size": 4, "kv_reservation": "max"}
+
+
+def _reserving(cluster: dict, scheduler: dict, **top: object) -> dict:
+    return {**BASE, **top, "systems": [{"name": "c", "scheduler": scheduler, "cluster": cluster}]}
+
+
+@pytest.mark.parametrize(("cluster", "needle"), [
+    # A decode pool with Orca's max reservation of its own, on the scenario's 2000 tokens.
+    ({"prefill": {"count": 1}, "decode": {"count": 1, "scheduler": ORCA_MAX}},
+     "workload.max_tokens = 2048 exceeds kv_capacity_tokens = 2000: c (cluster.decode) reserve"),
+    ({"replicas": [{"count": 1, "kv_capacity_tokens": 4096},
+                   {"count": 1, "scheduler": ORCA_MAX}]},
+     "c (cluster.replicas[1]) reserve max_tokens per request"),
+    # A group whose own hardware leaves 1,545 tokens of KV (OPT-13B at 33% of an A100-80GB).
+    ({"replicas": [{"count": 1, "scheduler": ORCA_MAX,
+                    "hardware": {"gpu": "a100-80gb", "gpu_memory_utilization": 0.33}}]},
+     "systems[0].cluster.replicas[0]: its KV capacity, 1545 tokens as its own model and hardware "
+     "leave it, is below workload.max_tokens = 2048"),
+])
+def test_a_group_or_pool_that_could_admit_nothing_is_refused_whatever_its_kv_source(
+        cluster: dict, needle: str) -> None:
+    """Only a group's own kv_capacity_tokens was checked: one inheriting the scenario's KV, or
+    deriving its own from its hardware, passed `validate` and rejected every request."""
+    data = _reserving(cluster, {"kind": "paged", "max_num_seqs": 8}, model="opt-13b",
+                      hardware={"gpu": "a100-80gb"}, kv_capacity_tokens=2000)
+    data["workload"] = {**BASE["workload"], "max_tokens": 2048}
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(data)
+    assert needle in str(err.value), err.value
+
+
+def test_a_reserving_system_scheduler_no_replica_runs_is_not_refused() -> None:
+    """Every group gives its own paged scheduler: the system's request-level one, which would
+    admit nothing on 2000 tokens, runs nowhere (it was refused all the same)."""
+    paged = {"kind": "paged", "max_num_seqs": 8}
+    data = _reserving({"replicas": [{"count": 2, "scheduler": paged}]},
+                      {"kind": "request_level", "max_batch_size": 4})
+    data["workload"] = {**BASE["workload"], "num_requests": 40, "max_tokens": 4096}
+    reqs = run_scenario(scenario_from_dict(data)).systems["c"].requests
+    assert not reqs["rejected"].any() and reqs["finish_s"].notna().all()
