@@ -662,3 +662,23 @@ def test_a_date_order_refused_names_the_files_line(tmp_path: Path) -> None:
                                       "13/05/2024 00:00:01,20,6\n05/14/2024 00:00:01,30,7\n")
     with pytest.raises(ScenarioError, match=r"i.csv line 4: TIMESTAMP = '05/14/2024 00:00:01'"):
         read_trace(mixed)
+
+
+@pytest.mark.parametrize("fmt", ["orcasim", "mooncake"])
+def test_a_request_longer_than_max_tokens_is_named_where_the_file_has_it(
+        tmp_path: Path, fmt: str) -> None:
+    """Its id is its rank by arrival: in an unsorted file, 'request 1' is nowhere near the
+    file's second request. The line the user edits is said beside it (a blank line too)."""
+    from orcasim.workload import WorkloadConfig, generate_requests
+
+    if fmt == "orcasim":
+        path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n5,10,2\n\n1,20,4\n3,10,2\n2,90,20\n")
+        where = "t.csv line 6"
+    else:
+        path = _mooncake(tmp_path, [_record(5000, 10, [0]), _record(1000, 20, [1]),
+                                    _record(2000, 90, [2], 20), _record(3000, 10, [3])])
+        where = "m.jsonl line 3"
+    cfg = WorkloadConfig(arrival={"kind": "trace", "path": path}, max_tokens=100)
+    with pytest.raises(ScenarioError, match=re.escape(
+            f"workload.max_tokens = 100 is below request 1's ({where}) prompt + output = 110")):
+        generate_requests(cfg, np.random.default_rng(0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Self
 
@@ -15,7 +16,7 @@ from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.lengths import LengthDist, LognormalLength, TokenCount
 from orcasim.workload.sessions import AgentArrival, ConversationArrival, draw_plan
-from orcasim.workload.traces import read_trace_with_content
+from orcasim.workload.traces import read_trace_with_content, where_in_trace
 
 
 class SystemPromptConfig(Strict):
@@ -143,18 +144,29 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     if cfg.system_prompt is not None:  # drawn last: a seed's lengths stay what they were
         content = cfg.system_prompt.content(rng, prompt)
         prompt = np.array([sum(segments[1::2]) for segments in content.prompts], dtype=np.int64)
-    _check_fits(prompt + output, cfg.max_tokens)
+    _check_fits(prompt + output, cfg.max_tokens, _in_file(cfg))
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
     return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
                     content=content)
 
 
-def _check_fits(total_tokens: np.ndarray, max_tokens: int) -> None:
+def _in_file(cfg: WorkloadConfig) -> Callable[[int], str]:
+    """Where a request sits in the workload's trace, for an error (its id is its rank by
+    arrival, not its line); nothing for a drawn workload, whose ids are all there is."""
+    arrival = cfg.arrival
+    if not isinstance(arrival, TraceArrival):
+        return lambda _request: ""
+    cap = arrival.max_requests or cfg.num_requests
+    return lambda request: f" ({where_in_trace(arrival.path, arrival.format, cap, request)})"
+
+
+def _check_fits(total_tokens: np.ndarray, max_tokens: int,
+                in_file: Callable[[int], str] = lambda _request: "") -> None:
     over = np.flatnonzero(total_tokens > max_tokens)
     if len(over):
         i = int(over[0])
         raise ScenarioError(
-            f"workload.max_tokens = {max_tokens} is below request {i}'s prompt + output "
+            f"workload.max_tokens = {max_tokens} is below request {i}'s{in_file(i)} prompt + output "
             f"= {int(total_tokens[i])} tokens ({len(over)} request(s) exceed it); "
             f"expected max_tokens >= {int(total_tokens.max())}"
         )

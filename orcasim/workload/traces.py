@@ -487,6 +487,19 @@ def _line_of(path: Path, raw: pd.Series, row: int, line_offset: int) -> int:
     return int(raw.index[row]) if line_offset == JSON_LINES else csv_data_line(path, row)
 
 
+def where_in_trace(path: str, fmt: str, max_requests: int | None, request: int) -> str:
+    """Where request `request` (its id: its rank by arrival time) sits in its trace file, for
+    an error found after the trace was sorted: 'trace.csv line 5', or 'result.json request 3'
+    for a JSON file of lists."""
+    resolved = resolve_data_path(path)
+    fmt = _detect_format(resolved) if fmt == "auto" else fmt
+    rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
+    row = int(np.argsort(arrival_s, kind="stable")[request])
+    if offset == JSON_LISTS:
+        return f"{resolved.name} request {rows.index[row]}"
+    return f"{resolved.name} line {_line_of(resolved, rows.iloc[:, 0], row, offset)}"
+
+
 def _sorted_from_zero(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> Trace:
     if len(arrival_s) == 0:
         raise ScenarioError("trace has no requests")
