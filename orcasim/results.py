@@ -290,6 +290,19 @@ def write_scenario_sweep(
     return write_atomically(out_dir, fill, force)
 
 
+def _file_stems(keys: list[str]) -> dict[str, str]:
+    """A file name for each 'run/system' key, '/' as '__', and one that meets an earlier
+    one's numbered ('a/run' and 'a__run' would otherwise share a figure, the later replacing
+    the earlier)."""
+    stems: dict[str, str] = {}
+    for key in keys:
+        stem, n = key.replace("/", "__"), 1
+        while (stem if n == 1 else f"{stem}-{n}") in stems.values():
+            n += 1
+        stems[key] = stem if n == 1 else f"{stem}-{n}"
+    return stems
+
+
 def write_fidelity(
     table: pd.DataFrame, frames: dict[str, pd.DataFrame], out_dir: Path, force: bool = False,
     plots: bool = True,
@@ -307,9 +320,8 @@ def write_fidelity(
         if plots:
             from orcasim.plots import fidelity_cdfs
 
-            for key, frame in frames.items():
-                stem = key.replace("/", "__")
-                save_figure(fidelity_cdfs(frame, f"{key}: real against simulated"),
+            for key, stem in _file_stems(list(frames)).items():
+                save_figure(fidelity_cdfs(frames[key], f"{key}: real against simulated"),
                             tmp / f"{stem}_cdf.png")
 
     return write_atomically(out_dir, fill, force)

@@ -84,6 +84,20 @@ def _run_log(tmp_path: Path) -> Path:
     return path
 
 
+def test_every_run_keeps_its_own_figure_when_names_meet_once_flattened(tmp_path: Path) -> None:
+    """a/run-7.csv and a__run-7.csv: the figure of run 'a/run-7' was written as
+    a__run-7__a_cdf.png, and run 'a__run-7''s figure then replaced it (a tester's finding)."""
+    from orcasim.results import write_fidelity
+
+    logs = [_run_log(tmp_path / "a"), _run_log(tmp_path / "b")]
+    logs.append(tmp_path / "a__run-7.csv")
+    logs[-1].write_text(logs[0].read_text())
+    table, frames = fidelity_table(_scenario(), logs, ["a"], "orcasim")
+    out = write_fidelity(table, frames, tmp_path / "out")
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "a__run-7__a-2_cdf.png", "a__run-7__a_cdf.png", "b__run-7__a_cdf.png"]
+
+
 def test_the_replay_takes_the_runs_arrivals_and_lengths_and_keeps_the_rest(tmp_path: Path,
                                                                            monkeypatch) -> None:  # noqa: ANN001
     """The workload becomes the run's (its path resolved, the format passed on, the
