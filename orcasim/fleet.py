@@ -124,7 +124,8 @@ def check_way_in(group_cost: CostConfig, system_cost: CostConfig) -> None:
     """A request reaches the router before any replica: its way in (`request_latency_s`) is
     the system's, and one a group gives itself would be dropped unread. A group that does not
     give it (no overhead, or an overhead without it) takes the system's."""
-    given = group_cost.overhead is not None and "request_latency_s" in group_cost.overhead.model_fields_set
+    overhead = group_cost.engine_overhead()
+    given = overhead is not None and "request_latency_s" in overhead.model_fields_set
     own_s, system_s = request_latency_s(group_cost), request_latency_s(system_cost)
     if given and own_s != system_s:
         raise ScenarioError(f"cost.overhead.request_latency_s = {own_s:g}: a request reaches the "

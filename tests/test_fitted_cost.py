@@ -196,6 +196,39 @@ def test_a_calibrated_cost_may_not_load_itself(tmp_path: Path) -> None:
         build(path)
 
 
+def test_a_calibrated_cost_s_way_in_is_its_own_and_its_overhead_is_not_stacked(
+        tmp_path: Path) -> None:
+    """A log calibration can fit `overhead.request_latency_s`; loaded from its file it was
+    dropped unread (TTFT p50 0.015 s, not 0.515 s), and a second overhead given beside the
+    path was added on top of the file's."""
+    import orcasim
+    from orcasim.scenario import scenario_from_dict
+
+    block = {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4,
+             "overhead": {"per_iteration_s": 0.002, "request_latency_s": 0.5}}
+    path = _calibrated(tmp_path, block)
+    data = {"name": "s", "kv_capacity_tokens": 4000,
+            "workload": {"num_requests": 20, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                         "prompt_tokens": {"kind": "uniform", "low": 8, "high": 64},
+                         "output_tokens": {"kind": "uniform", "low": 2, "high": 16},
+                         "max_tokens": 128},
+            "systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_seqs": 8}}]}
+
+    def requests(cost: dict) -> object:
+        scenario = scenario_from_dict({**data, "cost": cost})
+        return orcasim.run_scenario(scenario).systems["p"].requests
+
+    loaded, inline = requests({"kind": "fitted", "path": str(path)}), requests(block)
+    assert loaded["ttft_s"].tolist() == inline["ttft_s"].tolist()
+    assert loaded["ttft_s"].min() > 0.5
+    with pytest.raises(ScenarioError, match=r"^cost.overhead: cost.path = .* holds its own overhead"):
+        requests({"kind": "fitted", "path": str(path), "overhead": {"per_iteration_s": 0.001}})
+    # A calibrated cost without an overhead takes one given beside its path.
+    bare = _calibrated(tmp_path, {"kind": "linear", "base_s": 0.01}, "bare.yaml")
+    added = requests({"kind": "fitted", "path": str(bare), "overhead": {"request_latency_s": 0.5}})
+    assert added["ttft_s"].min() > 0.5
+
+
 def test_the_contracts_defaults_price_steps_and_lists_by_iteration_time() -> None:
     """A cost model that only prices a batch: its decode steps and its lists path are
     `iteration_time_s`'s own, and it has no decode line."""

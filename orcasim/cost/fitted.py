@@ -37,7 +37,7 @@ from orcasim.cost.base import (
     check_durations,
     counted_decode_steps_s,
 )
-from orcasim.cost.overhead import CostConfigBase
+from orcasim.cost.overhead import CostConfigBase, OverheadConfig
 from orcasim.paths import DataPath, read_once, read_problem, resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
@@ -53,6 +53,20 @@ class FittedCostConfig(CostConfigBase):
     path: DataPath
     model: str | None = None
     tensor_parallel: PositiveInt | None = None
+
+    def engine_overhead(self) -> OverheadConfig | None:
+        """A calibrated cost's file holds its overhead (the way in, `request_latency_s`,
+        included); one given here as well would add a second engine on top: refused."""
+        inner = calibrated_block(self)
+        if inner is None:
+            return self.overhead
+        own = inner.engine_overhead()
+        if own is not None and self.overhead is not None:
+            raise ScenarioError(
+                f"cost.overhead: cost.path = {self.path!r} is a cost calibrated from serving logs "
+                "that holds its own overhead, which this one would add to; expected the overhead "
+                "in one place (edit the file's, or drop cost.overhead)")
+        return own or self.overhead
 
 
 def hinge_name(knot_tokens: int) -> str:
@@ -223,16 +237,31 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
         )
     doc = read_fitted_yaml(path)
     if doc["format"] == CALIBRATED_FORMAT:
-        return _calibrated_cost(doc, path, deployment)
+        from orcasim.cost import build_cost_model
+
+        cfg.engine_overhead()  # refuses an overhead given twice
+        return build_cost_model(_calibrated_config(doc, path), deployment)
     return FittedCost(doc, path.name)
 
 
-def _calibrated_cost(doc: dict[str, Any], path: Path, deployment: Any) -> CostModel:
-    """The cost block a log calibration wrote, built as if the scenario held it."""
-    from pydantic import TypeAdapter, ValidationError
+def calibrated_block(cfg: FittedCostConfig) -> Any:
+    """The cost block a log calibration wrote (`python -m calibrate logs`), as a CostConfig,
+    where `cfg` loads such a file; None for any other fitted cost."""
+    if Path(cfg.path).suffix == ".json":
+        return None
+    try:
+        path = resolve_data_path(cfg.path)
+    except FileNotFoundError as e:
+        raise ScenarioError(f"cost.path = {cfg.path!r}: {e}") from None
+    doc = read_fitted_yaml(path)
+    return _calibrated_config(doc, path) if doc["format"] == CALIBRATED_FORMAT else None
 
-    from orcasim.config import format_validation_error
-    from orcasim.cost import CostConfig, build_cost_model
+
+def _calibrated_config(doc: dict[str, Any], path: Path) -> Any:
+    """The calibrated file's cost block, validated as if the scenario held it."""
+    from pydantic import TypeAdapter
+
+    from orcasim.cost import CostConfig
 
     try:
         cfg = TypeAdapter(CostConfig).validate_python(doc.get("cost"))
@@ -240,4 +269,4 @@ def _calibrated_cost(doc: dict[str, Any], path: Path, deployment: Any) -> CostMo
         raise ScenarioError(format_validation_error(e, f"{path.name}: cost", doc.get("cost"))) from None
     if cfg.kind == "fitted" and Path(cfg.path).name == path.name:
         raise ScenarioError(f"cost.path = {str(path)!r}: a calibrated cost may not load itself")
-    return build_cost_model(cfg, deployment)
+    return cfg
