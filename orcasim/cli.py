@@ -499,8 +499,8 @@ def _as_flags(message: str, fields: dict[str, object]) -> str:
 
 @app.command()
 def model(
-    spec: Annotated[str, typer.Argument(help="A catalog name (llama3-70b) or a Hugging Face "
-                                             "config.json path.")],
+    spec: Annotated[str, typer.Argument(help="A catalog name (llama3-70b), a Hugging Face "
+                                             "config.json path, or a model folder holding one.")],
     gpu: Annotated[str | None, typer.Option(help="A GPU from the catalog, for per-GPU figures.")] = None,
     tensor_parallel: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
     pipeline_parallel: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,

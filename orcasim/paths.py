@@ -73,8 +73,9 @@ def portable_data_path(path: str, base: Path | None) -> str:
     return path
 
 
-def resolve_data_path(path: str) -> Path:
-    """Resolve `path`: absolute as is; else against the scenario's folder, then the package data."""
+def resolve_data_path(path: str, inside: str | None = None) -> Path:
+    """Resolve `path`: absolute as is; else against the scenario's folder, then the package
+    data. With `inside`, a folder stands for its file of that name (a model's config.json)."""
     p = Path(path).expanduser()
     if p.is_absolute():
         candidates = [p]
@@ -85,9 +86,12 @@ def resolve_data_path(path: str) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+        if inside is not None and (c / inside).is_file():
+            return c / inside
     folders = [c for c in candidates if c.is_dir()]
     if folders:  # it exists, but not as a file: "not found" would send the user looking
-        raise FileNotFoundError(f"'{path}' is a folder ({folders[0]}); expected a file")
+        also = f", or a folder holding {inside}" if inside else ""
+        raise FileNotFoundError(f"'{path}' is a folder ({folders[0]}); expected a file{also}")
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(f"file '{path}' not found (looked at: {tried})")
 

@@ -328,3 +328,42 @@ def test_a_moe_block_error_names_its_key_once(tmp_path: Path) -> None:
         model_from_argument(str(path))
     assert str(err.value) == (f"model {path}: model.moe.experts_per_token = 9 exceeds "
                               "num_experts = 8; expected at most that")
+
+
+def test_a_model_s_folder_stands_for_its_config_json(tmp_path: Path) -> None:
+    """A downloaded model is a folder holding config.json: `orcasim model ./Mistral-7B` said
+    'unknown model' and `model: {hf_config: ./Mistral-7B}` 'is a folder'. A folder without
+    one is refused saying what it should hold; a catalog name still wins over a folder."""
+    import os
+    import subprocess
+    import sys
+
+    from orcasim.cost.catalog import model_from_argument
+    from orcasim.scenario import scenario_from_dict
+
+    config = Path("orcasim/data/hf_configs/mistral-7b-v0.1/config.json").read_text()
+    folder = tmp_path / "Mistral-7B"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    by_folder, by_file = model_from_argument(str(folder)), model_from_argument(str(folder / "config.json"))
+    assert by_folder.num_layers == by_file.num_layers == 32 and by_folder.name == "Mistral-7B"
+    scenario = scenario_from_dict({
+        "name": "s", "model": {"hf_config": str(folder)}, "hardware": {"gpu": "a100-80gb"},
+        "cost": {"kind": "roofline"},
+        "workload": {"num_requests": 4, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "prompt_tokens": {"kind": "constant", "value": 8},
+                     "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 64},
+        "systems": [{"name": "a", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}]})
+    assert scenario.model is not None and scenario.model.num_layers == 32
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run([sys.executable, "-m", "orcasim", "model", str(tmp_path / "empty")],
+                          capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "is a folder" in done.stderr and "or a folder holding config.json" in done.stderr
+    (tmp_path / "opt-13b").mkdir()  # a folder named as a catalog model, in the working folder
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert model_from_argument("opt-13b").num_layers == 40
+    finally:
+        os.chdir(cwd)

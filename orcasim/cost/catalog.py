@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -583,9 +584,13 @@ def model_figures(model: ModelSpec, hw: HardwareConfig | None = None) -> dict[st
 
 
 def model_from_argument(value: str, weight_dtype: str | None = None) -> ModelSpec:
-    """A catalog name, or the path of a Hugging Face config.json; `weight_dtype` overrides
-    the precision it gives (as the scenario key does)."""
-    fields = {"hf_config": value} if value.endswith(".json") else dict(_resolve("models", value))
+    """A catalog name, or the path of a Hugging Face config.json (or of the model's folder,
+    which holds it); `weight_dtype` overrides the precision it gives (as the scenario key
+    does)."""
+    # A catalog name first: a folder of that name beside the user does not hide it.
+    is_path = value.strip().lower() not in _catalog("models") and (
+        value.endswith(".json") or Path(value).exists())
+    fields = {"hf_config": value} if is_path else dict(_resolve("models", value))
     if weight_dtype is not None:
         fields["weight_dtype"] = weight_dtype
     try:

@@ -239,12 +239,14 @@ UNMODELLED: dict[str, Callable[[Config], bool]] = {
 
 def resolve_hf_model(value: dict[str, Any]) -> dict[str, Any]:
     """`{hf_config: path, ...}`: the config's fields, with any other keys given overriding
-    them (say, `dtype_bytes` or `name`). The path is looked up as data paths are."""
+    them (say, `dtype_bytes` or `name`). The path (a config.json, or the model's folder
+    holding one) is looked up as data paths are."""
     from orcasim.paths import resolve_data_path
 
     rest = {k: v for k, v in value.items() if k != "hf_config"}
     try:
-        path = resolve_data_path(str(value["hf_config"]))
+        # A downloaded model's folder stands for its config.json.
+        path = resolve_data_path(str(value["hf_config"]), inside="config.json")
     except FileNotFoundError as e:
         raise ScenarioError(f"model.hf_config = {value['hf_config']!r}: {e}") from None
     return {**model_fields_from_hf(path, frozenset(rest)), **rest}
