@@ -261,13 +261,21 @@ def fit_names(text: str) -> tuple[str, ...]:
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
-    from calibrate.logs import current_values, fit, leave_one_out, read_logs, write_calibrated
+    from calibrate.logs import (
+        current_values,
+        fit,
+        inline_calibrated,
+        leave_one_out,
+        read_logs,
+        write_calibrated,
+    )
     from orcasim.fidelity import check_replay_overrides
     from orcasim.scenario import load_scenario
 
     _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
     check_replay_overrides(args.set)
-    scenario = load_scenario(args.scenario, args.set)
+    base_dir = args.scenario.resolve().parent
+    scenario = inline_calibrated(load_scenario(args.scenario, args.set), base_dir)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:
         raise ScenarioError(f"--system = {system!r}: expected one of "
@@ -275,7 +283,6 @@ def cmd_logs(args: argparse.Namespace) -> None:
     # Repeated, each --fit adds (the last alone was fitted, silently).
     parameters = fit_names(",".join(args.fit) if args.fit else ",".join(DEFAULT_PARAMETERS))
     current_values(scenario, parameters)  # a name that cannot be fitted fails now, not after reading logs
-    base_dir = args.scenario.resolve().parent
     logs = read_logs(args.logs, args.fmt)
     result = fit(scenario, logs, system, parameters, base_dir)
     if args.loo and len(logs) > 1:

@@ -138,6 +138,32 @@ def with_cost(scenario: Scenario, values: dict[str, float]) -> Scenario:
     return scenario_from_dict(data, f"{scenario.name} (calibrating)")
 
 
+def inline_calibrated(scenario: Scenario, base_dir: Path | None) -> Scenario:
+    """`scenario` with every cost that loads a file this command wrote (`kind: fitted` on a
+    calibrated cost) replaced by the block the file holds: a refit starts from the file's
+    terms and writes a whole block, where fitting the loading block's `overhead` stacked a
+    second engine on the file's (and started from the defaults)."""
+    from orcasim.cost.fitted import FittedCostConfig, calibrated_block
+
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    inlined = False
+    with data_dir(base_dir):
+        for block in _cost_blocks(data):
+            if block.get("kind") != "fitted":
+                continue
+            cfg = FittedCostConfig.model_validate(block)
+            inner = calibrated_block(cfg)
+            if inner is None:
+                continue
+            overhead = cfg.engine_overhead()  # the file's, or the one beside its path
+            block.clear()
+            block.update(inner.model_dump(mode="json", exclude_none=True))
+            if overhead is not None:
+                block["overhead"] = overhead.model_dump(mode="json", exclude_none=True)
+            inlined = True
+    return scenario_from_dict(data, scenario.name) if inlined else scenario
+
+
 def _cost_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Every cost block: the scenario's, each system's, and each cluster group's or pool's
     (one engine's overhead is fitted once, and holds wherever that engine runs)."""
@@ -304,12 +330,12 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
         assert isinstance(cost, OverheadCost), "with_cost gives a calibrated cost an overhead"
         recording = RecordingCost(cost)
         result = run_system(replay, system_cfg, make_requests(replay), cost=recording)
+        latency_s = request_latency_s(replay.system_cost(system_cfg))  # may read a cost file
     iters = result.iterations
     if len(iters) != len(recording.rows):
         raise ScenarioError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
                          f"{len(iters)} iterations; a pipelined engine cannot be calibrated so")
     gpu, batch, prefill = (np.array(c, dtype=np.float64) for c in zip(*recording.rows, strict=True))
-    latency_s = request_latency_s(replay.system_cost(system_cfg))
     reqs = result.requests  # arrivals are the client's; the engine saw them latency_s later
     return Schedule(
         iters["start_s"].to_numpy(), (iters["start_s"] + iters["duration_s"]).to_numpy(),

@@ -231,3 +231,29 @@ def test_a_repeated_fit_flag_adds_its_coefficients(tmp_path: Path, capsys) -> No
     assert main([*base, "--fit", "overhead.per_iteration_s",
                  "--fit", "overhead.per_iteration_s,overhead.per_sequence_s"]) == 2
     assert "overhead.per_iteration_s given twice" in capsys.readouterr().err
+
+
+def test_refitting_a_calibrated_cost_starts_from_its_file_and_writes_one_overhead(
+        tmp_path: Path) -> None:
+    """A scenario whose cost loads a file this command wrote: the fit set `overhead.*` on the
+    loading block, a second engine stacked on the file's, starting from the defaults. The
+    file's block is taken in instead: its terms are the start, and with_cost prices alike."""
+    from calibrate.logs import inline_calibrated
+
+    block = {**SCENARIO["cost"], "overhead": {**SCENARIO["cost"]["overhead"],
+                                              "per_iteration_s": 0.003, "request_latency_s": 0.02}}
+    (tmp_path / "cal.yaml").write_text(yaml.safe_dump(
+        {"format": "orcasim-calibrated-cost/v1", "cost": block}))
+    loading = scenario_from_dict({**SCENARIO, "cost": {"kind": "fitted", "path": "cal.yaml"}})
+    inlined = inline_calibrated(loading, tmp_path)
+    assert inlined.cost.kind == "linear"
+    assert current_values(inlined, ("overhead.per_iteration_s", "overhead.request_latency_s")) == {
+        "overhead.per_iteration_s": 0.003, "overhead.request_latency_s": 0.02}
+    refit = with_cost(inlined, {"overhead.per_iteration_s": 0.005})
+    inline = with_cost(scenario_from_dict({**SCENARIO, "cost": block}), {"overhead.per_iteration_s": 0.005})
+    a = run_scenario(refit, base_dir=tmp_path).systems["vllm"].requests
+    b = run_scenario(inline).systems["vllm"].requests
+    assert a["finish_s"].tolist() == b["finish_s"].tolist()
+    # Not a calibrated file: the scenario as it was.
+    plain = scenario_from_dict(SCENARIO)
+    assert inline_calibrated(plain, tmp_path) is plain

@@ -225,12 +225,14 @@ def test_a_trace_capped_twice_or_beyond_its_length_says_so(tmp_path: Path) -> No
 
 def test_a_request_longer_than_max_tokens_is_named(tmp_path: Path) -> None:
     cfg = _trace_workload(tmp_path, max_tokens=13)  # 13, 24, 6, 9: one over
-    with pytest.raises(ScenarioError, match=r"workload.max_tokens = 13 is below request 1's prompt "
+    with pytest.raises(ScenarioError, match=r"workload.max_tokens = 13 is below request 1's \(t\.csv "
+                                            r"line 3\) prompt "
                                             r"\+ output = 24 tokens \(1 request\(s\) exceed it\); "
                                             r"expected max_tokens >= 24$"):
         generate_requests(cfg, np.random.default_rng(0))
     cfg = _trace_workload(tmp_path, max_tokens=9)  # 13, 24, 6, 9: two over
-    with pytest.raises(ScenarioError, match=r"request 0's prompt \+ output = 13 tokens \(2 request"):
+    with pytest.raises(ScenarioError, match=r"request 0's \(t\.csv line 2\) prompt \+ output = 13 "
+                                            r"tokens \(2 request"):
         generate_requests(cfg, np.random.default_rng(0))
     generate_requests(_trace_workload(tmp_path, max_tokens=24), np.random.default_rng(0))  # exact fit
 
