@@ -371,3 +371,89 @@ def test_a_traces_replications_are_said_to_be_one_sample(tmp_path: Path) -> None
                                          r"replications differ only where a system draws at random"):
         cap.search_jobs(scenario, tmp_path, slo_from_strings(["e2e_p90=1"]), 3,
                         cap.SearchSettings(num_requests=200))
+
+
+def test_each_point_of_a_grid_over_the_trace_is_searched_at_its_own_trace_s_rate(
+        tmp_path: Path) -> None:
+    """A grid over the trace's path shared the first trace's rate: a trace four times slower
+    was offered a quarter of each rate it was labelled with (a tester's finding)."""
+    data = _trace_md1(tmp_path, 250)
+    data["workload"].pop("num_requests")
+    slow = tmp_path / "slow.csv"
+    trace = pd.read_csv(data["workload"]["arrival"]["path"])
+    trace.assign(arrival_s=trace["arrival_s"] * 4).to_csv(slow, index=False)
+    jobs = cap.search_jobs(scenario_from_dict(data), tmp_path, slo_from_strings(["e2e_p90=1"]), 1,
+                           cap.SearchSettings(num_requests=None),
+                           points=[{}, {"workload.arrival.path": str(slow)}])
+    fast_knob, slow_knob = jobs[0].knob, jobs[1].knob
+    assert slow_knob.rate_per_unit == pytest.approx(fast_knob.rate_per_unit / 4, rel=1e-12)
+    # Each point's requests arrive at the rate it is labelled with.
+    from orcasim.metrics import offered_rps
+    from orcasim.run import make_requests
+
+    for job in jobs:
+        offered = offered_rps(make_requests(cap.point_scenario(job, 3.0)).arrival_s)
+        assert offered == pytest.approx(3.0, rel=1e-9)
+
+
+def _saturated(rate: float, admitted_rps: float) -> dict[str, float]:
+    return {"rate_per_s": rate, "saturated": 1.0, "saturation_admission_rps": admitted_rps}
+
+
+def test_the_servers_throughput_is_pooled_over_the_runs_windows() -> None:
+    """A heavily overloaded run's window is milliseconds long: its admission rate is one
+    iteration or none (6.64 req/s at 10,000 offered, 13.3 at 625, for a server of 11.3; a
+    tester's finding). Weighted by their windows the near runs decide; none measured: inf."""
+    rows = [_saturated(10_000, 6.64), _saturated(625, 13.3), _saturated(12.0, 11.3),
+            _saturated(14.0, 11.3), {"rate_per_s": 5.0, "saturated": 0.0,
+                                     "saturation_admission_rps": 5.0}]
+    assert 11.3 < cap.service_rate(rows) < 11.35
+    assert cap.service_rate([_saturated(1e6, 0.0)]) == math.inf
+    assert cap.service_rate([]) == math.inf
+
+
+@pytest.mark.parametrize("start", [1e6, 1e4])
+def test_a_search_from_far_above_the_throughput_comes_back_below_it(
+        monkeypatch: pytest.MonkeyPatch, start: float) -> None:
+    """The server serves 5 req/s and a run far above it admits nothing in its window (shorter
+    than a step): from 1e6 req/s halving ran out of steps at 977 (answer 0), and a limit of
+    0 divided by zero."""
+    def evaluate(job: cap.SearchJob, rate: float) -> dict[str, float]:
+        saturated = rate > 5.0
+        return {"rate_per_s": rate, "passes": float(not saturated), "saturated": float(saturated),
+                "saturation_admission_rps": 0.0 if rate > 1e5 else (5.0 if saturated else rate)}
+
+    monkeypatch.setattr(cap, "evaluate", evaluate)
+    knob = cap.RateKnob("workload.arrival.rate_per_s", 1.0, start)
+    outcome = cap.search(cap.SearchJob(0, "orca", 0, 1, {}, {}, ".", knob, cap.SearchSettings()))
+    assert outcome.ok, outcome.error
+    limit = 5.0 / (1 + cap.DEFAULT_REL_TOL)
+    assert limit / (1 + cap.DEFAULT_REL_TOL) ** 2 <= outcome.max_rate_per_s < limit
+
+
+def _outcome(replication: int, low: float, high: float, limit: float | None) -> cap.SearchOutcome:
+    rows = [{"rate_per_s": low, "passes": 1.0, "saturated": 0.0, "saturation_admission_rps": low,
+             "output_tokens_mean": 10.0}]
+    if limit is not None:
+        rows.append({**_saturated(high * 2, limit * (1 + cap.DEFAULT_REL_TOL)),
+                     "passes": 0.0, "output_tokens_mean": 10.0})
+    return cap.SearchOutcome(f"r{replication}", 0, "orca", replication, replication, {}, True,
+                             low, high, rows)
+
+
+def test_the_interval_holds_the_answer_and_the_searchs_resolution() -> None:
+    """Replications 10.66, 13.75 and 10.39, the second never saturated: the interval stopped
+    at the others' median limit, 10.72, below the answer 11.6 (a tester's finding). And three
+    replications on one grid point gave an interval of zero width, where each threshold lies
+    anywhere up to its search's lowest failing rate."""
+    knob = cap.RateKnob("workload.arrival.rate_per_s", 1.0, 5.0)
+    data = make_scenario().model_dump(mode="json", exclude_none=True)
+    jobs = [cap.SearchJob(0, "orca", r, r, {}, data, ".", knob, cap.SearchSettings()) for r in range(3)]
+    outcomes = [_outcome(0, 10.66, 10.9, 10.72), _outcome(1, 13.75, 14.0, None),
+                _outcome(2, 10.39, 10.6, 10.72)]
+    row = cap.capacity_table(outcomes, jobs).iloc[0]
+    assert row["ci_low"] <= row["max_rate_per_s"] <= row["ci_high"], row
+    same = [_outcome(r, 10.0, 10.0 * (1 + cap.DEFAULT_REL_TOL) * (1 + r / 100), None)
+            for r in range(3)]
+    row = cap.capacity_table(same, jobs).iloc[0]
+    assert row["ci_low"] == row["max_rate_per_s"] == 10.0 < row["ci_high"], row
