@@ -367,3 +367,25 @@ def test_a_model_s_folder_stands_for_its_config_json(tmp_path: Path) -> None:
         assert model_from_argument("opt-13b").num_layers == 40
     finally:
         os.chdir(cwd)
+
+
+def test_a_weight_dtype_set_on_a_read_model_overrides_its_checkpoints_experts_too() -> None:
+    """A sweep's point sets `model.weight_dtype` on the model as read (its dump): gpt-oss's
+    mxfp4 experts, from its quantization_config, stayed mxfp4 (13.7 GB of weights where
+    `--set model.weight_dtype=bf16` on the file gives 41.8; a tester's finding). Experts a
+    model gives in its own keys keep their precision."""
+    from orcasim.cost.catalog import ModelSpec, model_from_argument
+
+    config = "orcasim/data/hf_configs/gpt-oss-20b/config.json"
+    read = ModelSpec.model_validate({"hf_config": config})
+    assert read.moe is not None and read.moe.expert_weight_dtype == "mxfp4"
+    as_set = ModelSpec.model_validate({"hf_config": config, "weight_dtype": "bf16"})
+    swept = ModelSpec.model_validate({**read.model_dump(mode="json"), "weight_dtype": "bf16"})
+    assert swept.moe is not None and swept.moe.expert_weight_dtype is None
+    assert swept.weight_bytes() == as_set.weight_bytes() > 2.5 * read.weight_bytes()
+    assert model_from_argument(config, "bf16").weight_bytes() == as_set.weight_bytes()
+    # The dump of a read model reads back as the same model.
+    assert ModelSpec.model_validate(read.model_dump(mode="json")) == read
+    own = {**read.model_dump(mode="json"), "weight_dtype": "bf16"}
+    own["moe"] = {**own["moe"], "expert_weight_dtype_from": "model"}
+    assert ModelSpec.model_validate(own).moe.expert_weight_dtype == "mxfp4"  # type: ignore[union-attr]

@@ -53,6 +53,9 @@ class MoESpec(Strict):
     # experts in mxfp4 and the rest in bf16): weight-only, the GEMMs still run at the
     # model's compute precision.
     expert_weight_dtype: Precision | None = None
+    # Where that precision came from: the model's own keys, or a checkpoint's
+    # quantization_config (`model.hf_config`), which a `weight_dtype` given overrides.
+    expert_weight_dtype_from: Literal["model", "checkpoint"] = "model"
 
     @model_validator(mode="after")
     def _top_k(self) -> MoESpec:
@@ -72,6 +75,18 @@ class MLASpec(Strict):
     qk_nope_head_dim: PositiveInt
     qk_rope_head_dim: PositiveInt
     v_head_dim: PositiveInt
+
+
+def _given_precision_first(data: Any) -> Any:
+    """A `weight_dtype` given overrides a checkpoint's quantization, its experts' too (as
+    `model.hf_config` reads it): a model read once and set again, as a sweep's point sets
+    `model.weight_dtype` on the read model, kept gpt-oss's mxfp4 experts (a tester's finding)."""
+    moe = data.get("moe") if isinstance(data, dict) else None
+    if not isinstance(moe, dict) or data.get("weight_dtype") is None \
+            or moe.get("expert_weight_dtype_from") != "checkpoint":
+        return data
+    kept = {k: v for k, v in moe.items() if k not in ("expert_weight_dtype", "expert_weight_dtype_from")}
+    return {**data, "moe": kept}
 
 
 class ModelSpec(Strict):
@@ -112,7 +127,7 @@ class ModelSpec(Strict):
         """`{hf_config: path, ...}`: the fields of that config.json (see orcasim.cost.hf_config)."""
         if isinstance(data, dict) and "hf_config" in data:
             return resolve_hf_model(data)
-        return data
+        return _given_precision_first(data)
 
     @model_validator(mode="after")
     def _divisible(self) -> ModelSpec:

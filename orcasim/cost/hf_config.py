@@ -63,7 +63,8 @@ def _quantization(config: Config, fields: dict[str, Any]) -> dict[str, Any]:
     if method == "fp8":
         return {"weight_dtype": "fp8"}
     if method == "mxfp4" and "moe" in fields:
-        return {"moe": {**fields["moe"], "expert_weight_dtype": "mxfp4"}}
+        return {"moe": {**fields["moe"], "expert_weight_dtype": "mxfp4",
+                        "expert_weight_dtype_from": "checkpoint"}}
     raise ScenarioError(f"model.hf_config: quantization_config.quant_method = {method!r} is not "
                         "modelled; expected fp8 (or mxfp4 experts), or set model.weight_dtype")
 
