@@ -4,6 +4,7 @@ figures, mixture-of-experts and latent attention, precision, and bad configs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -389,3 +390,36 @@ def test_a_weight_dtype_set_on_a_read_model_overrides_its_checkpoints_experts_to
     own = {**read.model_dump(mode="json"), "weight_dtype": "bf16"}
     own["moe"] = {**own["moe"], "expert_weight_dtype_from": "model"}
     assert ModelSpec.model_validate(own).moe.expert_weight_dtype == "mxfp4"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("sliding_window", "abc", "expected an integer"), ("sliding_window", 100.7, "expected an integer"),
+    ("max_window_layers", "x", "expected an integer"), ("hidden_size", True, "expected an integer"),
+    ("tie_word_embeddings", "false", "expected true or false"),
+])
+def test_a_config_value_of_the_wrong_type_is_refused_by_name(tmp_path: Path, key: str,
+                                                             value: object, expected: str) -> None:
+    """int() took 100.7 as 100, bool() the string "false" as true, and "abc" failed without
+    naming its key (a tester's finding)."""
+    from orcasim.cost.catalog import model_from_argument
+
+    config = json.loads(Path("orcasim/data/hf_configs/qwen2-7b/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, key: value, "use_sliding_window": True}
+                               if key != "use_sliding_window" else {**config, key: value}))
+    with pytest.raises(ScenarioError, match=f": {key} = {re.escape(json.dumps(value))}; {expected}$"):
+        model_from_argument(str(path))
+
+
+def test_a_layer_named_twice_is_refused() -> None:
+    """dense_layers [0, 0, 0, 0, 0] took layer 0's experts off five times: negative routed
+    parameters and a faster roofline (a tester's finding)."""
+    from orcasim.cost.catalog import ModelSpec
+
+    moe = {"num_experts": 8, "experts_per_token": 2, "expert_intermediate_size": 2048}
+    base = {"num_layers": 4, "hidden_size": 512, "num_heads": 8}
+    # Raised inside the model's validation (a scenario names it as one line).
+    with pytest.raises(ValueError, match=r"model.moe.dense_layers \[0, 0\] names layer 0 twice"):
+        ModelSpec.model_validate({**base, "moe": {**moe, "dense_layers": [0, 0]}})
+    with pytest.raises(ValueError, match=r"model.sliding_window_layers \[1, 3, 1\] names layer 1"):
+        ModelSpec.model_validate({**base, "sliding_window": 64, "sliding_window_layers": [1, 3, 1]})

@@ -133,6 +133,12 @@ class ModelSpec(Strict):
     def _divisible(self) -> ModelSpec:
         if self.head_size is None and self.hidden_size % self.num_heads:
             raise ScenarioError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        for key, layers in (("moe.dense_layers", self.moe.dense_layers if self.moe else []),
+                            ("sliding_window_layers", self.sliding_window_layers or [])):
+            twice = next((i for i in layers if layers.count(i) > 1), None)
+            if twice is not None:  # counted twice, a dense layer's experts were taken off twice
+                raise ScenarioError(f"model.{key} {layers} names layer {twice} twice; expected "
+                                    "each layer once")
         if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
             raise ScenarioError(f"model.moe.dense_layers {self.moe.dense_layers} names a layer "
                                 f"beyond the model's {self.num_layers}; expected 0-based indices")

@@ -184,12 +184,17 @@ def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew:
     distinct experts, so no expert exceeds 1 and they sum to k: the mass above 1 goes to
     the others in proportion (water-filling).
     """
-    weights = np.arange(1, num_experts + 1, dtype=np.float64) ** -skew
+    log_rank = np.log(np.arange(1, num_experts + 1, dtype=np.float64))
     q = np.zeros(num_experts)
     free = np.ones(num_experts, dtype=bool)
     left = float(experts_per_token)
     while True:
-        share = left * weights[free] / weights[free].sum()
+        # Relative to the most popular expert left, whose weight is 1: at a large skew the
+        # others' weights underflow to 0, and the sum of those left read 0 (0/0: NaN times
+        # at a skew of 700 for Mixtral; a tester's finding).
+        ranks = log_rank[free]
+        weights = np.exp(-skew * (ranks - ranks[0]))
+        share = left * weights / weights.sum()
         full = share >= 1.0
         if not full.any():
             q[free] = share

@@ -44,12 +44,45 @@ def model_fields_from_hf(path: Path, given: frozenset[str] = frozenset()) -> dic
         if key in config and not modelled(config):
             raise ScenarioError(f"model.hf_config = {str(path)!r}: {key} = {config[key]!r} changes "
                                 "the cost and is not modelled; expected a model without it")
+    _check_scalars(config, path)
     fields = reader(config)
     if "weight_dtype" not in given:
         fields |= _quantization(config, fields)
     fields.setdefault("name", str(config.get("_name_or_path") or path.parent.name or model_type))
     fields["source"] = f"{path.name} ({model_type})"
     return fields
+
+
+# The keys the readers take as counts or switches. A value of another type is refused by
+# name: Python's int() and bool() took 100.7 as 100 and the string "false" as true, and a
+# string such as "abc" failed without naming its key (a tester's finding).
+INTEGER_KEYS = (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "head_dim", "sliding_window",
+    "max_window_layers", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step",
+    "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+    "experts_per_token", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "ffn_dim", "word_embed_proj_dim", "n_embd", "n_layer", "n_head", "n_inner",
+    "n_positions")
+SWITCH_KEYS = ("tie_word_embeddings", "enable_bias", "use_sliding_window", "attention_bias")
+
+
+def _check_scalars(config: Config, path: Path) -> None:
+    """Every count an integer (an integral float too) and every switch true or false; null
+    is absent."""
+    for key in INTEGER_KEYS:
+        value = config.get(key)
+        if value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                             and float(value).is_integer()):
+            continue
+        raise ScenarioError(f"model.hf_config = {str(path)!r}: {key} = {json.dumps(value)}; "
+                            "expected an integer")
+    for key in SWITCH_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ScenarioError(f"model.hf_config = {str(path)!r}: {key} = {json.dumps(value)}; "
+                                "expected true or false")
 
 
 def _quantization(config: Config, fields: dict[str, Any]) -> dict[str, Any]:
