@@ -52,7 +52,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
@@ -373,17 +373,28 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
                       _point_knob(knob, base, params, base_dir, settings.num_requests), settings)
             for p, params in enumerate(points or [{}])
             for name in chosen for r, s in enumerate(seeds)]
-    from orcasim.run import check_warmup, data_dir, make_requests
-
-    for job in jobs[:: replications]:  # every point and system validates before any runs
-        first = point_scenario(job, job.knob.start_rate_per_s)
-        if job.system == chosen[0]:
-            with data_dir(base_dir):
-                requests = make_requests(first)  # lengths against max_tokens, trace files
-            with _drawn_by_the_search(settings.num_requests):
-                check_warmup(first, requests)  # else every run of the search fails alike
-                _check_measured(first, requests)
+    for job in jobs:  # every point, system and replication is checked before any runs
+        if job.replication == 0 or job.system == chosen[0]:
+            _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
     return jobs
+
+
+def _check_job(job: SearchJob, index: int, first_system: bool) -> None:
+    """What `orcasim validate` checks, for one search: its system's cost files and fleet
+    (once a point), and each replication's requests (drawn from its own seed: a warm-up may
+    leave one too few where another has enough). Else the search fails alike at every run."""
+    from orcasim.run import check_system, check_warmup, data_dir, make_requests
+
+    first = point_scenario(job, job.knob.start_rate_per_s)
+    with data_dir(Path(job.base_dir)):
+        requests = make_requests(first)  # lengths against max_tokens, trace files
+        if job.replication == 0:
+            with errors_under(f"systems[{index}].", opening=("scheduler.", "cluster.")):
+                check_system(first, first.systems[0], requests)
+    if first_system:
+        with _drawn_by_the_search(job.settings.num_requests):
+            check_warmup(first, requests)
+            _check_measured(first, requests)
 
 
 def _point_knob(knob: RateKnob, base: dict[str, Any], params: dict[str, Any],

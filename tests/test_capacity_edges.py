@@ -457,3 +457,37 @@ def test_the_interval_holds_the_answer_and_the_searchs_resolution() -> None:
             for r in range(3)]
     row = cap.capacity_table(same, jobs).iloc[0]
     assert row["ci_low"] == row["max_rate_per_s"] == 10.0 < row["ci_high"], row
+
+
+def test_every_system_s_cost_is_checked_before_any_run() -> None:
+    """A second system's missing cost file: validate and run refuse it in one line, and the
+    search ran the first system, then failed the second's every run (exit 1, a folder that
+    needed --force; a tester's finding)."""
+    data = make_scenario().model_dump(mode="json", exclude_none=True)
+    data["systems"].append({"name": "bad", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                            "cost": {"kind": "fitted", "path": "nothere.json"}})
+    with pytest.raises(Exception) as err:
+        cap.search_jobs(scenario_from_dict(data), Path.cwd(), slo_from_strings(["e2e_p90=3"]), 2,
+                        cap.SearchSettings(num_requests=100))
+    assert isinstance(err.value, cap.ScenarioError) and "nothere.json" in str(err.value), err.value
+
+
+def test_each_replications_requests_are_checked_against_the_warm_up() -> None:
+    """Only replication 0's requests were checked: one whose requests arrived later measured
+    34 after the warm-up, below the 40 the saturation test needs (a tester's finding)."""
+    from orcasim.run import make_requests
+
+    slo = slo_from_strings(["e2e_p90=3"])
+    settings = cap.SearchSettings(num_requests=100)
+    for seed in range(1, 30):
+        scenario = make_scenario(seed=seed)
+        jobs = cap.search_jobs(scenario, Path.cwd(), slo, 5, settings, ["orca"])
+        cut_s = [make_requests(cap.point_scenario(j, j.knob.start_rate_per_s)).arrival_s[
+            100 - cap.MIN_SEARCH_REQUESTS] for j in jobs]
+        if min(cut_s[1:]) < cut_s[0]:  # a warm-up between leaves replication 0 enough, another not
+            break
+    warmup_s = (min(cut_s[1:]) + cut_s[0]) / 2
+    warm = make_scenario(seed=seed, warmup_s=warmup_s)
+    cap.search_jobs(warm, Path.cwd(), slo, 1, settings, ["orca"])  # replication 0 has enough
+    with pytest.raises(cap.ScenarioError, match=r"each run of the search measures \d+ requests"):
+        cap.search_jobs(warm, Path.cwd(), slo, 5, settings, ["orca"])
