@@ -587,7 +587,13 @@ def evaluations_table(outcomes: list[SearchOutcome]) -> pd.DataFrame:
              "step": i, **e}
             for o in sorted(outcomes, key=lambda o: (o.point, o.system, o.replication))
             for i, e in enumerate(o.evaluations)]
-    return pd.DataFrame(rows)
+    if rows:
+        return pd.DataFrame(rows)
+    # Every search failed: the header alone, which `orcasim plot` reads as nothing to draw
+    # (a frame without columns was written as an empty line, and plot failed on it).
+    params = list(dict.fromkeys(k for o in outcomes for k in o.params))
+    return pd.DataFrame(columns=["point", *params, "system", "replication", "step", "rate_per_s",
+                                 "passes"])
 
 
 def pareto_front(table: pd.DataFrame, cost: str, latency: str) -> pd.DataFrame:

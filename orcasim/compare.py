@@ -27,8 +27,8 @@ def load_metrics(path: Path) -> Metrics:
                 table_path = path / "sweep.csv"
             table = read_parquet(table_path) if table_path.suffix == ".parquet" else read_csv(table_path)
             return _sweep_metrics(table)
-        case _:
-            return {f"{f.stem}/{system}": m for f in sorted(path.glob("*.json"))
+        case _:  # other JSON beside the baselines (a package.json) is not one: check skips it too
+            return {f"{f.stem}/{system}": m for f in sorted(path.glob("*.json")) if is_baseline(f)
                     for system, m in read_metrics(f).items()}
 
 
@@ -159,3 +159,14 @@ def changed_rows(frame: pd.DataFrame) -> pd.Series:
     """Which rows of `deltas` moved by more than float noise (DEFAULT_REL_TOL)."""
     return pd.Series([moved(a, b) for a, b in zip(frame["a"], frame["b"], strict=True)],
                      index=frame.index, dtype=bool)
+
+
+def is_baseline(path: Path) -> bool:
+    """Whether `path` holds a baseline ({system: {metric: number}}, neither empty): only such a
+    file counts as one without a scenario, or is removed by an update (a folder may hold
+    other JSON, a package.json, that is none of the check's business)."""
+    try:
+        metrics = read_metrics(path)
+    except (ScenarioError, OSError):  # not JSON, or no file at all (a folder, a dead link)
+        return False
+    return bool(metrics) and all(metrics.values())

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from orcasim.compare import DEFAULT_REL_TOL, Metrics, moved, read_metrics, relative_change
+from orcasim.compare import (
+    DEFAULT_REL_TOL,
+    Metrics,
+    is_baseline,
+    moved,
+    read_metrics,
+    relative_change,
+)
 from orcasim.config import ScenarioError
 from orcasim.results import json_safe, write_text_atomically
 
@@ -133,17 +140,6 @@ def check(
     tables += [_row(b.stem, "(no scenario)") for b in orphans]
     tables = [t for t in tables if len(t)]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
-
-
-def is_baseline(path: Path) -> bool:
-    """Whether `path` holds a baseline ({system: {metric: number}}, neither empty): only such a
-    file counts as one without a scenario, or is removed by an update (a folder may hold
-    other JSON, a package.json, that is none of the check's business)."""
-    try:
-        metrics = read_metrics(path)
-    except (ScenarioError, OSError):  # not JSON, or no file at all (a folder, a dead link)
-        return False
-    return bool(metrics) and all(metrics.values())
 
 
 def _against_baseline(stem: str, now: Metrics, baseline_file: Path) -> pd.DataFrame:

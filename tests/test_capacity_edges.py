@@ -96,7 +96,9 @@ def test_an_existing_folder_of_this_run_suggests_resume(tmp_path: Path) -> None:
     assert "--force" in again.output
     other = runner.invoke(app, [*args, "--rel-tol", "0.2"])  # another plan: resume cannot help
     assert other.exit_code == 2 and "plan.json differs" in other.output
-    assert "--resume" not in other.output
+    assert "--resume" not in other.output and "resume" not in other.output  # none was asked for
+    resumed = runner.invoke(app, [*args, "--rel-tol", "0.2", "--resume"])
+    assert resumed.exit_code == 2 and "so this run cannot resume it" in resumed.output
 
 
 def test_an_impossible_slo_is_zero_with_a_warning_and_no_target_cost(tmp_path: Path) -> None:
@@ -491,3 +493,21 @@ def test_each_replications_requests_are_checked_against_the_warm_up() -> None:
     cap.search_jobs(warm, Path.cwd(), slo, 1, settings, ["orca"])  # replication 0 has enough
     with pytest.raises(cap.ScenarioError, match=r"each run of the search measures \d+ requests"):
         cap.search_jobs(warm, Path.cwd(), slo, 5, settings, ["orca"])
+
+
+def test_a_capacity_folder_whose_every_search_failed_plots_as_nothing_to_draw(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """evaluations.csv was written as an empty line, and `orcasim plot` failed on it ('empty;
+    expected a CSV file with a header row'; a tester's finding): it holds its header."""
+    slo = slo_from_strings(["e2e_p90=3"])
+    jobs = cap.search_jobs(make_scenario(), Path.cwd(), slo, 1, cap.SearchSettings(num_requests=100),
+                           ["orca"])
+    monkeypatch.setattr(cap, "search", lambda job: cap.SearchOutcome.failed(job, "boom"))
+    result = cap.run_capacity(jobs, workers=1)
+    out = tmp_path / "o"
+    out.mkdir()
+    mark_results(out)
+    cap.write_capacity(result, out, slo, plots=False)
+    assert (out / "evaluations.csv").read_text().startswith("point,system,replication,step,")
+    plotted = runner.invoke(app, ["plot", str(out)])
+    assert plotted.exit_code == 0 and "holds nothing to draw" in plotted.output, plotted.output

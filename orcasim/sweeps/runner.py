@@ -154,13 +154,16 @@ def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
         force_too = ", or --force to start over"
     except ResultsExistError:
         force_too = ""
-    # Without its plan a folder's points cannot be told apart from another run's.
+    # Without its plan a folder's points cannot be told apart from another run's. Resuming
+    # is spoken of only where it was asked for.
     if held is None:
-        raise ScenarioError(f"{out_dir} already exists and holds no plan.json, so its points "
-                            f"cannot be matched to this run; use another --out{force_too}")
+        why = ("holds no plan.json, so its points cannot be matched to this run" if resume
+               else "holds no plan.json: not a folder of this run")
+        raise ScenarioError(f"{out_dir} already exists and {why}; use another --out{force_too}")
     if held != plan:
-        raise ScenarioError(f"{out_dir} holds a different run (plan.json differs), so this run "
-                            f"cannot resume it; use another --out{force_too}")
+        why = ", so this run cannot resume it" if resume else ""
+        raise ScenarioError(f"{out_dir} holds a different run (plan.json differs){why}; use "
+                            f"another --out{force_too}")
     assert not resume  # resume with the same plan keeps the folder
     raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it"
                             f"{force_too or ', or use another --out'}")
