@@ -202,11 +202,14 @@ def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
     if summary["requests_completed"] == 0:
         last_s = float(reqs["arrival_s"].max()) if len(reqs) else 0.0
         rejected = int(reqs["rejected"].sum()) if "rejected" in reqs else 0
-        if warmup_s < last_s and rejected:  # the warm-up left some: memory turned them away
+        window = measured_requests(reqs, warmup_s)  # the requests the summary counts
+        turned_away = int(window["rejected"].sum()) if "rejected" in window else 0
+        if len(window) and turned_away:  # the warm-up left some: memory turned them away
+            after = f" arriving after warmup_s = {warmup_s:g}" if warmup_s > 0 else ""
             raise ScenarioError(
-                f"{system_name}: no request completed: {rejected} of {len(reqs)} rejected as too "
-                "large for KV memory; expected a kv_capacity_tokens (of each replica or pool a "
-                "request can reach) that holds a request's tokens")
+                f"{system_name}: no request{after} completed: {turned_away} of {len(window)} "
+                "rejected as too large for KV memory; expected a kv_capacity_tokens (of each "
+                "replica or pool a request can reach) that holds a request's tokens")
         raise ScenarioError(
             f"{system_name}: no request completed after warmup_s = {warmup_s:g} (the last "
             f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "

@@ -17,8 +17,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import orcasim
 from orcasim.cli import app
-from orcasim.scenario import set_dotted
+from orcasim.config import ScenarioError
+from orcasim.scenario import scenario_from_dict, set_dotted
 from tests.conftest import BASE
 
 TRACE = "arrival_s,prompt_tokens,output_tokens\n"
@@ -457,3 +459,19 @@ def test_a_seed_check_fails_before_the_run_in_every_replication(tmp_path: Path) 
     result = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
     assert "is past the last arrival" in result.output and not (tmp_path / "o").exists()
+
+
+def test_requests_rejected_after_the_warm_up_are_counted_after_it(tmp_path: Path) -> None:
+    """Two short requests complete in the warm-up and the two long ones after it are turned
+    away: the error said 'no request completed: 2 of 4 rejected', though two had, and never
+    named the warm-up (a tester's finding)."""
+    trace = tmp_path / "w.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,5\n5,600,5\n6,600,5\n")
+    data = {"name": "w", "seed": 0, "warmup_s": 2, "kv_capacity_tokens": 512,
+            "workload": {"arrival": {"kind": "trace", "path": str(trace)}, "max_tokens": 700},
+            "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 2e-5},
+            "systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_seqs": 8}}]}
+    with pytest.raises(ScenarioError) as err:
+        orcasim.run_scenario(scenario_from_dict(data))
+    assert str(err.value).startswith("p: no request arriving after warmup_s = 2 completed: 2 of 2 "
+                                     "rejected as too large for KV memory"), err.value
