@@ -210,9 +210,28 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
                 _check_runs(task.scenario(), base_dir, f"sweep point {task.params}: ")
         num_requests = _check_runs(sc, base_dir)
     except USER_ERRORS as e:
-        fail(error_text(e))
+        fail(_brought_by(scenario, set_ or [], error_text(e)))
     n = len(sc.systems)
     typer.echo(f"{scenario}: ok ({num_requests} requests, {n} system{'s' if n > 1 else ''})")
+
+
+def _brought_by(path: Path, overrides: list[str], text: str) -> str:
+    """`text`, naming the overrides where the file alone passes what `validate` checks: a
+    refusal raised as the run is built (a profile table for another TP degree) read as the
+    file's own ('cost.attention_csv: ... expected 4'), where `load_scenario` names them for
+    what it validates itself."""
+    from orcasim.scenario import load_scenario
+
+    if not overrides or text.startswith(f"{path} with "):
+        return text
+    try:
+        with warnings.catch_warnings():  # said once already, of the scenario as overridden
+            warnings.simplefilter("ignore")
+            _check_runs(load_scenario(path), path.resolve().parent)
+    except USER_ERRORS:
+        return text  # the file has a problem of its own: the overrides may not be the cause
+    given = " ".join(f"--set {item}" for item in overrides)
+    return f"{path} with {given}: {text}"
 
 
 def _check_runs(sc: Scenario, base_dir: Path, where: str = "") -> int:
@@ -490,9 +509,11 @@ def _as_flags(message: str, fields: dict[str, object]) -> str:
     `--pipeline-parallel = 2000`, and every other key the message names reads as its flag too
     (`with --tensor-parallel = 1`), so one line never mixes the two vocabularies."""
     message = re.sub(r"hardware(?::\s*|\.)(?=\w+ = )", "", message)
+    message = message.replace("model.weight_dtype", "weight_dtype")  # the flag, not a key path
     for key in [*fields, "weight_dtype"]:
-        # A bare word like "gpu" is also prose ("unknown gpu 'nope'"): only `gpu = ` is the key.
-        name = rf"(?<![\w-]){key}\b" if "_" in key else rf"(?<![\w-]){key}(?= = )"
+        # A bare word like "gpu" is also prose ("unknown gpu 'nope'"): only `gpu = ` is the key;
+        # one inside a dotted path is not this command's (it read 'model.--weight-dtype').
+        name = rf"(?<![\w.-]){key}\b" if "_" in key else rf"(?<![\w.-]){key}(?= = )"
         message = re.sub(name, "--" + key.replace("_", "-"), message)
     return message
 

@@ -475,3 +475,30 @@ def test_requests_rejected_after_the_warm_up_are_counted_after_it(tmp_path: Path
         orcasim.run_scenario(scenario_from_dict(data))
     assert str(err.value).startswith("p: no request arriving after warmup_s = 2 completed: 2 of 2 "
                                      "rejected as too large for KV memory"), err.value
+
+
+def test_a_refusal_an_override_brings_names_it_wherever_it_is_raised() -> None:
+    """A profile table for TP 2 under --set hardware.tensor_parallel=4 is refused as the cost
+    is built, after load_scenario named overrides: it read as the file's own; and the
+    weights-per-GPU refusal read '(top level): model llama2-70b needs ...' (a tester's)."""
+    path = "scenarios/profile_llama2_70b.yaml"
+    runner = CliRunner()
+    res = runner.invoke(app, ["validate", path, "--set", "hardware.tensor_parallel=4"])
+    assert res.exit_code == 2 and res.output.startswith(
+        f"error: {path} with --set hardware.tensor_parallel=4: cost.attention_csv: "), res.output
+    res = runner.invoke(app, ["validate", path, "--set", "hardware.tensor_parallel=1"])
+    assert res.exit_code == 2 and "(top level)" not in res.output, res.output
+    assert "with --set hardware.tensor_parallel=1: hardware.tensor_parallel = 1 (pipeline_" \
+           "parallel 1): model llama2-70b needs" in res.output, res.output
+    # The file's own problem is not put on an override that has nothing to do with it.
+    assert runner.invoke(app, ["validate", path]).exit_code == 0
+
+
+def test_orcasim_model_names_its_flag_not_a_mangled_key(tmp_path: Path) -> None:
+    config = {"model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 2,
+              "hidden_size": 4096, "intermediate_size": 11008, "vocab_size": 32000,
+              "max_position_embeddings": 4096, "quantization_config": {"quant_method": "awq"}}
+    path = tmp_path / "awq.json"
+    path.write_text(json.dumps(config))
+    res = CliRunner().invoke(app, ["model", str(path)])
+    assert res.exit_code == 2 and res.output.rstrip().endswith("or set --weight-dtype"), res.output

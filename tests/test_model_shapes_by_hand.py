@@ -670,7 +670,7 @@ def test_weights_that_leave_no_room_for_one_tokens_kv_are_an_error() -> None:
     weights = model.weight_bytes()
     kv = kv_bytes_per_token_per_gpu(model, deployment(1e9))
     assert derive_kv_capacity_tokens(model, deployment(weights + kv)) == 1
-    message = (r"^model custom needs 0\.0 GiB of weights per GPU on 1 x custom, leaving no room "
+    message = (r"^hardware.tensor_parallel = 1 \(pipeline_parallel 1\): model custom needs 0\.0 GiB of weights per GPU on 1 x custom, leaving no room "
                r"for KV in the 0\.0 GiB budget; expected more GPUs")
     with pytest.raises(ScenarioError, match=message):
         derive_kv_capacity_tokens(model, deployment(weights + kv - 1))

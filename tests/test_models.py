@@ -286,7 +286,7 @@ def test_the_model_command_takes_a_weight_precision() -> None:
     (["--pipeline-parallel", "2000"], "error: --pipeline-parallel = 2000: Input should be less than or equal to 1024"),
     (["--tensor-parallel", "3"], "error: --tensor-parallel = 3 does not divide llama3-70b's 64 attention heads"),
     (["--gpu", "nope"], "error: --gpu = 'nope': unknown gpu 'nope'; known gpus: "),
-    ([], "error: model llama3-70b needs 131.4 GiB of weights per GPU on 1 x h100-80gb, leaving no "
+    ([], "error: --tensor-parallel = 1 (--pipeline-parallel 1): model llama3-70b needs 131.4 GiB of weights per GPU on 1 x h100-80gb, leaving no "
          "room for KV in the 70.3 GiB budget; expected more GPUs (--tensor-parallel, "
          "--pipeline-parallel, --expert-parallel), fewer weight bytes (--weight-dtype), or in a "
          "scenario an explicit kv_capacity_tokens"),

@@ -562,9 +562,11 @@ def _kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig, weights_per_gpu: f
             "expected a utilisation near vLLM's 0.9 and a reserve well under the GPU's memory")
     tokens_per_gpu = int((budget - weights_per_gpu) // kv_bytes_per_token_of_layers(model, hw, layers))
     if tokens_per_gpu < 1:  # weights over the budget, or too close to it for one token's KV
+        # Opens with the key it is about: under --set it read '(top level): model ...'.
         raise ScenarioError(
-            f"model {model.name} needs {weights_per_gpu / GIB:.1f} GiB of weights per GPU on "
-            f"{hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / GIB:.1f} GiB "
+            f"hardware.tensor_parallel = {hw.tensor_parallel} (pipeline_parallel "
+            f"{hw.pipeline_parallel}): model {model.name} needs {weights_per_gpu / GIB:.1f} GiB of "
+            f"weights per GPU on {hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / GIB:.1f} GiB "
             f"budget; expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
             f"fewer weight bytes (weight_dtype), or in a scenario an explicit kv_capacity_tokens"
         )
