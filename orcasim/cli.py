@@ -202,13 +202,7 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
         return _validate_sweep(scenario, set_ or [])
     try:
         sc = load_scenario(scenario, set_ or [])
-        base_dir = scenario.resolve().parent
-        if sc.sweep is not None:  # every point, as `run` would build it
-            from orcasim.sweeps import scenario_sweep
-
-            for task in scenario_sweep(sc, base_dir).tasks():
-                _check_runs(task.scenario(), base_dir, f"sweep point {task.params}: ")
-        num_requests = _check_runs(sc, base_dir)
+        num_requests = _check_scenario(sc, scenario.resolve().parent)
     except USER_ERRORS as e:
         fail(_brought_by(scenario, set_ or [], error_text(e)))
     n = len(sc.systems)
@@ -216,22 +210,42 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
 
 
 def _brought_by(path: Path, overrides: list[str], text: str) -> str:
-    """`text`, naming the overrides where the file alone passes what `validate` checks: a
-    refusal raised as the run is built (a profile table for another TP degree) read as the
-    file's own ('cost.attention_csv: ... expected 4'), where `load_scenario` names them for
-    what it validates itself."""
+    """`text`, naming the overrides that bring it where the file alone passes what `validate`
+    checks: a refusal raised as the run is built (a profile table for another TP degree)
+    read as the file's own ('cost.attention_csv: ... expected 4'), where `load_scenario`
+    names them for what it validates itself. Those whose removal alone lets it pass are
+    named (all of them where none is)."""
+    if not overrides or text.startswith(f"{path} with ") or not _passes(path, []):
+        return text  # the file has a problem of its own: the overrides may not be the cause
+    culprits = [o for i, o in enumerate(overrides) if _passes(path, overrides[:i] + overrides[i + 1:])]
+    given = " ".join(f"--set {item}" for item in culprits or overrides)
+    return f"{path} with {given}: {text}"
+
+
+def _passes(path: Path, overrides: list[str]) -> bool:
+    """Whether `path` with `overrides` passes `validate`'s checks (quietly: its warnings were
+    said of the scenario as the user gave it)."""
     from orcasim.scenario import load_scenario
 
-    if not overrides or text.startswith(f"{path} with "):
-        return text
     try:
-        with warnings.catch_warnings():  # said once already, of the scenario as overridden
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _check_runs(load_scenario(path), path.resolve().parent)
+            _check_scenario(load_scenario(path, overrides), path.resolve().parent)
     except USER_ERRORS:
-        return text  # the file has a problem of its own: the overrides may not be the cause
-    given = " ".join(f"--set {item}" for item in overrides)
-    return f"{path} with {given}: {text}"
+        return False
+    return True
+
+
+def _check_scenario(sc: Scenario, base_dir: Path) -> int:
+    """`validate`'s checks of a loaded scenario: its own sweep's every point, as `run` would
+    build it, and the scenario itself (`_check_runs`). The number of requests."""
+    if sc.sweep is not None:
+        from orcasim.sweeps import scenario_sweep
+        from orcasim.sweeps.spec import point_name
+
+        for task in scenario_sweep(sc, base_dir).tasks():
+            _check_runs(task.scenario(), base_dir, f"sweep {point_name(task.id, task.params)}: ")
+    return _check_runs(sc, base_dir)
 
 
 def _check_runs(sc: Scenario, base_dir: Path, where: str = "") -> int:
@@ -309,8 +323,10 @@ def _resume_command(head: list[str], out_dir: Path | None, sets: list[str], back
 def _check_sweep_runs(sw: Sweep) -> None:
     """What a run of each task checks (its data files too), before any work starts: every
     replication, as its seed draws the requests a check reads (the last arrival)."""
+    from orcasim.sweeps.spec import point_name
+
     for task in sw.tasks():
-        _check_runs(task.scenario(), Path(task.base_dir), f"point {task.id} ({task.params}): ")
+        _check_runs(task.scenario(), Path(task.base_dir), f"{point_name(task.id, task.params)}: ")
 
 
 def _validate_sweep(path: Path, overrides: list[str]) -> None:

@@ -146,12 +146,15 @@ def test_validate_runs_a_runs_checks_at_every_sweep_point(tmp_path: Path) -> Non
                     "  parameters:\n    warmup_s: [0, 100000]\n")
     late = CliRunner().invoke(app, ["validate", str(grid)])
     assert late.exit_code == 2, late.output
-    assert late.output.startswith("error: point p0001-r00 ({'warmup_s': 100000}): warmup_s = 100000 "
+    # The point as other messages name it (path=value), not a Python dict.
+    assert late.output.startswith("error: point p0001-r00 (warmup_s=100000): warmup_s = 100000 "
                                   "is past the last arrival"), late.output
     own = CliRunner().invoke(app, ["validate", str(base), "--set", "workload.num_requests=50",
                                    "--set", "sweep={parameter: warmup_s, values: [0, 100000]}"])
+    # The override that brings it is named, the one that does not is not.
     assert own.exit_code == 2 and own.output.startswith(
-        "error: sweep point {'warmup_s': 100000}: warmup_s = 100000 is past"), own.output
+        f"error: {base} with --set sweep={{parameter: warmup_s, values: [0, 100000]}}: sweep point "
+        "p0001-r00 (warmup_s=100000): warmup_s = 100000 is past"), own.output
 
 
 def test_a_saved_scenario_reruns_from_its_results_folder(tmp_path: Path) -> None:

@@ -577,7 +577,8 @@ def test_a_missing_table_names_the_key_that_gave_it() -> None:
     scenario = Path(__file__).parents[1] / "scenarios" / "regression" / "profile_vidur.yaml"
     result = CliRunner().invoke(app, ["validate", str(scenario), "--set", "cost.mlp_csv=nope.csv"])
     assert result.exit_code == 2
-    assert result.output.startswith("error: cost.mlp_csv: file 'nope.csv' not found"), result.output
+    assert result.output.startswith(f"error: {scenario} with --set cost.mlp_csv=nope.csv: "
+                                    "cost.mlp_csv: file 'nope.csv' not found"), result.output
 
 
 def test_an_overhead_on_the_profiles_own_roofline_is_refused() -> None:
