@@ -728,7 +728,9 @@ def _capacity_slo(scenario: Scenario, targets: list[str] | None,
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: object = None, line: str | None = None) -> None:
     # A user reads "warning: <what happened>", not the line of orcasim that noticed it.
-    typer.echo(f"warning: {message}", err=True)
+    from orcasim.config import warning_text
+
+    typer.echo(f"warning: {warning_text(message)}", err=True)
 
 
 def usage_error_text(e: UsageError) -> str:

@@ -8,6 +8,7 @@ silently ignored.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import difflib
 import math
 import re
@@ -36,6 +37,31 @@ def errors_under(prefix: str, *, opening: tuple[str, ...] = ("",), drop: str = "
         if text.startswith(opening):
             raise ScenarioError(prefix + text.removeprefix(drop)) from None
         raise
+
+
+# Where `naming_under` is in force: the prefix and openings a warning shown meanwhile takes.
+_WARNINGS_UNDER: contextvars.ContextVar[tuple[str, tuple[str, ...]]] = contextvars.ContextVar(
+    "_WARNINGS_UNDER", default=("", ()))
+
+
+@contextlib.contextmanager
+def naming_under(prefix: str, opening: tuple[str, ...]) -> Iterator[None]:
+    """`errors_under`, and a warning shown meanwhile (`warning_text`) that opens with one of
+    `opening` is named the same way: 'scheduler.chunk_size_tokens = 2 is below ...' said of
+    one system among several did not say which (a tester's finding)."""
+    token = _WARNINGS_UNDER.set((prefix, opening))
+    try:
+        with errors_under(prefix, opening=opening):
+            yield
+    finally:
+        _WARNINGS_UNDER.reset(token)
+
+
+def warning_text(message: Warning | str) -> str:
+    """A warning's text as the user reads it, named by the `naming_under` in force."""
+    prefix, opening = _WARNINGS_UNDER.get()
+    text = str(message)
+    return prefix + text if prefix and text.startswith(opening) else text
 
 
 # Bounds every part of the scenario shares. MAX_REQUESTS: a bound, not a crash in numpy's

@@ -502,3 +502,21 @@ def test_orcasim_model_names_its_flag_not_a_mangled_key(tmp_path: Path) -> None:
     path.write_text(json.dumps(config))
     res = CliRunner().invoke(app, ["model", str(path)])
     assert res.exit_code == 2 and res.output.rstrip().endswith("or set --weight-dtype"), res.output
+
+
+def test_a_schedulers_warning_names_its_system(tmp_path: Path) -> None:
+    """'warning: scheduler.chunk_size_tokens = 4 is below ...' among several systems did not
+    say whose (a tester's finding); errors named the system already."""
+    import subprocess
+    import sys
+
+    data = copy.deepcopy(BASE)
+    data["workload"]["num_requests"] = 20
+    data["systems"].append({"name": "c", "scheduler": {"kind": "chunked", "max_num_seqs": 8,
+                                                        "chunk_size_tokens": 4}})
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = subprocess.run([sys.executable, "-m", "orcasim", "run", str(path), "--out",
+                           str(tmp_path / "out"), "--no-plots"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "warning: systems[2].scheduler.chunk_size_tokens = 4 is below max_num_seqs" in done.stderr

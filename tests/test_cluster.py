@@ -576,3 +576,18 @@ def test_a_reserving_system_scheduler_no_replica_runs_is_not_refused() -> None:
     data["workload"] = {**BASE["workload"], "num_requests": 40, "max_tokens": 4096}
     reqs = run_scenario(scenario_from_dict(data)).systems["c"].requests
     assert not reqs["rejected"].any() and reqs["finish_s"].notna().all()
+
+
+def test_a_replicas_busy_share_is_of_the_systems_measured_window() -> None:
+    """Arrivals at 10 to 50 s, each served for 10 s: busy throughout the 50 s the summary
+    measures, the replica read 0.83, its time counted from 0 (a tester's finding)."""
+    data = {"name": "t", "seed": 1, "kv_capacity_tokens": 1000,
+            "workload": {"num_requests": 5, "arrival": {"kind": "constant", "rate_per_s": 0.1},
+                         "prompt_tokens": {"kind": "constant", "value": 10},
+                         "output_tokens": {"kind": "constant", "value": 10}, "max_tokens": 20},
+            "cost": {"kind": "linear", "base_s": 1.0},
+            "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                         "cluster": {"replicas": 1}}]}
+    result = run_scenario(scenario_from_dict(data)).systems["s"]
+    assert result.summary["duration_s"] == 50.0
+    assert result.replicas["busy_fraction"].tolist() == [1.0]
