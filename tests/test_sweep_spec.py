@@ -152,3 +152,23 @@ parameters:
         "iteration_level", 2)
     assert (second.systems[1].scheduler.kind, second.systems[1].scheduler.max_batch_size) == (
         "request_level", 16)
+
+
+def test_a_set_on_a_swept_key_is_refused_not_dropped(tmp_path: Path) -> None:
+    """--set workload.arrival.rate_per_s=9 on a sweep over that rate ran the grid's rates
+    without a word, and validate said ok (a tester's finding); so did the file's own set:."""
+    path = write_grid_4x3(tmp_path)
+    with pytest.raises(ScenarioError, match=r"^--set 'workload.arrival.rate_per_s=9': the grid "
+                                            r"sets workload.arrival.rate_per_s at every point"):
+        load_sweep(path, ["workload.arrival.rate_per_s=9"])
+    text = path.read_text().replace("grid:", "set: [workload.arrival.rate_per_s=9]\ngrid:")
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=r"^set: 'workload.arrival.rate_per_s=9': the grid"):
+        load_sweep(path)
+
+
+def test_a_sweep_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = write_grid_4x3(tmp_path)
+    path.write_bytes(b"# d\xe9bit\n" + path.read_bytes())
+    with pytest.raises(ScenarioError, match=r"not UTF-8 text \(byte 3\); expected a YAML file$"):
+        load_sweep(path)

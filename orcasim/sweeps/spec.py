@@ -42,6 +42,7 @@ from orcasim.scenario import (
     get_dotted,
     load_scenario,
     parse_dotted,
+    read_text_file,
     scenario_from_dict,
     set_dotted,
 )
@@ -224,6 +225,10 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
         if given.split("=", 1)[0].strip() == "seed":   # point's is its replication's
             raise ScenarioError(f"{key} {given!r}: a sweep's seeds come from its own `seed` and "
                                 "`replications`; expected seed: at the sweep file's top level")
+        if given.split("=", 1)[0].strip() in spec.grid.parameters:  # dropped at every point
+            raise ScenarioError(f"{key} {given!r}: the grid sets {given.split('=', 1)[0].strip()} "
+                                "at every point, so this value would never be used; expected "
+                                "it in the grid's values, or a key the grid does not sweep")
     scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
     own = scenario.sweep
     if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it
@@ -258,9 +263,7 @@ def _parse_spec(path: Path) -> SweepSpec:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml_strict.load(path.read_text())
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+        data = yaml_strict.load(read_text_file(path))  # not UTF-8: one line, as a scenario's
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: malformed YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(data, dict):
