@@ -418,6 +418,23 @@ def test_a_trace_speedup_whose_times_overflow_is_refused(tmp_path: Path) -> None
             generate_requests(cfg, np.random.default_rng(0))
 
 
+def test_a_trace_in_another_unit_is_named_by_its_file_not_a_speedup(tmp_path: Path) -> None:
+    """Times in microseconds read as seconds reach 8.6e10 s: the error blamed
+    'workload.arrival.speedup = 1' (never set) and asked for a rate (a tester's finding)."""
+    (tmp_path / "us.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n86400000000,10,2\n")
+    trace = {"kind": "trace", "path": str(tmp_path / "us.csv")}
+    cfg = WorkloadConfig.model_validate({"arrival": trace, "max_tokens": 64})
+    with pytest.raises(ScenarioError, match=r"^workload.arrival.path = .*us.csv': its arrivals span "
+                                            r"8.64e\+10 s, .* expected arrival times in seconds"):
+        generate_requests(cfg, np.random.default_rng(0))
+    (tmp_path / "s.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n864,10,2\n")
+    slow = WorkloadConfig.model_validate({"arrival": {**trace, "path": str(tmp_path / "s.csv"),
+                                                      "speedup": 1e-7}, "max_tokens": 64})
+    with pytest.raises(ScenarioError, match=r"^workload.arrival.speedup = 1e-07: .* expected a "
+                                            r"speedup that keeps them below 1e\+09 s$"):
+        generate_requests(slow, np.random.default_rng(0))
+
+
 def test_a_lognormal_mean_over_a_huge_support_is_quick() -> None:
     """The exact mean summed over every token up to `max`: 10^9 tokens took minutes and tens
     of GB (a session's step count bounded so). Past exp(mu + 9 sigma) the mass is negligible."""

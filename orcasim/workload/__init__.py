@@ -10,7 +10,7 @@ from typing import Annotated, Self
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
-from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
+from orcasim.config import MAX_REQUESTS, MAX_TIME_S, ScenarioError, Strict, check_arrival_times
 from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
@@ -119,6 +119,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             warnings.warn(f"workload.{key} = {cap}, but {Path(cfg.arrival.path).name} holds "
                           f"{len(arrival_s)} requests: all {len(arrival_s)} are replayed",
                           UserWarning, stacklevel=2)
+        _check_trace_span(arrival_s, cfg.arrival.path)
         with np.errstate(over="ignore"):  # an overflow is refused next, by its key
             arrival_s = arrival_s / cfg.arrival.speedup
         check_arrival_times(arrival_s, "speedup", cfg.arrival.speedup)
@@ -148,6 +149,16 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
     return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
                     content=content)
+
+
+def _check_trace_span(arrival_s: np.ndarray, path: str) -> None:
+    """A trace whose own times pass MAX_TIME_S is in another unit (microseconds read as
+    seconds): named by its file, where it was blamed on a speedup nobody set."""
+    span_s = float(arrival_s.max()) if len(arrival_s) else 0.0
+    if span_s > MAX_TIME_S:
+        raise ScenarioError(f"workload.arrival.path = {path!r}: its arrivals span {span_s:.3g} s, "
+                            f"beyond {MAX_TIME_S:g} s, where float timestamps lose precision; "
+                            "expected arrival times in seconds (are they in ms or us?)")
 
 
 def _in_file(cfg: WorkloadConfig) -> Callable[[int], str]:
