@@ -682,3 +682,15 @@ def test_a_request_longer_than_max_tokens_is_named_where_the_file_has_it(
     with pytest.raises(ScenarioError, match=re.escape(
             f"workload.max_tokens = 100 is below request 1's ({where}) prompt + output = 110")):
         generate_requests(cfg, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("word", ["NaN", "NA", "null"])
+def test_a_na_word_in_a_trace_is_quoted_not_called_empty(tmp_path: Path, word: str) -> None:
+    """pandas read 'NaN' as a missing value, and the error said the cell 'is empty' (a
+    tester's finding); an empty cell still is."""
+    path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n0,10,2\n{word},10,2\n,10,2\n")
+    with pytest.raises(ScenarioError, match=rf"^t\.csv line 3: arrival_s = '{word}', expected a number"):
+        read_trace(path)
+    path = _write(tmp_path, "e.csv", f"{ORCASIM_HEADER}\n0,10,2\n,10,2\n")
+    with pytest.raises(ScenarioError, match=r"^e\.csv line 3: arrival_s is empty"):
+        read_trace(path)

@@ -340,7 +340,10 @@ def _read_csv(path: Path, columns: tuple[str, ...], max_requests: int | None) ->
     missing = [c for c in columns if c not in header]
     if missing:
         raise ScenarioError(f"{path.name}: missing column(s) {', '.join(missing)}")
-    return read_csv(path, usecols=list(columns), nrows=max_requests, dtype=str)
+    # Only an empty cell is empty: pandas' NA words ('NaN', 'NA', 'null') are quoted as
+    # written in an error, not read as nothing (a tester's finding; as _measured_columns).
+    return read_csv(path, usecols=list(columns), nrows=max_requests, dtype=str,
+                    keep_default_na=False, na_values=[""])
 
 
 def _read_mooncake(path: Path, max_requests: int | None) -> pd.DataFrame:
