@@ -224,7 +224,11 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     columns = kwargs.pop("usecols", None)
     try:
         with decompressing(path):
-            frame = pd.read_csv(path, **kwargs)
+            if compression_suffix(Path(path)) == ".zip":  # its one file, as open_text finds it
+                with open_text(Path(path)) as f:  # (pandas counted a folder's entry, `zip -r`)
+                    frame = pd.read_csv(f, **kwargs)
+            else:
+                frame = pd.read_csv(path, **kwargs)
         if kwargs.get("nrows") is None:
             _check_last_row(Path(path), kwargs.get("comment"))
     except UnicodeDecodeError:

@@ -694,3 +694,16 @@ def test_a_na_word_in_a_trace_is_quoted_not_called_empty(tmp_path: Path, word: s
     path = _write(tmp_path, "e.csv", f"{ORCASIM_HEADER}\n0,10,2\n,10,2\n")
     with pytest.raises(ScenarioError, match=r"^e\.csv line 3: arrival_s is empty"):
         read_trace(path)
+
+
+def test_a_zip_made_with_its_folder_reads_its_one_csv(tmp_path: Path) -> None:
+    """`zip -r` stores the folder as an entry beside the file: a JSON-lines trace read it,
+    a CSV trace was refused ('Multiple files found in ZIP file'; a tester's finding)."""
+    import zipfile
+
+    path = tmp_path / "t.csv.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("sub/", "")
+        archive.writestr("sub/a.csv", f"{ORCASIM_HEADER}\n1,10,2\n0,20,4\n")
+    arrival_s, prompt, _ = read_trace(str(path))
+    assert arrival_s.tolist() == [0.0, 1.0] and prompt.tolist() == [20, 10]
