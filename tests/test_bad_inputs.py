@@ -218,7 +218,7 @@ def test_a_sweep_files_bad_set_is_blamed_not_the_base(tmp_path: Path) -> None:
     scenario = _write(tmp_path, {}, None)
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"name": "g", "base": scenario.name, "set": ["warmup_s=x"],
-                                    "grid": {"parameters": {"warmup_s": [0]}}}))
+                                    "grid": {"parameters": {"systems[0].scheduler.max_batch_size": [4]}}}))
     result = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
     assert f"{scenario} with set: warmup_s=x: warmup_s = 'x'" in result.output, result.output
