@@ -381,7 +381,8 @@ def run_scenario(
     per-system frames and summaries. `overrides` are `key=value` strings (one may be given
     alone), checked as a file's are: on an object they make a new one from its keys (a
     pydantic `model_copy(update=...)` would skip the checks). Data paths resolve from
-    `base_dir`, by default the scenario file's folder."""
+    `base_dir`, by default the scenario file's folder. A `sweep:` block is not run here: its
+    points are `orcasim.sweeps.run_scenario_sweep`'s, as `orcasim run` runs them."""
     if isinstance(overrides, str):
         overrides = (overrides,)  # one override, not its characters
     if isinstance(scenario, Scenario) and overrides:
