@@ -539,9 +539,17 @@ def test_a_vllm_result_without_its_lists_is_told_how_to_save_them(tmp_path: Path
         read_trace(path)
     # --append-result: one result per line; named as such, not as a bad Mooncake record.
     path = _write(tmp_path, "two.jsonl", json.dumps({"completed": 1}) + "\n")
-    with pytest.raises(ScenarioError, match=r"two\.jsonl line 1: bad Mooncake record \(a vLLM "
-                                            r"benchmark result, one of several"):
+    with pytest.raises(ScenarioError, match=r"two\.jsonl line 1: a vLLM benchmark result, not a "
+                                            r"Mooncake record; expected format: vllm .* one result a "
+                                            r"file \(--append-result writes several to one\)$"):
         read_trace(path)
+    # One result forced as Mooncake: neither 'one of several' nor 'nor is the file one JSON
+    # document with input_lens', both of which it is not (a tester's finding).
+    one = _vllm(tmp_path, "one.json", input_lens=[5], output_lens=[2], start_times=[0.0],
+                completed=1)
+    with pytest.raises(ScenarioError, match=r"^one\.json line 1: a vLLM benchmark result, not a "
+                                            r"Mooncake record; expected format: vllm"):
+        read_trace(one, "mooncake")
 
 
 def test_an_azure_time_without_a_date_is_refused(tmp_path: Path) -> None:

@@ -373,9 +373,12 @@ def _mooncake_record(line: str, line_no: int, path: Path) -> tuple[object, objec
         raise _bad_mooncake(path, line_no, f"not JSON: {e.msg} at column {e.colno}") from None
     except (KeyError, TypeError) as e:
         what = f"no key {e}" if isinstance(e, KeyError) else "not a JSON object"
-        if isinstance(obj, dict) and any(key in obj for key in VLLM_SIGNS):
-            what = ("a vLLM benchmark result, one of several in the file (--append-result); "
-                    "expected one result per file")
+        if isinstance(obj, dict) and any(key in obj for key in VLLM_SIGNS):  # read as lines:
+            # a format forced on one result, or several results appended to one file
+            raise ScenarioError(
+                f"{path.name} line {line_no}: a vLLM benchmark result, not a Mooncake record; "
+                "expected format: vllm (or auto) and one result a file (--append-result "
+                "writes several to one)") from None
         raise _bad_mooncake(path, line_no, what) from None
     for key, value in zip(("timestamp", *LENGTH_COLUMNS["mooncake"]), record, strict=False):
         if isinstance(value, bool):  # JSON true is not a length of 1
