@@ -50,7 +50,10 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     An existing `out_dir` is replaced only with `force`; it is moved aside before the
     rename and removed after, so a crash never leaves a half-written folder behind.
     """
-    out_dir = Path(out_dir)
+    # Absolute: run from inside the folder it replaces, a relative --out moved the working
+    # folder aside with it, the temporary folder was then not found, and the old results
+    # were lost (a tester's finding); '.' had no parent of its own.
+    given, out_dir = Path(out_dir), Path(os.path.abspath(out_dir))
     check_out_dir(out_dir, force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out_dir)
@@ -82,7 +85,7 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
     if old is not None:
         with interrupts_held():
             shutil.rmtree(old)
-    return out_dir
+    return given
 
 
 def check_out_dir(out_dir: Path, force: bool, inputs: Iterable[Path] = ()) -> None:

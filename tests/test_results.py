@@ -257,3 +257,22 @@ def test_an_interrupt_as_the_temporary_folder_is_made_leaves_nothing(
     finally:
         signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replacing_the_folder_one_stands_in_keeps_its_results(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--out ../r --force run from inside r: the relative path moved the working folder aside
+    with r, the temporary folder was no longer found, nothing was restored, and the next run
+    swept the old results away (a tester's finding). '.' had no parent of its own."""
+    out = tmp_path / "r"
+    write_atomically(out, lambda t: (t / "a.txt").write_text("1"))
+    monkeypatch.chdir(out)
+    write_atomically(Path("../r"), lambda t: (t / "a.txt").write_text("2"), force=True)
+    assert (out / "a.txt").read_text() == "2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    write_atomically(Path("."), lambda t: (t / "b.txt").write_text("3"), force=True)
+    assert (tmp_path / "here" / "b.txt").read_text() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "r"]
