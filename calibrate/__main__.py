@@ -282,7 +282,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
                          f"{', '.join(s.name for s in scenario.systems)}")
     # Repeated, each --fit adds (the last alone was fitted, silently).
     parameters = fit_names(",".join(args.fit) if args.fit else ",".join(DEFAULT_PARAMETERS))
-    current_values(scenario, parameters)  # a name that cannot be fitted fails now, not after reading logs
+    current_values(scenario, parameters, system)  # a name that cannot be fitted fails now, not after reading logs
     logs = read_logs(args.logs, args.fmt)
     result = fit(scenario, logs, system, parameters, base_dir)
     if args.loo and len(logs) > 1:

@@ -257,3 +257,36 @@ def test_refitting_a_calibrated_cost_starts_from_its_file_and_writes_one_overhea
     # Not a calibrated file: the scenario as it was.
     plain = scenario_from_dict(SCENARIO)
     assert inline_calibrated(plain, tmp_path) is plain
+
+
+def test_a_disaggregated_fit_says_which_pool_costs_its_file_does_not_hold(tmp_path: Path) -> None:
+    """The fit sets the coefficients in every cost the system runs; the file holds the
+    system's one block, and the prefill pool's own cost was left at its old values without a
+    word (loaded back: 10% off where the fit said 2%; a tester's finding)."""
+    from calibrate.logs import Fit, read_logs, write_calibrated
+    from orcasim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[1]
+    scenario = load_scenario(root / "scenarios" / "validation" / "distserve_disagg_opt13b_a100.yaml")
+    log = tmp_path / "d.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
+                   "0,10,3,0.05,0.02,0.09\n")
+    fit_result = Fit({"overhead.per_iteration_s": 0.0012}, 0.0, 1)
+    with pytest.warns(UserWarning, match=r"in systems\[0\].cluster.prefill.cost too, which c.yaml "
+                                         r"\(one cost block\) does not hold"):
+        write_calibrated(tmp_path / "c.yaml", scenario, read_logs([log]), scenario.systems[0].name,
+                         fit_result)
+    doc = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    assert doc["calibration"]["also_set_in"] == ["systems[0].cluster.prefill.cost"]
+
+
+def test_fit_names_are_checked_against_the_systems_own_cost() -> None:
+    """A system with its own cost: the names and the start were read from the top-level
+    cost, so one of its coefficients alone was accepted and every evaluation failed (a
+    tester's finding). Each system's own values, by name."""
+    data = {**SCENARIO, "systems": [*SCENARIO["systems"], {
+        "name": "own", "scheduler": SCENARIO["systems"][0]["scheduler"],
+        "cost": {"kind": "linear", "base_s": 0.02, "per_token_s": 1e-4}}]}
+    scenario = scenario_from_dict(data)
+    assert current_values(scenario, ("base_s",), "own") == {"base_s": 0.02}
+    assert current_values(scenario, ("base_s",), "vllm") == {"base_s": 0.008}
