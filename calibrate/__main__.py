@@ -7,6 +7,7 @@ import errno
 import math
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import NoReturn
 
@@ -293,5 +294,12 @@ def cmd_logs(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    # As orcasim's commands say it: what happened, not the line of code that noticed it.
+    print(f"warning: {message}", file=sys.stderr)
+
+
 if __name__ == "__main__":
+    warnings.showwarning = _show_warning  # the command's alone: tests calling main() record theirs
     sys.exit(main())

@@ -50,7 +50,11 @@ def check_replay_overrides(overrides: list[str]) -> None:
 def replay_of(scenario: Scenario, run_path: Path, fmt: str = "auto") -> Scenario:
     """`scenario` with its workload replaced by the run's arrivals and lengths."""
     data = scenario.model_dump(mode="json", exclude_none=True)
-    data.pop("sweep", None)
+    if data.pop("sweep", None) is not None:  # said, not dropped silently (a tester's finding)
+        warnings.warn(f"{scenario.name}'s own sweep over {scenario.sweep.parameter} is not "  # type: ignore[union-attr]
+                      "replayed: a replay runs the scenario's base values (--set the "
+                      "parameter to replay another)",
+                      UserWarning, stacklevel=2)
     # Found where the log reader finds it (the scenario's folder, the working folder, the
     # package's data): a shipped run's name replays it from any folder.
     data["workload"] = {

@@ -383,3 +383,15 @@ def test_a_metric_the_log_lacks_draws_an_empty_panel_quietly(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     assert not [str(w.message) for w in caught if "legend" in str(w.message)]
     assert list((tmp_path / "o").glob("*.png"))
+
+
+def test_a_scenarios_own_sweep_is_said_not_to_be_replayed(tmp_path: Path) -> None:
+    """A replay runs the base values; the sweep was dropped without a word, and one table
+    read as the sweep's (a tester's finding)."""
+    data = _scenario().model_dump(mode="json", exclude_none=True)
+    data["sweep"] = {"parameter": "cost.base_s", "values": [0.01, 0.02]}
+    from orcasim.scenario import scenario_from_dict
+
+    with pytest.warns(UserWarning, match=r"own sweep over cost.base_s is not replayed"):
+        replay = replay_of(scenario_from_dict(data), _run_log(tmp_path))
+    assert replay.sweep is None
