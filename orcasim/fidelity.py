@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
-from orcasim.paths import resolve_data_path
+from orcasim.paths import data_stem, resolve_data_path
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
 from orcasim.warmup import counted
@@ -179,11 +179,12 @@ def run_labels(runs: list[Path], given_as: str = "--real") -> list[str]:
     if twice is not None:
         raise ScenarioError(f"{given_as} {twice}: given twice; expected each run once")
     depth = [0] * len(paths)
-    labels = [p.stem for p in paths]
+    stems = [data_stem(p) for p in paths]  # run.csv.gz is 'run', as run.csv is
+    labels = list(stems)
     while clashing := [i for i, label in enumerate(labels) if labels.count(label) > 1]:
         for i in clashing:
             depth[i] += 1
             parents = paths[i].parent.parts[1:]  # the root "/" adds nothing
-            labels[i] = ("/".join([*parents[len(parents) - depth[i]:], paths[i].stem])
+            labels[i] = ("/".join([*parents[len(parents) - depth[i]:], stems[i]])
                          if depth[i] <= len(parents) else paths[i].as_posix())
     return labels

@@ -172,6 +172,13 @@ def data_suffix(path: Path) -> str:
     return (path.with_suffix("") if compression_suffix(path) else path).suffix.lower()
 
 
+def data_stem(path: Path) -> str:
+    """A data file's name without its format's suffix or its compression's: `run` for
+    run.csv and run.csv.gz alike."""
+    path = Path(path)
+    return (path.with_suffix("") if compression_suffix(path) else path).stem
+
+
 # What a damaged or misnamed archive raises as it is read; bz2's is a plain OSError, told
 # from a missing or unreadable file by its type.
 CORRUPT_ARCHIVE = (gzip.BadGzipFile, zipfile.BadZipFile, lzma.LZMAError, EOFError)

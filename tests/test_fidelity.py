@@ -395,3 +395,17 @@ def test_a_scenarios_own_sweep_is_said_not_to_be_replayed(tmp_path: Path) -> Non
     with pytest.warns(UserWarning, match=r"own sweep over cost.base_s is not replayed"):
         replay = replay_of(scenario_from_dict(data), _run_log(tmp_path))
     assert replay.sweep is None
+
+
+def test_a_compressed_log_is_named_by_its_stem_as_a_plain_one(tmp_path: Path) -> None:
+    """h60.csv.gz was named 'h60.csv' in the table, the summary and the figures (a tester's
+    finding): the stem under its compression too."""
+    import gzip
+
+    from orcasim.fidelity import run_labels
+
+    plain = _run_log(tmp_path)
+    packed = tmp_path / "b" / "other.csv.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert run_labels([plain, packed]) == ["run-7", "other"]
