@@ -53,14 +53,16 @@ def measured_window_s(reqs: pd.DataFrame, warmup_s: float = 0.0) -> tuple[float,
 
 
 def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0,
-              admitted_s: np.ndarray | None = None) -> dict[str, float]:
+              admitted_s: np.ndarray | None = None,
+              window_s: tuple[float, float] | None = None) -> dict[str, float]:
     """Summary metrics of one system; requests arriving before `warmup_s` are dropped.
     `admitted_s`: when each request left the queue the saturation test watches (see
-    `orcasim.saturation.saturation`), if not its first schedule."""
+    `orcasim.saturation.saturation`), if not its first schedule. `window_s`: the span its
+    throughput is over, if not its own `measured_window_s` (a replica's: its system's)."""
     window = measured_requests(reqs, warmup_s)
     done = window[window["finish_s"].notna()]
     it = measured_iterations(iters, warmup_s)
-    start_s, last_s = measured_window_s(reqs, warmup_s)
+    start_s, last_s = window_s or measured_window_s(reqs, warmup_s)
     duration_s = last_s - start_s
     # Throughput is what completes within the window (operational analysis: X = C / T),
     # whenever it arrived: a request in service at the warm-up's end uses the window's
