@@ -26,7 +26,7 @@ from pydantic import (
 
 from orcasim import yaml_strict
 from orcasim.cluster import ClusterConfig, ReplicaGroup
-from orcasim.config import ScenarioError, Strict, format_validation_error
+from orcasim.config import ScenarioError, Strict, errors_under, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
 from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
@@ -237,7 +237,11 @@ class Scenario(Strict):
             for where, group in _kv_places(system):
                 scheduler = system.scheduler if group is None or group.scheduler is None \
                     else group.scheduler
-                kv = self.kv_capacity_tokens if group is None else self.group_kv_capacity_tokens(group)
+                if group is None:
+                    kv = self.kv_capacity_tokens
+                else:  # a group's own deployment that leaves no KV names the group
+                    with errors_under(f"systems[{j}].{where}.", opening=("hardware.",)):
+                        kv = self.group_kv_capacity_tokens(group)
                 assert kv is not None
                 if kv >= max_tokens or not reserves_max_tokens(scheduler):
                     continue

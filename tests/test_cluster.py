@@ -591,3 +591,49 @@ def test_a_replicas_busy_share_is_of_the_systems_measured_window() -> None:
     result = run_scenario(scenario_from_dict(data)).systems["s"]
     assert result.summary["duration_s"] == 50.0
     assert result.replicas["busy_fraction"].tolist() == [1.0]
+
+
+def _trace_scenario(tmp_path, rows: str, cluster: dict, warmup_s: float = 0.0) -> dict:  # noqa: ANN001
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
+    return {"name": "w", "seed": 1, "warmup_s": warmup_s, "kv_capacity_tokens": 20000,
+            "workload": {"arrival": {"kind": "trace", "path": str(tmp_path / "t.csv")}, "max_tokens": 400},
+            "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 2e-5, "per_context_token_s": 1e-7},
+            "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8}, "cluster": cluster}]}
+
+
+@pytest.mark.parametrize("cluster", [{"replicas": 1}, {"prefill": {"count": 1}, "decode": {"count": 1}}])
+def test_a_busy_share_stays_within_one_past_the_warm_up(tmp_path, cluster: dict) -> None:  # noqa: ANN001
+    """A request arriving just before the warm-up's end decodes 200 tokens after the last
+    measured one finished: its iterations counted over the measured requests' window read
+    busy shares of 12 (a tester's finding against this session's window)."""
+    data = _trace_scenario(tmp_path, "0.0,100,5\n0.9,100,200\n1.1,100,5\n", cluster, warmup_s=1.0)
+    result = run_scenario(scenario_from_dict(data)).systems["c"]
+    assert ((result.replicas["busy_fraction"] > 0) & (result.replicas["busy_fraction"] <= 1)).all()
+    assert result.replicas["busy_fraction"].max() > 0.9  # busy throughout, as it was
+
+
+def test_replicas_throughputs_add_up_to_the_clusters(tmp_path) -> None:  # noqa: ANN001
+    """Each replica's throughput was over its own window: one that served two requests in
+    its first half second of the cluster's 10.5 read 1.99 req/s, the two summing to 7.6
+    times the cluster's (a tester's finding). Over the system's window they add up."""
+    data = _trace_scenario(tmp_path, "0.0,100,50\n0.1,100,50\n10.0,100,50\n",
+                           {"replicas": 2, "router": {"kind": "round_robin"}})
+    result = run_scenario(scenario_from_dict(data)).systems["c"]
+    assert result.replicas["throughput_rps"].sum() == pytest.approx(result.summary["throughput_rps"],
+                                                                    rel=1e-12)
+    assert (result.replicas["duration_s"] == result.summary["duration_s"]).all()
+
+
+def test_a_groups_deployment_that_leaves_no_kv_names_the_group() -> None:
+    """A llama2-70b group on the scenario's one A100: the refusal named the scenario's
+    hardware.tensor_parallel, which is right for its llama2-7b (a tester's finding)."""
+    data = {"name": "g", "seed": 1, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+            "cost": {"kind": "roofline"},
+            "workload": {"num_requests": 20, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                         "prompt_tokens": {"kind": "constant", "value": 16},
+                         "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 400},
+            "systems": [{"name": "m", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                         "cluster": {"replicas": [{"count": 1}, {"count": 1, "model": "llama2-70b"}]}}]}
+    with pytest.raises(ScenarioError, match=r"systems\[0\].cluster.replicas\[1\].hardware.tensor_"
+                                            r"parallel = 1 \(pipeline_parallel 1\): model llama2-70b"):
+        scenario_from_dict(data)
