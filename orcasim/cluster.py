@@ -41,14 +41,12 @@ from typing import Annotated, Literal, Self
 import numpy as np
 from pydantic import (
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     model_validator,
 )
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import MAX_TIME_S, ScenarioError, Strict
 from orcasim.cost import CostConfig
 from orcasim.cost.catalog import HardwareConfig, ModelRef
 from orcasim.replica import Load, Replica
@@ -138,8 +136,10 @@ class LinkConfig(Strict):
     """
 
     kind: Literal["nvlink", "infiniband", "ethernet"] = "nvlink"
-    bandwidth_bytes_per_s: PositiveFloat | None = None
-    latency_s: NonNegativeFloat | None = None
+    # Bounds, not physics: below 1 B/s, or a latency past the run's clock (MAX_TIME_S), a
+    # transfer overflowed the clock and the run's error named no key (a tester's finding).
+    bandwidth_bytes_per_s: float | None = Field(default=None, ge=1.0)
+    latency_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
 
     def transfer_s(self, num_bytes: float) -> float:
         """Moving `num_bytes` over an idle link: its latency, then the bytes."""
