@@ -39,29 +39,35 @@ def errors_under(prefix: str, *, opening: tuple[str, ...] = ("",), drop: str = "
         raise
 
 
-# Where `naming_under` is in force: the prefix and openings a warning shown meanwhile takes.
-_WARNINGS_UNDER: contextvars.ContextVar[tuple[str, tuple[str, ...]]] = contextvars.ContextVar(
-    "_WARNINGS_UNDER", default=("", ()))
+# The `naming_under` blocks in force, outermost first: each a prefix and the openings it names.
+_WARNINGS_UNDER: contextvars.ContextVar[tuple[tuple[str, tuple[str, ...]], ...]] = \
+    contextvars.ContextVar("_WARNINGS_UNDER", default=())
 
 
 @contextlib.contextmanager
-def naming_under(prefix: str, opening: tuple[str, ...]) -> Iterator[None]:
-    """`errors_under`, and a warning shown meanwhile (`warning_text`) that opens with one of
-    `opening` is named the same way: 'scheduler.chunk_size_tokens = 2 is below ...' said of
-    one system among several did not say which (a tester's finding)."""
-    token = _WARNINGS_UNDER.set((prefix, opening))
+def naming_under(prefix: str, opening: tuple[str, ...], *, errors: bool = True) -> Iterator[None]:
+    """`errors_under` (unless `errors` is false), and a warning shown meanwhile
+    (`warning_text`) that opens with one of `opening` is named the same way: 'scheduler.
+    chunk_size_tokens = 2 is below ...' said of one system among several did not say which
+    (a tester's finding). Blocks nest as errors_under's do, the innermost naming first."""
+    token = _WARNINGS_UNDER.set((*_WARNINGS_UNDER.get(), (prefix, opening)))
     try:
-        with errors_under(prefix, opening=opening):
+        if errors:
+            with errors_under(prefix, opening=opening):
+                yield
+        else:
             yield
     finally:
         _WARNINGS_UNDER.reset(token)
 
 
 def warning_text(message: Warning | str) -> str:
-    """A warning's text as the user reads it, named by the `naming_under` in force."""
-    prefix, opening = _WARNINGS_UNDER.get()
+    """A warning's text as the user reads it, named by the `naming_under` blocks in force."""
     text = str(message)
-    return prefix + text if prefix and text.startswith(opening) else text
+    for prefix, opening in reversed(_WARNINGS_UNDER.get()):
+        if text.startswith(opening):
+            text = prefix + text
+    return text
 
 
 # Bounds every part of the scenario shares. MAX_REQUESTS: a bound, not a crash in numpy's

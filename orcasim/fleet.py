@@ -18,7 +18,7 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, naming_under
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelRef, stage_layers
 from orcasim.cost.overhead import request_latency_s
@@ -92,7 +92,9 @@ def naming_group(where: str, group: ReplicaGroup) -> Iterator[None]:
     given = [key for key in ("model", "hardware", "kv_capacity_tokens", "scheduler", "cost")
              if getattr(group, key) is not None]
     try:
-        yield
+        # A warning about a key the group gives names the group (its errors, below).
+        with naming_under(f"{where}.", tuple(f"{key}." for key in given), errors=False):
+            yield
     except ScenarioError as e:
         if not given:
             raise

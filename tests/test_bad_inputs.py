@@ -531,3 +531,35 @@ def test_a_schedulers_warning_names_its_system(tmp_path: Path) -> None:
                            str(tmp_path / "out"), "--no-plots"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "warning: systems[2].scheduler.chunk_size_tokens = 4 is below max_num_seqs" in done.stderr
+
+
+def test_a_groups_warning_names_the_group(tmp_path: Path) -> None:
+    """A paged group with its own pipeline stages, under an iteration-level system: the
+    warning named systems[0].scheduler.kind = 'paged', a key that is iteration_level (a
+    tester's finding). Names nest as errors' do, the innermost first."""
+    import subprocess
+    import sys
+
+    from orcasim.config import naming_under, warning_text
+
+    with naming_under("systems[0].", ("scheduler.", "cluster.")):
+        with naming_under("cluster.replicas[1].", ("scheduler.",), errors=False):
+            assert warning_text("scheduler.kind = 'paged'") == \
+                "systems[0].cluster.replicas[1].scheduler.kind = 'paged'"
+            assert warning_text("cost.x = 1") == "cost.x = 1"
+        assert warning_text("scheduler.kind = 'paged'") == "systems[0].scheduler.kind = 'paged'"
+    assert warning_text("scheduler.kind = 'paged'") == "scheduler.kind = 'paged'"
+    data = {"name": "ppw", "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+            "cost": {"kind": "roofline"}, "workload": BASE["workload"],
+            "systems": [{"name": "s", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                         "cluster": {"replicas": [
+                             {"count": 1},
+                             {"count": 1, "scheduler": {"kind": "paged"},
+                              "hardware": {"gpu": "a100-80gb", "pipeline_parallel": 2}}]}}]}
+    path = tmp_path / "ppw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = subprocess.run([sys.executable, "-m", "orcasim", "validate", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "warning: systems[0].cluster.replicas[1].scheduler.kind = 'paged' with hardware." \
+           "pipeline_parallel = 2" in done.stderr, done.stderr
