@@ -128,8 +128,11 @@ def fidelity_table(
             real = read_real_run(path, fmt)
         try:  # a run the scenario cannot replay (a request beyond max_tokens): say which
             result = run_scenario(replay_of(scenario, path, fmt), base_dir=base_dir)
-        except ScenarioError as e:
-            raise ScenarioError(f"--real {path}: {e}") from None
+        except ScenarioError as e:  # said of the replay, not blamed on the log (the file
+            # named once where the message names it already)
+            text = str(e)
+            raise ScenarioError(f"--real {text}" if text.startswith(f"{Path(path).name}:")
+                                else f"{text} (replaying --real {path})") from None
         for system in systems:
             simulated = result.systems[system].requests
             measured = after_warmup(real, simulated, scenario.warmup_s)

@@ -227,8 +227,14 @@ def test_a_run_the_scenario_cannot_replay_is_named(tmp_path: Path) -> None:
     good = _run_log(tmp_path)
     long = tmp_path / "long.csv"
     long.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0.0,10,3,0.05\n1.0,300,2,0.06\n")
-    with pytest.raises(ScenarioError, match=rf"^--real {long}: workload.max_tokens = 256 is below"):
+    with pytest.raises(ScenarioError, match=rf"^workload.max_tokens = 256 is below .* \(replaying "
+                                            rf"--real {long}\)$"):
         fidelity_table(_scenario(), [good, long], ["a"], "orcasim")
+    # A message that names the log already names it once ('--real hdr.csv: hdr.csv: ...').
+    header = tmp_path / "hdr.csv"
+    header.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n")
+    with pytest.raises(ScenarioError, match=r"^--real hdr\.csv: no requests"):
+        fidelity_table(_scenario(), [header], ["a"], "orcasim")
 
 
 def test_the_format_option_names_the_formats_that_hold_latencies(tmp_path: Path) -> None:
