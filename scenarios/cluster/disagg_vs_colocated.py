@@ -1,6 +1,6 @@
 """Disaggregated against colocated serving at equal GPU count: SLO attainment by rate.
 
-    python scenarios/cluster/disagg_vs_colocated.py     # writes results/cluster/ (a minute or two)
+    python scenarios/cluster/disagg_vs_colocated.py     # writes results/cluster/ (seconds)
 
 Runs `disagg_vs_colocated.yaml` (three GPUs each way) at each rate of `RATES_PER_S` (its
 300 requests replayed at rate / `TRACE_RATE_PER_S` times their measured speed) and scores
