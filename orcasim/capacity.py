@@ -234,10 +234,11 @@ def _bisect(job: SearchJob) -> tuple[float, float, list[dict[str, float]]]:
         return bool(rows[-1]["passes"])
 
     low, high = _bracket(job.knob.start_rate_per_s, passes)
-    if low == 0.0 and stable_limit(rows, job.settings.rel_tol) < high:
+    measured = stable_limit(rows, job.settings.rel_tol)
+    if low == 0.0 and measured < high:
         # Halving from a start far above the server's throughput ran out of steps (from 1e6
         # req/s it stopped at 977): start again below the throughput it measured.
-        low, high = _halve(stable_limit(rows, job.settings.rel_tol), passes)
+        low, high = _halve(measured, passes)
     for _ in range(MAX_BRACKET_STEPS):
         low, high = _narrow(low, high, passes, job.settings.rel_tol)
         limit = stable_limit(rows, job.settings.rel_tol)

@@ -58,15 +58,19 @@ class FittedCostConfig(CostConfigBase):
         """A calibrated cost's file holds its overhead (the way in, `request_latency_s`,
         included); one given here as well would add a second engine on top: refused."""
         inner = calibrated_block(self)
-        if inner is None:
-            return self.overhead
-        own = inner.engine_overhead()
-        if own is not None and self.overhead is not None:
-            raise ScenarioError(
-                f"cost.overhead: cost.path = {self.path!r} is a cost calibrated from serving logs "
-                "that holds its own overhead, which this one would add to; expected the overhead "
-                "in one place (edit the file's, or drop cost.overhead)")
-        return own or self.overhead
+        return self.overhead if inner is None else _one_overhead(self, inner)
+
+
+def _one_overhead(cfg: FittedCostConfig, inner: Any) -> OverheadConfig | None:
+    """The overhead of `cfg`, which loads the calibrated block `inner`: the file's or the one
+    beside its path, not both (a second engine on top of the file's is refused)."""
+    own = inner.engine_overhead()
+    if own is not None and cfg.overhead is not None:
+        raise ScenarioError(
+            f"cost.overhead: cost.path = {cfg.path!r} is a cost calibrated from serving logs "
+            "that holds its own overhead, which this one would add to; expected the overhead "
+            "in one place (edit the file's, or drop cost.overhead)")
+    return own or cfg.overhead
 
 
 def hinge_name(knot_tokens: int) -> str:
@@ -239,8 +243,9 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
     if doc["format"] == CALIBRATED_FORMAT:
         from orcasim.cost import build_cost_model
 
-        cfg.engine_overhead()  # refuses an overhead given twice
-        return build_cost_model(_calibrated_config(doc, path), deployment)
+        inner = _calibrated_config(doc, path)
+        _one_overhead(cfg, inner)  # refuses an overhead given twice
+        return build_cost_model(inner, deployment)
     return FittedCost(doc, path.name)
 
 
