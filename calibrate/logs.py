@@ -184,13 +184,8 @@ def own_cost_blocks(scenario: Scenario, system: str) -> list[str]:
     prefill pool's: 10% off where the fit said 2%; a tester's finding)."""
     j, system_cfg = next((j, s) for j, s in enumerate(scenario.systems) if s.name == system)
     cluster = system_cfg.cluster
-    if cluster is None:
-        return []
-    groups = [("prefill", cluster.prefill), ("decode", cluster.decode)]
-    if isinstance(cluster.replicas, list):
-        groups += [(f"replicas[{i}]", g) for i, g in enumerate(cluster.replicas)]
-    return [f"systems[{j}].cluster.{where}.cost" for where, g in groups
-            if g is not None and g.cost is not None]
+    return [] if cluster is None else [f"systems[{j}].cluster.{where}.cost"
+                                       for where, g in cluster.given_groups() if g.cost is not None]
 
 
 def current_values(scenario: Scenario, parameters: tuple[str, ...],

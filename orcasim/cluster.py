@@ -218,6 +218,15 @@ class ClusterConfig(Strict):
     def pulls_kv(self) -> bool:
         return self.handoff == "pull"
 
+    def given_groups(self) -> list[tuple[str, ReplicaGroup]]:
+        """The groups and pools the file gives, each with its key under `cluster.`: `prefill`,
+        `decode`, `replicas[i]` (a count of replicas gives none)."""
+        named: list[tuple[str, ReplicaGroup | None]] = [("prefill", self.prefill),
+                                                         ("decode", self.decode)]
+        if isinstance(self.replicas, list):
+            named += [(f"replicas[{i}]", g) for i, g in enumerate(self.replicas)]
+        return [(where, g) for where, g in named if g is not None]
+
     def groups(self) -> list[ReplicaGroup]:
         if self.replicas is None or isinstance(self.replicas, int):
             return [ReplicaGroup(count=self.replicas or 1)]

@@ -136,14 +136,9 @@ class Scenario(Strict):
             cluster = system.cluster
             if cluster is None:
                 continue
-            groups: list[tuple[str, ReplicaGroup | None]] = [("prefill.", cluster.prefill),
-                                                             ("decode.", cluster.decode)]
-            if isinstance(cluster.replicas, list):
-                groups += [(f"replicas[{i}].", g) for i, g in enumerate(cluster.replicas)]
-            for prefix, group in groups:
-                if group is not None:
-                    where = f"systems[{self.systems.index(system)}].cluster.{prefix}"
-                    pairs.append((where, group.model or self.model, group.hardware or self.hardware))
+            for key, group in cluster.given_groups():
+                where = f"systems[{self.systems.index(system)}].cluster.{key}."
+                pairs.append((where, group.model or self.model, group.hardware or self.hardware))
         for where, model, hardware in pairs:
             if model is not None:
                 check_deployment(model, hardware, self.workload.max_tokens, where)
