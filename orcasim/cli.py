@@ -174,7 +174,7 @@ def run(
         result = run_scenario(sc, base_dir=scenario.resolve().parent)
         write_run(result, out_dir, force=force, plots=plots)
     except USER_ERRORS as e:
-        fail(error_text(e))
+        fail_naming_overrides(scenario, set_ or [], e)
     summary = {n: r.summary for n, r in result.systems.items()}
     console.print(summary_table(summary, f"{sc.name}: {len(result.systems)} systems"))
     typer.echo(f"results written to {out_dir}/")
@@ -207,6 +207,16 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
         fail(_brought_by(scenario, set_ or [], error_text(e)))
     n = len(sc.systems)
     typer.echo(f"{scenario}: ok ({num_requests} requests, {n} system{'s' if n > 1 else ''})")
+
+
+def fail_naming_overrides(path: Path, overrides: list[str], e: Exception) -> None:
+    """`fail` with `e`'s text; a refusal raised as the run is built, which validate's checks
+    reproduce, is named with the overrides that bring it, as `validate` names it (a refusal
+    they do not reproduce, such as an existing --out, is said as it is)."""
+    text = error_text(e)
+    if overrides and not _is_sweep_file(path) and not _passes(path, overrides):
+        text = _brought_by(path, overrides, text)
+    fail(text)
 
 
 def _brought_by(path: Path, overrides: list[str], text: str) -> str:
@@ -486,7 +496,7 @@ def fidelity(
         table, frames = fidelity_table(sc, real, names, fmt, scenario.resolve().parent)
         write_fidelity(table, frames, out_dir, force=force, plots=plots)
     except USER_ERRORS as e:
-        fail(error_text(e))
+        fail_naming_overrides(scenario, set_ or [], e)
     for (run, name), rows in table.groupby(["run", "system"], sort=False):
         title = f"{run} / {name}: {headline_title(rows)}"
         console.print(frame_table(rows.drop(columns=["run", "system"]), title))
@@ -662,7 +672,7 @@ def capacity(
                                   price_per_gpu_hour, target_rate, inputs=inputs, data=data)
         cap.write_capacity(result, out_dir, slo_cfg, plots)
     except USER_ERRORS as e:
-        fail(error_text(e))
+        fail_naming_overrides(spec, set_ or [], e)
     except KeyboardInterrupt:
         where = f" --out {out_dir}" if out_dir else ""
         interrupted(f"orcasim capacity {spec}{where} --resume (with the same options)")

@@ -505,6 +505,29 @@ def test_a_refusal_an_override_brings_names_it_wherever_it_is_raised() -> None:
     assert runner.invoke(app, ["validate", path]).exit_code == 0
 
 
+def test_run_names_the_override_that_brings_a_refusal_raised_as_the_run_is_built(
+        tmp_path: Path) -> None:
+    """`run` and `capacity` said the TP-2 profile's refusal as the file's own where `validate`
+    named the --set that brings it; a refusal validate's checks do not reproduce (an existing --out)
+    is said as it is."""
+    path = "scenarios/profile_llama2_70b.yaml"
+    runner = CliRunner()
+    res = runner.invoke(app, ["run", path, "--set", "hardware.tensor_parallel=4",
+                              "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and res.output.startswith(
+        f"error: {path} with --set hardware.tensor_parallel=4: cost.attention_csv: "), res.output
+    res = runner.invoke(app, ["capacity", path, "--set", "hardware.tensor_parallel=4",
+                              "--slo", "ttft_p90=1", "--out", str(tmp_path / "c")])
+    assert res.exit_code == 2 and res.output.startswith(
+        f"error: {path} with --set hardware.tensor_parallel=4: cost.attention_csv: "), res.output
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    res = runner.invoke(app, ["run", "scenarios/quickstart.yaml", "--set",
+                              "workload.num_requests=30", "--out", str(tmp_path / "mine")])
+    assert res.exit_code == 2 and res.output.startswith(f"error: --out {tmp_path / 'mine'} "), \
+        res.output
+
+
 def test_orcasim_model_names_its_flag_not_a_mangled_key(tmp_path: Path) -> None:
     config = {"model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 2,
               "hidden_size": 4096, "intermediate_size": 11008, "vocab_size": 32000,
