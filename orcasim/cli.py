@@ -29,6 +29,7 @@ from orcasim.exits import (
     INTERRUPTED_TEXT,
     sigterm_as_interrupt,
 )
+from orcasim.yaml_strict import is_scenario_file, is_sweep_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,7 +46,22 @@ app = typer.Typer(
 # Piped into a CI log, rich would draw at 80 columns and cut metric names to "saturation_…";
 # a log has no width to keep to, so tables get room unless COLUMNS says otherwise.
 LOG_WIDTH = 200
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else LOG_WIDTH)
+# Below this a moved metric's table has no room for its names (COLUMNS=0 printed nothing).
+MIN_WIDTH = 80
+
+
+def _console_width() -> int | None:
+    """COLUMNS if given (at least MIN_WIDTH), the terminal's, or LOG_WIDTH in a log."""
+    columns = os.environ.get("COLUMNS")
+    if columns is not None:
+        try:
+            return max(int(columns), MIN_WIDTH)
+        except ValueError:
+            return LOG_WIDTH
+    return None if sys.stdout.isatty() else LOG_WIDTH
+
+
+console = Console(width=_console_width())
 
 
 def _print_version(value: bool) -> None:
@@ -162,7 +178,7 @@ def run(
     from orcasim.run import run_scenario
     from orcasim.scenario import data_inputs, load_scenario
 
-    if _is_sweep_file(scenario):
+    if is_sweep_file(scenario):
         fail(f"{scenario} is a sweep file (it names a base scenario), not a scenario; run it with "
              f"`orcasim sweep {scenario}`")
     try:
@@ -198,7 +214,7 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Check SCENARIO (and the files it names) without running it."""
     from orcasim.scenario import load_scenario
 
-    if _is_sweep_file(scenario):
+    if is_sweep_file(scenario):
         return _validate_sweep(scenario, set_ or [])
     try:
         sc = load_scenario(scenario, set_ or [])
@@ -214,7 +230,7 @@ def fail_naming_overrides(path: Path, overrides: list[str], e: Exception) -> Non
     reproduce, is named with the overrides that bring it, as `validate` names it (a refusal
     they do not reproduce, such as an existing --out, is said as it is)."""
     text = error_text(e)
-    if overrides and not _is_sweep_file(path) and not _passes(path, overrides):
+    if overrides and not is_sweep_file(path) and not _passes(path, overrides):
         text = _brought_by(path, overrides, text)
     fail(text)
 
@@ -284,30 +300,6 @@ def _check_runs(sc: Scenario, base_dir: Path, where: str = "") -> int:
             raise
         raise ScenarioError(f"{where}{e}") from None
     return len(requests)
-
-
-def _is_sweep_file(path: Path) -> bool:
-    """A sweep file names a base scenario (a key no scenario has: one missing its grid is a
-    sweep file that says so); anything unreadable is left to the loader."""
-    data = _top_level(path)
-    return isinstance(data, dict) and "base" in data
-
-
-def _is_scenario_file(path: Path) -> bool:
-    """A scenario names its systems (a key no sweep file has)."""
-    data = _top_level(path)
-    return isinstance(data, dict) and "systems" in data and "base" not in data
-
-
-def _top_level(path: Path) -> object:
-    import yaml
-
-    from orcasim import yaml_strict
-
-    try:
-        return yaml_strict.load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
 
 
 def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:
@@ -382,7 +374,7 @@ def sweep(
     from orcasim.sweeps import load_sweep, run_sweep
 
     out_dir = out
-    if _is_scenario_file(spec):
+    if is_scenario_file(spec):
         fail(f"{spec} is a scenario (it names systems, no base scenario), not a sweep file; run "
              f"it with `orcasim run {spec}` (a `sweep:` block in it sweeps one parameter)")
     try:
@@ -415,14 +407,10 @@ def compare(
     all_: Annotated[bool, typer.Option("--all", help="Show unchanged metrics too.")] = False,
 ) -> None:
     """Print metric deltas from RUN_A to RUN_B; changes within float noise count as none."""
-    from orcasim.compare import changed_rows, deltas, load_metrics, metrics_kind
+    from orcasim.compare import changed_rows, deltas, load_pair
 
     try:
-        kinds = metrics_kind(run_a), metrics_kind(run_b)
-        if kinds[0] != kinds[1]:
-            fail(f"{run_a} is a {kinds[0]} and {run_b} a {kinds[1]}: different kinds; expected "
-                 "two runs (or baseline files), two sweeps or two baselines folders")
-        a, b = load_metrics(run_a), load_metrics(run_b)
+        a, b = load_pair(run_a, run_b)
         frame = deltas(a, b)
     except USER_ERRORS as e:
         fail(error_text(e))
@@ -519,11 +507,16 @@ def check(
     if update:
         typer.echo(f"baselines rewritten in {baselines}/")
     elif len(moved):
-        console.print(frame_table(moved, f"{len(moved)} metrics moved from {baselines}/"))
+        # Every digit: at 4 a value that moved past float noise reads as its baseline.
+        shown = moved.assign(**{c: moved[c].map(repr) for c in ("baseline", "now")})
+        console.print(frame_table(shown, f"{len(moved)} metrics moved from {baselines}/"))
         new = sorted(moved.loc[moved["metric"] == "(no baseline)", "scenario"])
         if new:
-            typer.echo(f"no baseline yet for {', '.join(new)}: write it with orcasim check --update "
-                       "(which rewrites them all) once the others match")
+            folders = "".join(f" --{flag} {given}" for flag, given, default in (
+                ("scenarios", scenarios, Path("scenarios/regression")),
+                ("baselines", baselines, Path("results/baselines"))) if given != default)
+            typer.echo(f"no baseline yet for {', '.join(new)}: write it with orcasim check "
+                       f"--update{folders} (which rewrites them all) once the others match")
         raise typer.Exit(1)
     else:
         typer.echo(f"all regression metrics match {baselines}/")
@@ -706,7 +699,7 @@ def _capacity_input(path: Path, overrides: list[str]) -> tuple[
     from orcasim.scenario import load_scenario, scenario_from_dict
     from orcasim.sweeps import load_sweep
 
-    if _is_sweep_file(path):
+    if is_sweep_file(path):
         sw = load_sweep(path, overrides)  # after the file's own set:, as sweep takes them
         if "replications" in sw.spec.model_fields_set:
             typer.echo(f"warning: {path.name}'s replications: {sw.spec.replications} is not "

@@ -21,15 +21,72 @@ def load_metrics(path: Path) -> Metrics:
     match metrics_kind(path):
         case "run":
             return read_metrics(path if path.is_file() else path / "summary.json")
-        case "sweep":  # a scenario's own sweep (orcasim run) writes only sweep.csv
-            table_path = path if path.is_file() else path / "sweep.parquet"
-            if not table_path.exists():
-                table_path = path / "sweep.csv"
-            table = read_parquet(table_path) if table_path.suffix == ".parquet" else read_csv(table_path)
-            return _sweep_metrics(table)
+        case "sweep":
+            return _sweep_metrics(read_sweep_table(path))
         case _:  # other JSON beside the baselines (a package.json) is not one: check skips it too
-            return {f"{f.stem}/{system}": m for f in sorted(path.glob("*.json")) if is_baseline(f)
+            return {f"{f.stem}/{system}": m for f in _baseline_files(path)
                     for system, m in read_metrics(f).items()}
+
+
+def load_pair(path_a: Path, path_b: Path) -> tuple[Metrics, Metrics]:
+    """Both sides' metrics, of one kind. Two sweeps must sweep the same parameters: a label
+    names a parameter by the last part of its path, so `systems[0]...max_batch_size` and
+    `systems[1]...max_batch_size` would pair point by point as if one."""
+    path_a, path_b = Path(path_a), Path(path_b)
+    kinds = metrics_kind(path_a), metrics_kind(path_b)
+    if kinds[0] != kinds[1]:
+        raise ScenarioError(f"{path_a} is a {kinds[0]} and {path_b} a {kinds[1]}: different kinds; "
+                            "expected two runs (or baseline files), two sweeps or two baselines folders")
+    if kinds[0] != "sweep":
+        return load_metrics(path_a), load_metrics(path_b)
+    from orcasim.sweeps.table import param_columns
+
+    table_a, table_b = read_sweep_table(path_a), read_sweep_table(path_b)
+    params_a, params_b = param_columns(table_a), param_columns(table_b)
+    if sorted(params_a) != sorted(params_b):
+        raise ScenarioError(
+            f"{path_a} sweeps {', '.join(params_a) or 'no parameter'} and {path_b} sweeps "
+            f"{', '.join(params_b) or 'no parameter'}: expected sweeps of the same parameters, "
+            "so that their points pair up")
+    return _sweep_metrics(table_a), _sweep_metrics(table_b)
+
+
+def read_sweep_table(path: Path) -> pd.DataFrame:
+    """A sweep folder's (or file's) table: sweep.parquet, or a scenario sweep's sweep.csv
+    (`orcasim run` writes only that); one that is not a sweep table is a one-line error."""
+    from orcasim.sweeps.table import KEY_COLUMNS, param_columns
+
+    table_path = path if path.is_file() else path / "sweep.parquet"
+    if not table_path.exists():
+        table_path = path / "sweep.csv"
+    table = read_parquet(table_path) if table_path.suffix == ".parquet" else read_csv(table_path)
+    missing = [c for c in KEY_COLUMNS if c not in table.columns]
+    if missing or list(table.columns).index("seed") > list(table.columns).index("system"):
+        raise ScenarioError(f"{table_path}: not a sweep table (no {', '.join(missing) or 'seed before system'}"
+                            f"); expected the columns {', '.join(KEY_COLUMNS)}, as orcasim writes them")
+    skip = {*KEY_COLUMNS, *param_columns(table)}
+    text = next((c for c in table.columns if c not in skip
+                 and not pd.api.types.is_numeric_dtype(table[c])), None)
+    if text is not None:
+        raise ScenarioError(f"{table_path}: column {text!r} holds text ({table[text].iloc[0]!r}); "
+                            "expected numbers in every metric column, as orcasim writes them")
+    return table
+
+
+def _baseline_files(folder: Path) -> list[Path]:
+    """The folder's baselines. Other JSON (a package.json) is skipped, but a file that is
+    not JSON at all (a merge conflict left in a baseline) is refused: skipped, its every
+    metric would read as removed."""
+    files = []
+    for f in sorted(folder.glob("*.json")):
+        if is_baseline(f):
+            files.append(f)
+        elif f.is_file():
+            try:
+                read_json(f)
+            except ScenarioError as e:
+                raise ScenarioError(f"{e} (in the baselines folder {folder})") from None
+    return files
 
 
 SWEEP_TABLES = ("sweep.parquet", "sweep.csv")  # a sweep's table, given as a file
@@ -150,14 +207,22 @@ def deltas(a: Metrics, b: Metrics) -> pd.DataFrame:
         ma, mb = a.get(label, {}), b.get(label, {})
         for metric in list(ma) + [x for x in mb if x not in ma]:
             va, vb = ma.get(metric, math.nan), mb.get(metric, math.nan)
+            # A metric on one side only is a change, null (NaN) on the other or not.
+            note = "" if (metric in ma) == (metric in mb) else "only in A" if metric in ma \
+                else "only in B"
             rows.append({"label": label, "metric": metric, "a": va, "b": vb,
-                         "delta": vb - va, "rel_change": relative_change(va, vb)})
-    return pd.DataFrame(rows, columns=["label", "metric", "a", "b", "delta", "rel_change"])
+                         "delta": vb - va, "rel_change": relative_change(va, vb), "note": note})
+    return pd.DataFrame(rows, columns=DELTA_COLUMNS)
+
+
+DELTA_COLUMNS = ["label", "metric", "a", "b", "delta", "rel_change", "note"]
 
 
 def changed_rows(frame: pd.DataFrame) -> pd.Series:
-    """Which rows of `deltas` moved by more than float noise (DEFAULT_REL_TOL)."""
-    return pd.Series([moved(a, b) for a, b in zip(frame["a"], frame["b"], strict=True)],
+    """Which rows of `deltas` moved by more than float noise (DEFAULT_REL_TOL), or are on
+    one side only."""
+    return pd.Series([bool(n) or moved(a, b)
+                      for a, b, n in zip(frame["a"], frame["b"], frame["note"], strict=True)],
                      index=frame.index, dtype=bool)
 
 

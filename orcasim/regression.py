@@ -24,6 +24,7 @@ from orcasim.compare import (
 )
 from orcasim.config import ScenarioError
 from orcasim.results import json_safe, write_text_atomically
+from orcasim.yaml_strict import is_sweep_file
 
 SCENARIO_DIR = Path("scenarios/regression")
 BASELINE_DIR = Path("results/baselines")
@@ -64,6 +65,9 @@ def run_regression(path: Path) -> Metrics:
     from orcasim.run import run_scenario
     from orcasim.scenario import load_scenario
 
+    if is_sweep_file(path):  # it read "(top level): unknown key 'base'"
+        raise ScenarioError(f"{path}: a sweep file (it names a base scenario); expected a "
+                            "scenario: check gates one run per scenario")
     try:
         scenario = load_scenario(path)
         if scenario.sweep is not None:  # a baseline holds one run's metrics per system
@@ -115,10 +119,9 @@ def check(
     scenario, and return nothing moved. Every scenario runs before anything is written: one
     that fails leaves every baseline as it was."""
     baseline_dir = Path(baseline_dir)
-    if baseline_dir.exists() and not baseline_dir.is_dir():
-        raise ScenarioError(f"--baselines {baseline_dir}: is a file; expected a folder of "
-                            "<scenario>.json baselines")
+    _check_baseline_places(baseline_dir, [])
     paths = regression_scenarios(scenario_dir)
+    _check_baseline_places(baseline_dir, [p.stem for p in paths])
     runs, errors = {}, []
     for path in paths:  # every scenario's error at once: fixing one must not reveal the next
         try:
@@ -129,8 +132,7 @@ def check(
         raise ScenarioError("; ".join(errors))
     orphans = [b for b in sorted(baseline_dir.glob("*.json")) if b.stem not in runs and is_baseline(b)]
     if update:
-        for stem, now in runs.items():
-            write_text_atomically(baseline_dir / f"{stem}.json", json.dumps(json_safe(now), indent=2) + "\n")
+        _write_baselines(baseline_dir, runs)
         for orphan in orphans:
             orphan.unlink()
             warnings.warn(f"removed {orphan}: {scenario_dir} has no scenario {orphan.stem}",
@@ -140,6 +142,41 @@ def check(
     tables += [_row(b.stem, "(no scenario)") for b in orphans]
     tables = [t for t in tables if len(t)]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
+
+
+def _check_baseline_places(baseline_dir: Path, stems: list[str]) -> None:
+    """Before any run: the folder (or where it would be made) and each baseline's place
+    can hold a baseline. A folder where a file should be failed as the machine's error
+    (exit 1, which also says 'metrics moved'), and under --update after earlier baselines
+    were rewritten."""
+    if baseline_dir.exists() and not baseline_dir.is_dir():
+        raise ScenarioError(f"--baselines {baseline_dir}: is a file; expected a folder of "
+                            "<scenario>.json baselines")
+    above = next((a for a in baseline_dir.parents if a.exists() and not a.is_dir()), None)
+    if above is not None:
+        raise ScenarioError(f"--baselines {baseline_dir}: {above} is a file; expected a folder "
+                            "of <scenario>.json baselines")
+    folder = next((baseline_dir / f"{s}.json" for s in stems if (baseline_dir / f"{s}.json").is_dir()),
+                  None)
+    if folder is not None:
+        raise ScenarioError(f"--baselines {baseline_dir}: {folder} is a folder; expected the "
+                            f"baseline file of scenario {folder.stem} there")
+
+
+def _write_baselines(baseline_dir: Path, runs: dict[str, Metrics]) -> None:
+    """Each baseline whole (atomically); should the machine fail one (a full disk), the
+    error says which were already rewritten, as the set is not one write."""
+    written: list[str] = []
+    for stem, now in runs.items():
+        try:
+            write_text_atomically(baseline_dir / f"{stem}.json",
+                                  json.dumps(json_safe(now), indent=2) + "\n")
+        except OSError as e:
+            done = f"{len(written)} of {len(runs)} baselines rewritten before it"
+            raise OSError(e.errno, f"{e.strerror or e} writing {stem}.json; {done}"
+                          f"{' (' + ', '.join(written) + ')' if written else ''}",
+                          str(baseline_dir / f"{stem}.json")) from e
+        written.append(stem)
 
 
 def _against_baseline(stem: str, now: Metrics, baseline_file: Path) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -85,3 +86,24 @@ def _unshared(value: Any, inside: tuple[int, ...]) -> Any:
     if isinstance(value, list):
         return [_unshared(item, inside) for item in value]
     return {key: _unshared(item, inside) for key, item in value.items()}
+
+
+def top_level(path: Path) -> object:
+    """The file's YAML, or None where it cannot be read or parsed (left to its loader)."""
+    try:
+        return load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+
+
+def is_sweep_file(path: Path) -> bool:
+    """A sweep file names a base scenario (a key no scenario has: one missing its grid is a
+    sweep file that says so); anything unreadable is left to the loader."""
+    data = top_level(path)
+    return isinstance(data, dict) and "base" in data
+
+
+def is_scenario_file(path: Path) -> bool:
+    """A scenario names its systems (a key no sweep file has)."""
+    data = top_level(path)
+    return isinstance(data, dict) and "systems" in data and "base" not in data

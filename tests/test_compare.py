@@ -80,10 +80,11 @@ def test_deltas_by_hand_with_labels_and_metrics_on_one_side_only() -> None:
     new ones; a value missing on one side is NaN there, its change infinite."""
     frame = deltas({"x": {"m": 1.0, "only_a": 2.0}, "gone": {"m": 4.0}},
                    {"x": {"m": -1.0, "only_b": 3.0}, "new": {"m": 5.0}})
-    assert list(frame.columns) == ["label", "metric", "a", "b", "delta", "rel_change"]
+    assert list(frame.columns) == ["label", "metric", "a", "b", "delta", "rel_change", "note"]
+    assert frame["note"].tolist() == ["", "only in A", "only in B", "only in A", "only in B"]
     assert list(zip(frame["label"], frame["metric"], strict=True)) == [
         ("x", "m"), ("x", "only_a"), ("x", "only_b"), ("gone", "m"), ("new", "m")]
-    assert frame.iloc[0, 2:].tolist() == [1.0, -1.0, -2.0, -2.0]
+    assert frame.iloc[0, 2:6].tolist() == [1.0, -1.0, -2.0, -2.0]
     for i in range(1, 5):
         a, b, change = frame.loc[i, "a"], frame.loc[i, "b"], frame.loc[i, "rel_change"]
         assert math.isnan(a) != math.isnan(b) and change == math.inf, i
@@ -207,3 +208,66 @@ def test_a_sweep_stopped_before_its_tables_is_named_as_one(tmp_path: Path) -> No
     (sweep / "sweep.yaml").write_text("name: sw\n")
     with pytest.raises(ScenarioError, match=r"a sweep or capacity search with no table yet"):
         metrics_kind(sweep)
+
+
+def _sweep_csv(folder: Path, param: str) -> Path:
+    folder.mkdir()
+    (folder / "sweep.csv").write_text(f"point,replication,seed,{param},system,e2e_s_p50\n"
+                                      "0,0,0,1,a,6.14\n1,0,0,8,a,2.0\n")
+    return folder
+
+
+def test_two_sweeps_of_different_parameters_are_refused(tmp_path: Path) -> None:
+    """Labels name a parameter by its path's last part, so a sweep of systems[0]'s batch size
+    and one of systems[1]'s paired point by point as one experiment (a tester's finding)."""
+    a = _sweep_csv(tmp_path / "a", "systems[0].scheduler.max_batch_size")
+    b = _sweep_csv(tmp_path / "b", "systems[1].scheduler.max_batch_size")
+    res = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert res.exit_code == 2 and res.output.startswith(
+        f"error: {a} sweeps systems[0].scheduler.max_batch_size and {b} sweeps "
+        "systems[1].scheduler.max_batch_size: expected sweeps of the same parameters"), res.output
+    res = CliRunner().invoke(app, ["compare", str(a), str(a)])
+    assert res.exit_code == 0 and " 0 of 2 " in res.output, res.output
+
+
+def test_a_table_that_is_not_a_sweep_table_is_a_one_line_error(tmp_path: Path) -> None:
+    """A summary.csv saved as sweep.csv ('seed' is not in list) and a column of text
+    (could not convert string to float) were tracebacks."""
+    good = _sweep_csv(tmp_path / "good", "workload.arrival.rate_per_s")
+    (tmp_path / "summary").mkdir()
+    (tmp_path / "summary" / "sweep.csv").write_text("system,e2e_s_p50\na,1.0\n")
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "summary"), str(good)])
+    assert res.exit_code == 2 and "not a sweep table (no point, replication, seed)" in res.output
+    assert len(res.output.splitlines()) == 1, res.output
+    (tmp_path / "noted").mkdir()
+    text = (good / "sweep.csv").read_text().splitlines()
+    (tmp_path / "noted" / "sweep.csv").write_text(
+        "\n".join([text[0] + ",note", text[1] + ",x", text[2] + ",y"]) + "\n")
+    res = CliRunner().invoke(app, ["compare", str(tmp_path / "noted"), str(good)])
+    assert res.exit_code == 2 and "column 'note' holds text ('x')" in res.output, res.output
+
+
+def test_a_metric_on_one_side_only_is_a_change_even_where_it_is_null(tmp_path: Path) -> None:
+    """A system dropped from B whose metric was null in A read as unchanged (NaN == NaN)."""
+    from orcasim.compare import changed_rows
+
+    frame = deltas({"x": {"m": 1.0}, "y": {"k": math.nan}}, {"x": {"m": 1.0}})
+    assert changed_rows(frame).tolist() == [False, True]
+    a = write_summary(tmp_path / "a", {"x": {"m": 1.0}, "y": {"k": None}})
+    b = write_summary(tmp_path / "b", {"x": {"m": 1.0}})
+    res = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert res.exit_code == 0 and "1 of 2 metrics" in res.output and "only in A" in res.output
+
+
+def test_a_baselines_folder_with_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    """A baseline with a merge conflict left in it was skipped: every metric of it read as
+    removed, exit 0. Other JSON (a package.json) is still skipped."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder in (good, bad):
+        folder.mkdir()
+        (folder / "tiny.json").write_text(json.dumps({"orca": {"m": 1.0}}))
+        (folder / "package.json").write_text(json.dumps({"name": "x"}))
+    (bad / "tiny.json").write_text((bad / "tiny.json").read_text() + "\n<<<<<<< HEAD\n")
+    res = CliRunner().invoke(app, ["compare", str(good), str(bad)])
+    assert res.exit_code == 2 and f"{bad / 'tiny.json'}: not valid JSON" in res.output, res.output
+    assert CliRunner().invoke(app, ["compare", str(good), str(good)]).exit_code == 0

@@ -7,6 +7,8 @@ import math
 import shutil
 from pathlib import Path
 
+import pytest
+
 from orcasim.regression import check, compare_to_baseline, moved
 
 SCENARIOS = Path(__file__).parent.parent / "scenarios" / "regression"
@@ -218,3 +220,102 @@ def test_the_command_says_how_to_write_a_missing_baseline(tmp_path: Path) -> Non
     res = CliRunner().invoke(app, ["check", "--scenarios", str(scenarios), "--baselines", str(baselines)])
     assert res.exit_code == 1, res.output
     assert "no baseline yet for one, two: write it with orcasim check --update" in res.output
+
+
+def test_a_baseline_place_that_cannot_hold_one_is_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    """A folder where a baseline file should be failed as the machine's error (exit 1, as for
+    moved metrics), under --update after the baselines before it were rewritten; a
+    --baselines under a file likewise (a tester's findings)."""
+    import pytest
+
+    from orcasim.config import ScenarioError
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    check(scenarios, baselines, update=True)
+    before = (baselines / "one.json").read_bytes()
+    (baselines / "two.json").unlink()
+    (baselines / "two.json").mkdir()
+    one = scenarios / "one.yaml"
+    one.write_text(one.read_text().replace("max_batch_size: 8", "max_batch_size: 2"))
+    for update in (False, True):
+        with pytest.raises(ScenarioError, match=f"--baselines {baselines}: {baselines / 'two.json'} "
+                                                "is a folder; expected the baseline file of "
+                                                "scenario two there"):
+            check(scenarios, baselines, update=update)
+    assert (baselines / "one.json").read_bytes() == before
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ScenarioError, match=f"{tmp_path / 'afile'} is a file; expected a folder"):
+        check(scenarios, tmp_path / "afile" / "sub", update=True)
+
+
+def test_an_update_the_machine_fails_says_which_baselines_it_rewrote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import pytest
+
+    from orcasim import regression
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    real = regression.write_text_atomically
+
+    def full_disk(path: Path, text: str) -> None:
+        if path.name == "two.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)
+
+    monkeypatch.setattr(regression, "write_text_atomically", full_disk)
+    with pytest.raises(OSError, match="No space left on device writing two.json; 1 of 2 "
+                                      r"baselines rewritten before it \(one\)"):
+        check(scenarios, baselines, update=True)
+
+
+def test_a_sweep_file_among_the_scenarios_is_named_as_one(tmp_path: Path) -> None:
+    """It read "(top level): unknown key 'base'; did you mean 'seed'?"."""
+    import pytest
+
+    from orcasim.config import ScenarioError
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    sweep = scenarios / "grid.yaml"
+    sweep.write_text("base: one.yaml\ngrid: {parameters: {seed: [1, 2]}}\n")
+    with pytest.raises(ScenarioError, match=f"^{sweep}: a sweep file .*; expected a scenario"):
+        check(scenarios, baselines)
+
+
+def test_the_check_shows_every_digit_and_the_folders_its_hint_needs(tmp_path: Path) -> None:
+    """A value moved past float noise read as its baseline at 4 digits (0.01417 | 0.01417);
+    the hint for a missing baseline printed `orcasim check --update`, which rewrites the
+    default folders, not the ones given."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    scenarios, baselines = _two_scenarios(tmp_path)
+    check(scenarios, baselines, update=True)
+    data = json.loads((baselines / "one.json").read_text())
+    system = next(iter(data))
+    value = data[system]["e2e_s_p50"]
+    data[system]["e2e_s_p50"] = value * (1 + 1e-6)
+    (baselines / "one.json").write_text(json.dumps(data))
+    (baselines / "two.json").unlink()
+    res = CliRunner().invoke(app, ["check", "--scenarios", str(scenarios), "--baselines",
+                                   str(baselines)], env={"COLUMNS": "250"})
+    assert res.exit_code == 1, res.output
+    assert repr(value * (1 + 1e-6)) in res.output and repr(value) in res.output, res.output
+    assert (f"write it with orcasim check --update --scenarios {scenarios} --baselines "
+            f"{baselines} (which") in " ".join(res.output.split()), res.output
+
+
+def test_a_table_keeps_room_for_its_names_whatever_columns_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """COLUMNS=0 printed nothing of a failing check; COLUMNS=30 no metric name."""
+    from orcasim import cli
+
+    for given, width in (("0", cli.MIN_WIDTH), ("30", cli.MIN_WIDTH), ("120", 120),
+                         ("wide", cli.LOG_WIDTH)):
+        monkeypatch.setenv("COLUMNS", given)
+        assert cli._console_width() == width, given
