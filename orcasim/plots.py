@@ -278,15 +278,19 @@ class Line:
 def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]:
     """Split a sweep table into lines: one per system and value of each other swept
     parameter. A `systems[i]...` parameter splits only system i; the others keep its
-    first value, so unaffected systems are not drawn once per value. Colour marks the
+    first value, so unaffected systems are not drawn once per value. A parameter that moves
+    with the others (a `zip` grid's) neither splits nor pins: the rest already tell its rows
+    apart, and pinning one of its values kept one point of each line. Colour marks the
     system, line style and marker the parameter values."""
     from orcasim.sweeps.table import param_columns
 
-    params = [c for c in param_columns(table) if c not in exclude]
+    every = param_columns(table)
+    params = [c for c in every if c not in exclude]
     for i, system in enumerate(dict.fromkeys(table["system"])):
         rows = table[table["system"] == system]
-        own = [c for c in params if not _other_system(c, i)]
-        for c in params:
+        params_here = [c for c in params if _tells_apart(rows, c, every)]
+        own = [c for c in params_here if not _other_system(c, i)]
+        for c in params_here:
             if c not in own:
                 rows = rows[rows[c] == rows[c].iloc[0]]
         groups = rows.groupby(own, sort=False) if own else [((), rows)]
@@ -296,6 +300,13 @@ def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]
             style = {"color": f"C{i % 10}", "linestyle": LINE_STYLES[j % len(LINE_STYLES)],
                      "marker": MARKERS[j % len(MARKERS)], "markersize": 4}
             yield Line(label, style, sub)
+
+
+def _tells_apart(rows: pd.DataFrame, column: str, params: list[str]) -> bool:
+    """Whether `column` is needed to tell `rows` apart: without it, two rows of one
+    replication share every other parameter's value (a product grid's, not a zip's)."""
+    rest = [c for c in params if c != column]
+    return bool(rows.duplicated(subset=[*rest, "replication"]).any())
 
 
 def _other_system(column: str, index: int) -> bool:

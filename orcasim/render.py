@@ -52,27 +52,27 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
     """The folder's figures, by file stem, from the files its kind keeps."""
     from orcasim.plots import frames_figures, instance_keys, scenario_sweep_figures, sweep_figures
 
-    if (results_dir / "sweep.parquet").exists():
+    if (results_dir / "sweep.parquet").is_file():
         table = read_parquet(results_dir / "sweep.parquet")
         if table.empty:
             raise ScenarioError(f"{results_dir}/sweep.parquet has no rows: every point failed")
         figures = sweep_figures(table, slo=slo)
-    elif (results_dir / "sweep.csv").exists():  # a scenario's own sweep (orcasim run)
+    elif (results_dir / "sweep.csv").is_file():  # a scenario's own sweep (orcasim run)
         table = read_csv(results_dir / "sweep.csv")
         parameter, title = _scenario_sweep(results_dir / "scenario.yaml")
         figures = scenario_sweep_figures(table, parameter, title, slo=slo)
-    elif (results_dir / "capacity.csv").exists():
+    elif (results_dir / "capacity.csv").is_file():
         from orcasim.capacity import capacity_figures
 
         _no_slo_line(slo, results_dir, "a capacity folder, whose figures draw its own SLOs")
         targets = _read_slo(results_dir / "slo.yaml")
         figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
                                    read_csv(results_dir / "evaluations.csv"), targets)
-    elif (results_dir / "fidelity.csv").exists():  # it keeps no per-request frames to redraw
+    elif (results_dir / "fidelity.csv").is_file():  # it keeps no per-request frames to redraw
         raise ScenarioError(f"{results_dir}: an orcasim fidelity folder, whose CDF figures "
                             "orcasim fidelity writes (rerun it with --force to redraw them); "
                             "expected a run, sweep or capacity folder")
-    elif (results_dir / "summary.json").exists():
+    elif (results_dir / "summary.json").is_file():
         _no_slo_line(slo, results_dir, "a run folder, whose figures are latency CDFs")
         summary = read_metrics(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))

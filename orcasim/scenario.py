@@ -42,7 +42,11 @@ NAME_MAX_CHARS = 100
 
 # What a results folder holds beside one folder per system: a system may not be named so.
 RESERVED_NAMES = ("summary.json", "summary.csv", "scenario.yaml", "plan.json", "sweep.yaml",
-                  "sweep.csv", "sweep.parquet", "points", "fidelity.csv")
+                  "sweep.csv", "sweep.parquet", "points", "fidelity.csv", "capacity.csv",
+                  "evaluations.csv", "failures.csv", "pareto.csv", "slo.yaml")
+# Names that CSV readers (pandas, spreadsheets) take for a missing value: a system so named
+# vanished from its own tables when read back (`orcasim plot` of a sweep.csv).
+MISSING_VALUE_NAMES = ("na", "nan", "null", "none")
 
 
 class SystemConfig(Strict):
@@ -59,6 +63,10 @@ class SystemConfig(Strict):
         if self.name in RESERVED_NAMES or self.name.endswith((".png", ".svg")):
             raise ScenarioError(f"name = {self.name!r} is a file of the results folder; expected "
                              "another name")
+        if self.name.lower() in MISSING_VALUE_NAMES:
+            raise ScenarioError(f"name = {self.name!r} reads as a missing value in CSV tables "
+                                "(pandas, spreadsheets), where the system would vanish; "
+                                "expected another name")
         return self
 
 

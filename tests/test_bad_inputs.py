@@ -43,6 +43,13 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a system named like a result file",
      {"systems": [{"name": "summary.json", "scheduler": {"kind": "paged"}}]}, None,
      "is a file of the results folder"),
+    # It passed, and `orcasim plot` then read the run folder as a capacity folder (a tester's).
+    ("a system named like a capacity file",
+     {"systems": [{"name": "capacity.csv", "scheduler": {"kind": "paged"}}]}, None,
+     "is a file of the results folder"),
+    # pandas reads NA as a missing value: the system vanished from its re-plotted sweep.csv.
+    ("a system named NA", {"systems": [{"name": "NA", "scheduler": {"kind": "paged"}}]}, None,
+     "name = 'NA' reads as a missing value in CSV tables"),
     ("every request too large", {"kv_capacity_tokens": 32,
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},

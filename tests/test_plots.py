@@ -102,6 +102,24 @@ def test_sweep_lines_do_not_repeat_unaffected_systems(sweep_table: pd.DataFrame)
     assert labels == ["request-level", "orca, max_batch_size=2", "orca, max_batch_size=8"]
 
 
+def test_a_zip_grid_draws_each_system_through_all_its_points() -> None:
+    """A zip grid moves systems[1]'s batch size with the rate: request-level kept the rows of
+    the batch size's first value (one point of three) and orca split into three one-point
+    lines (a tester's finding); a product grid still pins and splits (above)."""
+    rate, batch = "workload.arrival.rate_per_s", "systems[1].scheduler.max_batch_size"
+    table = pd.DataFrame({
+        "point": [0, 0, 1, 1, 2, 2], "replication": 0, "seed": 0,
+        rate: [1.0, 1.0, 3.0, 3.0, 6.0, 6.0], batch: [4, 4, 8, 8, 16, 16],
+        "system": ["request-level", "orca"] * 3, "throughput_rps": [1.0, 1.0, 2.9, 3.0, 4.0, 5.9],
+        "normalized_latency_s_per_token_p50": [0.1, 0.05, 0.2, 0.06, 0.9, 0.08]})
+    lines = list(sweep_lines(table, (rate,)))
+    assert [(line.label, len(line.rows)) for line in lines] == [("request-level", 3), ("orca", 3)]
+    assert len(latency_vs_throughput(table).axes[0].get_lines()) == 2
+    both = table.rename(columns={rate: "systems[0].scheduler.max_batch_size"})
+    lines = list(sweep_lines(both, ("systems[0].scheduler.max_batch_size",)))
+    assert [(line.label, len(line.rows)) for line in lines] == [("request-level", 3), ("orca", 3)]
+
+
 def test_latency_vs_throughput_draws_one_line_per_system_and_slo(sweep_table: pd.DataFrame) -> None:
     fig = latency_vs_throughput(sweep_table, slo=0.05)
     ax = fig.axes[0]
