@@ -499,11 +499,14 @@ def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attain
     points = sorted(evaluations["point"].unique()) if len(evaluations) else [0]
     fig = Figure(figsize=(8, 4.5 * len(points)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(points), 1, squeeze=False)[:, 0])
+    # A system's colour is its place in the scenario (the capacity table's order), as in
+    # every other figure, not the order its evaluations finished in.
+    order = list(dict.fromkeys([*capacity["system"], *evaluations["system"]]))
     for ax, point in zip(axes, points, strict=True):
         rows = evaluations[evaluations["point"] == point]
-        for i, (system, sub) in enumerate(rows.groupby("system", sort=False)):
+        for system, sub in sorted(rows.groupby("system", sort=False), key=lambda g: order.index(g[0])):
             sub = sub.sort_values("rate_per_s")
-            color = f"C{i % 10}"
+            color = f"C{order.index(system) % 10}"
             passed = sub["passes"] > 0
             ax.scatter(sub.loc[passed, "rate_per_s"], sub.loc[passed, "slo_attainment"], s=18,
                        color=color, alpha=0.8, label=f"{system} (filled: passes)")

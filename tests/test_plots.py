@@ -448,3 +448,24 @@ def test_each_configuration_panel_names_its_parameters() -> None:
     fig = attainment_vs_rate(evaluations, capacity, 0.9, title="t")
     assert [ax.get_title() for ax in fig.axes] == ["t: point 0 (max_batch_size=2)",
                                                    "t: point 1 (max_batch_size=8)"]
+
+
+def test_attainment_colours_systems_in_the_scenarios_order() -> None:
+    """Evaluations listed the second system first: orca was blue and request-level orange,
+    the reverse of every other figure (a tester's finding)."""
+    from matplotlib.colors import to_hex
+
+    from orcasim.plots import attainment_vs_rate
+
+    evaluations = pd.DataFrame({
+        "point": 0, "system": ["orca", "orca", "request-level"], "rate_per_s": [1.0, 2.0, 1.0],
+        "slo_attainment": [1.0, 0.95, 0.9], "saturated": 0.0, "passes": 1.0})
+    capacity = pd.DataFrame({"point": [0, 0], "system": ["request-level", "orca"],
+                             "max_rate_per_s": [1.0, 2.0]})
+    ax = attainment_vs_rate(evaluations, capacity, 0.9).axes[0]
+    capacity_colours = {line.get_xdata()[0]: to_hex(line.get_color()) for line in ax.get_lines()
+                        if line.get_linestyle() == "--"}
+    handles, labels = ax.get_legend_handles_labels()
+    assert labels[:2] == ["request-level (filled: passes)", "orca (filled: passes)"]
+    assert [to_hex(h.get_facecolor()[0]) for h in handles[:2]] == [to_hex("C0"), to_hex("C1")]
+    assert capacity_colours == {1.0: to_hex("C0"), 2.0: to_hex("C1")}
