@@ -11,7 +11,7 @@ import yaml
 
 from orcasim import yaml_strict
 from orcasim.compare import read_metrics
-from orcasim.config import ScenarioError
+from orcasim.config import MAX_TIME_S, ScenarioError
 from orcasim.paths import read_csv, read_parquet
 from orcasim.results import MARKER, mark_results, save_figure
 from orcasim.slo import SLOConfig
@@ -79,8 +79,13 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
         # A cluster's run keeps its per-replica summaries, which its load figure goes with.
         clusters = {n: instance_keys(read_csv(results_dir / n / "replicas.csv")) for n in summary
                     if (results_dir / n / "replicas.csv").is_file()}
-        figures = frames_figures(*load_run_frames(results_dir), unstable, clusters,
-                                 _warmup_s(results_dir / "scenario.yaml"))
+        requests, iterations = load_run_frames(results_dir)
+        warmup_s = _warmup_s(results_dir / "scenario.yaml")
+        if "arrival_s" in requests and len(requests) and warmup_s > requests["arrival_s"].max():
+            raise ScenarioError(f"{results_dir / 'scenario.yaml'}: warmup_s = {warmup_s:g} is "
+                                "past the last arrival, so the figures would count no request; "
+                                "expected the warm-up the run had")
+        figures = frames_figures(requests, iterations, unstable, clusters, warmup_s)
     else:
         raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet, sweep.csv or "
                                 "capacity.csv (is it a results folder?)")
@@ -111,10 +116,18 @@ def _warmup_s(path: Path) -> float:
         return 0.0
     try:
         data = yaml_strict.load(path.read_text(encoding="utf-8"))
-        return float(data.get("warmup_s", 0.0))
+        warmup_s = data.get("warmup_s", 0.0)
+        if isinstance(warmup_s, bool):
+            raise TypeError(warmup_s)
+        warmup_s = float(warmup_s)
     except (OSError, yaml.YAMLError, UnicodeDecodeError, AttributeError, TypeError, ValueError):
         raise ScenarioError(f"{path}: not the scenario orcasim run writes beside summary.json "
                             "(its warmup_s says which requests the figures count)") from None
+    # As a scenario takes it: a hand-edited -5 or NaN drew figures, 1e9 empty ones.
+    if not 0 <= warmup_s <= MAX_TIME_S:
+        raise ScenarioError(f"{path}: warmup_s = {warmup_s:g}: expected a number of seconds from "
+                            f"0 to {MAX_TIME_S:g}, as orcasim run writes it")
+    return warmup_s
 
 
 def _scenario_sweep(path: Path) -> tuple[str, str]:

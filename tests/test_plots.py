@@ -404,6 +404,28 @@ def test_plot_redraws_a_run_s_cdfs_after_its_warm_up_as_run_drew_them(tmp_path: 
     assert (out / "latency_cdf.png").read_bytes() != drawn
 
 
+def test_plot_refuses_a_hand_edited_warm_up_it_cannot_draw(tmp_path: Path) -> None:
+    """-5 and NaN drew figures and 1e9 empty CDFs, where a scenario refuses each (a
+    tester's finding)."""
+    from orcasim.config import ScenarioError
+
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario), "--out", str(out), "--no-plots"]).exit_code == 0
+    text = "\n".join(line for line in (out / "scenario.yaml").read_text().splitlines()
+                     if not line.startswith("warmup_s:")) + "\n"
+    for edited, phrase in (("-5", "warmup_s = -5: expected a number of seconds from 0"),
+                          (".nan", "warmup_s = nan: expected"),
+                          ("true", "not the scenario orcasim run writes"),
+                          ("1.0e+8", r"warmup_s = 1e\+08 is past the last arrival")):
+        (out / "scenario.yaml").write_text(text + f"warmup_s: {edited}\n")
+        with pytest.raises(ScenarioError, match=phrase):
+            write_plots(out)
+        res = CliRunner().invoke(app, ["plot", str(out)])
+        assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
+
+
 def test_the_load_figure_draws_every_replica_an_idle_one_too(tmp_path: Path) -> None:
     """2 requests on 4 replicas behind round_robin: replicas 2 and 3 never run. The figure
     drew replicas 0 and 1 alone (it grouped the iteration rows), so a router that starves a
