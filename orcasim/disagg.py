@@ -428,21 +428,24 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                                   np.random.default_rng(seeds[2]), requests.session_ids)
     decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
                                  requests.session_ids)
-    _check_pulls(decode, cluster.pulls_kv)
+    _check_pulls(decode, cluster.pulls_kv, own_hardware=cluster.decode.hardware is not None)
     return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
                               prefill_router, decode_router, transfer_s, link_busy_s,
                               cluster.first_token_from_decode, cluster.pulls_kv)
 
 
-def _check_pulls(decode: list[Replica], pulls: bool) -> None:
+def _check_pulls(decode: list[Replica], pulls: bool, own_hardware: bool) -> None:
     """A pulled handoff's copies are announced by the generic stepper (`take_pulled`);
     a pipelined decode instance plans its own way. (Where DistServe's decode policy may
-    run is a scenario rule: `Scenario._check_distserve_placement`.)"""
+    run is a scenario rule: `Scenario._check_distserve_placement`.) The refusal names the
+    key the pool's pipeline degree comes from: its own hardware, or the scenario's."""
+    key = "decode.hardware.pipeline_parallel = 1" if own_hardware else \
+        "hardware.pipeline_parallel = 1 (the decode pool runs on the scenario's hardware)"
     for replica in decode:
         if pulls and not isinstance(replica.stepper, GenericStepper):
             raise ScenarioError(
                 "cluster.handoff = 'pull' needs decode instances that run one batch at a "
-                "time; expected decode.hardware.pipeline_parallel = 1, or handoff: push"
+                f"time; expected {key}, or handoff: push"
             )
 
 

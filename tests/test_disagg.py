@@ -434,6 +434,19 @@ def test_a_pipelined_decode_pool_cannot_pull() -> None:
     with pytest.raises(ScenarioError) as err:
         run_scenario(scenario)
     assert "\n" not in str(err.value) and "handoff" in str(err.value), str(err.value)
+    assert "expected decode.hardware.pipeline_parallel = 1, or" in str(err.value)
+    # A pool on the scenario's hardware: its key is the scenario's, which it named as the
+    # pool's own, a key the file does not have (a tester's finding).
+    scenario = make_scenario(**{
+        "workload.num_requests": 10, "model": "llama2-7b",
+        "hardware": {"gpu": "a100-80gb", "pipeline_parallel": 2}, "cost": {"kind": "roofline"},
+        "systems": [{"name": "pd", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                     "cluster": {"prefill": {"count": 1}, "decode": {"count": 1},
+                                 "handoff": "pull"}}],
+    })
+    with pytest.raises(ScenarioError, match=r"expected hardware.pipeline_parallel = 1 \(the "
+                                            "decode pool runs on the scenario's hardware\)"):
+        run_scenario(scenario)
 
 
 @settings(max_examples=examples(25), deadline=None)

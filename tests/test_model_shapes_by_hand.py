@@ -313,7 +313,8 @@ def test_deployment_limits_are_inclusive_and_name_their_place() -> None:
     check_deployment(model, HardwareConfig(gpu="h200", pipeline_parallel=4), 128)  # both at the limit
     with pytest.raises(ScenarioError, match=r"^workload.max_tokens = 129 exceeds model tiny's context"):
         check_deployment(model, None, 129)
-    with pytest.raises(ScenarioError, match=r"^systems\[0\].hardware.pipeline_parallel = 5 exceeds tiny's 4 layers"):
+    with pytest.raises(ScenarioError, match=r"^systems\[0\].hardware.pipeline_parallel = 5 exceeds tiny's 4 layers; "
+                                            "expected at most 4"):
         check_deployment(model, HardwareConfig(gpu="h200", pipeline_parallel=5), 1, "systems[0].")
     with pytest.raises(ScenarioError, match=r"^x.hardware.tensor_parallel = 3 does not divide tiny's 4"):
         check_deployment(model, HardwareConfig(gpu="h200", tensor_parallel=3), 1, "x.")

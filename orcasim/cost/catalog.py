@@ -450,7 +450,8 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
                             f"{kv} KV heads: expected a divisor or a multiple of {kv}")
     if hardware.pipeline_parallel > model.num_layers:
         raise ScenarioError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
-                         f"exceeds {model.name}'s {model.num_layers} layers")
+                         f"exceeds {model.name}'s {model.num_layers} layers; expected at most "
+                         f"{model.num_layers}")
     _check_expert_parallel(model, hardware, where)
 
 
