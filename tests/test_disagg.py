@@ -445,7 +445,7 @@ def test_a_pipelined_decode_pool_cannot_pull() -> None:
                                  "handoff": "pull"}}],
     })
     with pytest.raises(ScenarioError, match=r"expected hardware.pipeline_parallel = 1 \(the "
-                                            "decode pool runs on the scenario's hardware\)"):
+                                            r"decode pool runs on the scenario's hardware\)"):
         run_scenario(scenario)
 
 
