@@ -6,6 +6,7 @@ import math
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -372,6 +373,14 @@ def test_a_traces_replications_are_said_to_be_one_sample(tmp_path: Path) -> None
     with pytest.warns(UserWarning, match=r"every replication replays the same requests, so the 3 "
                                          r"replications differ only where a system draws at random"):
         cap.search_jobs(scenario, tmp_path, slo_from_strings(["e2e_p90=1"]), 3,
+                        cap.SearchSettings(num_requests=200))
+    # A system prompt that a seed draws (half the requests carry it) differs between them.
+    data = _trace_md1(tmp_path, 250)
+    data["workload"]["system_prompt"] = {"tokens": 1, "fraction": 0.5}
+    data["workload"]["max_tokens"] = 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cap.search_jobs(scenario_from_dict(data), tmp_path, slo_from_strings(["e2e_p90=1"]), 3,
                         cap.SearchSettings(num_requests=200))
 
 

@@ -249,6 +249,25 @@ def test_a_system_prompt_names_its_segments_apart_from_the_requests_own() -> Non
     assert none.prompts == [(1, 3), (2, 4)] and none.output_ids.tolist() == [3, 4]
 
 
+def test_which_requests_carry_a_system_prompt_stays_across_output_distributions() -> None:
+    """Common random numbers: drawn from the lengths' stream after the outputs, a change of
+    the output distribution's kind redrew which requests carry a system prompt (half the
+    prompts differed; a tester's finding). Arrivals and prompts now stay."""
+    base = {"num_requests": 2000, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+            "prompt_tokens": {"kind": "uniform", "low": 32, "high": 512},
+            "max_tokens": 4096, "system_prompt": {"tokens": 700, "fraction": 0.5, "variants": 4}}
+    drawn = []
+    for output in ({"kind": "uniform", "low": 1, "high": 128}, {"kind": "constant", "value": 64},
+                   {"kind": "lognormal", "mean": 100, "sigma": 1.0, "max": 1000}):
+        cfg = WorkloadConfig.model_validate({**base, "output_tokens": output})
+        drawn.append(generate_requests(cfg, np.random.default_rng(3)))
+    for other in drawn[1:]:
+        assert np.array_equal(other.arrival_s, drawn[0].arrival_s)
+        assert np.array_equal(other.prompt_tokens, drawn[0].prompt_tokens)
+        assert other.content.prompts == drawn[0].content.prompts
+    assert 0.4 < np.mean(drawn[0].prompt_tokens > 512) < 0.6  # half carry one
+
+
 def test_a_system_prompt_is_refused_on_a_trace_that_says_what_prompts_share(tmp_path: Path) -> None:
     f = tmp_path / "m.jsonl"  # a Mooncake trace, its format detected
     f.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [0]}\n')

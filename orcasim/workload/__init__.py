@@ -142,8 +142,12 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     if cfg.system_prompt is not None and content is not None:
         raise ScenarioError("workload.system_prompt must not be set with a trace whose "
                             "hash_ids already say what the prompts share (mooncake)")
-    if cfg.system_prompt is not None:  # drawn last: a seed's lengths stay what they were
-        content = cfg.system_prompt.content(rng, prompt)
+    if cfg.system_prompt is not None:
+        # From a stream of its own, spawned (it takes no draw from the lengths'): drawn from
+        # theirs after the outputs, a change of the output distribution's kind redrew which
+        # requests carry a system prompt (half the prompts differed), against common random
+        # numbers across a sweep's points.
+        content = cfg.system_prompt.content(rng.spawn(1)[0], prompt)
         prompt = np.array([sum(segments[1::2]) for segments in content.prompts], dtype=np.int64)
     _check_fits(prompt + output, cfg.max_tokens, _in_file(cfg))
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
