@@ -92,7 +92,7 @@ CLIPPED_MEAN_RTOL = 0.10  # a clipped lognormal's mean this far from the one ask
 
 def warn_if_clipped(key: str, dist: LengthDist | None) -> None:
     """A lognormal whose clipping to [1, max] moves its mean far from `mean` runs, with a
-    warning giving the mean it really has (mean 100, sigma 3, max 4000 has about 27)."""
+    warning giving the mean it really has (mean 100, sigma 3, max 4000 has about 52.4)."""
     if not isinstance(dist, LognormalLength):
         return
     effective = dist.clipped_mean_tokens()
