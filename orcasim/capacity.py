@@ -366,9 +366,9 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     system_prompt = scenario.workload.system_prompt
     # A trace's system prompts, drawn per seed, differ between replications unless every
     # request carries the one there is.
-    drawn = system_prompt is not None and system_prompt.fraction > 0 and (
+    prompts_drawn = system_prompt is not None and system_prompt.fraction > 0 and (
         system_prompt.fraction < 1 or system_prompt.variants > 1)
-    if replications > 1 and scenario.workload.arrival.kind == "trace" and not drawn:
+    if replications > 1 and scenario.workload.arrival.kind == "trace" and not prompts_drawn:
         warnings.warn(f"workload.arrival.kind = 'trace': every replication replays the same "
                       f"requests, so the {replications} replications differ only where a system "
                       "draws at random (a random or power_of_two router); an interval of zero "

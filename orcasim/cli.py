@@ -328,7 +328,8 @@ def _check_sweep_runs(sw: Sweep) -> None:
     from orcasim.sweeps.spec import point_name
 
     for task in sw.tasks():
-        _check_runs(task.scenario(), Path(task.base_dir), f"{point_name(task.id, task.params)}: ")
+        with sw.naming(task):
+            _check_runs(task.scenario(), Path(task.base_dir), f"{point_name(task.id, task.params)}: ")
 
 
 def _validate_sweep(path: Path, overrides: list[str]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from sweep_files import write_grid_4x3, write_sweep
+from sweep_files import TINY_SCENARIO, write_grid_4x3, write_sweep
 from typer.testing import CliRunner
 
 from orcasim.cli import app
@@ -234,3 +234,25 @@ def test_a_ray_address_without_a_port_is_refused(address: str) -> None:
     with pytest.raises(ScenarioError, match=r"--address = .*expected the host:port of a running Ray head"):
         check_backend("ray", None, address)
     check_backend("local", None, None)
+
+
+def test_a_points_checking_warning_is_said_once_naming_it_and_the_base_s_not_at_all(
+        tmp_path: Path) -> None:
+    """A clipped lognormal whose mean the grid sets warned for the base's mean, which no
+    point runs, then for each point twice: once as the sweep was checked (naming no point)
+    and once as it ran (a tester's finding)."""
+    (tmp_path / "base.yaml").write_text(TINY_SCENARIO.replace(
+        "prompt_tokens: {kind: uniform, low: 16, high: 256}",
+        "prompt_tokens: {kind: lognormal, mean: 60, sigma: 2.0, max: 200}"))
+    (tmp_path / "sw.yaml").write_text("name: sw\nbase: base.yaml\ngrid:\n  parameters:\n"
+                                      "    workload.prompt_tokens.mean: [20, 80]\n")
+    for command in (["sweep", str(tmp_path / "sw.yaml"), "--out", str(tmp_path / "out"),
+                     "--workers", "1", "--no-progress"], ["validate", str(tmp_path / "sw.yaml")]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = CliRunner().invoke(app, command)
+        assert res.exit_code == 0, res.output
+        said = [str(w.message) for w in caught if "lognormal" in str(w.message)]
+        assert [m.split(": workload.prompt_tokens: lognormal mean ")[1][:2] for m in said] == \
+            ["20", "80"], said
+        assert said[0].startswith("point p0000-r00 (workload.prompt_tokens.mean=20): ")

@@ -68,7 +68,7 @@ def run_sweep(
     tasks = sweep.tasks()
     _prepare(sweep, tasks, out_dir, resume, force)
     todo = [t for t in tasks if not _finished(out_dir, t)]
-    shown: set[str] = set()
+    shown = set(sweep.said)  # said as its points were checked
     for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
         write_outcome(out_dir, outcome.id, outcome.to_json())
         show_warnings(outcome, shown)
@@ -86,7 +86,7 @@ def run_sweep_in_memory(
     """Run every task and return the tidy table without writing anything (for notebooks)."""
     check_backend(backend, workers, address)
     outcomes = list(execute(sweep.tasks(), backend, workers, address))
-    shown: set[str] = set()
+    shown = set(sweep.said)  # said as its points were checked
     for outcome in outcomes:
         show_warnings(outcome, shown)
     ok = [o for o in outcomes if o.ok]

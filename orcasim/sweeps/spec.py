@@ -24,6 +24,8 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -136,6 +138,23 @@ class Sweep:
     # A scenario's own sweep block runs on the scenario's seed, as a plain run of it would.
     own_seed: bool = False
     given: dict[str, Any] = field(default_factory=dict)  # see Task.given
+    # The warnings said so far, each once, naming the first point that gave it: checking a
+    # point, then running it, said each twice (the first time naming no point).
+    said: set[str] = field(default_factory=set)
+
+    @contextmanager
+    def naming(self, task: Task) -> Iterator[None]:
+        """Warnings raised inside, each said once per sweep and naming `task`'s point, as the
+        run's are (`task.show_warnings`, which starts from `said`)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        for w in caught:
+            message = str(w.message)
+            if message not in self.said:
+                self.said.add(message)
+                warnings.warn(f"{point_name(task.id, task.params)}: {message}", w.category,
+                              stacklevel=3)
 
     def points(self) -> list[dict[str, ParamValue]]:
         names = list(self.spec.grid.parameters)
@@ -153,8 +172,11 @@ class Sweep:
 
     def data_inputs(self) -> list[Path]:
         """The data files every point reads (a point may name its own): `scenario.data_inputs`."""
-        return sorted({path for task in self.tasks()[:: self.spec.replications]
-                       for path in data_inputs(task.scenario(), Path(task.base_dir))})
+        paths = set()
+        for task in self.tasks()[:: self.spec.replications]:
+            with self.naming(task):
+                paths.update(data_inputs(task.scenario(), Path(task.base_dir)))
+        return sorted(paths)
 
     def tasks(self) -> list[Task]:
         seeds = self.replication_seeds()
@@ -229,7 +251,11 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
             raise ScenarioError(f"{key} {given!r}: the grid sets {given.split('=', 1)[0].strip()} "
                                 "at every point, so this value would never be used; expected "
                                 "it in the grid's values, or a key the grid does not sweep")
-    scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
+    # The base as given runs at no point where the grid changes it: its warnings (a clipped
+    # lognormal whose mean every point sets) are said by the points that have them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
     own = scenario.sweep
     if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it
         warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
@@ -238,7 +264,8 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     base, as_given = _base_data(scenario)
     sweep = Sweep(spec, base, base_path.parent, given=as_given)
     for task in sweep.tasks()[:: spec.replications]:
-        task.scenario()
+        with sweep.naming(task):
+            task.scenario()
     return sweep
 
 
