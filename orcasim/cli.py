@@ -230,7 +230,8 @@ def fail_naming_overrides(path: Path, overrides: list[str], e: Exception) -> Non
     reproduce, is named with the overrides that bring it, as `validate` names it (a refusal
     they do not reproduce, such as an existing --out, is said as it is)."""
     text = error_text(e)
-    if overrides and not is_sweep_file(path) and not _passes(path, overrides):
+    named = text.startswith("--set ")  # a refusal of the override itself names it already
+    if overrides and not named and not is_sweep_file(path) and not _passes(path, overrides):
         text = _brought_by(path, overrides, text)
     fail(text)
 
