@@ -47,11 +47,32 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-# YAML 1.2's float in exponent form (with or without a dot or an exponent sign), beside 1.1's.
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
+# Numbers as YAML 1.2 reads them. PyYAML follows YAML 1.1, where a leading zero is octal
+# (`kv_capacity_tokens: 0100000` read 32768), `1:30` base 60 (90), and a float needs a dot and
+# a signed exponent (`5e-1` stayed text). Here an integer is decimal (`0100000` is 100000),
+# `0x` hexadecimal or `0o` octal; a float is decimal, with or without a dot or an exponent
+# sign, or .inf/.nan; anything else (`1:30`, `0b101`) stays text, which a number's field refuses.
+_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F][0-9a-fA-F_]*|0o[0-7][0-7_]*)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+                    r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _NUMBER_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer as `_INT` reads it: decimal unless it says `0x` or `0o`."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    if text.startswith(("0x", "0o")):
+        return int(text, 16 if text[1] == "x" else 8)
+    return int(text, 10)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 class TooDeepError(yaml.YAMLError):

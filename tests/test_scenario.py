@@ -116,6 +116,26 @@ def test_numbers_in_exponent_form_are_numbers() -> None:
         "r": [0.5, 1.0, 4.0, 10.0, -2000.0, 50.0, 3, "1e3", "1e"]}
 
 
+def test_integers_are_decimal_and_base_60_is_text(tmp_path) -> None:  # noqa: ANN001
+    """YAML 1.1 read `kv_capacity_tokens: 0100000` as octal (32,768, silently) and
+    `warmup_s: 1:30` as 90 (a tester's finding); YAML 1.2 reads decimal, and `0x`/`0o`."""
+    from orcasim import yaml_strict
+
+    assert yaml_strict.load("n: [0100000, 0800, 0x10, 0o17, 1_000, -3, +4, 0, 3., .5, .inf, -.nan]")[
+        "n"][:9] == [100000, 800, 16, 15, 1000, -3, 4, 0, 3.0]
+    assert yaml_strict.load("t: [1:30, 1:30.5, 0b101, ., 0x_, 1.2.3]") == {
+        "t": ["1:30", "1:30.5", "0b101", ".", "0x_", "1.2.3"]}
+    f = tmp_path / "octal.yaml"
+    f.write_text("name: octal\nworkload: {num_requests: 10, arrival: {kind: poisson, rate_per_s: 2},"
+                 "\n  prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant,"
+                 " value: 4},\n  max_tokens: 64}\ncost: {kind: linear, base_s: 0.01}\n"
+                 "kv_capacity_tokens: 0100000\nsystems: [{name: a, scheduler: {kind: paged}}]\n")
+    assert load_scenario(f).kv_capacity_tokens == 100000
+    assert load_scenario(f, ["kv_capacity_tokens=0100000"]).kv_capacity_tokens == 100000
+    with pytest.raises(ScenarioError, match="warmup_s = '1:30'"):
+        load_scenario(f, ["warmup_s=1:30"])
+
+
 def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
     apply_override(base_dict, "systems[1].scheduler.max_batch_size=16")
     apply_override(base_dict, "workload.arrival.rate_per_s=2.5")
