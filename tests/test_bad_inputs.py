@@ -50,6 +50,15 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     # pandas reads NA as a missing value: the system vanished from its re-plotted sweep.csv.
     ("a system named NA", {"systems": [{"name": "NA", "scheduler": {"kind": "paged"}}]}, None,
      "name = 'NA' reads as a missing value in CSV tables"),
+    # A fuzzing tester's: its square overflowed a float (a traceback from validate), and an
+    # inline model's billion layers hung validate in its per-layer loops.
+    ("a lognormal sigma past a float's square",
+     {"workload.prompt_tokens": {"kind": "lognormal", "mean": 100, "sigma": 1e200, "max": 512}},
+     None, "workload.prompt_tokens.sigma = 1e+200: Input should be less than or equal to 100"),
+    ("a billion layers", {"model": {"num_layers": 10**9, "hidden_size": 256, "num_heads": 4},
+                          "hardware": {"gpu": "h100-80gb", "pipeline_parallel": 2},
+                          "cost": {"kind": "roofline"}, "kv_capacity_tokens": None}, None,
+     "model.num_layers = 1000000000: Input should be less than or equal to 10000"),
     ("every request too large", {"kv_capacity_tokens": 32,
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},

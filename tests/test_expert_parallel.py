@@ -152,6 +152,14 @@ def test_routing_probabilities_are_a_top_k_choice(skew: float) -> None:
         assert q[0] == 1.0
 
 
+@pytest.mark.parametrize("experts", [1, 2, 8])
+def test_a_router_that_picks_every_expert_picks_each_for_sure(experts: int) -> None:
+    """k = E under any skew: the water-filling left no expert and read past the end (an
+    IndexError from validate; a fuzzing tester's finding)."""
+    for skew in (0.0, 0.5, 3.0):
+        assert expert_routing_probabilities(experts, experts, skew).tolist() == [1.0] * experts
+
+
 def test_a_skewed_router_hits_fewer_experts_and_loads_one_rank_more() -> None:
     model = hf("qwen3-30b-a3b")
     uniform, skewed = expert_op(model, 1), expert_op(model, 1, skew=1.2)

@@ -30,6 +30,14 @@ from orcasim.paths import PACKAGE_DATA_DIR
 
 CATALOG_DIR = PACKAGE_DATA_DIR / "catalog"
 GIB = 1024**3
+# A model's shape, far above any real one's (DeepSeek-V3: 61 layers, hidden size 7,168, 256
+# experts, a vocabulary of 129,280): past these an inline model is a typo, whose per-layer
+# loops (a billion layers hung validate) or byte counts (a hidden size of 1e159 overflowed a
+# float) would fail deep inside instead of naming the key.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 10_000_000
+Layers = Annotated[PositiveInt, Field(le=MAX_LAYERS)]
+Width = Annotated[PositiveInt, Field(le=MAX_WIDTH)]
 
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
@@ -44,10 +52,10 @@ class MoESpec(Strict):
     experts of `shared_intermediate_size` in all; `dense_layers` (0-based) keep a dense
     MLP of the model's `intermediate_size` instead (DeepSeek's first layers)."""
 
-    num_experts: PositiveInt
-    experts_per_token: PositiveInt
-    expert_intermediate_size: PositiveInt
-    shared_intermediate_size: NonNegativeInt = 0
+    num_experts: Width
+    experts_per_token: Width
+    expert_intermediate_size: Width
+    shared_intermediate_size: Annotated[NonNegativeInt, Field(le=MAX_WIDTH)] = 0
     dense_layers: list[NonNegativeInt] = Field(default_factory=list)
     # The routed experts' storage precision, if not the model's weights' (gpt-oss ships its
     # experts in mxfp4 and the rest in bf16): weight-only, the GEMMs still run at the
@@ -70,11 +78,11 @@ class MLASpec(Strict):
     `kv_lora_rank` (plus a shared RoPE key of `qk_rope_head_dim`), which is all the KV cache
     holds; queries go through a `q_lora_rank` latent when it is set."""
 
-    kv_lora_rank: PositiveInt
-    q_lora_rank: PositiveInt | None = None
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    kv_lora_rank: Width
+    q_lora_rank: Width | None = None
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
+    v_head_dim: Width
 
 
 def _given_precision_first(data: Any) -> Any:
@@ -93,23 +101,23 @@ class ModelSpec(Strict):
     """Shape of a decoder-only transformer. Defaults follow GPT-3's conventions."""
 
     name: str = "custom"
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt | None = None  # None: multi-head attention (= num_heads)
-    intermediate_size: PositiveInt | None = None  # None: 4 x hidden_size
+    num_layers: Layers
+    hidden_size: Width
+    num_heads: Width
+    num_kv_heads: Width | None = None  # None: multi-head attention (= num_heads)
+    intermediate_size: Width | None = None  # None: 4 x hidden_size
     gated_mlp: bool = False
-    vocab_size: PositiveInt = 50257
+    vocab_size: Width = 50257
     max_seq_len: PositiveInt = 2048
     positional: Literal["learned", "rope"] = "learned"
     tied_embeddings: bool = True
     bias: bool = True
-    dtype_bytes: PositiveInt = 2  # bf16 / fp16 weights, activations and KV cache
+    dtype_bytes: Annotated[PositiveInt, Field(le=8)] = 2  # bf16 / fp16 weights, activations, KV
     # Storage precision of the weights and of the KV cache, if not `dtype_bytes` (fp8
     # checkpoints, an fp8 KV cache): what memory holds and what each iteration reads.
     weight_dtype: Precision | None = None
     kv_cache_dtype: Precision | None = None
-    head_size: PositiveInt | None = None  # None: hidden_size / num_heads (Qwen3 sets its own)
+    head_size: Width | None = None  # None: hidden_size / num_heads (Qwen3 sets its own)
     qkv_bias: bool | None = None  # None: as `bias` (Qwen2 has biases on Q, K, V only)
     moe: MoESpec | None = None
     mla: MLASpec | None = None

@@ -188,7 +188,7 @@ def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew:
     q = np.zeros(num_experts)
     free = np.ones(num_experts, dtype=bool)
     left = float(experts_per_token)
-    while True:
+    while free.any():  # none left: every expert is in every token's top-k (k = E)
         # Relative to the most popular expert left, whose weight is 1: at a large skew the
         # others' weights underflow to 0, and the sum of those left read 0 (0/0: NaN times
         # at a skew of 700 for Mixtral; a tester's finding).
@@ -202,6 +202,7 @@ def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew:
         picked = np.flatnonzero(free)[full]
         q[picked], free[picked] = 1.0, False
         left -= len(picked)
+    return q
 
 
 def expert_op(model: ModelSpec, tp: int, ep: int = 1, skew: float = 0.0) -> ExpertOp | None:

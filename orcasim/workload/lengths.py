@@ -59,6 +59,7 @@ class UniformLength(Strict):
 
 
 EXACT_MEAN_SUPPORT = 1_000_000  # tokens a lognormal's mean is summed over, at most
+MAX_SIGMA = 100.0  # a lognormal length's sigma, at most (e^100 is past any length)
 
 
 class LognormalLength(Strict):
@@ -71,7 +72,9 @@ class LognormalLength(Strict):
 
     kind: Literal["lognormal"]
     mean: PositiveFloat
-    sigma: PositiveFloat
+    # Far above any length distribution's (ShareGPT's prompts: about 1): at 1.35e154 its
+    # square overflowed a float (a traceback from validate).
+    sigma: Annotated[PositiveFloat, Field(le=MAX_SIGMA)]
     max: TokenCount
 
     def _mu(self) -> float:
