@@ -169,3 +169,19 @@ def test_a_list_item_named_by_a_dot_is_told_its_brackets(base_dict: dict[str, An
             apply_override(base_dict, f"{path}=3")
     with pytest.raises(ScenarioError, match=r"'x' is not inside a mapping$"):
         apply_override(base_dict, "systems.x=3")
+
+
+def test_aliases_that_expand_past_a_million_values_are_refused(tmp_path) -> None:  # noqa: ANN001
+    """Nine levels of nine aliases (about 1 kB) copied for minutes before any key was
+    checked (a fuzzing tester's finding); a file that shares an anchor a few times reads."""
+    from orcasim import yaml_strict
+
+    lines = ["x0: &x0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    with pytest.raises(yaml_strict.AliasBombError):
+        yaml_strict.load("\n".join(lines))
+    assert len(yaml_strict.load("\n".join(lines[:4]))["x3"]) == 9
+    f = tmp_path / "bomb.yaml"
+    f.write_text("\n".join(lines))
+    with pytest.raises(ScenarioError, match="aliases expand to more than a million values"):
+        load_scenario(f)
