@@ -7,6 +7,7 @@ what was expected. `--set a.b[1].c=value` overrides use the same dotted paths.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,12 @@ class SweepConfig(Strict):
         for i, value in enumerate(self.values):
             if not isinstance(value, int | float | str | bool):
                 raise ScenarioError(f"values[{i}] = {value!r}: expected a number, string or boolean")
+            if isinstance(value, float) and not math.isfinite(value):  # a sweep file's grid
+                # refused it naming its own keys (grid.parameters...), not this block's
+                raise ScenarioError(f"values[{i}] = {value}: expected a finite number")
+        if self.parameter == "sweep" or self.parameter.startswith(("sweep.", "sweep[")):
+            raise ScenarioError(f"parameter = {self.parameter!r}: a sweep cannot sweep its own "
+                                "block; expected a key of the scenario")
         return self
 
 

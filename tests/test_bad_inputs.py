@@ -59,6 +59,12 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
                           "hardware": {"gpu": "h100-80gb", "pipeline_parallel": 2},
                           "cost": {"kind": "roofline"}, "kv_capacity_tokens": None}, None,
      "model.num_layers = 1000000000: Input should be less than or equal to 10000"),
+    # It named a sweep file's key (grid.parameters....[1]) the scenario does not have.
+    ("a sweep value of inf", {"sweep": {"parameter": "workload.arrival.rate_per_s",
+                                        "values": [1.0, float("inf")]}}, None,
+     "sweep.values[1] = inf: expected a finite number"),
+    ("a sweep of its own block", {"sweep": {"parameter": "sweep.values", "values": [1, 2]}}, None,
+     "sweep.parameter = 'sweep.values': a sweep cannot sweep its own block"),
     ("every request too large", {"kv_capacity_tokens": 32,
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},
