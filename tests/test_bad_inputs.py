@@ -65,6 +65,10 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "sweep.values[1] = inf: expected a finite number"),
     ("a sweep of its own block", {"sweep": {"parameter": "sweep.values", "values": [1, 2]}}, None,
      "sweep.parameter = 'sweep.values': a sweep cannot sweep its own block"),
+    # "file 'nope.csv' not found" named neither the key nor the part of the scenario.
+    ("an empirical length file that is not there",
+     {"workload.output_tokens": {"kind": "empirical", "path": "nope.csv", "column": "o"}}, None,
+     "workload.output_tokens.path: file 'nope.csv' not found"),
     ("every request too large", {"kv_capacity_tokens": 32,
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Self
 
@@ -111,9 +112,10 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
         return session_table(draw_plan(cfg.arrival.shape(), cfg.max_tokens, rng), cfg.max_tokens)
     if isinstance(cfg.arrival, TraceArrival):
         cap = cfg.arrival.max_requests or cfg.num_requests
-        (arrival_s, prompt, output), content = read_trace_with_content(
-            cfg.arrival.path, cfg.arrival.format, cap
-        )
+        with _naming_missing("workload.arrival.path"):
+            (arrival_s, prompt, output), content = read_trace_with_content(
+                cfg.arrival.path, cfg.arrival.format, cap
+            )
         if cap is not None and len(arrival_s) < cap:
             key = "arrival.max_requests" if cfg.arrival.max_requests else "num_requests"
             warnings.warn(f"workload.{key} = {cap}, but {Path(cfg.arrival.path).name} holds "
@@ -137,8 +139,10 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             with np.errstate(over="ignore"):  # an overflow is refused next, by its key
                 arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
             check_arrival_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
-        prompt = cfg.prompt_tokens.sample(rng, n)
-        output = cfg.output_tokens.sample(rng, n)
+        with _naming_missing("workload.prompt_tokens.path"):
+            prompt = cfg.prompt_tokens.sample(rng, n)
+        with _naming_missing("workload.output_tokens.path"):
+            output = cfg.output_tokens.sample(rng, n)
     if cfg.system_prompt is not None and content is not None:
         raise ScenarioError("workload.system_prompt must not be set with a trace whose "
                             "hash_ids already say what the prompts share (mooncake)")
@@ -153,6 +157,18 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
     return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
                     content=content)
+
+
+@contextlib.contextmanager
+def _naming_missing(key: str) -> Iterator[None]:
+    """A data file not found, named by the key that gives it ("file 'nope.csv' not found"
+    said neither the key nor the scenario's part; a fuzzing tester's finding)."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        if e.filename is not None:  # the OS's own error (a file gone mid-read): as it is
+            raise
+        raise FileNotFoundError(f"{key}: {e}") from None
 
 
 def _check_trace_span(arrival_s: np.ndarray, path: str) -> None:
