@@ -69,6 +69,8 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("an empirical length file that is not there",
      {"workload.output_tokens": {"kind": "empirical", "path": "nope.csv", "column": "o"}}, None,
      "workload.output_tokens.path: file 'nope.csv' not found"),
+    ("a queue delay past the clock", {"systems[0].scheduler.max_queue_delay_s": 1e12}, None,
+     "max_queue_delay_s = 1000000000000.0: Input should be less than or equal to 1000000000"),
     ("every request too large", {"kv_capacity_tokens": 32,
                                  "workload.prompt_tokens": {"kind": "constant", "value": 60},
                                  "systems": [{"name": "v", "scheduler": {"kind": "paged"}}]},

@@ -11,12 +11,12 @@ is costed as if it had the batch's longest prompt and ran to the batch's longest
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from orcasim.config import Strict
+from orcasim.config import MAX_TIME_S, Strict
 from orcasim.cost.base import Batch
 from orcasim.requests import Requests
 from orcasim.schedulers.base import (
@@ -33,7 +33,9 @@ from orcasim.schedulers.base import (
 class RequestLevelConfig(Strict):
     kind: Literal["request_level"]
     max_batch_size: PositiveInt
-    max_queue_delay_s: NonNegativeFloat = 0.0
+    # Past the clock's range a wait is a unit mistake: refused here by its key, where the
+    # run's overflow could not say which (a fuzzing tester's finding).
+    max_queue_delay_s: Annotated[NonNegativeFloat, Field(le=MAX_TIME_S)] = 0.0
     padding: bool = True
 
 
