@@ -789,3 +789,26 @@ def test_an_unknown_kind_of_layer_is_named_with_the_kinds_orcasim_reads(tmp_path
     with pytest.raises(ScenarioError, match="^model.hf_config: layer_types 'chunked_attention' is not modelled; "
                                             "expected sliding_attention or full_attention layers$"):
         model_from_argument(write_config(tmp_path, config))
+    # Without a window too: a linear attention layer read as full attention (a tester's).
+    del config["sliding_window"]
+    config["layer_types"] = ["linear_attention", "full_attention"]
+    with pytest.raises(ScenarioError, match="^model.hf_config: layer_types 'linear_attention' is not "):
+        model_from_argument(write_config(tmp_path, config))
+
+
+def test_fp32_weights_widen_the_embedding_and_lm_head_too() -> None:
+    """Every weight at 4 bytes: the embedding and LM head stayed at 2 (Llama-3-8B read
+    30.0 GB where 8.03e9 parameters x 4 bytes are 32.1 GB; a tester's finding); fp8 still
+    keeps them at the model's 2 bytes, as vLLM's Fp8Config does."""
+    wide = model_from_argument("llama3-8b", weight_dtype="fp32")
+    assert wide.weight_bytes() == 4 * wide.param_count()
+    narrow = model_from_argument("llama3-8b", weight_dtype="fp8")
+    assert narrow.embedding_element_bytes == 2
+
+
+def test_orcasim_model_takes_a_shipped_config_folder_as_a_scenario_does() -> None:
+    """`orcasim model hf_configs/gpt2` read "unknown model" where `model: {hf_config:
+    hf_configs/gpt2}` reads it from the package's data (a tester's finding)."""
+    assert model_from_argument("hf_configs/gpt2").param_count() == 124_439_808
+    with pytest.raises(ScenarioError, match="file 'hf_configs/nope' not found"):
+        model_from_argument("hf_configs/nope")

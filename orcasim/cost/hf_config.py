@@ -151,11 +151,10 @@ def _sliding_window(config: Config) -> dict[str, Any]:
     # Qwen's configs switch the window on with use_sliding_window, off when absent
     # (transformers' Qwen2Config and Qwen3Config default it to False); Mistral's has no such key.
     uses = config.get("use_sliding_window", False if config["model_type"].startswith("qwen") else None)
-    if window is None or uses is False:
-        return {}
     layers = int(_need(config, "num_hidden_layers"))
     types = config.get("layer_types")
-    if types is not None:
+    if types is not None:  # checked with or without a window: a linear or chunked attention
+        # layer read as full attention where no window was set (a tester's finding)
         if not (isinstance(types, list) and len(types) == layers
                 and all(isinstance(t, str) for t in types)):
             raise ScenarioError(f"model.hf_config: layer_types = {types!r}: expected a list of "
@@ -164,6 +163,9 @@ def _sliding_window(config: Config) -> dict[str, Any]:
         if unknown:
             raise ScenarioError(f"model.hf_config: layer_types {unknown[0]!r} is not modelled; "
                                 "expected sliding_attention or full_attention layers")
+    if window is None or uses is False:
+        return {}
+    if types is not None:
         sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     elif uses and config.get("max_window_layers") is not None:
         sliding = list(range(int(config["max_window_layers"]), layers))  # Qwen2
