@@ -812,3 +812,12 @@ def test_orcasim_model_takes_a_shipped_config_folder_as_a_scenario_does() -> Non
     assert model_from_argument("hf_configs/gpt2").param_count() == 124_439_808
     with pytest.raises(ScenarioError, match="file 'hf_configs/nope' not found"):
         model_from_argument("hf_configs/nope")
+
+
+def test_heads_that_do_not_divide_name_their_keys(tmp_path: Path) -> None:
+    """It read '(top level): num_heads 32 is not a multiple of num_kv_heads 3' from
+    `orcasim model` (a tester's finding): the message opens with the key."""
+    path = write_config(tmp_path, {**TINY_LLAMA, "num_attention_heads": 4, "num_key_value_heads": 3})
+    with pytest.raises(ScenarioError, match=r"^model.num_kv_heads = 3 does not divide "
+                                            r"model.num_heads = 4; expected a divisor of 4$"):
+        model_from_argument(path)

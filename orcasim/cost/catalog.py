@@ -140,7 +140,9 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _divisible(self) -> ModelSpec:
         if self.head_size is None and self.hidden_size % self.num_heads:
-            raise ScenarioError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+            raise ScenarioError(f"model.hidden_size = {self.hidden_size} is not a multiple of "
+                                f"model.num_heads = {self.num_heads}; expected a multiple, or "
+                                "model.head_size")
         for key, layers in (("moe.dense_layers", self.moe.dense_layers if self.moe else []),
                             ("sliding_window_layers", self.sliding_window_layers or [])):
             twice = next((i for i in layers if layers.count(i) > 1), None)
@@ -158,7 +160,10 @@ class ModelSpec(Strict):
                 raise ScenarioError(f"model.sliding_window_layers {self.sliding_window_layers} names a "
                                     f"layer beyond the model's {self.num_layers}; expected 0-based indices")
         if self.num_heads % self.kv_heads:
-            raise ScenarioError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
+            # Opens with its key: it read '(top level): num_heads 32 ...' (a tester's finding).
+            raise ScenarioError(f"model.num_kv_heads = {self.kv_heads} does not divide "
+                                f"model.num_heads = {self.num_heads}; expected a divisor of "
+                                f"{self.num_heads}")
         return self
 
     @property
