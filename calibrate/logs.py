@@ -129,14 +129,17 @@ def fitted_metrics(real: pd.DataFrame) -> list[str]:
     return [m for m in METRICS if real[m].mean() > 0]
 
 
-def with_cost(scenario: Scenario, values: dict[str, float]) -> Scenario:
-    """`scenario` whose cost (and every system's own cost) has `values` at their dotted paths.
+def with_cost(scenario: Scenario, values: dict[str, float], system: str | None = None) -> Scenario:
+    """`scenario` whose cost has `values` at their dotted paths: the cost `system` runs (and
+    its cluster groups' and pools' own), or with no system every cost block. Another system's
+    own cost is another engine: a fit of the linear `base_s` wrote it into a roofline system's
+    block too, which refused every evaluation (a tester's finding).
     A cost without an `overhead` block has none: fitting some of its terms adds a block
     whose other terms are 0, where they took OverheadConfig's defaults unasked (7 ms a step
     under TP 2, and the fitted terms came back near 0 to make up for it; a tester's finding)."""
     data = scenario.model_dump(mode="json", exclude_none=True)
     fits_overhead = any(dotted.startswith("overhead.") for dotted in values)
-    for cost in _cost_blocks(data):
+    for cost in _cost_blocks(data, system):
         if fits_overhead and "overhead" not in cost:
             cost["overhead"] = no_overhead()
         for dotted, value in values.items():
@@ -177,12 +180,17 @@ def inline_calibrated(scenario: Scenario, base_dir: Path | None) -> Scenario:
     return scenario_from_dict(data, scenario.name) if inlined else scenario
 
 
-def _cost_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
+def _cost_blocks(data: dict[str, Any], system: str | None = None) -> list[dict[str, Any]]:
     """Every cost block: the scenario's, each system's, and each cluster group's or pool's
-    (one engine's overhead is fitted once, and holds wherever that engine runs)."""
-    blocks = [data["cost"], *(s["cost"] for s in data["systems"] if "cost" in s)]
-    for system in data["systems"]:
-        cluster = system.get("cluster") or {}
+    (one engine's overhead is fitted once, and holds wherever that engine runs); with
+    `system`, the one it runs (its own, or the scenario's) and its groups' and pools'."""
+    systems = [s for s in data["systems"] if system is None or s["name"] == system]
+    if system is None:
+        blocks = [data["cost"], *(s["cost"] for s in systems if "cost" in s)]
+    else:
+        blocks = [systems[0].get("cost", data["cost"])]
+    for system_data in systems:
+        cluster = system_data.get("cluster") or {}
         groups = [cluster.get("prefill"), cluster.get("decode")]
         if isinstance(cluster.get("replicas"), list):
             groups += cluster["replicas"]
@@ -287,7 +295,7 @@ class Objective:
     def __call__(self, x: np.ndarray) -> float:
         self.evaluations += 1
         try:
-            scenario = with_cost(self.scenario, self.values(x))
+            scenario = with_cost(self.scenario, self.values(x), self.system)
         except ScenarioError:
             return math.inf  # outside a coefficient's valid range (an efficiency above 1)
         parts = []
@@ -442,7 +450,7 @@ def solve_linear(scenario: Scenario, logs: list[ServingLog], system: str,
     best: np.ndarray | None = None
     best_error, target, step = math.inf, np.zeros(len(fitted)), 1.0
     for _ in range(LINEAR_ROUNDS):
-        parts = [linear_rows(replay_schedule(with_cost(scenario, values), log, system, base_dir),
+        parts = [linear_rows(replay_schedule(with_cost(scenario, values, system), log, system, base_dir),
                              log.real, values, fitted) for log in logs]
         known = np.concatenate([p[0] for p in parts])
         x = np.vstack([p[1] for p in parts])
@@ -510,7 +518,7 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     surveyed = [parameters.index(p) for p in searched] if survey_points else []
     best_x, best_loss = _search(objective, x0, surveyed, survey_points)
     values = objective.values(best_x)
-    fitted = with_cost(scenario, values)
+    fitted = with_cost(scenario, values, system)
     errors = {log.name: scored_error(fitted, log, system, base_dir) for log in logs}
     return Fit(values, best_loss, objective.evaluations, errors)
 
@@ -560,7 +568,7 @@ def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, resul
         partial = fit(scenario, others, system, parameters, base_dir, start=result.parameters)
         result.left_out_parameters[held.name] = partial.parameters
         result.left_out_errors[held.name] = scored_error(
-            with_cost(scenario, partial.parameters), held, system, base_dir)
+            with_cost(scenario, partial.parameters, system), held, system, base_dir)
 
 
 def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit) -> dict[str, Any]:
@@ -583,7 +591,7 @@ def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], sys
 
     from orcasim.results import write_file_atomically
 
-    fitted = with_cost(scenario, result.parameters)
+    fitted = with_cost(scenario, result.parameters, system)
     system_cfg = next(s for s in fitted.systems if s.name == system)
     # Its data paths (a profile's) as a scenario's copy writes them: found from any folder,
     # not only from the scenario's (a tester's finding).

@@ -317,3 +317,19 @@ def test_a_cost_without_overhead_fits_its_terms_with_the_others_at_zero(tmp_path
                           current_values(start, tuple(TRUE)), None)
     for name, value in TRUE.items():
         assert values[name] == pytest.approx(value, rel=LINEAR_STAGE_RTOL), name
+
+
+def test_a_fit_sets_its_coefficients_in_the_cost_its_system_runs_only() -> None:
+    """Fitting the linear cost's base_s for one system wrote it into another system's own
+    roofline block too: every evaluation was refused ('systems[1].cost: unknown key
+    base_s') and the search ran on nothing (a tester's finding)."""
+    data = {**SCENARIO, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+            "systems": [SCENARIO["systems"][0],
+                        {"name": "orca", "cost": {"kind": "roofline"},
+                         "scheduler": {"kind": "iteration_level", "max_batch_size": 8}}]}
+    start = scenario_from_dict(data)
+    fitted = with_cost(start, {"base_s": 0.02}, "vllm")
+    assert fitted.cost.base_s == 0.02 and fitted.systems[1].cost == start.systems[1].cost
+    fitted = with_cost(start, {"overhead.per_iteration_s": 0.003}, "orca")
+    assert fitted.systems[1].cost.overhead.per_iteration_s == 0.003
+    assert fitted.cost.overhead == start.cost.overhead
