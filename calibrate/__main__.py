@@ -271,12 +271,16 @@ def cmd_logs(args: argparse.Namespace) -> None:
         write_calibrated,
     )
     from orcasim.fidelity import check_replay_overrides
-    from orcasim.scenario import load_scenario
+    from orcasim.scenario import data_inputs, load_scenario
 
     _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
     check_replay_overrides(args.set)
     base_dir = args.scenario.resolve().parent
-    scenario = inline_calibrated(load_scenario(args.scenario, args.set), base_dir)
+    loaded = load_scenario(args.scenario, args.set)
+    # The files the scenario reads too: --force wrote over the profile fit its cost loads,
+    # and the new file then loaded itself (a tester's finding).
+    _writable(args.out, args.force, "cost YAML", tuple(data_inputs(loaded, base_dir)))
+    scenario = inline_calibrated(loaded, base_dir)
     system = args.system or scenario.systems[0].name
     if system not in {s.name for s in scenario.systems}:
         raise ScenarioError(f"--system = {system!r}: expected one of "

@@ -126,6 +126,9 @@ def fidelity_table(
         with warnings.catch_warnings():  # the replay reads the same file and says them once
             warnings.simplefilter("ignore")
             real = read_real_run(path, fmt)
+        if len(real) and not any(real[m].notna().any() for m in METRICS):  # an empty table, exit 0
+            raise ScenarioError(f"--real {path}: no request has a {', '.join(METRICS[:-1])} or "
+                                f"{METRICS[-1]}; expected measured latencies to compare")
         try:  # a run the scenario cannot replay (a request beyond max_tokens): say which
             result = run_scenario(replay_of(scenario, path, fmt), base_dir=base_dir)
         except ScenarioError as e:  # said of the replay, not blamed on the log (the file

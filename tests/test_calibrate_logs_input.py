@@ -195,6 +195,24 @@ def test_out_is_checked_against_the_inputs_before_any_work(tmp_path: Path, capsy
     assert (log.read_text(), scenario.read_text()) == before
 
 
+def test_out_may_not_be_a_file_the_scenario_reads(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """--force wrote over the profile fit the scenario's cost loads, and the new file then
+    loaded itself (a tester's finding)."""
+    root = Path(__file__).resolve().parents[1]
+    profile = tmp_path / "prof.yaml"
+    profile.write_text((root / "calibrate" / "cost_models" / "cpu-tiny.yaml").read_text())
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "cost": {"kind": "fitted", "path": "prof.yaml"}}))
+    log = tmp_path / "run.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s\n0,10,5,0.1\n")
+    before = profile.read_text()
+    assert main(["logs", str(log), "--scenario", str(scenario), "--out", str(profile), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out {profile} is an input of this command; expected another path " \
+                  "for the cost YAML (--force never replaces an input)\n", err
+    assert profile.read_text() == before
+
+
 def test_an_out_folder_that_cannot_be_written_is_one_line_before_the_fit(
         tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
     """--out /sys/nope.yaml fitted for seconds, then ended on a PermissionError traceback

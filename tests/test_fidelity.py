@@ -415,3 +415,25 @@ def test_a_compressed_log_is_named_by_its_stem_as_a_plain_one(tmp_path: Path) ->
     packed.parent.mkdir()
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     assert run_labels([plain, packed]) == ["run-7", "other"]
+
+
+def test_a_log_that_measured_no_latency_is_refused(tmp_path: Path) -> None:
+    """Its columns there but empty, it printed nothing, wrote an empty fidelity.csv and
+    exited 0, where calibrate logs refuses the same file (a tester's finding)."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nworkload: {num_requests: 3, arrival: {kind: poisson, rate_per_s: 1},"
+                        " prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant,"
+                        " value: 4}, max_tokens: 256}\ncost: {kind: linear, base_s: 0.01}\n"
+                        "kv_capacity_tokens: 4096\nsystems: [{name: a, scheduler: {kind: paged}}]\n")
+    log = tmp_path / "empty.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n0,10,5,,\n")
+    result = CliRunner().invoke(app, ["fidelity", str(scenario), "--real", str(log),
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and result.output == (
+        f"error: --real {log}: no request has a ttft_s, tpot_s or e2e_s; expected measured "
+        "latencies to compare\n"), result.output
+    assert not (tmp_path / "o").exists()

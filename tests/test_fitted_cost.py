@@ -191,9 +191,31 @@ def test_a_calibrated_cost_that_is_not_a_cost_block_names_its_file_and_key(tmp_p
 
 
 def test_a_calibrated_cost_may_not_load_itself(tmp_path: Path) -> None:
-    path = _calibrated(tmp_path, {"kind": "fitted", "path": "cal.yaml"})
-    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': a calibrated cost may not load itself$"):
+    path = _calibrated(tmp_path, {"kind": "fitted", "path": str(tmp_path / "cal.yaml")})
+    with pytest.raises(ScenarioError, match=f"^cost.path = '{path}': a calibrated cost may not "
+                                            "load itself; expected a chain"):
         build(path)
+
+
+def test_calibrated_costs_that_load_each_other_are_one_line(tmp_path: Path) -> None:
+    """Two files that load each other recursed to a traceback (a tester's finding)."""
+    a = _calibrated(tmp_path, {"kind": "fitted", "path": str(tmp_path / "b.yaml")}, "a.yaml")
+    _calibrated(tmp_path, {"kind": "fitted", "path": str(a)}, "b.yaml")
+    with pytest.raises(ScenarioError, match=r"a calibrated cost loads itself through .*a\.yaml -> "
+                                            r".*b\.yaml -> .*a\.yaml"):
+        build(a)
+
+
+def test_a_calibrated_cost_loads_a_profile_fit_of_its_own_name(tmp_path: Path) -> None:
+    """calibrate logs --out cal/cost.yaml on a scenario loading prof/cost.yaml wrote a file
+    refused as loading itself: the names were compared, not the files (a tester's)."""
+    (tmp_path / "prof").mkdir()
+    (tmp_path / "cal").mkdir()
+    profile = tmp_path / "prof" / "cost.yaml"
+    profile.write_text((ROOT / "calibrate" / "cost_models" / "cpu-tiny.yaml").read_text())
+    calibrated = _calibrated(tmp_path / "cal", {"kind": "fitted", "path": str(profile)}, "cost.yaml")
+    assert build(calibrated).iteration_time_s(batch([4], [4])) == build(profile).iteration_time_s(
+        batch([4], [4]))
 
 
 def test_a_calibrated_cost_s_way_in_is_its_own_and_its_overhead_is_not_stacked(

@@ -272,6 +272,35 @@ def _calibrated_config(doc: dict[str, Any], path: Path) -> Any:
         cfg = TypeAdapter(CostConfig).validate_python(doc.get("cost"))
     except ValidationError as e:
         raise ScenarioError(format_validation_error(e, f"{path.name}: cost", doc.get("cost"))) from None
-    if cfg.kind == "fitted" and Path(cfg.path).name == path.name:
-        raise ScenarioError(f"cost.path = {str(path)!r}: a calibrated cost may not load itself")
+    _check_chain(cfg, path)
     return cfg
+
+
+def _check_chain(cfg: Any, path: Path) -> None:
+    """A calibrated cost (at `path`, holding `cfg`) that loads itself, or calibrated files
+    that load each other, are refused. The file's own path is compared, not its name: a
+    profile fit named cost.yaml in another folder was refused as the file itself, and two
+    files loading each other recursed to a traceback (a tester's findings)."""
+    from pydantic import TypeAdapter
+
+    from orcasim.cost import CostConfig
+
+    seen = [path.resolve()]
+    while cfg.kind == "fitted" and Path(cfg.path).suffix != ".json":
+        try:
+            loaded = resolve_data_path(cfg.path).resolve()
+        except FileNotFoundError:
+            return  # said where the file is loaded
+        if loaded in seen:
+            chain = " -> ".join(str(p) for p in [*seen, loaded])
+            what = "may not load itself" if len(seen) == 1 else f"loads itself through {chain}"
+            raise ScenarioError(f"cost.path = {str(path)!r}: a calibrated cost {what}; expected "
+                                "a chain of files that ends in a profile fit or a cost")
+        seen.append(loaded)
+        doc = read_fitted_yaml(loaded)
+        if doc["format"] != CALIBRATED_FORMAT:
+            return
+        try:
+            cfg = TypeAdapter(CostConfig).validate_python(doc.get("cost"))
+        except ValidationError:
+            return  # said where the file is loaded
