@@ -119,9 +119,9 @@ def check(
     scenario, and return nothing moved. Every scenario runs before anything is written: one
     that fails leaves every baseline as it was."""
     baseline_dir = Path(baseline_dir)
-    _check_baseline_places(baseline_dir, [])
+    _check_baseline_folder(baseline_dir)
     paths = regression_scenarios(scenario_dir)
-    _check_baseline_places(baseline_dir, [p.stem for p in paths])
+    _check_baseline_files(baseline_dir, [p.stem for p in paths])
     runs, errors = {}, []
     for path in paths:  # every scenario's error at once: fixing one must not reveal the next
         try:
@@ -144,11 +144,9 @@ def check(
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
 
 
-def _check_baseline_places(baseline_dir: Path, stems: list[str]) -> None:
-    """Before any run: the folder (or where it would be made) and each baseline's place
-    can hold a baseline. A folder where a file should be failed as the machine's error
-    (exit 1, which also says 'metrics moved'), and under --update after earlier baselines
-    were rewritten."""
+def _check_baseline_folder(baseline_dir: Path) -> None:
+    """Before any run: the folder (or where it would be made) can hold baselines. A file
+    on the way failed as the machine's error (exit 1, which also says 'metrics moved')."""
     if baseline_dir.exists() and not baseline_dir.is_dir():
         raise ScenarioError(f"--baselines {baseline_dir}: is a file; expected a folder of "
                             "<scenario>.json baselines")
@@ -156,6 +154,11 @@ def _check_baseline_places(baseline_dir: Path, stems: list[str]) -> None:
     if above is not None:
         raise ScenarioError(f"--baselines {baseline_dir}: {above} is a file; expected a folder "
                             "of <scenario>.json baselines")
+
+
+def _check_baseline_files(baseline_dir: Path, stems: list[str]) -> None:
+    """Before any run: no folder stands where a scenario's baseline file goes. It failed as
+    the machine's error, and under --update after earlier baselines were rewritten."""
     folder = next((baseline_dir / f"{s}.json" for s in stems if (baseline_dir / f"{s}.json").is_dir()),
                   None)
     if folder is not None:
