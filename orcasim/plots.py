@@ -42,9 +42,10 @@ class FigureInputError(ValueError):
 
 
 def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str,
-             empty_ok: bool = False) -> None:
-    """A figure's input has rows and the columns it reads, or a FigureInputError naming
-    what is missing (and what there is), before pandas or matplotlib fails deep inside."""
+             empty_ok: bool = False, text_ok: tuple[str | None, ...] = ("system",)) -> None:
+    """A figure's input has rows and the columns it reads, numbers in each but `text_ok`
+    (a system's name, a swept parameter's value), or a FigureInputError naming what is
+    missing (and what there is), before pandas or matplotlib fails deep inside."""
     if table.empty and not empty_ok:
         raise FigureInputError(f"{what} has no rows (a sweep whose every point failed?): "
                                "nothing to plot")
@@ -52,6 +53,11 @@ def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str,
     if missing:
         raise FigureInputError(f"{what} has no column {', '.join(map(repr, missing))}; its "
                                f"columns: {', '.join(map(str, table.columns))}")
+    text = next((c for c in columns if c is not None and c not in text_ok and len(table)
+                 and not pd.api.types.is_numeric_dtype(table[c])), None)
+    if text is not None:  # a hand-edited table: a TypeError deep in pandas or matplotlib
+        raise FigureInputError(f"{what}'s column {text!r} holds text ({table[text].iloc[0]!r}); "
+                               "expected numbers, as orcasim writes them")
 
 
 def _one_system(frame: pd.DataFrame) -> pd.DataFrame:
@@ -339,7 +345,8 @@ def latency_vs_throughput(
     per system (and per value of any swept parameter other than `along`). Each line runs
     along the swept parameter `along`, by default the load (see `load_parameter`).
     """
-    _checked(table, ("system", "throughput_rps", metric, along), "the sweep table")
+    _checked(table, ("system", "throughput_rps", metric, along), "the sweep table",
+             text_ok=("system", along))
     load = along or load_parameter(table)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
@@ -413,7 +420,7 @@ def percentile_bands(
     the 10th-90th percentile across replications as a band, one panel per metric."""
     if not metrics:
         raise ValueError("metrics = (): expected at least one metric to plot")
-    _checked(table, ("system", x, *metrics), "the sweep table")
+    _checked(table, ("system", x, *metrics), "the sweep table", text_ok=("system", x))
     fig = Figure(figsize=(11, 3.2 * ((len(metrics) + 1) // 2) + 0.8), layout="constrained")
     axes = np.atleast_1d(fig.subplots((len(metrics) + 1) // 2, 2, squeeze=False)).ravel()
     for ax, metric in zip(axes, metrics, strict=False):

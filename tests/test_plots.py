@@ -491,3 +491,17 @@ def test_attainment_colours_systems_in_the_scenarios_order() -> None:
     assert labels[:2] == ["request-level (filled: passes)", "orca (filled: passes)"]
     assert [to_hex(h.get_facecolor()[0]) for h in handles[:2]] == [to_hex("C0"), to_hex("C1")]
     assert capacity_colours == {1.0: to_hex("C0"), 2.0: to_hex("C1")}
+
+
+def test_a_table_whose_metric_was_edited_to_text_is_one_line(tmp_path: Path) -> None:
+    """A TypeError deep in matplotlib (a tester's finding): the column is named."""
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario), "--out", str(out), "--no-plots"]).exit_code == 0
+    path = out / "orca" / "requests.parquet"
+    frame = pd.read_parquet(path)
+    frame.assign(ttft_s=frame["ttft_s"].map(lambda v: f"{v} s")).to_parquet(path, index=False)
+    res = CliRunner().invoke(app, ["plot", str(out)])
+    assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
+    assert "column 'ttft_s' holds text" in res.output, res.output
