@@ -264,16 +264,21 @@ def calibrated_block(cfg: FittedCostConfig) -> Any:
 
 def _calibrated_config(doc: dict[str, Any], path: Path) -> Any:
     """The calibrated file's cost block, validated as if the scenario held it."""
+    cfg = _cost_block(doc, path)
+    _check_chain(cfg, path)
+    return cfg
+
+
+def _cost_block(doc: dict[str, Any], path: Path) -> Any:
+    """A calibrated file's `cost:` as a CostConfig, or a one-line error naming the file."""
     from pydantic import TypeAdapter
 
     from orcasim.cost import CostConfig
 
     try:
-        cfg = TypeAdapter(CostConfig).validate_python(doc.get("cost"))
+        return TypeAdapter(CostConfig).validate_python(doc.get("cost"))
     except ValidationError as e:
         raise ScenarioError(format_validation_error(e, f"{path.name}: cost", doc.get("cost"))) from None
-    _check_chain(cfg, path)
-    return cfg
 
 
 def _check_chain(cfg: Any, path: Path) -> None:
@@ -281,10 +286,6 @@ def _check_chain(cfg: Any, path: Path) -> None:
     that load each other, are refused. The file's own path is compared, not its name: a
     profile fit named cost.yaml in another folder was refused as the file itself, and two
     files loading each other recursed to a traceback (a tester's findings)."""
-    from pydantic import TypeAdapter
-
-    from orcasim.cost import CostConfig
-
     seen = [path.resolve()]
     while cfg.kind == "fitted" and Path(cfg.path).suffix != ".json":
         try:
@@ -301,6 +302,6 @@ def _check_chain(cfg: Any, path: Path) -> None:
         if doc["format"] != CALIBRATED_FORMAT:
             return
         try:
-            cfg = TypeAdapter(CostConfig).validate_python(doc.get("cost"))
-        except ValidationError:
+            cfg = _cost_block(doc, loaded)
+        except ScenarioError:
             return  # said where the file is loaded
