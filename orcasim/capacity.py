@@ -346,9 +346,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
                 points: list[dict[str, Any]] | None = None, seed: int | None = None) -> list[SearchJob]:
     """One job per (point, system, replication). Replication seeds are spawned from `seed`
     (the scenario's by default) and shared by every point and system: common random numbers."""
-    base = scenario.model_dump(mode="json", exclude_none=True, exclude={"sweep"})
-    if scenario.kv_capacity_derived:
-        base.pop("kv_capacity_tokens")  # each point derives its own (it may change the hardware)
+    base = scenario.given_data(frozenset({"sweep"}))  # each point derives its own KV capacity
     base["slo"] = slo.model_dump(mode="json")
     names = [s.name for s in scenario.systems]
     chosen = list(dict.fromkeys(systems or names))  # a system named twice is one search

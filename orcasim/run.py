@@ -398,7 +398,7 @@ def run_scenario(
         overrides = (overrides,)  # one override, not its characters
     if isinstance(scenario, Scenario) and overrides:
         base_dir = base_dir or scenario.source_dir
-        scenario = scenario.model_dump(mode="json", exclude_none=True)
+        scenario = scenario.given_data()  # an override of the hardware derives its own KV capacity
     if isinstance(scenario, dict):
         data = copy.deepcopy(scenario)
         for item in overrides:

@@ -128,6 +128,14 @@ class Scenario(Strict):
         """True when kv_capacity_tokens came from model and hardware, not from the file."""
         return self._kv_capacity_derived
 
+    def given_data(self, exclude: frozenset[str] = frozenset(), **dump: Any) -> dict[str, Any]:
+        """The scenario as plain data (JSON types, no None), a derived KV capacity left out:
+        whatever is built from this data derives its own, from its own model and hardware.
+        Kept in, a saved scenario rerun with another GPU (or a sweep's point, or a capacity
+        search's) ran with the first one's capacity (a tester's finding)."""
+        derived = {"kv_capacity_tokens"} if self.kv_capacity_derived else set()
+        return self.model_dump(mode="json", exclude_none=True, exclude={*exclude, *derived}, **dump)
+
     def deployment(self) -> Deployment | None:
         if self.model is None or self.hardware is None:
             return None
@@ -459,9 +467,13 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 def scenario_to_yaml(scenario: Scenario) -> str:
     """The scenario as YAML that reruns from any folder: its data paths relative to the
     scenario's own folder are written absolute (see portable_data_path)."""
-    data = scenario.model_dump(mode="json", exclude_none=True)
+    data = scenario.given_data()
     _portable_paths(scenario, data, scenario.source_dir)
-    return yaml.safe_dump(data, sort_keys=False)
+    text = yaml.safe_dump(data, sort_keys=False)
+    if scenario.kv_capacity_derived:  # said, but not as if given: a rerun derives its own
+        text = (f"# kv_capacity_tokens: {scenario.kv_capacity_tokens} here, derived from model "
+                "and hardware (left out: a rerun derives it from its own)\n" + text)
+    return text
 
 
 def portable_dump(block: BaseModel, base: Path | None) -> dict[str, Any]:

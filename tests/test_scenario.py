@@ -185,3 +185,40 @@ def test_aliases_that_expand_past_a_million_values_are_refused(tmp_path) -> None
     f.write_text("\n".join(lines))
     with pytest.raises(ScenarioError, match="aliases expand to more than a million values"):
         load_scenario(f)
+
+
+def _derived(tmp_path) -> Any:  # noqa: ANN001
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nworkload:\n  num_requests: 4\n  arrival: {kind: poisson, rate_per_s: 1}\n"
+                 "  prompt_tokens: {kind: constant, value: 8}\n  output_tokens: {kind: constant, value: 4}\n  max_tokens: 64\n"
+                 "model: llama3-8b\nhardware: {gpu: h100-80gb}\ncost: {kind: roofline}\n"
+                 "systems: [{name: a, scheduler: {kind: paged}}]\n")
+    return load_scenario(f)
+
+
+def test_a_saved_scenario_rerun_on_another_gpu_derives_its_own_kv_capacity(tmp_path) -> None:  # noqa: ANN001
+    """The saved scenario.yaml wrote a derived KV capacity as if given: rerun with another
+    GPU (or a model that does not fit) it ran with the first GPU's 453,130 tokens (a tester's
+    finding). It now says the figure in a comment and leaves it out."""
+    from orcasim.scenario import scenario_to_yaml
+
+    scenario = _derived(tmp_path)
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(scenario_to_yaml(scenario))
+    assert saved.read_text().startswith(f"# kv_capacity_tokens: {scenario.kv_capacity_tokens} here")
+    assert load_scenario(saved).kv_capacity_tokens == scenario.kv_capacity_tokens
+    smaller = load_scenario(saved, ["hardware.gpu=a100-40gb"])
+    assert smaller.kv_capacity_derived
+    assert smaller.kv_capacity_tokens == load_scenario(tmp_path / "s.yaml", ["hardware.gpu=a100-40gb"]).kv_capacity_tokens
+    assert smaller.kv_capacity_tokens < scenario.kv_capacity_tokens / 2
+    with pytest.raises(ScenarioError, match="llama2-70b"):
+        load_scenario(saved, ["model=llama2-70b"])
+
+
+def test_a_loaded_scenario_run_with_a_hardware_override_derives_its_own_kv_capacity(tmp_path) -> None:  # noqa: ANN001
+    from orcasim.run import run_scenario
+
+    scenario = _derived(tmp_path)
+    result = run_scenario(scenario, ["hardware.gpu=a100-40gb"])
+    assert result.scenario.kv_capacity_tokens == load_scenario(
+        tmp_path / "s.yaml", ["hardware.gpu=a100-40gb"]).kv_capacity_tokens

@@ -274,10 +274,8 @@ def _base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
     # The validated dump holds every default, so each swept path already exists in it. A
     # derived KV capacity is left out so that each point derives its own (it may change the
     # hardware), and a scenario's own one-parameter `sweep:` block is replaced by the grid.
-    derived = {"kv_capacity_tokens"} if scenario.kv_capacity_derived else set()
-    exclude = {"sweep", *derived}
-    return (scenario.model_dump(mode="json", exclude_none=True, exclude=exclude),
-            scenario.model_dump(mode="json", exclude_none=True, exclude=exclude, exclude_unset=True))
+    exclude = frozenset({"sweep"})
+    return scenario.given_data(exclude), scenario.given_data(exclude, exclude_unset=True)
 
 
 def _parse_spec(path: Path) -> SweepSpec:
