@@ -551,7 +551,8 @@ def model(
     expert_parallel: Annotated[int, typer.Option(
         help="Expert-parallel degree: 1, or tensor-parallel x data-parallel attention.")] = 1,
     weight_dtype: Annotated[str | None, typer.Option(
-        help="Weight precision (bf16, fp16, fp8, int8, int4, mxfp4), overriding the model's.")] = None,
+        help="Weight precision (fp32, bf16, fp16, fp8, int8, int4, mxfp4), overriding the "
+             "model's; the KV cache keeps its own (a scenario's model.kv_cache_dtype).")] = None,
 ) -> None:
     """Parameters (total and active), weight and KV bytes, FLOPs per token, and with --gpu
     the per-GPU weights and KV capacity of a deployment."""

@@ -284,7 +284,7 @@ def test_the_model_command_takes_a_weight_precision() -> None:
 
 @pytest.mark.parametrize(("options", "message"), [
     (["--pipeline-parallel", "2000"], "error: --pipeline-parallel = 2000: Input should be less than or equal to 1024"),
-    (["--tensor-parallel", "3"], "error: --tensor-parallel = 3 does not divide llama3-70b's 64 attention heads"),
+    (["--tensor-parallel", "3"], "error: --tensor-parallel = 3 does not divide llama3-70b's 64 attention heads; expected one of 1, 2, 4, 8, 16, 32, 64"),
     (["--gpu", "nope"], "error: --gpu = 'nope': unknown gpu 'nope'; known gpus: "),
     ([], "error: --tensor-parallel = 1 (--pipeline-parallel 1): model llama3-70b needs 131.4 GiB of weights per GPU on 1 x h100-80gb, leaving no "
          "room for KV in the 70.3 GiB budget; expected more GPUs (--tensor-parallel, "

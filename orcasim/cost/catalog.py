@@ -455,7 +455,8 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
         return
     if model.num_heads % hardware.tensor_parallel:
         raise ScenarioError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
-                         f"divide {model.name}'s {model.num_heads} attention heads")
+                         f"divide {model.name}'s {model.num_heads} attention heads; expected one of "
+                         f"{', '.join(map(str, _divisors(model.num_heads)))}")
     kv, tp = model.kv_heads, hardware.tensor_parallel
     if model.mla is None and (kv % tp if kv >= tp else tp % kv):
         # vLLM splits the KV heads over the ranks, or gives each rank a replica of one
@@ -467,6 +468,10 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
                          f"exceeds {model.name}'s {model.num_layers} layers; expected at most "
                          f"{model.num_layers}")
     _check_expert_parallel(model, hardware, where)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _check_expert_parallel(model: ModelSpec, hardware: HardwareConfig, where: str) -> None:
