@@ -43,6 +43,11 @@ class ReplicaSpec:
     model: ModelRef | None
     hardware: HardwareConfig | None
 
+    @property
+    def kv_groups(self) -> int:
+        """The data-parallel attention groups its KV pool is split over."""
+        return 1 if self.hardware is None else self.hardware.data_parallel_attention
+
     def deployment(self) -> Deployment | None:
         if self.model is None or self.hardware is None:
             return None
@@ -62,12 +67,14 @@ def replica_for(
     warn_unpipelined(spec.scheduler, stages)
     stepper: Stepper
     if stages > 1 and isinstance(spec.scheduler, IterationLevelConfig):
-        pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens)
+        pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens,
+                                                     spec.kv_groups)
         layers = None if deployment is None else stage_layers(deployment.model, stages)
         stepper = PipelineStepper(pipelined, cost, recorder, stages, layers)
         return Replica(stepper, source, recorder, (), index)  # rows are per iteration already
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
-    scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes)
+    scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes,
+                                spec.kv_groups)
     stepper = stepper_for(scheduler, cost, recorder, mode, fused)
     return Replica(stepper, source, recorder, row_breaks_s, index)
 

@@ -56,8 +56,9 @@ class PipelinedIterationLevelScheduler(IterationLevelScheduler):
     # PipelineEngine steps every iteration and never calls the hooks; nor may another engine.
     fast_forward = STEP_BY_STEP
 
-    def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int):
-        super().__init__(cfg, requests, kv_capacity_tokens)
+    def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int,
+                 kv_groups: int = 1):
+        super().__init__(cfg, requests, kv_capacity_tokens, kv_groups)
         self.in_flight = np.zeros(len(requests), dtype=bool)
         # The KV holding tokens: every admitted request's prompt and generated tokens, in
         # flight or not (a batch holds only a share of them, unlike an unpipelined Orca's).

@@ -88,7 +88,8 @@ def scheduler_for(scenario: Scenario, system: SystemConfig, requests: Requests) 
     assert scenario.kv_capacity_tokens is not None
     deployment = scenario.deployment()
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
-    return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes)
+    groups = 1 if scenario.hardware is None else scenario.hardware.data_parallel_attention
+    return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes, groups)
 
 
 def at_the_engine(requests: Requests, latency_s: float) -> Requests:

@@ -23,26 +23,28 @@ SchedulerConfig = Annotated[
 
 def build_scheduler(
     cfg: SchedulerConfig, requests: Requests, kv_capacity_tokens: int,
-    kv_bytes_per_token: float | None = None,
+    kv_bytes_per_token: float | None = None, kv_groups: int = 1,
 ) -> Scheduler:
     """Explicit factory: one line per scheduler kind (and paged policy).
 
     `kv_bytes_per_token`: one GPU's share of a token's KV, from the deployment when the
-    scenario has one; paged schedulers copy it when they swap.
+    scenario has one; paged schedulers copy it when they swap. `kv_groups`: the
+    data-parallel attention groups the pool is split over (a request fits in one).
     """
+    kv, groups = kv_capacity_tokens, kv_groups
     match cfg:
         case RequestLevelConfig():
-            return RequestLevelScheduler(cfg, requests, kv_capacity_tokens)
+            return RequestLevelScheduler(cfg, requests, kv, groups)
         case IterationLevelConfig():
-            return IterationLevelScheduler(cfg, requests, kv_capacity_tokens)
+            return IterationLevelScheduler(cfg, requests, kv, groups)
         case PagedConfig(policy="prefill_first"):
-            return PrefillFirstScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+            return PrefillFirstScheduler(cfg, requests, kv, kv_bytes_per_token, groups)
         case PagedConfig(policy="distserve_decode"):
-            return DistServeDecodeScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+            return DistServeDecodeScheduler(cfg, requests, kv, kv_bytes_per_token, groups)
         case PagedConfig():
-            return PagedScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+            return PagedScheduler(cfg, requests, kv, kv_bytes_per_token, groups)
         case ChunkedConfig():
-            return ChunkedScheduler(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+            return ChunkedScheduler(cfg, requests, kv, kv_bytes_per_token, groups)
     raise AssertionError(f"unhandled scheduler config {cfg!r}")
 
 

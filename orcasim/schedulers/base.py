@@ -160,9 +160,15 @@ class Scheduler(ABC):
         super().__init_subclass__(**kwargs)
         check_fast_forward_declared(cls)
 
-    def __init__(self, requests: Requests, kv_capacity_tokens: int) -> None:
+    def __init__(self, requests: Requests, kv_capacity_tokens: int, kv_groups: int = 1) -> None:
         self.requests = requests
         self.kv_capacity_tokens = kv_capacity_tokens
+        # Data-parallel attention (`hardware.data_parallel_attention`): the pool is the
+        # groups' caches together, and a request lives in one group's, so it may hold no
+        # more than a share (one pooled scheduler admitted a request of 18,016 tokens where
+        # each group holds 12,480, which vLLM's DP engines refuse; a tester's finding).
+        self.kv_groups = kv_groups
+        self.request_kv_limit_tokens = kv_capacity_tokens // kv_groups
         n = len(requests)
         self.computed = np.zeros(n, dtype=np.int64)  # tokens whose KV exists
         self.generated = np.zeros(n, dtype=np.int64)  # output tokens emitted
@@ -192,7 +198,7 @@ class Scheduler(ABC):
         The default assumes a reservation of `max_tokens`; schedulers that reserve
         otherwise override it. Queuing such a request would stall FCFS forever.
         """
-        return bool(self.requests.max_tokens[req_id] > self.kv_capacity_tokens)
+        return bool(self.requests.max_tokens[req_id] > self.request_kv_limit_tokens)
 
     @property
     def num_waiting(self) -> int:

@@ -42,9 +42,10 @@ class ChunkedScheduler(PagedScheduler):
 
     def __init__(
         self, cfg: ChunkedConfig, requests: Requests, kv_capacity_tokens: int,
-        kv_bytes_per_token: float | None = None,
+        kv_bytes_per_token: float | None = None, kv_groups: int = 1,
     ) -> None:
-        self._setup(cfg, requests, kv_capacity_tokens, cfg.chunk_size_tokens, kv_bytes_per_token)
+        self._setup(cfg, requests, kv_capacity_tokens, cfg.chunk_size_tokens, kv_bytes_per_token,
+                    kv_groups)
         if cfg.chunk_size_tokens < cfg.max_num_seqs:
             warnings.warn(f"scheduler.chunk_size_tokens = {cfg.chunk_size_tokens} is below "
                           f"max_num_seqs = {cfg.max_num_seqs}: at most {cfg.chunk_size_tokens} "

@@ -56,10 +56,10 @@ class DistServeDecodeScheduler(PagedScheduler):
 
     def __init__(
         self, cfg: PagedConfig, requests: Requests, kv_capacity_tokens: int,
-        kv_bytes_per_token: float | None = None,
+        kv_bytes_per_token: float | None = None, kv_groups: int = 1,
     ) -> None:
         assert cfg.policy == "distserve_decode"
-        super().__init__(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+        super().__init__(cfg, requests, kv_capacity_tokens, kv_bytes_per_token, kv_groups)
         self.accepted: list[int] = []  # KV copied in, not yet running, oldest first
         self.accepted_blocks = 0  # their prompts' blocks
         self._transferred: set[int] = set()
@@ -84,7 +84,7 @@ class DistServeDecodeScheduler(PagedScheduler):
         if super().never_fits(req_id):
             return True
         join_blocks = blocks_for(self.known_tokens(req_id), self.cfg.block_size_tokens)
-        return self._prompt_blocks(req_id) + join_blocks > self._num_blocks
+        return self._prompt_blocks(req_id) + join_blocks > self._room_blocks_alone()
 
     def schedule(self, now_s: float) -> SchedulerOutput:
         self._accept()  # post_process after the last step, then get_next_batch

@@ -47,8 +47,9 @@ class IterationLevelScheduler(Scheduler):
                "fixed reservation per request keeps a blocked FCFS head blocked",
     )
 
-    def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int):
-        super().__init__(requests, kv_capacity_tokens)
+    def __init__(self, cfg: IterationLevelConfig, requests: Requests, kv_capacity_tokens: int,
+                 kv_groups: int = 1):
+        super().__init__(requests, kv_capacity_tokens, kv_groups)
         self.max_batch_size = cfg.max_batch_size
         self.running: list[int] = []  # admitted, in admission (= arrival) order
         self.reserved_tokens = 0
@@ -128,7 +129,7 @@ class IterationLevelScheduler(Scheduler):
             self.running.remove(req_id)
 
     def never_fits(self, req_id: int) -> bool:
-        return self._reservation_of(req_id) > self.kv_capacity_tokens
+        return self._reservation_of(req_id) > self.request_kv_limit_tokens
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.num_waiting > 0
@@ -165,7 +166,7 @@ class IterationLevelScheduler(Scheduler):
         # request larger than the whole cache may be turned away instead of queued, and
         # then a later one could join: say yes (always safe) rather than reason about it.
         need = self._reservation_of(req_id)
-        if need > self.kv_capacity_tokens:
+        if need > self.request_kv_limit_tokens:
             return True
         return (
             self.num_waiting == 0

@@ -203,18 +203,18 @@ class PagedScheduler(Scheduler):
 
     def __init__(
         self, cfg: PagedConfig, requests: Requests, kv_capacity_tokens: int,
-        kv_bytes_per_token: float | None = None,
+        kv_bytes_per_token: float | None = None, kv_groups: int = 1,
     ) -> None:
         self._setup(cfg, requests, kv_capacity_tokens, cfg.max_num_batched_tokens,
-                    kv_bytes_per_token)
+                    kv_bytes_per_token, kv_groups)
         self._check_budget()
 
     def _setup(
         self, cfg: PagedMemoryConfig, requests: Requests, kv_capacity_tokens: int,
-        token_budget: int, kv_bytes_per_token: float | None,
+        token_budget: int, kv_bytes_per_token: float | None, kv_groups: int = 1,
     ) -> None:
         """`kv_bytes_per_token`: one GPU's share, derived from the deployment (cfg's wins)."""
-        super().__init__(requests, kv_capacity_tokens)
+        super().__init__(requests, kv_capacity_tokens, kv_groups)
         self.cfg = cfg
         self.token_budget = token_budget
         num_blocks = num_blocks_for_capacity(kv_capacity_tokens, cfg.block_size_tokens)
@@ -259,7 +259,8 @@ class PagedScheduler(Scheduler):
                 )
             return 0  # recompute never swaps
         self.kv_bytes_per_token = float(kv_bytes)
-        return int(self.cfg.swap_space_bytes // (kv_bytes * self.cfg.block_size_tokens))
+        # swap_space_bytes is per GPU: each data-parallel group's rank has its own.
+        return self.kv_groups * int(self.cfg.swap_space_bytes // (kv_bytes * self.cfg.block_size_tokens))
 
     def _fits_alone_with(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
         """Whether each request can run to its end, alone or coming back from a preemption:
@@ -268,8 +269,9 @@ class PagedScheduler(Scheduler):
         return peak_blocks <= self._room_blocks_alone()
 
     def _room_blocks_alone(self) -> int:
-        """The most blocks a request that fits may hold (a bound of `_fits_alone_with`)."""
-        return self._num_blocks
+        """The most blocks a request that fits may hold (a bound of `_fits_alone_with`):
+        one data-parallel group's share of the pool."""
+        return self._num_blocks // self.kv_groups
 
     def _check_budget(self) -> None:
         """Without chunking the longest (re)prefill must fit one step's token budget."""

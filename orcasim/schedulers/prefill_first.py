@@ -67,10 +67,10 @@ class PrefillFirstScheduler(PagedScheduler):
 
     def __init__(
         self, cfg: PagedConfig, requests: Requests, kv_capacity_tokens: int,
-        kv_bytes_per_token: float | None = None,
+        kv_bytes_per_token: float | None = None, kv_groups: int = 1,
     ) -> None:
         assert cfg.policy == "prefill_first"
-        super().__init__(cfg, requests, kv_capacity_tokens, kv_bytes_per_token)
+        super().__init__(cfg, requests, kv_capacity_tokens, kv_bytes_per_token, kv_groups)
         self.pad_prompts = cfg.pad_prompts
         self.max_padding_tokens = cfg.max_padding_tokens
 

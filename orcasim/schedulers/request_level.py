@@ -46,8 +46,9 @@ class RequestLevelScheduler(Scheduler):
                "costed member drops out every step is the same pure decode",
     )
 
-    def __init__(self, cfg: RequestLevelConfig, requests: Requests, kv_capacity_tokens: int):
-        super().__init__(requests, kv_capacity_tokens)
+    def __init__(self, cfg: RequestLevelConfig, requests: Requests, kv_capacity_tokens: int,
+                 kv_groups: int = 1):
+        super().__init__(requests, kv_capacity_tokens, kv_groups)
         self.cfg = cfg
         self.members = np.zeros(0, dtype=np.int64)  # the running static batch
         self.step = 0  # iterations the batch has completed
