@@ -6,13 +6,14 @@ different speed are timed: Orca on the quickstart workload (fused fast loop) and
 paged serving of Llama-2-7B on one A100-80GB with ShareGPT-like lengths (generic loop).
 Wall time end to end (plan, every search on a local process pool, the table), the median of
 `REPEATS`, with 1 worker and with 2 (this machine's cores); the number of rates evaluated
-and the peak RSS of the parent and its workers. Prints a table and writes
-benchmarks/results/capacity.json.
+and the peak RSS of this (the parent) process: a spawned worker's RUSAGE_CHILDREN keeps the
+parent's high-water mark, so the workers' own is not known. Prints a table and writes
+benchmarks/results/capacity.json (or `--out`).
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import platform
 import statistics
 import sys
@@ -58,6 +59,8 @@ def time_search(scenario: Any, system: str, workers: int) -> dict[str, float]:
         start = time.perf_counter()
         jobs = cap.search_jobs(scenario, ROOT, slo, 3, cap.SearchSettings(), [system])
         result = cap.run_capacity(jobs, workers=workers)
+        if result.failed:  # a search that failed has no row to time
+            raise SystemExit(f"{system}: a search failed: {result.failed[0].error}")
         walls.append(time.perf_counter() - start)
         evaluations = int(result.table["evaluations"].iloc[0])
         rate = float(result.table["max_rate_per_s"].iloc[0])
@@ -66,6 +69,10 @@ def time_search(scenario: Any, system: str, workers: int) -> dict[str, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    engine.add_output_flags(parser, "benchmarks/results/capacity.json")
+    args = parser.parse_args()
+    engine.check_out(parser, args.out, args.force)
     rows = []
     for label, (scenario, system) in cases().items():
         for workers in (1, 2):
@@ -81,9 +88,8 @@ def main() -> None:
               "replications": 3, "requests_per_rate": cap.DEFAULT_REQUESTS,
               "rel_tol": cap.DEFAULT_REL_TOL, "peak_rss_bytes": {"parent": self_rss},
               "cases": rows}
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
     print(f"peak RSS: parent {self_rss / 2**20:.0f} MiB")
-    print(f"written to {RESULTS}")
+    engine.write_report(record, args.out, RESULTS, complete=True)
 
 
 if __name__ == "__main__":

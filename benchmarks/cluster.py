@@ -5,7 +5,8 @@ A100-80GB, batch limit 64), 16 replicas behind a router, Poisson arrivals at 85%
 times one replica's measured capacity. Each case runs in its own process (its peak RSS
 is its own); times are end to end (draw, simulate, frames, summary), the median of
 `REPEATS` runs (one at 1M requests); at the smallest size reference mode runs in the same
-process for the ratio. Prints a table and writes benchmarks/results/cluster.json.
+process for the ratio. Prints a table and writes benchmarks/results/cluster.json (only where
+it ran every scheduler, else to an `--out` given).
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--schedulers", nargs="+", choices=tuple(SIZES), default=list(SIZES))
+    single.add_output_flags(parser, "benchmarks/results/cluster.json")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
+    single.check_out(parser, args.out, args.force)
     cost_name, cost_keys = single.choose_cost()
     rows = []
     print(f"{'scheduler':<16}{'router':<19}{'requests':>9}{'cpu s':>8}{'sim req/cpu-s':>15}"
@@ -91,9 +94,8 @@ def main() -> None:
                       f"{ratio:>10}", flush=True)
     report = {"cost": cost_name, "replicas": NUM_REPLICAS, "load_fraction": single.LOAD_FRACTION,
               "machine": single.machine(), "load_average": os.getloadavg(), "results": rows}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    complete = sorted(args.schedulers) == sorted(SIZES)
+    single.write_report(report, args.out, RESULTS, complete)
 
 
 if __name__ == "__main__":

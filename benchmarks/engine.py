@@ -11,10 +11,15 @@ Sarathi-Serve's chunked one (the same, chunks of 512 tokens), 10k / 100k / 1M re
 Each case runs in its own process, so that its peak RSS is its own. The timed region is
 what a user waits for: drawing the requests, simulating, building the per-request frame
 and the summary, and writing the summary to disk. Short cases report the median of a
-few repeats; at 10k requests reference mode runs in the same process for the ratio.
+few repeats; at the smallest size (10k by default) reference mode runs in the same process
+for the ratio. Before its timed runs each case runs the same scenario once at
+`WARMUP_REQUESTS`, untimed, so that no timed run pays for first calls (imports, caches): at
+sizes run once, the first fast run paid about 0.1 s that the reference run after it did not.
 CPU seconds are reported beside wall seconds because a shared machine's load inflates
 wall time; the load averages before and after go into the JSON.
-Prints a table and writes benchmarks/results/engine.json.
+Prints a table and writes benchmarks/results/engine.json, only where it ran every default
+size and scheduler (a partial run, which would replace the README table's source, writes only
+to an `--out` given).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ CAPACITY_REQUESTS = 4_000  # requests in the saturated run that measures capacit
 REPEATS = {10_000: 5, 100_000: 3, 1_000_000: 1}
 REFERENCE_REPEATS = 1  # reference mode at 10k takes tens of seconds: not short
 MAX_BATCH_SIZE = 64
+WARMUP_REQUESTS = 200
 
 TRACE = "traces/sharegpt_lengths_llama2.csv"
 # Prompt and output are resampled independently, so a request may pair the longest
@@ -145,6 +151,8 @@ def simulate_once(data: dict[str, Any]) -> tuple[float, float, float]:
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one case (fast, and reference when asked) in this process."""
     out: dict[str, Any] = {}
+    simulate_once(scenario_dict(spec["scheduler"], min(WARMUP_REQUESTS, spec["num_requests"]),
+                                spec["rate_per_s"], "fast", spec["cost_keys"]))
     for mode, repeats in (("fast", spec["repeats"]), ("reference", spec["reference_repeats"])):
         if repeats == 0:
             continue
@@ -233,19 +241,50 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--schedulers", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
     parser.add_argument("--cost", choices=("auto", "roofline", "linear"), default=COST_KIND)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results file (default benchmarks/results/engine.json; "
-                             "engine_linear.json with --cost linear)")
+    add_output_flags(parser, "benchmarks/results/engine.json; engine_linear.json with the "
+                             "linear cost")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
+    if len(set(args.sizes)) < len(args.sizes) or min(args.sizes) < 1:
+        parser.error(f"--sizes = {args.sizes}: expected distinct positive request counts")
+    check_out(parser, args.out, args.force)
     report = benchmark(tuple(args.sizes), args.cost, tuple(args.schedulers))
-    out = args.out or (RESULTS.with_name("engine_linear.json") if args.cost == "linear" else RESULTS)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"cost model: {report['cost']}; wrote {out}")
+    # The file of the cost that ran: --cost auto falls back to the linear stand-in.
+    default = RESULTS.with_name("engine_linear.json") if report["cost"] == "linear" else RESULTS
+    complete = sorted(args.sizes) == list(SIZES) and sorted(args.schedulers) == sorted(SCHEDULERS)
+    print(f"cost model: {report['cost']}")
+    write_report(report, args.out, default, complete)
+
+
+def add_output_flags(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results file (default {default}, written only by a run of every "
+                             "default case: a partial run writes only to --out)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
+
+
+def check_out(parser: argparse.ArgumentParser, out: Path | None, force: bool) -> None:
+    """Refused before anything runs: an --out that exists, without --force."""
+    if out is not None and out.exists() and not force:
+        parser.error(f"--out = {str(out)!r} exists; expected a new file, or --force to overwrite it")
+
+
+def write_report(report: dict[str, Any], out: Path | None, default: Path, complete: bool) -> None:
+    """Atomically to `out`, else to `default` (a committed file, the README's source) when the
+    run was `complete`; a partial run without --out is printed only (a partial run replaced
+    the 15 rows behind the README's table with one; a tester's finding)."""
+    path = out or (default if complete else None)
+    if path is None:
+        print(f"a partial run: {default} is left as it was (give --out FILE to keep this one)")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Wall and CPU seconds on a shared machine move by 30% from one run to the next, more than
 most changes to the engine's inner loop. The number of instructions executed hardly moves.
 This runs the workload of benchmarks/engine.py (ShareGPT lengths, Llama-2-7B on one
-A100-80GB, roofline cost, Poisson arrivals at a fixed rate near 85% of one replica's
-capacity) at two sizes under valgrind's cachegrind (no cache simulation) and reports the
+A100-80GB, roofline cost, Poisson arrivals at a fixed rate, 85% of one replica's capacity
+for each kind) at two sizes under valgrind's cachegrind (no cache simulation) and reports the
 difference per request, so that start-up (imports, building the scenario) cancels. The
 children run with a fixed PYTHONHASHSEED: without it the count moves by about 2% from run
 to run of the same code (str hashes are salted per process, and set and dict orders
@@ -35,9 +35,12 @@ import cluster as fleet  # noqa: E402 - benchmarks/cluster.py, beside this file
 import engine as single  # noqa: E402 - benchmarks/engine.py, beside this file
 
 KINDS = ("paged", "prefill_first", "chunked", "iteration_level", "cluster")
-# Near 85% of one Llama-2-7B replica's paged capacity in benchmarks/engine.py (measured
-# there): fixed here so that both sizes, and every commit compared, see the same arrivals.
-RATE_PER_S = 1.379229996856809
+# 85% of one Llama-2-7B replica's capacity for each kind, as benchmarks/engine.py measures it
+# (`capacity_rps`, 2026-12-04): fixed here so that both sizes, and every commit compared,
+# see the same arrivals. One rate for every kind (paged's) ran Orca at 117% of its capacity,
+# saturated, with the saturation warning silenced (a tester's finding).
+RATE_PER_S = {"paged": 1.3292486203585805, "prefill_first": 1.369507888254133,
+              "chunked": 1.3004491745830977, "iteration_level": 1.002562483605634}
 NUM_REPLICAS = fleet.NUM_REPLICAS
 HASH_SEED = "0"
 REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
@@ -47,8 +50,8 @@ def scenario_dict(kind: str, num_requests: int) -> dict[str, Any]:
     _, cost_keys = single.choose_cost("roofline")
     if kind == "cluster":
         return fleet.scenario_dict("paged", "round_robin", num_requests,
-                                   NUM_REPLICAS * RATE_PER_S, "fast", cost_keys)
-    return single.scenario_dict(kind, num_requests, RATE_PER_S, "fast", cost_keys)
+                                   NUM_REPLICAS * RATE_PER_S["paged"], "fast", cost_keys)
+    return single.scenario_dict(kind, num_requests, RATE_PER_S[kind], "fast", cost_keys)
 
 
 def child(kind: str, num_requests: int) -> None:
@@ -81,9 +84,12 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]))
         return
+    small, large = sorted(args.sizes)
+    if small == large or small < 1:
+        parser.error(f"--sizes = {args.sizes}: expected two distinct positive request counts "
+                     "(the difference is per request)")
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not on the PATH")
-    small, large = sorted(args.sizes)
     print(f"{'kind':<16} {'instructions / request':>24}   ({large} - {small} requests)")
     rows = []
     for kind in args.kinds:

@@ -124,7 +124,13 @@ def run(scope_name: str, max_children: int, timeout_s: int, names: list[str],
         print(f"error: {exc}", file=sys.stderr)
         return 2
     mutmut = shutil.which("mutmut") or str(Path(sys.executable).parent / "mutmut")
-    subprocess.run([mutmut, "run", "--max-children", str(max_children), *names], cwd=work)
+    done = subprocess.run([mutmut, "run", "--max-children", str(max_children), *names], cwd=work)
+    if done.returncode != 0:  # mutmut exits 1 only where it could not run (a failing clean
+        # test, no tests collected): its results would list every mutant "not checked", and
+        # writing them emptied the committed table, exit 0 (a tester's finding)
+        print(f"error: mutmut run exited {done.returncode} in {work}; "
+              f"quality/mutmut-results-{scope_name}.txt is left as it was", file=sys.stderr)
+        return 1
     latest = parse_fates(subprocess.run([mutmut, "results", "--all", "true"], cwd=work,
                                         capture_output=True, text=True, check=True).stdout)
     results_path = ROOT / "quality" / f"mutmut-results-{scope_name}.txt"

@@ -116,3 +116,22 @@ def test_the_summary_counts_caught_mutants_and_points_at_the_survivors() -> None
     assert first == "core: 10 mutants, 6 killed, 2 survived, 1 timeout, 1 no tests"
     assert second.startswith("caught 7 of 10 (70.0%); survivors' diffs in quality/survivors-core.txt")
     assert mutate.summary("core", Counter({"no tests": 3})) == "core: 3 mutants, 3 no tests"
+
+
+def test_a_mutmut_run_that_fails_leaves_the_results_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """mutmut exits 1 where it cannot run (a failing clean test): its results then list every
+    mutant "not checked", and the runner wrote them over the committed table, exit 0 (a
+    tester's finding). It now stops, exit 1, the table as it was."""
+    fake = tmp_path / "mutmut"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = run ] && exit 1\necho '    m.x_f__mutmut_1: not checked'\n")
+    fake.chmod(0o755)
+    (tmp_path / "quality").mkdir()
+    table = tmp_path / "quality" / "mutmut-results-core.txt"
+    table.write_text("    m.x_f__mutmut_1: killed\n")
+    monkeypatch.setattr(mutate, "ROOT", tmp_path)
+    monkeypatch.setattr(mutate, "prepare", lambda *_: tmp_path)
+    monkeypatch.setattr(mutate.shutil, "which", lambda _: str(fake))
+    assert mutate.run("core", 1, 60, []) == 1
+    assert table.read_text() == "    m.x_f__mutmut_1: killed\n"
+    assert "mutmut run exited 1" in capsys.readouterr().err
