@@ -11,8 +11,10 @@ segment j gets hash((S_{j-1}, namespace, id, t)). Two sequences get the same has
 block exactly when they hold the same segments up to that block's end.
 
 Python's hash of a tuple of ints does not depend on the process (only str and bytes are
-salted), so runs are reproducible. Two different prefixes collide with probability about
-2^-61 per pair, which is negligible next to the sizes simulated.
+salted), so runs are reproducible. An int below 2**61 - 1 hashes to itself, so distinct ids
+stay distinct (a trace's ids are kept below 2**60, `orcasim.workload.traces.MAX_HASH_ID`: one
+past 2**61 - 1 wraps onto a small one); two different prefixes then collide with probability
+about 2^-61 per pair, which is negligible next to the sizes simulated.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def sequence_segments(requests: Requests, req_id: int) -> list[Segment]:
 def block_hashes(segments: list[Segment], block_size_tokens: int, num_blocks: int) -> list[int]:
     """Hashes of the first `num_blocks` full blocks of a sequence (fewer if it is shorter)."""
     hashes: list[int] = []
+    if num_blocks <= 0:  # checked only after a hash was added: 0 gave every block (a
+        return hashes    # one-block prompt read as fully cached by prefix_affinity)
     chain, start = 0, 0  # the key of the segments before the current one, and its offset
     for namespace, seg_id, tokens in segments:
         # Block ends that fall inside this segment, as offsets into it.

@@ -915,3 +915,27 @@ def test_a_call_either_pool_turns_away_leaves_the_session_without_its_answer(tig
     assert frames["fast"]["rejected"].tolist() == [False, True, True]
     for column in ("arrival_s", "first_token_s", "finish_s"):
         assert np.array_equal(frames["fast"][column], frames["reference"][column], equal_nan=True)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_kv_a_prefill_instance_holds_for_the_decode_side_is_kv_in_use(tmp_path, caching: bool) -> None:  # noqa: ANN001
+    """KV held until it moves is in use: it was left out of kv_used_tokens, and with prefix
+    caching each holder's share of the cached system prompt was subtracted all the same,
+    down to -46,060 tokens on a pool of 5,000 (a tester's finding)."""
+    f = tmp_path / "dg.yaml"
+    f.write_text(
+        "name: dg\nseed: 0\nworkload:\n  num_requests: 60\n  arrival: {kind: poisson, rate_per_s: 20}\n"
+        "  prompt_tokens: {kind: constant, value: 20}\n  output_tokens: {kind: constant, value: 200}\n"
+        "  max_tokens: 1024\n  system_prompt: {tokens: 320}\n"
+        "cost: {kind: linear, base_s: 0.01, per_token_s: 1.0e-5, per_context_token_s: 0}\n"
+        "kv_capacity_tokens: 5000\nsystems:\n  - name: pd\n    scheduler: {kind: paged, max_num_seqs: 4}\n"
+        "    cluster:\n      prefill: {count: 1, scheduler: {kind: chunked, chunk_size_tokens: 512, "
+        f"max_num_seqs: 64, enable_prefix_caching: {str(caching).lower()}}}}}\n"
+        "      decode: {count: 1}\n      handoff: pull\n")
+    iterations = run_scenario(f).systems["pd"].iterations
+    prefill = iterations[iterations["pool"] == "prefill"]
+    assert (prefill["kv_used_tokens"] >= 0).all()
+    assert (prefill["kv_used_tokens"] <= prefill["kv_reserved_tokens"]).all()
+    # Requests wait for the decode side (4 at a time), so the prefill side holds many: each
+    # its own 20 tokens and, cached, one copy of the 320-token system prompt for all.
+    assert prefill["kv_used_tokens"].max() > (320 + 10 * 20 if caching else 10 * 340)

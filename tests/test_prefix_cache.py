@@ -46,6 +46,10 @@ def test_block_hashes_are_equal_exactly_over_the_common_prefix() -> None:
     assert not set(c) & set(a) and not set(c) & set(b)
     # Only full blocks: 40 prompt tokens and nothing after hold two.
     assert block_hashes([(0, 5, 40)], 16, 10) == a[:2]
+    # None asked, none given: 0 gave every block, so prefix_affinity read a prompt of one
+    # block, of which no block can be a hit (its last token is computed), as fully cached
+    # (a tester's finding).
+    assert block_hashes([(0, 7, 16), (2, 0, 100)], 16, 0) == []
 
 
 def test_block_hashes_do_not_depend_on_how_a_segment_is_reached() -> None:

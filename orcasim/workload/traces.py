@@ -42,9 +42,11 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 Trace = tuple[np.ndarray, np.ndarray, np.ndarray]
 MOONCAKE_BLOCK_TOKENS = 512  # the block size of Mooncake's hash_ids (FAST'25 traces README)
-# Content ids are int64, and the outputs' ids follow the largest block id: below this bound
-# they cannot wrap (Mooncake's own ids count up from 0).
-MAX_HASH_ID = 2**62
+# Content ids are hashed as Python hashes ints, modulo 2**61 - 1 (`orcasim.prefix`), and the
+# outputs' ids follow the largest block id: below this bound none of them wraps onto another
+# (2**62 let id 7 + 2**61 - 1 read as a cache hit of id 7; a tester's finding). Mooncake's
+# own ids count up from 0.
+MAX_HASH_ID = 2**60
 
 
 MEASURED_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
@@ -115,7 +117,7 @@ def _mooncake_content(
                         for i in ids)):
             raise ScenarioError(
                 f"{path.name} line {lines[row]}: hash_ids = {str(ids)[:60]}, expected "
-                f"{blocks} integer id(s) from 0 to below 2**62, one per {MOONCAKE_BLOCK_TOKENS} "
+                f"{blocks} integer id(s) from 0 to below 2**60, one per {MOONCAKE_BLOCK_TOKENS} "
                 f"tokens of input_length = {tokens}")
         last = tokens - MOONCAKE_BLOCK_TOKENS * (blocks - 1)
         segments: list[int] = []
