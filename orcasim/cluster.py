@@ -356,8 +356,9 @@ class SessionRouter(Router):
 
 
 def build_router(cfg: _RouterBase, replicas: Sequence[Replica], rng: np.random.Generator,
-                 session_ids: np.ndarray | None = None) -> Router:
-    """Explicit factory: one line per router kind."""
+                 session_ids: np.ndarray | None = None, where: str = "router") -> Router:
+    """Explicit factory: one line per router kind. `where` names the router in a warning
+    (the system and key: a run of several systems said only 'router session')."""
     match cfg:
         case RandomRouterConfig():
             return RandomRouter(replicas, rng)
@@ -373,13 +374,13 @@ def build_router(cfg: _RouterBase, replicas: Sequence[Replica], rng: np.random.G
             return PowerOfTwoRouter(replicas, rng)
         case PrefixAffinityRouterConfig():
             if not any(getattr(r.scheduler, "caching", False) for r in replicas):
-                warnings.warn("router prefix_affinity: no replica keeps a prefix cache "
+                warnings.warn(f"{where} prefix_affinity: no replica keeps a prefix cache "
                               "(enable_prefix_caching), so it routes by load alone",
                               UserWarning, stacklevel=2)
             return PrefixAffinityRouter(replicas, rng, cfg)
         case SessionRouterConfig(fallback=fallback):
             if session_ids is None:
-                warnings.warn(f"router session: the workload has no sessions (conversations, "
+                warnings.warn(f"{where} session: the workload has no sessions (conversations, "
                               f"agents), so every request is routed by its fallback, {fallback}",
                               UserWarning, stacklevel=2)
             inner = build_router(_ROUTER_CONFIGS[fallback].model_validate({"kind": fallback}),

@@ -424,10 +424,10 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
         return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token)
 
     seeds = np.random.SeedSequence(scenario.seed).spawn(4)
-    prefill_router = build_router(cluster.prefill.router, prefill,
-                                  np.random.default_rng(seeds[2]), requests.session_ids)
+    prefill_router = build_router(cluster.prefill.router, prefill, np.random.default_rng(seeds[2]),
+                                  requests.session_ids, f"system {system.name}: cluster.prefill.router")
     decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
-                                 requests.session_ids)
+                                 requests.session_ids, f"system {system.name}: cluster.decode.router")
     _check_pulls(decode, cluster.pulls_kv, own_hardware=cluster.decode.hardware is not None)
     return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
                               prefill_router, decode_router, transfer_s, link_busy_s,

@@ -201,7 +201,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
         replica.sole = len(replicas) == 1
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
     router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
-                          requests.session_ids)
+                          requests.session_ids, f"system {system.name}: cluster.router")
     assigned = np.full(len(requests), -1, dtype=np.int64)
     return Fleet(replicas, list(built.values()), source, RoutedRouter(router, assigned), recorder)
 

@@ -267,8 +267,9 @@ class Replica:
             self._plan()
 
     def _went_before(self, priority: int, time_s: float) -> bool:
-        """Whether this replica's event (`time_s`, `priority`) comes before the fleet's
-        event being taken, in the heap's order (time, priority, replica index)."""
+        """Whether this replica's event (`time_s`, `priority`), one of a pending jump's
+        boundaries, was taken already by the reference loop at the fleet's present time
+        (`EventOrder`)."""
         order = self.order
         return (order is not None and order.time_s == time_s
                 and (priority, self.index) < (order.priority, order.index))
@@ -336,10 +337,20 @@ class Replica:
         self._cut_at(time_s)
 
     def _cut_at(self, time_s: float) -> None:
-        """End the pending unit at its first boundary at or after `time_s`, if one is inside."""
+        """End the pending unit at its first boundary at or after `time_s` whose PLAN the
+        reference loop has not taken yet, if one is inside. A boundary at `time_s` itself
+        may have planned already: a closed loop's follow-up sent at `time_s` by a rejection
+        at a higher-numbered replica's PLAN comes after a lower-numbered replica's PLAN
+        there, and waits for that replica's next boundary (fast mode admitted it one
+        iteration early; a tester's finding)."""
         ends_s = self.stepper.ends_s()
-        if len(ends_s) >= 2 and time_s <= ends_s[-2]:
-            self.stepper.cut(bisect.bisect_left(ends_s, time_s) + 1)
+        if len(ends_s) < 2 or time_s > ends_s[-2]:
+            return
+        k = bisect.bisect_left(ends_s, time_s)
+        if ends_s[k] == time_s and self._went_before(PLAN, time_s):
+            k += 1
+        if k < len(ends_s) - 1:
+            self.stepper.cut(k + 1)
             self.unit_end_s = float(self.stepper.ends_s()[-1])
 
     # What steppers ask of the skeleton.
@@ -399,11 +410,20 @@ Router = Callable[[int, float], Replica]
 
 @dataclass(slots=True)
 class EventOrder:
-    """The replica event a fleet's loop takes (or took last): what happened before it."""
+    """What a fleet's loop has taken at its present time: the greatest (priority, replica
+    index) of the replica events taken at `time_s`. Not the last one: an event pushed at
+    that time after a greater one was taken (a replica given a request by a rejection's
+    follow-up there) is taken after it, so the heap's pops at one time are not in key
+    order. A jumping replica's boundary at `time_s` is an event the reference loop had
+    from before that time, so it went before iff its key is below the greatest taken."""
 
     time_s: float = -math.inf
     priority: int = PLAN
     index: int = -1
+
+    def take(self, time_s: float, priority: int, index: int) -> None:
+        if time_s != self.time_s or (priority, index) > (self.priority, self.index):
+            self.time_s, self.priority, self.index = time_s, priority, index
 
 
 def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
@@ -450,8 +470,8 @@ def drive(replicas: Sequence[Replica], source: ArrivalSource, route: Router,
             if heap and (heap[0][0], heap[0][1]) < (arrival_s, ARRIVAL):
                 if wait_until is not None:
                     wait_until(heap[0][0])
-                order.time_s, order.priority, index, _ = heapq.heappop(heap)
-                order.index = index
+                time_s, priority, index, _ = heapq.heappop(heap)
+                order.take(time_s, priority, index)
                 replica = replicas[index]
                 replica.step()
                 end_s = max(end_s, replica.now_s)

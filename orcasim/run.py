@@ -6,7 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,18 +239,25 @@ def warn_saturated(system_name: str, summary: dict[str, float]) -> None:
             "with the run's length", stacklevel=3)
 
 
-def warn_rejected(system_name: str, rejected: np.ndarray) -> None:
-    if len(rejected):
-        warnings.warn(
-            f"{system_name}: {len(rejected)} request(s) can never fit in KV memory "
-            f"and were rejected (first: request {int(rejected[0])})", stacklevel=3,
-        )
+def warn_rejected(system_name: str, rejected: np.ndarray,
+                  replicas: Sequence[Replica] = ()) -> None:
+    """Requests turned away as too large, said once per system; on a fleet, by the replicas
+    that turned them away (the router chose them: another replica may have held them)."""
+    if not len(rejected):
+        return
+    where = "KV memory"
+    counts = {r.index: len(r.scheduler.rejected_ids) for r in replicas if r.scheduler.rejected_ids}
+    if len(replicas) > 1:
+        where = ("the KV memory of the replica the router sent them to ("
+                 + ", ".join(f"replica {i}: {n}" for i, n in counts.items()) + ")")
+    warnings.warn(f"{system_name}: {len(rejected)} request(s) can never fit in {where} "
+                  f"and were rejected (first: request {int(rejected[0])})", stacklevel=3)
 
 
 def fleet_requests(system_name: str, requests: Requests, run: EngineRun,
                    replicas: list[Replica]) -> pd.DataFrame:
     """The per-request frame of a fleet's run, with each request's evictions (wherever)."""
-    warn_rejected(system_name, run.rejected_ids)
+    warn_rejected(system_name, run.rejected_ids, replicas)
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
     add_scheduler_columns(reqs, [r.scheduler for r in replicas])
     return reqs
