@@ -276,7 +276,6 @@ class DisaggregatedFleet:
             transfer_s = self.transfer_s(req_id)
             first_token_emitted = not self.first_token_from_decode
             if self.pull:  # delivered now; the KV moves when the decode instance admits it
-                self.kv_transfer_s[req_id] = transfer_s
                 decode.scheduler.mark_transferred(req_id, first_token_emitted, transfer_s)
                 self.bridge.push(time_s, req_id)
             else:
@@ -302,8 +301,13 @@ class DisaggregatedFleet:
             self._release_prefill(req_id, time_s, wake=True)
 
     def _copying(self, pulled: Sequence[tuple[int, float]], start_s: float) -> None:
-        """A decode iteration starting at `start_s` pulls these requests' KV in."""
+        """A decode iteration starting at `start_s`, where they were admitted, pulls these
+        requests' KV in, one copy after another: each one's handoff is from its admission to
+        its copy's end, the wait behind the copies before it included, as a push's includes
+        its wait for the link (it was the copy alone: a request that waited 0.15 s behind
+        another's copy lost those seconds from every column; a tester's finding)."""
         for req_id, end_offset_s in pulled:
+            self.kv_transfer_s[req_id] = end_offset_s
             self.releases.push(start_s + end_offset_s, req_id)
 
     def _copied(self, req_id: int, time_s: float) -> None:

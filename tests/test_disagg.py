@@ -939,3 +939,15 @@ def test_kv_a_prefill_instance_holds_for_the_decode_side_is_kv_in_use(tmp_path, 
     # Requests wait for the decode side (4 at a time), so the prefill side holds many: each
     # its own 20 tokens and, cached, one copy of the 320-token system prompt for all.
     assert prefill["kv_used_tokens"].max() > (320 + 10 * 20 if caching else 10 * 340)
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_pulled_handoff_includes_the_wait_behind_another_copy_by_hand(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """Both prompts prefilled in [0, 1] and admitted at 1, copies of 0.5 s one after another:
+    A's KV lands at 1.5, B's at 2.0, so B's handoff is 1.0 s, as a push's includes its wait
+    for the link. It read 0.5 s, the copy alone, and the 0.5 s B waited behind A's copy was
+    in no column (a tester's finding)."""
+    trace = _trace(tmp_path, [(0.0, 4, 4), (0.0, 4, 4)])
+    reqs = run_scenario(_scenario(_disagg(trace, mode=mode, handoff="pull"))).systems["pd"].requests
+    assert reqs["first_token_s"].tolist() == [1.0, 1.0]
+    assert reqs["kv_transfer_s"].tolist() == [0.5, 1.0]
