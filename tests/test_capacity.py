@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from orcasim import capacity as cap
 from orcasim.cli import app
 from orcasim.run import make_requests
+from orcasim.saturation import SATURATION_Z
 from orcasim.slo import slo_from_strings
 from tests.conftest import BASE, make_scenario
 
@@ -60,6 +61,34 @@ def test_search_is_not_fooled_by_an_slo_an_overloaded_run_meets() -> None:
     tried = result.evaluations
     overloaded_but_unflagged = tried[(tried["rate_per_s"] * MEAN_SERVICE_S > 1.02) & (tried["saturated"] == 0)]
     assert (overloaded_but_unflagged["passes"] == 0).all()
+
+
+# A paged server whose running set (1,024) outgrows a 2,000-request run's backlog: it tops out
+# near 107 req/s (runs of 20,000 requests at 117.6 offered served 105.7, saturated).
+BIG_RUNNING_SET = {
+    "workload.arrival": {"kind": "poisson", "rate_per_s": 2.0},
+    "workload.prompt_tokens": {"kind": "uniform", "low": 32, "high": 512},
+    "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 128},
+    "workload.max_tokens": 640,
+    "cost": {"kind": "linear", "base_s": 0.010, "per_token_s": 2.0e-5, "per_context_token_s": 1.0e-7},
+    "kv_capacity_tokens": 10_000_000,
+    "systems": [{"name": "paged", "scheduler": {"kind": "paged", "max_num_seqs": 1024,
+                                                "max_num_batched_tokens": 8192}}],
+}
+
+
+def test_overload_in_the_running_set_fails_and_the_answer_stays_below_throughput() -> None:
+    """At 117.6 req/s offered the waiting queue stays flat (every arrival is admitted at
+    once) while the requests in the system pile up: the rate fails, and the search's answer
+    (117.6 before) stays below the server's throughput at full load."""
+    slo = slo_from_strings(["e2e_p90 <= 60"])
+    sc = make_scenario(**BIG_RUNNING_SET)
+    jobs = cap.search_jobs(sc, Path("."), slo, 1, cap.SearchSettings())
+    over = cap.evaluate(jobs[0], 117.6)
+    assert over["saturation_z"] < SATURATION_Z < over["in_system_z"], over
+    assert over["passes"] == 0.0
+    outcome = cap.search(jobs[0])
+    assert outcome.ok and 0 < outcome.max_rate_per_s < 105.7, outcome.max_rate_per_s
 
 
 @pytest.mark.parametrize("start", [1.0, 5.5])
