@@ -254,6 +254,25 @@ def test_capacity_table_cost_arithmetic() -> None:
     assert row["slo_e2e_p90_at_capacity"] == pytest.approx(0.8)
 
 
+def test_cost_counts_only_the_tokens_served() -> None:
+    """A request rejected as never fitting KV memory serves no tokens: cost per million
+    tokens is over the tokens served per request offered, not the mean of every request."""
+    sc = make_scenario(**{"workload.prompt_tokens": {"kind": "uniform", "low": 32, "high": 512},
+                          "workload.output_tokens": {"kind": "uniform", "low": 1, "high": 512},
+                          "workload.max_tokens": 1024, "kv_capacity_tokens": 900,
+                          "systems": [{"name": "paged",
+                                       "scheduler": {"kind": "paged", "max_num_seqs": 8}}]})
+    jobs = cap.search_jobs(sc, Path("."), slo_from_strings(["e2e_p90 <= 60"]), 1,
+                           cap.SearchSettings(num_requests=300))
+    row = cap.evaluate(jobs[0], 1.0)
+    from orcasim.run import run_scenario
+    reqs = run_scenario(cap.point_scenario(jobs[0], 1.0)).systems["paged"].requests
+    rejected = reqs["rejected"].to_numpy(dtype=bool)
+    assert rejected.any()
+    served = reqs["output_tokens"].to_numpy()[~rejected].sum() / len(reqs)
+    assert row["output_tokens_mean"] == pytest.approx(served)
+
+
 def test_cheapest_by_tokens_or_by_target() -> None:
     table = pd.DataFrame({"system": ["a", "b", "c"], "max_rate_per_s": [1.0, 3.0, 0.0],
                           "cost_per_million_tokens": [2.0, 3.0, 0.1]})
