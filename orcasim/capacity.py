@@ -388,7 +388,9 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
                            if settings.num_requests is not None else set())
     swept = next((path for params in points or [] for path in params if path in drawn), None)
     if swept is not None:  # every point would be the same search
-        raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
+        key = (f"sweep.parameter = {swept!r}" if scenario.sweep is not None
+               else f"grid.parameters.{swept}")
+        raise ScenarioError(f"{key}: the search sets it at every run "
                             f"({'the rate it searches' if swept == knob.path else '--requests'}); "
                             "expected a grid over other keys")
     system_prompt = scenario.workload.system_prompt

@@ -698,7 +698,9 @@ def capacity(
 
 def _capacity_input(path: Path, overrides: list[str]) -> tuple[
         Scenario, Path, list[dict[str, Any]], int | None, str]:
-    """A scenario (one configuration) or a sweep file (its grid's points, its seed)."""
+    """A scenario (one configuration, or one per value of its own `sweep:`) or a sweep file
+    (its grid's points, its seed). A scenario's own sweep was dropped without a word: one
+    search of its base values (a tester's finding)."""
     from orcasim.scenario import load_scenario, scenario_from_dict
     from orcasim.sweeps import load_sweep
 
@@ -710,7 +712,9 @@ def _capacity_input(path: Path, overrides: list[str]) -> tuple[
         scenario = scenario_from_dict(dict(sw.base), str(path))
         return scenario, sw.base_dir, sw.points(), sw.spec.seed, sw.spec.name
     scenario = load_scenario(path, overrides)
-    return scenario, path.resolve().parent, [{}], None, scenario.name
+    own = scenario.sweep
+    points = [{own.parameter: value} for value in own.values] if own is not None else [{}]
+    return scenario, path.resolve().parent, points, None, scenario.name
 
 
 def _capacity_slo(scenario: Scenario, targets: list[str] | None,
