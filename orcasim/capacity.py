@@ -154,7 +154,10 @@ def rate_knob(scenario: Scenario, base_dir: Path | None = None,
             data = scenario.model_dump(mode="json", exclude_none=True)
             cap_requests(data, num_requests)
             scenario = scenario_from_dict(data, scenario.name)
-        with data_dir(base_dir):
+        with data_dir(base_dir), warnings.catch_warnings():
+            # Silent here: each job's check draws the same requests and says what they warn
+            # (said here too, a short trace's warning was printed twice; a tester's finding).
+            warnings.simplefilter("ignore")
             arrival_s = make_requests(scenario).arrival_s
         speedup = float(arrival.speedup)  # type: ignore[union-attr]
         own_rate = offered_rps(arrival_s) / speedup
@@ -375,7 +378,10 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
                 settings: SearchSettings, systems: list[str] | None = None,
                 points: list[dict[str, Any]] | None = None, seed: int | None = None) -> list[SearchJob]:
     """One job per (point, system, replication). Replication seeds are spawned from `seed`
-    (the scenario's by default) and shared by every point and system: common random numbers."""
+    (the scenario's by default) and shared by every point and system: common random numbers.
+    `points` None: the scenario's own `sweep:`, one point per value (it was dropped without
+    a word: one search of the base values; a tester's finding), unless it sweeps the rate the
+    search sets, which the search replaces."""
     base = scenario.given_data(frozenset({"sweep"}))  # each point derives its own KV capacity
     base["slo"] = slo.model_dump(mode="json")
     names = [s.name for s in scenario.systems]
@@ -386,11 +392,16 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     knob = rate_knob(scenario, base_dir, settings.num_requests)
     drawn = {knob.path} | ({"workload.num_requests", "workload.arrival.max_requests"}
                            if settings.num_requests is not None else set())
+    own = scenario.sweep
+    if points is None and own is not None:
+        if own.parameter in drawn:
+            warnings.warn(f"sweep.parameter = {own.parameter!r}: the search sets it, so its "
+                          "values are not run", UserWarning, stacklevel=2)
+        else:
+            points = [{own.parameter: value} for value in own.values]
     swept = next((path for params in points or [] for path in params if path in drawn), None)
     if swept is not None:  # every point would be the same search
-        key = (f"sweep.parameter = {swept!r}" if scenario.sweep is not None
-               else f"grid.parameters.{swept}")
-        raise ScenarioError(f"{key}: the search sets it at every run "
+        raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
                             f"({'the rate it searches' if swept == knob.path else '--requests'}); "
                             "expected a grid over other keys")
     system_prompt = scenario.workload.system_prompt

@@ -658,6 +658,7 @@ def capacity(
         settings = cap.SearchSettings(rel_tol, requests or None)
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)
+        searched = list(dict(sorted({job.point: job.params for job in jobs}.items())).values())
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
         check_in_a_folder(out_dir, "results")
         data = data_inputs(scenario, base_dir)
@@ -672,7 +673,7 @@ def capacity(
     except KeyboardInterrupt:
         where = f" --out {out_dir}" if out_dir else ""
         interrupted(f"orcasim capacity {spec}{where} --resume (with the same options)")
-    shown = [c for c in ("point", *(k for p in points for k in p), "system", "max_rate_per_s",
+    shown = [c for c in ("point", *(k for p in searched for k in p), "system", "max_rate_per_s",
                          "ci_low", "ci_high", "goodput_per_gpu", "cost_per_million_tokens",
                          "copies_for_target", "cost_per_hour_for_target_usd")
              if c in result.table]
@@ -682,8 +683,8 @@ def capacity(
     for line in cap.capacity_warnings(result, slo_cfg, target_rate):
         typer.echo(f"warning: {line}", err=True)
     best = cap.cheapest(result.table)
-    if best is not None and (len(points) > 1 or len(result.table) > 1):
-        where = ", ".join(f"{k}={best[k]}" for k in points[0]) or "the scenario"
+    if best is not None and (len(searched) > 1 or len(result.table) > 1):
+        where = ", ".join(f"{k}={best[k]}" for k in searched[0]) or "the scenario"
         cost = (f"${best['cost_per_hour_for_target_usd']:.4g} an hour for {target_rate:g} req/s "
                 f"({int(best['copies_for_target'])} copies)" if target_rate is not None
                 else f"${best['cost_per_million_tokens']:.4g} per million output tokens")
@@ -697,10 +698,9 @@ def capacity(
 
 
 def _capacity_input(path: Path, overrides: list[str]) -> tuple[
-        Scenario, Path, list[dict[str, Any]], int | None, str]:
-    """A scenario (one configuration, or one per value of its own `sweep:`) or a sweep file
-    (its grid's points, its seed). A scenario's own sweep was dropped without a word: one
-    search of its base values (a tester's finding)."""
+        Scenario, Path, list[dict[str, Any]] | None, int | None, str]:
+    """A scenario (its points are its own `sweep:`'s, `capacity.search_jobs`) or a sweep
+    file (its grid's points, its seed)."""
     from orcasim.scenario import load_scenario, scenario_from_dict
     from orcasim.sweeps import load_sweep
 
@@ -712,9 +712,7 @@ def _capacity_input(path: Path, overrides: list[str]) -> tuple[
         scenario = scenario_from_dict(dict(sw.base), str(path))
         return scenario, sw.base_dir, sw.points(), sw.spec.seed, sw.spec.name
     scenario = load_scenario(path, overrides)
-    own = scenario.sweep
-    points = [{own.parameter: value} for value in own.values] if own is not None else [{}]
-    return scenario, path.resolve().parent, points, None, scenario.name
+    return scenario, path.resolve().parent, None, None, scenario.name
 
 
 def _capacity_slo(scenario: Scenario, targets: list[str] | None,
@@ -737,10 +735,18 @@ def _capacity_slo(scenario: Scenario, targets: list[str] | None,
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: object = None, line: str | None = None) -> None:
-    # A user reads "warning: <what happened>", not the line of orcasim that noticed it.
+    # A user reads "warning: <what happened>", not the line of orcasim that noticed it, and
+    # reads it once: a command's checks may draw the same requests for several systems (a
+    # short trace's warning was printed once per system by `capacity`; a tester's finding).
     from orcasim.config import warning_text
 
-    typer.echo(f"warning: {warning_text(message)}", err=True)
+    text = f"warning: {warning_text(message)}"
+    if text not in _SHOWN:
+        _SHOWN.add(text)
+        typer.echo(text, err=True)
+
+
+_SHOWN: set[str] = set()  # the warnings this process has shown
 
 
 def usage_error_text(e: UsageError) -> str:

@@ -182,3 +182,15 @@ def test_run_of_a_sweep_file_points_to_orcasim_sweep(tmp_path: Path) -> None:
     p = orcasim("run", str(path), "--out", str(tmp_path / "out"))
     assert p.returncode == 2 and f"orcasim sweep {path}" in p.stderr and "'base'" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_warning_is_shown_once_per_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """A command's checks may draw the same requests for several systems: `capacity` showed a
+    short trace's warning once per system (a tester's finding)."""
+    from orcasim.cli import _show_warning
+
+    for _ in range(2):
+        _show_warning(UserWarning("a trace of 3 requests, once only"), UserWarning, "f.py", 1)
+    _show_warning(UserWarning("another"), UserWarning, "f.py", 1)
+    err = capsys.readouterr().err
+    assert err.count("warning: a trace of 3 requests, once only\n") == 1 and "warning: another" in err
