@@ -951,3 +951,25 @@ def test_a_pulled_handoff_includes_the_wait_behind_another_copy_by_hand(tmp_path
     reqs = run_scenario(_scenario(_disagg(trace, mode=mode, handoff="pull"))).systems["pd"].requests
     assert reqs["first_token_s"].tolist() == [1.0, 1.0]
     assert reqs["kv_transfer_s"].tolist() == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_distserve_s_decode_instance_swaps_in_first_out_first(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """DistServe appends each swapped-out request to its swapped queue and swaps in from the
+    front: request 2 (5 + 76 tokens), swapped out before request 1 (39 + 77), comes back
+    first. Taken oldest id first (vLLM's order), the small request 2 waited behind request
+    1, which could not fit, and finished at 1.34 s with two preemptions (a tester's finding,
+    read from DistServe's get_next_batch); now request 1 waits behind it."""
+    trace = _trace(tmp_path, [(0.0, 19, 38), (0.0, 39, 77), (0.0, 5, 76)])
+    decode = {"kv_capacity_tokens": 128, "scheduler": {
+        "kind": "paged", "policy": "distserve_decode", "max_num_seqs": 16,
+        "max_num_batched_tokens": 2048, "preemption": "swap", "kv_bytes_per_token": 1}}
+    changes = {**_disagg(trace, mode=mode, decode=decode, prefill={"kv_capacity_tokens": 4096},
+                         link={"kind": "nvlink"}, handoff="pull"),
+               "workload.max_tokens": 200, "kv_capacity_tokens": 128,
+               "cost": {"kind": "linear", "base_s": 0.01}}
+    changes["systems"][0]["scheduler"] = {"kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 2048}
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["preemptions"].tolist() == [0, 2, 1]
+    # Steps of 10 ms and the copies' few microseconds: request 2 ends 0.35 s before request 1.
+    assert reqs["finish_s"].tolist() == pytest.approx([0.38, 1.30, 0.95], abs=1e-4)

@@ -24,6 +24,12 @@ over by a prefill instance passes three queues:
    joins only while as many blocks again are free.
 3. **Running**: decodes a token each step until done.
 
+Swapped-out requests come back in the order they went out (DistServe appends each victim
+to `swapped_queue` and swaps in from its front): the newest running request goes first,
+so the most recently admitted return first. vLLM sorts by arrival instead (`paged`'s
+order): taken here, a small request swapped out early waited behind a larger one that
+could not fit (a tester's finding, read from DistServe's `get_next_batch`).
+
 One departure, to keep FCFS from stalling: a request whose prompt's blocks and its own
 blocks again exceed the pool is turned away on arrival (DistServe would accept it and wait
 for room that never comes).
@@ -34,6 +40,9 @@ would accept cuts the run (`arrival_can_join`), since its copy changes the next 
 """
 
 from __future__ import annotations
+
+import heapq
+from collections import deque
 
 from orcasim.config import ScenarioError
 from orcasim.memory import blocks_for
@@ -48,7 +57,8 @@ WAITING_BLOCK_PROP_THRESHOLD = 0.05
 class DistServeDecodeScheduler(PagedScheduler):
     fast_forward = FastForward(
         assumes=PagedScheduler.fast_forward.assumes + (
-            "_accept", "_accept_gate", "_take_candidate", "can_join", "arrival_can_join"),
+            "_accept", "_accept_gate", "_take_candidate", "can_join", "arrival_can_join",
+            "_preempt", "_swapped_head", "_pop_swapped"),
         reason="as paged: within a run the accepted blocks are fixed and free blocks only "
                "fall, so a closed accept or join gate stays closed; an arrival it would "
                "accept cuts the run",
@@ -61,6 +71,7 @@ class DistServeDecodeScheduler(PagedScheduler):
         assert cfg.policy == "distserve_decode"
         super().__init__(cfg, requests, kv_capacity_tokens, kv_bytes_per_token, kv_groups)
         self.accepted: list[int] = []  # KV copied in, not yet running, oldest first
+        self.swap_order: deque[int] = deque()  # the swapped-out requests, first out first
         self.accepted_blocks = 0  # their prompts' blocks
         self._transferred: set[int] = set()
         self._accept_limit_blocks = WAITING_BLOCK_PROP_THRESHOLD * self._num_blocks
@@ -124,10 +135,27 @@ class DistServeDecodeScheduler(PagedScheduler):
             self.accepted_blocks += len(blocks)
 
     def _next_candidate(self) -> int | None:
-        """Swapped-out requests first, then the accepted head (the unaccepted are not yet here)."""
-        if self.swapped or self.resumable:
-            return min(q[0] for q in (self.swapped, self.resumable) if q)
+        """Swapped-out requests first (in the order they went out), then any preempted by
+        recompute (orcasim's fallback when the swap space is full; DistServe only swaps),
+        then the accepted head (the unaccepted are not yet here)."""
+        if self.swapped:
+            return self._swapped_head()
+        if self.resumable:
+            return self.resumable[0]
         return self.accepted[0] if self.accepted else None
+
+    def _preempt(self, victim: int, plan: Plan) -> None:
+        super()._preempt(victim, plan)
+        if self.cpu_blocks[victim]:  # swapped out, not recomputed
+            self.swap_order.append(victim)
+
+    def _swapped_head(self) -> int:
+        return self.swap_order[0]
+
+    def _pop_swapped(self) -> None:
+        req = self.swap_order.popleft()
+        self.swapped.remove(req)  # rare: a swap-in
+        heapq.heapify(self.swapped)
 
     def _admission(self, req: int, plan: Plan) -> Admission | None:
         if not self.accepted or req != self.accepted[0]:

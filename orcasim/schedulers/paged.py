@@ -393,6 +393,14 @@ class PagedScheduler(Scheduler):
             self.computed[victim] = 0
             heapq.heappush(self.resumable, victim)
 
+    def _swapped_head(self) -> int:
+        """The swapped-out request that comes back first: the oldest (vLLM sorts its swapped
+        queue by arrival)."""
+        return self.swapped[0]
+
+    def _pop_swapped(self) -> None:
+        heapq.heappop(self.swapped)
+
     def _copy_time_s(self, blocks: int) -> float:
         copied_bytes = blocks * self.cfg.block_size_tokens * self.kv_bytes_per_token
         return copied_bytes / self.cfg.swap_bandwidth_bytes_per_s
@@ -498,8 +506,8 @@ class PagedScheduler(Scheduler):
         return self.watermark_blocks if self.running else 0
 
     def _take_candidate(self, req: int, plan: Plan) -> None:
-        if self.swapped and self.swapped[0] == req:
-            heapq.heappop(self.swapped)
+        if self.swapped and self._swapped_head() == req:
+            self._pop_swapped()
             plan.copy_time_s += self._copy_time_s(int(self.cpu_blocks[req]))
             self.swapped_blocks -= int(self.cpu_blocks[req])
             self.cpu_blocks[req] = 0
