@@ -8,11 +8,15 @@ budget. A chunk that does not finish a prompt emits no token. Because no iterati
 holds more than `chunk_size_tokens` of new tokens, a long prompt never stalls decodes,
 and no prompt is too long for the budget.
 
-Two departures from Sarathi-Serve's own code, both vLLM v1's: KV blocks are taken chunk by
+Three departures from Sarathi-Serve's own code, all vLLM v1's: KV blocks are taken chunk by
 chunk as the prompt is computed, where Sarathi's block manager allocates a whole prompt's at
 admission (so here a prompt may start where Sarathi's would wait, and be preempted later);
-and the watermark is waived while nothing runs. With `chunk_size_tokens` at the token
-budget and `watermark: 0` this is vLLM v1's default scheduler (chunked prefill on).
+the watermark is waived while nothing runs; and a decode preempts only when it needs a new
+block and none is free, where Sarathi's `can_append_slot` wants one block free before every
+decode step (it keeps one spare: under memory pressure it preempts sooner, so this is
+slightly optimistic for Sarathi's victims). `max_num_seqs` defaults to 256 (vLLM's);
+Sarathi-Serve's own default is 128. With `chunk_size_tokens` at the token budget and
+`watermark: 0` this is vLLM v1's default scheduler (chunked prefill on).
 
 Each running request takes a token of the chunk every step, so at most
 `chunk_size_tokens` requests run at once, whatever `max_num_seqs` says: a run with the

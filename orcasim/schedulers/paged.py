@@ -11,7 +11,10 @@ of vLLM v1's `Scheduler.schedule`:
    are admitted FCFS, never skipping the head, while `max_num_seqs`, the token budget
    and the admission watermark allow. The watermark keeps `watermark` of the blocks
    free for running requests to grow into; it is waived when nothing runs, so the head
-   can always start.
+   can always start. A head whose whole prompt exceeds what is left of the budget stops
+   admission for the step, as vLLM's main branch does; v1 releases differ here (v0.10
+   skips it and admits later, shorter prompts; v0.8.5 chunks it even with chunked
+   prefill off).
 
 Preemption by `recompute` drops the victim's KV; on readmission it prefills its prompt
 plus the tokens it already generated, in one step, which emits its next token (no
@@ -115,6 +118,9 @@ class PagedConfig(PagedMemoryConfig):
     default is the policy's engine's (POLICY_WATERMARK)."""
 
     kind: Literal["paged"]
+    # Not an engine's default, which follows the model's context: vLLM before v1 takes
+    # max(max_model_len, 2048), v1 without chunked prefill max_model_len (arg_utils, v0.10.1).
+    # A burst of long prompts starts as many per step as this budget holds: set the engine's.
     max_num_batched_tokens: PositiveInt = 4096
     policy: Literal["mixed", "prefill_first", "distserve_decode"] = "mixed"
     pad_prompts: bool = False
