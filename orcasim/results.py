@@ -22,6 +22,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -124,6 +125,20 @@ def remove_stale_partials(out_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+# A hidden partial of a write: `.NAME.tmp-PID-...` or `.NAME.old-PID-...` (see `_partial_prefix`
+# and `write_file_atomically`).
+_PARTIAL = re.compile(r"^\..+\.(?:tmp|old)-(\d+)-[^/]*$")
+
+
+def dead_partial(name: str) -> bool:
+    """Whether `name` is a partial that a write left when its process died (SIGKILL, out of
+    memory, a machine that stopped): orcasim's own, to remove, not a user's file. Left in a
+    results folder, `--force` refused the folder for good, saying orcasim did not write it
+    (a tester's finding)."""
+    match = _PARTIAL.match(name)
+    return match is not None and not _alive(int(match.group(1)))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -170,7 +185,9 @@ def unlisted_files(folder: Path) -> Iterator[Path]:
         here = Path(root)
         for d in list(dirs):
             path = here / d
-            if path.is_symlink():  # os.walk lists it as a folder and does not enter it
+            if dead_partial(d) and not path.is_symlink():  # a dead write's: replaced with the rest
+                dirs.remove(d)
+            elif path.is_symlink():  # os.walk lists it as a folder and does not enter it
                 dirs.remove(d)
                 yield path
             elif (path / MARKER).is_file():
@@ -179,7 +196,7 @@ def unlisted_files(folder: Path) -> Iterator[Path]:
             elif path.relative_to(folder).as_posix() not in holders and not any(path.iterdir()):
                 yield path
         for f in files:
-            if f != MARKER and (here / f).relative_to(folder).as_posix() not in listed:
+            if f != MARKER and not dead_partial(f) and (here / f).relative_to(folder).as_posix() not in listed:
                 yield here / f
 
 
@@ -217,13 +234,18 @@ def record_file(out_dir: Path, name: str, write: Callable[[Path], object]) -> Pa
 
 
 def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
-    """Let `write` fill a temporary file beside `path`, then rename it into place."""
+    """Let `write` fill a temporary file beside `path`, then rename it into place. The
+    temporary is named with this process's id, and an earlier one of a dead process
+    (`dead_partial`) is removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*-*"):
+        if stale.is_file() and dead_partial(stale.name):
+            stale.unlink(missing_ok=True)
     name = None
     try:
         with interrupts_held():  # see write_atomically
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
             os.close(fd)
         write(Path(name))
         os.chmod(name, _by_umask(0o666))  # mkstemp's 0600 is for the temporary file only

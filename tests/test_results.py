@@ -276,3 +276,32 @@ def test_replacing_the_folder_one_stands_in_keeps_its_results(
     write_atomically(Path("."), lambda t: (t / "b.txt").write_text("3"), force=True)
     assert (tmp_path / "here" / "b.txt").read_text() == "3"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "r"]
+
+
+def test_a_dead_writes_partial_file_neither_blocks_force_nor_stays(tmp_path: Path) -> None:
+    """A SIGKILL during a single file's write left `.sweep.parquet.tmp-...` in the results
+    folder; `--force` then refused the folder for good, saying orcasim did not write it, and
+    `--resume` left it there (a tester's finding). A dead process's partial (file, or a
+    point's folder) is orcasim's own; the next write of that file removes it."""
+    import os
+
+    from orcasim.results import check_replaceable, mark_results, record_file
+
+    out = tmp_path / "out"
+    out.mkdir()
+    mark_results(out)
+    record_file(out, "sweep.csv", lambda p: p.write_text("a\n"))
+    dead_file = out / ".sweep.csv.tmp-999999999-abc123"  # no such process
+    dead_file.write_text("partial")
+    (out / "points").mkdir()
+    (out / "points" / ".p0001-r00.tmp-999999999-xyz").mkdir()
+    (out / "points" / ".p0001-r00.tmp-999999999-xyz" / "outcome.json").write_text("{")
+    check_replaceable(out)
+    live = out / f".sweep.csv.tmp-{os.getpid()}-def456"  # a write still going on
+    live.write_text("partial")
+    with pytest.raises(ResultsExistError, match="which orcasim did not write"):
+        check_replaceable(out)
+    live.unlink()
+    record_file(out, "sweep.csv", lambda p: p.write_text("b\n"))
+    assert not dead_file.exists() and (out / "sweep.csv").read_text() == "b\n"
+    assert [p.name for p in out.glob(".sweep.csv.tmp-*")] == []
