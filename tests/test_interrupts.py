@@ -185,7 +185,7 @@ def test_workers_start_with_ctrl_c_held_back_and_then_ignore_it() -> None:
     died of it with a traceback (3 of 22 interrupted sweeps, none of 22 since): the pool's
     workers now start with SIGINT blocked, and each drops it (ignored, then unblocked)
     before any task. The parent gets its own back when its block ends."""
-    from orcasim.sweeps.backends import _ignore_interrupts, _interrupts_blocked
+    from orcasim.sweeps.backends import _interrupts_blocked, _start_worker
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     handler = signal.getsignal(signal.SIGINT)
@@ -195,7 +195,7 @@ def test_workers_start_with_ctrl_c_held_back_and_then_ignore_it() -> None:
             # To this thread, which blocks it: sent to the process, another thread of the
             # test run (one a pool left) could take it, as a KeyboardInterrupt here.
             signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # held, then dropped
-            _ignore_interrupts()
+            _start_worker(os.getppid())  # its watch of the parent never fires here
             assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
             assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as the block left it
@@ -203,3 +203,42 @@ def test_workers_start_with_ctrl_c_held_back_and_then_ignore_it() -> None:
     finally:
         signal.signal(signal.SIGINT, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_pools_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of a sweep of --workers 2 left its idle workers waiting forever, holding its
+    stdout and stderr, so a caller reading them hung (a tester's finding, 720 s)."""
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import time\nfrom orcasim.sweeps.backends import execute_jobs\n"
+        "if __name__ == '__main__':\n"
+        "    for _ in execute_jobs([0.2, 60.0, 60.0], time.sleep, lambda t, e: None, 'local', 2):\n"
+        "        print('done', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "done\n"  # the pool is up
+
+    def children() -> list[int]:
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                lines = status.read_text().splitlines()
+            except OSError:
+                continue
+            ppid = next((line.split()[1] for line in lines if line.startswith("PPid:")), "")
+            if ppid == str(proc.pid):
+                found.append(int(status.parent.name))
+        return found
+
+    workers = children()
+    assert workers
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
+        time.sleep(0.1)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()
+             and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive

@@ -12,6 +12,8 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Literal
@@ -99,7 +101,7 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
     # half shut down and waiting on workers that died mid-task.
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
-                               initializer=_ignore_interrupts)
+                               initializer=_start_worker, initargs=(os.getpid(),))
     try:
         with _interrupts_blocked():  # the first submit starts every worker
             futures = {pool.submit(run, t): t for t in tasks}
@@ -137,7 +139,7 @@ def _interrupts_deferred() -> Iterator[None]:
 @contextlib.contextmanager
 def _interrupts_blocked() -> Iterator[None]:
     """Hold Ctrl-C back meanwhile: a worker started now inherits the blocked signal, so one
-    still importing (before `_ignore_interrupts`) cannot die of it with a traceback; this
+    still importing (before `_start_worker`) cannot die of it with a traceback; this
     process takes it when the block ends."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
@@ -146,11 +148,24 @@ def _interrupts_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _ignore_interrupts() -> None:
-    """A worker's: Ctrl-C is the parent's to act on (a pending one, held back while the
-    worker started, is dropped with it)."""
+def _start_worker(parent_pid: int) -> None:
+    """A worker's start: Ctrl-C is the parent's to act on (a pending one, held back while the
+    worker started, is dropped with it), and the worker exits when the parent is gone.
+    A parent killed outright (SIGKILL, out of memory) left its idle workers waiting forever,
+    holding its stdout and stderr, so a caller reading them (a pipe, CI) hung (a tester's
+    finding). Polled, not PR_SET_PDEATHSIG, which is Linux's alone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)  # orphaned: reparented to init or a subreaper
 
 
 def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
