@@ -413,7 +413,7 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
     last = parts[-1]
     if isinstance(last, int):
         if not isinstance(node, list) or last >= len(node):
-            raise ScenarioError(f"override '{path}': index [{last}] does not exist")
+            raise _no_index(node, last, path)
         node[last] = value
     elif isinstance(node, dict):
         node[last] = value
@@ -434,6 +434,13 @@ def get_dotted(data: Any, path: str) -> Any:
     return node
 
 
+def _no_index(node: Any, index: int, path: str) -> ScenarioError:
+    if not isinstance(node, list):
+        return ScenarioError(f"override '{path}': index [{index}] of something not a list")
+    return ScenarioError(f"override '{path}': index [{index}] does not exist; expected an "
+                         f"index below {len(node)} (the list's length)")
+
+
 def _not_a_mapping(node: Any, part: str, path: str) -> ScenarioError:
     if isinstance(node, list) and part.isdigit():  # systems.0, as other tools write it
         return ScenarioError(f"override '{path}': '{part}' names an item of a list; expected "
@@ -444,7 +451,7 @@ def _not_a_mapping(node: Any, part: str, path: str) -> ScenarioError:
 def _descend(node: Any, part: str | int, path: str) -> Any:
     if isinstance(part, int):
         if not isinstance(node, list) or part >= len(node):
-            raise ScenarioError(f"override '{path}': index [{part}] does not exist")
+            raise _no_index(node, part, path)
         return node[part]
     if not isinstance(node, dict):
         raise _not_a_mapping(node, part, path)

@@ -172,3 +172,20 @@ def test_a_sweep_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     path.write_bytes(b"# d\xe9bit\n" + path.read_bytes())
     with pytest.raises(ScenarioError, match=r"not UTF-8 text \(byte 3\); expected a YAML file$"):
         load_sweep(path)
+
+
+def test_a_grid_key_that_does_not_reach_is_named_as_the_grids(tmp_path: Path) -> None:
+    """A grid path past the base's list read "override 'systems[5]...': index [5] does not
+    exist", naming no point, no grid and no length (a tester's finding); a `set:` entry
+    without '=' was told the grid sets it."""
+    path = write_sweep(tmp_path, "parameters:\n  systems[5].scheduler.max_batch_size: [4]")
+    with pytest.raises(ScenarioError) as caught:
+        load_sweep(path)
+    text = str(caught.value)
+    assert "override" not in text
+    assert text.startswith("point p0000") and "systems[5].scheduler.max_batch_size: index [5] does " \
+        "not exist; expected an index below" in text
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]", name="s2")
+    path.write_text(path.read_text() + "set: [workload.max_tokens]\n")
+    with pytest.raises(ScenarioError, match=r"set: 'workload.max_tokens': expected KEY=VALUE"):
+        load_sweep(path)

@@ -120,7 +120,11 @@ class Task:
                 # kv_reservation): keep only what was given.
                 set_dotted(data, owner, copy.deepcopy(get_dotted(self.given, owner) or {}))
         for path, value in self.params.items():
-            set_dotted(data, path, value)
+            try:
+                set_dotted(data, path, value)
+            except ScenarioError as e:  # a grid's key, not an override (a tester's finding)
+                text = str(e).removeprefix(f"override '{path}': ")
+                raise ScenarioError(f"{point_name(self.id, self.params)}: {path}: {text}") from None
         return scenario_from_dict(data, point_name(self.id, self.params))
 
 
@@ -244,6 +248,9 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     base_path = base_path.resolve()
     keys = set_keys or ["set:"] * len(spec.set)
     for given, key in zip(spec.set, keys, strict=True):  # a set seed would be lost: each
+        if "=" not in given:
+            raise ScenarioError(f"{key} {given!r}: expected KEY=VALUE, e.g. "
+                                "workload.arrival.rate_per_s=4")
         if given.split("=", 1)[0].strip() == "seed":   # point's is its replication's
             raise ScenarioError(f"{key} {given!r}: a sweep's seeds come from its own `seed` and "
                                 "`replications`; expected seed: at the sweep file's top level")
