@@ -142,7 +142,7 @@ def dead_partial(name: str) -> bool:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no such pid can exist
         return False
     except PermissionError:
         return True  # someone else's: alive

@@ -292,6 +292,7 @@ def test_a_very_skewed_router_sends_every_token_to_the_k_most_popular(experts: i
 
 
 @pytest.mark.parametrize("scheduler", ["{kind: chunked}", "{kind: paged, max_num_batched_tokens: 20000}",
+                                       "{kind: paged, policy: prefill_first, max_num_batched_tokens: 20000}",
                                        "{kind: iteration_level, max_batch_size: 8}",
                                        "{kind: request_level, max_batch_size: 8}"])
 def test_a_request_holds_no_more_kv_than_one_data_parallel_group(tmp_path: Path, scheduler: str) -> None:

@@ -105,13 +105,15 @@ class PrefillFirstScheduler(PagedScheduler):
         decodes = output_tokens > 1
         held = blocks_for(np.maximum(peak_tokens - 1, 0), block)  # before the last decode
         fits = blocks_for(peak_tokens, block) <= room
-        fits &= ~decodes | (held + 1 <= self._num_blocks)
+        fits &= ~decodes | (held + 1 <= self._num_blocks // self.kv_groups)
         if self.cfg.preemption == "swap":
             fits &= ~decodes | (held + 1 <= room)
         return fits
 
     def _room_blocks_alone(self) -> int:
-        return self._num_blocks - self.watermark_blocks
+        """One data-parallel group's blocks less its watermark (the pool's, shared alike)."""
+        group = self._num_blocks // self.kv_groups
+        return group - self.watermark_blocks // self.kv_groups
 
     def _grow(self, req: int, target_tokens: int) -> bool:
         # can_append_slot: a block free per running sequence, needed or not.
