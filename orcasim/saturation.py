@@ -66,13 +66,15 @@ class Growth:
         return self.end_s - self.from_s
 
 
-def growth_over_entries(entered_s: np.ndarray, left_s: np.ndarray) -> Growth | None:
-    """The `Growth` of the things entered at `entered_s` and left at `left_s` (inf: never);
-    None where fewer than `MIN_ARRIVALS` entered in the window, too few to judge."""
+def growth_over_entries(entered_s: np.ndarray, left_s: np.ndarray,
+                        not_before_s: float = -np.inf) -> Growth | None:
+    """The `Growth` of the things entered at `entered_s` and left at `left_s` (inf: never)
+    over the window from `SKIP_FRACTION` of the entries' span (or `not_before_s`, if later)
+    to the last entry; None where fewer than `MIN_ARRIVALS` entered in it, too few to judge."""
     if len(entered_s) < 2:
         return None
     start_s, end_s = float(entered_s.min()), float(entered_s.max())
-    from_s = start_s + SKIP_FRACTION * (end_s - start_s)
+    from_s = max(start_s + SKIP_FRACTION * (end_s - start_s), not_before_s)
     span_s = end_s - from_s
     entered = int(((entered_s >= from_s) & (entered_s <= end_s)).sum())
     if entered < MIN_ARRIVALS or span_s <= 0:
