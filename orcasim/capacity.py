@@ -55,7 +55,7 @@ from matplotlib.figure import Figure
 
 from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
-from orcasim.saturation import SATURATION_Z, growth_over_entries
+from orcasim.saturation import SATURATION_Z, growth_over_entries, judged_requests
 from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
@@ -241,9 +241,7 @@ def in_system_growth_z(reqs: pd.DataFrame, warmup_s: float) -> float:
     usual quarter, a stable server of 20 s latency over a 50 s window read that ramp as
     growth (z 4.2, where 20,000 requests read -0.1) and the search answered 30% low (a
     review's finding)."""
-    keep = counted(reqs["arrival_s"].to_numpy(dtype=np.float64), warmup_s)
-    if "rejected" in reqs:
-        keep &= ~reqs["rejected"].to_numpy(dtype=bool)
+    keep = judged_requests(reqs, warmup_s)
     arrival = reqs["arrival_s"].to_numpy(dtype=np.float64)[keep]
     finish = np.nan_to_num(reqs["finish_s"].to_numpy(dtype=np.float64)[keep], nan=np.inf)
     if len(arrival) < 2:
@@ -406,13 +404,8 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     knob = rate_knob(scenario, base_dir, settings.num_requests)
     drawn = {knob.path} | ({"workload.num_requests", "workload.arrival.max_requests"}
                            if settings.num_requests is not None else set())
-    own = scenario.sweep
-    if points is None and own is not None:
-        if own.parameter in drawn:
-            warnings.warn(f"sweep.parameter = {own.parameter!r}: the search sets it, so its "
-                          "values are not run", UserWarning, stacklevel=2)
-        else:
-            points = [{own.parameter: value} for value in own.values]
+    if points is None:
+        points = _own_points(scenario, drawn)
     swept = next((path for params in points or [] for path in params if path in drawn), None)
     if swept is not None:  # every point would be the same search
         raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
@@ -438,6 +431,19 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
         if job.replication == 0 or job.system == chosen[0]:
             _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
     return jobs
+
+
+def _own_points(scenario: Scenario, drawn: set[str]) -> list[dict[str, Any]] | None:
+    """The scenario's own `sweep:` as points, one per value; None (the base alone) without
+    one, or where it sweeps what the search sets, which the search replaces (said)."""
+    own = scenario.sweep
+    if own is None:
+        return None
+    if own.parameter in drawn:
+        warnings.warn(f"sweep.parameter = {own.parameter!r}: the search sets it, so its "
+                      "values are not run", UserWarning, stacklevel=3)
+        return None
+    return [{own.parameter: value} for value in own.values]
 
 
 def _check_job(job: SearchJob, index: int, first_system: bool) -> None:

@@ -85,6 +85,15 @@ def growth_over_entries(entered_s: np.ndarray, left_s: np.ndarray,
     return Growth(growth, float(growth / np.sqrt(entered)), from_s, end_s, entered)
 
 
+def judged_requests(reqs: pd.DataFrame, warmup_s: float) -> np.ndarray:
+    """Which rows of a request table a saturation test judges (a boolean mask): those that
+    arrived after the warm-up and were not turned away as never fitting."""
+    keep = counted(reqs["arrival_s"].to_numpy(dtype=np.float64), warmup_s)
+    if "rejected" in reqs:
+        keep &= ~reqs["rejected"].to_numpy(dtype=bool)
+    return keep
+
+
 def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,
                admitted_s: np.ndarray | None = None) -> dict[str, float]:
     """`saturated` (1.0 or 0.0) and its evidence: the waiting queue's growth over the last
@@ -92,9 +101,7 @@ def saturation(reqs: pd.DataFrame, warmup_s: float = 0.0,
     rates (req/s) and the growth in units of its noise (`saturation_z`). A request waits
     until it is first scheduled, or until `admitted_s` (per row of `reqs`; NaN: never) where
     that is the stage that queues: a disaggregated cluster's decode admission."""
-    keep = counted(reqs["arrival_s"].to_numpy(dtype=np.float64), warmup_s)
-    if "rejected" in reqs:
-        keep &= ~reqs["rejected"].to_numpy(dtype=bool)
+    keep = judged_requests(reqs, warmup_s)
     arrival = reqs["arrival_s"].to_numpy(dtype=np.float64)[keep]
     if admitted_s is None:
         admitted_s = reqs["first_scheduled_s"].to_numpy(dtype=np.float64)
