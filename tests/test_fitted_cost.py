@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -531,3 +532,20 @@ def test_a_launch_floor_lifts_a_fit_above_zero_and_host_work_does_not(tmp_path: 
         lifted.iteration_time_s(batch([1], [10]))
     with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests"):
         lifted.decode_steps_s(np.array([10, 20]), 3)
+
+
+def test_committed_h200_model_prices_its_own_profile_as_its_quality_says() -> None:
+    """The profile and fit calibrate/gpu_check.sh made on a lent H200 (2026-12-04): the fit
+    prices every profiled shape in range, and its median relative error over them is the
+    held-out one it records (in-sample is no worse than held-out, within noise)."""
+    path = ROOT / "calibrate" / "cost_models" / "gpu-h200-gpt3-13b.yaml"
+    recorded = yaml.safe_load(path.read_text())
+    assert recorded["provenance"]["device_name"] == "NVIDIA H200"
+    assert recorded["provenance"]["model"] == "gpt3-13b"
+    profile = pd.read_csv(ROOT / "calibrate" / "profiles" / "gpu-h200-gpt3-13b.csv", comment="#")
+    cost = build(path)
+    priced = np.array([cost.iteration_time_s(batch(list(map(int, q.split())), list(map(int, c.split()))))
+                       for q, c in zip(profile["query_tokens"], profile["context_tokens"], strict=True)])
+    assert cost.out_of_range_count() == 0
+    error = np.abs(priced / profile["time_s"].to_numpy() - 1.0)
+    assert np.median(error) <= recorded["quality"]["median_rel_error"] * 1.1

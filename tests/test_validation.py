@@ -206,3 +206,19 @@ def test_the_reports_engine_speed_scales_the_whole_engine(tmp_path: Path) -> Non
     # Request 0 arrives at an idle server and finishes before request 1 arrives.
     assert double["ttft_s"][0] - way_in_s == pytest.approx(2 * (base["ttft_s"][0] - way_in_s), rel=1e-12)
     assert double["tpot_s"][0] == pytest.approx(2 * base["tpot_s"][0], rel=1e-12)
+
+
+def test_the_reports_h200_section_reads_the_committed_gpu_run() -> None:
+    """scenarios/validation/report.py's H200 section is written from committed files alone
+    (the profile, its fit and the replay's record), with the roofline priced per kind."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from scenarios.validation.report import h200_section
+
+    text = "\n".join(h200_section())
+    assert "NVIDIA H200" in text and "4 of its 40 layers" in text
+    for kind in ("chunk", "decode", "mixed", "prefill"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {kind} |"))
+        assert float(row.split("|")[2].strip().rstrip("%")) < 0  # eager code: slower than roofline
+    assert "| total_iteration_s | 33.81 | 34.75 | 34.13 |" in text
