@@ -8,7 +8,8 @@ efficiencies can be read.
 Rows: `kind` = `token_ops` (LayerNorm, QKV, output projection, LayerNorm, FC1, GELU, FC2 and
 the residual adds of one layer over `tokens` tokens, with `layers` distinct copies of the
 weights run in turn so that none is read from L2) or `decode_attention` (`tokens` requests of
-one query token each against `context` cached tokens, PyTorch's scaled_dot_product_attention);
+one query token each against `context` cached tokens, PyTorch's scaled_dot_product_attention)
+or `prefill_attention` (`tokens` prompts of `context` tokens each, causal);
 `time_s` is the median time of one layer (one copy), CUDA events around a graph replay on
 CUDA, wall time on CPU.
 """
@@ -27,6 +28,7 @@ from calibrate.model import SHAPES
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DECODE = ((1, 1024), (8, 1024), (32, 1024), (64, 2048), (128, 1024), (256, 512))
+PREFILL = ((1, 512), (1, 2048), (1, 8192), (4, 2048))  # (prompts, tokens each), causal
 
 
 def token_ops_fn(d_model: int, ffn_dim: int, layers: int, device: str, dtype: torch.dtype):
@@ -108,6 +110,15 @@ def main(argv: list[str] | None = None) -> None:
             seconds = timed_s(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v),
                               args.device, args.repeats)
             rows.append(f"decode_attention,{batch},{context},{seconds:.6g}")
+            print(rows[-1], flush=True)
+        for prompts, length in PREFILL:
+            if length > args.max_tokens:
+                continue
+            q, k, v = (torch.randn(prompts, heads, length, d // heads, device=args.device,
+                                   dtype=dtype) for _ in range(3))
+            seconds = timed_s(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True), args.device, args.repeats)
+            rows.append(f"prefill_attention,{prompts},{length},{seconds:.6g}")
             print(rows[-1], flush=True)
     args.out.write_text("\n".join(rows) + "\n")
     print(f"wrote {args.out}")
