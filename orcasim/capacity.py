@@ -56,7 +56,7 @@ from matplotlib.figure import Figure
 from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
 from orcasim.saturation import SATURATION_Z, growth_over_entries, judged_requests
-from orcasim.scenario import Scenario, scenario_from_dict, set_dotted
+from orcasim.scenario import Scenario, apply_params, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted
@@ -108,6 +108,9 @@ class SearchJob:
     base_dir: str
     knob: RateKnob
     settings: SearchSettings
+    # The base's keys as given: a point that changes a `kind` starts its object again from
+    # these (`apply_params`), as a sweep's point does.
+    given: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -175,8 +178,7 @@ def rate_knob(scenario: Scenario, base_dir: Path | None = None,
 def point_scenario(job: SearchJob, rate_per_s: float) -> Scenario:
     """The job's configuration with only its system, at `rate_per_s`, on its seed."""
     data = copy.deepcopy(job.base)
-    for path, value in job.params.items():
-        set_dotted(data, path, value)
+    apply_params(data, job.params, job.given)
     data["seed"] = job.seed
     data["systems"] = [s for s in data["systems"] if s["name"] == job.system]
     set_dotted(data, job.knob.path, job.knob.value(rate_per_s))
@@ -395,6 +397,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     a word: one search of the base values; a tester's finding), unless it sweeps the rate the
     search sets, which the search replaces."""
     base = scenario.given_data(frozenset({"sweep"}))  # each point derives its own KV capacity
+    given = scenario.given_data(frozenset({"sweep"}), exclude_unset=True)
     base["slo"] = slo.model_dump(mode="json")
     names = [s.name for s in scenario.systems]
     chosen = list(dict.fromkeys(systems or names))  # a system named twice is one search
@@ -424,7 +427,8 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     children = np.random.SeedSequence(scenario.seed if seed is None else seed).spawn(replications)
     seeds = [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
     jobs = [SearchJob(p, name, r, s, params, base, str(base_dir),
-                      _point_knob(knob, base, params, base_dir, settings.num_requests), settings)
+                      _point_knob(knob, base, params, base_dir, settings.num_requests, given),
+                      settings, given)
             for p, params in enumerate(points or [{}])
             for name in chosen for r, s in enumerate(seeds)]
     for job in jobs:  # every point, system and replication is checked before any runs
@@ -465,15 +469,14 @@ def _check_job(job: SearchJob, index: int, first_system: bool) -> None:
 
 
 def _point_knob(knob: RateKnob, base: dict[str, Any], params: dict[str, Any],
-                base_dir: Path, num_requests: int | None) -> RateKnob:
+                base_dir: Path, num_requests: int | None, given: dict[str, Any]) -> RateKnob:
     """A point's own knob: a trace's rate is the point's trace's (a grid over the trace's
     path, its max_requests or the count shared the first point's: every other point's rates
     were off by the ratio of the traces' rates; a tester's finding)."""
     if knob.path != "workload.arrival.speedup" or not params:
         return knob
     data = copy.deepcopy(base)
-    for path, value in params.items():
-        set_dotted(data, path, value)
+    apply_params(data, params, given)
     return rate_knob(scenario_from_dict(data, "a point of the search"), base_dir, num_requests)
 
 

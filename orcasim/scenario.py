@@ -421,6 +421,20 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
         raise _not_a_mapping(node, last, path)
 
 
+def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, Any]) -> None:
+    """Set each of a point's parameters (a sweep's, a capacity search's) in `data`, a
+    validated dump. Where one changes a `kind`, its object starts again from `given` (the
+    keys the user wrote, no defaults), as `--set ....kind=` on the file would: the dump's
+    defaults are the old kind's (a request-level scheduler's `max_queue_delay_s` is no
+    iteration-level key). Kinds first, so that a reset keeps no swept key."""
+    for path, value in params.items():
+        owner, _, key = path.rpartition(".")
+        if key == "kind" and owner and get_dotted(data, path) != value:
+            set_dotted(data, owner, copy.deepcopy(get_dotted(given, owner) or {}))
+    for path, value in params.items():
+        set_dotted(data, path, value)
+
+
 def get_dotted(data: Any, path: str) -> Any:
     """The value at a dotted path (`set_dotted`'s), or None where the path does not reach."""
     node = data

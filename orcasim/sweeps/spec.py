@@ -40,13 +40,12 @@ from orcasim.scenario import (
     NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
+    apply_params,
     data_inputs,
-    get_dotted,
     load_scenario,
     parse_dotted,
     read_text_file,
     scenario_from_dict,
-    set_dotted,
 )
 
 ParamValue = int | float | str | bool
@@ -113,18 +112,13 @@ class Task:
     def scenario(self) -> Scenario:
         data = copy.deepcopy(self.base)
         data["seed"] = self.seed
-        for path, value in self.params.items():  # kinds first: a reset keeps no swept key
-            owner, _, key = path.rpartition(".")
-            if key == "kind" and owner and get_dotted(data, path) != value:
-                # The base's defaults are the old kind's (a request-level scheduler has no
-                # kv_reservation): keep only what was given.
-                set_dotted(data, owner, copy.deepcopy(get_dotted(self.given, owner) or {}))
-        for path, value in self.params.items():
-            try:
-                set_dotted(data, path, value)
-            except ScenarioError as e:  # a grid's key, not an override (a tester's finding)
-                text = str(e).removeprefix(f"override '{path}': ")
-                raise ScenarioError(f"{point_name(self.id, self.params)}: {path}: {text}") from None
+        try:
+            apply_params(data, self.params, self.given)
+        except ScenarioError as e:  # a grid's key, not an override (a tester's finding)
+            text = str(e)
+            if text.startswith("override '"):  # "override 'PATH': why" -> "PATH: why"
+                text = text.removeprefix("override '").replace("': ", ": ", 1)
+            raise ScenarioError(f"{point_name(self.id, self.params)}: {text}") from None
         return scenario_from_dict(data, point_name(self.id, self.params))
 
 
