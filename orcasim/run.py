@@ -210,7 +210,8 @@ def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
             raise ScenarioError(
                 f"{system_name}: no request{after} completed: {turned_away} of {len(window)} "
                 "rejected as too large for KV memory; expected a kv_capacity_tokens (of each "
-                "replica or pool a request can reach) that holds a request's tokens")
+                "replica or pool a request can reach, or of one data-parallel attention group "
+                "of it, where a request's KV lives) that holds a request's tokens")
         raise ScenarioError(
             f"{system_name}: no request completed after warmup_s = {warmup_s:g} (the last "
             f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "

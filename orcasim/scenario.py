@@ -261,7 +261,10 @@ class Scenario(Strict):
                     with errors_under(f"systems[{j}].{where}.", opening=("hardware.",)):
                         kv = self.group_kv_capacity_tokens(group)
                 assert kv is not None
-                if kv >= max_tokens or not reserves_max_tokens(scheduler):
+                # A request's KV lives in one data-parallel attention group's cache.
+                groups = _attention_groups(self.hardware if group is None or group.hardware is None
+                                           else group.hardware)
+                if kv // groups >= max_tokens or not reserves_max_tokens(scheduler):
                     continue
                 if group is None or not _own_kv(group):
                     blocked.append(system.name if where is None else f"{system.name} ({where})")
@@ -270,17 +273,32 @@ class Scenario(Strict):
                 source = (f"{key}.kv_capacity_tokens = {kv} is below" if group.kv_capacity_tokens
                           else f"{key}: its KV capacity, {kv} tokens as its own model and hardware "
                                "leave it, is below")
+                if groups > 1:
+                    source = (f"{key}: its KV capacity per data-parallel attention group, "
+                              f"{kv // groups} tokens ({kv} over {groups} groups), is below")
                 raise ScenarioError(
                     f"{source} workload.max_tokens = {max_tokens}: its scheduler reserves "
                     "max_tokens per request, so no request could ever be admitted there")
         if blocked:
+            assert self.kv_capacity_tokens is not None  # derived before the checks
+            groups = _attention_groups(self.hardware)
+            capacity = f"kv_capacity_tokens = {self.kv_capacity_tokens}" if groups == 1 else (
+                f"the KV capacity of one data-parallel attention group, "
+                f"{self.kv_capacity_tokens // groups} tokens (kv_capacity_tokens = "
+                f"{self.kv_capacity_tokens} over hardware.data_parallel_attention = {groups}; a "
+                "request's KV lives in one group)")
             raise ScenarioError(
-                f"workload.max_tokens = {max_tokens} exceeds kv_capacity_tokens = "
-                f"{self.kv_capacity_tokens}: {', '.join(blocked)} reserve max_tokens per request, "
-                "so no request could ever be admitted")
+                f"workload.max_tokens = {max_tokens} exceeds {capacity}: {', '.join(blocked)} "
+                "reserve max_tokens per request, so no request could ever be admitted")
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
         return system.cost if system.cost is not None else self.cost
+
+
+def _attention_groups(hardware: HardwareConfig | None) -> int:
+    """The data-parallel attention groups a KV pool is split over (each holds its own
+    requests' KV, as vLLM's data-parallel engines do)."""
+    return 1 if hardware is None else hardware.data_parallel_attention
 
 
 def _kv_places(system: SystemConfig) -> list[tuple[str | None, ReplicaGroup | None]]:

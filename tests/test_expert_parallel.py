@@ -299,9 +299,13 @@ def test_a_request_holds_no_more_kv_than_one_data_parallel_group(tmp_path: Path,
     """The pool is the groups' caches together, but a request lives in one: Mixtral on two
     groups of an H100 at 0.6 utilisation holds 12,480 tokens a group, 24,960 pooled, and a
     request of 18,016 ran (vLLM's DP engines refuse it; a tester's finding). It is now turned
-    away, and one that fits a group runs; swap space is each group's GPU's."""
+    away, and one that fits a group runs; swap space is each group's GPU's. A scheduler that
+    reserves max_tokens is refused as the file loads, naming the group's capacity (it loaded,
+    and every request was then rejected with a message asking for a capacity above 18,016
+    tokens, which the pooled 24,960 already was)."""
     from orcasim.run import make_requests, run_scenario, scheduler_for
 
+    reserves = "level" in scheduler
     f = tmp_path / "dp.yaml"
     f.write_text(
         "name: dp\nseed: 0\nworkload:\n  num_requests: 12\n  arrival: {kind: poisson, rate_per_s: 0.1}\n"
@@ -310,20 +314,22 @@ def test_a_request_holds_no_more_kv_than_one_data_parallel_group(tmp_path: Path,
         "hardware: {gpu: h100-80gb, data_parallel_attention: 2, expert_parallel: 2, "
         "gpu_memory_utilization: 0.6}\ncost: {kind: roofline}\n"
         f"systems: [{{name: s, scheduler: {scheduler}}}]\n")
-    scenario = load_scenario(f)
-    assert scenario.kv_capacity_tokens == 2 * 12_480
-    if "paged" in scheduler or "chunked" in scheduler:  # peak KV: prompt + output - 1
-        prompts = make_requests(scenario).prompt_tokens
-        too_large = int((prompts + 15 > 12_480).sum())
-        assert 0 < too_large < 12
-        summary = run_scenario(f).summary_frame()
-        assert summary["requests_rejected"].iloc[0] == too_large
-        assert summary["requests_completed"].iloc[0] == 12 - too_large
-    else:  # they reserve max_tokens
-        with pytest.raises(ScenarioError, match="12 of 12 rejected as too large"):
-            run_scenario(f)
+    if reserves:  # max_tokens is reserved: no request could run, refused as the file loads
+        with pytest.raises(ScenarioError, match=r"workload.max_tokens = 18016 exceeds the KV "
+                           r"capacity of one data-parallel attention group, 12480 tokens "
+                           r"\(kv_capacity_tokens = 24960 over hardware.data_parallel_attention = 2; "):
+            load_scenario(f)
         fits = run_scenario(f, ["workload.prompt_tokens.high=12000", "workload.max_tokens=12016"])
         assert fits.summary_frame()["requests_completed"].iloc[0] == 12
+        return
+    scenario = load_scenario(f)
+    assert scenario.kv_capacity_tokens == 2 * 12_480
+    prompts = make_requests(scenario).prompt_tokens  # peak KV: prompt + output - 1
+    too_large = int((prompts + 15 > 12_480).sum())
+    assert 0 < too_large < 12
+    summary = run_scenario(f).summary_frame()
+    assert summary["requests_rejected"].iloc[0] == too_large
+    assert summary["requests_completed"].iloc[0] == 12 - too_large
     if "paged" in scheduler:
         swap = load_scenario(f, ["systems[0].scheduler.preemption=swap"])
         built = scheduler_for(swap, swap.systems[0], make_requests(swap))
