@@ -42,6 +42,7 @@ class ReplicaSpec:
     kv_capacity_tokens: int
     model: ModelRef | None
     hardware: HardwareConfig | None
+    own_hardware: bool = False  # a replica group's own, not the scenario's (warnings name it)
 
     @property
     def kv_groups(self) -> int:
@@ -64,7 +65,7 @@ def replica_for(
     which the fused loop does not model)."""
     deployment = spec.deployment()
     stages = spec.hardware.pipeline_parallel if spec.hardware else 1
-    warn_unpipelined(spec.scheduler, stages)
+    warn_unpipelined(spec.scheduler, stages, hardware_first=spec.own_hardware)
     stepper: Stepper
     if stages > 1 and isinstance(spec.scheduler, IterationLevelConfig):
         pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens,
@@ -125,7 +126,7 @@ def pool_specs(scenario: Scenario, system: SystemConfig, group: ReplicaGroup) ->
     spec = ReplicaSpec(group.scheduler or system.scheduler,
                        group.cost or scenario.system_cost(system),
                        scenario.group_kv_capacity_tokens(group), group.model or scenario.model,
-                       group.hardware or scenario.hardware)
+                       group.hardware or scenario.hardware, group.hardware is not None)
     return [spec] * group.count
 
 

@@ -188,14 +188,19 @@ class PipelineEngine:
         return finished_run(self.recorder, end_s, self.scheduler)
 
 
-def warn_unpipelined(scheduler: object, stages: int) -> None:
+def warn_unpipelined(scheduler: object, stages: int, hardware_first: bool = False) -> None:
     """Only Orca's scheduler keeps several batches in flight; say so for vLLM's and
-    Sarathi's (a request-level batch, FasterTransformer's, is one at a time by design)."""
+    Sarathi's (a request-level batch, FasterTransformer's, is one at a time by design).
+    The warning opens with the key whose owner it names (`config.naming_under`): the
+    scheduler's, or with `hardware_first` the pipeline's, where a replica group gives its
+    own hardware (the scenario's `hardware.pipeline_parallel` was named for the group's)."""
     if stages > 1 and isinstance(scheduler, PagedMemoryConfig):
         kind = getattr(scheduler, "kind", type(scheduler).__name__)
-        warnings.warn(f"scheduler.kind = {kind!r} with hardware.pipeline_parallel = {stages}: "
-                      "one batch at a time passes through all stages (only iteration_level "
-                      "keeps several in flight, as Orca does)", UserWarning, stacklevel=3)
+        keys = [f"scheduler.kind = {kind!r}", f"hardware.pipeline_parallel = {stages}"]
+        first, second = reversed(keys) if hardware_first else keys
+        warnings.warn(f"{first} with {second}: one batch at a time passes through all stages "
+                      "(only iteration_level keeps several in flight, as Orca does)",
+                      UserWarning, stacklevel=3)
 
 
 def pipeline_engine(

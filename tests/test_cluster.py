@@ -686,3 +686,31 @@ def test_requests_too_large_for_the_replica_they_were_sent_to_are_said_by_replic
                                          r"the replica the router sent them to \(replica 0: \1\)"):
         result = run_scenario(f)
     assert (result.systems["rr"].requests.query("rejected")["replica"] == 0).all()
+
+
+def test_a_replica_groups_own_pipeline_is_named_as_the_groups(tmp_path) -> None:  # noqa: ANN001
+    """The unpipelined-scheduler warning named `hardware.pipeline_parallel = 2` where the
+    scenario's hardware has none and a replica group gave its own (a tester's finding): it
+    now names the group's key."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = {
+        "name": "pp", "seed": 1, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+        "workload": {"num_requests": 10, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+                     "prompt_tokens": {"kind": "uniform", "low": 32, "high": 512},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 32}, "max_tokens": 640},
+        "cost": {"kind": "roofline"},
+        "systems": [{"name": "fleet", "scheduler": {"kind": "paged"},
+                     "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                         {"count": 1, "hardware": {"gpu": "a100-80gb", "pipeline_parallel": 2}},
+                         {"count": 1}]}}]}
+    path = tmp_path / "pp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = subprocess.run([sys.executable, "-m", "orcasim", "run", str(path), "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("warning: systems[0].cluster.replicas[0].hardware.pipeline_parallel = 2 with "
+            "scheduler.kind = 'paged'") in done.stderr, done.stderr
