@@ -3,15 +3,19 @@ way a serving engine runs them (CUDA graphs, fused attention), against which the
 efficiencies can be read.
 
     python -m calibrate.layer_ops --model gpt3-13b --out layer_ops.csv          # on CUDA
+    python -m calibrate.layer_ops --model llama2-70b --tensor-parallel 2 4 8 --out tp.csv
     python -m calibrate.layer_ops --model tiny --device cpu --out /tmp/ops.csv  # the same steps
 
-Rows: `kind` = `token_ops` (LayerNorm, QKV, output projection, LayerNorm, FC1, GELU, FC2 and
-the residual adds of one layer over `tokens` tokens, with `layers` distinct copies of the
-weights run in turn so that none is read from L2) or `decode_attention` (`tokens` requests of
-one query token each against `context` cached tokens, PyTorch's scaled_dot_product_attention)
-or `prefill_attention` (`tokens` prompts of `context` tokens each, causal);
-`time_s` is the median time of one layer (one copy), CUDA events around a graph replay on
-CUDA, wall time on CPU.
+With `--tensor-parallel N` each shape is one rank's shard of the layer (a 1/N share of the
+heads and of the MLP's inner width, as Megatron splits them; the all-reduces are not run).
+
+Rows: `kind` = `token_ops` (norm, QKV, output projection, norm, MLP (GELU, or SwiGLU with
+its gate and up projections fused) and the residual adds of one layer over `tokens` tokens,
+with `layers` distinct copies of the weights run in turn so that none is read from L2),
+`decode_attention` (`tokens` requests of one query token each against `context` cached
+tokens, PyTorch's scaled_dot_product_attention) or `prefill_attention` (`tokens` prompts of
+`context` tokens each, causal); `time_s` is the median time of one layer (one copy): CUDA
+events around a graph replay on CUDA, wall time on CPU.
 """
 
 from __future__ import annotations
@@ -19,39 +23,56 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from calibrate.model import SHAPES
+from calibrate.model import SHAPES, ModelArgs
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DECODE = ((1, 1024), (8, 1024), (32, 1024), (64, 2048), (128, 1024), (256, 512))
 PREFILL = ((1, 512), (1, 2048), (1, 8192), (4, 2048))  # (prompts, tokens each), causal
 
 
-def token_ops_fn(d_model: int, ffn_dim: int, layers: int, device: str, dtype: torch.dtype):
-    """One layer's token ops over `layers` weight copies: a function of the input x (T, d)."""
-    weights = [(torch.randn(3 * d_model, d_model, device=device, dtype=dtype) * 0.02,
-                torch.randn(d_model, d_model, device=device, dtype=dtype) * 0.02,
-                torch.randn(ffn_dim, d_model, device=device, dtype=dtype) * 0.02,
-                torch.randn(d_model, ffn_dim, device=device, dtype=dtype) * 0.02)
-               for _ in range(layers)]
+def shard_shapes(shape: ModelArgs, tp: int) -> dict[str, tuple[int, int]]:
+    """One rank's weight matrices (out, in) at TP `tp`, as Megatron splits a layer: the QKV
+    and the MLP's up (gate and up fused, for SwiGLU) by columns, the output and down
+    projections by rows; KV heads are replicated where fewer than `tp`."""
+    d, hd = shape.d_model, shape.head_dim
+    q_width, kv_width = shape.n_heads // tp * hd, max(1, shape.kv_heads // tp) * hd
+    inner = shape.ffn_dim // tp
+    return {"qkv": (q_width + 2 * kv_width, d), "out": (d, q_width),
+            "up": (2 * inner if shape.gated_mlp else inner, d), "down": (d, inner)}
+
+
+def token_ops_fn(shape: ModelArgs, tp: int, layers: int, device: str,
+                 dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One rank's token ops of a layer over `layers` weight copies: a function of x (T, d)."""
+    d = shape.d_model
+    shapes = shard_shapes(shape, tp)
+    q_width = shapes["out"][1]
+    weights = [tuple(torch.randn(*shapes[name], device=device, dtype=dtype) * 0.02
+                     for name in ("qkv", "out", "up", "down")) for _ in range(layers)]
+
+    def mlp(h: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        if shape.gated_mlp:
+            gate, value = F.linear(h, up).chunk(2, dim=-1)
+            return F.linear(F.silu(gate) * value, down)
+        return F.linear(F.gelu(F.linear(h, up)), down)
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        for qkv, out, fc1, fc2 in weights:
-            h = F.layer_norm(x, (d_model,))
-            q = F.linear(h, qkv)[:, :d_model]  # attention itself is timed apart
+        for qkv, out, up, down in weights:
+            q = F.linear(F.layer_norm(x, (d,)), qkv)[:, :q_width]  # attention is timed apart
             x = x + F.linear(q, out)
-            h = F.layer_norm(x, (d_model,))
-            x = x + F.linear(F.gelu(F.linear(h, fc1)), fc2)
+            x = x + mlp(F.layer_norm(x, (d,)), up, down)
         return x
 
     return run
 
 
-def timed_s(fn, device: str, repeats: int) -> float:
+def timed_s(fn: Callable[[], object], device: str, repeats: int) -> float:
     """Median seconds of fn(), replayed as a CUDA graph on CUDA."""
     if device == "cuda":
         stream = torch.cuda.Stream()
@@ -81,9 +102,42 @@ def timed_s(fn, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+def attention_fn(shape: ModelArgs, tp: int, n: int, queries: int, context: int, device: str,
+                 dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    """One rank's attention of `n` requests, `queries` new tokens each (causal where more
+    than one), against `context` tokens; grouped-query where the model is."""
+    heads, kv_heads = shape.n_heads // tp, max(1, shape.kv_heads // tp)
+    q = torch.randn(n, heads, queries, shape.head_dim, device=device, dtype=dtype)
+    k = torch.randn(n, kv_heads, context, shape.head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=queries > 1,
+                                                  enable_gqa=kv_heads != heads)
+
+
+def rows_for(shape: ModelArgs, model: str, tp: int, args: argparse.Namespace,
+             dtype: torch.dtype) -> list[str]:
+    rows = []
+    run = token_ops_fn(shape, tp, args.layers, args.device, dtype)
+    for n in (t for t in TOKENS if t <= args.max_tokens):
+        x = torch.randn(n, shape.d_model, device=args.device, dtype=dtype)
+        seconds = timed_s(lambda x=x: run(x), args.device, args.repeats) / args.layers
+        rows.append(f"{model},{tp},token_ops,{n},0,{seconds:.6g}")
+        print(rows[-1], flush=True)
+    shapes = [("decode_attention", n, 1, c) for n, c in DECODE if n * c <= 64 * args.max_tokens]
+    shapes += [("prefill_attention", n, c, c) for n, c in PREFILL if c <= args.max_tokens]
+    for kind, n, queries, context in shapes:
+        fn = attention_fn(shape, tp, n, queries, context, args.device, dtype)
+        rows.append(f"{model},{tp},{kind},{n},{context},{timed_s(fn, args.device, args.repeats):.6g}")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m calibrate.layer_ops", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m calibrate.layer_ops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt3-13b", choices=list(SHAPES))
+    p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1],
+                   help="time one rank's shard at each degree (default 1)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--layers", type=int, default=8, help="weight copies run in turn")
     p.add_argument("--repeats", type=int, default=20)
@@ -91,35 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     shape = SHAPES[args.model]
+    for tp in args.tensor_parallel:
+        if tp < 1 or shape.n_heads % tp or shape.ffn_dim % tp:
+            p.error(f"--tensor-parallel {tp}: expected a divisor of {args.model}'s "
+                    f"{shape.n_heads} heads and {shape.ffn_dim} MLP width")
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    d, heads = shape.d_model, shape.n_heads
-    run = token_ops_fn(d, shape.ffn_dim, args.layers, args.device, dtype)
-    rows = ["kind,tokens,context,time_s"]
+    rows = ["model,tensor_parallel,kind,tokens,context,time_s"]
     with torch.inference_mode():
-        for n in (t for t in TOKENS if t <= args.max_tokens):
-            x = torch.randn(n, d, device=args.device, dtype=dtype)
-            seconds = timed_s(lambda x=x: run(x), args.device, args.repeats) / args.layers
-            rows.append(f"token_ops,{n},0,{seconds:.6g}")
-            print(rows[-1], flush=True)
-        for batch, context in DECODE:
-            if batch * context > 64 * args.max_tokens:
-                continue
-            q = torch.randn(batch, heads, 1, d // heads, device=args.device, dtype=dtype)
-            k = torch.randn(batch, heads, context, d // heads, device=args.device, dtype=dtype)
-            v = torch.randn_like(k)
-            seconds = timed_s(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v),
-                              args.device, args.repeats)
-            rows.append(f"decode_attention,{batch},{context},{seconds:.6g}")
-            print(rows[-1], flush=True)
-        for prompts, length in PREFILL:
-            if length > args.max_tokens:
-                continue
-            q, k, v = (torch.randn(prompts, heads, length, d // heads, device=args.device,
-                                   dtype=dtype) for _ in range(3))
-            seconds = timed_s(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=True), args.device, args.repeats)
-            rows.append(f"prefill_attention,{prompts},{length},{seconds:.6g}")
-            print(rows[-1], flush=True)
+        for tp in args.tensor_parallel:
+            rows += rows_for(shape, args.model, tp, args, dtype)
     args.out.write_text("\n".join(rows) + "\n")
     print(f"wrote {args.out}")
 

@@ -60,6 +60,11 @@ SHAPES: dict[str, ModelArgs] = {
     "llama2-7b": ModelArgs(
         n_layers=32, d_model=4096, n_heads=32, ffn_dim=11008, vocab_size=32000, gated_mlp=True
     ),
+    # Llama 2 70B (Touvron et al. 2023, table 1; GQA with 8 KV heads), splitwise's model.
+    "llama2-70b": ModelArgs(
+        n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=32000,
+        gated_mlp=True,
+    ),
     "llama3-8b": ModelArgs(
         n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256,
         gated_mlp=True, rope_base=500000.0,

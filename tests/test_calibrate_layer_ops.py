@@ -9,18 +9,40 @@ import pytest
 
 pytest.importorskip("torch")
 
-from calibrate.layer_ops import main  # noqa: E402
+from calibrate.layer_ops import main, shard_shapes  # noqa: E402
+from calibrate.model import SHAPES  # noqa: E402
 
 
 def test_layer_ops_times_every_shape_up_to_the_limit(tmp_path: Path) -> None:
     out = tmp_path / "ops.csv"
     main(["--model", "tiny", "--device", "cpu", "--max-tokens", "128", "--layers", "2",
-          "--repeats", "2", "--out", str(out)])
+          "--repeats", "2", "--tensor-parallel", "1", "2", "--out", str(out)])
     table = pd.read_csv(out)
-    ops = table[table["kind"] == "token_ops"]
-    assert list(ops["tokens"]) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert (ops["context"] == 0).all()
-    attention = table[table["kind"] == "decode_attention"]
-    # Only the decode shapes of at most 64 x max-tokens = 8,192 KV tokens.
-    assert list(zip(attention["tokens"], attention["context"], strict=True)) == [(1, 1024), (8, 1024)]
+    assert list(table.columns) == ["model", "tensor_parallel", "kind", "tokens", "context", "time_s"]
+    for _, rows in table.groupby("tensor_parallel"):
+        ops = rows[rows["kind"] == "token_ops"]
+        assert list(ops["tokens"]) == [1, 2, 4, 8, 16, 32, 64, 128] and (ops["context"] == 0).all()
+        decode = rows[rows["kind"] == "decode_attention"]
+        # Only the decode shapes of at most 64 x max-tokens = 8,192 KV tokens.
+        assert list(zip(decode["tokens"], decode["context"], strict=True)) == [(1, 1024), (8, 1024)]
+        prefill = rows[rows["kind"] == "prefill_attention"]
+        assert prefill.empty  # every prompt shape is longer than max-tokens
+    assert (table["model"] == "tiny").all() and sorted(table["tensor_parallel"].unique()) == [1, 2]
     assert (table["time_s"] > 0).all()
+
+
+def test_a_shard_holds_its_share_of_the_weights() -> None:
+    """One rank's shard at TP 8 of Llama-2-70B (grouped-query, SwiGLU): an eighth of the
+    query heads, one of its 8 KV heads and an eighth of the MLP's width; at TP 16 the KV
+    head is replicated, not split."""
+    shape = SHAPES["llama2-70b"]
+    assert shard_shapes(shape, 8) == {"qkv": ((8 + 2) * 128, 8192), "out": (8192, 8 * 128),
+                                      "up": (2 * 3584, 8192), "down": (8192, 3584)}
+    assert shard_shapes(shape, 16)["qkv"] == ((4 + 2) * 128, 8192)
+    assert shard_shapes(SHAPES["gpt3-13b"], 1)["up"] == (20480, 5120)  # GELU: no gate
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "tiny", "--device", "cpu", "--tensor-parallel", "3", "--out", "x.csv"])
+    assert e.value.code == 2 and "--tensor-parallel 3: expected a divisor" in capsys.readouterr().err
