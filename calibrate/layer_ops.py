@@ -15,7 +15,9 @@ with `layers` distinct copies of the weights run in turn so that none is read fr
 `decode_attention` (`tokens` requests of one query token each against `context` cached
 tokens, PyTorch's scaled_dot_product_attention) or `prefill_attention` (`tokens` prompts of
 `context` tokens each, causal); `time_s` is the median time of one layer (one copy): CUDA
-events around a graph replay on CUDA, wall time on CPU.
+events around a graph replay on CUDA (`mode` graph), or with `--eager` (`mode` eager) the
+wall time of launching the same kernels from Python and synchronising, as an engine without
+CUDA graphs runs them; wall time on CPU.
 """
 
 from __future__ import annotations
@@ -72,8 +74,20 @@ def token_ops_fn(shape: ModelArgs, tp: int, layers: int, device: str,
     return run
 
 
-def timed_s(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Median seconds of fn(), replayed as a CUDA graph on CUDA."""
+def timed_s(fn: Callable[[], object], device: str, repeats: int, eager: bool = False) -> float:
+    """Median seconds of fn(), replayed as a CUDA graph on CUDA (unless `eager`: launched
+    kernel by kernel from Python, as an engine without graphs runs)."""
+    if device == "cuda" and eager:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
     if device == "cuda":
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -117,17 +131,19 @@ def attention_fn(shape: ModelArgs, tp: int, n: int, queries: int, context: int, 
 def rows_for(shape: ModelArgs, model: str, tp: int, args: argparse.Namespace,
              dtype: torch.dtype) -> list[str]:
     rows = []
+    mode = "eager" if args.eager else "graph"
     run = token_ops_fn(shape, tp, args.layers, args.device, dtype)
     for n in (t for t in TOKENS if t <= args.max_tokens):
         x = torch.randn(n, shape.d_model, device=args.device, dtype=dtype)
-        seconds = timed_s(lambda x=x: run(x), args.device, args.repeats) / args.layers
-        rows.append(f"{model},{tp},token_ops,{n},0,{seconds:.6g}")
+        seconds = timed_s(lambda x=x: run(x), args.device, args.repeats, args.eager) / args.layers
+        rows.append(f"{model},{tp},{mode},token_ops,{n},0,{seconds:.6g}")
         print(rows[-1], flush=True)
     shapes = [("decode_attention", n, 1, c) for n, c in DECODE if n * c <= 64 * args.max_tokens]
     shapes += [("prefill_attention", n, c, c) for n, c in PREFILL if c <= args.max_tokens]
     for kind, n, queries, context in shapes:
         fn = attention_fn(shape, tp, n, queries, context, args.device, dtype)
-        rows.append(f"{model},{tp},{kind},{n},{context},{timed_s(fn, args.device, args.repeats):.6g}")
+        seconds = timed_s(fn, args.device, args.repeats, args.eager)
+        rows.append(f"{model},{tp},{mode},{kind},{n},{context},{seconds:.6g}")
         print(rows[-1], flush=True)
     return rows
 
@@ -141,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--layers", type=int, default=8, help="weight copies run in turn")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--eager", action="store_true",
+                   help="launch kernel by kernel from Python instead of replaying a CUDA graph")
     p.add_argument("--max-tokens", type=int, default=max(TOKENS))
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -150,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--tensor-parallel {tp}: expected a divisor of {args.model}'s "
                     f"{shape.n_heads} heads and {shape.ffn_dim} MLP width")
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    rows = ["model,tensor_parallel,kind,tokens,context,time_s"]
+    rows = ["model,tensor_parallel,mode,kind,tokens,context,time_s"]
     with torch.inference_mode():
         for tp in args.tensor_parallel:
             rows += rows_for(shape, args.model, tp, args, dtype)

@@ -18,7 +18,9 @@ def test_layer_ops_times_every_shape_up_to_the_limit(tmp_path: Path) -> None:
     main(["--model", "tiny", "--device", "cpu", "--max-tokens", "128", "--layers", "2",
           "--repeats", "2", "--tensor-parallel", "1", "2", "--out", str(out)])
     table = pd.read_csv(out)
-    assert list(table.columns) == ["model", "tensor_parallel", "kind", "tokens", "context", "time_s"]
+    assert list(table.columns) == ["model", "tensor_parallel", "mode", "kind", "tokens", "context",
+                                   "time_s"]
+    assert (table["mode"] == "graph").all()
     for _, rows in table.groupby("tensor_parallel"):
         ops = rows[rows["kind"] == "token_ops"]
         assert list(ops["tokens"]) == [1, 2, 4, 8, 16, 32, 64, 128] and (ops["context"] == 0).all()
@@ -46,3 +48,11 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused(capsys: pytest.Captu
     with pytest.raises(SystemExit) as e:
         main(["--model", "tiny", "--device", "cpu", "--tensor-parallel", "3", "--out", "x.csv"])
     assert e.value.code == 2 and "--tensor-parallel 3: expected a divisor" in capsys.readouterr().err
+
+
+def test_eager_rows_say_so(tmp_path: Path) -> None:
+    out = tmp_path / "eager.csv"
+    main(["--model", "tiny", "--device", "cpu", "--max-tokens", "2", "--layers", "1",
+          "--repeats", "1", "--eager", "--out", str(out)])
+    table = pd.read_csv(out)
+    assert (table["mode"] == "eager").all() and list(table["tokens"]) == [1, 2]

@@ -246,3 +246,6 @@ def test_the_reports_h200_kernels_beside_the_roofline() -> None:
     assert len(prefill) == 5 * 4 and ((prefill["ratio"] > 0.3) & (prefill["ratio"] < 1)).all()
     text = "\n".join(h200_layer_ops_lines())
     assert "| token ops | 8 | 0.96 | 1.10 | 1.14 |" in text
+    # Eager launches pace a TP-8 shard of a decode step, not a whole TP-1 layer.
+    assert "| llama2-70b | 8 | 1 | 92 | 129 | 1.39 |" in text
+    assert "| gpt3-13b | 1 | 1 | 183 | 196 | 1.07 |" in text

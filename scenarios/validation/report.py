@@ -444,7 +444,8 @@ def h200_layer_ops_table() -> pd.DataFrame:
     """The kernels timed on the H200 (`calibrate/layer_ops.py`: CUDA graphs, fused
     attention; one rank's shard at TP > 1) beside the roofline's price of the same work in
     one layer on one rank."""
-    measured = pd.read_csv(H200_LAYER_OPS)
+    everything = pd.read_csv(H200_LAYER_OPS)
+    measured = everything[everything["mode"] == "graph"].drop(columns="mode")
     costs = {key: h200_roofline(*key) for key in
              measured[["model", "tensor_parallel"]].drop_duplicates().itertuples(index=False)}
 
@@ -489,7 +490,37 @@ def h200_layer_ops_lines() -> list[str]:
             "PyTorch's fused causal kernel too fast, but beside the same prompt's token "
             "operators that is 1-2% of the layer. Three calls, each on a freshly started "
             "machine, timed GPT-3 13B's shapes within 10% of each other, shape by shape "
-            "(median 1%).", "", *h200_tensor_parallel_lines(everything)]
+            "(median 1%).", "", *h200_tensor_parallel_lines(everything), *h200_eager_lines()]
+
+
+def h200_eager_lines() -> list[str]:
+    """The same token operators launched kernel by kernel from Python (`--eager`) against
+    the graph replays: where the host's launches, not the GPU, pace a layer."""
+    both = pd.read_csv(H200_LAYER_OPS)
+    ops = both[both["kind"] == "token_ops"].pivot_table(
+        index=["model", "tensor_parallel", "tokens"], columns="mode", values="time_s").dropna()
+    rows = [f"| {model} | {tp} | {n:,} | {graph * 1e6:.0f} | {eager * 1e6:.0f} | "
+            f"{eager / graph:.2f} |"
+            for (model, tp, n), (eager, graph) in ops[["eager", "graph"]].iterrows()
+            if n in (1, 64, 1024, 8192)]
+    ratio = ops["eager"] / ops["graph"]
+    tp1 = ratio[ratio.index.get_level_values("tensor_parallel") == 1]
+    small = ops.xs(("llama2-70b", 8), level=("model", "tensor_parallel"))
+    small = small[small.index <= 64]
+    return ["Launched kernel by kernel from Python instead (`--eager`, as an engine without "
+            "CUDA graphs runs them), the same token operators, µs a layer:", "",
+            "| model | TP | tokens | graph | eager | eager / graph |", "|---|---|---|---|---|---|",
+            *rows, "",
+            "Where a layer keeps the GPU busy longer than the host takes to launch its "
+            f"kernels (GPT-3 13B and Llama-2-70B at TP 1), eager costs {tp1.min() - 1:.0%} to "
+            f"{tp1.max() - 1:.0%} more over 1 to 8,192 tokens; a TP-8 shard "
+            f"of a decode step, {small['graph'].min() * 1e6:.0f}-{small['graph'].max() * 1e6:.0f} "
+            f"µs of GPU work, took {small['eager'].min() * 1e6:.0f}-{small['eager'].max() * 1e6:.0f} "
+            "µs eager: the host's launches pace it, the `launch_per_layer_s` floor of the "
+            "overhead block (time = max(GPU time, layers x launch_per_layer_s)), here about "
+            "0.13-0.18 ms for these ten kernels on this machine's host, beside the 0.52 ms a "
+            "layer fitted to splitwise's eager A100 engine (more kernels a layer: attention, "
+            "the all-reduces, sampling).", ""]
 
 
 def h200_tensor_parallel_lines(everything: pd.DataFrame) -> list[str]:
