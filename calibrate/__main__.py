@@ -1,4 +1,5 @@
-"""`python -m calibrate profile | fit | replay | logs`: measure, fit, and check the cost model."""
+"""`python -m calibrate profile | fit | replay | kernels | logs`: measure, fit, and check the
+cost model."""
 
 from __future__ import annotations
 
@@ -127,6 +128,22 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario field, as `orcasim run --set`")
     rep.set_defaults(func=cmd_replay)
+    kern = sub.add_parser("kernels", help="time one layer's kernels as an engine runs them "
+                                          "(CUDA graphs or --eager); write a CSV")
+    kern.add_argument("--model", default="gpt3-13b")
+    kern.add_argument("--tensor-parallel", type=_at_least_one, nargs="+", default=[1],
+                      help="time one rank's shard at each degree (default 1)")
+    kern.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    kern.add_argument("--layers", type=_at_least_one, default=8,
+                      help="weight copies run in turn, so that none is read from L2")
+    kern.add_argument("--repeats", type=_at_least_one, default=20)
+    kern.add_argument("--max-tokens", type=_at_least_one, default=8192,
+                      help="largest token count (and prompt) timed")
+    kern.add_argument("--eager", action="store_true",
+                      help="launch kernel by kernel from Python instead of replaying a CUDA graph")
+    kern.add_argument("--out", type=Path, required=True)
+    kern.add_argument("--force", action="store_true", help="overwrite --out")
+    kern.set_defaults(func=cmd_kernels)
     logs = sub.add_parser("logs", help="fit a scenario's cost to real serving logs, simulating "
                                        "in the loop; report the error on logs left out")
     logs.add_argument("logs", type=Path, nargs="+", help="per-request logs of real runs")
@@ -208,6 +225,23 @@ def cmd_fit(args: argparse.Namespace) -> None:
     write_cost_model(args.out, doc, args.profile, header, args.target)
     print(yaml.safe_dump({"quality": doc["quality"]}, sort_keys=False), end="")
     print(f"wrote {args.out}")
+
+
+def cmd_kernels(args: argparse.Namespace) -> None:
+    from calibrate.layer_ops import check_degree, measure
+    from calibrate.model import model_args
+    from orcasim.results import write_file_atomically
+
+    model_args(args.model)  # a known shape, else one line naming them
+    for tp in args.tensor_parallel:
+        check_degree(args.model, tp)
+    _writable(args.out, args.force, "kernel timings CSV")
+    if args.device == "cuda":
+        _setup_torch(args)
+    rows = measure(args.model, args.tensor_parallel, args.device, args.layers, args.repeats,
+                   args.max_tokens, args.eager)
+    write_file_atomically(args.out, lambda tmp: tmp.write_text("\n".join(rows) + "\n"))
+    print(f"wrote {len(rows) - 1} rows to {args.out}")
 
 
 def cmd_replay(args: argparse.Namespace) -> None:

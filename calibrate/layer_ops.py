@@ -2,9 +2,9 @@
 way a serving engine runs them (CUDA graphs, fused attention), against which the roofline's
 efficiencies can be read.
 
-    python -m calibrate.layer_ops --model gpt3-13b --out layer_ops.csv          # on CUDA
-    python -m calibrate.layer_ops --model llama2-70b --tensor-parallel 2 4 8 --out tp.csv
-    python -m calibrate.layer_ops --model tiny --device cpu --out /tmp/ops.csv  # the same steps
+    python -m calibrate kernels --model gpt3-13b --out layer_ops.csv            # on CUDA
+    python -m calibrate kernels --model llama2-70b --tensor-parallel 2 4 8 --out tp.csv
+    python -m calibrate kernels --model tiny --device cpu --out /tmp/ops.csv    # the same steps
 
 With `--tensor-parallel N` each shape is one rank's shard of the layer (a 1/N share of the
 heads and of the MLP's inner width, as Megatron splits them; the all-reduces are not run).
@@ -22,20 +22,20 @@ CUDA graphs runs them; wall time on CPU.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from calibrate.model import SHAPES, ModelArgs
+from orcasim.config import ScenarioError
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DECODE = ((1, 1024), (8, 1024), (32, 1024), (64, 2048), (128, 1024), (256, 512))
 PREFILL = ((1, 512), (1, 2048), (1, 8192), (4, 2048))  # (prompts, tokens each), causal
+HEADER = "model,tensor_parallel,mode,kind,tokens,context,time_s"
 
 
 def shard_shapes(shape: ModelArgs, tp: int) -> dict[str, tuple[int, int]]:
@@ -128,53 +128,41 @@ def attention_fn(shape: ModelArgs, tp: int, n: int, queries: int, context: int, 
                                                   enable_gqa=kv_heads != heads)
 
 
-def rows_for(shape: ModelArgs, model: str, tp: int, args: argparse.Namespace,
-             dtype: torch.dtype) -> list[str]:
-    rows = []
-    mode = "eager" if args.eager else "graph"
-    run = token_ops_fn(shape, tp, args.layers, args.device, dtype)
-    for n in (t for t in TOKENS if t <= args.max_tokens):
-        x = torch.randn(n, shape.d_model, device=args.device, dtype=dtype)
-        seconds = timed_s(lambda x=x: run(x), args.device, args.repeats, args.eager) / args.layers
-        rows.append(f"{model},{tp},{mode},token_ops,{n},0,{seconds:.6g}")
-        print(rows[-1], flush=True)
-    shapes = [("decode_attention", n, 1, c) for n, c in DECODE if n * c <= 64 * args.max_tokens]
-    shapes += [("prefill_attention", n, c, c) for n, c in PREFILL if c <= args.max_tokens]
-    for kind, n, queries, context in shapes:
-        fn = attention_fn(shape, tp, n, queries, context, args.device, dtype)
-        seconds = timed_s(fn, args.device, args.repeats, args.eager)
-        rows.append(f"{model},{tp},{mode},{kind},{n},{context},{seconds:.6g}")
-        print(rows[-1], flush=True)
+def measure(model: str, tensor_parallel: list[int], device: str, layers: int, repeats: int,
+            max_tokens: int, eager: bool) -> list[str]:
+    """The CSV's lines (header first) for `model` at each TP degree."""
+    shape = SHAPES[model]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    rows = [HEADER]
+    with torch.inference_mode():
+        for tp in tensor_parallel:
+            rows += _rows_for(shape, model, tp, device, layers, repeats, max_tokens, eager, dtype)
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m calibrate.layer_ops", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="gpt3-13b", choices=list(SHAPES))
-    p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1],
-                   help="time one rank's shard at each degree (default 1)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--layers", type=int, default=8, help="weight copies run in turn")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--eager", action="store_true",
-                   help="launch kernel by kernel from Python instead of replaying a CUDA graph")
-    p.add_argument("--max-tokens", type=int, default=max(TOKENS))
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    shape = SHAPES[args.model]
-    for tp in args.tensor_parallel:
-        if tp < 1 or shape.n_heads % tp or shape.ffn_dim % tp:
-            p.error(f"--tensor-parallel {tp}: expected a divisor of {args.model}'s "
-                    f"{shape.n_heads} heads and {shape.ffn_dim} MLP width")
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    rows = ["model,tensor_parallel,mode,kind,tokens,context,time_s"]
-    with torch.inference_mode():
-        for tp in args.tensor_parallel:
-            rows += rows_for(shape, args.model, tp, args, dtype)
-    args.out.write_text("\n".join(rows) + "\n")
-    print(f"wrote {args.out}")
+def check_degree(model: str, tp: int) -> None:
+    """A degree must split the heads and the MLP's width evenly, as Megatron's layers do."""
+    shape = SHAPES[model]
+    if shape.n_heads % tp or shape.ffn_dim % tp:
+        raise ScenarioError(f"--tensor-parallel {tp}: expected a divisor of {model}'s "
+                            f"{shape.n_heads} heads and {shape.ffn_dim} MLP width")
 
 
-if __name__ == "__main__":
-    main()
+def _rows_for(shape: ModelArgs, model: str, tp: int, device: str, layers: int, repeats: int,
+              max_tokens: int, eager: bool, dtype: torch.dtype) -> list[str]:
+    rows = []
+    mode = "eager" if eager else "graph"
+    run = token_ops_fn(shape, tp, layers, device, dtype)
+    for n in (t for t in TOKENS if t <= max_tokens):
+        x = torch.randn(n, shape.d_model, device=device, dtype=dtype)
+        seconds = timed_s(lambda x=x: run(x), device, repeats, eager) / layers
+        rows.append(f"{model},{tp},{mode},token_ops,{n},0,{seconds:.6g}")
+        print(rows[-1], flush=True)
+    shapes = [("decode_attention", n, 1, c) for n, c in DECODE if n * c <= 64 * max_tokens]
+    shapes += [("prefill_attention", n, c, c) for n, c in PREFILL if c <= max_tokens]
+    for kind, n, queries, context in shapes:
+        fn = attention_fn(shape, tp, n, queries, context, device, dtype)
+        seconds = timed_s(fn, device, repeats, eager)
+        rows.append(f"{model},{tp},{mode},{kind},{n},{context},{seconds:.6g}")
+        print(rows[-1], flush=True)
+    return rows

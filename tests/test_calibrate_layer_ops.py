@@ -1,4 +1,5 @@
-"""calibrate/layer_ops.py on the CPU: the steps the H200's kernel timings came from."""
+"""`python -m calibrate kernels` (calibrate/layer_ops.py) on the CPU: the steps the H200's
+kernel timings came from."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import pytest
 
 pytest.importorskip("torch")
 
-from calibrate.layer_ops import main, shard_shapes  # noqa: E402
+from calibrate.__main__ import main  # noqa: E402
+from calibrate.layer_ops import shard_shapes  # noqa: E402
 from calibrate.model import SHAPES  # noqa: E402
 
 
 def test_layer_ops_times_every_shape_up_to_the_limit(tmp_path: Path) -> None:
     out = tmp_path / "ops.csv"
-    main(["--model", "tiny", "--device", "cpu", "--max-tokens", "128", "--layers", "2",
-          "--repeats", "2", "--tensor-parallel", "1", "2", "--out", str(out)])
+    assert main(["kernels", "--model", "tiny", "--device", "cpu", "--max-tokens", "128", "--layers", "2",
+          "--repeats", "2", "--tensor-parallel", "1", "2", "--out", str(out)]) == 0
     table = pd.read_csv(out)
     assert list(table.columns) == ["model", "tensor_parallel", "mode", "kind", "tokens", "context",
                                    "time_s"]
@@ -44,15 +46,37 @@ def test_a_shard_holds_its_share_of_the_weights() -> None:
     assert shard_shapes(SHAPES["gpt3-13b"], 1)["up"] == (20480, 5120)  # GELU: no gate
 
 
-def test_a_degree_that_does_not_divide_the_heads_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["--model", "tiny", "--device", "cpu", "--tensor-parallel", "3", "--out", "x.csv"])
-    assert e.value.code == 2 and "--tensor-parallel 3: expected a divisor" in capsys.readouterr().err
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tensor-parallel", "3"], "--tensor-parallel 3: expected a divisor of tiny's 4 heads"),
+    (["--tensor-parallel", "0"], "argument --tensor-parallel: '0': expected an integer >= 1"),
+    (["--model", "gpt5"], "--model = 'gpt5': expected one of"),
+    (["--layers", "0"], "argument --layers: '0': expected an integer >= 1"),
+])
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               args: list[str], message: str) -> None:
+    try:
+        code = main(["kernels", "--model", "tiny", "--device", "cpu", *args,
+                     "--out", str(tmp_path / "x.csv")])
+    except SystemExit as e:  # argparse's own refusals
+        code = int(e.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_an_existing_out_is_kept_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.csv"
+    out.write_text("mine\n")
+    base = ["kernels", "--model", "tiny", "--device", "cpu", "--max-tokens", "1", "--layers", "1",
+            "--repeats", "1", "--out", str(out)]
+    assert main(base) == 2 and "pass --force" in capsys.readouterr().err
+    assert out.read_text() == "mine\n"
+    assert main([*base, "--force"]) == 0 and out.read_text().startswith("model,")
 
 
 def test_eager_rows_say_so(tmp_path: Path) -> None:
     out = tmp_path / "eager.csv"
-    main(["--model", "tiny", "--device", "cpu", "--max-tokens", "2", "--layers", "1",
-          "--repeats", "1", "--eager", "--out", str(out)])
+    assert main(["kernels", "--model", "tiny", "--device", "cpu", "--max-tokens", "2", "--layers", "1",
+          "--repeats", "1", "--eager", "--out", str(out)]) == 0
     table = pd.read_csv(out)
     assert (table["mode"] == "eager").all() and list(table["tokens"]) == [1, 2]

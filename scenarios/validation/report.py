@@ -474,7 +474,7 @@ def h200_layer_ops_lines() -> list[str]:
     attention = table[(table["kind"] == "decode_attention") & (table["tokens"] >= 8)]["ratio"]
     prefill = table[table["kind"] == "prefill_attention"]["ratio"]
     return ["The kernels alone, timed the way a serving engine runs them "
-            "(`python -m calibrate.layer_ops --model gpt3-13b --out FILE` and `--model "
+            "(`python -m calibrate kernels --model gpt3-13b --out FILE` and `--model "
             "llama2-70b --tensor-parallel 1 2 4 8`, on a lent H200, driver 580.159.04, torch "
             "2.11.0+cu130, 2026-12-04: bf16, CUDA graph replays, eight copies of the weights in "
             "turn, PyTorch's scaled_dot_product_attention; `h200_layer_ops.csv`), against the "
