@@ -7,7 +7,8 @@
 # Steps: the selective-batching correctness test on the device; a profile (times scaled
 # from the profiled layers to the full depth); two fits (scaled: the cost model to commit;
 # measured: the model of what actually ran); a replay of real serving against the
-# simulation. Everything lands in $OUT (the device tool's output folder) or results/gpu_check.
+# simulation; one layer's kernels timed as a serving engine runs them (CUDA graphs), and
+# eager. Everything lands in $OUT (the device tool's output folder) or results/gpu_check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,10 +18,10 @@ DEST="${OUT:-results/gpu_check}/$DEVICE"
 PY="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}"
 if [[ "$DEVICE" == "cuda" ]]; then
   MODEL=gpt3-13b LAYERS=4 GRID=default MAX_TOKENS=2048 SCENARIO=scenarios/calibrated/gpu_gpt3_13b.yaml
-  REQUESTS=300
+  REQUESTS=300 KERNEL_ARGS=""
 else
   MODEL=tiny LAYERS=2 GRID=ci MAX_TOKENS=384 SCENARIO=scenarios/calibrated/cpu_tiny.yaml
-  REQUESTS=12
+  REQUESTS=12 KERNEL_ARGS="--max-tokens 64 --layers 1 --repeats 2"
 fi
 # On the GPU the whole selective-batching test; on the CPU, where the test suite runs that
 # file already, one of its tests proves the step.
@@ -45,4 +46,7 @@ step "replay $SCENARIO"
 "$PY" -m calibrate replay "$SCENARIO" --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" \
   --cost "$DEST/cost_model_measured.yaml" --load 0.55 --set "workload.num_requests=$REQUESTS" \
   --out "$DEST/replay" --force
+step "kernels of $MODEL's layer on $DEVICE (CUDA graphs, then eager)"
+"$PY" -m calibrate kernels --model "$MODEL" --device "$DEVICE" $KERNEL_ARGS --out "$DEST/kernels.csv" --force
+"$PY" -m calibrate kernels --model "$MODEL" --device "$DEVICE" $KERNEL_ARGS --eager --out "$DEST/kernels_eager.csv" --force
 step "done: $DEST"

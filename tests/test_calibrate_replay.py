@@ -150,6 +150,7 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     dest = tmp_path / "cpu"
-    for name in ("profile.csv", "cost_model.yaml", "cost_model_measured.yaml", "replay/fidelity.json"):
+    for name in ("profile.csv", "cost_model.yaml", "cost_model_measured.yaml", "replay/fidelity.json",
+                 "kernels.csv", "kernels_eager.csv"):
         assert (dest / name).stat().st_size > 0, name
     assert json.loads((dest / "replay" / "fidelity.json").read_text())["requests"] == 12
