@@ -655,6 +655,23 @@ def test_weights_per_gpu_by_hand() -> None:
         (oss.param_count() - experts) * 2 + experts * (17 / 32) / 2, rel=1e-15)
 
 
+def test_k_and_v_projections_past_tp_equal_kv_heads_are_replicated() -> None:
+    """Llama-3-8B (8 KV heads) at TP 16: vLLM's QKVParallelLinear gives every rank a replica
+    of one KV head (num_kv_head_replicas = 16 / 8), so a rank holds that head's K and V
+    projections, as a 16-KV-head Llama-3-8B's rank would; an even share of the weights held
+    half a head's (32 layers x 2 x 128 x 4,096 x 2 bytes x 1/2 = 33.6 MB a GPU light)."""
+    from orcasim.cost.catalog import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
+
+    gqa = model_from_argument("llama3-8b")
+    wider = gqa.model_copy(update={"num_kv_heads": 16})
+    hw = HardwareConfig(gpu="a100-40gb", tensor_parallel=16)
+    assert wider.weight_bytes() - gqa.weight_bytes() == 32 * 2 * 8 * 128 * 4096 * 2
+    assert weight_bytes_per_gpu(gqa, hw) == weight_bytes_per_gpu(wider, hw)
+    assert kv_bytes_per_token_per_gpu(gqa, hw) == kv_bytes_per_token_per_gpu(wider, hw) == 2 * 32 * 128 * 2
+    at_tp8 = HardwareConfig(gpu="a100-40gb", tensor_parallel=8)  # one head a rank: no replica
+    assert weight_bytes_per_gpu(gqa, at_tp8) == pytest.approx(gqa.weight_bytes() / 8, rel=1e-12)
+
+
 def test_weights_that_leave_no_room_for_one_tokens_kv_are_an_error() -> None:
     """A made-up GPU of exactly the weights plus one token's KV holds one token; a byte
     less holds none, which is an error naming the figures in GiB."""

@@ -205,10 +205,27 @@ class ModelSpec(Strict):
             kv = (d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
                   + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim))
             return q + kv + heads * m.v_head_dim * d
-        hd = self.head_dim
-        qkv_out = (heads + 2 * self.kv_heads) * hd
-        qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
-        return d * qkv_out + heads * hd * d + (qkv_out if qkv_bias else 0) + (d if self.bias else 0)
+        q_out = heads * self.head_dim
+        q = d * q_out + (q_out if self._has_qkv_bias else 0)
+        return q + self.kv_projection_params() + q_out * d + (d if self.bias else 0)
+
+    @property
+    def _has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    def kv_projection_params(self) -> int:
+        """Weights of one layer's K and V projections, biases too (0 under MLA, whose K and
+        V come from the latent)."""
+        if self.mla is not None:
+            return 0
+        width = 2 * self.kv_heads * self.head_dim
+        return self.hidden_size * width + (width if self._has_qkv_bias else 0)
+
+    def kv_heads_per_rank(self, tp: int) -> float:
+        """KV heads one of `tp` tensor-parallel ranks holds, with their K and V projections
+        and cache: its share, or past TP = KV heads a replica of one (vLLM's
+        QKVParallelLinear: num_kv_head_replicas = tp / num_kv_heads; Megatron's likewise)."""
+        return max(self.kv_heads / tp, 1.0)
 
     def routed_expert_params(self) -> int:
         """Weights of every routed expert of every MoE layer (what expert parallelism splits)."""
@@ -503,11 +520,8 @@ def stage_layers(model: ModelSpec, pipeline_parallel: int) -> list[int]:
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
-    """KV bytes one GPU holds per token: its stage's layers, its share of the KV heads.
-
-    With fewer KV heads than tensor-parallel ranks (GQA) each rank keeps a replica of one
-    head, as Megatron and vLLM do.
-    """
+    """KV bytes one GPU holds per token: its stage's layers, its KV heads
+    (`ModelSpec.kv_heads_per_rank`: a replica of one past TP = KV heads)."""
     return kv_bytes_per_token_of_layers(model, hw, layers_per_stage(model, hw.pipeline_parallel))
 
 
@@ -515,24 +529,25 @@ def kv_bytes_per_token_of_layers(model: ModelSpec, hw: HardwareConfig, layers: i
     """KV bytes one GPU holding `layers` layers keeps per token (`kv_bytes_per_token_per_gpu`)."""
     if model.mla is not None:  # the latent is not split by heads: every rank keeps it whole
         return float(layers * model.kv_values_per_token_per_layer() * model.kv_element_bytes)
-    heads_per_gpu = max(model.kv_heads / hw.tensor_parallel, 1.0)
+    heads_per_gpu = model.kv_heads_per_rank(hw.tensor_parallel)
     return 2.0 * layers * heads_per_gpu * model.head_dim * model.kv_element_bytes
 
 
 def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
-    """Weights one GPU of the heaviest stage holds: everything but the routed experts split
-    by tensor parallelism (replicated over data-parallel attention groups), and the routed
-    experts split by expert parallelism (or by tensor parallelism without it).
+    """Weights one GPU of the heaviest stage holds (`stage_weight_bytes`): everything but the
+    routed experts split by tensor parallelism as vLLM splits it (replicated over
+    data-parallel attention groups), and the routed experts split by expert parallelism (or
+    by tensor parallelism without it)."""
+    return max(stage_weight_bytes(model, hw))
 
-    On one stage, without data-parallel attention, that is the weights / GPUs (expert
-    parallelism then spans the tensor-parallel ranks, `HardwareConfig`); over several, each
-    stage's own (`stage_weight_bytes`).
-    """
-    if hw.pipeline_parallel > 1:
-        return max(stage_weight_bytes(model, hw))
-    expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
-    return (model.non_expert_weight_bytes() / hw.tensor_parallel
-            + model.routed_expert_params() * model.expert_element_bytes / expert_ranks)
+
+def layer_params_per_rank(model: ModelSpec, layer: int, tp: int) -> float:
+    """Weights of layer `layer` but its routed experts that one of `tp` tensor-parallel
+    ranks holds: an even share, but for the K and V projections of its KV heads, a replica
+    of one head's past TP = KV heads (`ModelSpec.kv_heads_per_rank`), as its KV cache."""
+    own = model.layer_params(layer) - model.layer_routed_expert_params(layer)
+    kv = model.kv_projection_params()
+    return (own - kv) / tp + kv * model.kv_heads_per_rank(tp) / model.kv_heads
 
 
 def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
@@ -551,10 +566,9 @@ def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
     for k, count in enumerate(stage_layers(model, hw.pipeline_parallel)):
         layers = range(start, start + count)
         start += count
-        expert = [model.layer_routed_expert_params(i) for i in layers]
-        own = sum(model.layer_params(i) - e for i, e in zip(layers, expert, strict=True))
-        weights = (own * model.weight_element_bytes / hw.tensor_parallel
-                   + sum(expert) * model.expert_element_bytes / expert_ranks)
+        own = sum(layer_params_per_rank(model, i, hw.tensor_parallel) for i in layers)
+        expert = sum(model.layer_routed_expert_params(i) for i in layers)
+        weights = own * model.weight_element_bytes + expert * model.expert_element_bytes / expert_ranks
         out.append(weights + (first if k == 0 else 0.0) + (last if k == hw.pipeline_parallel - 1 else 0.0))
     return out
 

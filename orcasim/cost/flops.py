@@ -56,8 +56,8 @@ def _elementwise(name: str, read: float, write: float, dt: int, count: int = 1) 
 
 
 def heads_per_rank(model: ModelSpec, tp: int) -> tuple[float, float]:
-    """Query heads and KV heads on one rank (KV heads are replicated when fewer than tp)."""
-    return model.num_heads / tp, max(model.kv_heads / tp, 1.0)
+    """Query heads and KV heads on one rank (`ModelSpec.kv_heads_per_rank`)."""
+    return model.num_heads / tp, model.kv_heads_per_rank(tp)
 
 
 def token_ops(model: ModelSpec, tp: int, moe_layer: bool = False) -> list[Op]:
