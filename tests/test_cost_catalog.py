@@ -74,14 +74,17 @@ def test_kv_capacity_derivation_by_hand() -> None:
     hw = HardwareConfig(gpu="a100-40gb")
     free = 42.41e9 * 0.9 - 1.0 * GIB - m.param_count() * 2  # the 39.50 GiB the driver reports
     assert derive_kv_capacity_tokens(m, hw) == int(free // (2 * 40 * 40 * 128 * 2))
-    # TP 8 x PP 2 of 175B: each GPU holds an eighth of its stage's weights (48 layers, and
-    # the token and learned position embeddings on the first, the tighter; the LM head, a
-    # copy of the tied table, and the final norm on the last) and 48 layers x 12 heads of KV.
+    # TP 8 x PP 2 of 175B: each GPU holds an eighth of its stage's split weights (48 layers,
+    # and the token embedding on the first, the tighter; the LM head, a copy of the tied
+    # table, on the last), whole what vLLM replicates (each layer's two norms' gains and
+    # biases and its output and down-projection biases, 6 x 12,288; the learned position
+    # table on the first), and 48 layers x 12 heads of KV.
     big = model_spec("gpt3-175b")
     hw16 = HardwareConfig(gpu="a100-40gb", tensor_parallel=8, pipeline_parallel=2)
-    first = 48 * big.layer_params() + (big.vocab_size + big.max_seq_len) * 12288
-    free16 = 42.41e9 * 0.9 - GIB - first * 2 / 8
-    assert derive_kv_capacity_tokens(big, hw16) == int(free16 // (2 * 48 * 12 * 128 * 2)) == 51504
+    whole = 48 * 6 * 12288
+    first = (48 * big.layer_params() - whole + big.vocab_size * 12288) / 8 + whole + big.max_seq_len * 12288
+    free16 = 42.41e9 * 0.9 - GIB - first * 2
+    assert derive_kv_capacity_tokens(big, hw16) == int(free16 // (2 * 48 * 12 * 128 * 2)) == 51334
 
 
 # Bound on the derived KV capacity against a real vLLM log: the spread of the driver totals

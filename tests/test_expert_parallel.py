@@ -47,15 +47,18 @@ def decode(size: int, context: int = 2048) -> Batch:
 # --- what a GPU holds ---------------------------------------------------------------------
 
 def test_expert_parallel_splits_the_experts_and_data_parallel_attention_replicates_the_rest() -> None:
-    """DeepSeek-V3 in fp8 on 8 H200s: TP 8 splits every weight by 8; DP 8 x EP 8 keeps the
-    attention, dense layers, shared experts and embeddings whole on every GPU and an eighth
-    of the routed experts (58 MoE layers x 256 experts x 3 x 7168 x 2048)."""
+    """DeepSeek-V3 in fp8 on 8 H200s: TP 8 splits every weight by 8 but those vLLM keeps
+    whole on every rank (MLA's down-projections, norms, routers: by hand in
+    test_model_shapes_by_hand); DP 8 x EP 8 keeps the attention, dense layers, shared
+    experts and embeddings whole on every GPU and an eighth of the routed experts (58 MoE
+    layers x 256 experts x 3 x 7168 x 2048)."""
     model = hf("deepseek-v3", weight_dtype="fp8")
     experts = 58 * 256 * 3 * 7168 * 2048
     assert model.routed_expert_params() == experts
     tp8 = HardwareConfig(gpu="h200", tensor_parallel=8)
     dp8 = HardwareConfig(gpu="h200", data_parallel_attention=8, expert_parallel=8)
-    assert weight_bytes_per_gpu(model, tp8) == pytest.approx(model.weight_bytes() / 8, rel=1e-12)
+    whole = sum(model.tp_replicated_params(i) for i in range(61)) + 7168 * 2  # the final norm in bf16
+    assert weight_bytes_per_gpu(model, tp8) == pytest.approx(model.weight_bytes() / 8 + whole * 7 / 8, rel=1e-12)
     # fp8 but the embedding and LM head, in bf16 (vLLM's Fp8Config quantizes linear layers only)
     embedding = model.embedding_params()
     assert weight_bytes_per_gpu(model, dp8) == pytest.approx(

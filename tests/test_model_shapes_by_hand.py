@@ -94,13 +94,15 @@ def test_the_model_commands_figures_by_hand() -> None:
     figures = model_figures(model, hw)
     params = model.param_count()
     kv_per_gpu = 2 * 80 * 1 * 128 * 2  # one KV head a rank
-    free = 85.03e9 * 0.9 - 1024**3 - params * 2 / 8  # the 79.19 GiB an H100 reports
+    norms = 80 * 2 * 8192 + 8192  # whole on every rank, as vLLM keeps them
+    weights = (params - norms) * 2 / 8 + norms * 2
+    free = 85.03e9 * 0.9 - 1024**3 - weights  # the 79.19 GiB an H100 reports
     assert figures == {
         "parameters": params, "active_parameters": params, "weight_bytes": params * 2,
         "kv_bytes_per_token": 2 * 80 * 8 * 128 * 2,
         "flops_per_token_at_context_1": model.flops_per_token(1),
         "flops_per_token_at_context_4096": model.flops_per_token(4096),
-        "gpus": 8, "weight_bytes_per_gpu": params * 2 / 8, "kv_bytes_per_token_per_gpu": kv_per_gpu,
+        "gpus": 8, "weight_bytes_per_gpu": weights, "kv_bytes_per_token_per_gpu": kv_per_gpu,
         "kv_capacity_tokens": free // kv_per_gpu,
     }
     assert set(model_figures(model)) == set(list(figures)[:6])  # no deployment: no per-GPU figures
@@ -635,9 +637,10 @@ def test_a_host_over_a_plain_decode_line_adds_its_decode_terms_only() -> None:
 
 
 def test_weights_per_gpu_by_hand() -> None:
-    """Mixtral in bf16 over TP 2 x PP 2: each stage's weights split by TP 2, experts too;
-    the heavier stage is the last (its 16 layers, the LM head and the final norm; the first
-    holds the embedding: untied, as large as the head), a norm's 2 KiB over an even share.
+    """Mixtral in bf16 over TP 2 x PP 2: each stage's weights split by TP 2, experts too,
+    but its norms and routers (2 x 4,096 and 4,096 x 8 a layer), whole on each rank; the
+    heavier stage is the last (its 16 layers, the LM head and the final norm; the first
+    holds the embedding: untied, as large as the head).
     gpt-oss-20b over 2 data-parallel groups with EP 2: the bf16 non-expert weights whole
     on each GPU, half of the mxfp4 experts (17 bytes a block of 32 values)."""
     from orcasim.cost.catalog import weight_bytes_per_gpu
@@ -645,9 +648,9 @@ def test_weights_per_gpu_by_hand() -> None:
     mixtral = model_from_argument("mixtral-8x7b")
     tp_pp = HardwareConfig(gpu="h200", tensor_parallel=2, pipeline_parallel=2)
     d = mixtral.hidden_size
-    last = 16 * mixtral.layer_params() + mixtral.vocab_size * d + d
-    assert weight_bytes_per_gpu(mixtral, tp_pp) == pytest.approx(last * 2 / 2, rel=1e-15)
-    assert weight_bytes_per_gpu(mixtral, tp_pp) - mixtral.param_count() * 2 / 4 == pytest.approx(d / 2 * 2 / 2)
+    whole = 16 * (2 * d + d * 8)
+    last = (16 * mixtral.layer_params() - whole + mixtral.vocab_size * d) / 2 + whole + d
+    assert weight_bytes_per_gpu(mixtral, tp_pp) == pytest.approx(last * 2, rel=1e-15)
     oss = hf("gpt-oss-20b")
     experts = oss.routed_expert_params()
     dp_ep = HardwareConfig(gpu="h200", data_parallel_attention=2, expert_parallel=2)
@@ -669,7 +672,41 @@ def test_k_and_v_projections_past_tp_equal_kv_heads_are_replicated() -> None:
     assert weight_bytes_per_gpu(gqa, hw) == weight_bytes_per_gpu(wider, hw)
     assert kv_bytes_per_token_per_gpu(gqa, hw) == kv_bytes_per_token_per_gpu(wider, hw) == 2 * 32 * 128 * 2
     at_tp8 = HardwareConfig(gpu="a100-40gb", tensor_parallel=8)  # one head a rank: no replica
-    assert weight_bytes_per_gpu(gqa, at_tp8) == pytest.approx(gqa.weight_bytes() / 8, rel=1e-12)
+    assert weight_bytes_per_gpu(wider, at_tp8) - weight_bytes_per_gpu(gqa, at_tp8) == \
+        (wider.weight_bytes() - gqa.weight_bytes()) / 8
+
+
+def test_latent_down_projections_routers_and_norms_are_whole_on_every_rank() -> None:
+    """DeepSeek-V3 in fp8 at TP 8: vLLM keeps MLA's down-projections to the query and KV
+    latents (7,168 x (1,536 + 576), ReplicatedLinear) with the latents' norms, the two layer
+    norms of each of 61 layers, the router of each of 58 MoE layers (7,168 x 256,
+    ReplicatedLinear) and the final norm (bf16, as the embeddings) whole on every rank; an
+    even share held an eighth of them, 0.902 GB a GPU light."""
+    from orcasim.cost.catalog import weight_bytes_per_gpu
+
+    model = hf("deepseek-v3", weight_dtype="fp8")
+    d = 7168
+    layer_whole = d * (1536 + 576) + 1536 + 512 + 2 * d
+    whole_bytes = (61 * layer_whole + 58 * d * 256) * 1 + d * 2
+    hw = HardwareConfig(gpu="h200", tensor_parallel=8)
+    assert weight_bytes_per_gpu(model, hw) == pytest.approx(
+        model.weight_bytes() / 8 + whole_bytes * (1 - 1 / 8), rel=1e-12)
+    assert whole_bytes * 7 / 8 == 902_048_000
+
+
+def test_norms_output_biases_and_learned_positions_are_whole_on_every_rank() -> None:
+    """GPT-3 175B at TP 8: each of 96 layers' two layer norms (gain and bias), the biases of
+    its output and second MLP projections (a RowParallelLinear keeps its whole bias), the
+    learned position table (2,048 x 12,288, an nn.Embedding in vLLM's OPT and GPT-2) and the
+    final norm are whole on every rank; the vocabulary table is split (VocabParallelEmbedding)."""
+    from orcasim.cost.catalog import weight_bytes_per_gpu
+
+    model = model_from_argument("gpt3-175b")
+    d = 12288
+    whole_bytes = (96 * (2 * 2 * d + d + d) + 2048 * d + 2 * d) * 2
+    hw = HardwareConfig(gpu="a100-80gb", tensor_parallel=8)
+    assert weight_bytes_per_gpu(model, hw) == pytest.approx(
+        model.weight_bytes() / 8 + whole_bytes * (1 - 1 / 8), rel=1e-12)
 
 
 def test_weights_that_leave_no_room_for_one_tokens_kv_are_an_error() -> None:

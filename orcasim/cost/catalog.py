@@ -200,14 +200,18 @@ class ModelSpec(Strict):
         if self.mla is not None:
             m = self.mla
             qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
-            q = (d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk_dim
-                 if m.q_lora_rank else d * heads * qk_dim)
-            kv = (d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-                  + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim))
-            return q + kv + heads * m.v_head_dim * d
+            q_up = (m.q_lora_rank or d) * heads * qk_dim  # from the latent, or directly
+            kv_up = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+            return self._mla_down_params(m) + q_up + kv_up + heads * m.v_head_dim * d
         q_out = heads * self.head_dim
         q = d * q_out + (q_out if self._has_qkv_bias else 0)
         return q + self.kv_projection_params() + q_out * d + (d if self.bias else 0)
+
+    def _mla_down_params(self, m: MLASpec) -> int:
+        """MLA's down-projections to the query latent (if any) and to the KV latent with the
+        shared RoPE key, and the two latents' norms."""
+        q_down = self.hidden_size * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+        return q_down + self.hidden_size * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
 
     @property
     def _has_qkv_bias(self) -> bool:
@@ -257,16 +261,35 @@ class ModelSpec(Strict):
             return self._gated_mlp_params(self.ffn_size) + biases
         routed = moe.experts_per_token if active else moe.num_experts
         expert = self._params_per_expert(moe)
-        return (self.hidden_size * moe.num_experts + routed * expert
+        return (self._router_params(moe) + routed * expert
                 + 3 * self.hidden_size * moe.shared_intermediate_size)
+
+    def _router_params(self, moe: MoESpec) -> int:
+        return self.hidden_size * moe.num_experts
+
+    def _layer_norm_params(self) -> int:
+        """Gains (and biases) of a layer's two norms (MLA's latents' norms are its attention's)."""
+        return 2 * self.hidden_size * (2 if self.bias and self.mla is None else 1)
 
     def layer_params(self, layer: int = 0, active: bool = False) -> int:
         """Weights of decoder layer `layer` (attention, MLP, norms, biases if any)."""
-        d = self.hidden_size
-        norms = 2 * d * (2 if self.bias else 1)  # gain (and bias) of two layer norms
-        if self.mla is not None:  # the latents' norms are counted with the attention
-            norms = 2 * d
-        return self.attention_params() + self.mlp_params(layer, active) + norms
+        return self.attention_params() + self.mlp_params(layer, active) + self._layer_norm_params()
+
+    def tp_replicated_params(self, layer: int = 0) -> int:
+        """Weights of layer `layer` that vLLM keeps whole on every tensor-parallel rank: its
+        norms (RMSNorm, LayerNorm), the biases of its output and down projections (a
+        RowParallelLinear holds its whole bias), a MoE router (ReplicatedLinear) and MLA's
+        down-projections with the latents' norms (ReplicatedLinear). K and V projections
+        are replicated only past TP = KV heads (`kv_heads_per_rank`)."""
+        d, moe = self.hidden_size, self.moe
+        whole = self._layer_norm_params()
+        if self.mla is not None:
+            whole += self._mla_down_params(self.mla)
+        elif self.bias:
+            whole += d  # the output projection's bias
+        if moe is not None and layer not in moe.dense_layers:
+            return whole + self._router_params(moe)
+        return whole + (d if self.bias else 0)  # the MLP's down-projection bias
 
     def _all_layers_params(self, active: bool) -> int:
         if self.moe is None:
@@ -543,30 +566,34 @@ def weight_bytes_per_gpu(model: ModelSpec, hw: HardwareConfig) -> float:
 
 def layer_params_per_rank(model: ModelSpec, layer: int, tp: int) -> float:
     """Weights of layer `layer` but its routed experts that one of `tp` tensor-parallel
-    ranks holds: an even share, but for the K and V projections of its KV heads, a replica
-    of one head's past TP = KV heads (`ModelSpec.kv_heads_per_rank`), as its KV cache."""
+    ranks holds, as vLLM lays them out: an even share of the split ones, the replicated
+    ones whole (`ModelSpec.tp_replicated_params`), and the K and V projections of its KV
+    heads, a replica of one head's past TP = KV heads (`ModelSpec.kv_heads_per_rank`)."""
     own = model.layer_params(layer) - model.layer_routed_expert_params(layer)
-    kv = model.kv_projection_params()
-    return (own - kv) / tp + kv * model.kv_heads_per_rank(tp) / model.kv_heads
+    whole, kv = model.tp_replicated_params(layer), model.kv_projection_params()
+    return (own - whole - kv) / tp + whole + kv * model.kv_heads_per_rank(tp) / model.kv_heads
 
 
 def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
     """Weights one GPU of each pipeline stage holds: its layers (`stage_layers`), the token
     (and learned position) embedding on the first stage, the final norm and LM head on the
     last. vLLM builds them so (`PPMissingLayer` elsewhere), and with tied embeddings the
-    last stage keeps a copy of the table for its LM head."""
-    expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else hw.tensor_parallel
+    last stage keeps a copy of the table for its LM head. Tensor parallelism splits the
+    vocabulary (VocabParallelEmbedding, ParallelLMHead), not the position table (a plain
+    embedding in vLLM's OPT and GPT-2) nor the final norm."""
+    tp = hw.tensor_parallel
+    expert_ranks = hw.expert_parallel if hw.expert_parallel > 1 else tp
     d, emb_bytes = model.hidden_size, model.embedding_element_bytes
     positions = model.max_seq_len * d if model.positional == "learned" else 0
-    first = (model.vocab_size * d + positions) * emb_bytes / hw.tensor_parallel
+    first = (model.vocab_size * d / tp + positions) * emb_bytes
     # One stage shares a tied table between embedding and LM head.
     head = model.vocab_size * d if hw.pipeline_parallel > 1 or not model.tied_embeddings else 0
-    last = (head + d * (2 if model.bias else 1)) * emb_bytes / hw.tensor_parallel
+    last = (head / tp + d * (2 if model.bias else 1)) * emb_bytes
     out, start = [], 0
     for k, count in enumerate(stage_layers(model, hw.pipeline_parallel)):
         layers = range(start, start + count)
         start += count
-        own = sum(layer_params_per_rank(model, i, hw.tensor_parallel) for i in layers)
+        own = sum(layer_params_per_rank(model, i, tp) for i in layers)
         expert = sum(model.layer_routed_expert_params(i) for i in layers)
         weights = own * model.weight_element_bytes + expert * model.expert_element_bytes / expert_ranks
         out.append(weights + (first if k == 0 else 0.0) + (last if k == hw.pipeline_parallel - 1 else 0.0))

@@ -136,7 +136,7 @@ def ep_findings(shape: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     best_tokens = vllm.groupby("layout")["tokens_per_s_per_gpu"].max()
     low = table[(table["system"] == "vllm") & (table["rate_per_s"] == EP_RATES[0])].set_index("layout")
     return [
-        f"- Memory: at EP 1 every GPU holds an eighth of every weight ({shape.loc[labels[0], 'weights_per_gpu_gb']:.0f} GB) "
+        f"- Memory: at EP 1 every GPU holds an eighth of every weight but those vLLM keeps whole on each rank, MLA's down-projections, norms and routers ({shape.loc[labels[0], 'weights_per_gpu_gb']:.0f} GB) "
         f"and, MLA's latent being whole on every tensor-parallel rank, one GPU's worth of KV for the "
         f"whole node ({shape.loc[labels[0], 'kv_capacity_tokens']:,.0f} tokens); eight data-parallel groups "
         f"hold the attention whole ({shape.loc[labels[1], 'weights_per_gpu_gb']:.0f} GB a GPU) but each keeps "
