@@ -196,10 +196,14 @@ def warn_unpipelined(scheduler: object, stages: int, hardware_first: bool = Fals
     own hardware (the scenario's `hardware.pipeline_parallel` was named for the group's)."""
     if stages > 1 and isinstance(scheduler, PagedMemoryConfig):
         kind = getattr(scheduler, "kind", type(scheduler).__name__)
-        keys = [f"scheduler.kind = {kind!r}", f"hardware.pipeline_parallel = {stages}"]
-        first, second = reversed(keys) if hardware_first else keys
-        warnings.warn(f"{first} with {second}: one batch at a time passes through all stages "
-                      "(only iteration_level keeps several in flight, as Orca does)",
+        # Opened by the group's hardware key, the scheduler is named by its kind alone: the
+        # group's or the system's, an unqualified key would name the wrong one (a reviewer's
+        # finding).
+        opening = (f"hardware.pipeline_parallel = {stages} with a {kind!r} scheduler"
+                   if hardware_first else
+                   f"scheduler.kind = {kind!r} with hardware.pipeline_parallel = {stages}")
+        warnings.warn(f"{opening}: one batch at a time passes through all stages (only "
+                      "iteration_level keeps several in flight, as Orca does)",
                       UserWarning, stacklevel=3)
 
 

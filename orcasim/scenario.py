@@ -274,8 +274,12 @@ class Scenario(Strict):
                           else f"{key}: its KV capacity, {kv} tokens as its own model and hardware "
                                "leave it, is below")
                 if groups > 1:
+                    given = (f"{key}.kv_capacity_tokens = {kv}" if group.kv_capacity_tokens
+                             else f"{kv} tokens as its own model and hardware leave it")
+                    owner = f"{key}.hardware" if group.hardware is not None else "hardware"
                     source = (f"{key}: its KV capacity per data-parallel attention group, "
-                              f"{kv // groups} tokens ({kv} over {groups} groups), is below")
+                              f"{kv // groups} tokens ({given}, over {owner}."
+                              f"data_parallel_attention = {groups}), is below")
                 raise ScenarioError(
                     f"{source} workload.max_tokens = {max_tokens}: its scheduler reserves "
                     "max_tokens per request, so no request could ever be admitted there")

@@ -712,5 +712,5 @@ def test_a_replica_groups_own_pipeline_is_named_as_the_groups(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "orcasim", "run", str(path), "--out",
                            str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert ("warning: systems[0].cluster.replicas[0].hardware.pipeline_parallel = 2 with "
-            "scheduler.kind = 'paged'") in done.stderr, done.stderr
+    assert ("warning: systems[0].cluster.replicas[0].hardware.pipeline_parallel = 2 with a "
+            "'paged' scheduler") in done.stderr, done.stderr

@@ -337,3 +337,23 @@ def test_a_request_holds_no_more_kv_than_one_data_parallel_group(tmp_path: Path,
         swap = load_scenario(f, ["systems[0].scheduler.preemption=swap"])
         built = scheduler_for(swap, swap.systems[0], make_requests(swap))
         assert built.swap_capacity_blocks == 2 * (4 * GIB // (131_072 * 16))
+
+
+def test_a_groups_own_capacity_over_the_scenarios_groups_names_both_keys(tmp_path: Path) -> None:
+    """A replica group's own kv_capacity_tokens split over the scenario's data-parallel
+    attention groups: the refusal names the capacity's key and where the groups come from
+    (it gave '30000 over 2 groups' with neither key; a reviewer's finding)."""
+    f = tmp_path / "dp.yaml"
+    f.write_text(
+        "name: dp\nseed: 0\nworkload:\n  num_requests: 4\n  arrival: {kind: poisson, rate_per_s: 1}\n"
+        "  prompt_tokens: {kind: constant, value: 100}\n  output_tokens: {kind: constant, value: 16}\n"
+        "  max_tokens: 20000\nmodel: mixtral-8x7b\n"
+        "hardware: {gpu: h100-80gb, data_parallel_attention: 2, expert_parallel: 2}\n"
+        "cost: {kind: roofline}\n"
+        "systems: [{name: s, scheduler: {kind: request_level, max_batch_size: 4},\n"
+        "  cluster: {replicas: [{count: 1, kv_capacity_tokens: 30000}]}}]\n")
+    with pytest.raises(ScenarioError, match=r"systems\[0\]\.cluster\.replicas\[0\]: its KV capacity "
+                       r"per data-parallel attention group, 15000 tokens \(systems\[0\]\.cluster\."
+                       r"replicas\[0\]\.kv_capacity_tokens = 30000, over hardware\."
+                       r"data_parallel_attention = 2\), is below workload\.max_tokens = 20000"):
+        load_scenario(f)
