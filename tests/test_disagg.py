@@ -213,7 +213,7 @@ def test_pushes_at_once_share_an_instance_s_link(tmp_path, mode: str, prefills: 
     assert reqs["finish_s"].tolist() == [t + 2.0 for t in moved_s]
 
 
-@pytest.mark.filterwarnings("ignore:scheduler.kind = 'paged' with hardware.pipeline_parallel")
+@pytest.mark.filterwarnings("ignore:.*one batch at a time passes through all stages")
 @pytest.mark.parametrize(("prefill", "decode", "transfer_s"), [
     ((1, 1), (1, 1), 1.5), ((2, 1), (2, 1), 1.0), ((2, 1), (1, 1), 1.5), ((2, 2), (4, 1), 0.75)])
 def test_each_gpu_moves_its_shard_of_the_kv(tmp_path, prefill: tuple[int, int],  # noqa: ANN001
@@ -234,7 +234,7 @@ def test_each_gpu_moves_its_shard_of_the_kv(tmp_path, prefill: tuple[int, int], 
     assert reqs["kv_transfer_s"].tolist() == [transfer_s]
 
 
-@pytest.mark.filterwarnings("ignore:scheduler.kind = 'paged' with hardware.pipeline_parallel")
+@pytest.mark.filterwarnings("ignore:.*one batch at a time passes through all stages")
 def test_a_replicated_kv_head_moves_whole(tmp_path) -> None:  # noqa: ANN001
     """Qwen3-30B-A3B has 4 KV heads: at TP 8 each rank keeps a replica of one, as many bytes
     as at TP 4, so the transfer takes as long (it was priced over 8 lanes, twice as fast)."""
