@@ -4,10 +4,9 @@ The search, per system and replication (one job each, run in parallel on the swe
 
 1. Evaluate the scenario's own rate. A rate *passes* when the run meets the SLO
    (`orcasim.slo`: attainment, and every named percentile above the attainment share) and
-   its queue is stable
-   (`orcasim.saturation`, on the waiting requests and on those in the system:
-   `in_system_growth_z`): a short run at an overloaded rate can meet an SLO only because it
-   ended before its queue did, and is rejected.
+   it is not saturated (`orcasim.saturation.saturation`, the rule every run's summary
+   applies: neither the waiting requests nor those in the system grow): a short run at an
+   overloaded rate can meet an SLO only because it ended before its queue did, and is rejected.
 2. Double the rate until one fails (or halve it until one passes): a bracket [pass, fail].
 3. Bisect the bracket geometrically until its ends are within `rel_tol` (2%) of each other;
    the replication's answer is the highest rate that passed.
@@ -55,7 +54,7 @@ from matplotlib.figure import Figure
 
 from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
-from orcasim.saturation import SATURATION_Z, growth_over_entries, judged_requests
+from orcasim.saturation import grew
 from orcasim.scenario import Scenario, apply_params, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
@@ -210,11 +209,10 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
         result = run_scenario(scenario, base_dir=Path(job.base_dir))
     system = result.systems[job.system]
     s = system.summary
-    in_system_z = in_system_growth_z(system.requests, scenario.warmup_s)
-    passes = bool(s["slo_met"]) and not s["saturated"] and not in_system_z > SATURATION_Z
+    passes = bool(s["slo_met"]) and not s["saturated"]
     row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
-           "in_system_z": in_system_z,
+           "in_system_z": s["in_system_z"],
            "saturation_admission_rps": s["saturation_admission_rps"],
            "slo_attainment": s["slo_attainment"], "throughput_rps": s["throughput_rps"],
            "output_tokens_mean": served_tokens_per_request(system.requests)}
@@ -229,35 +227,6 @@ def served_tokens_per_request(reqs: pd.DataFrame) -> float:
     if "rejected" in reqs:
         tokens = np.where(reqs["rejected"].to_numpy(dtype=bool), 0.0, tokens)
     return float(tokens.mean())
-
-
-def in_system_growth_z(reqs: pd.DataFrame, warmup_s: float) -> float:
-    """The saturation test (`orcasim.saturation`) on the requests in the system, arrived and
-    not finished, rather than those waiting: NaN where too short to judge. A server whose
-    running set holds the run's whole backlog (a paged server of 1,024 sequences) admits
-    every arrival at once, so its waiting count stays flat while the running set grows and
-    each iteration slows: a tester's server of about 107 req/s read z 0.2 at 117.6 offered,
-    and the search answered 117.6. A stable server's count in the system levels off at the
-    arrival rate times the mean latency (Little's law) once its first requests finish: so
-    the window starts no earlier than a median latency after the first arrival. From the
-    usual quarter, a stable server of 20 s latency over a 50 s window read that ramp as
-    growth (z 4.2, where 20,000 requests read -0.1) and the search answered 30% low (a
-    review's finding)."""
-    keep = judged_requests(reqs, warmup_s)
-    arrival = reqs["arrival_s"].to_numpy(dtype=np.float64)[keep]
-    finish = np.nan_to_num(reqs["finish_s"].to_numpy(dtype=np.float64)[keep], nan=np.inf)
-    if len(arrival) < 2:
-        return float("nan")
-    ramp_s = float(np.median(finish - arrival))  # inf where most never finish
-    g = growth_over_entries(arrival, finish, not_before_s=float(arrival.min()) + ramp_s)
-    if g is None:
-        return float("nan")
-    # In units of the noise of both counts: the finishes in the window are of arrivals a
-    # latency earlier, as noisy as the arrivals and, with a latency past the window, not
-    # correlated with them (the waiting queue's sqrt(entered) read a stable server of 20 s
-    # latency at z 3.3 on one seed).
-    left = int(((finish >= g.from_s) & (finish <= g.end_s)).sum())
-    return float(g.growth / np.sqrt(g.entered + left))
 
 
 def search(job: SearchJob) -> SearchOutcome:
@@ -313,8 +282,10 @@ def stable_limit(rows: list[dict[str, float]], rel_tol: float) -> float:
 
 
 def service_rate(rows: list[dict[str, float]]) -> float:
-    """The rate at which the server admitted requests in the saturated runs so far: its
-    throughput at full load, which a stable arrival rate must stay below; inf if none.
+    """The rate at which the server admitted requests in the runs so far whose waiting queue
+    grew: its throughput at full load, which a stable arrival rate must stay below; inf if
+    none. A run saturated only in the system (its running set held the backlog) admitted
+    every arrival at once, at the offered rate: it measured nothing.
 
     Pooled over the runs' windows, admissions over time (sum of a / r over sum of 1 / r,
     a run's admission rate a and offered rate r): each run's window, its requests' arrival
@@ -322,7 +293,7 @@ def service_rate(rows: list[dict[str, float]]) -> float:
     overloaded run's window is milliseconds long, one iteration or none: its rate read 6.64
     req/s at 10,000 offered and 13.3 at 625 for a server of 11.3, and a median of such runs
     made the search refuse rates that pass (a tester's finding)."""
-    saturated = [r for r in rows if r.get("saturated") and r["rate_per_s"] > 0
+    saturated = [r for r in rows if grew(r.get("saturation_z", math.nan)) and r["rate_per_s"] > 0
                  and math.isfinite(r["saturation_admission_rps"])]
     weights = np.array([1.0 / r["rate_per_s"] for r in saturated])
     admitted = np.array([r["saturation_admission_rps"] for r in saturated])

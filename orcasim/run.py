@@ -25,7 +25,7 @@ from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
 from orcasim.requests import Requests, WayIn
-from orcasim.saturation import session_saturation
+from orcasim.saturation import saturation_text, session_saturation
 from orcasim.scenario import (
     Scenario,
     SystemConfig,
@@ -231,13 +231,11 @@ def check_times(system_name: str, reqs: pd.DataFrame) -> None:
 
 
 def warn_saturated(system_name: str, summary: dict[str, float]) -> None:
-    if summary.get("saturated"):
-        warnings.warn(
-            f"{system_name}: saturated: the waiting queue grew by "
-            f"{summary['saturation_growth_requests']:.0f} requests over the last three quarters "
-            f"of the arrivals ({summary['saturation_arrival_rps']:.3g} req/s arrived, "
-            f"{summary['saturation_admission_rps']:.3g} req/s admitted); its latencies grow "
-            "with the run's length", stacklevel=3)
+    """A warning naming the saturation test that fired (`orcasim.saturation`), if one did."""
+    text = saturation_text(summary)
+    if text is not None:
+        warnings.warn(f"{system_name}: saturated: {text}; its latencies grow with the run's "
+                      "length", stacklevel=3)
 
 
 def warn_rejected(system_name: str, rejected: np.ndarray,

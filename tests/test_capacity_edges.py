@@ -408,16 +408,19 @@ def test_each_point_of_a_grid_over_the_trace_is_searched_at_its_own_trace_s_rate
 
 
 def _saturated(rate: float, admitted_rps: float) -> dict[str, float]:
-    return {"rate_per_s": rate, "saturated": 1.0, "saturation_admission_rps": admitted_rps}
+    return {"rate_per_s": rate, "saturated": 1.0, "saturation_z": 10.0,
+            "saturation_admission_rps": admitted_rps}
 
 
 def test_the_servers_throughput_is_pooled_over_the_runs_windows() -> None:
     """A heavily overloaded run's window is milliseconds long: its admission rate is one
     iteration or none (6.64 req/s at 10,000 offered, 13.3 at 625, for a server of 11.3; a
-    tester's finding). Weighted by their windows the near runs decide; none measured: inf."""
+    tester's finding). Weighted by their windows the near runs decide; none measured: inf.
+    A run saturated only in the system admitted at the offered rate and measures nothing."""
     rows = [_saturated(10_000, 6.64), _saturated(625, 13.3), _saturated(12.0, 11.3),
             _saturated(14.0, 11.3), {"rate_per_s": 5.0, "saturated": 0.0,
-                                     "saturation_admission_rps": 5.0}]
+                                     "saturation_admission_rps": 5.0},
+            {**_saturated(13.0, 13.0), "saturation_z": 0.2, "in_system_z": 9.5}]
     assert 11.3 < cap.service_rate(rows) < 11.35
     assert cap.service_rate([_saturated(1e6, 0.0)]) == math.inf
     assert cap.service_rate([]) == math.inf
@@ -432,6 +435,7 @@ def test_a_search_from_far_above_the_throughput_comes_back_below_it(
     def evaluate(job: cap.SearchJob, rate: float) -> dict[str, float]:
         saturated = rate > 5.0
         return {"rate_per_s": rate, "passes": float(not saturated), "saturated": float(saturated),
+                "saturation_z": 10.0 if saturated else 0.0,
                 "saturation_admission_rps": 0.0 if rate > 1e5 else (5.0 if saturated else rate)}
 
     monkeypatch.setattr(cap, "evaluate", evaluate)

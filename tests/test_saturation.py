@@ -14,8 +14,15 @@ import pandas as pd
 import pytest
 
 from orcasim import run_scenario
-from orcasim.saturation import SATURATION_Z, saturation, waiting_count
-from tests.conftest import make_scenario
+from orcasim.saturation import (
+    SATURATION_Z,
+    grew,
+    saturation,
+    saturation_text,
+    waiting_count,
+    waiting_saturation,
+)
+from tests.conftest import BIG_RUNNING_SET, make_scenario
 
 SERVICE_S = 1.0
 SEEDS = range(10)
@@ -105,37 +112,41 @@ def test_a_linear_backlog_reads_its_growth() -> None:
     arrival = np.arange(n, dtype=np.float64)
     scheduled = 2.0 * np.arange(n, dtype=np.float64)
     reqs = pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": scheduled})
-    out = saturation(reqs)
+    out = waiting_saturation(reqs)
     assert out["saturation_growth_requests"] == pytest.approx(375.0, abs=1.5)
     # The span [250, 1000] holds arrivals 250..1000 and admissions 250, 252, .., 1000, ends included.
     assert out["saturation_arrival_rps"] == 751 / 750
     assert out["saturation_admission_rps"] == 376 / 750
-    assert out["saturated"] == 1.0
+    assert grew(out["saturation_z"])
 
 
 def test_the_fewest_arrivals_judged_and_a_run_with_no_span() -> None:
     """Arrivals at 0..26 s: the span from 6.5 s holds exactly MIN_ARRIVALS (20), enough."""
     reqs = pd.DataFrame({"arrival_s": np.arange(27.0), "first_scheduled_s": np.arange(27.0)})
-    assert np.isfinite(saturation(reqs)["saturation_z"])
-    assert np.isnan(saturation(reqs.iloc[1:])["saturation_z"])  # 19: too few
+    assert np.isfinite(waiting_saturation(reqs)["saturation_z"])
+    assert np.isnan(waiting_saturation(reqs.iloc[1:])["saturation_z"])  # 19: too few
     together = pd.DataFrame({"arrival_s": np.full(30, 5.0), "first_scheduled_s": np.full(30, 5.0)})
-    assert np.isnan(saturation(together)["saturation_z"])  # all at once: no span to fit
+    assert np.isnan(waiting_saturation(together)["saturation_z"])  # all at once: no span to fit
 
 
 def test_too_short_a_run_is_not_judged() -> None:
     reqs = pd.DataFrame({"arrival_s": np.arange(10.0), "first_scheduled_s": np.arange(10.0) * 5})
-    out = saturation(reqs)
-    assert out["saturated"] == 0.0 and np.isnan(out["saturation_z"])
+    out = waiting_saturation(reqs)
+    assert np.isnan(out["saturation_z"]) and not grew(out["saturation_z"])
 
 
 EVIDENCE = {"saturated", "saturation_z", "saturation_growth_requests", "saturation_arrival_rps",
-            "saturation_admission_rps"}
+            "saturation_admission_rps", "in_system_z", "in_system_growth_requests",
+            "in_system_arrival_rps", "in_system_finish_rps"}
 
 
 def test_the_evidence_is_the_same_on_every_path() -> None:
-    short = saturation(pd.DataFrame({"arrival_s": [1.0], "first_scheduled_s": [1.0]}))
+    short = saturation(pd.DataFrame({"arrival_s": [1.0], "first_scheduled_s": [1.0],
+                                     "finish_s": [2.0]}))
     assert set(short) == EVIDENCE and short["saturated"] == 0.0
     assert all(np.isnan(short[k]) for k in EVIDENCE - {"saturated"})
+    judged = saturation(running_set_backlog())
+    assert set(judged) == EVIDENCE and not any(np.isnan(v) for v in judged.values())
 
 
 def backlog(n: int = 1001, shift_s: float = 0.0, scale: float = 1.0) -> pd.DataFrame:
@@ -147,12 +158,12 @@ def backlog(n: int = 1001, shift_s: float = 0.0, scale: float = 1.0) -> pd.DataF
 
 def test_the_test_is_unchanged_by_where_the_clock_starts_and_its_unit() -> None:
     """Growth and z are counts: the same a day later, or in milliseconds."""
-    base = saturation(backlog())
-    for moved in (saturation(backlog(shift_s=86400.0)), saturation(backlog(scale=1e-3))):
+    base = waiting_saturation(backlog())
+    for moved in (waiting_saturation(backlog(shift_s=86400.0)), waiting_saturation(backlog(scale=1e-3))):
         assert moved["saturation_growth_requests"] == pytest.approx(base["saturation_growth_requests"])
         assert moved["saturation_z"] == pytest.approx(base["saturation_z"])
-        assert moved["saturated"] == 1.0
-    ms = saturation(backlog(scale=1e-3))
+        assert grew(moved["saturation_z"])
+    ms = waiting_saturation(backlog(scale=1e-3))
     assert ms["saturation_arrival_rps"] == pytest.approx(1000.0, rel=0.01)
 
 
@@ -162,8 +173,8 @@ def test_rejected_requests_are_not_a_queue() -> None:
     rejected = pd.DataFrame({"arrival_s": np.linspace(200.0, 399.0, 150),
                              "first_scheduled_s": np.nan})
     frame = pd.concat([stable.assign(rejected=False), rejected.assign(rejected=True)])
-    assert saturation(frame)["saturated"] == 0.0
-    assert saturation(frame.drop(columns="rejected"))["saturated"] == 1.0  # counted, they would
+    assert not grew(waiting_saturation(frame)["saturation_z"])
+    assert grew(waiting_saturation(frame.drop(columns="rejected"))["saturation_z"])  # counted, they would
 
 
 def test_warmup_drops_the_early_arrivals() -> None:
@@ -172,7 +183,7 @@ def test_warmup_drops_the_early_arrivals() -> None:
     steady = pd.DataFrame({"arrival_s": np.arange(300.0, 700.0),
                            "first_scheduled_s": np.arange(300.0, 700.0)})
     frame = pd.concat([burst, steady])
-    assert saturation(frame, warmup_s=300.0)["saturation_growth_requests"] == pytest.approx(0.0)
+    assert waiting_saturation(frame, warmup_s=300.0)["saturation_growth_requests"] == pytest.approx(0.0)
 
 
 def test_the_growth_is_the_continuous_least_squares_slope() -> None:
@@ -183,7 +194,7 @@ def test_the_growth_is_the_continuous_least_squares_slope() -> None:
     scheduled = arrival + rng.exponential(5.0, 400) * np.linspace(0.5, 3.0, 400)
     scheduled[-5:] = np.inf  # never ran
     reqs = pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": scheduled})
-    out = saturation(reqs)
+    out = waiting_saturation(reqs)
     from_s = arrival[0] + 0.25 * (arrival[-1] - arrival[0])
     x = np.linspace(0.0, 1.0, 400_001)
     waiting = waiting_count(arrival, scheduled, from_s + x * (arrival[-1] - from_s))
@@ -191,7 +202,7 @@ def test_the_growth_is_the_continuous_least_squares_slope() -> None:
     assert out["saturation_growth_requests"] == pytest.approx(sampled, abs=0.05)
     # A timestamp on a sample point of a sampled fit would flip its count; here nothing jumps.
     nudged = reqs.assign(first_scheduled_s=scheduled * (1 + 1e-15))
-    assert saturation(nudged)["saturation_z"] == pytest.approx(out["saturation_z"], rel=1e-9)
+    assert waiting_saturation(nudged)["saturation_z"] == pytest.approx(out["saturation_z"], rel=1e-9)
 
 
 # A decode pool of one instance running at most 4 requests, 50 steps of 10 ms each: 8 req/s.
@@ -225,5 +236,83 @@ def test_a_disaggregated_cluster_queues_at_its_decode_pool(rate_per_s: float,
         warnings.simplefilter("ignore")
         result = run_scenario(scenario_from_dict(data)).systems["split"]
     assert result.summary["saturated"] == saturated
-    assert saturation(result.requests)["saturated"] == 0.0  # first schedules: on time
+    assert not grew(waiting_saturation(result.requests)["saturation_z"])  # first schedules: on time
     assert (result.summary["decode_wait_s_mean"] > 10.0) == bool(saturated)
+
+
+def running_set_backlog(n: int = 1001) -> pd.DataFrame:
+    """Arrivals every second, each admitted at once, finishing at 2 i + 1: nothing waits,
+    and the requests in the system grow by half a request a second."""
+    arrival = np.arange(n, dtype=np.float64)
+    return pd.DataFrame({"arrival_s": arrival, "first_scheduled_s": arrival,
+                         "finish_s": 2.0 * arrival + 1.0})
+
+
+def test_a_running_set_that_grows_reads_its_growth() -> None:
+    """Latencies i + 1, median 501 s: the window is [501, 1000], with 500 arrivals and the
+    250 finishes 2 i + 1 of i = 250..499; growth half a request a second over 499 s (within a
+    step), in units of sqrt(500 + 250). The waiting queue stays empty."""
+    out = saturation(running_set_backlog())
+    assert out["saturation_growth_requests"] == 0.0
+    assert out["in_system_growth_requests"] == pytest.approx(249.5, abs=1.5)
+    assert out["in_system_z"] == pytest.approx(out["in_system_growth_requests"] / np.sqrt(750))
+    assert (out["in_system_arrival_rps"], out["in_system_finish_rps"]) == (500 / 499, 250 / 499)
+    assert out["saturated"] == 1.0
+    text = saturation_text(out)
+    assert text is not None and text.startswith("the requests in the system (waiting and running) "
+                                                "grew by 249 over ")
+    assert "waiting queue" not in text
+
+
+def test_each_test_that_fired_is_named() -> None:
+    """Neither: no text; both: both, the waiting queue first, each with its z."""
+    quiet = saturation(running_set_backlog().assign(finish_s=lambda f: f["arrival_s"] + 1.0))
+    assert quiet["saturated"] == 0.0 and saturation_text(quiet) is None
+    both = saturation(backlog().assign(finish_s=lambda f: f["first_scheduled_s"] + 1.0))
+    text = saturation_text(both)
+    assert text is not None and both["saturated"] == 1.0
+    assert text.index("the waiting queue grew by 375 requests") < text.index(
+        "; and the requests in the system (waiting and running) grew by")
+    assert text.count("z = ") == 2
+
+
+def test_a_running_set_that_holds_the_backlog_is_saturated() -> None:
+    """A paged server of 1,024 sequences (about 107 req/s at most) at 117.6 offered admits
+    every arrival at once: its waiting queue stays flat (z 0.2 at 2,000 requests) while the
+    requests in the system pile up (z 13.7) and its e2e p50 grows with the run (3.2 s at
+    1,000 requests, 5.2 s at 2,000). `orcasim run` read it as stable below 4,000 requests;
+    the capacity search did not."""
+    p50 = []
+    for n in (1000, 2000):
+        sc = make_scenario(**{**BIG_RUNNING_SET, "workload.num_requests": n,
+                              "workload.arrival": {"kind": "poisson", "rate_per_s": 117.6}})
+        with pytest.warns(UserWarning, match=r"paged: saturated: the requests in the system "
+                          r"\(waiting and running\) grew by \d+ over the arrivals from a median"):
+            summary = run_scenario(sc).systems["paged"].summary
+        assert summary["saturation_z"] < SATURATION_Z < summary["in_system_z"], summary
+        assert summary["saturated"] == 1.0
+        p50.append(summary["e2e_s_p50"])
+    assert p50[1] > 1.5 * p50[0]  # the latencies measure the run's length
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_stable_server_of_long_latency_is_not_flagged(seed: int) -> None:
+    """The requests in the system rise for a latency before the first ones finish: a server
+    of 20 s latency at any load (1,024 sequences, 1,000-token outputs, 20 ms steps), at 40
+    req/s over a 50 s window, read z 4.2 from the usual quarter (20,000 requests read -0.1)
+    and failed the capacity search (a review's finding). The window starts a median latency
+    in, and the growth is in units of both counts' noise (seeds 0 to 11: -1.2 to 2.4)."""
+    sc = make_scenario(**{"seed": seed, "workload.num_requests": 2000,
+                          "workload.arrival": {"kind": "poisson", "rate_per_s": 40.0},
+                          "workload.prompt_tokens": {"kind": "constant", "value": 100},
+                          "workload.output_tokens": {"kind": "constant", "value": 1000},
+                          "workload.max_tokens": 1100, "kv_capacity_tokens": 2_000_000,
+                          "cost": {"kind": "linear", "base_s": 0.020, "per_token_s": 1.0e-6},
+                          "systems": [{"name": "big", "scheduler": {"kind": "iteration_level",
+                                                                    "max_batch_size": 1024}}]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no saturation warning
+        system = run_scenario(sc).systems["big"]
+    assert (system.requests["finish_s"] - system.requests["arrival_s"]).median() > 20
+    assert system.summary["in_system_z"] < SATURATION_Z
+    assert system.summary["saturated"] == 0.0, system.summary
