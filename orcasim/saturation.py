@@ -69,7 +69,8 @@ def waiting_count(arrival_s: np.ndarray, scheduled_s: np.ndarray, t_s: np.ndarra
 class Growth:
     """How much a count of things entered and not yet left grew over a window (see the
     module docstring): `growth`, `z` in units of sqrt(`entered`), over [`from_s`, `from_s` +
-    `span_s` = `end_s`], the last three quarters of the entries."""
+    `span_s` = `end_s`]: the last three quarters of the entries, or from a later start
+    (`growth_over_entries`' `not_before_s`)."""
 
     growth: float
     z: float
