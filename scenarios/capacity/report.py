@@ -269,7 +269,9 @@ What this says:
 
 ## Capacity answers
 
-`orcasim capacity scenarios/quickstart.yaml --slo e2e_p90=3` (no hardware, so no price):
+`orcasim capacity scenarios/quickstart.yaml --slo e2e_p90=3 --out /tmp/quickstart` (no
+hardware, so no price; without `--out` it writes to `results/capacity/quickstart`, which holds
+this committed answer):
 
 {quickstart}
 
