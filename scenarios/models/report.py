@@ -1,7 +1,7 @@
 """results/models/: a dense model against a mixture-of-experts model of the same active
 size, and a large MoE at expert parallelism 1, 8 and 16.
 
-    python scenarios/models/report.py            # about 5 minutes on two cores
+    python scenarios/models/report.py            # under 2 minutes on two cores (76-107 s on 2026-12-04)
 
 Runs scenarios/models/dense_vs_moe.yaml for Llama-3.2-3B (dense, 3.21B) and Qwen3-30B-A3B
 (MoE, 30.5B total, 3.35B active) across arrival rates, under Orca and vLLM's paged

@@ -1,6 +1,6 @@
 """results/prefix/: prefix caching on Mooncake's conversation trace and on a chat service.
 
-    python scenarios/prefix/report.py            # about 5 minutes on two cores
+    python scenarios/prefix/report.py            # about a minute on two cores (40-55 s on 2026-12-04)
 
 1. Mooncake (scenarios/prefix/mooncake.yaml, replayed at a quarter of its rate so that one
    GPU can keep up with caching on): caching off against on.
@@ -147,7 +147,7 @@ def main() -> None:
     lines = [
         "# Prefix caching",
         "",
-        "Written by `python scenarios/prefix/report.py` (about 5 minutes on two cores). Columns:",
+        "Written by `python scenarios/prefix/report.py` (about a minute on two cores). Columns:",
         "`prefix_hit_rate` is prompt tokens found cached at a request's first admission over",
         "all prompt tokens (vLLM's measure); `prefill_tokens_saved` counts every admission,",
         "readmissions after a recompute preemption too; `cache_evictions` counts cached",
