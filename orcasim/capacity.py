@@ -4,8 +4,8 @@ The search, per system and replication (one job each, run in parallel on the swe
 
 1. Evaluate the scenario's own rate. A rate *passes* when the run meets the SLO
    (`orcasim.slo`: attainment, and every named percentile above the attainment share) and
-   it is not saturated (`orcasim.saturation.saturation`, the rule every run's summary
-   applies: neither the waiting requests nor those in the system grow): a short run at an
+   it is not saturated (`orcasim.saturation`: neither the waiting requests, the summary's
+   `saturated`, nor those in the system, its `in_system_z`, grow): a short run at an
    overloaded rate can meet an SLO only because it ended before its queue did, and is rejected.
 2. Double the rate until one fails (or halve it until one passes): a bracket [pass, fail].
 3. Bisect the bracket geometrically until its ends are within `rel_tol` (2%) of each other;
@@ -209,7 +209,9 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
         result = run_scenario(scenario, base_dir=Path(job.base_dir))
     system = result.systems[job.system]
     s = system.summary
-    passes = bool(s["slo_met"]) and not s["saturated"]
+    # The requests in the system grow too where a running set holds the backlog (no waiting
+    # queue): at one constant rate that is falling behind (`orcasim.saturation`).
+    passes = bool(s["slo_met"]) and not s["saturated"] and not grew(s["in_system_z"])
     row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
            "in_system_z": s["in_system_z"],

@@ -25,7 +25,7 @@ from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
 from orcasim.requests import Requests, WayIn
-from orcasim.saturation import saturation_text, session_saturation
+from orcasim.saturation import in_system_text, saturation_text, session_saturation
 from orcasim.scenario import (
     Scenario,
     SystemConfig,
@@ -231,11 +231,20 @@ def check_times(system_name: str, reqs: pd.DataFrame) -> None:
 
 
 def warn_saturated(system_name: str, summary: dict[str, float]) -> None:
-    """A warning naming the saturation test that fired (`orcasim.saturation`), if one did."""
-    text = saturation_text(summary)
+    """A warning naming the saturation test that fired (`orcasim.saturation`), if one did:
+    the waiting queue's (the `saturated` flag), or the requests in the system's alone, which
+    says what else grows that count."""
+    text, in_system = saturation_text(summary), in_system_text(summary)
     if text is not None:
-        warnings.warn(f"{system_name}: saturated: {text}; its latencies grow with the run's "
-                      "length", stacklevel=3)
+        also = f"; and {in_system}" if in_system is not None else ""
+        warnings.warn(f"{system_name}: saturated: {text}{also}; its latencies grow with the "
+                      "run's length", stacklevel=3)
+    elif in_system is not None:
+        warnings.warn(f"{system_name}: {in_system}, with no waiting queue: a server whose running "
+                      "set holds the backlog does this as it falls behind, but so do a rising "
+                      "arrival rate, a long tail of latencies and a short run's start-up; not "
+                      "flagged saturated (a run twice as long tells: its latencies grow if it "
+                      "falls behind; orcasim capacity fails the rate)", stacklevel=3)
 
 
 def warn_rejected(system_name: str, rejected: np.ndarray,
