@@ -141,11 +141,17 @@ def measure(model: str, tensor_parallel: list[int], device: str, layers: int, re
 
 
 def check_degree(model: str, tp: int) -> None:
-    """A degree must split the heads and the MLP's width evenly, as Megatron's layers do."""
+    """A degree must split the heads and the MLP's width evenly, as Megatron's layers do, and
+    split the KV heads evenly or replicate each over a whole number of ranks (vLLM's
+    QKVParallelLinear asserts one or the other)."""
     shape = SHAPES[model]
     if shape.n_heads % tp or shape.ffn_dim % tp:
         raise ScenarioError(f"--tensor-parallel {tp}: expected a divisor of {model}'s "
                             f"{shape.n_heads} heads and {shape.ffn_dim} MLP width")
+    if shape.kv_heads % tp and tp % shape.kv_heads:
+        raise ScenarioError(f"--tensor-parallel {tp}: {model}'s {shape.kv_heads} KV heads split "
+                            "over it neither evenly nor as whole replicas; expected a divisor or "
+                            f"a multiple of {shape.kv_heads}")
 
 
 def _rows_for(shape: ModelArgs, model: str, tp: int, device: str, layers: int, repeats: int,

@@ -80,3 +80,21 @@ def test_eager_rows_say_so(tmp_path: Path) -> None:
           "--repeats", "1", "--eager", "--out", str(out)]) == 0
     table = pd.read_csv(out)
     assert (table["mode"] == "eager").all() and list(table["tokens"]) == [1, 2]
+
+
+def test_a_degree_must_split_or_replicate_the_kv_heads_whole() -> None:
+    """Llama-3-8B's 8 KV heads over 32 query heads: TP 16 replicates each KV head on two
+    ranks (allowed), while a made-up 12 KV heads at TP 8 would split unevenly."""
+    from dataclasses import replace
+
+    from calibrate.layer_ops import check_degree
+    from orcasim.config import ScenarioError
+
+    check_degree("llama3-8b", 16)
+    check_degree("llama3-8b", 4)
+    SHAPES["_odd"] = replace(SHAPES["llama3-8b"], n_kv_heads=12, n_heads=48)
+    try:
+        with pytest.raises(ScenarioError, match="12 KV heads split over it neither evenly"):
+            check_degree("_odd", 8)
+    finally:
+        del SHAPES["_odd"]
