@@ -54,7 +54,7 @@ from matplotlib.figure import Figure
 
 from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
-from orcasim.saturation import grew
+from orcasim.saturation import behind_at_constant_rate, grew
 from orcasim.scenario import Scenario, apply_params, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
 from orcasim.sweeps.task import JsonRecord, first_line
@@ -209,9 +209,7 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
         result = run_scenario(scenario, base_dir=Path(job.base_dir))
     system = result.systems[job.system]
     s = system.summary
-    # The requests in the system grow too where a running set holds the backlog (no waiting
-    # queue): at one constant rate that is falling behind (`orcasim.saturation`).
-    passes = bool(s["slo_met"]) and not s["saturated"] and not grew(s["in_system_z"])
+    passes = bool(s["slo_met"]) and not behind_at_constant_rate(s)
     row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
            "in_system_z": s["in_system_z"],

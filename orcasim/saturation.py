@@ -179,6 +179,14 @@ def in_system_saturation(reqs: pd.DataFrame, warmup_s: float = 0.0) -> dict[str,
             "in_system_finish_rps": left / g.span_s}
 
 
+def behind_at_constant_rate(summary: dict[str, float]) -> bool:
+    """Whether a run of one constant-rate workload fell behind: its `saturated` flag, or the
+    requests in the system grew, which at a constant rate (no ramp to explain it) is a
+    running set holding the backlog. The rule the capacity search and the models report
+    read their runs by."""
+    return bool(summary["saturated"]) or grew(summary["in_system_z"])
+
+
 def saturation_text(summary: dict[str, float]) -> str | None:
     """The waiting-queue test's evidence in words where it fired (the `saturated` flag);
     None where it did not."""

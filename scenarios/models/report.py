@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from orcasim.cost.catalog import HardwareConfig, ModelSpec, model_figures  # noqa: E402
 from orcasim.run import run_scenario  # noqa: E402
-from orcasim.saturation import grew  # noqa: E402
+from orcasim.saturation import behind_at_constant_rate  # noqa: E402
 from scenarios.markdown import markdown_table, section, write_readme  # noqa: E402
 
 OUT = ROOT / "results" / "models"
@@ -88,10 +88,10 @@ def _sweep(scenario: Path, overrides: tuple[str, ...], rates: tuple[float, ...])
                                   base_dir=scenario.parent)
         for system, r in result.systems.items():
             row = {c: r.summary[c] for c in COLUMNS}
-            # One constant rate a run, as the capacity search reads its runs: requests piling
-            # up in the system with no waiting queue (data-parallel groups admit the backlog)
-            # is falling behind too (vLLM at EP 8 served 17.3 of 20 req/s and read as stable).
-            row["saturated"] = float(row["saturated"] or grew(r.summary["in_system_z"]))
+            # One constant rate a run, read as the capacity search reads its runs: requests
+            # piling up with no waiting queue (data-parallel groups admit the backlog) is
+            # falling behind too (vLLM at EP 8 served 17.3 of 20 req/s and read as stable).
+            row["saturated"] = float(behind_at_constant_rate(r.summary))
             yield {"system": system, "rate_per_s": rate, **row}
 
 
