@@ -35,7 +35,8 @@ flat while the running set grows and each iteration slows, and the first test ca
 (a tester's server of about 107 req/s read z 0.2 at 117.6 offered). A stable server's count in
 the system levels off at the arrival rate times the mean latency (Little's law), but only once
 its first requests finish: before that it rises at any load, so this test's window starts no
-earlier than a median latency after the first arrival, and its growth is in units of the noise
+earlier than a median latency after the first arrival (or half-way through the arrivals, if
+that is sooner: an overloaded server's latency can outgrow the run), and its growth is in units of the noise
 of both counts, sqrt(arrivals + finishes in the window) (see `in_system_saturation`). That
 count also grows on servers that keep up (a rising arrival rate, a long latency tail, a
 warm-up, a short run's start-up), so a run is `saturated` when the waiting test fires, and
@@ -55,6 +56,11 @@ from orcasim.warmup import counted
 SATURATION_Z = 3.0
 MIN_ARRIVALS = 20
 SKIP_FRACTION = 0.25  # of the arrival window, left out at its start
+# The in-system test's window starts a median latency in, but no later than this share of
+# the arrival window: an overloaded server without a limit on its running set slows every
+# request as the run goes on, so its median latency outgrew the window and left nothing to
+# judge (`in_system_saturation`).
+MAX_RAMP_FRACTION = 0.5
 WAITING_EVIDENCE = ("saturation_z", "saturation_growth_requests", "saturation_arrival_rps",
                     "saturation_admission_rps")
 IN_SYSTEM_EVIDENCE = ("in_system_z", "in_system_growth_requests", "in_system_arrival_rps",
@@ -160,13 +166,22 @@ def in_system_saturation(reqs: pd.DataFrame, warmup_s: float = 0.0) -> dict[str,
     window's arrival and finish rates (req/s) and the growth in units of the noise of both
     counts (`in_system_z`); NaN where too short to judge. From the usual quarter a stable
     server of 20 s latency over a 50 s window read its ramp-up as growth (z 4.2, where 20,000
-    requests read -0.1; a review's finding); so the window starts a median latency in."""
+    requests read -0.1; a review's finding); so the window starts a median latency in.
+
+    It starts no later than `MAX_RAMP_FRACTION` of the arrival window: a server with no limit
+    on its running set, at 1.8 times what it serves over 1,000 requests, slows every request
+    as the run goes on, and its median latency (5.7 s) outgrew the arrival window (5.6 s):
+    nothing was judged, and the capacity search passed 200 req/s for a server of about 105.
+    A stable server whose median latency is past half the run has not reached its level by
+    then either, so the growth is there to read: the warning names a short run's start-up."""
     keep = judged_requests(reqs, warmup_s)
     arrival = reqs["arrival_s"].to_numpy(dtype=np.float64)[keep]
     finish = np.nan_to_num(reqs["finish_s"].to_numpy(dtype=np.float64)[keep], nan=np.inf)
     g = None
     if len(arrival) >= 2:
-        ramp_s = float(np.median(finish - arrival))  # inf where most never finish
+        span_s = float(arrival.max() - arrival.min())
+        # inf where most never finish; never past the window's second half (see the docstring)
+        ramp_s = min(float(np.median(finish - arrival)), MAX_RAMP_FRACTION * span_s)
         g = growth_over_entries(arrival, finish, not_before_s=float(arrival.min()) + ramp_s)
     if g is None:
         return dict.fromkeys(IN_SYSTEM_EVIDENCE, float("nan"))
@@ -204,7 +219,8 @@ def in_system_text(summary: dict[str, float]) -> str | None:
         return None
     return (f"the requests in the system (waiting and running) grew by "
             f"{summary['in_system_growth_requests']:.0f} over the arrivals from a median latency "
-            f"after the first ({summary['in_system_arrival_rps']:.3g} req/s arrived, "
+            f"after the first (or half-way, if sooner) to the last "
+            f"({summary['in_system_arrival_rps']:.3g} req/s arrived, "
             f"{summary['in_system_finish_rps']:.3g} req/s finished; z = {summary['in_system_z']:.1f})")
 
 

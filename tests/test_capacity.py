@@ -77,6 +77,24 @@ def test_overload_in_the_running_set_fails_and_the_answer_stays_below_throughput
     assert outcome.ok and 0 < outcome.max_rate_per_s < 105.7, outcome.max_rate_per_s
 
 
+def test_a_heavy_overload_without_a_running_limit_fails_in_a_short_run() -> None:
+    """The same server with no limit on its running set (16,384 sequences) at 200 req/s in
+    runs of 1,000 requests: every request slows as the run goes on, its median latency (5.7
+    s) outgrew the arrival window (5.6 s), the in-system test had nothing left to judge and
+    the waiting queue grew too little (z 1.9). The search answered 200 req/s from a start of
+    200 for a server of about 105; the in-system window now starts no later than half-way."""
+    slo = slo_from_strings(["e2e_p90 <= 60"])
+    sc = make_scenario(**{**BIG_RUNNING_SET, "workload.arrival": {"kind": "poisson", "rate_per_s": 200.0},
+                          "systems": [{"name": "paged", "scheduler": {
+                              "kind": "paged", "max_num_seqs": 16384,
+                              "max_num_batched_tokens": 100_000}}]})
+    jobs = cap.search_jobs(sc, Path("."), slo, 1, cap.SearchSettings(num_requests=1000))
+    over = cap.evaluate(jobs[0], 200.0)
+    assert over["saturation_z"] < SATURATION_Z < over["in_system_z"], over
+    outcome = cap.search(jobs[0])
+    assert outcome.ok and 0 < outcome.max_rate_per_s < 105.7, outcome.max_rate_per_s
+
+
 @pytest.mark.parametrize("start", [1.0, 5.5])
 def test_a_rate_above_the_measured_service_rate_fails(monkeypatch: pytest.MonkeyPatch,
                                                       start: float) -> None:

@@ -251,18 +251,20 @@ def running_set_backlog(n: int = 1001) -> pd.DataFrame:
 
 
 def test_a_running_set_that_grows_reads_its_growth() -> None:
-    """Latencies i + 1, median 501 s: the window is [501, 1000], with 500 arrivals and the
-    250 finishes 2 i + 1 of i = 250..499; growth half a request a second over 499 s (within a
-    step), in units of sqrt(500 + 250). The waiting queue stays empty."""
+    """Latencies i + 1, median 501 s, past half the arrival window: the window is its second
+    half, [500, 1000], with 501 arrivals and the 250 finishes 2 i + 1 of i = 250..499; growth
+    half a request a second over 500 s (within a step), in units of sqrt(501 + 250). The
+    waiting queue stays empty."""
     out = saturation(running_set_backlog())
     assert out["saturation_growth_requests"] == 0.0
-    assert out["in_system_growth_requests"] == pytest.approx(249.5, abs=1.5)
-    assert out["in_system_z"] == pytest.approx(out["in_system_growth_requests"] / np.sqrt(750))
-    assert (out["in_system_arrival_rps"], out["in_system_finish_rps"]) == (500 / 499, 250 / 499)
+    assert out["in_system_growth_requests"] == pytest.approx(250, abs=1.5)
+    assert out["in_system_z"] == pytest.approx(out["in_system_growth_requests"] / np.sqrt(751))
+    assert (out["in_system_arrival_rps"], out["in_system_finish_rps"]) == (501 / 500, 250 / 500)
     assert out["saturated"] == 0.0 and saturation_text(out) is None  # evidence, not the flag
     text = in_system_text(out)
     assert text is not None and text.startswith("the requests in the system (waiting and running) "
-                                                "grew by 249 over ")
+                                                "grew by 250 over the arrivals from a median latency after "
+                                                "the first (or half-way, if sooner) to the last (")
 
 
 def test_each_test_that_fired_is_named() -> None:
@@ -295,6 +297,25 @@ def test_a_running_set_that_holds_the_backlog_is_said() -> None:
         assert summary["saturated"] == 0.0
         p50.append(summary["e2e_s_p50"])
     assert p50[1] > 1.5 * p50[0]  # the latencies measure the run's length
+
+
+def test_a_running_set_whose_latency_outgrows_the_run_is_said() -> None:
+    """No limit on the running set (16,384 sequences) at 193 req/s, 1.8 times what the
+    server serves, over 1,000 requests: each request slows as the run goes on, the median
+    latency (5.7 s) outgrew the arrival window (5.6 s), and the window that starts a median
+    latency in held nothing to judge: no warning, NaN evidence. It starts no later than
+    half-way now."""
+    sc = make_scenario(**{**BIG_RUNNING_SET, "workload.num_requests": 1000,
+                          "workload.arrival": {"kind": "poisson", "rate_per_s": 193.0},
+                          "systems": [{"name": "paged", "scheduler": {
+                              "kind": "paged", "max_num_seqs": 16384,
+                              "max_num_batched_tokens": 100_000}}]})
+    with pytest.warns(UserWarning, match=r"paged: the requests in the system \(waiting and running\)"):
+        system = run_scenario(sc).systems["paged"]
+    reqs = system.requests
+    span_s = reqs["arrival_s"].max() - reqs["arrival_s"].min()
+    assert (reqs["finish_s"] - reqs["arrival_s"]).median() > span_s
+    assert system.summary["in_system_z"] > SATURATION_Z, system.summary
 
 
 def test_a_rising_arrival_rate_served_in_time_is_not_saturated(tmp_path: Path) -> None:
