@@ -20,7 +20,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
 from orcasim.config import ScenarioError, naming_under
 from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
-from orcasim.cost.catalog import HardwareConfig, ModelRef, stage_layers
+from orcasim.cost.catalog import HardwareConfig, ModelRef, attention_groups, stage_layers
 from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import EngineMode, EngineRun, stepper_for
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
@@ -47,7 +47,7 @@ class ReplicaSpec:
     @property
     def kv_groups(self) -> int:
         """The data-parallel attention groups its KV pool is split over."""
-        return 1 if self.hardware is None else self.hardware.data_parallel_attention
+        return attention_groups(self.hardware)
 
     def deployment(self) -> Deployment | None:
         if self.model is None or self.hardware is None:

@@ -17,6 +17,7 @@ import pandas as pd
 from orcasim.closed_loop import arrival_source
 from orcasim.config import MAX_TIME_S, ScenarioError, errors_under, naming_under, past_the_clock
 from orcasim.cost import CostModel, build_cost_model
+from orcasim.cost.catalog import attention_groups
 from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
@@ -88,8 +89,8 @@ def scheduler_for(scenario: Scenario, system: SystemConfig, requests: Requests) 
     assert scenario.kv_capacity_tokens is not None
     deployment = scenario.deployment()
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
-    groups = 1 if scenario.hardware is None else scenario.hardware.data_parallel_attention
-    return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes, groups)
+    return build_scheduler(system.scheduler, requests, scenario.kv_capacity_tokens, kv_bytes,
+                           attention_groups(scenario.hardware))
 
 
 def at_the_engine(requests: Requests, latency_s: float) -> Requests:

@@ -29,7 +29,7 @@ from orcasim import yaml_strict
 from orcasim.cluster import ClusterConfig, ReplicaGroup
 from orcasim.config import ScenarioError, Strict, errors_under, format_validation_error
 from orcasim.cost import CostConfig, Deployment
-from orcasim.cost.catalog import HardwareConfig, ModelRef, check_deployment
+from orcasim.cost.catalog import HardwareConfig, ModelRef, attention_groups, check_deployment
 from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.slo import SLOConfig
@@ -262,7 +262,7 @@ class Scenario(Strict):
                         kv = self.group_kv_capacity_tokens(group)
                 assert kv is not None
                 # A request's KV lives in one data-parallel attention group's cache.
-                groups = _attention_groups(self.hardware if group is None or group.hardware is None
+                groups = attention_groups(self.hardware if group is None or group.hardware is None
                                            else group.hardware)
                 if kv // groups >= max_tokens or not reserves_max_tokens(scheduler):
                     continue
@@ -285,7 +285,7 @@ class Scenario(Strict):
                     "max_tokens per request, so no request could ever be admitted there")
         if blocked:
             assert self.kv_capacity_tokens is not None  # derived before the checks
-            groups = _attention_groups(self.hardware)
+            groups = attention_groups(self.hardware)
             capacity = f"kv_capacity_tokens = {self.kv_capacity_tokens}" if groups == 1 else (
                 f"the KV capacity of one data-parallel attention group, "
                 f"{self.kv_capacity_tokens // groups} tokens (kv_capacity_tokens = "
@@ -297,12 +297,6 @@ class Scenario(Strict):
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
         return system.cost if system.cost is not None else self.cost
-
-
-def _attention_groups(hardware: HardwareConfig | None) -> int:
-    """The data-parallel attention groups a KV pool is split over (each holds its own
-    requests' KV, as vLLM's data-parallel engines do)."""
-    return 1 if hardware is None else hardware.data_parallel_attention
 
 
 def _kv_places(system: SystemConfig) -> list[tuple[str | None, ReplicaGroup | None]]:

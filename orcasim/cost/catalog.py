@@ -483,6 +483,13 @@ class HardwareConfig(Strict):
         return self
 
 
+def attention_groups(hardware: HardwareConfig | None) -> int:
+    """The data-parallel attention groups a KV pool is split over, each holding its own
+    requests' KV as vLLM's data-parallel engines do: 1 without hardware. The one rule the
+    scenario's checks, a fleet's replicas and a plain run's scheduler read."""
+    return 1 if hardware is None else hardware.data_parallel_attention
+
+
 def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_tokens: int,
                      where: str = "") -> None:
     """Raise ValueError unless `model` can run as `hardware` splits it and its context holds
