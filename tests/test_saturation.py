@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -351,6 +352,25 @@ def test_a_rising_arrival_rate_served_in_time_is_not_saturated(tmp_path: Path) -
         assert any("not flagged saturated" in str(w.message) for w in caught)
 
 
+def quiet_long_latency_run(seed: int, num_requests: int, rate_per_s: float,
+                           output_tokens: dict[str, Any], max_batch_size: int,
+                           kv_capacity_tokens: int) -> Any:
+    """An Orca server of 20 ms steps and 100-token prompts, its KV and batch limit far beyond
+    the load, run with any saturation warning an error; its system's result."""
+    top = output_tokens.get("high", output_tokens.get("value"))
+    sc = make_scenario(**{"seed": seed, "workload.num_requests": num_requests,
+                          "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+                          "workload.prompt_tokens": {"kind": "constant", "value": 100},
+                          "workload.output_tokens": output_tokens,
+                          "workload.max_tokens": top + 100, "kv_capacity_tokens": kv_capacity_tokens,
+                          "cost": {"kind": "linear", "base_s": 0.020, "per_token_s": 1.0e-6},
+                          "systems": [{"name": "big", "scheduler": {"kind": "iteration_level",
+                                                                    "max_batch_size": max_batch_size}}]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no saturation warning
+        return run_scenario(sc).systems["big"]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_stable_server_of_spread_latencies_is_not_flagged(seed: int) -> None:
     """Latencies spread from 2 to 38 s (outputs of 100 to 1,900 tokens, 20 ms steps) at 120
@@ -358,17 +378,8 @@ def test_a_stable_server_of_spread_latencies_is_not_flagged(seed: int) -> None:
     system rise until the slowest early ones finish, 38 s in. From a median latency (21 s)
     in, 9,000 requests read in-system z 3.9 to 5.0 on seeds 0 to 5, and the capacity search
     failed the rate; from the 90th percentile, 0.0 to 2.0."""
-    sc = make_scenario(**{"seed": seed, "workload.num_requests": 9000,
-                          "workload.arrival": {"kind": "poisson", "rate_per_s": 120.0},
-                          "workload.prompt_tokens": {"kind": "constant", "value": 100},
-                          "workload.output_tokens": {"kind": "uniform", "low": 100, "high": 1900},
-                          "workload.max_tokens": 2000, "kv_capacity_tokens": 40_000_000,
-                          "cost": {"kind": "linear", "base_s": 0.020, "per_token_s": 1.0e-6},
-                          "systems": [{"name": "big", "scheduler": {"kind": "iteration_level",
-                                                                    "max_batch_size": 4096}}]})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no saturation warning
-        system = run_scenario(sc).systems["big"]
+    system = quiet_long_latency_run(seed, 9000, 120.0, {"kind": "uniform", "low": 100, "high": 1900},
+                                    4096, 40_000_000)
     reqs = system.requests
     quarters = pd.qcut(reqs["arrival_s"], 4, labels=False)
     e2e = (reqs["finish_s"] - reqs["arrival_s"]).groupby(quarters).median()
@@ -394,17 +405,8 @@ def test_a_stable_server_of_long_latency_is_not_flagged(seed: int) -> None:
     req/s over a 50 s window, read z 4.2 from the usual quarter (20,000 requests read -0.1)
     and failed the capacity search (a review's finding). The window starts a p90 latency
     in, and the growth is in units of both counts' noise (seeds 0 to 11: -1.2 to 2.4)."""
-    sc = make_scenario(**{"seed": seed, "workload.num_requests": 2000,
-                          "workload.arrival": {"kind": "poisson", "rate_per_s": 40.0},
-                          "workload.prompt_tokens": {"kind": "constant", "value": 100},
-                          "workload.output_tokens": {"kind": "constant", "value": 1000},
-                          "workload.max_tokens": 1100, "kv_capacity_tokens": 2_000_000,
-                          "cost": {"kind": "linear", "base_s": 0.020, "per_token_s": 1.0e-6},
-                          "systems": [{"name": "big", "scheduler": {"kind": "iteration_level",
-                                                                    "max_batch_size": 1024}}]})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no saturation warning
-        system = run_scenario(sc).systems["big"]
+    system = quiet_long_latency_run(seed, 2000, 40.0, {"kind": "constant", "value": 1000}, 1024,
+                                    2_000_000)
     assert (system.requests["finish_s"] - system.requests["arrival_s"]).median() > 20
     assert system.summary["in_system_z"] < SATURATION_Z
     assert system.summary["saturated"] == 0.0, system.summary
