@@ -406,3 +406,40 @@ def test_an_interval_of_a_rate_stops_at_zero() -> None:
     assert low == 0.0 and high == pytest.approx(cap.t_interval(np.array([0.1, 2.0]))[1])
     assert cap.t_interval(np.array([0.1, 2.0]))[0] < 0  # what it was
     assert cap.rate_interval(np.array([1.0, 1.1])) == cap.t_interval(np.array([1.0, 1.1]))
+
+
+# A stable server of 20 s latency at any load (1,024 sequences, 1,000-token outputs, 20 ms
+# steps): about 48 req/s at most.
+LONG_LATENCY = {"workload.arrival": {"kind": "poisson", "rate_per_s": 10.0},
+                "workload.prompt_tokens": {"kind": "constant", "value": 100},
+                "workload.output_tokens": {"kind": "constant", "value": 1000},
+                "workload.max_tokens": 1100, "kv_capacity_tokens": 2_000_000,
+                "cost": {"kind": "linear", "base_s": 0.020, "per_token_s": 1.0e-6},
+                "systems": [{"name": "big", "scheduler": {"kind": "iteration_level",
+                                                          "max_batch_size": 1024}}]}
+
+
+def test_a_rate_failed_on_a_run_shorter_than_two_latencies_is_said() -> None:
+    """At 40 req/s, 1,000 requests arrive over 25 s, under twice its p90 latency: the
+    in-system window starts half-way, where the count of a server that keeps up still rises,
+    and read z 12 to 16 (2,000 requests: -1.2 to 1.6). The search answered 30.2 req/s (47.6
+    with 2,000) without a word; it now says which rate failed so and that more requests tell."""
+    slo = slo_from_strings(["e2e_p90 <= 60"])
+    job = cap.search_jobs(make_scenario(**LONG_LATENCY), Path("."), slo, 1,
+                          cap.SearchSettings(num_requests=1000))[0]
+    short = cap.evaluate(job, 40.0)
+    assert short["slo_met"] == 1 and short["saturation_z"] < SATURATION_Z < short["in_system_z"]
+    assert short["in_system_short"] == 1.0 and short["passes"] == 0.0
+    long = cap.evaluate(cap.search_jobs(make_scenario(**LONG_LATENCY), Path("."), slo, 1,
+                                        cap.SearchSettings(num_requests=2000))[0], 40.0)
+    assert long["in_system_short"] == 0.0 and long["passes"] == 1.0
+    passed = {**short, "rate_per_s": 20.0, "passes": 1.0, "in_system_z": 0.4, "in_system_short": 0.0}
+    tried = pd.DataFrame([{"point": 0, "system": "big", "replication": 0, **row}
+                          for row in (passed, short)])
+    table = pd.DataFrame({"point": [0], "system": ["big"], "max_rate_per_s": [20.0]})
+    lines = cap.capacity_warnings(cap.CapacityResult(table, tried, [], 1, 0), slo)
+    assert lines == ["big: 40 req/s met the SLOs and failed only because the requests in the "
+                     "system grew, in runs shorter than twice their p90 latency, where a server that "
+                     "keeps up is still filling: max_rate_per_s may be low; more --requests tell"]
+    tried.loc[1, "in_system_short"] = 0.0  # a run long enough to tell: no word
+    assert cap.capacity_warnings(cap.CapacityResult(table, tried, [], 1, 0), slo) == []
