@@ -57,12 +57,17 @@ def test_expert_parallel_splits_the_experts_and_data_parallel_attention_replicat
     assert model.routed_expert_params() == experts
     tp8 = HardwareConfig(gpu="h200", tensor_parallel=8)
     dp8 = HardwareConfig(gpu="h200", data_parallel_attention=8, expert_parallel=8)
-    whole = sum(model.tp_replicated_params(i) for i in range(61)) + 7168 * 2  # the final norm in bf16
+    # Whole on every rank, in bytes: fp8 but the norms, routers and final norm (bf16), which
+    # are all whole here (no biases), so their second byte is unquantized_params_per_rank's.
+    bf16 = sum(model.unquantized_params_per_rank(i, 8) for i in range(61))
+    assert bf16 == sum(model.unquantized_params_per_rank(i) for i in range(61))
+    whole = sum(model.tp_replicated_params(i) for i in range(61)) + bf16 + 7168 * 2
     assert weight_bytes_per_gpu(model, tp8) == pytest.approx(model.weight_bytes() / 8 + whole * 7 / 8, rel=1e-12)
-    # fp8 but the embedding and LM head, in bf16 (vLLM's Fp8Config quantizes linear layers only)
+    # fp8 but the embedding and LM head, norms and routers, in bf16 (vLLM's Fp8Config
+    # quantizes linear layers' weight matrices only; the gate is built unquantized)
     embedding = model.embedding_params()
     assert weight_bytes_per_gpu(model, dp8) == pytest.approx(
-        model.param_count() - experts + embedding + experts / 8)
+        model.param_count() - experts + embedding + bf16 + experts / 8)
     assert dp8.num_gpus == tp8.num_gpus == 8
 
 

@@ -487,9 +487,10 @@ def test_every_projection_reads_its_weights_at_their_own_precision(tmp_path: Pat
             assert fp8[op] == (flops, weights / 2, activations, count), (name, op)
     d = 5120
     assert _op_table(model_from_argument("opt-13b"), 1)["mlp_down_proj"][1] == (4 * d * d + d) * 2
-    # DeepSeek's router, and MLA without a query latent (DeepSeek-V2-Lite's shape): one
+    # DeepSeek's router, in bf16 under fp8 weights (vLLM builds its gate with
+    # quant_config=None), and MLA without a query latent (DeepSeek-V2-Lite's shape): one
     # projection of the hidden state to every head's query, no bias.
-    assert _op_table(hf("deepseek-v3", weight_dtype="fp8"), 8, moe_layer=True)["moe_router"][1] == 7168 * 256
+    assert _op_table(hf("deepseek-v3", weight_dtype="fp8"), 8, moe_layer=True)["moe_router"][1] == 7168 * 256 * 2
     config = json.loads(Path("orcasim/data/hf_configs/deepseek-v3/config.json").read_text())
     direct = model_from_argument(write_config(tmp_path, {**config, "q_lora_rank": None}))
     q_proj = {op.name: op for op in token_ops(direct.model_copy(update={"weight_dtype": "fp8"}), 8)}["mla_q_proj"]
@@ -680,18 +681,23 @@ def test_latent_down_projections_routers_and_norms_are_whole_on_every_rank() -> 
     """DeepSeek-V3 in fp8 at TP 8: vLLM keeps MLA's down-projections to the query and KV
     latents (7,168 x (1,536 + 576), ReplicatedLinear) with the latents' norms, the two layer
     norms of each of 61 layers, the router of each of 58 MoE layers (7,168 x 256,
-    ReplicatedLinear) and the final norm (bf16, as the embeddings) whole on every rank; an
-    even share held an eighth of them, 0.902 GB a GPU light."""
+    ReplicatedLinear) and the final norm whole on every rank; an even share held an eighth of
+    them, 0.996 GB a GPU light. Only the down-projections are fp8: Fp8Config quantizes linear
+    layers' weight matrices, and the norms and the gate (built with quant_config=None) stay
+    bf16, as the embeddings do."""
     from orcasim.cost.catalog import weight_bytes_per_gpu
 
     model = hf("deepseek-v3", weight_dtype="fp8")
     d = 7168
-    layer_whole = d * (1536 + 576) + 1536 + 512 + 2 * d
-    whole_bytes = (61 * layer_whole + 58 * d * 256) * 1 + d * 2
+    fp8_whole = 61 * d * (1536 + 576)
+    bf16_whole = 61 * (1536 + 512 + 2 * d) + 58 * d * 256 + d
+    whole_bytes = fp8_whole * 1 + bf16_whole * 2
     hw = HardwareConfig(gpu="h200", tensor_parallel=8)
     assert weight_bytes_per_gpu(model, hw) == pytest.approx(
         model.weight_bytes() / 8 + whole_bytes * (1 - 1 / 8), rel=1e-12)
-    assert whole_bytes * 7 / 8 == 902_048_000
+    assert whole_bytes * 7 / 8 == 996_049_152
+    # Counted at one byte, the norms and routers left 107,429,888 bytes a GPU uncounted.
+    assert bf16_whole - d == 58 * d * 256 + 61 * (1536 + 512 + 2 * d) == 107_429_888
 
 
 def test_norms_output_biases_and_learned_positions_are_whole_on_every_rank() -> None:

@@ -85,15 +85,34 @@ def test_latent_attention_keeps_the_whole_latent_on_every_rank() -> None:
 
 
 def test_fp8_weights_halve_the_layers_bytes_not_the_embeddings() -> None:
-    """vLLM's Fp8Config quantizes linear layers and fused experts only: the vocabulary
-    embedding and LM head stay in bf16 (as DeepSeek-V3's report keeps them). Counted at one
+    """vLLM's Fp8Config quantizes linear layers' weight matrices and fused experts only: the
+    vocabulary embedding and LM head stay in bf16 (as DeepSeek-V3's report keeps them), and
+    so do the norms and the MoE routers (a gate built with quant_config=None). Counted at one
     byte, Qwen3-8B-FP8's weights read 13% light (a tester's reading)."""
-    for name, dtype, ratio in (("deepseek-v3", "fp8", 2), ("mixtral-8x7b", "int4", 4)):
+    # By hand: each layer's two norms and, in a MoE layer, its router (d x experts); MLA's
+    # two latent norms (1,536 + 512).
+    deepseek = 61 * (2 * 7168 + 1536 + 512) + 58 * 7168 * 256
+    mixtral = 32 * (2 * 4096 + 4096 * 8)
+    for name, dtype, ratio, norms_and_routers in (("deepseek-v3", "fp8", 2, deepseek),
+                                                  ("mixtral-8x7b", "int4", 4, mixtral)):
         full, low = hf(name), hf(name, weight_dtype=dtype)
-        embedding = full.embedding_params()
-        layers = full.param_count() - embedding
-        assert low.weight_bytes() == layers * 2 / ratio + embedding * 2
+        kept = full.embedding_params() + norms_and_routers
+        layers = full.param_count() - kept
+        assert low.weight_bytes() == layers * 2 / ratio + kept * 2
         assert full.weight_bytes() == full.param_count() * 2
+
+
+def test_fp8_keeps_the_biases_and_splits_the_column_parallel_ones() -> None:
+    """OPT-13B in fp8 (d = 5,120, 40 heads of 128, MLP 4d, biases): each layer keeps in bf16
+    its two LayerNorms' gains and biases (4d), its QKV bias (3d), output bias (d), fc1 bias
+    (4d) and fc2 bias (d), 13d; at TP 2 a rank holds the row-parallel and norm ones whole
+    (6d), half the query's and fc1's (5d / 2) and its 20 KV heads' K and V biases (d)."""
+    d = 5120
+    opt = model_from_argument("opt-13b").model_copy(update={"weight_dtype": "fp8"})
+    assert opt.unquantized_params_per_rank() == 13 * d
+    assert opt.unquantized_params_per_rank(0, 2) == 6 * d + 5 * d / 2 + d
+    kept = opt.embedding_params() + 40 * 13 * d
+    assert opt.weight_bytes() == (opt.param_count() - kept) * 1 + kept * 2
 
 
 def test_moe_layers_follow_each_familys_rule() -> None:

@@ -291,6 +291,33 @@ class ModelSpec(Strict):
             return whole + self._router_params(moe)
         return whole + (d if self.bias else 0)  # the MLP's down-projection bias
 
+    def unquantized_params_per_rank(self, layer: int = 0, tp: int = 1) -> float:
+        """Weights of layer `layer` that one of `tp` tensor-parallel ranks holds in the
+        model's own dtype whatever `weight_dtype` says (`embedding_element_bytes`): vLLM's
+        Fp8Config quantizes the weight matrices of linear layers and fused experts only. So
+        the norms stay (not linear layers; MLA's latent norms too), every bias stays
+        (Fp8LinearMethod quantizes `weight` alone; a column-parallel bias is split as its
+        weight is, a row-parallel one whole), and a MoE router stays (DeepSeek's, Mixtral's
+        and Qwen's gate is a ReplicatedLinear built with quant_config=None)."""
+        d, moe = self.hidden_size, self.moe
+        whole = self._layer_norm_params()  # on every rank
+        split = 0  # over the ranks
+        kv_bias = 0.0  # on each rank, its KV heads' (`kv_heads_per_rank`)
+        if self.mla is not None:
+            whole += self.mla.kv_lora_rank + (self.mla.q_lora_rank or 0)
+        else:
+            if self._has_qkv_bias:
+                split += self.num_heads * self.head_dim
+                kv_bias = 2 * self.head_dim * self.kv_heads_per_rank(tp)
+            if self.bias:
+                whole += d  # the output projection's
+        if moe is not None and layer not in moe.dense_layers:
+            whole += self._router_params(moe)
+        elif self.bias:
+            split += self.ffn_size * (2 if self.gated_mlp else 1)  # up (and gate) projection
+            whole += d  # the down projection's
+        return whole + split / tp + kv_bias
+
     def _all_layers_params(self, active: bool) -> int:
         if self.moe is None:
             return self.num_layers * self.layer_params()
@@ -323,21 +350,25 @@ class ModelSpec(Strict):
 
     @property
     def embedding_element_bytes(self) -> float:
-        """Bytes an embedding, LM head or final norm weight takes: the model's own dtype
-        whatever `weight_dtype` says, as vLLM's Fp8Config quantizes only linear layers and
-        fused experts (the vocabulary embedding and LM head stay in bf16; DeepSeek-V3's
-        report, section 3.3.2, keeps them too). A `weight_dtype` wider than that (fp32) widens
-        them too: it kept the embedding and LM head at 2 bytes (a tester's finding)."""
+        """Bytes an embedding, LM head, norm, bias or router weight takes: the model's own
+        dtype whatever `weight_dtype` says, as vLLM's Fp8Config quantizes only linear layers'
+        weight matrices and fused experts (the vocabulary embedding and LM head stay in bf16;
+        DeepSeek-V3's report, section 3.3.2, keeps them too; `unquantized_params_per_rank`).
+        A `weight_dtype` wider than that (fp32) widens them too: it kept the embedding and LM
+        head at 2 bytes (a tester's finding)."""
         return max(float(self.dtype_bytes), self.weight_element_bytes)
 
     def non_expert_weight_bytes(self) -> float:
-        """Bytes of every weight but the routed experts': the layers' at `weight_dtype`, the
-        embedding and LM head at their own (`embedding_element_bytes`)."""
+        """Bytes of every weight but the routed experts': the layers' matrices at
+        `weight_dtype`; the embedding, LM head, norms, biases and routers at their own
+        (`embedding_element_bytes`, `unquantized_params_per_rank`)."""
         rest = self.param_count() - self.routed_expert_params()
         if self.weight_element_bytes == self.embedding_element_bytes:
             return rest * self.weight_element_bytes
-        embedding = self.embedding_params()
-        return (rest - embedding) * self.weight_element_bytes + embedding * self.embedding_element_bytes
+        unquantized = self.embedding_params() + sum(
+            self.unquantized_params_per_rank(i) for i in range(self.num_layers))
+        return ((rest - unquantized) * self.weight_element_bytes
+                + unquantized * self.embedding_element_bytes)
 
     def weight_bytes(self) -> float:
         # Whole numbers times a power of two, or 17/32 (mxfp4): the sum is exact.
@@ -601,8 +632,11 @@ def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
         layers = range(start, start + count)
         start += count
         own = sum(layer_params_per_rank(model, i, tp) for i in layers)
+        unquantized = sum(model.unquantized_params_per_rank(i, tp) for i in layers)
         expert = sum(model.layer_routed_expert_params(i) for i in layers)
-        weights = own * model.weight_element_bytes + expert * model.expert_element_bytes / expert_ranks
+        # What stays unquantized adds its difference (0 where nothing is quantized: the same bits).
+        weights = (own * model.weight_element_bytes + unquantized * (emb_bytes - model.weight_element_bytes)
+                   + expert * model.expert_element_bytes / expert_ranks)
         out.append(weights + (first if k == 0 else 0.0) + (last if k == hw.pipeline_parallel - 1 else 0.0))
     return out
 

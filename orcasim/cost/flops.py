@@ -67,7 +67,9 @@ def token_ops(model: ModelSpec, tp: int, moe_layer: bool = False) -> list[Op]:
     ops = [_elementwise("input_layernorm", d, d, dt), *_attention_token_ops(model, tp),
            _elementwise("post_attention_layernorm", d, d, dt)]
     if moe_layer and model.moe is not None:
-        ops.append(_matmul("moe_router", d, model.moe.num_experts, dt, False, model.weight_element_bytes))
+        # The router is not quantized (`ModelSpec.unquantized_params_per_rank`).
+        ops.append(_matmul("moe_router", d, model.moe.num_experts, dt, False,
+                           model.embedding_element_bytes))
         if model.moe.shared_intermediate_size:
             ops += _mlp_ops(model, model.moe.shared_intermediate_size / tp, "shared_expert_")
     else:
