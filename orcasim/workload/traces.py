@@ -230,7 +230,11 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
     match fmt:
         case "orcasim":
             rows = _read_csv(path, ORCASIM_COLUMNS, max_requests)
-            return rows, _numbers(rows, "arrival_s", path, line_offset=2), 2
+            arrival_s = _numbers(rows, "arrival_s", path, line_offset=2)
+            _raise_on_bad(arrival_s >= UNIX_MS_S, rows["arrival_s"], "arrival_s", path, 2,
+                          f"seconds, below {UNIX_MS_S:g} (a Unix time in seconds is read from "
+                          "the first request on; this one is in ms, us or ns)")
+            return rows, arrival_s, 2
         case "azure":
             rows = _read_csv(path, AZURE_COLUMNS, max_requests)
             return rows, _azure_seconds(rows, path), 2
@@ -241,6 +245,12 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
             rows = _read_vllm_result(path).iloc[:max_requests]
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LISTS
     raise ScenarioError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake or vllm")
+
+
+# An arrival_s this large is no time in seconds (3,170 years) but a Unix time in ms (1.7e12
+# in 2023), us or ns: made relative, ms stretched the run 1000 times and its replay looked
+# plausible (a tester's finding); us and ns passed MAX_TIME_S, ms did not.
+UNIX_MS_S = 1e11
 
 
 # The "line offset" of a vLLM result's rows: they are positions in its per-request lists
