@@ -323,6 +323,10 @@ def cmd_logs(args: argparse.Namespace) -> None:
     parameters = fit_names(",".join(args.fit) if args.fit else ",".join(DEFAULT_PARAMETERS))
     current_values(scenario, parameters, system)  # a name that cannot be fitted fails now, not after reading logs
     logs = read_logs(args.logs, args.fmt)
+    if args.loo and len(logs) == 1:  # said, where an empty error_left_out was all it showed
+        warnings.warn(f"one log ({logs[0].name}): none is left out, so error_left_out stays empty; "
+                      "give two or more runs to score the fit on one it never saw",
+                      UserWarning, stacklevel=2)
     result = fit(scenario, logs, system, parameters, base_dir)
     if args.loo and len(logs) > 1:
         leave_one_out(scenario, logs, system, result, parameters, base_dir)

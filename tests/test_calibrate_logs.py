@@ -333,3 +333,21 @@ def test_a_fit_sets_its_coefficients_in_the_cost_its_system_runs_only() -> None:
     fitted = with_cost(start, {"overhead.per_iteration_s": 0.003}, "orca")
     assert fitted.systems[1].cost.overhead.per_iteration_s == 0.003
     assert fitted.cost.overhead == start.cost.overhead
+
+
+def test_one_log_says_that_none_is_left_out(short_logs: list[Path], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # One log gave an empty error_left_out and said nothing of why (a tester's finding).
+    import calibrate.logs
+
+    # What the command says, not how well it fits: the fit is stubbed (5 s otherwise).
+    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a:
+                        calibrate.logs.Fit(current_values(scenario, parameters, system), 0.0, 0))
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    out = tmp_path / "cost.yaml"
+    with pytest.warns(UserWarning, match=r"^one log \(run-1\): none is left out, so "
+                                         r"error_left_out stays empty; give two or more runs"):
+        assert main(["logs", str(short_logs[0]), "--scenario", str(scenario), "--out", str(out),
+                     "--fit", "overhead.per_sequence_s"]) == 0
+    assert yaml.safe_load(out.read_text())["calibration"]["error_left_out"] == {}
