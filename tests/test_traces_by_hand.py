@@ -316,6 +316,16 @@ def test_a_vllm_result_lacking_fields_names_them_all(tmp_path: Path) -> None:
         read_trace(path)
 
 
+def test_a_csv_read_as_a_vllm_result_names_the_formats(tmp_path: Path) -> None:
+    """`format: vllm` on an orcasim CSV said only 'not valid JSON' (a tester's note)."""
+    path = tmp_path / "run.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,5,3\n")
+    with pytest.raises(ScenarioError, match=r"run\.csv: not valid JSON .*; format vllm reads a "
+                                            r"vLLM benchmark result's JSON \(a CSV is format "
+                                            r"orcasim or azure, or auto\)$"):
+        read_trace(str(path), "vllm")
+
+
 def test_vllm_lists_of_different_lengths_are_an_error(tmp_path: Path) -> None:
     path = _vllm(tmp_path, start_times=[0.0, 1.0], input_lens=[5], output_lens=[3], ttfts=[0.1],
                  itls=[[0.1, 0.1]])

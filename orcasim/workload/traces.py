@@ -279,7 +279,11 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     parallel per-request lists. `start_times` (a monotonic clock, seconds) are when each
     request was sent; failed requests (an error, or no output) are dropped. E2E is TTFT plus
     the inter-token gaps (`itls`); TPOT their mean over output - 1 tokens."""
-    doc = read_json(path)
+    try:
+        doc = read_json(path)
+    except ScenarioError as e:  # a CSV given as vllm: say which format reads it
+        raise ScenarioError(f"{e}; format vllm reads a vLLM benchmark result's JSON (a CSV is "
+                            "format orcasim or azure, or auto)") from None
     if not isinstance(doc, dict):
         raise ScenarioError(f"{path.name}: a JSON {type(doc).__name__}; expected an object with "
                             f"the lists {', '.join(VLLM_FIELDS)} (a vLLM benchmark result)")
