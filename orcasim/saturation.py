@@ -47,6 +47,7 @@ runs are of one constant-rate workload, fails a rate on either.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,20 +184,31 @@ def in_system_saturation(reqs: pd.DataFrame, warmup_s: float = 0.0) -> dict[str,
     about 105. A stable server whose latency is past half the run has not reached its level
     by then either, so it reads growth too: the warning names a short run's start-up, and the
     capacity search says where a rate failed on such runs (`in_system_window_is_short`)."""
-    arrival, finish = _in_system_times(reqs, warmup_s)
-    g = None
-    if len(arrival) >= 2:
-        ramp_s, _ = _in_system_ramp_s(arrival, finish)
-        g = growth_over_entries(arrival, finish, not_before_s=float(arrival.min()) + ramp_s)
-    if g is None:
+    occupancy = occupancy_growth(*_in_system_times(reqs, warmup_s))
+    if occupancy is None:
         return dict.fromkeys(IN_SYSTEM_EVIDENCE, float("nan"))
-    # The finishes in the window are of arrivals a latency earlier, as noisy as the arrivals
-    # and, with a latency past the window, not correlated with them (sqrt(entered) alone read
-    # a stable server of 20 s latency at z 3.3 on one seed).
-    left = int(((finish >= g.from_s) & (finish <= g.end_s)).sum())
-    return {"in_system_z": float(g.growth / np.sqrt(g.entered + left)),
-            "in_system_growth_requests": g.growth, "in_system_arrival_rps": g.entered / g.span_s,
-            "in_system_finish_rps": left / g.span_s}
+    g, left = occupancy
+    return {"in_system_z": g.z, "in_system_growth_requests": g.growth,
+            "in_system_arrival_rps": g.entered / g.span_s, "in_system_finish_rps": left / g.span_s}
+
+
+def occupancy_growth(entered_s: np.ndarray, left_s: np.ndarray) -> tuple[Growth, int] | None:
+    """The growth of a count of things that stay a while (requests in the system, sessions
+    in progress) over the entries from the `RAMP_QUANTILE` of their stays after the first
+    (no later than `MAX_RAMP_FRACTION` of the entries' span) to the last, its z in units of
+    the noise of both the entries and the leavings in that window, and those leavings; None
+    where too short to judge (see `in_system_saturation`)."""
+    if len(entered_s) < 2:
+        return None
+    ramp_s, _ = _ramp_s(entered_s, left_s)
+    g = growth_over_entries(entered_s, left_s, not_before_s=float(entered_s.min()) + ramp_s)
+    if g is None:
+        return None
+    # The leavings in the window are of entries a stay earlier, as noisy as the entries and,
+    # with a stay past the window, not correlated with them (sqrt(entered) alone read a
+    # stable server of 20 s latency at z 3.3 on one seed).
+    left = int(((left_s >= g.from_s) & (left_s <= g.end_s)).sum())
+    return dataclasses.replace(g, z=float(g.growth / np.sqrt(g.entered + left))), left
 
 
 def in_system_window_is_short(reqs: pd.DataFrame, warmup_s: float = 0.0) -> bool:
@@ -206,7 +218,7 @@ def in_system_window_is_short(reqs: pd.DataFrame, warmup_s: float = 0.0) -> bool
     level, so a growth read is the run's start-up as much as a backlog (a stable server of
     20 s latency at 40 req/s read z 12 to 16 over 1,000 requests, -1.2 to 1.6 over 2,000)."""
     arrival, finish = _in_system_times(reqs, warmup_s)
-    return len(arrival) >= 2 and _in_system_ramp_s(arrival, finish)[1]
+    return len(arrival) >= 2 and _ramp_s(arrival, finish)[1]
 
 
 def _in_system_times(reqs: pd.DataFrame, warmup_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -216,7 +228,7 @@ def _in_system_times(reqs: pd.DataFrame, warmup_s: float) -> tuple[np.ndarray, n
     return arrival, np.nan_to_num(reqs["finish_s"].to_numpy(dtype=np.float64)[keep], nan=np.inf)
 
 
-def _in_system_ramp_s(arrival: np.ndarray, finish: np.ndarray) -> tuple[float, bool]:
+def _ramp_s(arrival: np.ndarray, finish: np.ndarray) -> tuple[float, bool]:
     """How long after the first arrival the in-system window starts: the `RAMP_QUANTILE` of
     latency (inf where that many never finish), but no later than `MAX_RAMP_FRACTION` of the
     arrival window (see `in_system_saturation`); and whether that bound set it."""
@@ -264,20 +276,28 @@ def _steps_moment(times_s: np.ndarray, from_s: float, span_s: float) -> float:
 
 
 def session_saturation(start_s: np.ndarray, end_s: np.ndarray, warmup_s: float = 0.0) -> dict[str, float]:
-    """The same test on sessions: the number started and not yet ended (NaN: never) over
-    the last three quarters of the session starts after warm-up. A session's calls arrive
-    only as its earlier answers return, so the calls' own queue drains once starts stop,
-    however far behind the server fell: too many sessions started at a rate pile up as
-    sessions in progress, not as waiting calls (a tester's find: a request-level server of
-    about 200 tasks an hour offered 540 read z = -3.3 on its calls, task p50 growing with
-    the run). `session_saturated` and its evidence; NaN evidence where too short to judge."""
+    """The sessions started and not yet ended (NaN: never) after warm-up: their growth
+    (`occupancy_growth`, as the requests in the system's). A session's calls arrive only as
+    its earlier answers return, so the calls' own queue drains once starts stop, however far
+    behind the server fell: too many sessions started at a rate pile up as sessions in
+    progress, not as waiting calls (a tester's find: a request-level server of about 200
+    tasks an hour offered 540 read z = -3.3 on its calls, task p50 growing with the run).
+
+    A session lasts as long as its tool calls and steps, however fast the server: the count
+    rises for a session's length at any load. From the usual quarter of the starts, 2,000
+    agents started at 10 a second, each 3 to 6 steps with 20 s of tools between them, on a
+    server that answered every call in 0.2 s (task time flat over the run, p90 101 s) read
+    z 4.3 to 4.9 on three seeds and were flagged saturated; the window now starts at the
+    90th percentile of task time, as the in-system test's does at latency's.
+    `session_saturated` and its evidence; NaN evidence where too short to judge."""
     keep = counted(np.asarray(start_s, dtype=np.float64), warmup_s)
     start = np.asarray(start_s, dtype=np.float64)[keep]
     end = np.nan_to_num(np.asarray(end_s, dtype=np.float64)[keep], nan=np.inf)
-    g = growth_over_entries(start, end)
-    if g is None:
+    occupancy = occupancy_growth(start, end)
+    if occupancy is None:
         nan = float("nan")
         return {"session_saturated": 0.0, "session_saturation_z": nan,
                 "session_saturation_growth_sessions": nan}
+    g, _ = occupancy
     return {"session_saturated": float(grew(g.z)), "session_saturation_z": g.z,
             "session_saturation_growth_sessions": g.growth}
