@@ -203,6 +203,25 @@ class PagedAllocator:
             table.append(block)
         return new
 
+    def allocate_in_turns(self, req_ids: list[int], num_blocks: int) -> list[int] | None:
+        """`num_blocks` more blocks dealt to the distinct `req_ids` in turn, one each a round
+        (the last round may stop short): what `allocate_one_each` of the ids repeated gives
+        (the same blocks), or None (and nothing changes) if there are too few. A table takes
+        its round's blocks as one slice: a run's steps deal thousands of blocks."""
+        if num_blocks > self.num_free_blocks:
+            return None
+        new = self._take(num_blocks)
+        self._hold(new)
+        tables, turns = self.tables, len(req_ids)
+        for turn, req_id in enumerate(req_ids[:num_blocks]):
+            dealt = new[turn::turns]  # its block of each round, in order
+            table = tables.get(req_id)
+            if table is None:
+                tables[req_id] = dealt
+            else:
+                table.extend(dealt)
+        return new
+
     def grow_to(self, req_id: int, tokens: int) -> list[int] | None:
         """Make `req_id`'s table hold `tokens` tokens; the new blocks, or None if they do not fit."""
         need = self.blocks_to_hold(req_id, tokens)

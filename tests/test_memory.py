@@ -74,6 +74,32 @@ def test_allocate_one_each_gives_the_blocks_of_one_allocate_each():
     bulk.check_invariants()
 
 
+@given(st.integers(1, 12), st.integers(0, 5), st.integers(0, 30))
+def test_allocate_in_turns_gives_the_blocks_of_one_each_repeated(free_first: int, turns: int,
+                                                                   num_blocks: int) -> None:
+    """Dealing blocks in turns equals `allocate_one_each` of the ids repeated, round by
+    round, the last round cut short: the same blocks, the same tables."""
+    in_turns, one_each = PagedAllocator(40, 4), PagedAllocator(40, 4)
+    for alloc in (in_turns, one_each):
+        alloc.allocate(1, 2)  # a table to extend, and freed blocks to hand out first
+        alloc.allocate(99, free_first)
+        alloc.free(99)
+    req_ids = list(range(1, turns + 1))
+    repeated = (req_ids * num_blocks)[:num_blocks] if req_ids else []
+    expected = one_each.allocate_one_each(repeated) if repeated or not num_blocks else None
+    got = in_turns.allocate_in_turns(req_ids, num_blocks) if req_ids or not num_blocks else None
+    assert got == expected
+    assert in_turns.tables == one_each.tables and in_turns.free_pool() == one_each.free_pool()
+    in_turns.check_invariants()
+
+
+def test_allocate_in_turns_changes_nothing_when_too_few_blocks_are_free() -> None:
+    alloc = PagedAllocator(4, 4)
+    alloc.allocate(1, 2)
+    assert alloc.allocate_in_turns([1, 2], 3) is None
+    assert alloc.num_free_blocks == 2 and alloc.tables == {1: [0, 1]}
+
+
 ops = st.lists(
     st.tuples(st.sampled_from(["alloc", "free"]), st.integers(0, 5), st.integers(0, 6)),
     max_size=60,

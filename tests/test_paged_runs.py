@@ -96,6 +96,7 @@ def test_block_growth_by_hand() -> None:
     assert growth.takers(4) == [9, 8, 7]
     assert growth.takers(6) == [9, 8, 7, 9]
     assert growth.takers(9) == [9, 8, 7, 9, 8, 7, 9]
+    assert [growth.blocks_taken(n) for n in range(10)] == [len(growth.takers(n)) for n in range(10)]
 
 
 @pytest.mark.parametrize(("free_blocks", "steps"), [(5, 7), (4, 6), (3, 4), (2, 3), (1, 2), (0, 0)])

@@ -78,10 +78,15 @@ class BlockGrowth:
     allocated_tokens: int  # KV allocated before the run's first step
 
     def takers(self, num_steps: int) -> list[int]:
-        """Requests taking a block in the first `num_steps` steps, in allocation order."""
+        """Requests taking a block in the first `num_steps` steps, in allocation order:
+        `order` again each period, the last one cut at `blocks_taken`."""
+        periods = num_steps // self.block_size_tokens
+        return self.order * periods + self.order[:self.blocks_taken(num_steps) - periods * len(self.order)]
+
+    def blocks_taken(self, num_steps: int) -> int:
+        """Blocks the first `num_steps` steps take in all."""
         periods, rem = divmod(num_steps, self.block_size_tokens)
-        head = self.cum[rem - 1] if rem else 0
-        return self.order * periods + self.order[:head]
+        return periods * len(self.order) + (self.cum[rem - 1] if rem else 0)
 
     def reserved_at(self, step: int) -> int:
         """KV reserved at step `step`, once its allocations are made."""
@@ -206,10 +211,12 @@ def advance_run(s: PagedScheduler, run: ContinuedRun, num_steps: int) -> StepRes
 
 def allocate_steps(s: PagedScheduler, growth: BlockGrowth, num_steps: int) -> None:
     """The blocks of `num_steps` steps: step by step, batch order within a step, as
-    `schedule` grows them (one call gives the same blocks: nothing is freed in between)."""
-    takers = growth.takers(num_steps)
-    if takers:
-        blocks = s.allocator.allocate_one_each(takers)  # not inside the assert: python -O drops it
+    `schedule` grows them (one call gives the same blocks: nothing is freed in between).
+    Those are `growth.takers(num_steps)`, `order` in turns: dealt as such."""
+    num_blocks = growth.blocks_taken(num_steps)
+    if num_blocks:
+        # Not inside the assert: python -O drops it.
+        blocks = s.allocator.allocate_in_turns(growth.order, num_blocks)
         assert blocks is not None, "the run stops before a step whose blocks do not fit"
 
 
