@@ -118,6 +118,11 @@ class PagedFusedStepper:
         # Parallel to scheduler.running (admission order) but for `partial`:
         self.base: list[int] = []  # known tokens are base + iterations
         self.finish_at: list[int] = []  # the iteration count at which each finishes
+        # The members again, by base mod the block size, each in batch order: those with
+        # one residue take their blocks at the same steps, so a run's takers come in
+        # whole lists (`_by_room`), not from a pass over every member. Changed only with
+        # base (`_reset_members`, `_add_member`, `_drop_members`).
+        self.by_residue: list[list[int]] = [[] for _ in range(self.block_size_tokens)]
         # Chunked prefill: the running request with prompt tokens left after its last plan,
         # always the newest (it took what was left of a budget, so nobody joined after it,
         # and preemption takes the newest first). Its progress is the scheduler's own.
@@ -246,8 +251,61 @@ class PagedFusedStepper:
         assert np.all((self.prompt_tokens[ids] + generated - s.computed[ids] == 1)
                       & (generated > 0)), "a generic unit left a prompt to compute"
         self.partial = None
-        self.base = (self.prompt_tokens[ids] + generated - g).tolist()
-        self.finish_at = (self.output_tokens[ids] - generated + g).tolist()
+        self._reset_members((self.prompt_tokens[ids] + generated - g).tolist(),
+                            (self.output_tokens[ids] - generated + g).tolist())
+
+    # The implicit lists: every change of membership goes through these three.
+
+    def _reset_members(self, base: list[int], finish_at: list[int]) -> None:
+        """The running requests (no prompt half done) are the members, with these lists."""
+        self.base, self.finish_at = base, finish_at
+        block = self.block_size_tokens
+        self.by_residue = [[] for _ in range(block)]
+        for req, b in zip(self.scheduler.running, base, strict=True):
+            self.by_residue[b % block].append(req)
+
+    def _add_member(self, at: int, req: int, base: int, finish_at: int) -> None:
+        """`req` becomes the member at index `at` of the lists (batch order). Its residue's
+        list keeps batch order: a joiner at the end goes last, and one inserted (prefill-
+        first, whose batch order is by id) goes by its id."""
+        self.base.insert(at, base)
+        self.finish_at.insert(at, finish_at)
+        same = self.by_residue[base % self.block_size_tokens]
+        if at == len(self.base) - 1:
+            same.append(req)
+        else:
+            bisect.insort(same, req)
+
+    def _drop_members(self, indices: list[int]) -> list[int]:
+        """Drop the members at `indices` (ascending) from the lists; their ids."""
+        s, block = self.scheduler, self.block_size_tokens
+        done = [s.running[i] for i in indices]
+        for i, req in zip(reversed(indices), reversed(done), strict=True):
+            self.by_residue[self.base[i] % block].remove(req)
+            del self.base[i]
+            del self.finish_at[i]
+        return done
+
+    def _by_room(self, offset: int) -> list[list[int]]:
+        """The members by room for a run whose first step computes position base + offset
+        of each: room r = -(base + offset) mod b holds residue (-offset - r) mod b, so
+        the residues' lists, from -offset mod b down."""
+        k, by_residue = -offset % self.block_size_tokens, self.by_residue
+        return by_residue[k::-1] + by_residue[:k:-1]
+
+    def check_members(self) -> None:
+        """Audit: the lists are parallel to `running` (but for `partial`), and `by_residue`
+        groups them by base as it says. Not while a generic unit is pending (the lists are
+        read back at its end), nor on a prefill instance (whose units are all generic)."""
+        s, block = self.scheduler, self.block_size_tokens
+        if self._delegated or s.holds_finished:
+            return
+        members = [r for r in s.running if r != self.partial]
+        assert len(members) == len(self.base) == len(self.finish_at)
+        expected: list[list[int]] = [[] for _ in range(block)]
+        for req, b in zip(members, self.base, strict=True):
+            expected[b % block].append(req)
+        assert self.by_residue == expected, "by_residue disagrees with the members' base"
 
     # A plan and its decode run.
 
@@ -266,7 +324,8 @@ class PagedFusedStepper:
         decoding = len(base)
         if decoding > s.token_budget:
             return self._delegate(now_s)  # not every decode fits: schedule's loop decides
-        takers = [r for r, b in zip(running, base, strict=False) if (b + g - 1) % block == 0]
+        # Those whose next position, base + g - 1, starts a block: one residue.
+        takers = self.by_residue[(1 - g) % block]
         chunk, chunk_new, chunk_blocks = self.partial, 0, 0
         if chunk is not None:  # next in `schedule`'s loop: a chunk of what the budget leaves
             # At least a token: the plan that left it half done gave it the budget's rest,
@@ -296,8 +355,9 @@ class PagedFusedStepper:
             if computed + num_new < prompt + generated:
                 left = req  # a chunk: it emits nothing (the plan's last)
                 continue
-            base.append(prompt + generated - g)  # it emits at the plan's end
-            self.finish_at.append(g + self.output_tokens.item(req) - generated)
+            # It emits at the plan's end.
+            self._add_member(len(base), req, prompt + generated - g,
+                             g + self.output_tokens.item(req) - generated)
             fresh += 1
             if req == chunk:
                 joiners.append(req)  # its first token comes now, if it is its first
@@ -343,7 +403,7 @@ class PagedFusedStepper:
         stands still; without, the iteration is every member's, as a plan's is, and a decode
         run may follow it, as `decode_run` allows."""
         s, g = self.scheduler, self.iterations
-        base, finish_at = self.base, self.finish_at
+        base = self.base
         waiting = len(base)
         waiting_kv = sum(base) + waiting * (g - 1)  # the decodes' KV: known - 1 each
         context = [s.computed.item(req) + n for req, n in zip(plan.ids, plan.num_new, strict=True)]
@@ -351,8 +411,8 @@ class PagedFusedStepper:
         for req in sorted(plan.ids):  # ascending: each index counts the members before it
             at = bisect.bisect_left(s.running, req)
             generated = s.generated.item(req)
-            base.insert(at, self.prompt_tokens.item(req) + generated + 1 - g - moves)
-            finish_at.insert(at, g + moves + self.output_tokens.item(req) - generated - 1)
+            self._add_member(at, req, self.prompt_tokens.item(req) + generated + 1 - g - moves,
+                             g + moves + self.output_tokens.item(req) - generated - 1)
         query = plan.num_new
         longest = s.padded_prompt_tokens(query)  # type: ignore[attr-defined]  # prompts_first
         priced_query, priced_context = (query, context) if longest is None else \
@@ -369,8 +429,9 @@ class PagedFusedStepper:
         decode on up to a completion or a step whose blocks do not fit; its ends up to the
         known cut."""
         s, g = self.scheduler, self.iterations
-        steps, unit.growth = paged_runs.block_growth(s, s.running, known,
-                                                     min(self.finish_at) - g - 1)
+        # Every member's first step computes its known tokens' next position: base + g.
+        steps, unit.growth = paged_runs.growth_by_room(s, self._by_room(g),
+                                                       min(self.finish_at) - g - 1)
         unit.full = steps + 1
         unit.run_context_total = unit.kv_used_tokens + unit.size  # its KV: unpadded
         if steps:
@@ -438,15 +499,16 @@ class PagedFusedStepper:
         assert self.partial is None, "a run follows only a plan that left no prompt chunk"
         if not size or size > s.token_budget or s.can_join(size):
             return None
-        computed = [b + g - 1 for b in self.base]
-        steps, growth = paged_runs.block_growth(s, s.running, computed, min(self.finish_at) - g)
+        # Each computes its last known token first, at position base + g - 1.
+        steps, growth = paged_runs.growth_by_room(s, self._by_room(g - 1), min(self.finish_at) - g)
         if steps == 0:
             return None  # the first step's allocations would fail and preempt
-        context_total = sum(computed) + size
+        base = self.base
+        context_total = sum(base) + size * g  # each reads its known tokens: base + g
         unit = _Unit(start_s, [], size, steps, context_total, growth, growth.reserved_at(0))
         unit.outside = decode_ends(self.cost, unit.ends_s, start_s, self.replica.cut_s(start_s),
                                    size, context_total, steps,
-                                   lambda: np.array(computed, dtype=np.int64) + 1)
+                                   lambda: np.array(base, dtype=np.int64) + g)
         return unit
 
     def _finish_continued(self, unit: _Unit) -> None:
@@ -472,13 +534,8 @@ class PagedFusedStepper:
         g = self.iterations
         if min(self.finish_at, default=-1) != g:
             return []
-        s = self.scheduler
-        done_at = [i for i, at in enumerate(self.finish_at) if at == g]
-        done = [s.running[i] for i in done_at]
-        for i in reversed(done_at):
-            del self.base[i]
-            del self.finish_at[i]
-        s.release(done)
+        done = self._drop_members([i for i, at in enumerate(self.finish_at) if at == g])
+        self.scheduler.release(done)
         return done
 
     def _record(self, done: list[int], end_s: float) -> None:

@@ -113,11 +113,21 @@ def block_growth(
 
     `position`: the token each of `ids` computes at the run's first step.
     """
-    block, size = s.cfg.block_size_tokens, len(ids)
+    block = s.cfg.block_size_tokens
     by_room: list[list[int]] = [[] for _ in range(block)]  # batch order within a room
     for req, p in zip(ids, position, strict=True):
         by_room[-p % block].append(req)
+    return growth_by_room(s, by_room, max_steps)
+
+
+def growth_by_room(
+    s: PagedScheduler, by_room: list[list[int]], max_steps: int
+) -> tuple[int, BlockGrowth]:
+    """`block_growth` of a batch grouped already: by_room[r] holds, in batch order, the
+    requests whose room is r (those that take a block at step r of each period)."""
+    block = s.cfg.block_size_tokens
     cum = list(itertools.accumulate(map(len, by_room)))
+    size = cum[-1]
     # Steps 0..j take (j // b) B + cum[j % b] blocks: the first period that takes more
     # than the free blocks is free // B, and within it the first r with cum[r] > over.
     # A policy may need blocks left free after each step (`spare_blocks_per_step`).
