@@ -586,8 +586,9 @@ class PagedScheduler(Scheduler):
             else:
                 self.allocator.free(req)
             self.hasher.forget(req)
-        finished = set(ids)
-        self.running = [r for r in self.running if r not in finished]
+        running = self.running
+        for req in ids:  # each is running: a few of tens, where a rebuilt list costs more
+            running.remove(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.resumable or self.swapped) or self.num_waiting > 0
