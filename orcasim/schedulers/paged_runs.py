@@ -97,9 +97,11 @@ class BlockGrowth:
     def reserved_tokens(self, num_steps: int) -> list[int]:
         """`reserved_at` of each of the first `num_steps` steps."""
         block, size = self.block_size_tokens, len(self.order)
-        period = [self.allocated_tokens + taken * block for taken in self.cum]
-        reserved: list[int] = []
-        for p in range(-(-num_steps // block)):  # a period at a time: size blocks more each
+        period = [self.allocated_tokens + taken * block for taken in self.cum[:num_steps]]
+        if num_steps <= block:
+            return period  # most runs end within their first period
+        reserved = period.copy()
+        for p in range(1, -(-num_steps // block)):  # a period at a time: size blocks more each
             more = p * size * block
             reserved.extend([tokens + more for tokens in period])
         del reserved[num_steps:]
