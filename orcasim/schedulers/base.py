@@ -205,7 +205,8 @@ class Scheduler(ABC):
         return len(self.waiting) - self._waiting_head
 
     def _peek_waiting(self) -> int | None:
-        return self.waiting[self._waiting_head] if self.num_waiting else None
+        head = self._waiting_head  # not `num_waiting`: every admission check asks, twice
+        return self.waiting[head] if head < len(self.waiting) else None
 
     def _pop_waiting(self) -> int:
         req = self.waiting[self._waiting_head]

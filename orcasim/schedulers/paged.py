@@ -305,7 +305,7 @@ class PagedScheduler(Scheduler):
             r = self.requests
             return not bool(self._fits_alone_with(r.prompt_tokens[req_id:req_id + 1],
                                                   r.output_tokens[req_id:req_id + 1])[0])
-        return not bool(self._fits_alone[req_id])
+        return not self._fits_alone.item(req_id)
 
     def known_tokens(self, req_id: int) -> int:
         return self.requests.prompt_tokens.item(req_id) + self.generated.item(req_id)
@@ -454,7 +454,7 @@ class PagedScheduler(Scheduler):
         """What `req` would take if, as the head, it could join `plan` now; else None."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        hits = self._cache_hits(req)
+        hits = self._cache_hits(req) if self.caching else []  # none without a cache
         start = self.computed.item(req) + len(hits) * self.cfg.block_size_tokens
         num_new = self._num_new_tokens(req, plan.budget_tokens, start)
         if num_new == 0 or not self._fits_batch(plan, num_new):
@@ -462,7 +462,7 @@ class PagedScheduler(Scheduler):
         need = self.allocator.blocks_to_hold(req, start + num_new) - len(hits)
         # A hit on a block nobody holds takes it out of the free pool (vLLM v1's
         # allocate_slots counts it as allocated).
-        taken = need + self.allocator.num_evictable(hits)
+        taken = need + self.allocator.num_evictable(hits) if hits else need
         if taken + self._reserved_blocks() > self.allocator.num_free_blocks:
             return None  # FCFS: never skip ahead of a request that does not fit
         return Admission(num_new, need, hits)
