@@ -150,6 +150,27 @@ def test_a_batch_given_as_lists_costs_what_the_arrays_cost(model: ModelSpec, har
         assert lists == cost.iteration_time_s(Batch(query, context))
 
 
+@pytest.mark.parametrize(("name", "gpu"), [("deepseek-v3", "h200"), ("llama-3.1-70b", "h200"),
+                                           ("opt-13b", "a100-80gb")])
+def test_a_batch_of_decodes_then_prompts_given_as_lists_costs_what_the_arrays_cost(
+    name: str, gpu: str
+) -> None:
+    """A scheduler's usual batch, its running requests' decodes first (which the lists price
+    without a test each when all are below `decode_memory_below_tokens`), then prompts; and
+    the same with a decode past the bound (MLA's), or a one-token prompt among them."""
+    model = ModelSpec.model_validate({"hf_config": f"hf_configs/{name}/config.json"})
+    cost = Roofline(RooflineCostConfig(kind="roofline"),
+                    Deployment(model=model, hardware=HardwareConfig.model_validate({"gpu": gpu})))
+    rng = np.random.default_rng(2)
+    for _ in range(80):
+        decodes, prompts = int(rng.integers(0, 40)), int(rng.integers(0, 4))
+        query = np.concatenate([np.ones(decodes), rng.integers(1, 2000, prompts)]).astype(np.int64)
+        context = query + rng.integers(0, int(rng.choice([300, 3000])), decodes + prompts)
+        lists = cost.iteration_time_lists_s(query.tolist(), context.tolist(), int(query.sum()),
+                                            int(context.sum()))
+        assert lists == cost.iteration_time_s(Batch(query, context))
+
+
 @pytest.mark.parametrize(("name", "gpu"), [("deepseek-v3", "a100-80gb"), ("deepseek-v3", "h200"),
                                            ("llama-3.1-70b", "h200"), ("opt-13b", "a100-80gb")])
 def test_a_decode_term_priced_as_memory_bound_has_the_bits_of_the_roofline_max(name: str, gpu: str) -> None:

@@ -440,9 +440,19 @@ class _AttentionTerms:
         fps, bps, below = self.flops_per_s, self.bytes_per_s, self.decode_memory_below_tokens
         # A decode (q = 1) below the ridge is memory-bound: its term is the memory side's
         # bits, as `max` would pick them (see `decode_memory_below_tokens`), at a third of the work.
-        terms = [(c * kv + qb) / bps if q == 1 and c < below
-                 else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
-                 for q, c in zip(query_tokens, context_tokens, strict=True)]
+        # A scheduler's batch is mostly its running requests' decodes, first: when every
+        # q = 1 leads and all are below, they take that term with no test each. The sum is
+        # exactly rounded, so which terms come first changes no bit.
+        ones = query_tokens.count(1)
+        decodes = context_tokens[:ones]
+        if ones and max(decodes) < below and query_tokens[:ones] == [1] * ones:
+            terms = [(c * kv + qb) / bps for c in decodes]
+            pairs = zip(query_tokens[ones:], context_tokens[ones:], strict=True)
+        else:
+            terms, pairs = [], zip(query_tokens, context_tokens, strict=True)
+        terms += [(c * kv + qb) / bps if q == 1 and c < below
+                  else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
+                  for q, c in pairs]
         return math.fsum(terms) + self.kernel_overhead_s
 
     def decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
