@@ -316,6 +316,19 @@ def test_a_vllm_result_lacking_fields_names_them_all(tmp_path: Path) -> None:
         read_trace(path)
 
 
+def test_a_cap_on_a_log_in_finishing_order_keeps_the_first_to_arrive(tmp_path: Path) -> None:
+    """A log written as requests finished: its first lines are the quickest requests, not
+    the first to arrive (max_requests took them, a tester's note). Arrivals 5, 0, 3, 1, 2,
+    4 (prompt 10 + arrival): a cap of 3 replays those at 0, 1 and 2."""
+    path = tmp_path / "finished.csv"
+    arrivals = [5, 0, 3, 1, 2, 4]
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                    + "".join(f"{a}.0,{10 + a},3\n" for a in arrivals))
+    arrival_s, prompt, output = read_trace(str(path), max_requests=3)
+    assert arrival_s.tolist() == [0.0, 1.0, 2.0] and prompt.tolist() == [10, 11, 12]
+    assert read_trace(str(path), max_requests=6)[1].tolist() == [10, 11, 12, 13, 14, 15]
+
+
 def test_a_csv_read_as_a_vllm_result_names_the_formats(tmp_path: Path) -> None:
     """`format: vllm` on an orcasim CSV said only 'not valid JSON' (a tester's note)."""
     path = tmp_path / "run.csv"
