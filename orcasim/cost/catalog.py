@@ -210,8 +210,14 @@ class ModelSpec(Strict):
     def _mla_down_params(self, m: MLASpec) -> int:
         """MLA's down-projections to the query latent (if any) and to the KV latent with the
         shared RoPE key, and the two latents' norms."""
-        q_down = self.hidden_size * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
-        return q_down + self.hidden_size * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+        q_down = self.hidden_size * m.q_lora_rank if m.q_lora_rank else 0
+        kv_down = self.hidden_size * (m.kv_lora_rank + m.qk_rope_head_dim)
+        return q_down + kv_down + self._mla_latent_norm_params(m)
+
+    @staticmethod
+    def _mla_latent_norm_params(m: MLASpec) -> int:
+        """Gains of MLA's latent norms: the query latent's (if any) and the KV latent's."""
+        return (m.q_lora_rank or 0) + m.kv_lora_rank
 
     @property
     def _has_qkv_bias(self) -> bool:
@@ -304,7 +310,7 @@ class ModelSpec(Strict):
         split = 0  # over the ranks
         kv_bias = 0.0  # on each rank, its KV heads' (`kv_heads_per_rank`)
         if self.mla is not None:
-            whole += self.mla.kv_lora_rank + (self.mla.q_lora_rank or 0)
+            whole += self._mla_latent_norm_params(self.mla)
         else:
             if self._has_qkv_bias:
                 split += self.num_heads * self.head_dim
