@@ -714,3 +714,31 @@ def test_a_replica_groups_own_pipeline_is_named_as_the_groups(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert ("warning: systems[0].cluster.replicas[0].hardware.pipeline_parallel = 2 with a "
             "'paged' scheduler") in done.stderr, done.stderr
+
+
+def test_one_saturated_replica_flags_the_fleet() -> None:
+    """Round robin over 7 replicas and one 3.6 times slower: the slow one gets 3.5 req/s of
+    2.43 it can serve, and its queue grows without bound, while the fleet's pooled queue,
+    read in units of all arrivals, grew too little to flag (z 1.5). The fleet read
+    `saturated` 0 with no warning (a tester's finding)."""
+    slow = {"kind": "linear", "base_s": 0.04, "per_token_s": 1e-4, "per_context_token_s": 0.0}
+    scenario = make_scenario(**{
+        "workload.num_requests": 2000,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 28.0},
+        "workload.prompt_tokens": {"kind": "constant", "value": 100},
+        "workload.output_tokens": {"kind": "constant", "value": 10},
+        "workload.max_tokens": 200,
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 0.0},
+        "kv_capacity_tokens": 100_000,
+        "systems": [{"name": "rr8", "scheduler": {"kind": "paged", "max_num_seqs": 1},
+                     "cluster": {"router": {"kind": "round_robin"},
+                                 "replicas": [{"count": 7}, {"count": 1, "cost": slow}]}}],
+    })
+    with pytest.warns(UserWarning, match=r"rr8: saturated: 1 of 8 replicas \(7\)"):
+        result = run_scenario(scenario).systems["rr8"]
+    per_replica = result.replicas
+    assert per_replica is not None
+    assert per_replica.loc[7, "saturated"] == 1 and per_replica.loc[7, "saturation_z"] > 3
+    assert (per_replica.loc[0:6, "saturated"] == 0).all()
+    assert result.summary["saturation_z"] < 3  # the pooled queue alone does not show it
+    assert result.summary["saturated"] == 1
