@@ -192,10 +192,17 @@ class Scenario(Strict):
             prefill = cluster.prefill.model or self.model
             decode = cluster.decode.model or self.model
             if prefill is not None and decode is not None and prefill != decode:
+                # Name the pool that gives its own model: one given only on the prefill pool
+                # was reported as `decode.model`, a key the file never wrote (a tester's note).
+                if cluster.decode.model is not None:
+                    key, given, expected = "decode", decode, f"the prefill pool's ({prefill.name!r})"
+                else:
+                    key, given, expected = ("prefill", prefill, f"the decode pool's "
+                                            f"({decode.name!r}, the scenario's model)")
                 raise ScenarioError(
-                    f"systems[{j}].cluster.decode.model = {decode.name!r}: a decode instance "
+                    f"systems[{j}].cluster.{key}.model = {given.name!r}: a decode instance "
                     "continues the KV of a prefill instance, so both pools serve one model; "
-                    f"expected the prefill pool's ({prefill.name!r})")
+                    f"expected {expected}")
 
     def _check_pool_schedulers(self) -> None:
         """A disaggregated pool runs iterations: a request-level scheduler, its own or the

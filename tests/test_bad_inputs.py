@@ -99,6 +99,16 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
                                                                   "decode": {"count": 1},
                                                                   "link": {"latency_s": 1e300}}}]},
      None, "link.latency_s = 1e+300: Input should be less than or equal to 1000000000"),
+    # A model given only on the prefill pool was reported as `decode.model`, a key the file
+    # never wrote (a tester's note).
+    ("a prefill pool of another model", {"model": "llama2-7b", "systems": [
+        {"name": "pd", "scheduler": {"kind": "paged"},
+         "cluster": {"prefill": {"count": 1, "model": "opt-13b"}, "decode": {"count": 1}}}]},
+     None, "systems[0].cluster.prefill.model = 'opt-13b': a decode instance continues the KV"),
+    ("a decode pool of another model", {"model": "llama2-7b", "systems": [
+        {"name": "pd", "scheduler": {"kind": "paged"},
+         "cluster": {"prefill": {"count": 1}, "decode": {"count": 1, "model": "opt-13b"}}}]},
+     None, "systems[0].cluster.decode.model = 'opt-13b': a decode instance continues the KV"),
     ("an empty trace", {}, "", "empty; expected a CSV file with a header row"),
     ("a trace with only its header", {}, TRACE, "trace.csv: no requests (a header alone"),
     ("more requests than memory holds", {"workload.num_requests": 10**11}, None,
