@@ -249,24 +249,35 @@ def warn_saturated(system_name: str, summary: dict[str, float]) -> None:
 
 
 def warn_rejected(system_name: str, rejected: np.ndarray,
-                  replicas: Sequence[Replica] = ()) -> None:
+                  replicas: Sequence[Replica] = (), num_prefill: int | None = None) -> None:
     """Requests turned away as too large, said once per system; on a fleet, by the replicas
-    that turned them away (the router chose them: another replica may have held them)."""
+    that turned them away (the router chose them: another replica may have held them). A
+    disaggregated fleet (`num_prefill` instances first) names each pool's instance as its
+    `prefill_replica` and `decode_replica` columns and replicas.csv number it: decode instance
+    0 was called 'replica 1' behind one prefill instance (a tester's note)."""
     if not len(rejected):
         return
     where = "KV memory"
     counts = {r.index: len(r.scheduler.rejected_ids) for r in replicas if r.scheduler.rejected_ids}
+
+    def name(i: int) -> str:
+        if num_prefill is None:
+            return f"replica {i}"
+        return f"prefill instance {i}" if i < num_prefill else f"decode instance {i - num_prefill}"
+
     if len(replicas) > 1:
-        where = ("the KV memory of the replica the router sent them to ("
-                 + ", ".join(f"replica {i}: {n}" for i, n in counts.items()) + ")")
+        what = "replica" if num_prefill is None else "instance"
+        where = (f"the KV memory of the {what} the router sent them to ("
+                 + ", ".join(f"{name(i)}: {n}" for i, n in counts.items()) + ")")
     warnings.warn(f"{system_name}: {len(rejected)} request(s) can never fit in {where} "
                   f"and were rejected (first: request {int(rejected[0])})", stacklevel=3)
 
 
 def fleet_requests(system_name: str, requests: Requests, run: EngineRun,
-                   replicas: list[Replica]) -> pd.DataFrame:
-    """The per-request frame of a fleet's run, with each request's evictions (wherever)."""
-    warn_rejected(system_name, run.rejected_ids, replicas)
+                   replicas: list[Replica], num_prefill: int | None = None) -> pd.DataFrame:
+    """The per-request frame of a fleet's run, with each request's evictions (wherever);
+    `num_prefill`: a disaggregated fleet's prefill instances, which come first."""
+    warn_rejected(system_name, run.rejected_ids, replicas, num_prefill)
     reqs = requests_frame(requests, run.recorder, run.rejected_ids)
     add_scheduler_columns(reqs, [r.scheduler for r in replicas])
     return reqs
@@ -330,7 +341,7 @@ def run_disaggregated(
     fleet = build_disaggregated(scenario, system, engine_requests)
     with _naming_decode_pool(system):
         done = fleet.run()
-    reqs = fleet_requests(system.name, requests, done, fleet.replicas)
+    reqs = fleet_requests(system.name, requests, done, fleet.replicas, len(fleet.prefill))
     reqs["prefill_replica"] = fleet.prefill_replica
     reqs["decode_replica"] = fleet.decode_replica
     reqs["kv_transfer_s"] = fleet.kv_transfer_s

@@ -973,3 +973,16 @@ def test_distserve_s_decode_instance_swaps_in_first_out_first(tmp_path, mode: st
     assert reqs["preemptions"].tolist() == [0, 2, 1]
     # Steps of 10 ms and the copies' few microseconds: request 2 ends 0.35 s before request 1.
     assert reqs["finish_s"].tolist() == pytest.approx([0.38, 1.30, 0.95], abs=1e-4)
+
+
+def test_a_rejection_names_the_pool_s_instance(tmp_path) -> None:  # noqa: ANN001
+    """Turned away by decode instance 0 behind one prefill instance: the warning said
+    'replica 1', a number its `decode_replica` column and replicas.csv never use (a tester's
+    note). The request of 8 + 8 tokens can never fit the decode instance's 12."""
+    trace = _trace(tmp_path, [(0.0, 8, 8), (0.0, 4, 2)])
+    scenario = _scenario(_disagg(trace, decode={"kv_capacity_tokens": 12}))
+    with pytest.warns(UserWarning, match=r"pd: 1 request\(s\) can never fit in the KV memory of "
+                      r"the instance the router sent them to \(decode instance 0: 1\)"):
+        result = run_scenario(scenario).systems["pd"]
+    assert result.requests["decode_replica"].tolist() == [0, 0]
+    assert result.requests["rejected"].tolist() == [True, False]
