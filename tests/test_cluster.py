@@ -742,3 +742,33 @@ def test_one_saturated_replica_flags_the_fleet() -> None:
     assert (per_replica.loc[0:6, "saturated"] == 0).all()
     assert result.summary["saturation_z"] < 3  # the pooled queue alone does not show it
     assert result.summary["saturated"] == 1
+
+
+def test_one_replica_whose_running_set_holds_its_backlog_is_warned_of() -> None:
+    """Round robin over 7 replicas and one 3 times slower per token, each with room to run
+    everyone (max_num_seqs 1,024): the slow one admits its whole backlog and slows down, with
+    no waiting queue, while the fleet's pooled count of requests in the system grew too
+    little to warn. The run said nothing (a tester's finding); not flagged, as for a lone
+    server whose in-system count alone grew."""
+    scenario = make_scenario(**{
+        "workload.num_requests": 3000,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 200.0},
+        "workload.prompt_tokens": {"kind": "constant", "value": 100},
+        "workload.output_tokens": {"kind": "constant", "value": 50},
+        "workload.max_tokens": 200,
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 0.0},
+        "kv_capacity_tokens": 1_000_000,
+        "systems": [{"name": "rr8", "scheduler": {"kind": "paged", "max_num_seqs": 1024,
+                                                  "max_num_batched_tokens": 100_000},
+                     "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                         {"count": 7},
+                         {"count": 1, "cost": {"kind": "linear", "base_s": 0.01,
+                                               "per_token_s": 3e-4, "per_context_token_s": 0.0}}]}}],
+    })
+    with pytest.warns(UserWarning, match=r"rr8: 1 of 8 replicas \(7\): replica 7: the requests "
+                      r"in the system .* though the fleet's pooled count did not show it"):
+        result = run_scenario(scenario).systems["rr8"]
+    per_replica = result.replicas
+    assert per_replica is not None
+    assert per_replica.loc[7, "in_system_z"] > 3 and result.summary["in_system_z"] < 3
+    assert result.summary["saturated"] == 0
