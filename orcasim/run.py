@@ -326,9 +326,10 @@ def flag_saturated_replicas(system_name: str, summary: dict[str, float],
     summary["saturated"] = 1.0
     worst = flagged["saturation_z"].astype(float).idxmax()
     text = saturation_text(flagged.loc[worst].to_dict())
+    fleet_z = summary.get("saturation_z", float("nan"))
     warnings.warn(f"{system_name}: saturated: {len(flagged)} of {len(per_replica)} replicas "
                   f"({', '.join(str(i) for i in flagged.index)}) fell behind, though the "
-                  f"fleet's pooled queue did not show it (z = {summary['saturation_z']:.1f}); "
+                  f"fleet's pooled queue did not show it (z = {fleet_z:.1f}); "
                   f"replica {worst}: {text}; their latencies grow with the run's length "
                   f"({system_name}/replicas.csv)", stacklevel=3)
 
@@ -431,10 +432,11 @@ def _warn_replicas_in_system(system_name: str, summary: dict[str, float],
     if growing.empty:
         return
     worst = growing["in_system_z"].astype(float).idxmax()
+    fleet_z = summary.get("in_system_z", float("nan"))
     warnings.warn(f"{system_name}: {len(growing)} of {len(per_replica)} replicas "
                   f"({', '.join(str(i) for i in growing.index)}): replica {worst}: "
                   f"{in_system_text(growing.loc[worst].to_dict())}, with no waiting queue, though "
-                  f"the fleet's pooled count did not show it (z = {summary['in_system_z']:.1f}): a "
+                  f"the fleet's pooled count did not show it (z = {fleet_z:.1f}): a "
                   "replica whose running set holds the backlog does this as it falls behind, but "
                   "so do a rising arrival rate, a long tail of latencies and a short run's "
                   "start-up; not flagged saturated (a run twice as long tells; "
