@@ -443,3 +443,33 @@ def test_a_rate_failed_on_a_run_shorter_than_two_latencies_is_said() -> None:
                      "keeps up is still filling: max_rate_per_s may be low; more --requests tell"]
     tried.loc[1, "in_system_short"] = 0.0  # a run long enough to tell: no word
     assert cap.capacity_warnings(cap.CapacityResult(table, tried, [], 1, 0), slo) == []
+
+
+SLOW_REPLICA_FLEET = {
+    "workload.num_requests": 4000,
+    "workload.arrival": {"kind": "poisson", "rate_per_s": 200.0},
+    "workload.prompt_tokens": {"kind": "constant", "value": 100},
+    "workload.output_tokens": {"kind": "constant", "value": 50},
+    "workload.max_tokens": 200, "kv_capacity_tokens": 1_000_000,
+    "cost": {"kind": "linear", "base_s": 0.010, "per_token_s": 1.0e-4, "per_context_token_s": 0.0},
+    "systems": [{"name": "rr8", "scheduler": {"kind": "paged", "max_num_seqs": 1024,
+                                              "max_num_batched_tokens": 100_000},
+                 "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                     {"count": 7},
+                     {"count": 1, "cost": {"kind": "linear", "base_s": 0.010,
+                                           "per_token_s": 3.0e-4, "per_context_token_s": 0.0}}]}}]}
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_fleet_fails_a_rate_where_one_replica_holds_its_backlog_in_its_running_set(seed: int) -> None:
+    """Eight replicas behind round robin, one 3x slower per token, no practical limit on a
+    running set: at 200 req/s the slow one's requests in the system pile up (e2e p50 10.3 s
+    against 0.8 s on the others, its in-system z 8.4) while the fleet's pooled count read z
+    2.8 and its waiting queue none: the rate passed an SLO of a minute on these seeds (a
+    tester's finding). A fleet is behind where any replica is."""
+    slo = slo_from_strings(["e2e_p90 <= 60"])
+    jobs = cap.search_jobs(make_scenario(**SLOW_REPLICA_FLEET, seed=seed), Path("."), slo, 1,
+                           cap.SearchSettings(num_requests=4000))
+    row = cap.evaluate(jobs[0], 200.0)
+    assert row["slo_met"] == 1.0 and row["saturation_z"] < SATURATION_Z, row
+    assert row["in_system_z"] > SATURATION_Z and row["passes"] == 0.0, row
