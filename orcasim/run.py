@@ -176,9 +176,11 @@ def with_sessions(result: SystemResult, source: ArrivalSource, warmup_s: float) 
         summary["saturated"] = 1.0
         warnings.warn(
             f"{result.name}: saturated: sessions in progress grew by "
-            f"{summary['session_saturation_growth_sessions']:.0f} over the last three quarters "
-            "of the session starts (its calls' own queue drains between steps); its task times "
-            "grow with the run's length", stacklevel=2)
+            f"{summary['session_saturation_growth_sessions']:.0f} over the starts from a p90 "
+            "task time after the first (or half-way, if sooner) to the last (z = "
+            f"{summary['session_saturation_z']:.1f}; its calls' own queue drains between steps); "
+            "its task times grow with the run's length (in a run of fewer than two p90 task "
+            "times a server that keeps up can read so: more sessions tell)", stacklevel=2)
     return dataclasses.replace(result, requests=reqs, summary=summary, sessions=sessions)
 
 
