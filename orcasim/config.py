@@ -176,6 +176,11 @@ def _joined(loc: str, msg: str) -> str:
     return f"{loc}.{msg}" if _OPENS_WITH_KEY.match(msg) else f"{loc}: {msg}"
 
 
+# pydantic's error types for a value where a block of keys belongs ('Input should be a valid
+# dictionary or instance of ClusterConfig', '... or object to extract fields from').
+MAPPING_EXPECTED = ("model_type", "model_attributes_type", "dict_type")
+
+
 def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
     """(dotted key, value, message) per problem. pydantic reports a value that fits none of
     a union's forms once per form; a form the value is not even the type of (an int where
@@ -186,6 +191,9 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
     for e in errors:
         loc, union, form = _dotted(e["loc"], data)
         msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] in MAPPING_EXPECTED:  # pydantic's words name an internal class
+            msg = ("Input should be a mapping of keys (key: value)" if loc == union  # one of its forms
+                   else "expected a mapping of its keys (key: value), not a single value")
         if union is None:
             problems.append((loc, e.get("input"), msg))
             continue

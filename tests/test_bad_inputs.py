@@ -625,3 +625,18 @@ def test_a_groups_warning_names_the_group(tmp_path: Path) -> None:
     # The group gives both: its pipeline's key opens the warning, its scheduler is named by kind.
     assert "warning: systems[0].cluster.replicas[1].hardware.pipeline_parallel = 2 with a " \
            "'paged' scheduler" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("key, value", [("workload", 4), ("workload.arrival", 4), ("cost", "roofline"),
+                                        ("engine", 4), ("systems[0].cluster", 4)])
+def test_a_value_where_a_block_of_keys_belongs_says_a_mapping(key: str, value: Any) -> None:
+    """`cluster: 4` read 'Input should be a valid dictionary or instance of ClusterConfig',
+    an internal class name (a tester's note), and `workload.arrival: 4` 'or object to extract
+    fields from'."""
+    data = copy.deepcopy(BASE)
+    set_dotted(data, key, value)
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(data)
+    text = str(err.value)
+    assert f"{key} = {value!r}: expected a mapping of its keys" in text, text
+    assert "instance of" not in text and "extract fields" not in text, text

@@ -340,7 +340,7 @@ def test_a_fitted_cost_names_its_file_and_what_it_lacks(tmp_path: Path) -> None:
         build(path)  # a UnicodeDecodeError traceback
     # Contents of the wrong kind: a ValueError or KeyError traceback each.
     for changes, message in (({"coefficients_s": {**COEF, "tokens": "x"}}, "coefficients_s.tokens = 'x'"),
-                             ({"range": None}, "range = null: Input should be a valid dictionary"),
+                             ({"range": None}, "range = null: expected a mapping of its keys"),
                              ({"knots_tokens": [-1]}, "knots_tokens[0] = -1")):
         path.write_text(yaml.safe_dump({"format": FORMAT, "knots_tokens": KNOTS,
                                         "coefficients_s": COEF, "range": RANGE} | changes))
