@@ -47,7 +47,8 @@ from orcasim.workload import generate_requests
 class SystemResult:
     """Everything one system produced: flat frames and its summary.
 
-    A cluster adds a `replica` column to both frames and one summary row per replica.
+    A colocated cluster adds a `replica` column to both frames and one summary row per
+    replica; a disaggregated one `prefill_replica` and `decode_replica` to its requests.
     """
 
     name: str
