@@ -249,6 +249,14 @@ class Scenario(Strict):
         own_deployment = group.model is not None or group.hardware is not None
         if own_deployment and model is not None and hardware is not None:
             return Deployment(model=model, hardware=hardware).kv_capacity_tokens
+        if group.model is not None and self.model is not None and group.model != self.model:
+            # The scenario's tokens were stated for its own model: another's would run on
+            # them silently (Llama-2-13B on Llama-2-7B's count; a tester's note).
+            raise ScenarioError(
+                f"model = '{group.model.name}': without hardware its KV capacity cannot be "
+                f"derived, and kv_capacity_tokens = {self.kv_capacity_tokens} is the scenario's "
+                f"model's ('{self.model.name}'); expected the group's own kv_capacity_tokens, "
+                "or hardware")
         return self.kv_capacity_tokens
 
     def _check_reservations(self) -> None:
@@ -265,7 +273,7 @@ class Scenario(Strict):
                 if group is None:
                     kv = self.kv_capacity_tokens
                 else:  # a group's own deployment that leaves no KV names the group
-                    with errors_under(f"systems[{j}].{where}.", opening=("hardware.",)):
+                    with errors_under(f"systems[{j}].{where}.", opening=("hardware.", "model = ")):
                         kv = self.group_kv_capacity_tokens(group)
                 assert kv is not None
                 # A request's KV lives in one data-parallel attention group's cache.

@@ -24,7 +24,7 @@ from orcasim.config import ScenarioError
 from orcasim.fleet import build_fleet
 from orcasim.requests import Requests
 from orcasim.run import SystemResult, run_scenario
-from orcasim.scenario import scenario_from_dict
+from orcasim.scenario import Scenario, scenario_from_dict
 from tests.conftest import BASE, examples, make_scenario, requests_in_both_modes
 from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
 
@@ -772,3 +772,21 @@ def test_one_replica_whose_running_set_holds_its_backlog_is_warned_of() -> None:
     assert per_replica is not None
     assert per_replica.loc[7, "in_system_z"] > 3 and result.summary["in_system_z"] < 3
     assert result.summary["saturated"] == 0
+
+
+def test_a_group_of_another_model_without_hardware_needs_its_own_kv_capacity() -> None:
+    """Without hardware anywhere a group's own model cannot derive its KV pool, and the
+    scenario's kv_capacity_tokens was stated for the scenario's model: a group of Llama-2-13B
+    beside Llama-2-7B's 5,000 tokens ran with them silently (a tester's note). Refused; the
+    same model, or a scenario with no model, keeps the scenario's tokens."""
+    def scenario(group: dict[str, object], model: str | None = "llama2-7b") -> Scenario:
+        return make_scenario(**{"model": model, "kv_capacity_tokens": 5000,
+                                "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                                             "cluster": {"replicas": [{"count": 1}, group]}}]})
+    with pytest.raises(ScenarioError) as err:
+        scenario({"count": 1, "model": "llama2-13b"})
+    assert "systems[0].cluster.replicas[1].model = 'llama2-13b': " in str(err.value), err.value
+    assert "kv_capacity_tokens = 5000" in str(err.value) and "hardware" in str(err.value)
+    assert scenario({"count": 1, "model": "llama2-13b", "kv_capacity_tokens": 900}).systems
+    assert scenario({"count": 1, "model": "llama2-7b"}).systems
+    assert scenario({"count": 1, "model": "llama2-13b"}, model=None).systems
