@@ -29,7 +29,13 @@ from orcasim import yaml_strict
 from orcasim.cluster import ClusterConfig, ReplicaGroup
 from orcasim.config import ScenarioError, Strict, errors_under, format_validation_error
 from orcasim.cost import CostConfig, Deployment
-from orcasim.cost.catalog import HardwareConfig, ModelRef, attention_groups, check_deployment
+from orcasim.cost.catalog import (
+    HardwareConfig,
+    ModelRef,
+    ModelSpec,
+    attention_groups,
+    check_deployment,
+)
 from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.slo import SLOConfig
@@ -142,15 +148,32 @@ class Scenario(Strict):
         return Deployment(model=self.model, hardware=self.hardware)
 
     def _derive_kv_capacity(self) -> None:
-        kinds = [c.kind for c in (self.cost, *(s.cost for s in self.systems if s.cost)) if c.kind in HARDWARE_COST_KINDS]
+        for key, cost, model, hardware in self._cost_places():
+            if cost.kind in HARDWARE_COST_KINDS and (model is None or hardware is None):
+                missing = " and ".join(f"'{k}'" for k, v in (("model", model), ("hardware", hardware))
+                                       if v is None)
+                raise ScenarioError(f"{key}.kind = '{cost.kind}' needs the keys 'model' and "
+                                    f"'hardware': {missing} not given")
         deployment = self.deployment()
-        if kinds and deployment is None:
-            raise ScenarioError(f"cost.kind = '{kinds[0]}' needs the keys 'model' and 'hardware'")
         if self.kv_capacity_tokens is None:
             if deployment is None:
                 raise ScenarioError("kv_capacity_tokens is required unless 'model' and 'hardware' are given")
             self.__dict__["kv_capacity_tokens"] = deployment.kv_capacity_tokens  # frozen: set once, here
             self._kv_capacity_derived = True
+
+    def _cost_places(self) -> list[tuple[str, CostConfig, ModelSpec | None, HardwareConfig | None]]:
+        """Every cost block with its key and the deployment it prices: the scenario's, a
+        system's, and a fleet's group's or a pool's (with that group's model and hardware;
+        a group's roofline without a model anywhere validated, and failed at run time)."""
+        places = [("cost", self.cost, self.model, self.hardware)]
+        for j, system in enumerate(self.systems):
+            if system.cost is not None:
+                places.append((f"systems[{j}].cost", system.cost, self.model, self.hardware))
+            for key, group in system.cluster.given_groups() if system.cluster is not None else []:
+                if group.cost is not None:
+                    places.append((f"systems[{j}].cluster.{key}.cost", group.cost,
+                                   group.model or self.model, group.hardware or self.hardware))
+        return places
 
     def _check_deployments(self) -> None:
         """The model fits its parallelism and its context holds every request (catalog limits)."""
@@ -176,10 +199,10 @@ class Scenario(Strict):
         if again is not None:
             raise ScenarioError(f"systems[{again}].name = {names[again]!r}: expected a name no other "
                                 f"system has (systems[{names.index(names[again])}] has it)")
+        self._check_pool_models()  # before a pool's KV: another model there is the problem
         self._check_reservations()
         self._check_distserve_placement()
         self._check_pool_schedulers()
-        self._check_pool_models()
         return self
 
     def _check_pool_models(self) -> None:

@@ -790,3 +790,25 @@ def test_a_group_of_another_model_without_hardware_needs_its_own_kv_capacity() -
     assert scenario({"count": 1, "model": "llama2-13b", "kv_capacity_tokens": 900}).systems
     assert scenario({"count": 1, "model": "llama2-7b"}).systems
     assert scenario({"count": 1, "model": "llama2-13b"}, model=None).systems
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                   "cluster": {"replicas": [{"count": 1}, {"count": 1, "hardware": {"gpu": "a100-80gb"},
+                                                           "cost": {"kind": "roofline"}}]}}]},
+     "systems[0].cluster.replicas[1].cost.kind = 'roofline' needs the keys 'model' and 'hardware': "
+     "'model' not given"),
+    ({"systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                   "cost": {"kind": "roofline"}}]},
+     "systems[0].cost.kind = 'roofline' needs the keys 'model' and 'hardware': 'model' and 'hardware' not given"),
+    ({"hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"}},
+     "cost.kind = 'roofline' needs the keys 'model' and 'hardware': 'model' not given"),
+])
+def test_a_cost_priced_from_a_deployment_names_its_key_and_what_is_missing(
+        changes: dict[str, object], message: str) -> None:
+    """A group's roofline without a model anywhere validated (`orcasim validate` passed) and
+    failed only at run time, and a system's was reported as the scenario's `cost.kind`,
+    saying both keys were needed where the hardware was given (a tester's note)."""
+    with pytest.raises(ScenarioError) as err:
+        make_scenario(**changes)
+    assert str(err.value).endswith(message), err.value
