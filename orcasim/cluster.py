@@ -36,7 +36,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, Self
+from typing import Annotated, ClassVar, Literal, Self
 
 import numpy as np
 from pydantic import (
@@ -108,6 +108,9 @@ RouterConfig = Annotated[
 class ReplicaGroup(Strict):
     """`count` identical replicas; a key left out is the system's (or the scenario's)."""
 
+    MISPLACED: ClassVar[dict[str, str]] = {
+        key: f"expected it in the system's cluster block (cluster.{key}), which its groups share"
+        for key in ("router", "replicas", "link", "handoff", "first_token")}
     count: PositiveInt = 1
     model: ModelRef | None = None
     hardware: HardwareConfig | None = None
@@ -155,6 +158,10 @@ class PoolConfig(ReplicaGroup):
     """One pool of a disaggregated cluster: `count` instances and the router into them."""
 
     router: RouterConfig = RoundRobinRouterConfig(kind="round_robin")
+    MISPLACED: ClassVar[dict[str, str]] = {
+        **{key: f"expected it in the system's cluster block (cluster.{key}), which both pools share"
+           for key in ("link", "handoff", "first_token")},
+        "replicas": "a pool's instances are its 'count'"}
 
 
 # Each replica keeps per-request arrays of the whole workload (its scheduler's progress
