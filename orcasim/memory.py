@@ -195,13 +195,18 @@ class PagedAllocator:
             return None
         new = self._take(len(req_ids))
         self._hold(new)
+        self._append_each(req_ids, new)
+        return new
+
+    def _append_each(self, req_ids: list[int], blocks: list[int]) -> None:
+        """blocks[i] onto req_ids[i]'s table, for as many as there are blocks."""
         tables = self.tables
-        for req_id, block in zip(req_ids, new, strict=True):
+        for req_id, block in zip(req_ids, blocks, strict=False):  # blocks may be fewer
             table = tables.get(req_id)  # not setdefault: it would build a list every call
             if table is None:
-                tables[req_id] = table = []
-            table.append(block)
-        return new
+                tables[req_id] = [block]
+            else:
+                table.append(block)
 
     def allocate_in_turns(self, req_ids: list[int], num_blocks: int) -> list[int] | None:
         """`num_blocks` more blocks dealt to the distinct `req_ids` in turn, one each a round
@@ -213,7 +218,10 @@ class PagedAllocator:
         new = self._take(num_blocks)
         self._hold(new)
         tables, turns = self.tables, len(req_ids)
-        for turn, req_id in enumerate(req_ids[:num_blocks]):
+        if num_blocks <= turns:  # one round, maybe short: most runs (tens of steps, blocks of 16)
+            self._append_each(req_ids, new)
+            return new
+        for turn, req_id in enumerate(req_ids):
             dealt = new[turn::turns]  # its block of each round, in order
             table = tables.get(req_id)
             if table is None:
