@@ -52,6 +52,7 @@ from orcasim.cost.parallel import (
 )
 
 FIXED_MEMO_ENTRIES = 1 << 18  # (tokens, batch size) pairs remembered: about 30 MB at most
+DECODE_TERMS_MAX = 1 << 20  # contexts whose decode term is looked up: 8 MB of floats at most
 
 
 class RooflineCostConfig(CostConfigBase):
@@ -111,6 +112,7 @@ class Roofline(CostModel):
         self.combine_bytes_per_pair = self.model.hidden_size * self.model.dtype_bytes
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._fixed_memo: dict[tuple[int, int], float] = {}
+        self._token_parts_memo: dict[float, tuple[float, float, float]] = {}
         self.embedding, self.lm_head = embedding_op(self.model), lm_head_op(self.model, self.tp)
         self._attention = _AttentionTerms(self)
         # Sliding-window layers attend to the last `sliding_window` tokens: their attention
@@ -269,13 +271,23 @@ class Roofline(CostModel):
         """`_fixed_s` of one batch, operation for operation in the same order (same bits)."""
         if self.experts is not None:  # the numpy path itself: MoE models are not the hot path
             return float(self._fixed_s(num_tokens, batch_size))
-        layers = self.model.num_layers * self._dense_layer_scalar_s(num_tokens)
-        ends = self._op_scalar_s(self.embedding, num_tokens)
-        ends = ends + self._op_scalar_s(self.lm_head, batch_size)
-        comm = 0.0  # exactly what the numpy zeros of one GPU add
-        if self.tp > 1 or self.pipeline_stages > 1:
-            comm = float(self.tp_all_reduce_s(num_tokens)) + float(self.pipeline_sends_s(num_tokens))
-        return layers + ends + comm
+        layers, embedding_s, comm = self._token_parts_s(num_tokens)
+        return layers + (embedding_s + self._op_scalar_s(self.lm_head, batch_size)) + comm
+
+    def _token_parts_s(self, num_tokens: float) -> tuple[float, float, float]:
+        """`_fixed_scalar_s`'s terms that depend on the tokens alone (the layers, the
+        embedding, the communication), memoised by the tokens: an iteration with a new
+        prompt is a new (tokens, batch size) pair, rarely a new token count."""
+        parts = self._token_parts_memo.get(num_tokens)
+        if parts is None:
+            layers = self.model.num_layers * self._dense_layer_scalar_s(num_tokens)
+            comm = 0.0  # exactly what the numpy zeros of one GPU add
+            if self.tp > 1 or self.pipeline_stages > 1:
+                comm = float(self.tp_all_reduce_s(num_tokens)) + float(self.pipeline_sends_s(num_tokens))
+            parts = (layers, self._op_scalar_s(self.embedding, num_tokens), comm)
+            if len(self._token_parts_memo) < FIXED_MEMO_ENTRIES:
+                self._token_parts_memo[num_tokens] = parts
+        return parts
 
     def _dense_layer_scalar_s(self, n: float) -> float:
         """`token_ops_per_layer_s` on Python floats, op by op in the same order (same bits)."""
@@ -399,6 +411,7 @@ class _AttentionTerms:
                                        np.float64(cost.attention_bytes_per_s))
             self._whole_terms = tuple(int(x) for x in consts)  # Python ints: exact, as int64
         self.flops_per_s, self.bytes_per_s = cost.attention_flops_per_s, cost.attention_bytes_per_s
+        self._decode_terms: list[float] = []  # see `_decode_terms_to`
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
         # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
         compute_slope_s = self.flops_per_pair / self.flops_per_s
@@ -445,8 +458,9 @@ class _AttentionTerms:
         # exactly rounded, so which terms come first changes no bit.
         ones = query_tokens.count(1)
         decodes = context_tokens[:ones]
-        if ones and max(decodes) < below and query_tokens[:ones] == [1] * ones:
-            terms = [(c * kv + qb) / bps for c in decodes]
+        if ones and (longest := max(decodes)) < below and query_tokens[:ones] == [1] * ones:
+            terms = list(map(self._decode_terms_to(longest).__getitem__, decodes)) \
+                if longest < DECODE_TERMS_MAX else [(c * kv + qb) / bps for c in decodes]
             pairs = zip(query_tokens[ones:], context_tokens[ones:], strict=True)
         else:
             terms, pairs = [], zip(query_tokens, context_tokens, strict=True)
@@ -454,6 +468,17 @@ class _AttentionTerms:
                   else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
                   for q, c in pairs]
         return math.fsum(terms) + self.kernel_overhead_s
+
+    def _decode_terms_to(self, context_tokens: int) -> list[float]:
+        """Decode terms' memory side, (c * kv + qb) / bps at index c, for c up to at least
+        `context_tokens`: each computed once, by the expression `per_layer_lists_s` would
+        evaluate (the same bits), then looked up (a third of the time a batch took)."""
+        terms = self._decode_terms
+        if context_tokens >= len(terms):
+            kv, qb, bps = self._whole_terms[1], self._whole_terms[2], self.bytes_per_s
+            end = max(context_tokens + 1, 2 * len(terms), 1024)
+            terms.extend([(c * kv + qb) / bps for c in range(len(terms), end)])
+        return terms
 
     def decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
         """Decode steps' per-layer attention as first + slope * k, when all are memory-bound.
