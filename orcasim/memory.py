@@ -134,7 +134,8 @@ class PagedAllocator:
 
     def blocks_to_hold(self, req_id: int, tokens: int) -> int:
         """How many more blocks `req_id` needs for its table to hold `tokens` tokens."""
-        return max(0, blocks_for(tokens, self.block_size_tokens) - self.num_blocks_of(req_id))
+        # blocks_for and num_blocks_of, inlined: every admission check asks
+        return max(0, -(-tokens // self.block_size_tokens) - len(self.tables.get(req_id, ())))
 
     def _take(self, count: int) -> list[int]:
         """`count` free blocks, in the order the pool hands them out (see the class)."""

@@ -314,7 +314,8 @@ class PagedScheduler(Scheduler):
         """Tokens to compute now: all that are known, or a chunk of them when chunking
         (`computed_tokens`: where it would start, if not from its computed tokens)."""
         start = self.computed.item(req_id) if computed_tokens is None else computed_tokens
-        need = self.known_tokens(req_id) - start
+        # known_tokens, inlined: every admission check asks
+        need = self.requests.prompt_tokens.item(req_id) + self.generated.item(req_id) - start
         if self.chunked_prefill:
             return min(need, budget_tokens)
         return need if need <= budget_tokens else 0
@@ -527,7 +528,7 @@ class PagedScheduler(Scheduler):
         """`req` computes `num_new` tokens in `plan` (those it computed before and lost to a
         recompute preemption count as recomputed). The fused loop (orcasim.paged_fast) adds
         a prompt chunk left over from an earlier plan this way too."""
-        redo = int(self.peak_computed[req] - self.computed[req])
+        redo = self.peak_computed.item(req) - self.computed.item(req)
         plan.recomputed_tokens += min(max(redo, 0), num_new)
         plan.ids.append(req)
         plan.num_new.append(num_new)
