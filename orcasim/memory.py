@@ -112,8 +112,8 @@ class PagedAllocator:
         return self.num_blocks - self.num_free_blocks
 
     @property
-    def allocated_tokens(self) -> int:
-        return self.num_allocated_blocks * self.block_size_tokens
+    def allocated_tokens(self) -> int:  # not through num_allocated_blocks: a run asks twice
+        return (self.num_blocks - self.num_free_blocks) * self.block_size_tokens
 
     @property
     def num_cached_blocks(self) -> int:
@@ -172,8 +172,7 @@ class PagedAllocator:
         self.evictions += 1
 
     def _hold(self, blocks: list[int]) -> None:
-        if not self.caching:
-            return  # one holder each, counted by the tables alone
+        """With caching: `blocks`, just taken, have a holder each."""
         refs = self._refs
         for block in blocks:
             assert block not in refs, "a new block is already held"
@@ -185,7 +184,8 @@ class PagedAllocator:
         if num_blocks > self.num_free_blocks:
             return None
         new = self._take(num_blocks)
-        self._hold(new)
+        if self.caching:  # without, a table is a block's only holder
+            self._hold(new)
         self.tables.setdefault(req_id, []).extend(new)
         return new
 
@@ -195,7 +195,8 @@ class PagedAllocator:
         if len(req_ids) > self.num_free_blocks:
             return None
         new = self._take(len(req_ids))
-        self._hold(new)
+        if self.caching:  # without, a table is a block's only holder
+            self._hold(new)
         self._append_each(req_ids, new)
         return new
 
@@ -217,7 +218,8 @@ class PagedAllocator:
         if num_blocks > self.num_free_blocks:
             return None
         new = self._take(num_blocks)
-        self._hold(new)
+        if self.caching:  # without, a table is a block's only holder
+            self._hold(new)
         tables, turns = self.tables, len(req_ids)
         if num_blocks <= turns:  # one round, maybe short: most runs (tens of steps, blocks of 16)
             self._append_each(req_ids, new)

@@ -474,11 +474,9 @@ class PagedFusedStepper:
             unit.start_s, ends_s, unit.size, unit.query_total, unit.context_total,
             unit.kv_used_tokens, unit.size, unit.run_context_total, unit.kv_reserved_tokens,
             waiting, 0, unit.recomputed_tokens, unit.growth.reserved_tokens(n - 1))
-        # As the generic stepper tells the source: the plan's completions at its end (only
-        # when nothing follows it), then the run's.
-        head, last = (done, []) if n == 1 else ([], done)
-        self._record(head, ends_s[0])
-        self._record(last, ends_s[-1])
+        # As the generic stepper tells the source: the plan's completions at its end when
+        # nothing follows it, else the run's at the run's end (the unit's end either way).
+        self._record(done, ends_s[-1])
         self.continuing = n == unit.full
 
     def _apply_joiners(self, unit: _Unit, first_token_s: float) -> None:
