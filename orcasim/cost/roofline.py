@@ -52,7 +52,7 @@ from orcasim.cost.parallel import (
 )
 
 FIXED_MEMO_ENTRIES = 1 << 18  # (tokens, batch size) pairs remembered: about 30 MB at most
-DECODE_TERMS_MAX = 1 << 20  # contexts whose decode term is looked up: 8 MB of floats at most
+DECODE_TERMS_MAX = 1 << 17  # contexts whose decode term is looked up: about 4 MB of floats
 
 
 class RooflineCostConfig(CostConfigBase):
@@ -411,7 +411,6 @@ class _AttentionTerms:
                                        np.float64(cost.attention_bytes_per_s))
             self._whole_terms = tuple(int(x) for x in consts)  # Python ints: exact, as int64
         self.flops_per_s, self.bytes_per_s = cost.attention_flops_per_s, cost.attention_bytes_per_s
-        self._decode_terms: list[float] = []  # see `_decode_terms_to`
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
         # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
         compute_slope_s = self.flops_per_pair / self.flops_per_s
@@ -426,6 +425,9 @@ class _AttentionTerms:
         # `per_layer_lists_s` computes that side alone.
         self.decode_memory_below_tokens = min(self.ridge_tokens * (1.0 - 1e-6),
                                               1e6 * self.query_bytes / max(self.kv_bytes, 1.0))
+        # `_memory_bound_terms`' table: contexts 0 .. end - 1, all below the bound.
+        self._decode_terms: list[float] = []
+        self._decode_terms_end = min(math.ceil(self.decode_memory_below_tokens), DECODE_TERMS_MAX)
 
     def per_layer_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """`Roofline.attention_per_layer_s` of one batch, bit for bit."""
@@ -457,10 +459,8 @@ class _AttentionTerms:
         # q = 1 leads and all are below, they take that term with no test each. The sum is
         # exactly rounded, so which terms come first changes no bit.
         ones = query_tokens.count(1)
-        decodes = context_tokens[:ones]
-        if ones and (longest := max(decodes)) < below and query_tokens[:ones] == [1] * ones:
-            terms = list(map(self._decode_terms_to(longest).__getitem__, decodes)) \
-                if longest < DECODE_TERMS_MAX else [(c * kv + qb) / bps for c in decodes]
+        leading = ones and query_tokens[:ones] == [1] * ones
+        if leading and (terms := self._memory_bound_terms(context_tokens[:ones])) is not None:
             pairs = zip(query_tokens[ones:], context_tokens[ones:], strict=True)
         else:
             terms, pairs = [], zip(query_tokens, context_tokens, strict=True)
@@ -469,16 +469,25 @@ class _AttentionTerms:
                   for q, c in pairs]
         return math.fsum(terms) + self.kernel_overhead_s
 
-    def _decode_terms_to(self, context_tokens: int) -> list[float]:
-        """Decode terms' memory side, (c * kv + qb) / bps at index c, for c up to at least
-        `context_tokens`: each computed once, by the expression `per_layer_lists_s` would
-        evaluate (the same bits), then looked up (a third of the time a batch took)."""
-        terms = self._decode_terms
-        if context_tokens >= len(terms):
-            kv, qb, bps = self._whole_terms[1], self._whole_terms[2], self.bytes_per_s
-            end = max(context_tokens + 1, 2 * len(terms), 1024)
-            terms.extend([(c * kv + qb) / bps for c in range(len(terms), end)])
-        return terms
+    def _memory_bound_terms(self, contexts: list[int]) -> list[float] | None:
+        """The terms of decodes (q = 1) holding `contexts`, if every one is below
+        `decode_memory_below_tokens` (memory-bound: (c * kv + qb) / bps); else None.
+
+        Looked up in `_decode_terms`, whose entry c is that expression's value (the same
+        bits), computed once, and which holds only contexts below the bound: a context past
+        its end (an IndexError, rare once it has grown) grows it or answers None, so that
+        no batch pays for a `max` over its contexts."""
+        table = self._decode_terms
+        try:
+            return list(map(table.__getitem__, contexts))
+        except IndexError:
+            longest = max(contexts)
+        if longest >= self._decode_terms_end:
+            return None
+        kv, qb, bps = self._whole_terms[1], self._whole_terms[2], self.bytes_per_s
+        end = min(max(longest + 1, 2 * len(table), 1024), self._decode_terms_end)
+        table.extend([(c * kv + qb) / bps for c in range(len(table), end)])
+        return list(map(table.__getitem__, contexts))
 
     def decode_line_s(self, size: int, context_total: int) -> tuple[float, float] | None:
         """Decode steps' per-layer attention as first + slope * k, when all are memory-bound.
