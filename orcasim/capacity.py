@@ -208,12 +208,12 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
         warnings.simplefilter("ignore")  # saturation is read from the summary
         result = run_scenario(scenario, base_dir=Path(job.base_dir))
     system = result.systems[job.system]
-    s = {**system.summary, "in_system_z": judged_in_system_z(system.summary, system.replicas)}
+    z, short = judged_in_system(system.summary, system.replicas, system.requests, scenario.warmup_s)
+    s = {**system.summary, "in_system_z": z}
     passes = bool(s["slo_met"]) and not behind_at_constant_rate(s)
     row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
-           "in_system_z": s["in_system_z"],
-           "in_system_short": float(in_system_window_is_short(system.requests, scenario.warmup_s)),
+           "in_system_z": s["in_system_z"], "in_system_short": float(short),
            "saturation_admission_rps": s["saturation_admission_rps"],
            "slo_attainment": s["slo_attainment"], "throughput_rps": s["throughput_rps"],
            "output_tokens_mean": served_tokens_per_request(system.requests)}
@@ -221,17 +221,26 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
     return row
 
 
-def judged_in_system_z(summary: dict[str, float], replicas: pd.DataFrame | None) -> float:
-    """The in-system test's z that a rate is judged on: a fleet's highest replica's, where
-    above its pooled count's. One replica of eight, 3x slower per token, whose running set
-    held its backlog (its in-system z 8.4, e2e p50 10.3 s against 0.8 s) read z 2.8 on the
-    pooled count, diluted by the others' arrivals, and the rate passed (a tester's finding).
-    A fleet's waiting queue is judged the same way by its `saturated` flag (orcasim.run)."""
+def judged_in_system(summary: dict[str, float], replicas: pd.DataFrame | None,
+                     requests: pd.DataFrame, warmup_s: float) -> tuple[float, bool]:
+    """The in-system test's z that a rate is judged on, and whether its window was short
+    (`in_system_window_is_short`) on the requests it read: a fleet's highest replica's,
+    where above its pooled count's. One replica of eight, 3x slower per token, whose running
+    set held its backlog (its in-system z 8.4, e2e p50 10.3 s against 0.8 s) read z 2.8 on
+    the pooled count, diluted by the others' arrivals, and the rate passed (a tester's
+    finding). A fleet's waiting queue is judged the same way by its `saturated` flag
+    (orcasim.run). The window is the judged replica's: the pooled latency's p90 is the
+    quick replicas', and said a slow one's half-way window was not short."""
     z = float(summary["in_system_z"])
-    if replicas is None or "in_system_z" not in replicas or not len(replicas):
-        return z
-    worst = float(np.nanmax(replicas["in_system_z"].to_numpy(dtype=np.float64), initial=-np.inf))
-    return worst if worst > z or (math.isnan(z) and worst > -math.inf) else z
+    if (replicas is not None and "in_system_z" in replicas and len(replicas)
+            and "replica" in requests):
+        zs = replicas["in_system_z"].to_numpy(dtype=np.float64)
+        if not np.isnan(zs).all():
+            i = int(np.nanargmax(zs))
+            if zs[i] > z or math.isnan(z):
+                mine = requests[requests["replica"] == replicas.index[i]]
+                return float(zs[i]), in_system_window_is_short(mine, warmup_s)
+    return z, in_system_window_is_short(requests, warmup_s)
 
 
 def served_tokens_per_request(reqs: pd.DataFrame) -> float:

@@ -474,3 +474,20 @@ def test_a_fleet_fails_a_rate_where_one_replica_holds_its_backlog_in_its_running
     row = cap.evaluate(jobs[0], 200.0)
     assert row["slo_met"] == 1.0 and row["saturation_z"] < SATURATION_Z, row
     assert row["in_system_z"] > SATURATION_Z and row["passes"] == 0.0, row
+
+
+def test_a_fleet_rate_judged_on_a_replica_says_whether_its_window_was_short() -> None:
+    """A fleet judged by its slow replica's in-system z: that replica's window is the one
+    read. 950 quick requests (0.1 s) and 50 slow (20 s) on replica 1, over 25 s: the pooled
+    p90 latency is the quick ones' (not short), replica 1's is past half the run (short);
+    in_system_short read the pooled requests, 0."""
+    rng = np.random.default_rng(0)
+    arrival = np.sort(rng.uniform(0.0, 25.0, 1000))
+    replica = np.zeros(1000, dtype=np.int64)
+    replica[::20] = 1
+    requests = pd.DataFrame({"arrival_s": arrival, "replica": replica,
+                             "finish_s": arrival + np.where(replica == 1, 20.0, 0.1)})
+    replicas = pd.DataFrame({"in_system_z": [0.3, 8.4]}, index=pd.Index([0, 1], name="replica"))
+    assert cap.judged_in_system({"in_system_z": 2.8}, replicas, requests, 0.0) == (8.4, True)
+    assert cap.judged_in_system({"in_system_z": 9.0}, replicas, requests, 0.0) == (9.0, False)
+    assert cap.judged_in_system({"in_system_z": 2.8}, None, requests, 0.0) == (2.8, False)
