@@ -217,9 +217,10 @@ def in_system_window_is_short(reqs: pd.DataFrame, warmup_s: float = 0.0) -> bool
     `MAX_RAMP_FRACTION`): there the count of a server that keeps up is still rising to its
     level, so a growth read is the run's start-up as much as a backlog (a stable server of
     20 s latency at 40 req/s read z 12 to 16 over 1,000 requests, -1.2 to 2.4 over 2,000,
-    seeds 0 to 11)."""
+    seeds 0 to 11). False where nothing was judged (NaN evidence: a short window is said of
+    a growth read, not of none)."""
     arrival, finish = _in_system_times(reqs, warmup_s)
-    return len(arrival) >= 2 and _ramp_s(arrival, finish)[1]
+    return occupancy_growth(arrival, finish) is not None and _ramp_s(arrival, finish)[1]
 
 
 def _in_system_times(reqs: pd.DataFrame, warmup_s: float) -> tuple[np.ndarray, np.ndarray]:

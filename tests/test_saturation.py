@@ -19,6 +19,7 @@ from orcasim.saturation import (
     SATURATION_Z,
     grew,
     in_system_text,
+    in_system_window_is_short,
     saturation,
     saturation_text,
     waiting_count,
@@ -398,6 +399,16 @@ def test_requests_that_never_finish_start_the_window_half_way() -> None:
     out = saturation(reqs)
     assert out["in_system_arrival_rps"] == 501 / 500, out
     assert out["in_system_z"] > SATURATION_Z
+
+
+def test_a_window_too_short_to_judge_is_not_called_short() -> None:
+    """50 requests all arriving at 0 s and finishing at 1 s: nothing is judged (NaN), and
+    the capacity search's evaluations recorded in_system_short = 1 without evidence (a
+    reviewer's note)."""
+    reqs = pd.DataFrame({"arrival_s": np.zeros(50), "finish_s": np.ones(50),
+                         "first_scheduled_s": np.zeros(50)})
+    assert np.isnan(saturation(reqs)["in_system_z"])
+    assert not in_system_window_is_short(reqs)
 
 
 @pytest.mark.parametrize("seed", range(12))
