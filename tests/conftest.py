@@ -57,6 +57,23 @@ BIG_RUNNING_SET: dict[str, Any] = {
 }
 
 
+# Eight paged replicas behind round robin, one 3x slower per token, running sets of 1,024: at
+# 200 req/s the slow one holds its backlog in its running set, no waiting queue.
+SLOW_REPLICA_FLEET: dict[str, Any] = {
+    "workload.num_requests": 4000,
+    "workload.arrival": {"kind": "poisson", "rate_per_s": 200.0},
+    "workload.prompt_tokens": {"kind": "constant", "value": 100},
+    "workload.output_tokens": {"kind": "constant", "value": 50},
+    "workload.max_tokens": 200, "kv_capacity_tokens": 1_000_000,
+    "cost": {"kind": "linear", "base_s": 0.010, "per_token_s": 1.0e-4, "per_context_token_s": 0.0},
+    "systems": [{"name": "rr8", "scheduler": {"kind": "paged", "max_num_seqs": 1024,
+                                              "max_num_batched_tokens": 100_000},
+                 "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                     {"count": 7},
+                     {"count": 1, "cost": {"kind": "linear", "base_s": 0.010,
+                                           "per_token_s": 3.0e-4, "per_context_token_s": 0.0}}]}}]}
+
+
 def make_scenario(**changes: Any) -> Scenario:
     """BASE with dotted-path changes, e.g. make_scenario(**{"workload.num_requests": 10})."""
     from orcasim.scenario import set_dotted

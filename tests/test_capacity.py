@@ -17,7 +17,7 @@ from orcasim.cli import app
 from orcasim.run import make_requests
 from orcasim.saturation import SATURATION_Z
 from orcasim.slo import slo_from_strings
-from tests.conftest import BASE, BIG_RUNNING_SET, make_scenario
+from tests.conftest import BASE, BIG_RUNNING_SET, SLOW_REPLICA_FLEET, make_scenario
 
 BASE_S, PER_TOKEN_S = 0.5, 0.01
 MEAN_SERVICE_S = BASE_S + PER_TOKEN_S * 50.5  # prompts uniform in [1, 100], one output token
@@ -445,20 +445,6 @@ def test_a_rate_failed_on_a_run_shorter_than_two_latencies_is_said() -> None:
     tried.loc[1, "in_system_short"] = 0.0  # a run long enough to tell: no word
     assert cap.capacity_warnings(cap.CapacityResult(table, tried, [], 1, 0), slo) == []
 
-
-SLOW_REPLICA_FLEET = {
-    "workload.num_requests": 4000,
-    "workload.arrival": {"kind": "poisson", "rate_per_s": 200.0},
-    "workload.prompt_tokens": {"kind": "constant", "value": 100},
-    "workload.output_tokens": {"kind": "constant", "value": 50},
-    "workload.max_tokens": 200, "kv_capacity_tokens": 1_000_000,
-    "cost": {"kind": "linear", "base_s": 0.010, "per_token_s": 1.0e-4, "per_context_token_s": 0.0},
-    "systems": [{"name": "rr8", "scheduler": {"kind": "paged", "max_num_seqs": 1024,
-                                              "max_num_batched_tokens": 100_000},
-                 "cluster": {"router": {"kind": "round_robin"}, "replicas": [
-                     {"count": 7},
-                     {"count": 1, "cost": {"kind": "linear", "base_s": 0.010,
-                                           "per_token_s": 3.0e-4, "per_context_token_s": 0.0}}]}}]}
 
 
 @pytest.mark.parametrize("seed", [1, 3])

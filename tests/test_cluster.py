@@ -25,7 +25,7 @@ from orcasim.fleet import build_fleet
 from orcasim.requests import Requests
 from orcasim.run import SystemResult, run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
-from tests.conftest import BASE, examples, make_scenario, requests_in_both_modes
+from tests.conftest import BASE, SLOW_REPLICA_FLEET, examples, make_scenario, requests_in_both_modes
 from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "least_tokens", "least_kv",
@@ -754,21 +754,7 @@ def test_one_replica_whose_running_set_holds_its_backlog_is_warned_of() -> None:
     no waiting queue, while the fleet's pooled count of requests in the system grew too
     little to warn. The run said nothing (a tester's finding); not flagged, as for a lone
     server whose in-system count alone grew."""
-    scenario = make_scenario(**{
-        "workload.num_requests": 3000,
-        "workload.arrival": {"kind": "poisson", "rate_per_s": 200.0},
-        "workload.prompt_tokens": {"kind": "constant", "value": 100},
-        "workload.output_tokens": {"kind": "constant", "value": 50},
-        "workload.max_tokens": 200,
-        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4, "per_context_token_s": 0.0},
-        "kv_capacity_tokens": 1_000_000,
-        "systems": [{"name": "rr8", "scheduler": {"kind": "paged", "max_num_seqs": 1024,
-                                                  "max_num_batched_tokens": 100_000},
-                     "cluster": {"router": {"kind": "round_robin"}, "replicas": [
-                         {"count": 7},
-                         {"count": 1, "cost": {"kind": "linear", "base_s": 0.01,
-                                               "per_token_s": 3e-4, "per_context_token_s": 0.0}}]}}],
-    })
+    scenario = make_scenario(**{**SLOW_REPLICA_FLEET, "workload.num_requests": 3000})
     with pytest.warns(UserWarning, match=r"rr8: 1 of 8 replicas \(7\): replica 7: the requests "
                       r"in the system .* though the fleet's pooled count did not show it"):
         result = run_scenario(scenario).systems["rr8"]
