@@ -166,25 +166,25 @@ class Scenario(Strict):
         system's, and a fleet's group's or a pool's (with that group's model and hardware;
         a group's roofline without a model anywhere validated, and failed at run time)."""
         places = [("cost", self.cost, self.model, self.hardware)]
-        for j, system in enumerate(self.systems):
-            if system.cost is not None:
-                places.append((f"systems[{j}].cost", system.cost, self.model, self.hardware))
-            for key, group in system.cluster.given_groups() if system.cluster is not None else []:
-                if group.cost is not None:
-                    places.append((f"systems[{j}].cluster.{key}.cost", group.cost,
-                                   group.model or self.model, group.hardware or self.hardware))
+        places += [(f"systems[{j}].cost", system.cost, self.model, self.hardware)
+                   for j, system in enumerate(self.systems) if system.cost is not None]
+        places += [(f"{key}.cost", group.cost, model, hardware)
+                   for key, group, model, hardware in self._group_deployments()
+                   if group.cost is not None]
         return places
+
+    def _group_deployments(self) -> list[tuple[str, ReplicaGroup, ModelSpec | None, HardwareConfig | None]]:
+        """Each fleet group and pool the file gives, with its key (`systems[j].cluster.<key>`)
+        and the model and hardware it runs: its own, else the scenario's."""
+        return [(f"systems[{j}].cluster.{key}", group, group.model or self.model,
+                 group.hardware or self.hardware)
+                for j, system in enumerate(self.systems) if system.cluster is not None
+                for key, group in system.cluster.given_groups()]
 
     def _check_deployments(self) -> None:
         """The model fits its parallelism and its context holds every request (catalog limits)."""
         pairs = [("", self.model, self.hardware)]
-        for system in self.systems:
-            cluster = system.cluster
-            if cluster is None:
-                continue
-            for key, group in cluster.given_groups():
-                where = f"systems[{self.systems.index(system)}].cluster.{key}."
-                pairs.append((where, group.model or self.model, group.hardware or self.hardware))
+        pairs += [(f"{key}.", model, hardware) for key, _, model, hardware in self._group_deployments()]
         for where, model, hardware in pairs:
             if model is not None:
                 check_deployment(model, hardware, self.workload.max_tokens, where)
