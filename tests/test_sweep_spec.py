@@ -69,6 +69,13 @@ def test_replication_seeds_are_distinct_and_shared_across_points(tmp_path: Path)
     ("parameters:\n  systems[1].scheduler.max_batch_size: [4, '8']",
      "parameters.systems[1].scheduler.max_batch_size = [4, '8']: mixes number and text values"),
     ("parameters:\n  systems[1].scheduler.max_batch_size: [4, true]", "mixes boolean and number"),
+    # A value listed twice ran its point twice, and `compare` merged the two as one point.
+    ("parameters:\n  workload.arrival.rate_per_s: [1.0, 2.0, 1]",
+     "parameters.workload.arrival.rate_per_s = [1.0, 2.0, 1]: lists 1.0 twice; expected distinct "
+     "values (`replications` repeats a point with independent seeds)"),
+    ("mode: zip\nparameters:\n  workload.arrival.rate_per_s: [1.0, 1.0]\n  warmup_s: [0, 0]",
+     "mode = zip: point 1 (workload.arrival.rate_per_s = 1.0, warmup_s = 0) repeats point 0; "
+     "expected distinct points"),
     # Said once: the int and the float form each refused it (a NaN is not equal to itself).
     ("parameters:\n  workload.arrival.rate_per_s: [.nan]",
      "tiny_sweep.yaml: grid.parameters.workload.arrival.rate_per_s[0] = nan: Input should be a "

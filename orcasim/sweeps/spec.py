@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,14 @@ def _kind(value: ParamValue) -> str:
     return "number" if isinstance(value, int | float) else "text"
 
 
+def _first_repeat(values: Sequence[object]) -> int | None:
+    """The index of the first value equal to an earlier one (1 equals 1.0); None if none is."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            return i
+    return None
+
+
 class Grid(Strict):
     mode: Literal["product", "zip"] = "product"
     parameters: dict[str, list[ParamValue]] = Field(min_length=1)
@@ -78,7 +86,28 @@ class Grid(Strict):
         lengths = {len(v) for v in self.parameters.values()}
         if self.mode == "zip" and len(lengths) > 1:
             raise ScenarioError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
+        self._distinct_points()
         return self
+
+    def _distinct_points(self) -> None:
+        """A point listed twice ran twice under the same seeds, and `compare` merged the two
+        rows as one point: refused, naming the repeat."""
+        if self.mode == "product":
+            for path, values in self.parameters.items():
+                twice = _first_repeat(values)
+                if twice is not None:
+                    raise ScenarioError(
+                        f"parameters.{path} = {values}: lists {values[values.index(values[twice])]!r} "
+                        "twice; expected "
+                        "distinct values (`replications` repeats a point with independent seeds)")
+            return
+        points = list(zip(*self.parameters.values(), strict=True))
+        twice = _first_repeat(points)
+        if twice is not None:
+            named = ", ".join(f"{path} = {v!r}" for path, v in zip(self.parameters, points[twice],
+                                                                     strict=True))
+            raise ScenarioError(f"mode = zip: point {twice} ({named}) repeats point "
+                                f"{points.index(points[twice])}; expected distinct points")
 
 
 class SweepSpec(Strict):
