@@ -34,7 +34,7 @@ import numpy as np
 
 from orcasim.closed_loop import arrival_source
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.catalog import stage_layers
+from orcasim.cost.catalog import attention_groups, stage_layers
 from orcasim.engine import EngineRun, finished_run
 from orcasim.recorder import Recorder
 from orcasim.replica import Load, Replica, drive, scheduler_load, single
@@ -216,7 +216,11 @@ def pipeline_engine(
     if stages == 1 or not isinstance(system.scheduler, IterationLevelConfig):
         return None
     assert scenario.kv_capacity_tokens is not None
-    scheduler = PipelinedIterationLevelScheduler(system.scheduler, requests, scenario.kv_capacity_tokens)
+    # A request's KV lives in one data-parallel attention group (as `run.scheduler_for`
+    # and a fleet's replicas build theirs): without the groups, a request longer than one
+    # group's share was admitted here and turned away behind a one-replica cluster.
+    scheduler = PipelinedIterationLevelScheduler(system.scheduler, requests, scenario.kv_capacity_tokens,
+                                                 attention_groups(scenario.hardware))
     deployment = scenario.deployment()
     layers = None if deployment is None else stage_layers(deployment.model, stages)
     return PipelineEngine(requests, scheduler, cost, stages, arrival_source(requests), layers)

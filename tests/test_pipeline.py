@@ -266,3 +266,32 @@ def test_pipelined_rows_never_overlap_when_a_later_stage_is_the_busiest() -> Non
     ends = (rows["start_s"] + rows["duration_s"]).to_numpy()
     assert (rows["start_s"].to_numpy()[1:] >= ends[:-1] - 1e-12).all()
     assert rows["batch_size"].max() == 1
+
+
+def test_a_pipelined_replica_turns_away_a_request_longer_than_one_attention_group() -> None:
+    """Data-parallel attention splits the KV pool in groups and a request lives in one: the
+    pipelined Orca of a single replica admitted requests of up to 6,010 tokens where each
+    of its 2 groups holds 4,000, which the same replica behind a one-replica cluster
+    turned away."""
+    orca = {"kind": "iteration_level", "max_batch_size": 8, "kv_reservation": "oracle"}
+    sc = make_scenario(**{
+        "workload.num_requests": 40,
+        "workload.prompt_tokens": {"kind": "uniform", "low": 1000, "high": 6000},
+        "workload.output_tokens": {"kind": "constant", "value": 10},
+        "workload.max_tokens": 6010,
+        "model": "qwen3-30b-a3b",
+        "hardware": {"gpu": "h100-80gb", "data_parallel_attention": 2, "expert_parallel": 2,
+                     "pipeline_parallel": 2},
+        "kv_capacity_tokens": 8000,
+        "cost": {"kind": "linear", "base_s": 0.01},
+        "systems": [{"name": "single", "scheduler": orca},
+                    {"name": "cluster", "scheduler": orca, "cluster": {"replicas": 1}}],
+    })
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_scenario(sc)
+    for name in ("single", "cluster"):
+        reqs = result.systems[name].requests
+        done = reqs[reqs["finish_s"].notna()]
+        assert (done["prompt_tokens"] + done["output_tokens"]).max() <= 4000, name
+        assert 0 < result.systems[name].summary["requests_rejected"] < 40, name
