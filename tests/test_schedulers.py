@@ -225,3 +225,23 @@ def test_a_static_batch_by_hand_padded() -> None:
     steps, _ = _static_steps(padding=True)
     assert steps == [([3, 9], [9, 9], [9, 9]), ([1, 1], [1, 1], [10, 10]),
                      ([0, 1], [1, 1], [11, 11]), ([0, 1], [1, 1], [12, 12])]
+
+
+def test_a_padded_static_batch_fits_its_padded_length_in_kv() -> None:
+    """Prompts 10 and 500, outputs 500 and 10, max_tokens 510 each on a 1,020-token cache:
+    their reservations fit, but padded, each runs at 1,000 positions (2,000 in all), so
+    they go in two batches; unpadded, in one."""
+    reqs = Requests(np.zeros(2), np.array([10, 500]), np.array([500, 10]), np.array([510, 510]))
+    for padding, batches in ((True, [[0], [1]]), (False, [[0, 1]])):
+        sched = build_scheduler(RequestLevelConfig(kind="request_level", max_batch_size=2,
+                                                   padding=padding), reqs, 1020)
+        sched.add_request(0)
+        sched.add_request(1)
+        formed, out = [], sched.schedule(0.0)
+        while not out.is_empty:
+            if not formed or formed[-1] != out.req_ids.tolist():
+                formed.append(out.req_ids.tolist())
+            assert out.batch.total_context_tokens <= 1020, padding
+            sched.update_from_output(out)
+            out = sched.schedule(0.0)
+        assert formed == batches, padding

@@ -2,7 +2,8 @@
 
 When no batch is running, it forms one of up to `max_batch_size` queued requests, FCFS
 (each reserving `max_tokens` of KV, as a static batch allocates for the longest
-sequence). The batch runs its prefill, then decode iterations until its longest member
+sequence; with `padding`, the batch's members times its longest prompt plus its longest
+output must fit as well, the positions a padded batch holds). The batch runs its prefill, then decode iterations until its longest member
 finishes; nobody joins or leaves in between, and every member's tokens reach the user
 when the batch ends. With `padding` (the default, as in FasterTransformer) every member
 is costed as if it had the batch's longest prompt and ran to the batch's longest output.
@@ -69,10 +70,24 @@ class RequestLevelScheduler(Scheduler):
         if self.num_waiting < self.cfg.max_batch_size and now_s < deadline_s:
             return deadline_s  # Triton-style: wait for a fuller batch until the deadline
         members: list[int] = []
+        longest_prompt = longest_output = 0
         while len(members) < self.cfg.max_batch_size and self.num_waiting:
-            need = int(self.requests.max_tokens[self._peek_waiting()])
+            head = self._peek_waiting()
+            assert head is not None
+            need = int(self.requests.max_tokens[head])
             if self.reserved_tokens + need > self.kv_capacity_tokens:
                 break
+            if self.cfg.padding:
+                # A padded batch holds every member at the longest prompt plus the longest
+                # output (FasterTransformer allocates batch x that many positions): it must
+                # fit too. Each member's max_tokens bounds its own length, not the padded
+                # one (prompts 10 and 500, outputs 500 and 10, max_tokens 510 each: 2 x 1,000
+                # positions, which read past a 1,020-token cache; a reviewer's finding).
+                prompt = max(longest_prompt, int(self.requests.prompt_tokens[head]))
+                output = max(longest_output, int(self.requests.output_tokens[head]))
+                if members and (len(members) + 1) * (prompt + output) > self.kv_capacity_tokens:
+                    break
+                longest_prompt, longest_output = prompt, output
             members.append(self._pop_waiting())
             self.reserved_tokens += need
         self.members = np.array(members, dtype=np.int64)
