@@ -139,8 +139,11 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     linear, so interpolating it at the bin edges is exact. (A multi-iteration row holds
     its time-weighted mean, e.g. of `kv_reserved_tokens`: exact at the row's ends, spread
     evenly inside it. A column summed over the row's iterations, e.g. `num_waiting`, is
-    taken per iteration: its sum over `num_iterations`.)
+    taken per iteration: its sum over `num_iterations`.) Rows are taken in time order, in
+    whatever order the frame holds them (sorted by another column, the integral taken
+    row by row drew a timeline that was not the run's).
     """
+    iterations = iterations.iloc[np.argsort(iterations["start_s"].to_numpy(), kind="stable")]
     start = iterations["start_s"].to_numpy(dtype=np.float64)
     end = start + iterations["duration_s"].to_numpy(dtype=np.float64)
     value = iterations[column].to_numpy(dtype=np.float64)

@@ -45,6 +45,19 @@ def test_binned_time_average_is_exact() -> None:
     np.testing.assert_allclose(got, [6.0, 3.0], atol=EXACT)
 
 
+def test_binned_time_average_does_not_depend_on_the_rows_order() -> None:
+    # A frame sorted by another column (a notebook's `iters.sort_values("batch_size")`)
+    # holds the same timeline: the integral was taken in row order, and np.interp on
+    # times out of order gave [12.4, 0, ...] where the timeline averages 1 to 2.
+    frame = iterations([(0.0, 1.0, 2), (2.0, 2.0, 4), (5.0, 1.0, 1)])
+    edges = np.array([0.0, 2.0, 4.0, 6.0])
+    expected = binned_time_average(frame, "batch_size", edges)
+    np.testing.assert_allclose(expected, [1.0, 4.0, 0.5], atol=EXACT)
+    for order in ([2, 1, 0], [1, 0, 2], [0, 2, 1]):
+        got = binned_time_average(frame.iloc[order], "batch_size", edges)
+        np.testing.assert_allclose(got, expected, atol=EXACT)
+
+
 def test_a_summed_column_is_averaged_per_iteration_by_hand() -> None:
     # A fast-mode row of 4 iterations over [0, 4) with 3 waiting in each holds 12: the
     # queue's time average is 3 there, not 12; idle [4, 6) halves the second bin's.
