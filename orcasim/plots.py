@@ -105,6 +105,8 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
 
 def fidelity_cdfs(frame: pd.DataFrame, title: str) -> Figure:
     """Real against simulated CDFs of TTFT, TPOT and E2E; `frame` has a `source` column."""
+    _checked(frame, ("ttft_s", "tpot_s", "e2e_s", "source"), "the real-against-simulated frame",
+             empty_ok=True, text_ok=("source",))
     fig = Figure(figsize=(13, 4), layout="constrained")
     for ax, metric in zip(fig.subplots(1, 3), ("ttft_s", "tpot_s", "e2e_s"), strict=True):
         for source, rows in frame.groupby("source", sort=False):
@@ -417,10 +419,13 @@ def _two_and_five(value: float, _pos: int) -> str:
 
 
 def percentile_bands(
-    table: pd.DataFrame, x: str, metrics: tuple[str, ...] = tuple(SWEEP_METRICS)
+    table: pd.DataFrame, x: str, metrics: tuple[str, ...] | str = tuple(SWEEP_METRICS)
 ) -> Figure:
     """Metrics against the swept parameter `x`: the median over replications as a line and
-    the 10th-90th percentile across replications as a band, one panel per metric."""
+    the 10th-90th percentile across replications as a band, one panel per metric (a name
+    alone is one metric, not its letters)."""
+    if isinstance(metrics, str):
+        metrics = (metrics,)
     if not metrics:
         raise ValueError("metrics = (): expected at least one metric to plot")
     _checked(table, ("system", x, *metrics), "the sweep table", text_ok=("system", x))

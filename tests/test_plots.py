@@ -324,6 +324,25 @@ def test_figures_refuse_what_they_cannot_draw_by_name() -> None:
         timelines(iterations([(0.0, 1.0, 1)]), num_bins=0)
 
 
+def test_a_metric_named_alone_and_a_fidelity_frame_without_its_columns_are_one_line() -> None:
+    """`percentile_bands(table, x, "ttft_s_p50")` drew that metric, where its letters were
+    taken for metrics ("no column 't', 't', 'f', ..."); a frame missing what fidelity_cdfs
+    reads was a bare KeyError."""
+    from orcasim.plots import fidelity_cdfs
+
+    table = pd.DataFrame({"point": [0, 1], "replication": [0, 0], "seed": [1, 2], "system": ["a", "a"],
+                          "e2e_s_p50": [0.5, 0.7], "workload.arrival.rate_per_s": [1.0, 2.0]})
+    fig = percentile_bands(table, "workload.arrival.rate_per_s", "e2e_s_p50")
+    assert [ax.get_ylabel() for ax in fig.axes if ax.get_visible()] == [
+        "median end-to-end latency (s)"]
+    frame = pd.DataFrame({"ttft_s": [0.1], "e2e_s": [0.5], "source": ["real"]})
+    with pytest.raises(ValueError, match=r"^the real-against-simulated frame has no column "
+                                         r"'tpot_s'; its columns: ttft_s, e2e_s, source$"):
+        fidelity_cdfs(frame, "x")
+    with pytest.raises(ValueError, match="has no column 'source'"):
+        fidelity_cdfs(frame.drop(columns="source").assign(tpot_s=0.01), "x")
+
+
 def test_one_systems_frames_and_a_lone_request_draw() -> None:
     """A frame of one system (`SystemResult.requests`, no `system` column) is drawn as one
     system; a single request's CDF is a visible point, not a line of one point."""
