@@ -323,7 +323,8 @@ class RecordingCost(CostModel):
 
     def __init__(self, cost: OverheadCost) -> None:
         self.cost = cost
-        self.rows: list[tuple[float, int, int]] = []  # (max(gpu, floor), requests, prefill tokens)
+        # (max(gpu, floor), requests, prefill tokens, host time)
+        self.rows: list[tuple[float, int, int, float]] = []
 
     def iteration_time_s(self, batch: Batch) -> float:
         # OverheadCost.iteration_time_s, term by term (the same operations, the same bits),
@@ -332,8 +333,9 @@ class RecordingCost(CostModel):
             return 0.0
         gpu_s = self.cost.gpu_part_s(batch)
         prefill = sum(batch.query_tokens[batch.query_tokens > 1].tolist())
-        self.rows.append((gpu_s, batch.size, prefill))
-        return gpu_s + self.cost.host_s(batch.size, prefill)
+        host_s = self.cost.host_s(batch.size, prefill)
+        self.rows.append((gpu_s, batch.size, prefill, host_s))
+        return gpu_s + host_s
 
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
         # One row per iteration is what the fit solves over; a pipeline's stages overlap.
@@ -350,10 +352,13 @@ class Schedule:
 
     start_s: np.ndarray  # (I,) iteration starts
     end_s: np.ndarray  # (I,) iteration ends
-    features: dict[str, np.ndarray]  # (I,) each: gpu, one, batch, prefill
+    # (I,) each: gpu, host (all of it, as priced), and per unit of each linear term: one,
+    # batch and prefill (a request's and a prompt token's share under data-parallel attention)
+    features: dict[str, np.ndarray]
     arrival_s: np.ndarray  # (R,) at the engine
     first_token_s: np.ndarray  # (R,)
     finish_s: np.ndarray  # (R,)
+    latency_s: float = 0.0  # the request latency the replay ran with
 
 
 def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
@@ -373,13 +378,19 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
     if len(iters) != len(recording.rows):
         raise ScenarioError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
                          f"{len(iters)} iterations; a pipelined engine cannot be calibrated so")
-    gpu, batch, prefill = (np.array(c, dtype=np.float64) for c in zip(*recording.rows, strict=True))
+    gpu, batch, prefill, host = (np.array(c, dtype=np.float64)
+                                 for c in zip(*recording.rows, strict=True))
+    # OverheadCost divides the per-request and per-prompt-token terms among the data-parallel
+    # attention groups: a unit of either coefficient costs 1/dp of its feature.
+    deployment = replay.deployment()  # as build_cost_model was given it above
+    dp = 1 if deployment is None else deployment.hardware.data_parallel_attention
     reqs = result.requests  # arrivals are the client's; the engine saw them latency_s later
     return Schedule(
         iters["start_s"].to_numpy(), (iters["start_s"] + iters["duration_s"]).to_numpy(),
-        {"gpu": gpu, "one": np.ones_like(gpu), "batch": batch, "prefill": prefill},
+        {"gpu": gpu, "host": host, "one": np.ones_like(gpu), "batch": batch / dp,
+         "prefill": prefill / dp},
         reqs["arrival_s"].to_numpy() + latency_s, reqs["first_token_s"].to_numpy(),
-        reqs["finish_s"].to_numpy())
+        reqs["finish_s"].to_numpy(), latency_s)
 
 
 def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float],
@@ -389,13 +400,15 @@ def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float]
     A request's decode window (first token to finish) holds whole iterations: their sum.
     Its TTFT holds the request latency, the rest of the iteration it arrived in (the part
     already gone is kept as a fraction), and every iteration up to its first token's.
-    Terms not fitted stay at `values` and go into `known`.
+    Terms not fitted stay as the replay priced them and go into `known`: each iteration's
+    time less the fitted terms at `values`, the ones the schedule was made with (taken as 0,
+    the scenario's other terms fell into the fitted ones).
     """
     features = schedule.features
-    per_iteration = features["gpu"].copy()
-    for name, feature in LINEAR_TERMS.items():
-        if feature != "latency" and name not in fitted:
-            per_iteration += values.get(name, 0.0) * features[feature]
+    per_iteration = features["gpu"] + features["host"]
+    for name in fitted:
+        if LINEAR_TERMS[name] != "latency":
+            per_iteration -= values.get(name, 0.0) * features[LINEAR_TERMS[name]]
     columns = {"known": per_iteration, **{n: features[LINEAR_TERMS[n]] for n in fitted
                                           if LINEAR_TERMS[n] != "latency"}}
     cum = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in columns.items()}
@@ -415,9 +428,8 @@ def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float]
         whole = c[np.minimum(first, n_iter - 1) + 1] - c[arrived]
         return whole - gone * (c[arrived + 1] - c[arrived])
 
-    latency = values.get("overhead.request_latency_s", 0.0)
     known = np.concatenate([decode(cum["known"]), ttft(cum["known"])
-                            + (0.0 if "overhead.request_latency_s" in fitted else latency)])
+                            + (0.0 if "overhead.request_latency_s" in fitted else schedule.latency_s)])
     x = np.column_stack([
         np.concatenate([np.zeros(len(first)), np.ones(len(first))])
         if LINEAR_TERMS[n] == "latency" else np.concatenate([decode(cum[n]), ttft(cum[n])])

@@ -98,6 +98,21 @@ def test_the_least_squares_stage_alone_lands_on_the_truth(
         assert values[name] == pytest.approx(value, rel=LINEAR_STAGE_RTOL), name
 
 
+def test_the_least_squares_stage_keeps_the_terms_it_does_not_fit(tmp_path: Path) -> None:
+    # One term fitted, the others stay at the scenario's values in the known part: they
+    # were taken as 0, and per_sequence_s took in the per-iteration, per-prompt-token and
+    # request-latency time (0.0036 for a true 0.0006, 6 times off before Nelder-Mead).
+    true = {**TRUE, "overhead.request_latency_s": 0.05}
+    paths = [_write_log(tmp_path / f"run-{rate:g}.csv", rate, seed, num_requests=40, true=true)
+             for rate, seed in ((1.0, 0), (3.0, 1))]
+    fixed = {k: v for k, v in true.items() if k != "overhead.per_sequence_s"}
+    start = with_cost(scenario_from_dict(SCENARIO), {**fixed, "overhead.per_sequence_s": 1e-4})
+    fitted = ("overhead.per_sequence_s",)
+    values = solve_linear(start, read_logs(paths), "vllm", list(fitted),
+                          current_values(start, fitted), None)
+    assert values["overhead.per_sequence_s"] == pytest.approx(0.0006, rel=LINEAR_STAGE_RTOL)
+
+
 def test_the_cli_writes_a_cost_that_scenarios_load(short_logs: list[Path], tmp_path: Path) -> None:
     logs = short_logs
     scenario = tmp_path / "s.yaml"
