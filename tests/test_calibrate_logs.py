@@ -113,6 +113,26 @@ def test_the_least_squares_stage_keeps_the_terms_it_does_not_fit(tmp_path: Path)
     assert values["overhead.per_sequence_s"] == pytest.approx(0.0006, rel=LINEAR_STAGE_RTOL)
 
 
+def test_the_least_squares_stage_prices_terms_shared_by_data_parallel_groups(tmp_path: Path) -> None:
+    # Under data-parallel attention the engine divides the per-request and per-prompt-token
+    # terms among the groups (OverheadCost): the stage came back at half of each with dp 2.
+    data = {**SCENARIO, "model": "mixtral-8x7b", "kv_capacity_tokens": 16384,
+            "hardware": {"gpu": "h100-80gb", "data_parallel_attention": 2, "expert_parallel": 2}}
+    paths = []
+    for rate, seed in ((1.0, 0), (3.0, 1)):
+        run = {**data, "seed": seed, "workload": {**data["workload"], "num_requests": 40,
+                                                  "arrival": {"kind": "poisson", "rate_per_s": rate}}}
+        frame = run_scenario(with_cost(scenario_from_dict(run), TRUE)).systems["vllm"].requests
+        paths.append(tmp_path / f"run-{rate:g}.csv")
+        frame[["arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s"]].to_csv(
+            paths[-1], index=False)
+    start = scenario_from_dict(data)
+    values = solve_linear(start, read_logs(paths), "vllm", list(TRUE), current_values(start, tuple(TRUE)),
+                          None)
+    for name, value in TRUE.items():
+        assert values[name] == pytest.approx(value, rel=LINEAR_STAGE_RTOL), name
+
+
 def test_the_cli_writes_a_cost_that_scenarios_load(short_logs: list[Path], tmp_path: Path) -> None:
     logs = short_logs
     scenario = tmp_path / "s.yaml"
