@@ -218,6 +218,17 @@ def cmd_fit(args: argparse.Namespace) -> None:
     knots = knots_of(args.knots)
     _writable(args.out, args.force, "cost YAML", (args.profile,))
     header, rows = read_profile(args.profile, args.target, knots)
+    profiled, full = header.get("layers_profiled"), header.get("layers_full")
+    if args.target != "time_s" and profiled != full:
+        # The profiler scales time_s alone to the whole model; the other columns are the
+        # profiled layers' times, which a replay with --layers runs (gpu_check.sh), but which
+        # priced a scenario of the whole model 10 times cheap (4 of GPT-3 13B's 40 layers).
+        warnings.warn(f"{args.profile}: {args.target} is the time of the {profiled} of {full} "
+                      f"layers profiled (time_s alone is scaled to all {full}): this fit prices "
+                      f"those {profiled} layers, as a replay with --layers {profiled} runs them, "
+                      f"not the whole model (fit time_s for that)", UserWarning, stacklevel=2)
+        header = {**header, "fitted_layers": f"{profiled} of {full} ({args.target} is the "
+                                             "profiled layers' time; time_s alone is scaled)"}
     try:
         doc = fit_profile(rows, knots, target=args.target)
     except ScenarioError as e:

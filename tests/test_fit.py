@@ -97,3 +97,28 @@ def test_writing_leaves_a_users_tmp_file_alone(tmp_path) -> None:  # noqa: ANN00
     write_profile(tmp_path / "cost.csv", ["model: x"], synthetic_rows(np.random.default_rng(6), 12))
     assert (tmp_path / "cost.tmp").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.csv", "cost.tmp", "cost.yaml"]
+
+
+@pytest.mark.parametrize("target", ["cpu_s", "device_s", "measured_s"])
+def test_a_target_of_the_profiled_layers_alone_says_so(tmp_path, target: str) -> None:  # noqa: ANN001
+    """The profiler scales time_s alone to the whole model: cpu_s, device_s and measured_s
+    are the profiled layers' times (which a replay with --layers runs). Fitted on the
+    committed H200 profile (4 of GPT-3 13B's 40 layers), --target device_s gave a cost 10
+    times cheap for the model with nothing said; the fit now says whose cost it is."""
+    import yaml
+
+    from calibrate.__main__ import main
+    from calibrate.profile import write_profile
+
+    rows = synthetic_rows(np.random.default_rng(7), 60)
+    rows = rows.assign(max_context=1024.0, measured_s=rows["time_s"] / 10,
+                       cpu_s=rows["time_s"] / 10, device_s=rows["time_s"] / 10)
+    profile = tmp_path / "p.csv"
+    write_profile(profile, ["model: x", "layers_profiled: 4", "layers_full: 40"], rows)
+    with pytest.warns(UserWarning, match=rf"{target} is the time of the 4 of 40 layers "
+                                         r"profiled \(time_s alone is scaled to all 40\)"):
+        assert main(["fit", str(profile), "--out", str(tmp_path / "t.yaml"), "--target", target]) == 0
+    provenance = yaml.safe_load((tmp_path / "t.yaml").read_text())["provenance"]
+    assert provenance["fitted_layers"].startswith("4 of 40")
+    assert main(["fit", str(profile), "--out", str(tmp_path / "w.yaml")]) == 0  # time_s: quiet
+    assert "fitted_layers" not in yaml.safe_load((tmp_path / "w.yaml").read_text())["provenance"]
