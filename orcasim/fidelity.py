@@ -26,7 +26,8 @@ from orcasim.workload.traces import read_measurements
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = (50, 90, 99)
 SCORED_PERCENTILES = (50, 90)  # the headline error's, as DistServe scores its simulator
-COLUMNS = ("metric", "percentile", "real", "simulated", "rel_error")
+# `requests`: how many requests a row compared (those measured on both sides)
+COLUMNS = ("metric", "percentile", "real", "simulated", "rel_error", "requests")
 MEASURED_FORMATS = ("auto", "orcasim", "vllm")  # the log formats that hold latencies
 
 
@@ -91,7 +92,8 @@ def compare(
         for q in percentiles:
             r, s = float(np.percentile(real_values, q)), float(np.percentile(sim_values, q))
             # A real 0 has no relative error, unless the simulation says 0 too.
-            rows.append((metric, q, r, s, s / r - 1.0 if r > 0 else 0.0 if s == 0 else np.nan))
+            rows.append((metric, q, r, s, s / r - 1.0 if r > 0 else 0.0 if s == 0 else np.nan,
+                         len(real_values)))
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

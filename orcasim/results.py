@@ -333,7 +333,7 @@ def write_fidelity(
     plots: bool = True,
 ) -> Path:
     """`orcasim fidelity`'s folder: fidelity.csv (run, system, metric, percentile, real,
-    simulated, rel_error), summary.json (the headline error per run and system) and one
+    simulated, rel_error, requests: how many it compared), summary.json (the headline error per run and system) and one
     real-against-simulated CDF figure per run and system, atomically."""
     from orcasim.fidelity import headline_error
 

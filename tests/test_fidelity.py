@@ -29,7 +29,8 @@ def test_the_percentile_table_by_hand() -> None:
     real = _frame([1, 2, 3, 4, 5], [np.nan] * 5, [0.0, 0.0, 0.0, 0.0, np.nan])
     simulated = _frame([2, 3, 4, 5, 6], [0.1] * 5, [1.0, 1.0, 1.0, 1.0, 1.0])
     table = compare(real, simulated, (50, 90))
-    assert list(table.columns) == list(COLUMNS) == ["metric", "percentile", "real", "simulated", "rel_error"]
+    assert list(table.columns) == list(COLUMNS) == ["metric", "percentile", "real", "simulated",
+                                                    "rel_error", "requests"]
     assert table[["metric", "percentile"]].values.tolist() == [["ttft_s", 50], ["ttft_s", 90],
                                                                ["e2e_s", 50], ["e2e_s", 90]]
     assert table["real"].tolist()[:2] == pytest.approx([3.0, 4.6])
@@ -52,6 +53,9 @@ def test_each_metric_is_compared_over_the_same_requests() -> None:
     ttft = table[table["metric"] == "ttft_s"]
     assert ttft["real"].tolist() == ttft["simulated"].tolist() == pytest.approx([2.5, 2.9])
     assert (table["rel_error"].abs() < 1e-12).all()
+    # How many each row compared, written with it: a replay that turned away 19 of 40
+    # requests said so only on stderr, and fidelity.csv held percentiles of the other 21.
+    assert table["requests"].tolist() == [2, 2, 6, 6, 5, 5]
     with pytest.raises(RuntimeError, match="internal error: 6 real requests against 5 simulated"):
         compare(real, simulated.iloc[1:])
 
