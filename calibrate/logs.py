@@ -311,7 +311,7 @@ class Objective:
 
 
 # Overhead terms an iteration's time (or a request's TTFT) is linear in, and the feature
-# each multiplies: solved by least squares on a fixed schedule (see `solve_linear`).
+# each multiplies: solved by least absolute relative errors on a fixed schedule (`solve_linear`).
 LINEAR_TERMS = {"overhead.per_iteration_s": "one", "overhead.per_sequence_s": "batch",
                 "overhead.per_prefill_token_s": "prefill", "overhead.request_latency_s": "latency"}
 LINEAR_ROUNDS = 12  # replays; a halved step counts as one
@@ -507,17 +507,17 @@ def _robust_nnls(a: np.ndarray, b: np.ndarray, rounds: int = 50) -> np.ndarray:
 def fit(scenario: Scenario, logs: list[ServingLog], system: str,
         parameters: tuple[str, ...] = DEFAULT_PARAMETERS, base_dir: Path | None = None,
         start: dict[str, float] | None = None, survey_points: int = SURVEY_POINTS) -> Fit:
-    """Start the overhead terms that times are linear in by least squares (`solve_linear`),
+    """Start the overhead terms that times are linear in by least absolute errors (`solve_linear`),
     then refine every coefficient by Nelder-Mead on the loss.
 
     A simulation's loss is rugged at fine scale (an iteration more or less moves a
     request's timestamps by a step), so a local search alone stops in whatever dip is
-    nearest. The least-squares start lands near the answer for the linear terms; any other
+    nearest. The linear stage's start lands near the answer for the linear terms; any other
     coefficient is first surveyed (a scrambled Sobol sequence, seeded: deterministic) a
     factor of `SURVEY_FACTOR` either side of its start.
     """
     start = dict(start or current_values(scenario, parameters, system))
-    # The least-squares stage records one cost model's schedule; a cluster has several,
+    # The linear stage records one cost model's schedule; a cluster has several,
     # so there every coefficient is searched (from its start, without a survey).
     clustered = any(s.cluster is not None for s in scenario.systems if s.name == system)
     linear = [] if clustered else [p for p in parameters if p in LINEAR_TERMS]

@@ -23,7 +23,7 @@ TRUE = {"overhead.per_iteration_s": 0.004, "overhead.per_sequence_s": 0.0006,
 # off (the traces tester's): per_prefill_token_s -27% after Nelder-Mead.
 OTHER = {"overhead.per_iteration_s": 0.0025, "overhead.per_sequence_s": 0.0011,
          "overhead.per_prefill_token_s": 7e-6}
-LINEAR_STAGE_RTOL = 1e-4  # the least-squares stage alone, on noise-free logs
+LINEAR_STAGE_RTOL = 1e-4  # the linear stage (least absolute errors) alone, on noise-free logs
 SCENARIO = {
     "name": "logs", "seed": 3, "kv_capacity_tokens": 8192,
     "workload": {"num_requests": 80, "arrival": {"kind": "poisson", "rate_per_s": 4.0},
