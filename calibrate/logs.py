@@ -7,7 +7,7 @@ S.yaml --out cost.yaml` replays every log's arrivals and lengths through the sce
 engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
 `overhead.per_prefill_token_s`), in two stages:
 
-1. Least squares for the overhead terms that times are linear in (`LINEAR_TERMS`): on the
+1. A linear fit of the overhead terms that times are linear in (`LINEAR_TERMS`): on the
    schedule a replay makes, each request's TTFT and decode time (E2E - TTFT) is a known
    part plus a linear combination of them (`linear_rows`); solve (non-negative, least
    absolute relative errors), replay with the answer, a step that does worse halved, for
