@@ -329,6 +329,23 @@ def test_a_cap_on_a_log_in_finishing_order_keeps_the_first_to_arrive(tmp_path: P
     assert read_trace(str(path), max_requests=6)[1].tolist() == [10, 11, 12, 13, 14, 15]
 
 
+def test_a_capped_log_in_finishing_order_names_a_bad_rows_own_line(tmp_path: Path) -> None:
+    """A cap on a log not in arrival order keeps the first to arrive, in the file's order;
+    an error in one of them names its line in the file, not its place among those kept
+    (arrivals 5, 3, 1, 4 capped at 3 keep lines 3, 4 and 5: the bad prompt on line 5 was
+    named as line 4, and a request too long for max_tokens on line 4 as line 3)."""
+    from orcasim.workload.traces import where_in_trace
+
+    path = tmp_path / "finished.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n5,10,5\n3,10,5\n1,10,5\n4,abc,5\n")
+    with pytest.raises(ScenarioError, match=r"^finished\.csv line 5: prompt_tokens = 'abc'"):
+        read_trace(str(path), max_requests=3)
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n5,10,5\n3,10,5\n4,10,500\n1,10,5\n")
+    # Kept: 1 (line 5), 3 (line 3), 4 (line 4); request 2 by arrival is the one at 4.
+    assert where_in_trace(str(path), "auto", 3, 2) == "finished.csv line 4"
+    assert where_in_trace(str(path), "auto", 3, 0) == "finished.csv line 5"
+
+
 def test_a_csv_read_as_a_vllm_result_names_the_formats(tmp_path: Path) -> None:
     """`format: vllm` on an orcasim CSV said only 'not valid JSON' (a tester's note)."""
     path = tmp_path / "run.csv"

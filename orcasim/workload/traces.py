@@ -539,9 +539,11 @@ def _raise_on_bad(
 
 
 def _line_of(path: Path, raw: pd.Series, row: int, line_offset: int) -> int:
-    """The file line of data row `row`: JSON lines' rows are indexed by their line; a CSV's
-    (a header, then data) counts blank lines back in."""
-    return int(raw.index[row]) if line_offset == JSON_LINES else csv_data_line(path, row)
+    """The file line of data row `row` (a position in `raw`): JSON lines' rows are indexed by
+    their line; a CSV's by their data row (a header, then data), blank lines counted back in.
+    By the index, not the position: a capped log not in arrival order keeps some of its rows
+    (the first to arrive), and the position named the wrong line (a tester's finding)."""
+    return int(raw.index[row]) if line_offset == JSON_LINES else csv_data_line(path, int(raw.index[row]))
 
 
 def where_in_trace(path: str, fmt: str, max_requests: int | None, request: int) -> str:
