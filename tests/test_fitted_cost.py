@@ -151,6 +151,28 @@ def test_distserve_needs_model_and_tp() -> None:
         distserve(tensor_parallel=3)
 
 
+def test_a_distserve_profile_of_another_model_or_degree_than_the_deployment_warns() -> None:
+    """A DistServe profile prices its own model at its own TP degree: on a deployment of
+    another (`--set hardware.tensor_parallel=4` on scenarios/validation/vllm_opt13b_a100.yaml)
+    the run gave the TP 1 profile's times unchanged, with nothing said (a tester's finding)."""
+    from orcasim.cost import Deployment
+    from orcasim.cost.catalog import HardwareConfig, model_spec
+
+    def built(model: str, tp: int) -> None:
+        deployment = Deployment(model=model_spec(model),
+                                hardware=HardwareConfig(gpu="a100-80gb", tensor_parallel=tp))
+        build_cost_model(FittedCostConfig(kind="fitted", path=DISTSERVE, model="opt-13b",
+                                          tensor_parallel=1), deployment)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built("opt-13b", 1)  # the profile's own: nothing to say
+    with pytest.warns(UserWarning, match=r"cost\.tensor_parallel = 1: .* hardware\.tensor_parallel = 4"):
+        built("opt-13b", 4)
+    with pytest.warns(UserWarning, match=r"cost\.model = 'opt-13b': .* model 'opt-66b'"):
+        built("opt-66b", 1)
+
+
 def test_calibrated_scenario_runs() -> None:
     import orcasim
 

@@ -234,7 +234,10 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
     if path.suffix == ".json":
         from orcasim.cost.distserve import DistServeCost
 
-        return DistServeCost.load(path, cfg.model, cfg.tensor_parallel)
+        cost = DistServeCost.load(path, cfg.model, cfg.tensor_parallel)
+        if deployment is not None:
+            _warn_if_profiled_elsewhere(cfg, deployment)
+        return cost
     if cfg.model is not None or cfg.tensor_parallel is not None:
         raise ScenarioError(
             f"cost.path = {cfg.path!r}: model and tensor_parallel apply only to a DistServe .json"
@@ -247,6 +250,26 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
         _one_overhead(cfg, inner)  # refuses an overhead given twice
         return build_cost_model(inner, deployment)
     return FittedCost(doc, path.name)
+
+
+def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any) -> None:
+    """A DistServe profile times its own model at its own TP degree, whatever the scenario's
+    model and hardware say (which set the KV capacity): on another deployment, say so. A
+    TP sweep of a DistServe scenario read the TP 1 profile's times at every degree, silently
+    (a tester's finding). A warning, not an error: a profile may stand in on purpose."""
+    def bare(name: str) -> str:  # 'facebook/opt-13b' is the catalog's 'opt-13b'
+        return name.rsplit("/", 1)[-1].strip().lower()
+
+    model, tp = deployment.model.name, deployment.hardware.tensor_parallel
+    if cfg.model is not None and bare(cfg.model) != bare(model):
+        warnings.warn(f"cost.model = {cfg.model!r}: the DistServe profile prices that model's "
+                      f"iterations, but the deployment runs model {model!r} (its KV capacity "
+                      "and any transfer are that model's)", UserWarning, stacklevel=2)
+    if cfg.tensor_parallel is not None and cfg.tensor_parallel != tp:
+        warnings.warn(f"cost.tensor_parallel = {cfg.tensor_parallel}: the DistServe profile "
+                      f"prices iterations at that degree, but the deployment's "
+                      f"hardware.tensor_parallel = {tp} (its KV capacity is that degree's); "
+                      "expected the same degree", UserWarning, stacklevel=2)
 
 
 def calibrated_block(cfg: FittedCostConfig) -> Any:
