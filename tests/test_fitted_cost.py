@@ -173,6 +173,28 @@ def test_a_distserve_profile_of_another_model_or_degree_than_the_deployment_warn
         built("opt-66b", 1)
 
 
+def test_a_profile_fit_of_another_model_than_the_deployment_warns() -> None:
+    """A fit from `python -m calibrate fit` names the model it was profiled on
+    (provenance.model): the committed H200 fit of GPT-3 13B priced a Llama-2-70B
+    deployment's iterations, with nothing said (a tester's finding)."""
+    from orcasim.cost import Deployment
+    from orcasim.cost.catalog import HardwareConfig, model_spec
+
+    fit = str(ROOT / "calibrate" / "cost_models" / "gpu-h200-gpt3-13b.yaml")
+
+    def built(model: str, tp: int) -> None:
+        deployment = Deployment(model=model_spec(model),
+                                hardware=HardwareConfig(gpu="h200", tensor_parallel=tp))
+        build_cost_model(FittedCostConfig(kind="fitted", path=fit), deployment)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built("gpt3-13b", 1)
+    with pytest.warns(UserWarning, match=r"gpu-h200-gpt3-13b\.yaml was fitted on model 'gpt3-13b'.* "
+                                         r"model 'llama2-70b'"):
+        built("llama2-70b", 4)
+
+
 def test_calibrated_scenario_runs() -> None:
     import orcasim
 

@@ -249,7 +249,21 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
         inner = _calibrated_config(doc, path)
         _one_overhead(cfg, inner)  # refuses an overhead given twice
         return build_cost_model(inner, deployment)
+    provenance = doc.get("provenance")
+    fitted_on = provenance.get("model") if isinstance(provenance, dict) else None
+    if deployment is not None and isinstance(fitted_on, str) \
+            and _bare_name(fitted_on) != _bare_name(deployment.model.name):
+        # The fit prices its own model's iterations; the scenario's sets the KV capacity.
+        warnings.warn(f"cost.path = {cfg.path!r}: {path.name} was fitted on model {fitted_on!r} "
+                      f"(its provenance), but the deployment runs model "
+                      f"{deployment.model.name!r}; its times are the fitted model's",
+                      UserWarning, stacklevel=2)
     return FittedCost(doc, path.name)
+
+
+def _bare_name(name: str) -> str:
+    """A model's name without its organisation: 'facebook/opt-13b' is the catalog's 'opt-13b'."""
+    return name.rsplit("/", 1)[-1].strip().lower()
 
 
 def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any) -> None:
@@ -257,9 +271,7 @@ def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any) -> None:
     model and hardware say (which set the KV capacity): on another deployment, say so. A
     TP sweep of a DistServe scenario read the TP 1 profile's times at every degree, silently
     (a tester's finding). A warning, not an error: a profile may stand in on purpose."""
-    def bare(name: str) -> str:  # 'facebook/opt-13b' is the catalog's 'opt-13b'
-        return name.rsplit("/", 1)[-1].strip().lower()
-
+    bare = _bare_name
     model, tp = deployment.model.name, deployment.hardware.tensor_parallel
     if cfg.model is not None and bare(cfg.model) != bare(model):
         warnings.warn(f"cost.model = {cfg.model!r}: the DistServe profile prices that model's "
