@@ -237,6 +237,20 @@ def test_a_request_longer_than_max_tokens_is_named(tmp_path: Path) -> None:
     generate_requests(_trace_workload(tmp_path, max_tokens=24), np.random.default_rng(0))  # exact fit
 
 
+def test_a_request_over_max_tokens_by_its_system_prompt_says_so() -> None:
+    """prompt_tokens up to 512 and output_tokens up to 128 under max_tokens 640, with a
+    system prompt of 64 tokens: 'request 96's prompt + output = 657 tokens' said nothing of
+    the 64 tokens put before the prompts drawn (a tester's finding)."""
+    cfg = WorkloadConfig.model_validate({
+        "num_requests": 500, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+        "prompt_tokens": {"kind": "uniform", "low": 32, "high": 512},
+        "output_tokens": {"kind": "uniform", "low": 1, "high": 128}, "max_tokens": 640,
+        "system_prompt": {"tokens": 64, "fraction": 0.5}})
+    with pytest.raises(ScenarioError, match=r"prompt \(with workload\.system_prompt's 64 tokens\) "
+                                            r"\+ output = \d+ tokens"):
+        generate_requests(cfg, np.random.default_rng(0))
+
+
 def test_a_system_prompt_names_its_segments_apart_from_the_requests_own() -> None:
     cfg = SystemPromptConfig(tokens=5, variants=2)  # every request carries one of two
     content = cfg.content(np.random.default_rng(0), np.array([3, 4, 1, 6], dtype=np.int64))

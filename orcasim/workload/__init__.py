@@ -153,7 +153,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
         # numbers across a sweep's points.
         content = cfg.system_prompt.content(rng.spawn(1)[0], prompt)
         prompt = np.array([sum(segments[1::2]) for segments in content.prompts], dtype=np.int64)
-    _check_fits(prompt + output, cfg.max_tokens, _in_file(cfg))
+    _check_fits(prompt + output, cfg.max_tokens, _in_file(cfg), _system_prompt_note(cfg, content))
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
     return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
                     content=content)
@@ -191,13 +191,26 @@ def _in_file(cfg: WorkloadConfig) -> Callable[[int], str]:
     return lambda request: f" ({where_in_trace(arrival.path, arrival.format, cap, request)})"
 
 
+def _system_prompt_note(cfg: WorkloadConfig, content: PromptContent | None) -> Callable[[int], str]:
+    """For an error about request i's prompt: the shared system prompt put before the prompt
+    drawn, where it carries one (its segments: system id and tokens, then its own), since
+    the lengths asked for do not show it (a tester's finding)."""
+    system = cfg.system_prompt
+    if system is None or content is None:
+        return lambda _request: ""
+    return lambda request: (f" (with workload.system_prompt's {system.tokens} tokens)"
+                            if len(content.prompts[request]) > 2 else "")
+
+
 def _check_fits(total_tokens: np.ndarray, max_tokens: int,
-                in_file: Callable[[int], str] = lambda _request: "") -> None:
+                in_file: Callable[[int], str] = lambda _request: "",
+                prompt_note: Callable[[int], str] = lambda _request: "") -> None:
     over = np.flatnonzero(total_tokens > max_tokens)
     if len(over):
         i = int(over[0])
         raise ScenarioError(
-            f"workload.max_tokens = {max_tokens} is below request {i}'s{in_file(i)} prompt + output "
+            f"workload.max_tokens = {max_tokens} is below request {i}'s{in_file(i)} prompt"
+            f"{prompt_note(i)} + output "
             f"= {int(total_tokens[i])} tokens ({len(over)} request(s) exceed it); "
             f"expected max_tokens >= {int(total_tokens.max())}"
         )
