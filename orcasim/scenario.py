@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -160,6 +161,8 @@ class Scenario(Strict):
                 raise ScenarioError("kv_capacity_tokens is required unless 'model' and 'hardware' are given")
             self.__dict__["kv_capacity_tokens"] = deployment.kv_capacity_tokens  # frozen: set once, here
             self._kv_capacity_derived = True
+        elif deployment is not None:
+            _warn_if_beyond_memory(self.kv_capacity_tokens, deployment)
 
     def _cost_places(self) -> list[tuple[str, CostConfig, ModelSpec | None, HardwareConfig | None]]:
         """Every cost block with its key and the deployment it prices: the scenario's, a
@@ -335,6 +338,36 @@ class Scenario(Strict):
 
     def system_cost(self, system: SystemConfig) -> CostConfig:
         return system.cost if system.cost is not None else self.cost
+
+
+def _warn_if_beyond_memory(kv_capacity_tokens: int, deployment: Deployment) -> None:
+    """A KV capacity given beside a model and hardware that no memory of theirs could hold
+    (the whole of every GPU less the weights, at utilisation 1 and no reserve) runs as
+    given, with a warning: OPT-13B on one A100-40GB with 2,000,000 tokens reserved 85.6 GB
+    of KV on the 42 GB GPU without a word (a tester's finding). Within that bound a given
+    capacity is another utilisation's or reserve's (DistServe's logged 66,144 tokens for
+    OPT-13B on an A100-80GB, where the catalog's 0.9 and 1 GiB derive 60,681): silent."""
+    hardware = deployment.hardware.model_copy(update={"gpu_memory_utilization": 1.0,
+                                                      "activation_reserve_gib": 0.0})
+    try:
+        most = Deployment(model=deployment.model, hardware=hardware).kv_capacity_tokens
+    except ScenarioError:  # the weights alone fill the memory: a hypothetical deployment
+        most = 0
+    if kv_capacity_tokens > most:
+        hw = deployment.hardware
+        warnings.warn(
+            f"kv_capacity_tokens = {kv_capacity_tokens} is beyond what the deployment holds: "
+            f"{hw.num_gpus} x {hw.gpu.name}, their whole memory less model {deployment.model.name}'s "
+            f"weights, leave room for at most {most:,} tokens of KV (its utilisation and "
+            f"reserve derive {_derived_or_none(deployment)}); the run uses the tokens given",
+            UserWarning, stacklevel=2)
+
+
+def _derived_or_none(deployment: Deployment) -> str:
+    try:
+        return f"{deployment.kv_capacity_tokens:,}"
+    except ScenarioError:
+        return "none"
 
 
 def _kv_places(system: SystemConfig) -> list[tuple[str | None, ReplicaGroup | None]]:

@@ -222,3 +222,20 @@ def test_a_loaded_scenario_run_with_a_hardware_override_derives_its_own_kv_capac
     result = run_scenario(scenario, ["hardware.gpu=a100-40gb"])
     assert result.scenario.kv_capacity_tokens == load_scenario(
         tmp_path / "s.yaml", ["hardware.gpu=a100-40gb"]).kv_capacity_tokens
+
+
+def test_a_kv_capacity_beyond_what_the_gpus_hold_warns() -> None:
+    """OPT-13B on one A100-40GB (39.5 GiB, 23.9 GiB of weights) with kv_capacity_tokens
+    2,000,000 (1.6 TB of KV) ran without a word: Orca reserved 85.6 GB of KV on the 42 GB
+    GPU (a tester's finding). A capacity beyond the whole memory less the weights warns; one
+    within it (another utilisation or reserve than the catalog's) says nothing."""
+    import warnings
+
+    memory = "scenarios/memory/opt13b_a100_sharegpt.yaml"
+    with pytest.warns(UserWarning, match=r"^kv_capacity_tokens = 2000000 is beyond what the "
+                                         r"deployment holds: .* at most 20,389 tokens"):
+        load_scenario(memory, ["kv_capacity_tokens=2000000"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_scenario(memory, ["kv_capacity_tokens=20000"])  # above the derived 15,212: fine
+        load_scenario("scenarios/validation/vllm_opt13b_a100.yaml")  # DistServe's 66,144
