@@ -500,6 +500,21 @@ def test_a_log_without_measured_columns_is_an_error(tmp_path: Path) -> None:
         read_measurements(path)
 
 
+@pytest.mark.parametrize("header", ["ttft_ms", "e2e_s,TTFT_ms", "tpot_us,e2e_s"])
+def test_a_latency_in_other_units_is_named_not_skipped(tmp_path: Path, header: str) -> None:
+    """A column `ttft_ms` beside `e2e_s` was not read, and TTFT went uncompared without a
+    word (a tester's finding); alone, the log read as having no measured column."""
+    cells = ",".join("0.1" for _ in header.split(","))
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},{header}\n0,10,3,{cells}\n")
+    other = next(c for c in header.split(",") if not c.endswith("_s"))
+    stem, unit = other.lower().rsplit("_", 1)
+    with pytest.raises(ScenarioError, match=rf"^run\.csv: column '{other}' is not read: expected "
+                                            rf"{stem}_s, in seconds \(its {unit} / "):
+        read_measurements(path)
+    both = _write(tmp_path, "both.csv", f"{ORCASIM_HEADER},{stem}_s,{other}\n0,10,3,0.1,100\n")
+    assert read_measurements(both)[f"{stem}_s"].tolist() == [0.1]  # the seconds are read
+
+
 def test_a_trace_format_without_latencies_has_no_measurements(tmp_path: Path) -> None:
     azure = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n")
     mooncake = _mooncake(tmp_path, [_record(0, 5, [0])])

@@ -210,8 +210,15 @@ def _check_tpot_definition(tpot_s: np.ndarray, gaps_s: np.ndarray, path: Path) -
                 "the first, not e2e_s / output_tokens); drop the tpot_s column to derive it")
 
 
+# A measured latency under another unit's name: refused where its seconds column is absent,
+# as it would go uncompared (`_refuse_other_units`).
+OTHER_UNITS = {"ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
 def _measured_columns(path: Path) -> pd.DataFrame:
-    present = [c for c in MEASURED_COLUMNS if c in read_csv(path, nrows=0).columns]
+    header = [str(c) for c in read_csv(path, nrows=0).columns]
+    _refuse_other_units(header, path)
+    present = [c for c in MEASURED_COLUMNS if c in header]
     if not present:
         raise ScenarioError(f"{path.name}: no measured column; expected any of "
                          f"{', '.join(MEASURED_COLUMNS)}")
@@ -220,6 +227,16 @@ def _measured_columns(path: Path) -> pd.DataFrame:
     measured = read_csv(path, usecols=present, dtype=str, keep_default_na=False, na_values=[""])
     return pd.DataFrame({c: _seconds(measured, c, path) if c in present else np.nan
                          for c in MEASURED_COLUMNS})
+
+
+def _refuse_other_units(header: list[str], path: Path) -> None:
+    """A column such as `ttft_ms` where the log has no `ttft_s`: the metric would go
+    uncompared without a word (a tester's finding), so it is named, with the division."""
+    for column in header:
+        stem, _, unit = column.lower().rpartition("_")
+        if unit in OTHER_UNITS and f"{stem}_s" in MEASURED_COLUMNS and f"{stem}_s" not in header:
+            raise ScenarioError(f"{path.name}: column '{column}' is not read: expected {stem}_s, "
+                                f"in seconds (its {unit} / {OTHER_UNITS[unit]:,.0f})")
 
 
 def _seconds(rows: pd.DataFrame, column: str, path: Path) -> np.ndarray:
