@@ -310,6 +310,31 @@ def test_an_empirical_length_column_is_read_and_checked(tmp_path: Path) -> None:
         lengths.load_length_column(str(bad), "prompt")
 
 
+def test_prompt_and_output_from_one_file_keep_their_rows_together(tmp_path: Path) -> None:
+    """Two empirical columns of one file are drawn as rows, as the conversations they
+    measured paired them: drawn apart, ShareGPT's prompt and answer lengths lost their
+    pairing (a tester's finding). Each row here has output = 1000 + prompt. The prompts are
+    the draws they were (`sample`'s), so a prompt-only change keeps its common numbers."""
+    f = tmp_path / "pairs.csv"
+    f.write_text("prompt,output\n" + "".join(f"{p},{1000 + p}\n" for p in range(1, 200)))
+    cfg = WorkloadConfig.model_validate({
+        "num_requests": 500, "arrival": {"kind": "poisson", "rate_per_s": 1.0}, "max_tokens": 2000,
+        "prompt_tokens": {"kind": "empirical", "path": str(f), "column": "prompt"},
+        "output_tokens": {"kind": "empirical", "path": str(f), "column": "output"}})
+    reqs = generate_requests(cfg, np.random.default_rng(3))
+    assert (reqs.output_tokens == reqs.prompt_tokens + 1000).all()
+    rng = np.random.default_rng(3)
+    np.cumsum(cfg.arrival.gaps_s(rng, 500))
+    assert reqs.prompt_tokens.tolist() == cfg.prompt_tokens.sample(rng, 500).tolist()
+    # Another file (or another kind) for the outputs: drawn on their own, as before.
+    g = tmp_path / "other.csv"
+    g.write_text(f.read_text())
+    apart = cfg.model_copy(update={"output_tokens": lengths.EmpiricalLength(
+        kind="empirical", path=str(g), column="output")})
+    reqs = generate_requests(apart, np.random.default_rng(3))
+    assert (reqs.output_tokens != reqs.prompt_tokens + 1000).mean() > 0.9
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ("len\n10\nabc\n", r"^e\.csv line 3: column 'len' = 'abc', expected an integer from 1 to "),
     ("a,len\n1,10\n2,\n", r"^e\.csv line 3: column 'len' = \(empty\), expected an integer"),

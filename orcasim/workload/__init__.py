@@ -15,7 +15,13 @@ from orcasim.config import MAX_REQUESTS, MAX_TIME_S, ScenarioError, Strict, chec
 from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
-from orcasim.workload.lengths import LengthDist, LognormalLength, TokenCount
+from orcasim.workload.lengths import (
+    EmpiricalLength,
+    LengthDist,
+    LognormalLength,
+    TokenCount,
+    sample_prompt_and_output,
+)
 from orcasim.workload.sessions import AgentArrival, ConversationArrival, draw_plan
 from orcasim.workload.traces import read_trace_with_content, where_in_trace
 
@@ -139,10 +145,11 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             with np.errstate(over="ignore"):  # an overflow is refused next, by its key
                 arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
             check_arrival_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
-        with _naming_missing("workload.prompt_tokens.path"):
-            prompt = cfg.prompt_tokens.sample(rng, n)
-        with _naming_missing("workload.output_tokens.path"):
-            output = cfg.output_tokens.sample(rng, n)
+        for key, dist in (("prompt_tokens", cfg.prompt_tokens), ("output_tokens", cfg.output_tokens)):
+            if isinstance(dist, EmpiricalLength):
+                with _naming_missing(f"workload.{key}.path"):  # read now: a file not found, named
+                    dist.values()
+        prompt, output = sample_prompt_and_output(cfg.prompt_tokens, cfg.output_tokens, rng, n)
     if cfg.system_prompt is not None and content is not None:
         raise ScenarioError("workload.system_prompt must not be set with a trace whose "
                             "hash_ids already say what the prompts share (mooncake)")

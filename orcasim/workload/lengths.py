@@ -132,7 +132,23 @@ class EmpiricalLength(Strict):
         return float(self.values().mean())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.choice(self.values(), size=n, replace=True)
+        return self.values()[self.sample_rows(rng, n)]
+
+    def sample_rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """The rows `sample` draws (with replacement), for a column drawn beside it."""
+        return rng.integers(0, len(self.values()), size=n)
+
+
+def sample_prompt_and_output(prompt: LengthDist, output: LengthDist, rng: np.random.Generator,
+                             n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` prompt and output lengths. Two columns of one file are drawn as rows, as the
+    conversations it measured paired them (drawn apart, ShareGPT's prompt and answer lengths
+    lost their pairing; a tester's finding); the prompts are the draws `prompt.sample` makes."""
+    if isinstance(prompt, EmpiricalLength) and isinstance(output, EmpiricalLength) \
+            and resolve_data_path(prompt.path) == resolve_data_path(output.path):
+        rows = prompt.sample_rows(rng, n)
+        return prompt.values()[rows], output.values()[rows]
+    return prompt.sample(rng, n), output.sample(rng, n)
 
 
 LengthDist = Annotated[
