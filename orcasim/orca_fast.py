@@ -34,7 +34,7 @@ from orcasim.replica import Load
 from orcasim.schedulers.iteration_level import IterationLevelScheduler
 
 if TYPE_CHECKING:
-    from orcasim.cost.base import CostModel, OutsideSteps
+    from orcasim.cost.base import CostModel, DecodeLine, OutsideSteps
     from orcasim.recorder import Recorder
     from orcasim.replica import Replica
 
@@ -47,6 +47,7 @@ def applies(scheduler: object) -> bool:
 def decode_ends(
     cost: CostModel, ends_s: list[float], start_s: float, cut_s: float, size: int,
     context_total: int, num_steps: int, contexts: Callable[[], np.ndarray],
+    recut_s: Callable[[], float] | None = None,
 ) -> OutsideSteps | None:
     """Append to `ends_s` (a unit's ends so far, maybe none) the ends of its next decode steps.
 
@@ -56,33 +57,76 @@ def decode_ends(
     sums in order from the last end (or `start_s`): the same additions as one iteration at
     a time, so a fused loop's ends are the generic loop's bits. Which of the steps the cost
     model counts outside its range once they have run (`CostModel.count_outside`).
+
+    With `recut_s`, `cut_s` is only a bound no later than the cut (`Replica.cut_bound_s`),
+    and `recut_s()` the cut itself, asked only if the ends reach the bound: stepping on from
+    the first end at or after the bound to the first at or after the cut stops where one
+    pass to the cut stops.
     """
     t = ends_s[-1] if ends_s else start_s
     if t >= cut_s:
-        return None
+        if recut_s is None:
+            return None
+        cut_s, recut_s = recut_s(), None
+        if t >= cut_s:
+            return None
     line = cost.decode_line(size, context_total)
     if line is None:
         durations_s, outside = cost.decode_steps_outside(contexts(), num_steps)
-        for duration_s in durations_s.tolist():
-            t += duration_s
-            ends_s.append(t)
-            if t >= cut_s:
-                break
+        _extend_by(ends_s, durations_s.tolist(), t, cut_s, recut_s)
         return outside
-    intercept_s, x0, dx, slope_s, floor_s, plus_s = line
-    if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
-        for k in range(num_steps):
-            t += max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s
+    _extend_on_line(ends_s, line, num_steps, t, cut_s, recut_s)
+    return None
+
+
+def _extend_by(ends_s: list[float], durations_s: list[float], t: float, cut_s: float,
+               recut_s: Callable[[], float] | None) -> None:
+    """`decode_ends` for steps of the given durations."""
+    first = 0
+    while True:
+        for k in range(first, len(durations_s)):
+            t += durations_s[k]
             ends_s.append(t)
             if t >= cut_s:
                 break
-        return None
-    for k in range(num_steps):  # a plain loop: cheaper than numpy at these lengths
-        t += intercept_s + (x0 + dx * k) * slope_s
-        ends_s.append(t)
+        else:
+            return  # every step ran
+        if recut_s is None:
+            return
+        cut_s, recut_s = recut_s(), None  # the bound reached: on to the cut itself
         if t >= cut_s:
-            break
-    return None
+            return
+        first = k + 1
+
+
+def _extend_on_line(ends_s: list[float], line: DecodeLine, num_steps: int, t: float,
+                    cut_s: float, recut_s: Callable[[], float] | None) -> None:
+    """`decode_ends` for steps priced by `line` (see `DecodeLine`)."""
+    intercept_s, x0, dx, slope_s, floor_s, plus_s = line
+    first = 0
+    while True:
+        if floor_s or plus_s:  # an engine's overhead on the line (orcasim.cost.overhead)
+            for k in range(first, num_steps):
+                t += max(intercept_s + (x0 + dx * k) * slope_s, floor_s) + plus_s
+                ends_s.append(t)
+                if t >= cut_s:
+                    break
+            else:
+                return
+        else:
+            for k in range(first, num_steps):  # a plain loop: cheaper than numpy at these lengths
+                t += intercept_s + (x0 + dx * k) * slope_s
+                ends_s.append(t)
+                if t >= cut_s:
+                    break
+            else:
+                return
+        if recut_s is None:
+            return
+        cut_s, recut_s = recut_s(), None  # the bound reached: on to the cut itself
+        if t >= cut_s:
+            return
+        first = k + 1
 
 
 @dataclass(slots=True)
@@ -230,10 +274,12 @@ class OrcaFusedStepper:
         """Extend `jump.ends_s` (the plan's end, if any) by the members' decode steps' ends,
         up to `num_steps`, stopping at the known cut (`decode_ends`). The members hold
         `context_total` tokens at the first step (each base + iterations + `ahead`)."""
+        start_s, replica = jump.start_s, self.replica
         jump.outside = decode_ends(
-            self.cost, jump.ends_s, jump.start_s, self.replica.cut_s(jump.start_s), jump.size,
+            self.cost, jump.ends_s, start_s, replica.cut_bound_s(start_s), jump.size,
             context_total, num_steps,
-            lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead))
+            lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead),
+            lambda: replica.cut_s(start_s))
 
     def _advance(
         self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float

@@ -435,10 +435,11 @@ class PagedFusedStepper:
         unit.full = steps + 1
         unit.run_context_total = unit.kv_used_tokens + unit.size  # its KV: unpadded
         if steps:
+            start_s, replica = unit.start_s, self.replica
             unit.outside = decode_ends(
-                self.cost, unit.ends_s, unit.start_s, self.replica.cut_s(unit.start_s),
-                unit.size, unit.run_context_total, steps,
-                lambda: np.array(known, dtype=np.int64) + 1)
+                self.cost, unit.ends_s, start_s, replica.cut_bound_s(start_s), unit.size,
+                unit.run_context_total, steps, lambda: np.array(known, dtype=np.int64) + 1,
+                lambda: replica.cut_s(start_s))
 
     def _finish_single(self, unit: _Unit) -> None:
         """The plan's iteration alone (no decode run): `GenericStepper._finish_iteration`."""
@@ -504,9 +505,11 @@ class PagedFusedStepper:
         base = self.base
         context_total = sum(base) + size * g  # each reads its known tokens: base + g
         unit = _Unit(start_s, [], size, steps, context_total, growth, growth.reserved_at(0))
-        unit.outside = decode_ends(self.cost, unit.ends_s, start_s, self.replica.cut_s(start_s),
+        replica = self.replica
+        unit.outside = decode_ends(self.cost, unit.ends_s, start_s, replica.cut_bound_s(start_s),
                                    size, context_total, steps,
-                                   lambda: np.array(base, dtype=np.int64) + g)
+                                   lambda: np.array(base, dtype=np.int64) + g,
+                                   lambda: replica.cut_s(start_s))
         return unit
 
     def _finish_continued(self, unit: _Unit) -> None:

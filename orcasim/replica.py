@@ -364,10 +364,8 @@ class Replica:
         delivery cuts its jump (`add_request`), and guessing here would cut every replica's
         jump at every arrival of the fleet.
         """
-        breaks_s = self._breaks_s
-        while breaks_s and breaks_s[-1] <= start_s:
-            breaks_s.pop()
-        cut_s = breaks_s[-1] if breaks_s and breaks_s[-1] <= until_s else math.inf
+        break_s = self._next_break_s(start_s)
+        cut_s = break_s if break_s <= until_s else math.inf
         source = self.source
         if self.sole and source.pending():
             t = source.next_time_s()
@@ -377,6 +375,24 @@ class Replica:
                 elif source.closed_loop:
                     cut_s = min(cut_s, self._rejection_s(min(cut_s, until_s)))
         return cut_s
+
+    def cut_bound_s(self, start_s: float) -> float:
+        """A time no later than `cut_s(start_s)`, found without asking the scheduler: the
+        next warm-up break, or for a sole replica the next arrival if sooner. A fused loop
+        steps up to it and asks `cut_s` only if its steps reach it: about half of a paged
+        run's next arrivals come after the run's natural end, where the admission check
+        that `cut_s` makes would be wasted."""
+        break_s, source = self._next_break_s(start_s), self.source
+        if self.sole and source.pending():
+            return min(break_s, source.next_time_s())
+        return break_s
+
+    def _next_break_s(self, start_s: float) -> float:
+        """The first warm-up break after `start_s`, or inf (those before it are dropped)."""
+        breaks_s = self._breaks_s
+        while breaks_s and breaks_s[-1] <= start_s:
+            breaks_s.pop()
+        return breaks_s[-1] if breaks_s else math.inf
 
     def _rejection_s(self, until_s: float) -> float:
         for t, req_id in self.source.upcoming(until_s):
