@@ -274,12 +274,10 @@ class OrcaFusedStepper:
         """Extend `jump.ends_s` (the plan's end, if any) by the members' decode steps' ends,
         up to `num_steps`, stopping at the known cut (`decode_ends`). The members hold
         `context_total` tokens at the first step (each base + iterations + `ahead`)."""
-        start_s, replica = jump.start_s, self.replica
         jump.outside = decode_ends(
-            self.cost, jump.ends_s, start_s, replica.cut_bound_s(start_s), jump.size,
+            self.cost, jump.ends_s, jump.start_s, self.replica.cut_s(jump.start_s), jump.size,
             context_total, num_steps,
-            lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead),
-            lambda: replica.cut_s(start_s))
+            lambda: np.array(self.base, dtype=np.int64) + (self.iterations + ahead))
 
     def _advance(
         self, n: int, newcomers: list[int], start_s: float, head_end_s: float, end_s: float
