@@ -31,6 +31,7 @@ from orcasim.cluster import ClusterConfig, ReplicaGroup
 from orcasim.config import ScenarioError, Strict, errors_under, format_validation_error
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import (
+    CATALOG_KEY,
     HardwareConfig,
     ModelRef,
     ModelSpec,
@@ -549,6 +550,11 @@ def _not_a_mapping(node: Any, part: str, path: str) -> ScenarioError:
     return ScenarioError(f"override '{path}': '{part}' is not inside a mapping")
 
 
+# Keys that name a catalog entry (`model: llama3-8b`, `hardware.gpu: h100-80gb`): a dotted
+# path into one changes a key of that entry (`from_catalog`).
+CATALOG_REFS = ("model", "gpu")
+
+
 def _descend(node: Any, part: str | int, path: str) -> Any:
     if isinstance(part, int):
         if not isinstance(node, list) or part >= len(node):
@@ -556,6 +562,9 @@ def _descend(node: Any, part: str | int, path: str) -> Any:
         return node[part]
     if not isinstance(node, dict):
         raise _not_a_mapping(node, part, path)
+    if part in CATALOG_REFS and isinstance(node.get(part), str):
+        # `model.kv_cache_dtype=fp8` on `model: llama3-8b`: that entry with a key changed
+        node[part] = {CATALOG_KEY: node[part]}
     return node.setdefault(part, {})
 
 

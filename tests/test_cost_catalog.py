@@ -204,3 +204,34 @@ def test_each_pipeline_stage_holds_its_own_weights_and_the_tightest_sets_the_kv(
     kv_per_layer = 2 * d * 2  # K and V, bf16
     middle = int((budget - 2 * 14 * layer) // (14 * kv_per_layer))
     assert derive_kv_capacity_tokens(model, hw) == middle == 98651
+
+
+def test_a_catalog_entry_with_some_fields_changed() -> None:
+    """`model: {catalog: llama3-8b, kv_cache_dtype: fp8}` is the catalog's Llama-3-8B with
+    fp8 KV; `--set model.kv_cache_dtype=fp8` on `model: llama3-8b` says the same. It read
+    "'kv_cache_dtype' is not inside a mapping", and fp8 KV on a catalog model meant writing
+    its whole spec out (a tester's finding). A nested block changes only the keys given."""
+    from orcasim.cost.catalog import ModelSpec, kv_bytes_per_token_per_gpu
+    from orcasim.scenario import load_scenario
+
+    plain = model_spec("llama3-8b")
+    fp8 = ModelSpec.model_validate({"catalog": "llama3-8b", "kv_cache_dtype": "fp8"})
+    assert fp8.name == "llama3-8b" and fp8.num_kv_heads == plain.num_kv_heads == 8
+    hw = HardwareConfig(gpu="a100-80gb")
+    assert kv_bytes_per_token_per_gpu(fp8, hw) * 2 == kv_bytes_per_token_per_gpu(plain, hw)
+    moe = ModelSpec.model_validate({"catalog": "mixtral-8x7b", "moe": {"experts_per_token": 1}})
+    assert moe.moe is not None and moe.moe.experts_per_token == 1
+    assert moe.moe.num_experts == model_spec("mixtral-8x7b").moe.num_experts  # kept
+    gpu = HardwareConfig.model_validate({"gpu": {"catalog": "a100-80gb", "gpus_per_node": 4}})
+    assert gpu.gpu.gpus_per_node == 4 and gpu.gpu.memory_bytes == gpu_spec("a100-80gb").memory_bytes
+    root = Path(__file__).resolve().parents[1]
+    chat = root / "scenarios" / "prefix" / "chat.yaml"
+    base = load_scenario(chat)
+    assert base.model is not None and base.model.name == "llama3-8b"
+    changed = load_scenario(chat, ["model.kv_cache_dtype=fp8", "hardware.gpu.gpus_per_node=4"])
+    assert changed.model is not None and changed.model.kv_cache_dtype == "fp8"
+    assert changed.kv_capacity_tokens == pytest.approx(2 * base.kv_capacity_tokens, rel=1e-3)
+    with pytest.raises(ScenarioError, match=r"model: unknown model 'llama9'; known models: "):
+        load_scenario(chat, ["model={catalog: llama9, kv_cache_dtype: fp8}"])
+    with pytest.raises(ScenarioError, match=r": model\.catalog = 3: expected a catalog model's name"):
+        load_scenario(chat, ["model={catalog: 3}"])

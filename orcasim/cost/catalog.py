@@ -133,6 +133,7 @@ class ModelSpec(Strict):
     @classmethod
     def _from_hf_config(cls, data: Any) -> Any:
         """`{hf_config: path, ...}`: the fields of that config.json (see orcasim.cost.hf_config)."""
+        data = from_catalog("models", data)
         if isinstance(data, dict) and "hf_config" in data:
             return resolve_hf_model(data)
         return _given_precision_first(data)
@@ -431,6 +432,11 @@ class GpuSpec(Strict):
     price_per_hour_usd: PositiveFloat | None = None
     price_source: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_catalog(cls, data: Any) -> Any:
+        return from_catalog("gpus", data)
+
 
 @functools.cache
 def _catalog(kind: str) -> dict[str, dict[str, Any]]:
@@ -452,6 +458,33 @@ def _resolve(kind: Literal["models", "gpus"], value: Any) -> Any:
         label = "model" if kind == "models" else "gpu"
         raise ScenarioError(f"unknown {label} '{value}'; known {kind}: {', '.join(known_names(kind))}")
     return {"name": key, **entries[key]}
+
+
+CATALOG_KEY = "catalog"
+
+
+def from_catalog(kind: Literal["models", "gpus"], data: Any) -> Any:
+    """`{catalog: NAME, key: value, ...}`: that catalog entry with the keys given changed (a
+    nested block, such as `moe`, only in the keys it gives), so fp8 KV on a catalog model
+    needs no spec written out (a tester's finding); anything else as it is."""
+    if not isinstance(data, dict) or CATALOG_KEY not in data:
+        return data
+    name, label = data[CATALOG_KEY], "model" if kind == "models" else "gpu"
+    if not isinstance(name, str):
+        raise ScenarioError(f"{label}.{CATALOG_KEY} = {name!r}: expected a catalog {label}'s "
+                            f"name ({', '.join(known_names(kind))})")
+    entry = _resolve(kind, name)
+    if "hf_config" in entry:  # its fields, for a nested block to change some of them
+        entry = resolve_hf_model(entry)
+    return _merged(entry, {k: v for k, v in data.items() if k != CATALOG_KEY})
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
 
 
 ModelRef = Annotated[ModelSpec, BeforeValidator(lambda v: _resolve("models", v))]
