@@ -13,6 +13,7 @@ import io
 import json
 import lzma
 import os
+import re
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -249,6 +250,7 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
         raise
     except ValueError as e:
         raise ScenarioError(f"{path}: {e}") from None
+    _refuse_twice_named(Path(path), frame.columns, kwargs.get("comment"))
     if not isinstance(frame.index, pd.RangeIndex):  # pandas took the extra field for an index
         raise ScenarioError(f"{path} line {csv_data_line(Path(path), 0)}: more fields than the "
                             f"header's {len(frame.columns)}; expected one value per column "
@@ -264,6 +266,26 @@ def shown_columns(columns: list[str], most: int = 8, joined: bool = False) -> st
 
 
 LAST_ROW_BYTES = 1 << 16  # a CSV's last row is looked for in its last 64 KiB
+
+
+def _refuse_twice_named(path: Path, columns: pd.Index, comment: str | None) -> None:
+    """pandas reads a second column `x` as `x.1`, so the first was read without a word (a
+    tester's finding): refused, naming both. Only where a name could be such a renaming is
+    the header read as written (a column named `a.1` beside `a` may be the file's own)."""
+    names = [str(c) for c in columns]
+    if not any(re.fullmatch(r"(.+)\.\d+", n) and n.rsplit(".", 1)[0] in names for n in names):
+        return
+    with open_text(path) as f:
+        lines = (line.lstrip("\ufeff") for line in f)
+        first = next((line for line in lines if line.strip()
+                      and not (comment and line.startswith(comment))), "")
+    header = next(csv.reader([first]), [])
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header, start=1):
+        if name in seen:
+            raise ScenarioError(f"{path}: column '{name}' is named twice (columns {seen[name]} "
+                                f"and {i}); expected each column once")
+        seen[name] = i
 
 
 def _check_last_row(path: Path, comment: str | None) -> None:

@@ -230,6 +230,22 @@ def test_a_cut_off_rows_line_counts_the_comments_after_it(tmp_path: Path) -> Non
         read_csv(path, comment="#")
 
 
+def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
+    """pandas reads a second `ttft_s` as `ttft_s.1`, and the first was compared without a
+    word (a tester's finding). A column whose name merely ends in `.1` is read as it is."""
+    from orcasim.config import ScenarioError
+    from orcasim.paths import read_csv
+
+    path = tmp_path / "p.csv"
+    path.write_text("arrival_s,ttft_s,prompt_tokens,ttft_s\n0,1,10,2\n")
+    with pytest.raises(ScenarioError, match=r"^.*p\.csv: column 'ttft_s' is named twice \(columns "
+                                            r"2 and 4\); expected each column once$"):
+        read_csv(path)
+    fine = tmp_path / "q.csv"
+    fine.write_text("a,a.1\n1,2\n")
+    assert read_csv(fine).columns.tolist() == ["a", "a.1"]
+
+
 @pytest.mark.parametrize("override, phrase", [
     ("systems[0]..name=x", "is malformed"), ("systems[0]]].name=x", "is malformed"),
     ("systems[x].name=y", "is malformed"), ("novalue", "expected KEY=VALUE"),
