@@ -64,6 +64,16 @@ def check_determined(x: np.ndarray, y: np.ndarray, names: list[str]) -> None:
                             "profile's grid does")
 
 
+def _check_knots(tokens: np.ndarray, knots_tokens: list[int]) -> None:
+    """A knot that no row's tokens pass has a term of zeros, which no row determines: named
+    (it read as rows whose prompts and batches do not vary apart; a tester's finding)."""
+    most = int(tokens.max()) if len(tokens) else 0
+    for knot in knots_tokens:
+        if knot >= most:
+            raise ScenarioError(f"knot {knot} tokens: no row has more tokens (the most is "
+                                f"{most}); expected knots below the profile's largest batch")
+
+
 def inputs_of(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     return {k: rows[k].to_numpy(dtype=np.float64) for k in RANGE_INPUTS}
 
@@ -100,6 +110,10 @@ def fit_profile(rows: pd.DataFrame, knots_tokens: list[int], seed: int = 0,
     inputs = inputs_of(rows)
     x = design_matrix(inputs, knots_tokens)
     y = rows[target].to_numpy(dtype=np.float64)
+    # The terms without knots first: rows that cannot tell those apart are named as such,
+    # then a knot past every row, then the whole design.
+    check_determined(design_matrix(inputs, []), y, term_names([]))
+    _check_knots(inputs["tokens"], knots_tokens)
     check_determined(x, y, term_names(knots_tokens))
     beta = wls(x, y)
     quality = heldout_quality(x, y, np.random.default_rng(seed))

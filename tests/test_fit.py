@@ -69,11 +69,21 @@ def test_rows_that_cannot_tell_the_coefficients_apart_are_refused() -> None:
     lstsq answered one of many solutions and the held-out R² read 1.0."""
     rows = synthetic_rows(np.random.default_rng(3))
     decodes = rows[rows["sum_prefill_sq"] == 0]
-    with pytest.raises(ScenarioError, match=r"^the rows determine 3 of the 7 coefficients \(const, "):
+    with pytest.raises(ScenarioError, match=r"^the rows determine 3 of the 5 coefficients \(const, "):
         fit_profile(decodes, KNOTS)
     repeated = pd.concat([rows.iloc[:2]] * 10, ignore_index=True)
-    with pytest.raises(ScenarioError, match="determine 2 of the 7"):
+    with pytest.raises(ScenarioError, match="determine 2 of the 5"):
         fit_profile(repeated, KNOTS)
+
+
+def test_a_knot_past_the_largest_batch_is_named() -> None:
+    """A knot no row's tokens pass gives its term a column of zeros: it read as rows whose
+    prompts and batches do not vary apart (a tester's finding)."""
+    rows = synthetic_rows(np.random.default_rng(3))
+    most = int(rows["tokens"].max())
+    with pytest.raises(ScenarioError, match=rf"^knot {most + 10} tokens: no row has more tokens "
+                                            rf"\(the most is {most}\); expected knots below "):
+        fit_profile(rows, [64, most + 10])
 
 
 def test_equal_times_have_no_held_out_r2() -> None:
