@@ -56,6 +56,7 @@ from orcasim.fidelity import (
     replay_of,
     run_labels,
 )
+from orcasim.paths import PACKAGE_DATA_DIR
 from orcasim.run import data_dir, make_requests, run_scenario, run_system
 from orcasim.scenario import (
     EngineConfig,
@@ -583,10 +584,20 @@ def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, resul
             with_cost(scenario, partial.parameters, system), held, system, base_dir)
 
 
+def recorded_path(path: Path) -> str:
+    """A log's path as the record keeps it: one of orcasim's shipped data by its name there
+    (found from anywhere; the committed record held this machine's /work/main/... paths, a
+    tester's note), any other as given."""
+    try:
+        return Path(path).resolve().relative_to(PACKAGE_DATA_DIR.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit) -> dict[str, Any]:
     """What `--out` records beside the cost block: the fit and its errors."""
     return {
-        "scenario": scenario.name, "system": system, "logs": [str(log.path) for log in logs],
+        "scenario": scenario.name, "system": system, "logs": [recorded_path(log.path) for log in logs],
         "metrics": [m for m in METRICS if any(m in fitted_metrics(log.real) for log in logs)],
         "fit_percentiles": list(FIT_PERCENTILES), "loss": result.loss,
         "evaluations": result.evaluations, "parameters": result.parameters,

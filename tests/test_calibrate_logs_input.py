@@ -296,3 +296,16 @@ def test_a_replays_bad_input_names_its_log(tmp_path: Path, capsys) -> None:  # n
     assert main(["logs", str(good), str(long), "--scenario", str(_scenario(tmp_path)), "--out",
                  str(tmp_path / "c.yaml"), "--set", "workload.max_tokens=1024", "--fit",
                  "overhead.per_iteration_s", "--no-leave-one-out"]) == 0
+
+
+def test_a_shipped_log_is_recorded_by_its_name_in_orcasim_data(tmp_path: Path) -> None:
+    """The committed record held this machine's absolute paths (a tester's note)."""
+    from calibrate.logs import recorded_path
+    from orcasim.paths import PACKAGE_DATA_DIR, resolve_data_path
+
+    shipped = PACKAGE_DATA_DIR / "ground_truth" / "distserve_opt13b_a100" / "vllm-100-1.csv"
+    name = recorded_path(shipped)
+    assert name == "ground_truth/distserve_opt13b_a100/vllm-100-1.csv"
+    assert resolve_data_path(name) == shipped.resolve()  # found from anywhere
+    own = tmp_path / "run.csv"
+    assert recorded_path(own) == str(own)
