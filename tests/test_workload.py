@@ -6,6 +6,7 @@ import math
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -333,6 +334,30 @@ def test_prompt_and_output_from_one_file_keep_their_rows_together(tmp_path: Path
         kind="empirical", path=str(g), column="output")})
     reqs = generate_requests(apart, np.random.default_rng(3))
     assert (reqs.output_tokens != reqs.prompt_tokens + 1000).mean() > 0.9
+
+
+def test_one_file_spelled_two_ways_pairs_and_one_column_for_both_does_not(tmp_path: Path) -> None:
+    """The pairing asks for one file, not one spelling: 'sub/../pairs.csv' beside 'pairs.csv'
+    (or a link to it) was drawn apart. One column for both lengths is no pair: drawn as rows,
+    every output equalled its prompt (independent draws before the pairing)."""
+    (tmp_path / "sub").mkdir()
+    f = tmp_path / "pairs.csv"
+    f.write_text("prompt,output\n" + "".join(f"{p},{1000 + p}\n" for p in range(1, 200)))
+    (tmp_path / "link.csv").symlink_to(f)
+
+    def drawn(prompt: tuple[str, str], output: tuple[str, str]) -> Any:
+        cfg = WorkloadConfig.model_validate({
+            "num_requests": 500, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+            "max_tokens": 2000,
+            "prompt_tokens": {"kind": "empirical", "path": prompt[0], "column": prompt[1]},
+            "output_tokens": {"kind": "empirical", "path": output[0], "column": output[1]}})
+        return generate_requests(cfg, np.random.default_rng(3))
+
+    for other in (str(tmp_path / "sub" / ".." / "pairs.csv"), str(tmp_path / "link.csv")):
+        reqs = drawn((str(f), "prompt"), (other, "output"))
+        assert (reqs.output_tokens == reqs.prompt_tokens + 1000).all(), other
+    reqs = drawn((str(f), "prompt"), (str(f), "prompt"))
+    assert (reqs.output_tokens != reqs.prompt_tokens).mean() > 0.9
 
 
 @pytest.mark.parametrize(("body", "message"), [

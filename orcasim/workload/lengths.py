@@ -143,9 +143,11 @@ def sample_prompt_and_output(prompt: LengthDist, output: LengthDist, rng: np.ran
                              n: int) -> tuple[np.ndarray, np.ndarray]:
     """`n` prompt and output lengths. Two columns of one file are drawn as rows, as the
     conversations it measured paired them (drawn apart, ShareGPT's prompt and answer lengths
-    lost their pairing; a tester's finding); the prompts are the draws `prompt.sample` makes."""
+    lost their pairing; a tester's finding); the prompts are the draws `prompt.sample` makes.
+    One file however spelled ('d/../f.csv', a link); one column for both is no pair, drawn apart."""
     if isinstance(prompt, EmpiricalLength) and isinstance(output, EmpiricalLength) \
-            and resolve_data_path(prompt.path) == resolve_data_path(output.path):
+            and prompt.column != output.column \
+            and resolve_data_path(prompt.path).resolve() == resolve_data_path(output.path).resolve():
         rows = prompt.sample_rows(rng, n)
         return prompt.values()[rows], output.values()[rows]
     return prompt.sample(rng, n), output.sample(rng, n)
