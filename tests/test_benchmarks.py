@@ -57,4 +57,6 @@ def test_instruction_counts_run_each_kind_below_its_capacity() -> None:
     assert set(instructions.RATE_PER_S) == set(instructions.KINDS) - {"cluster"}
     rate = instructions.RATE_PER_S["iteration_level"]
     capacity = engine.capacity_rps("iteration_level", engine.choose_cost("roofline")[1])
-    assert rate == pytest.approx(engine.LOAD_FRACTION * capacity, rel=1e-9)
+    # Measured at 85% before the lengths were drawn as pairs (88cec25) and kept since, so
+    # that commits compare on the same arrivals: below capacity, near 85% of it.
+    assert engine.LOAD_FRACTION - 0.05 < rate / capacity < engine.LOAD_FRACTION + 0.05
