@@ -164,6 +164,15 @@ class Scenario(Strict):
             self._kv_capacity_derived = True
         elif deployment is not None:
             _warn_if_beyond_memory(self.kv_capacity_tokens, deployment)
+        for j, system in enumerate(self.systems):  # a fleet's group's or a pool's own tokens
+            for where, group in _kv_places(system):
+                if group is None or group.kv_capacity_tokens is None:
+                    continue
+                model, hardware = group.model or self.model, group.hardware or self.hardware
+                if model is not None and hardware is not None:
+                    _warn_if_beyond_memory(group.kv_capacity_tokens,
+                                           Deployment(model=model, hardware=hardware),
+                                           f"systems[{j}].{where}.kv_capacity_tokens")
 
     def _cost_places(self) -> list[tuple[str, CostConfig, ModelSpec | None, HardwareConfig | None]]:
         """Every cost block with its key and the deployment it prices: the scenario's, a
@@ -341,7 +350,8 @@ class Scenario(Strict):
         return system.cost if system.cost is not None else self.cost
 
 
-def _warn_if_beyond_memory(kv_capacity_tokens: int, deployment: Deployment) -> None:
+def _warn_if_beyond_memory(kv_capacity_tokens: int, deployment: Deployment,
+                           key: str = "kv_capacity_tokens") -> None:
     """A KV capacity given beside a model and hardware that no memory of theirs could hold
     (the whole of every GPU less the weights, at utilisation 1 and no reserve) runs as
     given, with a warning: OPT-13B on one A100-40GB with 2,000,000 tokens reserved 85.6 GB
@@ -357,7 +367,7 @@ def _warn_if_beyond_memory(kv_capacity_tokens: int, deployment: Deployment) -> N
     if kv_capacity_tokens > most:
         hw = deployment.hardware
         warnings.warn(
-            f"kv_capacity_tokens = {kv_capacity_tokens} is beyond what the deployment holds: "
+            f"{key} = {kv_capacity_tokens} is beyond what the deployment holds: "
             f"{hw.num_gpus} x {hw.gpu.name}, their whole memory less model {deployment.model.name}'s "
             f"weights, leave room for at most {most:,} tokens of KV (its utilisation and "
             f"reserve derive {_derived_or_none(deployment)}); the run uses the tokens given",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -239,3 +240,27 @@ def test_a_kv_capacity_beyond_what_the_gpus_hold_warns() -> None:
         warnings.simplefilter("error")
         load_scenario(memory, ["kv_capacity_tokens=20000"])  # above the derived 15,212: fine
         load_scenario("scenarios/validation/vllm_opt13b_a100.yaml")  # DistServe's 66,144
+
+
+def test_a_fleet_groups_own_kv_capacity_beyond_its_gpus_warns(tmp_path: Path) -> None:
+    """A fleet's group's kv_capacity_tokens runs as given beside the scenario's (or its own)
+    model and hardware, as the scenario's does: 2,000,000 tokens of OPT-13B on one
+    A100-40GB said nothing there while the same at the top level warned. Named by its key."""
+    import warnings
+
+    (tmp_path / "f.yaml").write_text(
+        "name: f\nworkload: {num_requests: 4, arrival: {kind: poisson, rate_per_s: 1.0},\n"
+        "  prompt_tokens: {kind: constant, value: 100}, output_tokens: {kind: constant, value: 10},\n"
+        "  max_tokens: 2048}\nmodel: opt-13b\nhardware: {gpu: a100-40gb}\ncost: {kind: roofline}\n"
+        "systems:\n  - name: fleet\n    scheduler: {kind: paged}\n    cluster:\n"
+        "      router: {kind: round_robin}\n      replicas:\n"
+        "        - {count: 1, kv_capacity_tokens: 2000000}\n"
+        "        - {count: 1, hardware: {gpu: a100-80gb}, kv_capacity_tokens: 20000}\n")
+    with pytest.warns(UserWarning, match=r"^systems\[0\]\.cluster\.replicas\[0\]\.kv_capacity_tokens "
+                                         r"= 2000000 is beyond what the deployment holds: .* at "
+                                         r"most 20,389 tokens") as caught:
+        load_scenario(tmp_path / "f.yaml")
+    assert len([w for w in caught if "beyond" in str(w.message)]) == 1  # the A100-80GB's fits
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_scenario(tmp_path / "f.yaml", ["systems[0].cluster.replicas[0].kv_capacity_tokens=20000"])
