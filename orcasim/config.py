@@ -13,7 +13,7 @@ import difflib
 import math
 import re
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -250,6 +250,15 @@ def _child(node: Any, part: Any) -> Any:
         return node.get(part)
     if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
         return node[part]
+    return None
+
+
+def first_repeat(values: Sequence[object]) -> int | None:
+    """The index of the first value equal to an earlier one (1 equals 1.0); None if none is:
+    a sweep's point listed twice runs twice under the same seeds (`orcasim.sweeps`)."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            return i
     return None
 
 

@@ -28,7 +28,13 @@ from pydantic import (
 
 from orcasim import yaml_strict
 from orcasim.cluster import ClusterConfig, ReplicaGroup
-from orcasim.config import ScenarioError, Strict, errors_under, format_validation_error
+from orcasim.config import (
+    ScenarioError,
+    Strict,
+    errors_under,
+    first_repeat,
+    format_validation_error,
+)
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import (
     CATALOG_KEY,
@@ -100,6 +106,11 @@ class SweepConfig(Strict):
             if isinstance(value, float) and not math.isfinite(value):  # a sweep file's grid
                 # refused it naming its own keys (grid.parameters...), not this block's
                 raise ScenarioError(f"values[{i}] = {value}: expected a finite number")
+        twice = first_repeat(self.values)
+        if twice is not None:  # as a sweep file's grid, in this block's own keys
+            raise ScenarioError(f"values[{twice}] = {self.values[twice]!r} repeats values"
+                                f"[{self.values.index(self.values[twice])}]: a point listed "
+                                "twice runs twice on the same seed; expected distinct values")
         if self.parameter == "sweep" or self.parameter.startswith(("sweep.", "sweep[")):
             raise ScenarioError(f"parameter = {self.parameter!r}: a sweep cannot sweep its own "
                                 "block; expected a key of the scenario")

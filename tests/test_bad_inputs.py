@@ -63,6 +63,11 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a sweep value of inf", {"sweep": {"parameter": "workload.arrival.rate_per_s",
                                         "values": [1.0, float("inf")]}}, None,
      "sweep.values[1] = inf: expected a finite number"),
+    # It named a sweep file's grid (grid.parameters...) and its `replications`, neither the
+    # scenario's block has.
+    ("a sweep value listed twice", {"sweep": {"parameter": "workload.arrival.rate_per_s",
+                                              "values": [1.0, 2.0, 1]}}, None,
+     "sweep.values[2] = 1 repeats values[0]: a point listed twice runs twice on the same seed"),
     ("a sweep of its own block", {"sweep": {"parameter": "sweep.values", "values": [1, 2]}}, None,
      "sweep.parameter = 'sweep.values': a sweep cannot sweep its own block"),
     # "file 'nope.csv' not found" named neither the key nor the part of the scenario.

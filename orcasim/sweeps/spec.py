@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ import yaml
 from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from orcasim import yaml_strict
-from orcasim.config import ScenarioError, Strict, format_validation_error
+from orcasim.config import ScenarioError, Strict, first_repeat, format_validation_error
 from orcasim.scenario import (
     NAME_MAX_CHARS,
     NAME_PATTERN,
@@ -57,14 +57,6 @@ def _kind(value: ParamValue) -> str:
     if isinstance(value, bool):
         return "boolean"
     return "number" if isinstance(value, int | float) else "text"
-
-
-def _first_repeat(values: Sequence[object]) -> int | None:
-    """The index of the first value equal to an earlier one (1 equals 1.0); None if none is."""
-    for i, value in enumerate(values):
-        if value in values[:i]:
-            return i
-    return None
 
 
 class Grid(Strict):
@@ -94,7 +86,7 @@ class Grid(Strict):
         rows as one point: refused, naming the repeat."""
         if self.mode == "product":
             for path, values in self.parameters.items():
-                twice = _first_repeat(values)
+                twice = first_repeat(values)
                 if twice is not None:
                     raise ScenarioError(
                         f"parameters.{path} = {values}: lists {values[values.index(values[twice])]!r} "
@@ -102,7 +94,7 @@ class Grid(Strict):
                         "distinct values (`replications` repeats a point with independent seeds)")
             return
         points = list(zip(*self.parameters.values(), strict=True))
-        twice = _first_repeat(points)
+        twice = first_repeat(points)
         if twice is not None:
             named = ", ".join(f"{path} = {v!r}" for path, v in zip(self.parameters, points[twice],
                                                                      strict=True))
