@@ -515,6 +515,13 @@ def test_a_latency_in_other_units_is_named_not_skipped(tmp_path: Path, header: s
     assert read_measurements(both)[f"{stem}_s"].tolist() == [0.1]  # the seconds are read
 
 
+def test_a_tpot_in_other_units_beside_ttft_and_e2e_is_derived_not_refused(tmp_path: Path) -> None:
+    """`tpot_ms` beside `ttft_s` and `e2e_s` goes uncompared by nobody: TPOT is derived from
+    those (as before the refusal of other units, which refused this log)."""
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},ttft_s,e2e_s,tpot_ms\n0,10,3,0.1,0.5,200\n")
+    assert read_measurements(path)["tpot_s"].tolist() == pytest.approx([0.2])
+
+
 def test_a_trace_format_without_latencies_has_no_measurements(tmp_path: Path) -> None:
     azure = _write(tmp_path, "a.csv", f"{AZURE_HEADER}\n2024-05-10 00:00:00,10,2\n")
     mooncake = _mooncake(tmp_path, [_record(0, 5, [0])])

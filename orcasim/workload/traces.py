@@ -231,9 +231,13 @@ def _measured_columns(path: Path) -> pd.DataFrame:
 
 def _refuse_other_units(header: list[str], path: Path) -> None:
     """A column such as `ttft_ms` where the log has no `ttft_s`: the metric would go
-    uncompared without a word (a tester's finding), so it is named, with the division."""
+    uncompared without a word (a tester's finding), so it is named, with the division. A
+    TPOT in other units beside ttft_s and e2e_s is not: TPOT is derived from those, as it was."""
+    derived = {"ttft_s", "e2e_s"} <= set(header)
     for column in header:
         stem, _, unit = column.lower().rpartition("_")
+        if stem == "tpot" and derived:
+            continue
         if unit in OTHER_UNITS and f"{stem}_s" in MEASURED_COLUMNS and f"{stem}_s" not in header:
             raise ScenarioError(f"{path.name}: column '{column}' is not read: expected {stem}_s, "
                                 f"in seconds (its {unit} / {OTHER_UNITS[unit]:,.0f})")
