@@ -176,7 +176,10 @@ class Scenario(Strict):
         elif deployment is not None:
             _warn_if_beyond_memory(self.kv_capacity_tokens, deployment)
         for j, system in enumerate(self.systems):  # a fleet's group's or a pool's own tokens
-            for where, group in _kv_places(system):
+            cluster = system.cluster
+            prefill = [("cluster.prefill", cluster.prefill)] if cluster is not None \
+                and cluster.disaggregated and cluster.prefill is not None else []
+            for where, group in [*_kv_places(system), *prefill]:
                 if group is None or group.kv_capacity_tokens is None:
                     continue
                 model, hardware = group.model or self.model, group.hardware or self.hardware

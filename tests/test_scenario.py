@@ -264,3 +264,17 @@ def test_a_fleet_groups_own_kv_capacity_beyond_its_gpus_warns(tmp_path: Path) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_scenario(tmp_path / "f.yaml", ["systems[0].cluster.replicas[0].kv_capacity_tokens=20000"])
+
+
+def test_a_prefill_pools_own_kv_capacity_beyond_its_gpus_warns() -> None:
+    """A disaggregated cluster's prefill pool holds its prompts' KV in its own tokens too:
+    checked against its own hardware (two A100-80GBs here, DistServe's 163,008 within)."""
+    import warnings
+
+    disagg = "scenarios/cluster/disagg_vs_colocated.yaml"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_scenario(disagg)
+    with pytest.warns(UserWarning, match=r"^systems\[1\]\.cluster\.prefill\.kv_capacity_tokens = "
+                                         r"900000 is beyond .* 2 x a100-80gb"):
+        load_scenario(disagg, ["systems[1].cluster.prefill.kv_capacity_tokens=900000"])
