@@ -254,10 +254,11 @@ def _child(node: Any, part: Any) -> Any:
 
 
 def first_repeat(values: Sequence[object]) -> int | None:
-    """The index of the first value equal to an earlier one (1 equals 1.0); None if none is:
-    a sweep's point listed twice runs twice under the same seeds (`orcasim.sweeps`)."""
+    """The index of the first value equal to an earlier one (1 equals 1.0, not True: a mix
+    of kinds is refused as such); None if none is: a sweep's point listed twice runs twice
+    under the same seeds (`orcasim.sweeps`)."""
     for i, value in enumerate(values):
-        if value in values[:i]:
+        if any(v == value and isinstance(v, bool) == isinstance(value, bool) for v in values[:i]):
             return i
     return None
 

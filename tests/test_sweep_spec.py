@@ -196,3 +196,13 @@ def test_a_grid_key_that_does_not_reach_is_named_as_the_grids(tmp_path: Path) ->
     path.write_text(path.read_text() + "set: [workload.max_tokens]\n")
     with pytest.raises(ScenarioError, match=r"set: 'workload.max_tokens': expected KEY=VALUE"):
         load_sweep(path)
+
+
+def test_a_repeat_is_an_equal_value_of_one_kind() -> None:
+    """1 and 1.0 are one point; 1 and True are two kinds, refused as a mix (not as a repeat,
+    which named True a repeat of 1)."""
+    from orcasim.config import first_repeat
+
+    assert first_repeat([1, 2, 1.0]) == 2
+    assert first_repeat([1, True]) is None
+    assert first_repeat([(1, "a"), (2, "a"), (1, "a")]) == 2
