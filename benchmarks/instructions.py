@@ -40,8 +40,9 @@ KINDS = ("paged", "prefill_first", "chunked", "iteration_level", "cluster")
 # see the same arrivals. One rate for every kind (paged's) ran Orca at 117% of its capacity,
 # saturated, with the saturation warning silenced (a tester's finding).
 # Since commit 88cec25 the prompt and output lengths are drawn as ShareGPT's pairs (they were
-# drawn apart): these rates are 86 to 87% of the capacity measured then (paged 1.312, prefill-
-# first 1.352, chunked 1.277 at 85%), kept so that commits compare on the same arrivals;
+# drawn apart): the paged kinds' rates are 86 to 87% of the capacity measured then (paged
+# 1.312, prefill-first 1.352, chunked 1.277 at 85%), iteration-level's about 85%, kept so
+# that commits compare on the same arrivals;
 # counts across that commit compare different workloads.
 RATE_PER_S = {"paged": 1.3292486203585805, "prefill_first": 1.369507888254133,
               "chunked": 1.3004491745830977, "iteration_level": 1.002562483605634}

@@ -383,8 +383,7 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
                                  for c in zip(*recording.rows, strict=True))
     # OverheadCost divides the per-request and per-prompt-token terms among the data-parallel
     # attention groups: a unit of either coefficient costs 1/dp of its feature.
-    deployment = replay.deployment()  # as build_cost_model was given it above
-    dp = 1 if deployment is None else deployment.hardware.data_parallel_attention
+    dp = cost.data_parallel
     reqs = result.requests  # arrivals are the client's; the engine saw them latency_s later
     return Schedule(
         iters["start_s"].to_numpy(), (iters["start_s"] + iters["duration_s"]).to_numpy(),

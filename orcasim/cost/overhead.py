@@ -133,6 +133,9 @@ class OverheadCost(CostModel):
         processes = tensor_parallel * data_parallel
         tp_s = cfg.tensor_parallel_per_iteration_s if processes > 1 else 0.0
         self.fixed_s = cfg.per_iteration_s + tp_s
+        # Each data-parallel attention group does its share of the per-request and
+        # per-prompt-token work (a fit of those terms divides its features by it too).
+        self.data_parallel = data_parallel
         self.per_sequence_s = cfg.per_sequence_s / data_parallel
         self.per_prefill_token_s = cfg.per_prefill_token_s / data_parallel
 
