@@ -4,7 +4,10 @@ A session's task time runs from its first step's send to its last step's end (wh
 calls that step waits for are done). It splits exactly into time at the server (each
 step, from its send to its end) and time in tools or thinking (from a step's end to the
 next send). `queued_s` is the part at the server before any call of a step was first
-scheduled (a call turned away counts as queued until it is answered).
+scheduled (a call turned away counts as queued until it is answered). Step latency
+(`step_latency_*`) is over the steps that got an answer: a step whose required calls were
+all turned away is done at once, unanswered, and would read as a fast step (as request
+latencies leave rejected requests out).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ def sessions_frame(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
         "server_s": server_s,
         "tool_s": tool_s,
         "queued_s": steps["queued_s"].sum().to_numpy(),
-        "step_latency_mean_s": steps["latency_s"].mean().to_numpy(),
-        "step_latency_max_s": steps["latency_s"].max().to_numpy(),
+        "step_latency_mean_s": steps["answered_latency_s"].mean().to_numpy(),
+        "step_latency_max_s": steps["answered_latency_s"].max().to_numpy(),
         "prompt_tokens": _per_session(calls, "prompt_tokens", num),
         "output_tokens": _per_session(calls, "output_tokens", num),
         "rejected_calls": _per_session(calls, "rejected", num),
@@ -76,14 +79,16 @@ def _step_rows(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
     gap_s = np.zeros(len(sent_s))  # from the previous step's end to this send; none first
     gap_s[1:] = sent_s[1:] - done_s[:-1]
     gap_s[source.plan.step_start[:-1]] = 0.0
-    return pd.DataFrame({"latency_s": latency_s, "queued_s": queued_s, "gap_s": gap_s})
+    answered_latency_s = np.where(source.step_answered, latency_s, np.nan)
+    return pd.DataFrame({"latency_s": latency_s, "answered_latency_s": answered_latency_s,
+                         "queued_s": queued_s, "gap_s": gap_s})
 
 
 def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
                      warmup_s: float = 0.0) -> dict[str, float]:
     """Tasks completed per hour, task time and step latency percentiles, and where task
     time went, over the sessions that start at or after `warmup_s`; step latency over the
-    steps sent at or after it."""
+    answered steps sent at or after it."""
     done = sessions[counted(sessions["start_s"], warmup_s) & sessions["end_s"].notna()]
     nan = float("nan")
     span_s = float(done["end_s"].max() - done["start_s"].min()) if len(done) else 0.0
@@ -98,7 +103,7 @@ def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
         "steps_per_task_mean": float(done["steps"].mean()) if len(done) else nan,
     }
     sent_s = source.step_sent_s
-    latency_s = (source.step_done_s - sent_s)[counted(sent_s, warmup_s)]
+    latency_s = (source.step_done_s - sent_s)[counted(sent_s, warmup_s) & source.step_answered]
     latency_s = latency_s[~np.isnan(latency_s)]
     times_s = done["task_time_s"].to_numpy()
     for p in TASK_PERCENTILES:

@@ -40,8 +40,9 @@ class SessionSource(ArrivalSource):
     """Calls made as sessions progress; writes each one's row into the run's own table.
 
     After the run, `step_sent_s[t]` and `step_done_s[t]` say when global step t was sent
-    and when its required calls were done; `call_step` and `call_branch` map each request
-    id to its step and branch.
+    and when its required calls were done, `step_answered[t]` whether any of those calls
+    was answered (not all turned away); `call_step` and `call_branch` map each request id
+    to its step and branch.
     """
 
     closed_loop = True
@@ -61,6 +62,7 @@ class SessionSource(ArrivalSource):
         num_steps = len(plan.message_tokens)
         self.step_sent_s = np.full(num_steps, np.nan)
         self.step_done_s = np.full(num_steps, np.nan)
+        self.step_answered = np.zeros(num_steps, dtype=bool)
         self.call_step = np.full(self._num_requests, -1, dtype=np.int64)
         self.call_branch = np.full(self._num_requests, -1, dtype=np.int64)
         self._step = [-1] * plan.num_sessions  # each session's step in progress; -1: none
@@ -150,6 +152,7 @@ class SessionSource(ArrivalSource):
         """Step t of session s is done at `time_s`: grow the context, send the next step."""
         plan = self.plan
         self.step_done_s[t] = time_s
+        self.step_answered[t] = any(answered for _, answered in self._done[s])
         turn = [int(plan.message_ids[t]), int(plan.message_tokens[t])]
         for b, answered in sorted(self._done[s]):
             if answered:

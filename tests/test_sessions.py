@@ -24,7 +24,7 @@ from orcasim.run import at_the_engine, run_scenario
 from orcasim.scenario import set_dotted
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
-from orcasim.session_metrics import session_columns, sessions_frame
+from orcasim.session_metrics import session_columns, sessions_frame, sessions_summary
 from orcasim.sessions import SessionSource, session_table
 from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
 from orcasim.workload.lengths import ConstantLength, UniformLength
@@ -180,6 +180,29 @@ def test_a_rejected_call_counts_as_done_without_an_answer() -> None:
     sessions = sessions_frame(reqs, source)
     assert sessions["rejected_calls"].tolist() == [2]
     assert sessions["end_s"].tolist() == [11.0]
+
+
+def test_a_step_whose_calls_were_all_turned_away_is_left_out_of_step_latency() -> None:
+    # As above, over seven steps: steps 3 to 6 are turned away at their sends, done at
+    # once (latency 0) without an answer. Step latency is a response time, as TTFT and e2e
+    # leave rejected requests out: counting them read this session's step latency p50 as
+    # 0 s and its mean as 1.3 s (3 s for each answered step), the server that turns more
+    # away as the faster.
+    scheduler = IterationLevelConfig(kind="iteration_level", max_batch_size=4,
+                                     kv_reservation="oracle")
+    reqs, source = run(table(agents(num_sessions=1, steps=const(7))), scheduler,
+                       kv_capacity_tokens=40)
+    assert source.step_answered.tolist() == [True] * 3 + [False] * 4
+    answered = (source.step_done_s - source.step_sent_s)[:3]
+    assert (answered > 0).all()
+    sessions = sessions_frame(reqs, source)
+    summary = sessions_summary(sessions, source)
+    assert summary["step_latency_p50_s"] == 3.0
+    assert sessions["step_latency_mean_s"].tolist() == pytest.approx([answered.mean()])
+    assert sessions["step_latency_max_s"].tolist() == [answered.max()]
+    # Task time still splits into server and tool time, the turned-away steps included.
+    np.testing.assert_allclose(sessions["task_time_s"], sessions["server_s"] + sessions["tool_s"],
+                               rtol=EXACT_RTOL)
 
 
 def test_sessions_start_at_a_fixed_concurrency() -> None:
