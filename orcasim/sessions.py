@@ -3,7 +3,8 @@
 The workload (`orcasim.workload.sessions.SessionPlan`) fixes every session's steps in
 advance; this source decides, as the run goes, when each is sent and what its prompt
 holds. A step is sent as `branches` calls with the same prompt. Once `wait_for` of them
-are done (calls reported done at one time count in branch order), the session's context
+are done (calls reported done together count in branch order; a cluster reports each
+replica's at its own event, lower-numbered replicas first at one time), the session's context
 grows by the step's message and those calls' answers (in branch order; a call turned away
 as too large adds no answer), and the next step is sent
 `pause_s` later (think or tool time); calls still running then are left to finish, and
