@@ -3,13 +3,15 @@
 The workload (`orcasim.workload.sessions.SessionPlan`) fixes every session's steps in
 advance; this source decides, as the run goes, when each is sent and what its prompt
 holds. A step is sent as `branches` calls with the same prompt. Once `wait_for` of them
-are done (calls reported done together count in branch order; a cluster reports each
+are answered, or all are done where calls turned away as too large leave too few answers
+(calls reported done together count in branch order; a cluster reports each
 replica's at its own event, lower-numbered replicas first at one time), the session's context
 grows by the step's message and those calls' answers (in branch order; a call turned away
 as too large adds no answer), and the next step is sent
 `pause_s` later (think or tool time); calls still running then are left to finish, and
-their answers are not used. A turned-away call thus counts as done: the session goes on,
-as an agent goes on after a failed call, rather than stopping with its steps unsent.
+their answers are not used. A turned-away call is done without an answer: the session goes
+on, as an agent goes on after a failed call, rather than stopping with its steps unsent; a
+fan-out waits for answers, not for failures.
 A session's last step ends it; with a fixed concurrency the next session starts then.
 
 Ids: the k-th call to arrive, in time order (ties: session, then branch), gets id k, and
@@ -145,7 +147,10 @@ class SessionSource(ArrivalSource):
                 continue  # a straggler of a step that has moved on: its answer is unused
             done = self._done[s]
             done.append((int(self.call_branch[req_id]), answered))
-            if len(done) == self.plan.wait_for:
+            # Done with `wait_for` answers, or with its last call where turned-away ones
+            # leave too few: a turned-away call (at its arrival, before any answer) ended
+            # a step of two of four candidates with one (a tester's finding).
+            if sum(a for _, a in done) == self.plan.wait_for or len(done) == self.plan.branches:
                 self._step_done(s, t, time_s)
         self._write_ahead()
 

@@ -162,6 +162,31 @@ def test_a_fan_out_goes_on_with_the_first_answers_and_leaves_the_rest() -> None:
     assert reqs.loc[reqs["session_step"] == 0, "finish_s"].tolist() == [2.0, 4.0, 3.0]
 
 
+def test_a_fan_out_waits_for_answers_not_for_turned_away_calls() -> None:
+    # Three branches, wait for two; answers of 2, 40 and 3 tokens on a KV of 40 (oracle
+    # reservation): branch 1 (5 + 40 tokens) never fits and is turned away at once. The
+    # step waits for two answers, branches 0 and 2 (2 and 3 s), as a search waiting for
+    # the first two of four candidates waits for answers: counted as done, the turned-away
+    # call ended the step at 2 s with one answer (a tester's finding).
+    scheduler = IterationLevelConfig(kind="iteration_level", max_batch_size=4,
+                                     kv_reservation="oracle")
+    requests = table(agents(num_sessions=1, steps=const(2), system_prompt=None,
+                            fan_out=FanOut(branches=3, wait_for=2)))
+    requests.sessions.output_tokens[0] = [2, 40, 3]  # type: ignore[union-attr]
+    reqs, source = run(requests, scheduler, kv_capacity_tokens=40)
+    assert reqs.loc[reqs["session_step"] == 0, "rejected"].tolist() == [False, True, False]
+    assert source.step_done_s[0] == 3.0 and source.step_answered[0]
+    second = reqs[reqs["session_step"] == 1]
+    assert set(second["prompt_tokens"]) == {5 + 2 + 3 + 5}  # both answers quoted
+    # Where too few calls are left to give wait_for answers, the step ends with its last.
+    requests = table(agents(num_sessions=1, steps=const(2), system_prompt=None,
+                            fan_out=FanOut(branches=3, wait_for=2)))
+    requests.sessions.output_tokens[0] = [40, 40, 3]  # type: ignore[union-attr]
+    reqs, source = run(requests, scheduler, kv_capacity_tokens=40)
+    assert source.step_done_s[0] == 3.0
+    assert set(reqs.loc[reqs["session_step"] == 1, "prompt_tokens"]) == {5 + 3 + 5}
+
+
 def test_a_rejected_call_counts_as_done_without_an_answer() -> None:
     # KV of 40 tokens under Orca's max reservation per request: a prompt + output over 40
     # never fits. Steps of 15, then 23, 31, 39, 47 tokens of prompt (+3 of answer): step 3

@@ -49,7 +49,8 @@ class SystemPrompt(Strict):
 
 class FanOut(Strict):
     """Each step issues `branches` calls with the same prompt and goes on once `wait_for`
-    of them are done; the context then grows by those first answers (ordered by branch)."""
+    of them are answered (or all are done, where calls turned away leave fewer answers);
+    the context then grows by those first answers (ordered by branch)."""
 
     branches: Annotated[PositiveInt, Field(le=MAX_REQUESTS)] = 1
     wait_for: PositiveInt = 1
