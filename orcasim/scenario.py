@@ -175,18 +175,11 @@ class Scenario(Strict):
             self._kv_capacity_derived = True
         elif deployment is not None:
             _warn_if_beyond_memory(self.kv_capacity_tokens, deployment)
-        for j, system in enumerate(self.systems):  # a fleet's group's or a pool's own tokens
-            cluster = system.cluster
-            prefill = [("cluster.prefill", cluster.prefill)] if cluster is not None \
-                and cluster.disaggregated and cluster.prefill is not None else []
-            for where, group in [*_kv_places(system), *prefill]:
-                if group is None or group.kv_capacity_tokens is None:
-                    continue
-                model, hardware = group.model or self.model, group.hardware or self.hardware
-                if model is not None and hardware is not None:
-                    _warn_if_beyond_memory(group.kv_capacity_tokens,
-                                           Deployment(model=model, hardware=hardware),
-                                           f"systems[{j}].{where}.kv_capacity_tokens")
+        for key, group, model, hardware in self._group_deployments():  # a group's own tokens
+            if group.kv_capacity_tokens is not None and model is not None and hardware is not None:
+                _warn_if_beyond_memory(group.kv_capacity_tokens,
+                                       Deployment(model=model, hardware=hardware),
+                                       f"{key}.kv_capacity_tokens")
 
     def _cost_places(self) -> list[tuple[str, CostConfig, ModelSpec | None, HardwareConfig | None]]:
         """Every cost block with its key and the deployment it prices: the scenario's, a
