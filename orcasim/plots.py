@@ -75,7 +75,11 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
     _checked(requests, (*CDF_METRICS, "arrival_s" if warmup_s > 0 else None), "the requests table",
              empty_ok=True)
     if warmup_s > 0:
+        last_s = float(requests["arrival_s"].max()) if len(requests) else None
         requests = measured_requests(requests, warmup_s)
+        if last_s is not None and requests.empty:  # four empty panels, without a word
+            raise ValueError(f"warmup_s = {warmup_s:g}: no request arrives at or after it (the "
+                             f"last at {last_s:g} s); expected a warm-up before the last arrival")
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (metric, label) in zip(axes.flat, CDF_METRICS.items(), strict=True):

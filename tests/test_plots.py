@@ -385,6 +385,11 @@ def test_the_cdfs_count_the_requests_the_summary_counts() -> None:
     fig = latency_cdfs(reqs, warmup_s=2.0)
     assert fig.axes[0].get_lines()[0].get_xdata().tolist() == [0.1, 0.3]
     assert "after the 2 s warm-up" in fig._suptitle.get_text()
+    # A warm-up past every arrival drew four empty panels without a word (a tester's note).
+    with pytest.raises(ValueError, match=r"^warmup_s = 5: no request arrives at or after it "
+                                         r"\(the last at 3 s\); expected a warm-up before the "
+                                         r"last arrival$"):
+        latency_cdfs(reqs, warmup_s=5.0)
 
 
 def test_plot_refuses_a_damaged_run_folder_and_a_meaningless_slo_on_one_line(
