@@ -65,11 +65,10 @@ def decode_ends(
     """
     t = ends_s[-1] if ends_s else start_s
     if t >= cut_s:
-        if recut_s is None:
+        cut = _cut_beyond(t, recut_s)
+        if cut is None:
             return None
-        cut_s, recut_s = recut_s(), None
-        if t >= cut_s:
-            return None
+        cut_s, recut_s = cut, None
     line = cost.decode_line(size, context_total)
     if line is None:
         durations_s, outside = cost.decode_steps_outside(contexts(), num_steps)
@@ -77,6 +76,15 @@ def decode_ends(
         return outside
     _extend_on_line(ends_s, line, num_steps, t, cut_s, recut_s)
     return None
+
+
+def _cut_beyond(t: float, recut_s: Callable[[], float] | None) -> float | None:
+    """Where ends that reached their bound at `t` step on to: the cut itself (`recut_s()`),
+    or None where there is no cut to ask (the bound was the cut) or it is not after `t`."""
+    if recut_s is None:
+        return None
+    cut_s = recut_s()
+    return cut_s if t < cut_s else None
 
 
 def _extend_by(ends_s: list[float], durations_s: list[float], t: float, cut_s: float,
@@ -91,12 +99,10 @@ def _extend_by(ends_s: list[float], durations_s: list[float], t: float, cut_s: f
                 break
         else:
             return  # every step ran
-        if recut_s is None:
+        cut = _cut_beyond(t, recut_s)  # the bound reached: on to the cut itself
+        if cut is None:
             return
-        cut_s, recut_s = recut_s(), None  # the bound reached: on to the cut itself
-        if t >= cut_s:
-            return
-        first = k + 1
+        cut_s, recut_s, first = cut, None, k + 1
 
 
 def _extend_on_line(ends_s: list[float], line: DecodeLine, num_steps: int, t: float,
@@ -121,12 +127,10 @@ def _extend_on_line(ends_s: list[float], line: DecodeLine, num_steps: int, t: fl
                     break
             else:
                 return
-        if recut_s is None:
+        cut = _cut_beyond(t, recut_s)  # the bound reached: on to the cut itself
+        if cut is None:
             return
-        cut_s, recut_s = recut_s(), None  # the bound reached: on to the cut itself
-        if t >= cut_s:
-            return
-        first = k + 1
+        cut_s, recut_s, first = cut, None, k + 1
 
 
 @dataclass(slots=True)
