@@ -515,6 +515,20 @@ def test_a_latency_in_other_units_is_named_not_skipped(tmp_path: Path, header: s
     assert read_measurements(both)[f"{stem}_s"].tolist() == [0.1]  # the seconds are read
 
 
+@pytest.mark.parametrize(("column", "unit"), [("ttft_sec", "sec"), ("E2E_seconds", "seconds"),
+                                             ("ttft_msec", "msec"), ("tpot_usec", "usec")])
+def test_a_latency_under_a_longer_unit_name_is_named_not_skipped(
+        tmp_path: Path, column: str, unit: str) -> None:
+    """`ttft_sec` or `ttft_msec` beside `e2e_s` went uncompared without a word: only `_ms`,
+    `_us` and `_ns` were caught (a left-alone note of the last session)."""
+    stem = column.lower().rsplit("_", 1)[0]
+    other = "ttft_s" if stem == "e2e" else "e2e_s"
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},{column},{other}\n0,10,3,0.1,0.2\n")
+    with pytest.raises(ScenarioError, match=rf"^run\.csv: column '{column}' is not read: expected "
+                                            rf"{stem}_s, in seconds \(its (only the name differs|{unit} / )"):
+        read_measurements(path)
+
+
 def test_a_tpot_in_other_units_beside_ttft_and_e2e_is_derived_not_refused(tmp_path: Path) -> None:
     """`tpot_ms` beside `ttft_s` and `e2e_s` goes uncompared by nobody: TPOT is derived from
     those (as before the refusal of other units, which refused this log)."""

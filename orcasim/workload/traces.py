@@ -212,7 +212,12 @@ def _check_tpot_definition(tpot_s: np.ndarray, gaps_s: np.ndarray, path: Path) -
 
 # A measured latency under another unit's name: refused where its seconds column is absent,
 # as it would go uncompared (`_refuse_other_units`).
-OTHER_UNITS = {"ms": 1e3, "us": 1e6, "ns": 1e9}
+# Unit suffixes a latency column may carry, and how many of each make a second; seconds
+# under another name are here too, as the column would go unread all the same.
+OTHER_UNITS = {"ms": 1e3, "msec": 1e3, "millis": 1e3, "milliseconds": 1e3,
+               "us": 1e6, "usec": 1e6, "micros": 1e6, "microseconds": 1e6,
+               "ns": 1e9, "nsec": 1e9, "nanos": 1e9, "nanoseconds": 1e9,
+               "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0}
 
 
 def _measured_columns(path: Path) -> pd.DataFrame:
@@ -239,8 +244,10 @@ def _refuse_other_units(header: list[str], path: Path) -> None:
         if stem == "tpot" and derived:
             continue
         if unit in OTHER_UNITS and f"{stem}_s" in MEASURED_COLUMNS and f"{stem}_s" not in header:
+            factor = OTHER_UNITS[unit]
+            how = "only the name differs" if factor == 1.0 else f"{unit} / {factor:,.0f}"
             raise ScenarioError(f"{path.name}: column '{column}' is not read: expected {stem}_s, "
-                                f"in seconds (its {unit} / {OTHER_UNITS[unit]:,.0f})")
+                                f"in seconds (its {how})")
 
 
 def _seconds(rows: pd.DataFrame, column: str, path: Path) -> np.ndarray:
