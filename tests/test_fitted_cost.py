@@ -195,6 +195,31 @@ def test_a_profile_fit_of_another_model_than_the_deployment_warns() -> None:
         built("llama2-70b", 4)
 
 
+def test_a_fit_of_the_same_model_under_another_name_is_silent(tmp_path: Path) -> None:
+    """The check compared bare names: a fit of catalog 'llama3.1-70b' warned on the same
+    model read from its config.json (named 'llama-3.1-70b'), and a fit of 'gpt3-13b' on
+    GPT-3 13B's shape written out (named 'custom'). A catalog name is compared by shape."""
+    from orcasim.cost import Deployment
+    from orcasim.cost.catalog import HardwareConfig, ModelSpec, model_spec
+
+    source = ROOT / "calibrate" / "cost_models" / "gpu-h200-gpt3-13b.yaml"
+
+    def built(fitted_on: str, model: ModelSpec) -> None:
+        fit = tmp_path / f"{fitted_on}.yaml"
+        fit.write_text(source.read_text().replace("model: gpt3-13b", f"model: {fitted_on}"))
+        deployment = Deployment(model=model, hardware=HardwareConfig(gpu="h200"))
+        build_cost_model(FittedCostConfig(kind="fitted", path=str(fit)), deployment)
+
+    shape = model_spec("gpt3-13b").model_dump(exclude={"name", "source"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built("llama3.1-70b", ModelSpec.model_validate(
+            {"hf_config": "hf_configs/llama-3.1-70b/config.json"}))
+        built("gpt3-13b", ModelSpec.model_validate(shape))
+    with pytest.warns(UserWarning, match=r"fitted on model 'gpt3-13b'.* model 'custom'"):
+        built("gpt3-13b", ModelSpec.model_validate({**shape, "num_layers": 80}))
+
+
 def test_calibrated_scenario_runs() -> None:
     import orcasim
 

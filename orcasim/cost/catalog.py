@@ -495,6 +495,22 @@ def model_spec(name: str) -> ModelSpec:
     return ModelSpec.model_validate(_resolve("models", name))
 
 
+# What names a model and says where it comes from, not what it computes.
+_NOT_SHAPE = {"name", "source", "notes"}
+
+
+def is_model(name: str, model: ModelSpec) -> bool:
+    """Whether `name` (a fit's or a profile's model: 'facebook/opt-13b', a catalog name) is
+    `model`: the same name without its organisation, or a catalog model of the same shape
+    (the same model read from its config.json, or written out, goes by another name)."""
+    bare = name.rsplit("/", 1)[-1].strip().lower()
+    if bare == model.name.rsplit("/", 1)[-1].strip().lower():
+        return True
+    if bare not in _catalog("models"):
+        return False
+    return model_spec(bare).model_dump(exclude=_NOT_SHAPE) == model.model_dump(exclude=_NOT_SHAPE)
+
+
 def gpu_spec(name: str) -> GpuSpec:
     return GpuSpec.model_validate(_resolve("gpus", name))
 

@@ -37,6 +37,7 @@ from orcasim.cost.base import (
     check_durations,
     counted_decode_steps_s,
 )
+from orcasim.cost.catalog import is_model
 from orcasim.cost.overhead import CostConfigBase, OverheadConfig
 from orcasim.paths import DataPath, read_once, read_problem, resolve_data_path
 
@@ -252,7 +253,7 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
     provenance = doc.get("provenance")
     fitted_on = provenance.get("model") if isinstance(provenance, dict) else None
     if deployment is not None and isinstance(fitted_on, str) \
-            and _bare_name(fitted_on) != _bare_name(deployment.model.name):
+            and not is_model(fitted_on, deployment.model):
         # The fit prices its own model's iterations; the scenario's sets the KV capacity.
         warnings.warn(f"cost.path = {cfg.path!r}: {path.name} was fitted on model {fitted_on!r} "
                       f"(its provenance), but the deployment runs model "
@@ -261,19 +262,13 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
     return FittedCost(doc, path.name)
 
 
-def _bare_name(name: str) -> str:
-    """A model's name without its organisation: 'facebook/opt-13b' is the catalog's 'opt-13b'."""
-    return name.rsplit("/", 1)[-1].strip().lower()
-
-
 def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any) -> None:
     """A DistServe profile times its own model at its own TP degree, whatever the scenario's
     model and hardware say (which set the KV capacity): on another deployment, say so. A
     TP sweep of a DistServe scenario read the TP 1 profile's times at every degree, silently
     (a tester's finding). A warning, not an error: a profile may stand in on purpose."""
-    bare = _bare_name
     model, tp = deployment.model.name, deployment.hardware.tensor_parallel
-    if cfg.model is not None and bare(cfg.model) != bare(model):
+    if cfg.model is not None and not is_model(cfg.model, deployment.model):
         warnings.warn(f"cost.model = {cfg.model!r}: the DistServe profile prices that model's "
                       f"iterations, but the deployment runs model {model!r} (its KV capacity "
                       "and any transfer are that model's)", UserWarning, stacklevel=2)
