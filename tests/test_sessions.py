@@ -27,7 +27,7 @@ from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.session_metrics import session_columns, sessions_frame, sessions_summary
 from orcasim.sessions import SessionSource, session_table
 from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
-from orcasim.workload.lengths import ConstantLength, UniformLength
+from orcasim.workload.lengths import ConstantLength, EmpiricalLength, UniformLength
 from orcasim.workload.sessions import AgentArrival, FanOut, SystemPrompt, draw_plan
 from tests.conftest import BASE, examples
 from tests.test_fast_engine import KINDS, _scheduler, assert_same_run, cost_model, costs
@@ -228,6 +228,25 @@ def test_a_step_whose_calls_were_all_turned_away_is_left_out_of_step_latency() -
     # Task time still splits into server and tool time, the turned-away steps included.
     np.testing.assert_allclose(sessions["task_time_s"], sessions["server_s"] + sessions["tool_s"],
                                rtol=EXACT_RTOL)
+
+
+@pytest.mark.parametrize("branches", [1, 3])
+def test_a_message_and_its_answer_from_one_file_keep_their_row(tmp_path, branches: int) -> None:
+    """A step's message and answer lengths from two columns of one file were drawn apart,
+    where a workload's prompt and output are drawn as rows (a left-alone note of the last
+    session). Each row here has answer = 1000 + message; a fan-out's first answer is the
+    message's row, the others rows of their own."""
+    f = tmp_path / "turns.csv"
+    f.write_text("message,answer\n" + "".join(f"{m},{1000 + m}\n" for m in range(1, 200)))
+    plan = draw_plan(agents(
+        num_sessions=20, steps=const(4), max_context_tokens=100_000,
+        fan_out=FanOut(branches=branches, wait_for=1),
+        observation_tokens=EmpiricalLength(kind="empirical", path=str(f), column="message"),
+        output_tokens=EmpiricalLength(kind="empirical", path=str(f), column="answer")).shape(),
+        200_000, np.random.default_rng(5))
+    assert (plan.output_tokens[:, 0] == plan.message_tokens + 1000).all()
+    if branches > 1:  # the others are drawn, not copies of the first
+        assert (plan.output_tokens[:, 1:] != plan.output_tokens[:, :1]).mean() > 0.9
 
 
 def test_sessions_start_at_a_fixed_concurrency() -> None:

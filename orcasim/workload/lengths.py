@@ -140,17 +140,20 @@ class EmpiricalLength(Strict):
 
 
 def sample_prompt_and_output(prompt: LengthDist, output: LengthDist, rng: np.random.Generator,
-                             n: int) -> tuple[np.ndarray, np.ndarray]:
-    """`n` prompt and output lengths. Two columns of one file are drawn as rows, as the
-    conversations it measured paired them (drawn apart, ShareGPT's prompt and answer lengths
-    lost their pairing; a tester's finding); the prompts are the draws `prompt.sample` makes.
-    One file however spelled ('d/../f.csv', a link); one column for both is no pair, drawn apart."""
+                             n: int, answers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """`n` prompt lengths and `n * answers` output lengths, prompt i's answers at
+    `i * answers` on (a fan-out answers one message `answers` times). Two columns of one file
+    are drawn as rows, as the conversations it measured paired them (drawn apart, ShareGPT's
+    prompt and answer lengths lost their pairing; a tester's finding): each prompt's first
+    answer is its row's, the others rows of their own. With one answer the prompts are the
+    draws `prompt.sample` makes. One file however spelled ('d/../f.csv', a link); one column
+    for both is no pair, drawn apart."""
     if isinstance(prompt, EmpiricalLength) and isinstance(output, EmpiricalLength) \
             and prompt.column != output.column \
             and resolve_data_path(prompt.path).resolve() == resolve_data_path(output.path).resolve():
-        rows = prompt.sample_rows(rng, n)
-        return prompt.values()[rows], output.values()[rows]
-    return prompt.sample(rng, n), output.sample(rng, n)
+        rows = prompt.sample_rows(rng, n * answers)
+        return prompt.values()[rows[::answers]], output.values()[rows]
+    return prompt.sample(rng, n), output.sample(rng, n * answers)
 
 
 LengthDist = Annotated[

@@ -29,7 +29,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
 from orcasim.workload.closed_loop import ThinkTime
-from orcasim.workload.lengths import LengthDist, TokenCount
+from orcasim.workload.lengths import LengthDist, TokenCount, sample_prompt_and_output
 
 
 class SystemPrompt(Strict):
@@ -204,8 +204,9 @@ def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) ->
     step_start = np.concatenate([[0], np.cumsum(steps)]).astype(np.int64)
     total = int(step_start[-1])
     _check_calls(total * branches, "make")
-    message_tokens = shape.message_tokens.sample(rng, total)
-    output_tokens = shape.output_tokens.sample(rng, total * branches).reshape(total, branches)
+    message_tokens, answers = sample_prompt_and_output(shape.message_tokens, shape.output_tokens,
+                                                       rng, total, branches)
+    output_tokens = answers.reshape(total, branches)
     pause_s = shape.pause.sample(rng, total)
     pause_s[step_start[1:] - 1] = 0.0  # nothing follows a session's last step
     system_ids, system_tokens, next_id = _system_prompts(shape.system_prompt, num, rng)
