@@ -81,10 +81,9 @@ def _own_copy(read: tuple[Trace, PromptContent | None]) -> tuple[Trace, PromptCo
     return (arrival_s.copy(), prompt.copy(), output.copy()), copied
 
 
-def _read_trace_with_content(
-    resolved: Path, fmt: str, max_requests: int | None
-) -> tuple[Trace, PromptContent | None]:
-    fmt = _detect_format(resolved) if fmt == "auto" else fmt
+def _first_to_arrive(resolved: Path, fmt: str,
+                     max_requests: int | None) -> tuple[pd.DataFrame, np.ndarray, int]:
+    """`_read_rows`, capped to the first `max_requests` to arrive, in the file's order."""
     rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
     if max_requests is not None and len(arrival_s) == max_requests and np.any(np.diff(arrival_s) < 0):
         # Not in arrival order (a log written as requests finished): the first requests to
@@ -93,6 +92,14 @@ def _read_trace_with_content(
         rows, arrival_s, offset = _read_rows(resolved, fmt, None)
         first = np.sort(np.argsort(arrival_s, kind="stable")[:max_requests])
         rows, arrival_s = rows.iloc[first], arrival_s[first]
+    return rows, arrival_s, offset
+
+
+def _read_trace_with_content(
+    resolved: Path, fmt: str, max_requests: int | None
+) -> tuple[Trace, PromptContent | None]:
+    fmt = _detect_format(resolved) if fmt == "auto" else fmt
+    rows, arrival_s, offset = _first_to_arrive(resolved, fmt, max_requests)
     prompt_column, output_column = LENGTH_COLUMNS[fmt]
     prompt = _token_counts(rows, prompt_column, resolved, offset)
     output = _token_counts(rows, output_column, resolved, offset)
@@ -580,14 +587,7 @@ def where_in_trace(path: str, fmt: str, max_requests: int | None, request: int) 
     for a JSON file of lists."""
     resolved = resolve_data_path(path)
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
-    rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
-    if max_requests is not None and len(arrival_s) == max_requests and np.any(np.diff(arrival_s) < 0):
-        # Not in arrival order (a log written as requests finished): the first requests to
-        # arrive may lie further down, and the first lines would be the quickest ones (a
-        # tester's note). Read it whole and keep the first to arrive, in the file's order.
-        rows, arrival_s, offset = _read_rows(resolved, fmt, None)
-        first = np.sort(np.argsort(arrival_s, kind="stable")[:max_requests])
-        rows, arrival_s = rows.iloc[first], arrival_s[first]
+    rows, arrival_s, offset = _first_to_arrive(resolved, fmt, max_requests)
     row = int(np.argsort(arrival_s, kind="stable")[request])
     if offset == JSON_LISTS:
         return f"{resolved.name} request {rows.index[row]}"
