@@ -125,6 +125,28 @@ def test_aiconfigurator_attention_tables() -> None:
     assert cost.out_of_range_count() == 0
 
 
+def test_tables_measured_on_another_gpu_warn() -> None:
+    """Vidur's A100 tables priced an H100 deployment's iterations as the A100's, with
+    nothing said (a left-alone note): the GPU a table's folder names is the deployment's
+    GPU family, or a warning names the key. The A100-40GB is the tables' A100 family."""
+    def built(gpu: str, **tables: str) -> None:
+        dep = Deployment(model=model_spec("llama2-70b"),
+                         hardware=HardwareConfig(gpu=gpu, tensor_parallel=2))
+        ProfileCost(ProfileCostConfig(kind="profile", mlp_csv=MLP_70B_A100, **tables), dep)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built("a100-80gb", attention_csv=ATTENTION_70B_TP2, all_reduce_csv=ALL_REDUCE_A100)
+        built("a100-40gb")
+    with pytest.warns(UserWarning, match=r"^cost\.mlp_csv = '.*/a100/.*': measured on an a100 "
+                                         r"\(its folder a100\), but the deployment runs on "
+                                         r"h100-80gb; its times are the a100's"):
+        built("h100-80gb")
+    with pytest.warns(UserWarning, match=r"^cost\.all_reduce_csv = .*: measured on an h100 "
+                                         r"\(its folder h100_dgx\)"):
+        built("a100-80gb", all_reduce_csv=f"{VIDUR}/network/h100_dgx/all_reduce.csv")
+
+
 def test_a_table_of_another_model_is_refused() -> None:
     dep = Deployment(model=model_spec("llama2-7b"), hardware=HardwareConfig(gpu="a100-80gb"))
     with pytest.raises(ScenarioError, match="n_embd"):

@@ -17,7 +17,9 @@ and counts the iteration in `out_of_range_count()`: it never extrapolates silent
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
+from pathlib import PurePath
 from typing import Literal
 
 import numpy as np
@@ -25,7 +27,7 @@ from pydantic import model_validator
 
 from orcasim.config import ScenarioError, errors_under
 from orcasim.cost.base import Batch, CostModel, OutsideSteps, StageEnds, counted_decode_steps_s
-from orcasim.cost.catalog import Deployment, ModelSpec
+from orcasim.cost.catalog import Deployment, ModelSpec, known_names
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
 from orcasim.cost.overhead import CostConfigBase
@@ -61,6 +63,33 @@ class ProfileCostConfig(CostConfigBase):
         return self
 
 
+TABLE_KEYS = ("mlp_csv", "attention_csv", "aiconfigurator_dir", "all_reduce_csv", "send_recv_csv")
+
+
+def gpu_family(name: str) -> str:
+    """'a100-80gb' -> 'a100'; 'a100_sxm' and 'a100_dgx' (the vendored tables' folders) too."""
+    return re.split(r"[-_]", name.lower(), maxsplit=1)[0]
+
+
+def _warn_if_measured_elsewhere(cfg: ProfileCostConfig, gpu: str) -> None:
+    """A table times the GPU it was measured on, whatever the scenario's hardware says: Vidur's
+    A100 tables priced an H100 deployment as an A100 without a word (a left-alone note). The
+    GPU is read from a folder of the table's path named for a catalog GPU's family (Vidur's
+    compute/a100/, network/a100_dgx/; aiconfigurator's a100_sxm/); a custom GPU is not checked."""
+    families = {gpu_family(name) for name in known_names("gpus")}
+    if gpu_family(gpu) not in families:
+        return
+    for key in TABLE_KEYS:
+        path = getattr(cfg, key)
+        folders = [part for part in PurePath(str(path)).parts if gpu_family(part) in families] \
+            if path else []
+        if folders and gpu_family(folders[-1]) != gpu_family(gpu):
+            measured = gpu_family(folders[-1])
+            warnings.warn(f"cost.{key} = {str(path)!r}: measured on an {measured} (its folder "
+                          f"{folders[-1]}), but the deployment runs on {gpu}; its times are the "
+                          f"{measured}'s", UserWarning, stacklevel=2)
+
+
 def _check_profiled_shape(model: ModelSpec) -> None:
     """The vendored tables time dense bf16/fp16 layers with multi-head or grouped attention."""
     unprofiled = [what for what, present in (
@@ -82,6 +111,7 @@ class ProfileCost(CostModel):
         self.cfg = cfg
         self.model, hw = deployment.model, deployment.hardware
         _check_profiled_shape(self.model)
+        _warn_if_measured_elsewhere(cfg, hw.gpu.name)
         self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
         self.roofline = Roofline(cfg.roofline, deployment)
         with _naming("mlp_csv"):
