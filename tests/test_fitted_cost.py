@@ -220,6 +220,19 @@ def test_a_fit_of_the_same_model_under_another_name_is_silent(tmp_path: Path) ->
         built("gpt3-13b", ModelSpec.model_validate({**shape, "num_layers": 80}))
 
 
+def test_a_fit_of_some_layers_says_so_when_loaded(tmp_path: Path) -> None:
+    """A fit of the profiled layers' own times (`calibrate fit --target measured_s` on a
+    4-of-40-layer profile) said so at fit time alone: loaded by a scenario later, it priced
+    the whole model 10 times cheap without a word (a left-alone note)."""
+    source = ROOT / "calibrate" / "cost_models" / "gpu-h200-gpt3-13b.yaml"
+    fit = tmp_path / "measured.yaml"
+    fit.write_text(source.read_text().replace(
+        "  model: gpt3-13b\n", "  model: gpt3-13b\n  fitted_layers: 4 of 40 (measured_s)\n"))
+    with pytest.warns(UserWarning, match=r"measured\.yaml was fitted on the time of 4 of 40 "
+                                         r"\(measured_s\): it prices those layers, not the whole"):
+        build_cost_model(FittedCostConfig(kind="fitted", path=str(fit)))
+
+
 def test_calibrated_scenario_runs() -> None:
     import orcasim
 

@@ -252,6 +252,12 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
         return build_cost_model(inner, deployment)
     provenance = doc.get("provenance")
     fitted_on = provenance.get("model") if isinstance(provenance, dict) else None
+    partial = provenance.get("fitted_layers") if isinstance(provenance, dict) else None
+    if partial is not None:  # `calibrate fit --target` of a profile of some layers
+        warnings.warn(f"cost.path = {cfg.path!r}: {path.name} was fitted on the time of {partial}: "
+                      "it prices those layers, not the whole model (as a calibrate replay with "
+                      "--layers runs them; fit --target time_s for the whole model)",
+                      UserWarning, stacklevel=2)
     if deployment is not None and isinstance(fitted_on, str) \
             and not is_model(fitted_on, deployment.model):
         # The fit prices its own model's iterations; the scenario's sets the KV capacity.
