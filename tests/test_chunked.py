@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from kv_driver import (
     assert_paged_end_state,
@@ -13,6 +15,7 @@ from kv_driver import (
 from test_paged import paged_cases
 
 from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
+from orcasim.schedulers.paged import PagedConfig, PagedScheduler
 from tests.conftest import examples
 
 EXAMPLES = 120
@@ -63,3 +66,116 @@ def test_chunked_invariants_hold_and_every_request_completes(case):
     trace = drive(sched, reqs, _check_decodes_first)
     assert_paged_end_state(sched, reqs, trace)
     assert all(int(p.num_new_tokens.sum()) <= cfg["chunk_size_tokens"] for p in trace.plans)
+
+
+
+class _VllmV1:
+    """vLLM v1's `Scheduler.schedule` written out on its own (FCFS, recompute preemption, no
+    prefix cache, no watermark), to compare plans with: running requests first, each taking
+    min(its known tokens left, budget) and preempting the newest running request (maybe
+    itself) while its blocks do not fit; then, if nobody was preempted, the preempted
+    requests (oldest first) and the waiting ones while `max_num_seqs`, the budget and the
+    free blocks allow. Without chunking a request takes all its tokens or waits."""
+
+    def __init__(self, reqs, num_blocks: int, block: int, budget: int, max_seqs: int,
+                 chunked: bool) -> None:
+        self.reqs, self.num_blocks, self.block = reqs, num_blocks, block
+        self.budget, self.max_seqs, self.chunked, self.free = budget, max_seqs, chunked, num_blocks
+        n = len(reqs)
+        self.computed, self.generated, self.blocks = [0] * n, [0] * n, [0] * n
+        self.preempted: list[int] = []
+        self.waiting: list[int] = []
+        self.running: list[int] = []
+
+    def add(self, req: int) -> None:
+        peak = int(self.reqs.prompt_tokens[req] + self.reqs.output_tokens[req] - 1)
+        if -(-peak // self.block) <= self.num_blocks:  # else turned away, as orcasim does
+            self.waiting.append(req)
+
+    def _take(self, req: int, budget: int) -> int:
+        """Tokens `req` computes now: a chunk, or without chunking all or none."""
+        left = int(self.reqs.prompt_tokens[req]) + self.generated[req] - self.computed[req]
+        return min(left, budget) if self.chunked or left <= budget else 0
+
+    def schedule(self) -> dict[int, int]:
+        plan: dict[int, int] = {}
+        budget, i, preempted_now = self.budget, 0, False
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = self._take(req, budget)
+            need = -(-(self.computed[req] + num_new) // self.block) - self.blocks[req]
+            while need > self.free and req in self.running:
+                victim = self.running.pop()
+                self.free += self.blocks[victim]
+                self.blocks[victim] = self.computed[victim] = 0
+                self.preempted = sorted([*self.preempted, victim])
+                preempted_now = True
+            if req not in self.running or num_new == 0:
+                break
+            self.free -= need
+            self.blocks[req] += need
+            plan[req], budget, i = num_new, budget - num_new, i + 1
+        if preempted_now:
+            return plan
+        while budget > 0 and len(self.running) < self.max_seqs:
+            queue = self.preempted or self.waiting
+            if not queue:
+                break
+            req = queue[0]
+            num_new = self._take(req, budget)
+            need = -(-num_new // self.block)
+            if num_new == 0 or need > self.free:
+                break
+            queue.pop(0)
+            self.running.append(req)
+            self.free -= need
+            self.blocks[req] = need
+            plan[req], budget = num_new, budget - num_new
+        return plan
+
+    def update(self, plan: dict[int, int]) -> None:
+        for req, num_new in plan.items():
+            self.computed[req] += num_new
+            if self.computed[req] == int(self.reqs.prompt_tokens[req]) + self.generated[req]:
+                self.generated[req] += 1
+                if self.generated[req] == int(self.reqs.output_tokens[req]):
+                    self.free += self.blocks[req]
+                    self.blocks[req] = 0
+                    self.running.remove(req)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_plans_equal_an_independent_model_of_vllm_v1s_schedule(chunked: bool) -> None:
+    """Random small cases (tight KV, budgets and max_num_seqs, so that requests chunk, wait
+    and are preempted), stepped side by side: every plan is the model's, token for token."""
+    for seed in range(examples(150)):
+        rng = np.random.default_rng(seed)
+        n, block = int(rng.integers(1, 12)), int(rng.choice([1, 2, 4, 16]))
+        prompts, outputs = rng.integers(1, 60, n).tolist(), rng.integers(1, 20, n).tolist()
+        arrivals = np.sort(rng.integers(0, 15, n)).astype(float).tolist()
+        reqs = make_requests(prompts, outputs, arrivals)
+        num_blocks, max_seqs = int(rng.integers(1, 40)), int(rng.integers(1, 8))
+        budget = int(rng.integers(1, 64))
+        if chunked:
+            sched = _chunked(reqs, num_blocks * block, chunk_size_tokens=budget,
+                             block_size_tokens=block, max_num_seqs=max_seqs)
+        else:
+            budget = max(budget, max_seqs, max(p + o - 1 for p, o in zip(prompts, outputs, strict=True)))
+            cfg = PagedConfig(kind="paged", max_num_batched_tokens=budget, block_size_tokens=block,
+                              max_num_seqs=max_seqs, watermark=0.0)
+            sched = PagedScheduler(cfg, reqs, num_blocks * block)
+        model = _VllmV1(reqs, num_blocks, block, budget, max_seqs, chunked)
+        added, step = 0, 0
+        while added < n or sched.has_unfinished():
+            while added < n and arrivals[added] <= step:
+                sched.add_request(added)
+                model.add(added)
+                added += 1
+            out = sched.schedule(float(step))
+            plan = dict(zip(out.req_ids.tolist(), out.num_new_tokens.tolist(), strict=True))
+            assert plan == model.schedule(), (seed, step)
+            if not out.is_empty:
+                sched.update_from_output(out)
+            model.update(plan)
+            step += 1
+        assert not (model.running or model.waiting or model.preempted), seed
