@@ -370,7 +370,7 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
     system_cfg = next(s for s in replay.systems if s.name == system)
     with data_dir(base_dir), warnings.catch_warnings(), errors_under(f"log {log.path}: "):
         warnings.simplefilter("ignore")
-        cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment())
+        cost = build_cost_model(replay.system_cost(system_cfg), replay.deployment(), replay.hardware)
         assert isinstance(cost, OverheadCost), "with_cost gives a calibrated cost an overhead"
         recording = RecordingCost(cost)
         result = run_system(replay, system_cfg, make_requests(replay), cost=recording)

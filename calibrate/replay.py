@@ -204,7 +204,7 @@ def capacity_rps(scenario: Scenario, system: SystemConfig, requests: Requests) -
     burst = Requests(np.zeros(len(requests)), requests.prompt_tokens, requests.output_tokens,
                      requests.max_tokens)
     scheduler = scheduler_for(scenario, system, burst)
-    run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system), scenario.deployment())).run()
+    run = Engine(burst, scheduler, build_cost_model(scenario.system_cost(system), scenario.deployment(), scenario.hardware)).run()
     return len(requests) / run.end_s
 
 
@@ -291,7 +291,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
                        for k, v in metrics_of(calibrated.requests, calibrated.iterations).items()}
     table["sim_calibrated_vs_real_2"] = pd.Series(calibrated_vs_2)
     with data_dir(base_dir):
-        cost = build_cost_model(one.system_cost(system), one.deployment())
+        cost = build_cost_model(one.system_cost(system), one.deployment(), one.hardware)
     offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
     report = {
         "scenario": scenario.name, "system": system.name, "requests": len(requests),

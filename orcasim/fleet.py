@@ -86,7 +86,7 @@ def cost_models(specs: Sequence[ReplicaSpec], built: dict[int, CostModel]) -> li
     alone: two groups may differ only in their model."""
     for spec in specs:
         if id(spec) not in built:
-            built[id(spec)] = build_cost_model(spec.cost, spec.deployment())
+            built[id(spec)] = build_cost_model(spec.cost, spec.deployment(), spec.hardware)
     return [built[id(spec)] for spec in specs]
 
 

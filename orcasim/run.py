@@ -125,7 +125,7 @@ def check_system(scenario: Scenario, system: SystemConfig, requests: Requests) -
     elif system.cluster is not None:
         build_fleet(scenario, system, engine_requests)
     else:
-        build_cost_model(cost_cfg, scenario.deployment())
+        build_cost_model(cost_cfg, scenario.deployment(), scenario.hardware)
 
 
 def run_system(
@@ -141,7 +141,7 @@ def run_system(
         return run_disaggregated(scenario, system, requests, engine_requests)
     if system.cluster is not None:
         return run_cluster(scenario, system, requests, engine_requests)
-    cost = cost or build_cost_model(cost_cfg, scenario.deployment())
+    cost = cost or build_cost_model(cost_cfg, scenario.deployment(), scenario.hardware)
     # Orca's pipelining (several batches in flight) needs its own loop; see orcasim.pipeline.
     engine = pipeline_engine(scenario, system, engine_requests, cost) or Engine(
         engine_requests, scheduler_for(scenario, system, engine_requests), cost,

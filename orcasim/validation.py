@@ -53,7 +53,7 @@ def at_tensor_parallel(scenario: Scenario, tp: int, gpu: str | None = None) -> C
     # The dump carries the scenario's KV capacity (derived at its own degree, if it was):
     # the move derives none, so a degree whose weights leave no room for KV still prices.
     moved = scenario_from_dict(data, f"{scenario.name} at TP {tp}")
-    return build_cost_model(moved.cost, moved.deployment())
+    return build_cost_model(moved.cost, moved.deployment(), moved.hardware)
 
 
 def iteration_table(scenario: Scenario, measured: pd.DataFrame, gpu: str | None = None

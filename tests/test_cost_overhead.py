@@ -61,6 +61,26 @@ def test_the_tensor_parallel_round_trip_applies_only_beyond_one_gpu() -> None:
         assert cost.iteration_time_s(batch) == plain.iteration_time_s(batch) + extra_s
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["engine", "fleet"])
+def test_the_tensor_parallel_round_trip_reads_the_hardware_without_a_model(cluster: bool) -> None:
+    """A linear cost beside `hardware: {tensor_parallel: 4}` and no model: one iteration of
+    a lone request costs base 0.010 + 0.81 ms + 0.042 ms + the 7 ms round trip (Vidur's
+    defaults). The round trip was dropped (0.010852 s), read as one GPU for want of a model."""
+    system = {"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}
+    if cluster:
+        system["cluster"] = {"replicas": 1}
+    sc = scenario_from_dict({
+        "name": "tp-no-model", "hardware": {"gpu": "a100-80gb", "tensor_parallel": 4},
+        "workload": {"num_requests": 1, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                     "prompt_tokens": {"kind": "constant", "value": 8},
+                     "output_tokens": {"kind": "constant", "value": 1}, "max_tokens": 64},
+        "kv_capacity_tokens": 1_000, "systems": [system],
+        "cost": {"kind": "linear", "base_s": 0.010, "overhead": {}},
+    })
+    req = run_scenario(sc).systems["orca"].requests.iloc[0]
+    assert req["e2e_s"] == pytest.approx(0.010 + 0.81e-3 + 0.042e-3 + 7e-3, rel=1e-12)
+
+
 @pytest.mark.parametrize("cfg", [LinearCostConfig(**LINEAR), RooflineCostConfig(kind="roofline")],
                          ids=["linear", "roofline"])
 def test_zero_overhead_changes_no_bit(cfg) -> None:

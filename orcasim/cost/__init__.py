@@ -8,7 +8,7 @@ from pydantic import Field
 
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
-from orcasim.cost.catalog import Deployment, stage_layers
+from orcasim.cost.catalog import Deployment, HardwareConfig, stage_layers
 from orcasim.cost.fitted import FittedCostConfig, build_fitted_cost
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.overhead import OverheadConfig, OverheadCost
@@ -22,16 +22,23 @@ CostConfig = Annotated[
 ]
 
 
-def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> CostModel:
-    """The cost kind's model, with the engine's overhead on top when the config has one."""
-    gpu = _gpu_cost_model(cfg, deployment)
+def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None,
+                     hardware: HardwareConfig | None = None) -> CostModel:
+    """The cost kind's model, with the engine's overhead on top when the config has one.
+    `hardware`: the scenario's where it gives no model (else the deployment's), whose
+    parallel degrees the overhead's multi-process term reads."""
+    gpu = _gpu_cost_model(cfg, deployment, hardware)
     if cfg.overhead is None:
         return gpu
     # The overhead checks the floored GPU time (`OverheadCost.gpu_part_s`): the model it
     # wraps, built here for it alone, gives up its own check.
     checked, gpu.checked_source = gpu.checked_source, None
     if deployment is None:
-        return OverheadCost(gpu, cfg.overhead, None, 1, checked_source=checked)
+        # No layers to launch without a model, but TP x DP processes all the same: read as
+        # one GPU, a linear cost beside tensor_parallel 4 lost the 7 ms round trip.
+        tp, dp = (1, 1) if hardware is None else (hardware.tensor_parallel,
+                                                  hardware.data_parallel_attention)
+        return OverheadCost(gpu, cfg.overhead, None, tp, dp, checked_source=checked)
     hw = deployment.hardware
     # An iteration's time spans every stage (one batch passes them in turn, each stage's
     # host launching its own layers), so its floor is every layer's launch: the sum of the
@@ -41,7 +48,8 @@ def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None) -> C
                         stage_layers=stage_layers(deployment.model, hw.pipeline_parallel))
 
 
-def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel:
+def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None,
+                    hardware: HardwareConfig | None) -> CostModel:
     """Explicit factory: one line per cost kind. Hardware-aware kinds need the deployment."""
     match cfg:
         case LinearCostConfig():
@@ -51,7 +59,7 @@ def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None) -> CostModel
         case ProfileCostConfig():
             return ProfileCost(cfg, _required(deployment, cfg.kind))
         case FittedCostConfig():
-            return build_fitted_cost(cfg, deployment)
+            return build_fitted_cost(cfg, deployment, hardware)
     raise AssertionError(f"unhandled cost config {cfg!r}")
 
 

@@ -225,9 +225,10 @@ def read_fitted_yaml(path: Path) -> dict[str, Any]:
     return doc
 
 
-def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostModel:
+def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None, hardware: Any = None) -> CostModel:
     """Load a fitter YAML, a cost calibrated from serving logs (`python -m calibrate logs`),
-    or a DistServe JSON profile (which needs `model` and `tensor_parallel`)."""
+    or a DistServe JSON profile (which needs `model` and `tensor_parallel`). `hardware`:
+    as `build_cost_model`'s, for a calibrated file's overhead."""
     try:
         path = resolve_data_path(cfg.path)
     except FileNotFoundError as e:
@@ -249,7 +250,7 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None) -> CostMode
 
         inner = _calibrated_config(doc, path)
         _one_overhead(cfg, inner)  # refuses an overhead given twice
-        return build_cost_model(inner, deployment)
+        return build_cost_model(inner, deployment, hardware)
     provenance = doc.get("provenance")
     fitted_on = provenance.get("model") if isinstance(provenance, dict) else None
     partial = provenance.get("fitted_layers") if isinstance(provenance, dict) else None
