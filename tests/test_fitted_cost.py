@@ -173,6 +173,20 @@ def test_a_distserve_profile_of_another_model_or_degree_than_the_deployment_warn
         built("opt-66b", 1)
 
 
+
+def test_a_distserve_profile_at_another_degree_than_hardware_without_a_model_warns() -> None:
+    """The same TP mismatch where the scenario gives hardware and no model (a KV capacity of
+    its own): hardware.tensor_parallel = 4 priced at the TP 1 profile's times unsaid."""
+    from orcasim.cost.catalog import HardwareConfig
+
+    cfg = FittedCostConfig(kind="fitted", path=DISTSERVE, model="opt-13b", tensor_parallel=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_cost_model(cfg, None, HardwareConfig(gpu="a100-80gb", tensor_parallel=1))
+    with pytest.warns(UserWarning, match=r"cost\.tensor_parallel = 1: .* hardware\.tensor_parallel = 4"):
+        build_cost_model(cfg, None, HardwareConfig(gpu="a100-80gb", tensor_parallel=4))
+
+
 def test_a_profile_fit_of_another_model_than_the_deployment_warns() -> None:
     """A fit from `python -m calibrate fit` names the model it was profiled on
     (provenance.model): the committed H200 fit of GPT-3 13B priced a Llama-2-70B

@@ -237,8 +237,7 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None, hardware: A
         from orcasim.cost.distserve import DistServeCost
 
         cost = DistServeCost.load(path, cfg.model, cfg.tensor_parallel)
-        if deployment is not None:
-            _warn_if_profiled_elsewhere(cfg, deployment)
+        _warn_if_profiled_elsewhere(cfg, deployment, hardware)
         return cost
     if cfg.model is not None or cfg.tensor_parallel is not None:
         raise ScenarioError(
@@ -269,20 +268,25 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None, hardware: A
     return FittedCost(doc, path.name)
 
 
-def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any) -> None:
+def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any, hardware: Any) -> None:
     """A DistServe profile times its own model at its own TP degree, whatever the scenario's
     model and hardware say (which set the KV capacity): on another deployment, say so. A
     TP sweep of a DistServe scenario read the TP 1 profile's times at every degree, silently
-    (a tester's finding). A warning, not an error: a profile may stand in on purpose."""
-    model, tp = deployment.model.name, deployment.hardware.tensor_parallel
-    if cfg.model is not None and not is_model(cfg.model, deployment.model):
+    (a tester's finding); the hardware alone, without a model, is checked for its degree.
+    A warning, not an error: a profile may stand in on purpose."""
+    hw = deployment.hardware if deployment is not None else hardware
+    if hw is None:
+        return
+    model, tp = (None if deployment is None else deployment.model.name), hw.tensor_parallel
+    if cfg.model is not None and deployment is not None and not is_model(cfg.model, deployment.model):
         warnings.warn(f"cost.model = {cfg.model!r}: the DistServe profile prices that model's "
                       f"iterations, but the deployment runs model {model!r} (its KV capacity "
                       "and any transfer are that model's)", UserWarning, stacklevel=2)
     if cfg.tensor_parallel is not None and cfg.tensor_parallel != tp:
+        derived = " (its KV capacity is that degree's)" if model is not None else ""
         warnings.warn(f"cost.tensor_parallel = {cfg.tensor_parallel}: the DistServe profile "
                       f"prices iterations at that degree, but the deployment's "
-                      f"hardware.tensor_parallel = {tp} (its KV capacity is that degree's); "
+                      f"hardware.tensor_parallel = {tp}{derived}; "
                       "expected the same degree", UserWarning, stacklevel=2)
 
 
