@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orcasim.closed_loop import arrival_source
+from orcasim.config import ScenarioError
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.memory import PagedAllocator
@@ -202,6 +203,28 @@ def test_prefix_caching_needs_vllm_v1s_rules() -> None:
     with pytest.raises(ValueError, match="applies only to policy: mixed"):
         PagedConfig(kind="paged", enable_prefix_caching=True, policy="prefill_first")
 
+
+
+def test_prefix_caching_over_data_parallel_attention_groups_is_refused(tmp_path: Path) -> None:
+    """Each data-parallel attention group's engine keeps its own prefix cache; one
+    scheduler over the groups' pooled KV shared it: two requests 1 ms apart with a
+    2,000-token system prompt, on Mixtral over two groups, read the second's 2,000 tokens
+    as cached (hit rate 0.48), where vLLM's balancer sends it to the idle group, whose
+    cache is empty. Refused, naming both keys, at `validate` as at `run`."""
+    f = tmp_path / "dp.yaml"
+    f.write_text(
+        "name: dp\nseed: 0\nworkload:\n  num_requests: 2\n  arrival: {kind: poisson, rate_per_s: 1000}\n"
+        "  prompt_tokens: {kind: constant, value: 100}\n  output_tokens: {kind: constant, value: 16}\n"
+        "  system_prompt: {tokens: 2000}\n  max_tokens: 4096\nmodel: mixtral-8x7b\n"
+        "hardware: {gpu: h100-80gb, data_parallel_attention: 2, expert_parallel: 2}\n"
+        "cost: {kind: roofline}\n"
+        "systems: [{name: s, scheduler: {kind: chunked, chunk_size_tokens: 8192, "
+        "enable_prefix_caching: true}}]\n")
+    with pytest.raises(ScenarioError, match=r"^systems\[0\]\.scheduler\.enable_prefix_caching = true "
+                       r"needs hardware\.data_parallel_attention = 1, got 2"):
+        run_scenario(f)
+    plain = run_scenario(f, ["systems[0].scheduler.enable_prefix_caching=false"])
+    assert plain.summary_frame()["requests_completed"].iloc[0] == 2
 
 def _independent_hits(prompts: list[tuple[int, ...]], prompt_tokens: list[int], block: int) -> int:
     """Cached prompt tokens an unbounded cache gives, counted from the segments alone: a

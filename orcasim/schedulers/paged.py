@@ -225,6 +225,14 @@ class PagedScheduler(Scheduler):
         self.token_budget = token_budget
         num_blocks = num_blocks_for_capacity(kv_capacity_tokens, cfg.block_size_tokens)
         self.caching = cfg.enable_prefix_caching
+        if self.caching and kv_groups > 1:
+            # Each group's engine has its own prefix cache; one allocator over the pooled KV
+            # would let a request hit what another group cached (and hold a prefix once).
+            raise ScenarioError(
+                f"scheduler.enable_prefix_caching = true needs hardware.data_parallel_attention = 1, "
+                f"got {kv_groups}: each data-parallel attention group keeps its own prefix cache, "
+                "which one scheduler over the groups' pooled KV would share; expected "
+                "data_parallel_attention: 1, or enable_prefix_caching: false")
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens, self.caching)
         self.hasher = BlockHasher(requests, cfg.block_size_tokens)
         self.watermark_blocks = int(cfg.watermark_fraction() * num_blocks)
