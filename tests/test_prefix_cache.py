@@ -3,6 +3,7 @@ paged schedulers' use of it (vLLM v1's KVCacheManager semantics)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.config import ScenarioError
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
-from orcasim.memory import PagedAllocator
+from orcasim.memory import PagedAllocator, blocks_for
 from orcasim.prefix import OWN_OUTPUT, OWN_PROMPT, BlockHasher, block_hashes, sequence_segments
 from orcasim.requests import PromptContent, Requests
 from orcasim.run import run_scenario
@@ -313,11 +314,21 @@ def test_caching_changes_when_tokens_are_computed_not_which(
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shared_prefix_traces(), st.integers(4, 40))
 def test_the_hit_rate_never_falls_as_the_cache_grows(requests: Requests, num_blocks: int) -> None:
+    """One request at a time, each fitting the smallest pool: every pool then sees the same
+    blocks in the same order, and an LRU pool keeps what a smaller one keeps. Not so where
+    the pool decides who runs together or at all: four requests at once (prompts 5, 25, 1
+    and 5 tokens, the last repeating the first; blocks of 4) hit 4 tokens on 4 blocks, where
+    the 25-token prompt is turned away, and none on 8, where it runs and the 1-token prompt
+    admitted beside it evicts the repeated block."""
     block = 4
+    longest_blocks = int(blocks_for(requests.prompt_tokens + requests.output_tokens - 1, block).max())
+    num_blocks = max(num_blocks, longest_blocks)
+    one_at_a_time = dataclasses.replace(requests, arrival_s=1000.0 * np.arange(len(requests)))
     cfg = PagedConfig(kind="paged", block_size_tokens=block, max_num_batched_tokens=256,
                       enable_prefix_caching=True)
-    hits = [int(_run(requests, cfg, blocks * block)[0].cached_tokens.sum())
-            for blocks in (num_blocks, 2 * num_blocks, 8 * num_blocks, UNBOUNDED_TOKENS // block)]
+    hits = [int(_run(one_at_a_time, cfg, blocks * block)[0].cached_tokens.sum())
+            for blocks in (num_blocks, num_blocks + 1, 2 * num_blocks, 8 * num_blocks,
+                           UNBOUNDED_TOKENS // block)]
     assert hits == sorted(hits)
 
 
