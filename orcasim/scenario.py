@@ -223,7 +223,33 @@ class Scenario(Strict):
         self._check_reservations()
         self._check_distserve_placement()
         self._check_pool_schedulers()
+        self._warn_deployment_unpriced()
         return self
+
+    def _warn_deployment_unpriced(self) -> None:
+        """A group or pool that gives its own model or hardware but inherits a linear cost
+        runs at that cost's prices, which read neither: a group on 4 H100s under the
+        scenario's linear cost (written for one A100) ran as fast as the A100 and took only
+        its KV capacity from the H100s, silently (a tester's finding). Said, not refused: the
+        inherited prices may stand in on purpose."""
+        for j, system in enumerate(self.systems):
+            cost = self.system_cost(system)
+            if system.cluster is None or cost.kind != "linear":
+                continue
+            for key, group in system.cluster.given_groups():
+                if group.cost is not None:
+                    continue  # the group prices its own iterations
+                for name, own, inherited in (("model", group.model, self.model),
+                                             ("hardware", group.hardware, self.hardware)):
+                    if own is None or own == inherited:
+                        continue
+                    where = f"systems[{j}].cluster.{key}"
+                    owner = "cost" if system.cost is None else f"systems[{j}].cost"
+                    warnings.warn(
+                        f"{where}.{name}: its iterations are priced by {owner}.kind = 'linear', "
+                        f"which reads no model or hardware, so its own {name} changes only its "
+                        "KV capacity (and any KV transfer), not its speed; expected a cost of its "
+                        f"own ({where}.cost, e.g. {{kind: roofline}})", UserWarning, stacklevel=2)
 
     def _check_pool_models(self) -> None:
         """A decode instance continues the KV a prefill instance computed: both pools serve

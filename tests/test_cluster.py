@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -327,6 +328,29 @@ def test_each_pipelined_replica_reports_as_itself() -> None:
     result = run_scenario(scenario).systems["c"]
     assert result.requests["replica"].tolist() == [0, 1] * 10
     assert sorted(set(result.iterations["replica"])) == [0, 1]
+
+
+@pytest.mark.parametrize(("where", "cluster"), [
+    ("cluster.replicas[1].hardware", {"replicas": [
+        {"count": 1}, {"count": 1, "hardware": {"gpu": "h100-80gb", "tensor_parallel": 4}}]}),
+    ("cluster.replicas[0].model", {"replicas": [{"count": 1, "model": "llama2-13b"}]}),
+    ("cluster.prefill.hardware", {"prefill": {"count": 1, "hardware": {"gpu": "a100-80gb", "tensor_parallel": 2}},
+                                  "decode": {"count": 1}}),
+])
+def test_a_group_s_own_deployment_under_a_linear_cost_is_warned_of(where: str, cluster: dict) -> None:
+    """A linear cost reads no hardware or model: a group on 4 H100s inheriting the scenario's
+    (written for one A100) ran at its prices, TPOT 10.45 ms against the A100's 10.34, and
+    only its KV capacity was the H100s' (a tester's finding). The group's own cost is silent."""
+    changes = {"workload.num_requests": 10, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+               "kv_capacity_tokens": None}
+    system = {"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 4}, "cluster": cluster}
+    with pytest.warns(UserWarning, match=rf"systems\[0\]\.{re.escape(where)}.*cost.kind = 'linear'"):
+        make_scenario(**changes, systems=[system])
+    group = cluster.get("replicas", [cluster.get("prefill")])[-1]
+    group["cost"] = {"kind": "linear", "base_s": 0.005}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_scenario(**changes, systems=[system])
 
 
 def test_a_cluster_warns_of_an_unpipelined_scheduler_on_pipeline_stages() -> None:
