@@ -48,7 +48,8 @@ from pydantic import (
 
 from orcasim.config import MAX_TIME_S, ScenarioError, Strict
 from orcasim.cost import CostConfig
-from orcasim.cost.catalog import HardwareConfig, ModelRef
+from orcasim.cost.catalog import GpuSpec, HardwareConfig, ModelRef
+from orcasim.cost.parallel import nvlink_one_way_bytes_per_s
 from orcasim.replica import Load, Replica
 from orcasim.schedulers import SchedulerConfig
 
@@ -124,6 +125,7 @@ class ReplicaGroup(Strict):
 # latency, nominal figures from the vendors' specifications.
 LINKS: dict[str, tuple[float, float]] = {
     # NVLink 3 (A100 SXM): 600 GB/s over 12 links in both directions = 300 GB/s one way.
+    # Where the pools' GPUs are known, their own NVLink's (`LinkConfig.one_way_bytes_per_s`).
     "nvlink": (300e9, 5e-6),
     # InfiniBand HDR: 200 Gb/s per port = 25 GB/s; RDMA latency of a few microseconds.
     "infiniband": (25e9, 5e-6),
@@ -144,14 +146,25 @@ class LinkConfig(Strict):
     bandwidth_bytes_per_s: float | None = Field(default=None, ge=1.0)
     latency_s: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S)
 
-    def transfer_s(self, num_bytes: float) -> float:
-        """Moving `num_bytes` over an idle link: its latency, then the bytes."""
+    def transfer_s(self, num_bytes: float, gpus: Sequence[GpuSpec] = ()) -> float:
+        """Moving `num_bytes` over an idle link between `gpus`: its latency, then the bytes."""
         latency = LINKS[self.kind][1] if self.latency_s is None else self.latency_s
-        return latency + self.busy_s(num_bytes)
+        return latency + self.busy_s(num_bytes, gpus)
 
-    def busy_s(self, num_bytes: float) -> float:
+    def busy_s(self, num_bytes: float, gpus: Sequence[GpuSpec] = ()) -> float:
         """How long `num_bytes` hold the link (its bandwidth's share; the latency overlaps)."""
-        return num_bytes / (self.bandwidth_bytes_per_s or LINKS[self.kind][0])
+        return num_bytes / self.one_way_bytes_per_s(gpus)
+
+    def one_way_bytes_per_s(self, gpus: Sequence[GpuSpec] = ()) -> float:
+        """The bandwidth given, else an NVLink's between `gpus` (the GPUs at its ends, where
+        known): the slower one's to one peer, as the roofline's sends take it (an H100's
+        450 GB/s, one 64 GB/s link of MI300X's mesh; every GPU's moved at the A100's 300, a
+        tester's finding), else the preset's."""
+        if self.bandwidth_bytes_per_s is not None:
+            return self.bandwidth_bytes_per_s
+        if self.kind == "nvlink" and gpus:
+            return min(nvlink_one_way_bytes_per_s(gpu, peers=1) for gpu in gpus)
+        return LINKS[self.kind][0]
 
 
 class PoolConfig(ReplicaGroup):

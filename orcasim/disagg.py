@@ -413,8 +413,9 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     # TP rank's KV to its peer: a transfer takes as long as the largest shard a GPU of either
     # side sends or receives (a whole KV head where a rank replicates one, GQA; MLA's whole
     # latent on every rank).
-    kv_bytes_per_token = max(_kv_bytes_per_gpu(pool_specs(scenario, system, pool)[0])
-                             for pool in (cluster.prefill, cluster.decode))
+    ends = [pool_specs(scenario, system, pool)[0] for pool in (cluster.prefill, cluster.decode)]
+    kv_bytes_per_token = max(_kv_bytes_per_gpu(spec) for spec in ends)
+    gpus = [spec.hardware.gpu for spec in ends if spec.hardware is not None]
     if not kv_bytes_per_token and cluster.link.model_fields_set & {"kind", "bandwidth_bytes_per_s"}:
         warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "
                       "model a transfer moves no bytes and takes the link's latency alone; "
@@ -422,10 +423,10 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     prompt = requests.prompt_tokens
 
     def transfer_s(req_id: int) -> float:
-        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token)
+        return cluster.link.transfer_s(float(prompt[req_id]) * kv_bytes_per_token, gpus)
 
     def link_busy_s(req_id: int) -> float:
-        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token)
+        return cluster.link.busy_s(float(prompt[req_id]) * kv_bytes_per_token, gpus)
 
     seeds = np.random.SeedSequence(scenario.seed).spawn(4)
     prefill_router = build_router(cluster.prefill.router, prefill, np.random.default_rng(seeds[2]),

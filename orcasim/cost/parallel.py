@@ -46,15 +46,21 @@ def send_recv_s(size_bytes: np.ndarray | float, link: Link) -> np.ndarray:
     return link.latency_s + np.asarray(size_bytes, dtype=np.float64) / link.bandwidth_bytes_per_s
 
 
-def _nvlink(gpu: GpuSpec, efficiency: float, latency_s: float, peers: int) -> Link:
-    """A GPU's link inside its node to `peers` others. The datasheet figure counts both
-    directions; a ring step uses one. Through a switch (NVSwitch) a GPU reaches any peer at
-    its whole bandwidth; in a full mesh (MI300X's Infinity Fabric: 7 point-to-point links of
-    64 GB/s a way) it has one link to each peer, so a group of 2 has one link, not seven."""
-    one_way_s = gpu.nvlink_bandwidth_bytes_per_s / 2.0
+def nvlink_one_way_bytes_per_s(gpu: GpuSpec, peers: int) -> float:
+    """A GPU's nominal bandwidth inside its node to `peers` others, one way. The datasheet
+    figure counts both directions; a ring step (or a send) uses one. Through a switch
+    (NVSwitch) a GPU reaches any peer at its whole bandwidth; in a full mesh (MI300X's
+    Infinity Fabric: 7 point-to-point links of 64 GB/s a way) it has one link to each peer,
+    so a group of 2 has one link, not seven."""
+    one_way = gpu.nvlink_bandwidth_bytes_per_s / 2.0
     if gpu.mesh_links is not None:
-        one_way_s *= min(max(peers, 1), gpu.mesh_links) / gpu.mesh_links
-    return Link(one_way_s * efficiency, latency_s)
+        one_way *= min(max(peers, 1), gpu.mesh_links) / gpu.mesh_links
+    return one_way
+
+
+def _nvlink(gpu: GpuSpec, efficiency: float, latency_s: float, peers: int) -> Link:
+    """A GPU's link inside its node to `peers` others (`nvlink_one_way_bytes_per_s`)."""
+    return Link(nvlink_one_way_bytes_per_s(gpu, peers) * efficiency, latency_s)
 
 
 def _network(gpu: GpuSpec, efficiency: float, latency_s: float) -> Link:
