@@ -59,7 +59,15 @@ from orcasim.config import ScenarioError
 from orcasim.cost import CostModel
 from orcasim.cost.catalog import kv_bytes_per_token_per_gpu
 from orcasim.engine import EngineRun
-from orcasim.fleet import ReplicaSpec, cost_models, naming_group, pool_specs, replica_for
+from orcasim.fleet import (
+    BuiltCosts,
+    ReplicaSpec,
+    built_models,
+    cost_models,
+    naming_group,
+    pool_specs,
+    replica_for,
+)
 from orcasim.generic_stepper import GenericStepper
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Router, drive, shared_recorder
@@ -389,7 +397,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     source = arrival_source(requests)
     prefill_requests = prefill_view(requests, source)
     pools: list[list[Replica]] = [[], []]
-    built: dict[int, CostModel] = {}
+    built: BuiltCosts = {}
     index = 0
     for k, (pool, view) in enumerate(((cluster.prefill, prefill_requests),
                                       (cluster.decode, requests))):
@@ -434,7 +442,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     decode_router = build_router(cluster.decode.router, decode, np.random.default_rng(seeds[3]),
                                  requests.session_ids, f"system {system.name}: cluster.decode.router")
     _check_pulls(decode, cluster.pulls_kv, own_hardware=cluster.decode.hardware is not None)
-    return DisaggregatedFleet(prefill, decode, list(built.values()), requests, source,
+    return DisaggregatedFleet(prefill, decode, built_models(built), requests, source,
                               prefill_router, decode_router, transfer_s, link_busy_s,
                               cluster.first_token_from_decode, cluster.pulls_kv)
 

@@ -80,14 +80,24 @@ def replica_for(
     return Replica(stepper, source, recorder, row_breaks_s, index)
 
 
-def cost_models(specs: Sequence[ReplicaSpec], built: dict[int, CostModel]) -> list[CostModel]:
+# Cost models built, by the id of their spec, each kept with its spec: a spec freed once
+# its group was built gave its id to a later group's, which got the earlier model.
+BuiltCosts = dict[int, tuple[ReplicaSpec, CostModel]]
+
+
+def cost_models(specs: Sequence[ReplicaSpec], built: BuiltCosts) -> list[CostModel]:
     """Each replica's cost model, built once per spec into `built`: a group's replicas share
     one spec and one (stateless) model. Keyed by the whole spec, not by cost and hardware
     alone: two groups may differ only in their model."""
     for spec in specs:
         if id(spec) not in built:
-            built[id(spec)] = build_cost_model(spec.cost, spec.deployment(), spec.hardware)
-    return [built[id(spec)] for spec in specs]
+            built[id(spec)] = (spec, build_cost_model(spec.cost, spec.deployment(), spec.hardware))
+    return [built[id(spec)][1] for spec in specs]
+
+
+def built_models(built: BuiltCosts) -> list[CostModel]:
+    """The distinct cost models in `built`, in the order they were built."""
+    return [model for _, model in built.values()]
 
 
 @contextlib.contextmanager
@@ -189,7 +199,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
     source = arrival_source(requests)
     recorder = Recorder(len(requests))
     replicas: list[Replica] = []
-    built: dict[int, CostModel] = {}
+    built: BuiltCosts = {}
     for g, group in enumerate(system.cluster.groups()):
         with naming_group(f"cluster.replicas[{g}]", group):
             specs = pool_specs(scenario, system, group)
@@ -204,7 +214,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
     router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
                           requests.session_ids, f"system {system.name}: cluster.router")
     assigned = np.full(len(requests), -1, dtype=np.int64)
-    return Fleet(replicas, list(built.values()), source, RoutedRouter(router, assigned), recorder)
+    return Fleet(replicas, built_models(built), source, RoutedRouter(router, assigned), recorder)
 
 
 def system_hardware(scenario: Scenario, system: SystemConfig) -> list[HardwareConfig | None]:

@@ -22,10 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orcasim.config import ScenarioError
-from orcasim.fleet import build_fleet
+from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.fleet import BuiltCosts, ReplicaSpec, build_fleet, built_models, cost_models
 from orcasim.requests import Requests
 from orcasim.run import SystemResult, run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
+from orcasim.schedulers.paged import PagedConfig
 from tests.conftest import BASE, SLOW_REPLICA_FLEET, examples, make_scenario, requests_in_both_modes
 from tests.test_queueing_theory import LITTLE_REL_TOL, PK_REL_TOL, pk_mean_wait_s
 
@@ -351,6 +353,24 @@ def test_a_group_s_own_deployment_under_a_linear_cost_is_warned_of(where: str, c
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make_scenario(**changes, systems=[system])
+
+
+def test_a_group_s_cost_model_is_its_own_after_an_earlier_group_s_spec_is_gone() -> None:
+    """Cost models were kept by the id of each group's spec; a spec no longer referenced
+    (an earlier group's, once the loop moved on) may give its id to a later one, which then
+    got the earlier group's model: base_s 0.05 priced at 0.01 (a tester's finding, here
+    with the freed spec's memory taken at once, as CPython's allocator does)."""
+    scheduler = PagedConfig(kind="paged")
+    built: BuiltCosts = {}
+
+    def spec(base_s: float) -> list[ReplicaSpec]:
+        return [ReplicaSpec(scheduler, LinearCostConfig(kind="linear", base_s=base_s), 1000, None, None)]
+
+    first = cost_models(spec(0.01), built)[0]
+    second = cost_models(spec(0.05), built)[0]
+    assert isinstance(first, LinearCost) and isinstance(second, LinearCost)
+    assert (first.base_s, second.base_s) == (0.01, 0.05)
+    assert built_models(built) == [first, second]
 
 
 def test_a_cluster_warns_of_an_unpipelined_scheduler_on_pipeline_stages() -> None:
