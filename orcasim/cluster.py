@@ -128,6 +128,7 @@ LINKS: dict[str, tuple[float, float]] = {
     # Where the pools' GPUs are known, their own NVLink's (`LinkConfig.one_way_bytes_per_s`).
     "nvlink": (300e9, 5e-6),
     # InfiniBand HDR: 200 Gb/s per port = 25 GB/s; RDMA latency of a few microseconds.
+    # Where the pools' GPUs are known, their node's network (the catalog's, a GPU's share).
     "infiniband": (25e9, 5e-6),
     # 100 Gb Ethernet (RoCE or TCP): 12.5 GB/s; tens of microseconds through the stack.
     "ethernet": (12.5e9, 50e-6),
@@ -156,14 +157,17 @@ class LinkConfig(Strict):
         return num_bytes / self.one_way_bytes_per_s(gpus)
 
     def one_way_bytes_per_s(self, gpus: Sequence[GpuSpec] = ()) -> float:
-        """The bandwidth given, else an NVLink's between `gpus` (the GPUs at its ends, where
-        known): the slower one's to one peer, as the roofline's sends take it (an H100's
-        450 GB/s, one 64 GB/s link of MI300X's mesh; every GPU's moved at the A100's 300, a
-        tester's finding), else the preset's."""
+        """The bandwidth given, else that of the GPUs at the link's ends (`gpus`, where
+        known; the slower's), as the roofline's sends take it: an NVLink's to one peer (an
+        H100's 450 GB/s, one 64 GB/s link of MI300X's mesh), InfiniBand's the node
+        network's share (NDR's 50 GB/s on an H100); else the preset's. Every GPU's moved at
+        the A100's NVLink and HDR (a tester's finding)."""
         if self.bandwidth_bytes_per_s is not None:
             return self.bandwidth_bytes_per_s
         if self.kind == "nvlink" and gpus:
             return min(nvlink_one_way_bytes_per_s(gpu, peers=1) for gpu in gpus)
+        if self.kind == "infiniband" and gpus:
+            return min(gpu.node_network_bytes_per_s for gpu in gpus)
         return LINKS[self.kind][0]
 
 
