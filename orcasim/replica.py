@@ -26,7 +26,9 @@ Exactness. Cutting a jump at any boundary changes nothing but the grouping of it
   router reads the state the reference loop has at t, never a jump's future.
 
 A single replica driven by `drive` therefore gives the per-request timestamps of the loop
-that steps one iteration at a time, bit for bit (tests/test_replica.py).
+that steps one iteration at a time (tests/test_replica.py): bit for bit where the cost
+prices a run of decode steps as its steps' own sum (linear costs); within float rounding
+otherwise (about 1e-15 s with the roofline, whose run of steps is summed another way).
 
 Why a heap loop rather than SimPy: a replica has no process of its own to suspend (its
 step is a plain method), the tie order above must be explicit, and the loop is twenty
