@@ -97,6 +97,7 @@ def metrics_kind(path: Path) -> str:
     {system: {metric: value}}), "sweep" (a folder or file of sweep.parquet, or of a scenario
     sweep's sweep.csv) or "baselines folder" (a folder of baseline
     files, as results/baselines/). Only two of one kind compare label by label."""
+    _refuse_fidelity(path.parent if path.is_file() and path.name == "summary.json" else path)
     if path.is_file():
         return "sweep" if path.name in SWEEP_TABLES else "run"
     if (path / "summary.json").exists():
@@ -115,6 +116,15 @@ def metrics_kind(path: Path) -> str:
         return "baselines folder"
     raise FileNotFoundError(f"{path}: no summary.json, sweep.parquet or baseline .json files "
                             "(is it a results folder?)")
+
+
+def _refuse_fidelity(folder: Path) -> None:
+    """An `orcasim fidelity` folder's summary.json holds one headline error per run and
+    system, not a run's metrics: read as a run's, it was refused as not what orcasim writes."""
+    if (folder / "fidelity.csv").is_file():
+        raise ScenarioError(f"{folder}: an orcasim fidelity folder, which compare does not read; "
+                            "expected a run, a sweep or a baselines folder (compare fidelity.csv "
+                            "files with a table tool)")
 
 
 def _sweep_metrics(table: pd.DataFrame) -> Metrics:

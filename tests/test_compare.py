@@ -271,3 +271,20 @@ def test_a_baselines_folder_with_a_file_that_is_not_json_is_refused(tmp_path: Pa
     res = CliRunner().invoke(app, ["compare", str(good), str(bad)])
     assert res.exit_code == 2 and f"{bad / 'tiny.json'}: not valid JSON" in res.output, res.output
     assert CliRunner().invoke(app, ["compare", str(good), str(good)]).exit_code == 0
+
+
+@pytest.mark.parametrize("given", ["folder", "summary.json"])
+def test_a_fidelity_folder_is_named_as_one(tmp_path: Path, given: str) -> None:
+    """Its summary.json ({"run/system": headline error}) read as a run's and was refused as
+    'summary.json: expected {system: {metric: number}} ..., as orcasim writes it', of a file
+    orcasim wrote (a tester's finding)."""
+    fid = tmp_path / "fid"
+    fid.mkdir()
+    (fid / "fidelity.csv").write_text("run,system,metric,percentile,real,simulated,rel_error,"
+                                      "requests\nr,orca,ttft_s,50,1.0,1.1,0.1,10\n")
+    (fid / "summary.json").write_text(json.dumps({"r/orca": 0.1}))
+    path = fid if given == "folder" else fid / "summary.json"
+    res = CliRunner().invoke(app, ["compare", str(path), str(path)])
+    assert res.exit_code == 2
+    assert "an orcasim fidelity folder, which compare does not read" in res.output
+    assert "as orcasim writes it" not in res.output
