@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from orcasim.config import ScenarioError
-from orcasim.paths import read_csv, read_json, read_parquet
+from orcasim.paths import read_json, read_parquet, read_results_csv
 
 # Summary of a folder: {label: {metric: value}}; a label is a system, or point/system in a sweep.
 Metrics = dict[str, dict[str, float]]
@@ -59,7 +59,7 @@ def read_sweep_table(path: Path) -> pd.DataFrame:
     table_path = path if path.is_file() else path / "sweep.parquet"
     if not table_path.exists():
         table_path = path / "sweep.csv"
-    table = read_parquet(table_path) if table_path.suffix == ".parquet" else read_csv(table_path)
+    table = read_parquet(table_path) if table_path.suffix == ".parquet" else read_results_csv(table_path)
     missing = [c for c in KEY_COLUMNS if c not in table.columns]
     if missing or list(table.columns).index("seed") > list(table.columns).index("system"):
         raise ScenarioError(f"{table_path}: not a sweep table (no {', '.join(missing) or 'seed before system'}"

@@ -258,6 +258,13 @@ def read_csv(path: Path, **kwargs: Any) -> pd.DataFrame:
     return frame if columns is None else frame[list(columns)]
 
 
+def read_results_csv(path: Path) -> pd.DataFrame:
+    """A table orcasim wrote (sweep.csv, capacity.csv, evaluations.csv), its `system` column
+    read as the names it holds: systems named '1' and '1.0' both read as 1.0, and compare
+    and plot merged them into one ('08' read as 8)."""
+    return read_csv(path, dtype={"system": str})
+
+
 def shown_columns(columns: list[str], most: int = 8, joined: bool = False) -> str:
     """Columns for a message, as a list (or `joined` by commas): the first `most` of them (a
     JSON file read as CSV has thousands)."""

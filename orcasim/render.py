@@ -12,7 +12,7 @@ import yaml
 from orcasim import yaml_strict
 from orcasim.compare import read_metrics
 from orcasim.config import MAX_TIME_S, ScenarioError
-from orcasim.paths import read_csv, read_parquet
+from orcasim.paths import read_csv, read_parquet, read_results_csv
 from orcasim.results import MARKER, mark_results, save_figure
 from orcasim.slo import SLOConfig
 
@@ -58,7 +58,7 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
             raise ScenarioError(f"{results_dir}/sweep.parquet has no rows: every point failed")
         figures = sweep_figures(table, slo=slo)
     elif (results_dir / "sweep.csv").is_file():  # a scenario's own sweep (orcasim run)
-        table = read_csv(results_dir / "sweep.csv")
+        table = read_results_csv(results_dir / "sweep.csv")
         parameter, title = _scenario_sweep(results_dir / "scenario.yaml")
         figures = scenario_sweep_figures(table, parameter, title, slo=slo)
     elif (results_dir / "capacity.csv").is_file():
@@ -66,8 +66,8 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
 
         _no_slo_line(slo, results_dir, "a capacity folder, whose figures draw its own SLOs")
         targets = _read_slo(results_dir / "slo.yaml")
-        figures = capacity_figures(read_csv(results_dir / "capacity.csv"),
-                                   read_csv(results_dir / "evaluations.csv"), targets)
+        figures = capacity_figures(read_results_csv(results_dir / "capacity.csv"),
+                                   read_results_csv(results_dir / "evaluations.csv"), targets)
     elif (results_dir / "fidelity.csv").is_file():  # it keeps no per-request frames to redraw
         raise ScenarioError(f"{results_dir}: an orcasim fidelity folder, whose CDF figures "
                             "orcasim fidelity writes (rerun it with --force to redraw them); "

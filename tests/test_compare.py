@@ -288,3 +288,18 @@ def test_a_fidelity_folder_is_named_as_one(tmp_path: Path, given: str) -> None:
     assert res.exit_code == 2
     assert "an orcasim fidelity folder, which compare does not read" in res.output
     assert "as orcasim writes it" not in res.output
+
+
+def test_systems_named_as_numbers_stay_apart_in_a_sweep_csv(tmp_path: Path) -> None:
+    """A scenario sweep's sweep.csv read its system names as numbers: systems '1' and '1.0'
+    both read 1.0, and compare merged their rows into one label, '.../1.0' (49 metrics a
+    point where there were 98; a tester's finding); '08' read 8."""
+    from orcasim.compare import load_pair
+
+    folder = tmp_path / "sw"
+    folder.mkdir()
+    (folder / "sweep.csv").write_text("point,replication,seed,workload.arrival.rate_per_s,system,"
+                                      "e2e_s_p50\n0,0,0,1,1,6.0\n0,0,0,1,1.0,2.0\n0,0,0,1,08,3.0\n")
+    a, _ = load_pair(folder, folder)
+    assert sorted(a) == ["rate_per_s=1 r00/08", "rate_per_s=1 r00/1", "rate_per_s=1 r00/1.0"]
+    assert a["rate_per_s=1 r00/1"]["e2e_s_p50"] == 6.0

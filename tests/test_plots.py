@@ -542,3 +542,29 @@ def test_a_table_whose_metric_was_edited_to_text_is_one_line(tmp_path: Path) -> 
     res = CliRunner().invoke(app, ["plot", str(out)])
     assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
     assert "column 'ttft_s' holds text" in res.output, res.output
+
+
+def test_plot_draws_systems_named_as_numbers_apart(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`orcasim plot` of a scenario sweep read sweep.csv's system names as numbers: systems
+    '1' and '1.0' were drawn as one line labelled '1.0', through the medians of both."""
+    import orcasim.plots
+
+    folder = tmp_path / "sw"
+    folder.mkdir()
+    (folder / "sweep.csv").write_text(
+        "point,replication,seed,workload.arrival.rate_per_s,system,throughput_rps,"
+        "normalized_latency_s_per_token_p50\n0,0,0,1,1,1.0,0.02\n0,0,0,1,1.0,1.0,0.01\n"
+        "1,0,0,2,1,2.0,0.03\n1,0,0,2,1.0,2.0,0.01\n")
+    (folder / "scenario.yaml").write_text(
+        "name: sw\nsweep: {parameter: workload.arrival.rate_per_s, values: [1, 2]}\n")
+    drawn: list[list[str]] = []
+    real = orcasim.plots.scenario_sweep_figures
+
+    def recording(table: pd.DataFrame, *args: object, **kwargs: object) -> dict[str, Figure]:
+        drawn.append(list(dict.fromkeys(table["system"])))
+        return real(table, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(orcasim.plots, "scenario_sweep_figures", recording)
+    write_plots(folder)
+    assert drawn == [["1", "1.0"]]
