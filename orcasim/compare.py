@@ -86,6 +86,11 @@ def _baseline_files(folder: Path) -> list[Path]:
                 read_json(f)
             except ScenarioError as e:
                 raise ScenarioError(f"{e} (in the baselines folder {folder})") from None
+    if not files:  # a sweep's point folder (outcome.json): two compared as '0 of 0', exit 0
+        names = ", ".join(f.name for f in sorted(folder.glob("*.json")))
+        raise ScenarioError(f"{folder}: none of its JSON files ({names}) is a baseline "
+                            "({system: {metric: number}}); expected a run, a sweep or a "
+                            "baselines folder")
     return files
 
 

@@ -303,3 +303,16 @@ def test_systems_named_as_numbers_stay_apart_in_a_sweep_csv(tmp_path: Path) -> N
     a, _ = load_pair(folder, folder)
     assert sorted(a) == ["rate_per_s=1 r00/08", "rate_per_s=1 r00/1", "rate_per_s=1 r00/1.0"]
     assert a["rate_per_s=1 r00/1"]["e2e_s_p50"] == 6.0
+
+
+def test_a_folder_whose_json_holds_no_baseline_is_refused(tmp_path: Path) -> None:
+    """A sweep's point folder (outcome.json) read as a baselines folder of no baselines:
+    two of them compared as '0 of 0 metrics', exit 0, as if equal (a tester's finding)."""
+    a, b = tmp_path / "p0000-r00", tmp_path / "p0001-r00"
+    for folder, e2e_s in ((a, 1.0), (b, 2.0)):
+        folder.mkdir()
+        (folder / "outcome.json").write_text(json.dumps(
+            {"id": folder.name, "ok": True, "systems": {"orca": {"e2e_s_p50": e2e_s}}}))
+    res = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert res.exit_code == 2, res.output
+    assert f"{a}: none of its JSON files (outcome.json) is a baseline" in res.output
