@@ -52,6 +52,9 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
     """The folder's figures, by file stem, from the files its kind keeps."""
     from orcasim.plots import frames_figures, instance_keys, scenario_sweep_figures, sweep_figures
 
+    if results_dir.is_file():  # 'no summary.json ...' of a summary.json itself
+        raise ScenarioError(f"{results_dir} is a file; expected the results folder holding it "
+                            f"({results_dir.parent})")
     if (results_dir / "sweep.parquet").is_file():
         table = read_parquet(results_dir / "sweep.parquet")
         if table.empty:

@@ -568,3 +568,13 @@ def test_plot_draws_systems_named_as_numbers_apart(tmp_path: Path,
     monkeypatch.setattr(orcasim.plots, "scenario_sweep_figures", recording)
     write_plots(folder)
     assert drawn == [["1", "1.0"]]
+
+
+def test_plot_of_a_results_file_names_it_as_a_file(tmp_path: Path) -> None:
+    """Given a run's summary.json, plot said 'summary.json: no summary.json, sweep.parquet,
+    sweep.csv or capacity.csv (is it a results folder?)' of the summary itself."""
+    (tmp_path / "summary.json").write_text('{"orca": {"e2e_s_p50": 1.0}}')
+    res = CliRunner().invoke(app, ["plot", str(tmp_path / "summary.json")])
+    assert res.exit_code == 2, res.output
+    assert f"{tmp_path / 'summary.json'} is a file; expected the results folder holding it" \
+        in res.output
