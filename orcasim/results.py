@@ -98,6 +98,18 @@ def check_out_dir(out_dir: Path, force: bool, inputs: Iterable[Path] = ()) -> No
         raise ResultsExistError(f"{out_dir} already exists; pass --force to overwrite it")
 
 
+def discard_folder(out_dir: Path) -> None:
+    """Delete a folder `--force` replaces, renamed aside first in one step: deleted in place,
+    an interrupt part-way left a folder without its marker (or plan), which every later
+    `--force` refused as one orcasim did not write. Aside, what is left is a hidden partial
+    (`dead_partial`) that the next write beside it removes."""
+    remove_stale_partials(out_dir)
+    with interrupts_held():
+        old = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "old"), dir=out_dir.parent))
+        os.replace(out_dir, old / "previous")
+    shutil.rmtree(old)
+
+
 def _partial_prefix(out_dir: Path, kind: str) -> str:
     """Hidden siblings a write makes, named with its process id (see remove_stale_partials)."""
     return f".{out_dir.name}.{kind}-{os.getpid()}-"

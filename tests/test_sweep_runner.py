@@ -256,3 +256,32 @@ def test_a_points_checking_warning_is_said_once_naming_it_and_the_base_s_not_at_
         assert [m.split(": workload.prompt_tokens: lognormal mean ")[1][:2] for m in said] == \
             ["20", "80"], said
         assert said[0].startswith("point p0000-r00 (workload.prompt_tokens.mean=20): ")
+
+
+def test_force_interrupted_while_deleting_leaves_a_folder_force_replaces(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--force deleted the old sweep folder in place: Ctrl-C while its points were deleted
+    (its marker gone first, as the file system listed it) left a folder without its marker,
+    which every later --force refused as one orcasim did not write, and --resume as one
+    without its plan (a tester's finding)."""
+    from orcasim.results import MARKER
+
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 3.0]")
+    out = tmp_path / "out"
+    run_sweep(load_sweep(path), out, workers=1, progress=False)
+    real_rmtree = shutil.rmtree
+
+    def interrupted(folder: Path, *args: object, **kwargs: object) -> None:
+        for marker in Path(folder).rglob(MARKER):  # the top marker and plan first, then Ctrl-C
+            if marker.parent.name != "points" and marker.parent.parent.name != "points":
+                marker.unlink()
+        for plan in Path(folder).rglob("plan.json"):
+            plan.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(load_sweep(path), out, workers=1, progress=False, force=True)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    result = run_sweep(load_sweep(path), out, workers=1, progress=False, force=True)
+    assert result.ran == 2 and not result.failed

@@ -14,7 +14,6 @@ folder whose plan differs from the sweep being run.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from orcasim.paths import input_digests
 from orcasim.results import (
     ResultsExistError,
     check_replaceable,
+    discard_folder,
     mark_results,
     record_file,
     write_atomically,
@@ -137,7 +137,7 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
             return
         if force:
             check_replaceable(out_dir, inputs)
-            shutil.rmtree(out_dir)
+            discard_folder(out_dir)
         elif any(out_dir.iterdir()):
             _refuse(out_dir, held, plan, resume, inputs)
     mark_results(out_dir, [*files, plan_file.name])  # first: a crash leaves a folder --force takes
