@@ -189,8 +189,20 @@ def _is_metric(value: object) -> bool:
 
 # Relative tolerance: only float summation noise across numpy builds and platforms.
 DEFAULT_REL_TOL = 1e-9
+# Counts must match exactly (the README's promise; they are integers, so float noise cannot
+# move them): every count a summary reports.
+TOLERANCES: dict[str, float] = dict.fromkeys(
+    ("requests_completed", "iterations", "cost_out_of_range", "preemptions", "requests_rejected",
+     "recomputed_tokens", "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
+     "replicas", "prefill_replicas", "decode_replicas", "sessions_completed"), 0.0)
 # Absolute floor, so that metrics whose baseline is 0 may carry rounding noise.
 ABS_TOL = 1e-12
+
+
+def tolerance(metric: str) -> float:
+    """The relative change `metric` may make and still read as unmoved (0: a count), for
+    `orcasim check` and `compare` alike."""
+    return TOLERANCES.get(metric, DEFAULT_REL_TOL)
 
 
 def moved(before: float, after: float, rel_tol: float = DEFAULT_REL_TOL) -> bool:
@@ -234,10 +246,10 @@ DELTA_COLUMNS = ["label", "metric", "a", "b", "delta", "rel_change", "note"]
 
 
 def changed_rows(frame: pd.DataFrame) -> pd.Series:
-    """Which rows of `deltas` moved by more than float noise (DEFAULT_REL_TOL), or are on
-    one side only."""
-    return pd.Series([bool(n) or moved(a, b)
-                      for a, b, n in zip(frame["a"], frame["b"], frame["note"], strict=True)],
+    """Which rows of `deltas` moved by more than their metric's `tolerance` (float noise;
+    a count by anything), or are on one side only."""
+    return pd.Series([bool(n) or moved(a, b, tolerance(m)) for a, b, m, n in
+                      zip(frame["a"], frame["b"], frame["metric"], frame["note"], strict=True)],
                      index=frame.index, dtype=bool)
 
 

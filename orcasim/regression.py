@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from orcasim.compare import (
-    DEFAULT_REL_TOL,
     Metrics,
     is_baseline,
     moved,
     read_metrics,
     relative_change,
+    tolerance,
 )
 from orcasim.config import ScenarioError
 from orcasim.results import json_safe, write_text_atomically
@@ -28,20 +28,9 @@ from orcasim.yaml_strict import is_sweep_file
 
 SCENARIO_DIR = Path("scenarios/regression")
 BASELINE_DIR = Path("results/baselines")
-# Counts are integers: any change is a change.
-# Counts must match exactly (the README's promise; they are integers, so float noise cannot
-# move them): every count a summary reports.
-TOLERANCES: dict[str, float] = dict.fromkeys(
-    ("requests_completed", "iterations", "cost_out_of_range", "preemptions", "requests_rejected",
-     "recomputed_tokens", "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
-     "replicas", "prefill_replicas", "decode_replicas", "sessions_completed"), 0.0)
 # `tolerance`: the relative change the metric may make (0: a count); `note` says where a
 # side is missing rather than NaN, which a table cannot tell apart.
 MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change", "tolerance", "note"]
-
-
-def tolerance(metric: str) -> float:
-    return TOLERANCES.get(metric, DEFAULT_REL_TOL)
 
 
 def compare_to_baseline(scenario: str, baseline: Metrics, now: Metrics) -> pd.DataFrame:

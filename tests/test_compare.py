@@ -316,3 +316,15 @@ def test_a_folder_whose_json_holds_no_baseline_is_refused(tmp_path: Path) -> Non
     res = CliRunner().invoke(app, ["compare", str(a), str(b)])
     assert res.exit_code == 2, res.output
     assert f"{a}: none of its JSON files (outcome.json) is a baseline" in res.output
+
+
+def test_a_count_that_moved_by_one_is_a_change_however_large(tmp_path: Path) -> None:
+    """compare held every metric to 1e-9 'as orcasim check allows', where check holds counts
+    exactly: 3,000,000,001 prefill tokens saved against 3,000,000,000 was shown unchanged."""
+    from orcasim.compare import changed_rows
+
+    a = write_summary(tmp_path / "a", {"orca": {"prefill_tokens_saved": 3e9, "e2e_s_p50": 1.0}})
+    b = write_summary(tmp_path / "b", {"orca": {"prefill_tokens_saved": 3e9 + 1,
+                                                "e2e_s_p50": 1.0 + 1e-10}})
+    frame = deltas(load_metrics(a), load_metrics(b))
+    assert changed_rows(frame).tolist() == [True, False]

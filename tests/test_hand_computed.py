@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from orcasim.compare import DEFAULT_REL_TOL, moved, tolerance
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.overhead import OverheadConfig, OverheadCost
 from orcasim.engine import Engine
 from orcasim.memory import PagedAllocator
 from orcasim.metrics import littles_law, requests_frame
 from orcasim.recorder import Recorder
-from orcasim.regression import DEFAULT_REL_TOL, moved, tolerance
 from orcasim.requests import Requests
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig

@@ -51,7 +51,7 @@ def test_exactly_the_tolerance_is_not_a_move() -> None:
 
 
 def test_counts_use_no_tolerance_and_every_other_metric_the_default() -> None:
-    from orcasim.regression import DEFAULT_REL_TOL, TOLERANCES, tolerance
+    from orcasim.compare import DEFAULT_REL_TOL, TOLERANCES, tolerance
 
     # Every count a summary reports (preemptions and the rest had 1e-9, which the README's
     # "counts must match exactly" did not allow).
