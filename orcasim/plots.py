@@ -292,11 +292,11 @@ class Line:
 
 def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]:
     """Split a sweep table into lines: one per system and value of each other swept
-    parameter. A `systems[i]...` parameter splits only system i; the others keep its
-    first value, so unaffected systems are not drawn once per value. A parameter that moves
-    with the others (a `zip` grid's) neither splits nor pins: the rest already tell its rows
-    apart, and pinning one of its values kept one point of each line. Colour marks the
-    system, line style and marker the parameter values."""
+    parameter. A `systems[i]...` parameter splits only the systems whose rows it changes
+    (system i's); the others keep its first value, so unaffected systems are not drawn once
+    per value. A parameter that moves with the others (a `zip` grid's) neither splits nor
+    pins: the rest already tell its rows apart, and pinning one of its values kept one point
+    of each line. Colour marks the system, line style and marker the parameter values."""
     from orcasim.sweeps.table import param_columns
 
     every = param_columns(table)
@@ -304,7 +304,7 @@ def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]
     for i, system in enumerate(dict.fromkeys(table["system"])):
         rows = table[table["system"] == system]
         params_here = [c for c in params if _tells_apart(rows, c, every)]
-        own = [c for c in params_here if not _other_system(c, i)]
+        own = [c for c in params_here if not _SYSTEM_PATH.match(c) or _changes(rows, c, every)]
         for c in params_here:
             if c not in own:
                 rows = rows[rows[c] == rows[c].iloc[0]]
@@ -324,9 +324,16 @@ def _tells_apart(rows: pd.DataFrame, column: str, params: list[str]) -> bool:
     return bool(rows.duplicated(subset=[*rest, "replication"]).any())
 
 
-def _other_system(column: str, index: int) -> bool:
-    match = _SYSTEM_PATH.match(column)
-    return match is not None and int(match.group(1)) != index
+def _changes(rows: pd.DataFrame, column: str, params: list[str]) -> bool:
+    """Whether one system's `rows` differ by `column` (a `systems[i]...` parameter): a run is
+    deterministic, so a system it does not set gives the same metrics at each of its values.
+    (Read from the system's place among the table's systems, a table of Orca's rows alone
+    made Orca system 0 and drew one of its batch sizes.)"""
+    from orcasim.sweeps.table import KEY_COLUMNS
+
+    rest = [*(c for c in params if c != column), "replication"]
+    metrics = [c for c in rows.columns if c not in {*KEY_COLUMNS, *params}]
+    return len(rows.drop_duplicates([*rest, *metrics])) > len(rows.drop_duplicates(rest))
 
 
 # The last part of a parameter's path that says it sets the offered load: a rate, a trace's

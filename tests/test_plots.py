@@ -115,6 +115,19 @@ def test_sweep_lines_do_not_repeat_unaffected_systems(sweep_table: pd.DataFrame)
     assert labels == ["request-level", "orca, max_batch_size=2", "orca, max_batch_size=8"]
 
 
+def test_a_table_of_some_systems_splits_each_by_what_changes_it(sweep_table: pd.DataFrame) -> None:
+    """A system's index was read from its place among the table's systems: Orca's rows alone
+    (a notebook's filter) made it system 0, so systems[1]'s batch size was another system's,
+    and one line labelled 'orca' drew batch size 2's points alone (a tester's finding)."""
+    rate = ("workload.arrival.rate_per_s",)
+    orca = sweep_table[sweep_table["system"] == "orca"]
+    assert [line.label for line in sweep_lines(orca, rate)] == [
+        "orca, max_batch_size=2", "orca, max_batch_size=8"]
+    assert len(latency_vs_throughput(orca).axes[0].get_lines()) == 2
+    request_level = sweep_table[sweep_table["system"] == "request-level"]
+    assert [line.label for line in sweep_lines(request_level, rate)] == ["request-level"]
+
+
 def test_a_zip_grid_draws_each_system_through_all_its_points() -> None:
     """A zip grid moves systems[1]'s batch size with the rate: request-level kept the rows of
     the batch size's first value (one point of three) and orca split into three one-point
