@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -48,7 +49,22 @@ def load_pair(path_a: Path, path_b: Path) -> tuple[Metrics, Metrics]:
             f"{path_a} sweeps {', '.join(params_a) or 'no parameter'} and {path_b} sweeps "
             f"{', '.join(params_b) or 'no parameter'}: expected sweeps of the same parameters, "
             "so that their points pair up")
+    _warn_other_seeds(path_a, table_a, path_b, table_b)
     return _sweep_metrics(table_a), _sweep_metrics(table_b)
+
+
+def _warn_other_seeds(path_a: Path, table_a: pd.DataFrame, path_b: Path,
+                      table_b: pd.DataFrame) -> None:
+    """Rows pair by replication, not by seed: where a replication ran on other seeds (a
+    scenario's own sweep against a sweep file of its grid), its random draws differ too
+    (not a trace's arrivals), and every metric may read as moved."""
+    seeds_a = dict(zip(table_a["replication"], table_a["seed"], strict=True))
+    seeds_b = dict(zip(table_b["replication"], table_b["seed"], strict=True))
+    other = next((r for r in seeds_a if r in seeds_b and seeds_a[r] != seeds_b[r]), None)
+    if other is not None:
+        warnings.warn(f"replication {other} ran on seed {seeds_a[other]} in {path_a} against "
+                      f"{seeds_b[other]} in {path_b}: its requests may differ, so its changes need "
+                      "not be the parameters' or the code's", UserWarning, stacklevel=3)
 
 
 def read_sweep_table(path: Path) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,21 @@ def test_a_count_that_moved_by_one_is_a_change_however_large(tmp_path: Path) -> 
                                                 "e2e_s_p50": 1.0 + 1e-10}})
     frame = deltas(load_metrics(a), load_metrics(b))
     assert changed_rows(frame).tolist() == [True, False]
+
+
+def test_two_sweeps_run_on_other_seeds_are_said_to_be(tmp_path: Path) -> None:
+    """Rows pair by replication, whatever its seed: a scenario's own sweep (its seed, 7)
+    against a sweep file of the same grid (seeds spawned from 0) read every metric as moved,
+    without a word that the requests themselves differed (a tester's finding)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, seed in ((a, 7), (b, 123456789)):
+        folder.mkdir()
+        (folder / "sweep.csv").write_text("point,replication,seed,workload.arrival.rate_per_s,"
+                                          f"system,e2e_s_p50\n0,0,{seed},1,orca,6.0\n")
+    from orcasim.compare import load_pair
+
+    with pytest.warns(UserWarning, match=r"replication 0 ran on seed 7 in .* against 123456789"):
+        load_pair(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_pair(a, a)
