@@ -69,6 +69,9 @@ def test_replication_seeds_are_distinct_and_shared_across_points(tmp_path: Path)
     ("parameters:\n  systems[1].scheduler.max_batch_size: [4, '8']",
      "parameters.systems[1].scheduler.max_batch_size = [4, '8']: mixes number and text values"),
     ("parameters:\n  systems[1].scheduler.max_batch_size: [4, true]", "mixes boolean and number"),
+    # An integer Parquet cannot hold: a traceback after every point had run (a tester's).
+    ("parameters:\n  kv_capacity_tokens: [100000, 100000000000000000000]",
+     "parameters.kv_capacity_tokens = 100000000000000000000: beyond a 64-bit integer"),
     # A value listed twice ran its point twice, and `compare` merged the two as one point.
     ("parameters:\n  workload.arrival.rate_per_s: [1.0, 2.0, 1]",
      "parameters.workload.arrival.rate_per_s = [1.0, 2.0, 1]: lists 1.0 twice; expected distinct "

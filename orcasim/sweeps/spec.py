@@ -50,6 +50,7 @@ from orcasim.scenario import (
 
 ParamValue = int | float | str | bool
 MAX_REPLICATIONS = 10_000
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer column of the sweep table
 
 
 def _kind(value: ParamValue) -> str:
@@ -75,6 +76,12 @@ class Grid(Strict):
             if len(kinds) > 1:  # one table column per parameter: Parquet holds one type
                 raise ScenarioError(f"parameters.{path} = {values}: mixes {' and '.join(kinds)} "
                                     "values; expected values of one type")
+            huge = next((v for v in values if _kind(v) == "number" and isinstance(v, int)
+                         and not INT64_MIN <= v <= INT64_MAX), None)
+            if huge is not None:  # Parquet's OverflowError, after every point had run
+                raise ScenarioError(f"parameters.{path} = {huge}: beyond a 64-bit integer, which "
+                                    f"the sweep table's column holds; expected at most "
+                                    f"{INT64_MAX} in size, or a float ({float(huge):g})")
         lengths = {len(v) for v in self.parameters.values()}
         if self.mode == "zip" and len(lengths) > 1:
             raise ScenarioError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
