@@ -15,6 +15,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 try:  # typer from 0.2x carries its own click, whose errors are not click's
     from typer._click.exceptions import ClickException, UsageError
@@ -61,7 +62,9 @@ def _console_width() -> int | None:
     return None if sys.stdout.isatty() else LOG_WIDTH
 
 
-console = Console(width=_console_width())
+# No markup: what it prints holds the user's paths and names, and rich read `--out run[bold]`
+# as 'run' in bold.
+console = Console(width=_console_width(), markup=False)
 
 
 def _print_version(value: bool) -> None:
@@ -160,7 +163,7 @@ def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
         table.add_row("SLO attainment", *(f"{m.get('slo_attainment', float('nan')):.3f}"
                                           + (" (met)" if m.get("slo_met") else "")
                                           for m in summary.values()))
-    table.add_row("saturated", *("[red]yes[/red]" if m.get("saturated") else "no"
+    table.add_row("saturated", *(Text("yes", style="red") if m.get("saturated") else "no"
                                  for m in summary.values()))
     return table
 

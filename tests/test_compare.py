@@ -347,3 +347,12 @@ def test_two_sweeps_run_on_other_seeds_are_said_to_be(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_pair(a, a)
+
+
+def test_a_folder_named_with_brackets_is_printed_as_named(tmp_path: Path) -> None:
+    """The table's title went through rich's markup: `compare 'run[bold]' ...` titled the
+    table 'run -> ...', naming a folder that does not exist (a tester's finding)."""
+    a = write_summary(tmp_path / "run[bold]", {"orca": {"e2e_s_p50": 2.0}})
+    res = CliRunner().invoke(app, ["compare", str(a), str(a)])
+    assert res.exit_code == 0, res.output
+    assert f"{a}->{a}" in "".join(res.output.split())  # the title wraps at the table's width

@@ -285,3 +285,13 @@ def test_force_interrupted_while_deleting_leaves_a_folder_force_replaces(
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
     result = run_sweep(load_sweep(path), out, workers=1, progress=False, force=True)
     assert result.ran == 2 and not result.failed
+
+
+def test_a_results_folder_named_with_brackets_is_printed_as_named(tmp_path: Path) -> None:
+    """'2 rows in sq/sweep.parquet' of --out sq[bold]: rich read '[bold]' as markup."""
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]")
+    out = tmp_path / "sq[bold]"
+    res = CliRunner().invoke(app, ["sweep", str(path), "--out", str(out), "--workers", "1",
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert f"rowsin{out}/sweep.parquet" in "".join(res.output.split())
