@@ -83,11 +83,13 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (metric, label) in zip(axes.flat, CDF_METRICS.items(), strict=True):
-        for system, rows in requests.groupby("system", sort=False):
+        # A system's colour is its own in every panel: from the cycle, a system with no
+        # values in one (TPOT of one-token answers) passed its colour to the next there.
+        for i, (system, rows) in enumerate(requests.groupby("system", sort=False)):
             values = np.sort(rows[metric].dropna().to_numpy())
             if len(values):
                 unstable = system in saturated
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values),
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), color=f"C{i % 10}",
                         label=f"{system} ({SATURATED})" if unstable else str(system),
                         linestyle=":" if unstable else "-",
                         marker="o" if len(values) == 1 else None)  # a line of one point is invisible

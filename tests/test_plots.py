@@ -591,3 +591,16 @@ def test_plot_of_a_results_file_names_it_as_a_file(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert f"{tmp_path / 'summary.json'} is a file; expected the results folder holding it" \
         in res.output
+
+
+def test_a_system_without_a_metric_keeps_the_others_colours() -> None:
+    """Each panel took colours from matplotlib's cycle as it drew: a system with no TPOT
+    (one-token answers) left its colour to the next system in that panel, whose curve then
+    wore the legend's colour of the first."""
+    requests = pd.DataFrame({
+        "system": ["a", "a", "b", "b"], "ttft_s": [0.1, 0.2, 0.3, 0.4],
+        "tpot_s": [np.nan, np.nan, 0.01, 0.02], "e2e_s": [0.1, 0.2, 0.5, 0.6],
+        "normalized_latency_s_per_token": [0.1, 0.2, 0.1, 0.2]})
+    ttft, tpot = latency_cdfs(requests).axes[:2]
+    colours = {line.get_label(): line.get_color() for line in ttft.get_lines()}
+    assert [line.get_color() for line in tpot.get_lines()] == [colours["b"]]
