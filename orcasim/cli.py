@@ -186,6 +186,7 @@ def run(
              f"`orcasim sweep {scenario}`")
     try:
         sc = load_scenario(scenario, set_ or [])
+        _refuse_overrides_of_the_swept(sc, set_ or [])
         out_dir = out or default_results_dir(sc.name)
         check_out_dir(out_dir, force, [scenario, *data_inputs(sc)])
         if sc.sweep is not None:
@@ -221,11 +222,23 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
         return _validate_sweep(scenario, set_ or [])
     try:
         sc = load_scenario(scenario, set_ or [])
+        _refuse_overrides_of_the_swept(sc, set_ or [])
         num_requests = _check_scenario(sc, scenario.resolve().parent)
     except USER_ERRORS as e:
-        fail(_brought_by(scenario, set_ or [], error_text(e)))
+        fail_naming_overrides(scenario, set_ or [], e)
     n = len(sc.systems)
     typer.echo(f"{scenario}: ok ({num_requests} requests, {n} system{'s' if n > 1 else ''})")
+
+
+def _refuse_overrides_of_the_swept(sc: Scenario, overrides: list[str]) -> None:
+    """`run` and `validate` of a scenario with a `sweep:` block: an override of its swept key
+    is refused, as a sweep file's grid refuses one (`fidelity` replays the base values, where
+    it is the value replayed)."""
+    from orcasim.sweeps.spec import refuse_swept_override
+
+    swept = [sc.sweep.parameter] if sc.sweep is not None else []
+    for given in overrides:
+        refuse_swept_override(given, "--set", swept, "its sweep block")
 
 
 def fail_naming_overrides(path: Path, overrides: list[str], e: Exception) -> None:

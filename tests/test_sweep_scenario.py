@@ -103,6 +103,25 @@ def test_cli_run_of_a_sweep_writes_csv_and_figure(tmp_path: Path) -> None:
     assert replot.stdout.split() == [str(out / "latency_vs_throughput.png")]
 
 
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_set_on_the_swept_key_is_refused_not_dropped(tmp_path: Path, command: str) -> None:
+    """--set workload.arrival.rate_per_s=3 on a scenario sweeping that rate ran the block's
+    rates without a word (exit 0), and validate said ok, where a sweep file's grid refuses it
+    (a tester's finding)."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(Path("scenarios/quickstart.yaml").read_text()
+                        + "sweep: {parameter: workload.arrival.rate_per_s, values: [1, 3]}\n")
+    p = orcasim(command, str(scenario), "--out" if command == "run" else "--set",
+                str(tmp_path / "out") if command == "run" else "workload.num_requests=100",
+                "--set", "workload.arrival.rate_per_s=3")
+    assert p.returncode == 2, p.stdout
+    assert p.stderr == ("error: --set 'workload.arrival.rate_per_s=3': its sweep block sets "
+                        "workload.arrival.rate_per_s at every point, so this value would never be "
+                        "used; expected it in its sweep block's values, or a key its sweep block "
+                        "does not sweep\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_saturated_closed_loop_offers_what_it_completes() -> None:
     # 128 clients of a saturated server, thinking 0.1 s: all send at time 0, then one
     # request per completion. Counting the 128 first sends as a rate offered far more than

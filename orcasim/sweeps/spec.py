@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,10 +276,7 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
         if given.split("=", 1)[0].strip() == "seed":   # point's is its replication's
             raise ScenarioError(f"{key} {given!r}: a sweep's seeds come from its own `seed` and "
                                 "`replications`; expected seed: at the sweep file's top level")
-        if given.split("=", 1)[0].strip() in spec.grid.parameters:  # dropped at every point
-            raise ScenarioError(f"{key} {given!r}: the grid sets {given.split('=', 1)[0].strip()} "
-                                "at every point, so this value would never be used; expected "
-                                "it in the grid's values, or a key the grid does not sweep")
+        refuse_swept_override(given, key, spec.grid.parameters)
     # The base as given runs at no point where the grid changes it: its warnings (a clipped
     # lognormal whose mean every point sets) are said by the points that have them.
     with warnings.catch_warnings():
@@ -296,6 +293,16 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
         with sweep.naming(task):
             task.scenario()
     return sweep
+
+
+def refuse_swept_override(given: str, key: str, swept: Iterable[str], by: str = "the grid") -> None:
+    """Refuse an override (`key` says who gave it: `set:` or `--set`) of a key that `by` sets
+    at every point: it would never be used, and the sweep ran `by`'s values without a word."""
+    path = given.split("=", 1)[0].strip()
+    if path in swept:
+        raise ScenarioError(f"{key} {given!r}: {by} sets {path} at every point, so this value "
+                            f"would never be used; expected it in {by}'s values, or a key {by} "
+                            "does not sweep")
 
 
 def _base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
