@@ -335,7 +335,16 @@ def _changes(rows: pd.DataFrame, column: str, params: list[str]) -> bool:
 
     rest = [*(c for c in params if c != column), "replication"]
     metrics = [c for c in rows.columns if c not in {*KEY_COLUMNS, *params}]
-    return len(rows.drop_duplicates([*rest, *metrics])) > len(rows.drop_duplicates(rest))
+    # Within float noise alike: points run on another CPU (a Ray node) differ in last digits.
+    alike = rows[metrics].apply(lambda col: col.map(_noise_free)
+                                if pd.api.types.is_float_dtype(col) else col)
+    keyed = pd.concat([rows[rest], alike], axis=1)
+    return len(keyed.drop_duplicates()) > len(rows.drop_duplicates(rest))
+
+
+def _noise_free(value: float) -> float:
+    """`value` to 9 significant digits: compare's float noise (relative 1e-9) dropped."""
+    return float(f"{value:.9g}")
 
 
 # The last part of a parameter's path that says it sets the offered load: a rate, a trace's
