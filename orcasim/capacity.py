@@ -616,17 +616,24 @@ def _groups(outcomes: list[SearchOutcome]) -> list[tuple[tuple[int, str], list[S
     return list(groups.items())
 
 
+def _capacity_run(outcome: SearchOutcome) -> dict[str, float] | None:
+    """The run of a replication's answer: its highest passing rate (None where none passed)."""
+    return next((e for e in outcome.evaluations
+                 if e["passes"] and e["rate_per_s"] == outcome.max_rate_per_s), None)
+
+
 def _mean_output_tokens(group: list[SearchOutcome]) -> float:
-    return float(np.mean([o.evaluations[0]["output_tokens_mean"] for o in group if o.evaluations]))
+    """Output tokens served per request offered at each replication's capacity, averaged: where
+    rejections depend on the load (a fleet whose load-aware router sends long requests to a
+    replica too small for them), the scenario's own rate served other tokens (51.7 a request
+    against 60.2 at capacity, and the cost per million tokens read 16% high; a tester's finding)."""
+    rows = [row for row in map(_capacity_run, group) if row is not None]
+    return float(np.mean([r["output_tokens_mean"] for r in rows])) if rows else math.nan
 
 
 def _at_capacity(group: list[SearchOutcome]) -> dict[str, float]:
     """Each SLO metric at each replication's highest passing rate, averaged (latency at capacity)."""
-    rows = []
-    for o in group:
-        passing = [e for e in o.evaluations if e["passes"] and e["rate_per_s"] == o.max_rate_per_s]
-        if passing:
-            rows.append(passing[0])
+    rows = [row for row in map(_capacity_run, group) if row is not None]
     if not rows:
         return {}
     keys = [k for k in rows[0] if k.startswith("slo_") and k != "slo_met"]

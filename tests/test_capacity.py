@@ -259,6 +259,22 @@ def test_capacity_table_cost_arithmetic() -> None:
     assert row["slo_e2e_p90_at_capacity"] == pytest.approx(0.8)
 
 
+def test_cost_counts_the_tokens_served_at_capacity() -> None:
+    """The tokens a request serves are those of the run at the answer, not of the first rate
+    tried: where how many requests are turned away depends on the load (a load-aware router
+    over replicas of different KV), 51.7 tokens a request at the scenario's rate against 60.2
+    at capacity read the cost per million tokens 16% high."""
+    sc = make_scenario(model="opt-13b", hardware={"gpu": "a100-80gb"}, kv_capacity_tokens=2000)
+    jobs = cap.search_jobs(sc, Path("."), slo_from_strings(["e2e_p90 <= 1"]), 1,
+                           cap.SearchSettings(num_requests=100), systems=["orca"])
+    start = {"rate_per_s": 1.0, "passes": 1.0, "output_tokens_mean": 50.0, "slo_e2e_p90": 0.5}
+    top = {**start, "rate_per_s": 4.0, "output_tokens_mean": 100.0}
+    outcome = cap.SearchOutcome(jobs[0].id, 0, "orca", 0, jobs[0].seed, {}, True, 4.0, 4.1,
+                                [start, {**top, "rate_per_s": 8.0, "passes": 0.0}, top])
+    row = cap.capacity_table([outcome], jobs).iloc[0]
+    assert row["cost_per_million_tokens"] == pytest.approx(1.3 / (4 * 100 * 3600) * 1e6)
+
+
 def test_cost_counts_only_the_tokens_served() -> None:
     """A request rejected as never fitting KV memory serves no tokens: cost per million
     tokens is over the tokens served per request offered, not the mean of every request."""
