@@ -57,6 +57,7 @@ from orcasim.paths import input_digests
 from orcasim.saturation import behind_at_constant_rate, grew, in_system_window_is_short
 from orcasim.scenario import Scenario, apply_params, scenario_from_dict, set_dotted
 from orcasim.slo import SLOConfig
+from orcasim.sweeps.spec import point_name
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted
 
@@ -427,8 +428,21 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
             for name in chosen for r, s in enumerate(seeds)]
     for job in jobs:  # every point, system and replication is checked before any runs
         if job.replication == 0 or job.system == chosen[0]:
-            _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
+            with _naming_point(job):
+                _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
     return jobs
+
+
+@contextlib.contextmanager
+def _naming_point(job: SearchJob) -> Iterator[None]:
+    """A configuration point's refusal names the point, as `orcasim sweep` and `validate` do:
+    `workload.max_tokens = 1 is below ...` alone named a value the scenario file does not hold."""
+    try:
+        yield
+    except ScenarioError as e:
+        if not job.params:
+            raise
+        raise ScenarioError(f"{point_name(job.id, job.params)}: {e}") from None
 
 
 def _own_points(scenario: Scenario, drawn: set[str]) -> list[dict[str, Any]] | None:

@@ -278,6 +278,23 @@ def test_a_grid_over_what_the_search_sets_is_refused(tmp_path: Path, parameter: 
     assert f"grid.parameters.{parameter}: the search sets it at every run" in result.output
 
 
+@pytest.mark.parametrize("parameter, values, message", [
+    ("workload.max_tokens", "[4, 1]", "workload.max_tokens = 1 is below"),
+    ("warmup_s", "[0, 1000]", "warmup_s = 1000 is past the last arrival"),
+])
+def test_a_point_refused_before_the_search_is_named(tmp_path: Path, parameter: str, values: str,
+                                                    message: str) -> None:
+    """A grid point's refusal names the point, as `orcasim sweep` and `validate` name it: the
+    value the scenario file does not hold (max_tokens 1 where it says 2) was named alone."""
+    _md1(tmp_path)
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(f"name: sw\nbase: md1.yaml\ngrid:\n  parameters:\n    {parameter}: {values}\n")
+    result = runner.invoke(app, ["capacity", str(sweep), "--slo", "e2e_p90=1", "--requests",
+                                   "60", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert f"error: point p0001-rl-r00 ({parameter}={values[4:-1]}): {message}" in result.output
+
+
 def test_a_resumed_search_leaves_no_earlier_failures_or_front(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """write_capacity wrote failures.csv and pareto.csv only where they applied and removed
