@@ -725,7 +725,9 @@ def _capacity_input(path: Path, overrides: list[str]) -> tuple[
         if "replications" in sw.spec.model_fields_set:
             typer.echo(f"warning: {path.name}'s replications: {sw.spec.replications} is not "
                        "used: --replications sets the independent searches", err=True)
-        scenario = scenario_from_dict(dict(sw.base), str(path))
+        # From the keys as given (`Sweep.given`): the base's dump holds every default, and a
+        # point that changes a `kind` would keep the old kind's (`apply_params`).
+        scenario = scenario_from_dict(dict(sw.given), str(path))
         return scenario, sw.base_dir, sw.points(), sw.spec.seed, sw.spec.name
     scenario = load_scenario(path, overrides)
     return scenario, path.resolve().parent, None, None, scenario.name

@@ -565,15 +565,24 @@ def test_a_scenarios_own_sweep_is_searched_point_by_point(tmp_path: Path) -> Non
     assert len(pd.read_csv(tmp_path / "o2" / "capacity.csv")) == 1
 
 
-def test_a_sweep_over_a_kind_starts_the_object_again_as_a_sweep_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sweep_file", [False, True])
+def test_a_sweep_over_a_kind_starts_the_object_again_as_a_sweep_does(tmp_path: Path,
+                                                                     sweep_file: bool) -> None:
     """A point that changes a scheduler's `kind` starts the scheduler again from the keys
     given, as `orcasim sweep` and `orcasim run` of the same file do: the search kept the old
     kind's defaults and failed (request_level's max_queue_delay_s is not iteration_level's;
-    a tester's finding). One-token requests one at a time are one M/D/1 queue either way."""
+    a tester's finding; in a sweep file's grid too, whose base the search read with every
+    default set). One-token requests one at a time are one M/D/1 queue either way."""
     import pandas as pd
 
-    path = _md1(tmp_path, sweep={"parameter": "systems[0].scheduler.kind",
-                                 "values": ["request_level", "iteration_level"]})
+    values = ["request_level", "iteration_level"]
+    if sweep_file:
+        _md1(tmp_path)
+        path = tmp_path / "sw.yaml"
+        path.write_text("name: sw\nbase: md1.yaml\ngrid:\n  parameters:\n"
+                        f"    systems[0].scheduler.kind: [{', '.join(values)}]\n")
+    else:
+        path = _md1(tmp_path, sweep={"parameter": "systems[0].scheduler.kind", "values": values})
     result = runner.invoke(app, ["capacity", str(path), "--slo", "e2e_p90=1", "--requests", "60",
                                  "--replications", "1", "--out", str(tmp_path / "o"), "--no-plots"])
     assert result.exit_code == 0, result.output
