@@ -648,7 +648,6 @@ def capacity(
     from orcasim import capacity as cap
     from orcasim.paths import check_in_a_folder
     from orcasim.results import check_replaceable, default_results_dir
-    from orcasim.scenario import data_inputs
     from orcasim.slo import held_by_share
 
     out_dir = out
@@ -677,7 +676,7 @@ def capacity(
         searched = list(dict(sorted({job.point: job.params for job in jobs}.items())).values())
         out_dir = out or default_results_dir(name, Path("results") / "capacity")
         check_in_a_folder(out_dir, "results")
-        data = data_inputs(scenario, base_dir)
+        data = cap.search_data_inputs(jobs)
         inputs = [spec, *data]
         if force:  # before any search, and with the files it reads
             check_replaceable(out_dir, inputs)

@@ -295,6 +295,29 @@ def test_a_point_refused_before_the_search_is_named(tmp_path: Path, parameter: s
     assert f"error: point p0001-rl-r00 ({parameter}={values[4:-1]}): {message}" in result.output
 
 
+def test_a_resumed_search_reads_every_points_trace(tmp_path: Path) -> None:
+    """A grid over the trace: each point's file is digested in the plan, as a sweep's are, so
+    a search is not resumed after one changed (only the base's was: the changed point kept
+    its answer of 115.3 req/s where a fresh search answers 0)."""
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.csv").write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
+            f"{0.2 * i:.1f},10,1\n" for i in range(60)))
+    (tmp_path / "base.yaml").write_text(
+        "name: tr\nworkload: {arrival: {kind: trace, path: a.csv}, max_tokens: 100}\n"
+        "cost: {kind: linear, base_s: 0.1, per_token_s: 0.0}\nkv_capacity_tokens: 1000\n"
+        "systems: [{name: rl, scheduler: {kind: request_level, max_batch_size: 1}}]\n")
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text("name: sw\nbase: base.yaml\ngrid:\n  parameters:\n"
+                     "    workload.arrival.path: [a.csv, b.csv]\n")
+    args = ["capacity", str(sweep), "--slo", "e2e_p90=1", "--requests", "0", "--replications",
+            "1", "--out", str(tmp_path / "o"), "--no-plots"]
+    assert runner.invoke(app, args).exit_code == 0
+    (tmp_path / "b.csv").write_text((tmp_path / "b.csv").read_text().replace(",10,1\n", ",10,50\n"))
+    result = runner.invoke(app, [*args, "--resume"])
+    assert result.exit_code == 2, result.output
+    assert "plan.json differs" in result.output
+
+
 def test_a_resumed_search_leaves_no_earlier_failures_or_front(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """write_capacity wrote failures.csv and pareto.csv only where they applied and removed
