@@ -76,6 +76,7 @@ MAX_BRACKET_STEPS = 10  # doublings or halvings: a factor of about a thousand ei
 # Poisson arrivals leave fewer there in 44% of runs of 27 requests, 0.8% of 35 and 0.02% of
 # 40 (100,000 draws each), and an unjudged run passes however loaded.
 MIN_SEARCH_REQUESTS = 40
+TRACE_KNOB = "workload.arrival.speedup"  # the rate knob of a trace (`rate_knob`)
 CAPACITY_COLUMNS = ["point", "system", "max_rate_per_s", "ci_low", "ci_high", "gpus",
                     "goodput_per_gpu", "cost_per_hour_usd", "cost_per_million_tokens"]
 
@@ -170,7 +171,7 @@ def rate_knob(scenario: Scenario, base_dir: Path | None = None,
         if not math.isfinite(own_rate) or own_rate <= 0:
             raise ScenarioError("workload.arrival: the trace has fewer than two distinct arrival "
                                 "times; expected a trace with a rate to scale")
-        return RateKnob("workload.arrival.speedup", own_rate, own_rate * speedup)
+        return RateKnob(TRACE_KNOB, own_rate, own_rate * speedup)
     raise ScenarioError(f"workload.arrival.kind = '{kind}': a capacity search scales an open "
                         "arrival process (poisson, gamma, constant or trace); a closed loop "
                         "sets its own rate, and a session's calls follow its answers")
@@ -496,7 +497,7 @@ def _point_knob(knob: RateKnob, base: dict[str, Any], params: dict[str, Any],
     """A point's own knob: a trace's rate is the point's trace's (a grid over the trace's
     path, its max_requests or the count shared the first point's: every other point's rates
     were off by the ratio of the traces' rates; a tester's finding)."""
-    if knob.path != "workload.arrival.speedup" or not params:
+    if knob.path != TRACE_KNOB or not params:
         return knob
     data = copy.deepcopy(base)
     apply_params(data, params, given)
@@ -717,6 +718,7 @@ class CapacityResult:
     failed: list[SearchOutcome]
     ran: int
     skipped: int
+    traced: bool = False  # a trace's arrivals, sped up: not of one constant rate
 
 
 def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: str = "local",
@@ -745,7 +747,8 @@ def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: st
                 or SearchOutcome.failed(j, "did not run") for j in jobs]
     table = capacity_table(outcomes, jobs, price_per_gpu_hour, target_rate_per_s)
     return CapacityResult(table, evaluations_table([o for o in outcomes if o.ok]),
-                          [o for o in outcomes if not o.ok], len(todo), len(jobs) - len(todo))
+                          [o for o in outcomes if not o.ok], len(todo), len(jobs) - len(todo),
+                          any(j.knob.path == TRACE_KNOB for j in jobs))
 
 
 def _save_png(fig: Figure, path: Path) -> None:
@@ -805,8 +808,9 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
                       target_rate_per_s: float | None = None) -> list[str]:
     """One line per (point, system) no rate tried passed at (its max_rate_per_s is 0, which
     alone reads like an answer) or every rate did (a lower bound, which alone reads as
-    certain) or a rate failed only on a run too short to tell (`_short_run_warnings`), and
-    one if a configuration search has no Pareto front."""
+    certain) or a rate failed only on a run too short to tell (`_short_run_warnings`) or, of
+    a trace, on the requests in the system alone (`_trace_ramp_warnings`), and one if a
+    configuration search has no Pareto front."""
     table, tried = result.table, result.evaluations
     params = point_parameters(table) if len(table) else []
     lines = []
@@ -820,6 +824,8 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
     lines += _partial_warnings(table[table["max_rate_per_s"] > 0], tried, params)
     lines += _rising_warnings(table, tried, params)
     lines += _short_run_warnings(table, tried, params)
+    if result.traced:
+        lines += _trace_ramp_warnings(table, tried, params)
     for _, row in table[table.get("capped", pd.Series(0.0, index=table.index)) == 1].iterrows():
         target = (f"; copies_for_target is at most {row['copies_for_target']:g}"
                   if target_rate_per_s is not None else "")
@@ -882,24 +888,50 @@ def _rising_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]
     return lines
 
 
+def _failed_in_system_alone(tried: pd.DataFrame, short: bool) -> pd.DataFrame:
+    """The runs that met the SLOs with a flat waiting queue and failed on the requests in the
+    system alone, in runs shorter than twice their p90 latency (`short`) or not."""
+    return tried[(tried["passes"] == 0) & (tried["slo_met"] == 1)
+                 & (tried["in_system_short"] == float(short))
+                 & ~tried["saturation_z"].map(grew) & tried["in_system_z"].map(grew)]
+
+
+def _in_system_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str],
+                        short: bool, why: str) -> list[str]:
+    """A line per (point, system) with a run `_failed_in_system_alone` picks: its lowest rate, `why`."""
+    if tried.empty or "in_system_short" not in tried:
+        return []
+    failed = _failed_in_system_alone(tried, short)
+    lines = []
+    for _, row in table.iterrows():
+        mine = failed[(failed["point"] == row["point"]) & (failed["system"] == row["system"])]
+        if len(mine):
+            lines.append(f"{_which(row, params)}: {mine['rate_per_s'].min():.4g} req/s met the "
+                         f"SLOs and failed only because the requests in the system grew, {why}")
+    return lines
+
+
 def _short_run_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]) -> list[str]:
     """A (point, system) where a rate met the SLOs with a flat waiting queue and failed on the
     requests in the system alone, in runs shorter than twice their p90 latency: a server that
     keeps up is still filling there, so the rate may be one it serves (a stable server of
     about 48 req/s answered 30.2 with 1,000 requests, 47.6 with 2,000)."""
-    if tried.empty or "in_system_short" not in tried:
-        return []
-    short = tried[(tried["passes"] == 0) & (tried["slo_met"] == 1) & (tried["in_system_short"] == 1)
-                  & ~tried["saturation_z"].map(grew) & tried["in_system_z"].map(grew)]
-    lines = []
-    for _, row in table.iterrows():
-        mine = short[(short["point"] == row["point"]) & (short["system"] == row["system"])]
-        if len(mine):
-            lines.append(f"{_which(row, params)}: {mine['rate_per_s'].min():.4g} req/s met the "
-                         "SLOs and failed only because the requests in the system grew, in runs "
-                         "shorter than twice their p90 latency, where a server that keeps up is "
-                         "still filling: max_rate_per_s may be low; more --requests tell")
-    return lines
+    return _in_system_warnings(table, tried, params, True,
+                               "in runs shorter than twice their p90 latency, where a server "
+                               "that keeps up is still filling: max_rate_per_s may be low; more "
+                               "--requests tell")
+
+
+def _trace_ramp_warnings(table: pd.DataFrame, tried: pd.DataFrame, params: list[str]) -> list[str]:
+    """The same in a long enough run of a trace: a trace's arrival rate may change over its
+    span, and at a constant latency the requests in the system follow it (Little's law), which
+    the test cannot tell from a server falling behind. A trace rising from 2 to 20 req/s,
+    served at a flat e2e p90 of 31 to 33 s within 120 and a flat waiting queue, failed its own
+    rate of 11.1 req/s and answered 7.99 without a word (a tester's finding)."""
+    return _in_system_warnings(table, tried, params, False,
+                               "which a trace whose arrival rate rises over its span does at a "
+                               "constant latency (Little's law), as a server falling behind does: "
+                               "max_rate_per_s may be low")
 
 
 def capacity_figures(table: pd.DataFrame, evaluations: pd.DataFrame,

@@ -463,6 +463,34 @@ def test_a_rate_failed_on_a_run_shorter_than_two_latencies_is_said() -> None:
 
 
 
+def test_a_trace_rate_failed_on_the_requests_in_the_system_alone_is_said(tmp_path: Path) -> None:
+    """A trace rising from 2 to 20 req/s over 300 s (test_saturation's ramp) on a server that
+    keeps up: e2e p90 31 to 33 s at every rate, a flat waiting queue, and the requests in the
+    system rising with the arrival rate (Little's law) read in-system z 4.4 at the trace's
+    own 11.1 req/s. The search answered 7.99 without a word; it now says the answer may be low."""
+    rng = np.random.default_rng(1)
+    times = np.cumsum(rng.exponential(1 / 20.0, 20_000))
+    times = times[times < 300.0]
+    kept = times[rng.random(len(times)) < (2.0 + 18.0 * times / 300.0) / 20.0]
+    pd.DataFrame({"arrival_s": kept, "prompt_tokens": rng.integers(50, 401, len(kept)),
+                  "output_tokens": rng.integers(1000, 3001, len(kept))}).to_csv(tmp_path / "ramp.csv",
+                                                                                 index=False)
+    sc = make_scenario(**{"workload": {"arrival": {"kind": "trace", "path": str(tmp_path / "ramp.csv")},
+                                       "max_tokens": 3500},
+                          "cost": {"kind": "linear", "base_s": 0.010, "per_token_s": 5.0e-6},
+                          "kv_capacity_tokens": 100_000_000,
+                          "systems": [{"name": "vllm", "scheduler": {
+                              "kind": "paged", "max_num_seqs": 4096,
+                              "max_num_batched_tokens": 100_000}}]})
+    slo = slo_from_strings(["e2e_p90 <= 120"])
+    result = cap.run_capacity(cap.search_jobs(sc, tmp_path, slo, 1, cap.SearchSettings(num_requests=None)),
+                              workers=1)
+    assert result.traced and 0 < result.table["max_rate_per_s"].iloc[0] < 11.0
+    lines = cap.capacity_warnings(result, slo)
+    assert len(lines) == 1 and "which a trace whose arrival rate rises over its span does" in lines[0], lines
+    assert cap.capacity_warnings(cap.CapacityResult(result.table, result.evaluations, [], 1, 0), slo) == []
+
+
 @pytest.mark.parametrize("seed", [1, 3])
 def test_a_fleet_fails_a_rate_where_one_replica_holds_its_backlog_in_its_running_set(seed: int) -> None:
     """Eight replicas behind round robin, one 3x slower per token, no practical limit on a
