@@ -430,8 +430,14 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     # request carries the one there is.
     prompts_drawn = system_prompt is not None and system_prompt.fraction > 0 and (
         system_prompt.fraction < 1 or system_prompt.variants > 1)
-    if replications > 1 and scenario.workload.arrival.kind == "trace" and not prompts_drawn:
-        warnings.warn(f"workload.arrival.kind = 'trace': every replication replays the same "
+    workload = scenario.workload
+    # Constant arrivals of constant lengths draw nothing either (a tester's note).
+    what = "workload.arrival.kind = 'trace'" if workload.arrival.kind == "trace" else \
+        "constant arrivals of constant lengths" if workload.arrival.kind == "constant" and all(
+            d is not None and d.kind == "constant"
+            for d in (workload.prompt_tokens, workload.output_tokens)) else None
+    if replications > 1 and what is not None and not prompts_drawn:
+        warnings.warn(f"{what}: every replication replays the same "
                       f"requests, so the {replications} replications differ only where a system "
                       "draws at random (a random or power_of_two router); an interval of zero "
                       "width is one sample of the trace, not a certain answer", stacklevel=2)

@@ -443,6 +443,26 @@ def test_a_traces_replications_are_said_to_be_one_sample(tmp_path: Path) -> None
                         cap.SearchSettings(num_requests=200))
 
 
+def test_constant_arrivals_of_constant_lengths_are_said_to_be_one_sample(tmp_path: Path) -> None:
+    """Constant arrivals of constant lengths draw the same requests at every seed, so the
+    replications were one run and its interval of zero width read as a certain answer,
+    where a trace's said so (a tester's note). Drawn lengths differ between replications."""
+    import copy
+
+    data = copy.deepcopy(MD1)
+    data["workload"]["arrival"] = {"kind": "constant", "rate_per_s": 5.0}
+    with pytest.warns(UserWarning, match=r"constant arrivals of constant lengths: every "
+                                         r"replication replays the same requests, so the 3 "):
+        cap.search_jobs(scenario_from_dict(data), tmp_path, slo_from_strings(["e2e_p90=1"]), 3,
+                        cap.SearchSettings(num_requests=100))
+    data["workload"]["output_tokens"] = {"kind": "uniform", "low": 1, "high": 3}
+    data["workload"]["max_tokens"] = 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cap.search_jobs(scenario_from_dict(data), tmp_path, slo_from_strings(["e2e_p90=1"]), 3,
+                        cap.SearchSettings(num_requests=100))
+
+
 def test_each_point_of_a_grid_over_the_trace_is_searched_at_its_own_trace_s_rate(
         tmp_path: Path) -> None:
     """A grid over the trace's path shared the first trace's rate: a trace four times slower
