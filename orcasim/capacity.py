@@ -56,7 +56,7 @@ from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
 from orcasim.saturation import behind_at_constant_rate, grew, in_system_window_is_short
 from orcasim.scenario import Scenario, apply_params, data_inputs, scenario_from_dict, set_dotted
-from orcasim.slo import SLOConfig
+from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import point_name
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted
@@ -956,7 +956,7 @@ def capacity_figures(table: pd.DataFrame, evaluations: pd.DataFrame,
 
 def slo_text(slo: SLOConfig) -> str:
     """The SLO as the `slo:` block of a scenario (slo.yaml in a capacity folder)."""
-    data = {"targets": [f"{t.name} <= {t.bound_s:g}" for t in slo.targets],
+    data = {"targets": [f"{t.name} <= {number_text(t.bound_s)}" for t in slo.targets],
             "attainment": slo.attainment}
     return yaml.safe_dump(data, sort_keys=False)
 

@@ -40,6 +40,13 @@ DEFAULT_ATTAINMENT = 0.9  # DistServe's goodput share
 _TARGET = re.compile(r"^\s*([a-z][a-z0-9_]*)_p(\d+(?:\.\d+)?)\s*(?:<=|=|≤)\s*(\S+)\s*$")
 
 
+def number_text(value: float) -> str:
+    """The shortest text that reads back as `value`: 90.0 as '90', 0.1234567 as itself,
+    where ':g' kept 6 digits (0.123457), so an SLO written out was not the one given."""
+    text = repr(float(value))
+    return text.removesuffix(".0")
+
+
 class SLOTarget(Strict):
     """One `metric_pNN <= bound_s` target."""
 
@@ -49,7 +56,7 @@ class SLOTarget(Strict):
 
     @property
     def name(self) -> str:
-        return f"{self.metric}_p{self.percentile:g}"
+        return f"{self.metric}_p{number_text(self.percentile)}"
 
     @property
     def column(self) -> str:

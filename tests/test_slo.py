@@ -172,3 +172,18 @@ def test_a_target_below_the_attainment_share_is_said_to_be_held_by_it() -> None:
     assert held_by_share(slo_from_strings(["e2e_p50=0.8"], 0.5)) == []
     with pytest.warns(UserWarning, match="e2e_p50 <= 0.8 s is held at the attainment share"):
         run_scenario(make_scenario(slo={"targets": ["e2e_p50 <= 0.8"]}))
+
+
+def test_the_slo_a_capacity_folder_records_reads_back_as_given() -> None:
+    """slo.yaml wrote bounds with 6 significant digits (0.1234567 as 0.123457, 1234567 as
+    1.23457e+06), and a target's name its percentile so (p99.9999999 as p100): the SLO read
+    back from a capacity folder was not the one searched (a tester's note)."""
+    import yaml
+
+    from orcasim.capacity import slo_text
+    from orcasim.slo import SLOConfig, slo_from_strings
+
+    slo = slo_from_strings(["ttft_p90=0.1234567", "e2e_p99.9999999=1234567"], attainment=0.95)
+    back = SLOConfig.model_validate(yaml.safe_load(slo_text(slo)))
+    assert back == slo
+    assert [t.name for t in back.targets] == ["ttft_p90", "e2e_p99.9999999"]
