@@ -175,12 +175,17 @@ def time_bins(iterations: pd.DataFrame, num_bins: int) -> tuple[float, np.ndarra
 def fleet_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarray) -> np.ndarray:
     """`binned_time_average`, summed over replicas when the rows carry a `replica` column
     (a cluster's replicas run at once, so their rows overlap in time)."""
-    if "replica" not in iterations or iterations["replica"].isna().all():
+    if not _has_replicas(iterations):
         return binned_time_average(iterations, column, edges_s)
     total = np.zeros(len(edges_s) - 1)
     for _, rows in iterations.groupby(_instance_keys(iterations), sort=True):
         total += binned_time_average(rows, column, edges_s)
     return total
+
+
+def _has_replicas(iterations: pd.DataFrame) -> bool:
+    """Whether the rows are a cluster's, whose replicas' rows overlap in time."""
+    return "replica" in iterations and not iterations["replica"].isna().all()
 
 
 def _instance_keys(iterations: pd.DataFrame) -> list[str]:
@@ -241,7 +246,8 @@ def timelines(
     for ax, column in zip(axes, columns, strict=True):
         for system, rows in iterations.groupby("system", sort=False):
             ax.plot(mids_s, fleet_time_average(rows, column, edges_s), label=str(system), linewidth=1.0)
-        ax.set_ylabel(TIMELINE_COLUMNS.get(column, column))
+        summed = ",\nsummed over replicas" if _has_replicas(iterations) else ""
+        ax.set_ylabel(TIMELINE_COLUMNS.get(column, column) + summed)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))

@@ -100,6 +100,18 @@ def test_timelines_have_three_labelled_panels() -> None:
     assert fig.axes[-1].get_xlabel() == "simulated time (s)"
 
 
+def test_a_clusters_timeline_says_its_lines_are_summed_over_replicas() -> None:
+    """A cluster's panels sum its replicas (two replicas of batch 2 at once read 4), under
+    the label 'batch size (requests)', a batch no replica ran (a tester's note)."""
+    frame = iterations([(0.0, 1.0, 2), (0.0, 1.0, 2)]).assign(
+        num_waiting=1, kv_reserved_tokens=100, replica=[0, 1])
+    fig = timelines(frame, num_bins=1)
+    assert fig.axes[0].lines[0].get_ydata()[0] == pytest.approx(4.0)
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        "batch size (requests),\nsummed over replicas", "queue length (requests),\nsummed over "
+        "replicas", "KV reserved (tokens),\nsummed over replicas"]
+
+
 @pytest.fixture(scope="module")
 def sweep_table(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     folder = tmp_path_factory.mktemp("sweep")
