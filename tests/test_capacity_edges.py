@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import Result
 
 from orcasim import capacity as cap
 from orcasim.cli import app
@@ -265,15 +266,20 @@ def test_a_run_that_measures_too_few_requests_is_refused(tmp_path: Path, changes
     assert not (tmp_path / "o").exists()
 
 
+def _capacity_of_grid(tmp_path: Path, parameter: str, values: str) -> Result:
+    """`orcasim capacity` of a sweep over md1.yaml with one grid parameter."""
+    _md1(tmp_path)
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(f"name: sw\nbase: md1.yaml\ngrid:\n  parameters:\n    {parameter}: {values}\n")
+    return runner.invoke(app, ["capacity", str(sweep), "--slo", "e2e_p90=1", "--requests",
+                               "60", "--out", str(tmp_path / "o")])
+
+
 @pytest.mark.parametrize("parameter", ["workload.arrival.rate_per_s", "workload.num_requests"])
 def test_a_grid_over_what_the_search_sets_is_refused(tmp_path: Path, parameter: str) -> None:
     """Each point's search sets the rate (and with --requests, the count) at every run: two
     points were one search, reported as two configurations."""
-    _md1(tmp_path)
-    sweep = tmp_path / "sw.yaml"
-    sweep.write_text(f"name: sw\nbase: md1.yaml\ngrid:\n  parameters:\n    {parameter}: [50, 80]\n")
-    result = runner.invoke(app, ["capacity", str(sweep), "--slo", "e2e_p90=1", "--requests",
-                                   "60", "--out", str(tmp_path / "o")])
+    result = _capacity_of_grid(tmp_path, parameter, "[50, 80]")
     assert result.exit_code == 2, result.output
     assert f"grid.parameters.{parameter}: the search sets it at every run" in result.output
 
@@ -286,11 +292,7 @@ def test_a_point_refused_before_the_search_is_named(tmp_path: Path, parameter: s
                                                     message: str) -> None:
     """A grid point's refusal names the point, as `orcasim sweep` and `validate` name it: the
     value the scenario file does not hold (max_tokens 1 where it says 2) was named alone."""
-    _md1(tmp_path)
-    sweep = tmp_path / "sw.yaml"
-    sweep.write_text(f"name: sw\nbase: md1.yaml\ngrid:\n  parameters:\n    {parameter}: {values}\n")
-    result = runner.invoke(app, ["capacity", str(sweep), "--slo", "e2e_p90=1", "--requests",
-                                   "60", "--out", str(tmp_path / "o")])
+    result = _capacity_of_grid(tmp_path, parameter, values)
     assert result.exit_code == 2, result.output
     assert f"error: point p0001-rl-r00 ({parameter}={values[4:-1]}): {message}" in result.output
 
