@@ -150,10 +150,16 @@ class PagedAllocator:
                 taken.append(block)
             return taken
         recycled = self._recycled
-        start = len(recycled) - min(count, len(recycled))
-        taken = recycled[start:]
-        taken.reverse()  # the last freed first
-        del recycled[start:]
+        start = len(recycled) - count
+        if start >= 0:  # freed blocks only: nearly every take once blocks come back
+            if count == 1:
+                return [recycled.pop()]
+            taken = recycled[start:]
+            taken.reverse()  # the last freed first
+            del recycled[start:]
+            return taken
+        taken = recycled[::-1]  # all of them, the last freed first; then never-used ones
+        recycled.clear()
         fresh = count - len(taken)
         if fresh:
             taken.extend(range(self._fresh, self._fresh + fresh))
