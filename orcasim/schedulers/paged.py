@@ -443,7 +443,8 @@ class PagedScheduler(Scheduler):
             self._count_hit(req, len(hits) * self.cfg.block_size_tokens)
         blocks = self.allocator.allocate(req, need_blocks)  # not in the assert: python -O drops it
         assert blocks is not None, "_admission counted the free blocks"
-        self.cache_full(req, int(self.computed[req]) + num_new)
+        if self.caching:  # tested here, not in the call: every joiner passes
+            self.cache_full(req, self.computed.item(req) + num_new)
         self._take_candidate(req, plan)
         self._add_running(req)
         self.add_to_plan(plan, req, num_new)
@@ -463,8 +464,11 @@ class PagedScheduler(Scheduler):
         """What `req` would take if, as the head, it could join `plan` now; else None."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
-        hits = self._cache_hits(req) if self.caching else []  # none without a cache
-        start = self.computed.item(req) + len(hits) * self.cfg.block_size_tokens
+        if self.caching:
+            hits = self._cache_hits(req)
+            start = self.computed.item(req) + len(hits) * self.cfg.block_size_tokens
+        else:  # no hits without a cache
+            hits, start = [], self.computed.item(req)
         num_new = self._num_new_tokens(req, plan.budget_tokens, start)
         if num_new == 0 or not self._fits_batch(plan, num_new):
             return None
