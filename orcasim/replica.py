@@ -182,6 +182,10 @@ class Replica:
         """Take the next event (see `next_event`)."""
         event = self.next_event()
         assert event is not None, "a replica without an event was stepped"
+        self.take(event)
+
+    def take(self, event: tuple[float, int]) -> None:
+        """Take `event`, which `next_event` gave just now (a loop that asked already)."""
         time_s, kind = event
         self._touch()
         self.now_s = time_s
@@ -520,11 +524,12 @@ def _drive_one(replica: Replica, source: ArrivalSource, route: Router,
     while True:
         event = replica.next_event()
         arrival_s = source.next_time_s() if source.pending() else math.inf
-        if event is not None and (event[0], event[1]) < (arrival_s, ARRIVAL):
+        if event is not None and event < (arrival_s, ARRIVAL):  # (time, priority) each
             if wait_until is not None:
                 wait_until(event[0])
-            replica.step()
-            end_s = max(end_s, replica.now_s)
+            replica.take(event)
+            if replica.now_s > end_s:  # max's value, without its call
+                end_s = replica.now_s
             if event[1] == END and not (source.pending() and source.next_time_s() <= end_s):
                 replica.step()  # its PLAN at the same time: nothing can arrive in between
         elif arrival_s < math.inf:
