@@ -363,7 +363,7 @@ class PagedFusedStepper:
                 joiners.append(req)  # its first token comes now, if it is its first
         self.partial = left if left >= 0 else None
         unit = self._priced(now_s, plan, [1] * decoding + plan.num_new, context, joiners,
-                            sum(context), fresh=fresh, chunk_req=left,
+                            None, fresh=fresh, chunk_req=left,
                             chunk_tokens=plan.num_new[-1] if left >= 0 else 0)
         if self.partial is None:
             # Each member's context in the plan is its known tokens (it computes them all):
@@ -372,13 +372,16 @@ class PagedFusedStepper:
         return unit.ends_s[-1]
 
     def _priced(self, now_s: float, plan: Plan, query: list[int], context: list[int],
-                joiners: list[int], kv_used_tokens: int, **marks: int | bool) -> _Unit:
+                joiners: list[int], kv_used_tokens: int | None, **marks: int | bool) -> _Unit:
         """The pending unit of a plan's iteration, priced on `query` and `context` (as the
         cost model sees them) plus any swap copies; the plan's recomputed tokens counted,
-        as `PagedScheduler._output` counts them in the generic loop."""
+        as `PagedScheduler._output` counts them in the generic loop. `kv_used_tokens`
+        None: the context's total (unpadded, the plan's KV in use)."""
         s = self.scheduler
         s.recomputed_tokens_total += plan.recomputed_tokens
         query_total, context_total = sum(query), sum(context)
+        if kv_used_tokens is None:
+            kv_used_tokens = context_total
         plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)
         plan_s += plan.copy_time_s
         unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
