@@ -99,6 +99,17 @@ def _parsed(index: int, text: str) -> SLOTarget:
         raise ScenarioError(f"targets[{index}]: {e}") from None
 
 
+def _target(index: int, value: Any) -> Any:
+    """A target as given: text parsed (`_parsed`), a mapping left to pydantic; anything else
+    refused naming the documented text form (pydantic's "expected a mapping" hid it)."""
+    if isinstance(value, str):
+        return _parsed(index, value)
+    if isinstance(value, dict | SLOTarget):
+        return value
+    raise ScenarioError(f"targets[{index}] = {value!r}: expected a target such as "
+                        "'ttft_p90 <= 0.2' (METRIC_pNN <= SECONDS)")
+
+
 class SLOConfig(Strict):
     """The scenario's `slo:` block: targets and the share of requests that must attain them."""
 
@@ -115,7 +126,7 @@ class SLOConfig(Strict):
             targets = [f"{k} <= {v}" for k, v in targets.items()]
         if not isinstance(targets, list):  # pydantic names the key and the type
             return data
-        targets = [_parsed(i, t) if isinstance(t, str) else t for i, t in enumerate(targets)]
+        targets = [_target(i, t) for i, t in enumerate(targets)]
         names = [t.name for t in targets if isinstance(t, SLOTarget)]
         if len(set(names)) < len(names):
             raise ScenarioError(f"targets repeat {sorted({n for n in names if names.count(n) > 1})[0]}")

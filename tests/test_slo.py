@@ -91,6 +91,17 @@ def test_bad_slo_block_in_a_scenario() -> None:
     assert "\n" not in str(err.value)
 
 
+def test_a_target_that_is_neither_text_nor_a_mapping_names_the_text_form() -> None:
+    # It read "expected a mapping of its keys (key: value), not a single value", which hid
+    # the form the README documents (a tester's finding: `targets: [5]`).
+    for value in (5, None, True, [0.2]):
+        with pytest.raises(ScenarioError) as err:
+            make_scenario(slo={"targets": [value]})
+        text = str(err.value)
+        assert f"slo.targets[0] = {value!r}: expected a target such as 'ttft_p90 <= 0.2'" in text, text
+        assert "\n" not in text
+
+
 def test_error_messages_name_the_problem() -> None:
     cases = {
         "ttft <= 0.2": "expected METRIC_pNN <= SECONDS, e.g. ttft_p90 <= 0.2 (metrics: ttft, tpot, "
