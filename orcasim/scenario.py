@@ -245,11 +245,16 @@ class Scenario(Strict):
                         continue
                     where = f"systems[{j}].cluster.{key}"
                     owner = "cost" if system.cost is None else f"systems[{j}].cost"
+                    # An overhead reads the group's layers and parallel degrees (its launches,
+                    # the TP round trip): the GPU time alone is the inherited one.
+                    also = (", and its overhead's launches and process count"
+                            if cost.overhead is not None else "")
                     warnings.warn(
                         f"{where}.{name}: its iterations are priced by {owner}.kind = 'linear', "
                         f"which reads no model or hardware, so its own {name} changes only its "
-                        "KV capacity (and any KV transfer), not its speed; expected a cost of its "
-                        f"own ({where}.cost, e.g. {{kind: roofline}})", UserWarning, stacklevel=2)
+                        f"KV capacity (and any KV transfer{also}), not its GPU time; expected a "
+                        f"cost of its own ({where}.cost, e.g. {{kind: roofline}})",
+                        UserWarning, stacklevel=2)
 
     def _check_pool_models(self) -> None:
         """A decode instance continues the KV a prefill instance computed: both pools serve

@@ -355,6 +355,27 @@ def test_a_group_s_own_deployment_under_a_linear_cost_is_warned_of(where: str, c
         make_scenario(**changes, systems=[system])
 
 
+def test_the_warning_of_an_inherited_linear_cost_says_what_its_overhead_reads() -> None:
+    """A linear cost with an overhead: the overhead reads the group's own hardware (its TP
+    round trip, 69dfc67), so the group's tensor_parallel 4 does change its speed (a lone
+    request's iteration 0.010852 -> 0.017852 s). The warning said 'not its speed'."""
+    group = {"count": 1, "kv_capacity_tokens": 1_000,
+             "hardware": {"gpu": "a100-80gb", "tensor_parallel": 4}}
+    data = {"name": "overhead-group", "kv_capacity_tokens": 1_000,
+            "workload": {"num_requests": 1, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                         "prompt_tokens": {"kind": "constant", "value": 8},
+                         "output_tokens": {"kind": "constant", "value": 1}, "max_tokens": 64},
+            "cost": {"kind": "linear", "base_s": 0.010, "overhead": {}},
+            "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                         "cluster": {"replicas": [group]}}]}
+    with pytest.warns(UserWarning, match=r"cluster\.replicas\[0\]\.hardware.*its overhead's "
+                      r"launches and process count\), not its GPU time") as said:
+        sc = scenario_from_dict(data, "overhead-group")
+    assert not any("not its speed" in str(w.message) for w in said)
+    req = run_scenario(sc).systems["c"].requests.iloc[0]
+    assert req["e2e_s"] == pytest.approx(0.010 + 0.81e-3 + 0.042e-3 + 7e-3, rel=1e-12)
+
+
 def test_a_group_s_cost_model_is_its_own_after_an_earlier_group_s_spec_is_gone() -> None:
     """Cost models were kept by the id of each group's spec; a spec no longer referenced
     (an earlier group's, once the loop moved on) may give its id to a later one, which then
