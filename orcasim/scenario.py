@@ -120,6 +120,20 @@ class SweepConfig(Strict):
 HARDWARE_COST_KINDS = ("roofline", "profile")
 
 
+# Hardware keys that set only the KV capacity, which a group may change under the
+# scenario's prices: a lower memory share on the same GPUs is no other deployment.
+_KV_ONLY_HARDWARE = {"gpu_memory_utilization", "activation_reserve_gib"}
+
+
+def _priced_alike(own: object, inherited: object) -> bool:
+    """Whether a group's own model or hardware is what the inherited cost was written for,
+    but for keys that set only the KV capacity."""
+    if own == inherited:
+        return True
+    return isinstance(own, HardwareConfig) and isinstance(inherited, HardwareConfig) and \
+        own.model_dump(exclude=_KV_ONLY_HARDWARE) == inherited.model_dump(exclude=_KV_ONLY_HARDWARE)
+
+
 class Scenario(Strict):
     name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS)
     seed: NonNegativeInt = 0  # numpy's SeedSequence takes non-negative integers
@@ -241,7 +255,7 @@ class Scenario(Strict):
                     continue  # the group prices its own iterations
                 for name, own, inherited in (("model", group.model, self.model),
                                              ("hardware", group.hardware, self.hardware)):
-                    if own is None or own == inherited:
+                    if own is None or _priced_alike(own, inherited):
                         continue
                     where = f"systems[{j}].cluster.{key}"
                     owner = "cost" if system.cost is None else f"systems[{j}].cost"

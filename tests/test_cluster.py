@@ -355,6 +355,23 @@ def test_a_group_s_own_deployment_under_a_linear_cost_is_warned_of(where: str, c
         make_scenario(**changes, systems=[system])
 
 
+def test_a_group_that_changes_only_its_memory_share_is_not_warned_of() -> None:
+    """A group on the scenario's GPUs at its parallelism with only `gpu_memory_utilization`
+    (or `activation_reserve_gib`) of its own changes its KV capacity alone, which the
+    inherited linear cost rightly does not price: it was told to expect a cost of its own."""
+    changes = {"workload.num_requests": 10, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+               "kv_capacity_tokens": None}
+    for own in ({"gpu_memory_utilization": 0.5}, {"activation_reserve_gib": 4.0}):
+        system = {"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 4}, "cluster": {
+            "replicas": [{"count": 1}, {"count": 1, "hardware": {"gpu": "a100-80gb", **own}}]}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            make_scenario(**changes, systems=[system])
+    system["cluster"]["replicas"][1]["hardware"]["tensor_parallel"] = 2  # another deployment
+    with pytest.warns(UserWarning, match=r"replicas\[1\]\.hardware.*cost.kind = 'linear'"):
+        make_scenario(**changes, systems=[system])
+
+
 def test_the_warning_of_an_inherited_linear_cost_says_what_its_overhead_reads() -> None:
     """A linear cost with an overhead: the overhead reads the group's own hardware (its TP
     round trip, 69dfc67), so the group's tensor_parallel 4 does change its speed (a lone
