@@ -238,7 +238,8 @@ def _refuse_overrides_of_the_swept(sc: Scenario, overrides: list[str]) -> None:
 
     swept = [sc.sweep.parameter] if sc.sweep is not None else []
     for given in overrides:
-        refuse_swept_override(given, "--set", swept, "its sweep block")
+        refuse_swept_override(given, "--set", swept, "its sweep block",
+                              alone=" (with --set sweep=null, the value given runs alone)")
 
 
 def fail_naming_overrides(path: Path, overrides: list[str], e: Exception) -> None:

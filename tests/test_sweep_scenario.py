@@ -118,7 +118,7 @@ def test_a_set_on_the_swept_key_is_refused_not_dropped(tmp_path: Path, command: 
     assert p.stderr == ("error: --set 'workload.arrival.rate_per_s=3': its sweep block sets "
                         "workload.arrival.rate_per_s at every point, so this value would never be "
                         "used; expected it in its sweep block's values, or a key its sweep block "
-                        "does not sweep\n")
+                        "does not sweep (with --set sweep=null, the value given runs alone)\n")
     assert not (tmp_path / "out").exists()
 
 

@@ -295,14 +295,16 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     return sweep
 
 
-def refuse_swept_override(given: str, key: str, swept: Iterable[str], by: str = "the grid") -> None:
+def refuse_swept_override(given: str, key: str, swept: Iterable[str], by: str = "the grid",
+                          alone: str = "") -> None:
     """Refuse an override (`key` says who gave it: `set:` or `--set`) of a key that `by` sets
-    at every point: it would never be used, and the sweep ran `by`'s values without a word."""
+    at every point: it would never be used, and the sweep ran `by`'s values without a word.
+    `alone`: how to run the value given by itself, where there is a way."""
     path = given.split("=", 1)[0].strip()
     if path in swept:
         raise ScenarioError(f"{key} {given!r}: {by} sets {path} at every point, so this value "
                             f"would never be used; expected it in {by}'s values, or a key {by} "
-                            "does not sweep")
+                            f"does not sweep{alone}")
 
 
 def _base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
