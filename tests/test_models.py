@@ -442,3 +442,23 @@ def test_a_layer_named_twice_is_refused() -> None:
         ModelSpec.model_validate({**base, "moe": {**moe, "dense_layers": [0, 0]}})
     with pytest.raises(ValueError, match=r"model.sliding_window_layers \[1, 3, 1\] names layer 1"):
         ModelSpec.model_validate({**base, "sliding_window": 64, "sliding_window_layers": [1, 3, 1]})
+
+
+@pytest.mark.parametrize(("name", "key", "value", "expected"), [
+    ("qwen3-30b-a3b", "moe_intermediate_size", 0, "expert_intermediate_size = 0: Input should be greater than 0"),
+    ("gpt2", "n_inner", 0, "intermediate_size = 0: Input should be greater than 0"),
+    ("qwen3-30b-a3b", "decoder_sparse_step", 0, "decoder_sparse_step = 0; expected a positive integer"),
+    ("deepseek-v3", "moe_layer_freq", 0, "moe_layer_freq = 0; expected a positive integer"),
+    ("qwen3-30b-a3b", "mlp_only_layers", 5, "mlp_only_layers = 5; expected a list of 0-based layer"),
+])
+def test_a_moe_config_s_zero_or_wrong_kind_is_refused_not_replaced(
+    tmp_path: Path, name: str, key: str, value: object, expected: str,
+) -> None:
+    """`moe_intermediate_size: 0` read as the dense MLP's 6,144 (Qwen3-30B-A3B: 233.5B
+    parameters, not 30.5B), `n_inner: 0` as 4 x hidden, a step of 0 as 1, and
+    `mlp_only_layers: 5` was a TypeError traceback (a tester's finding)."""
+    config = json.loads(Path(f"orcasim/data/hf_configs/{name}/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, key: value}))
+    with pytest.raises(ScenarioError, match=re.escape(expected)):
+        model_from_argument(str(path))

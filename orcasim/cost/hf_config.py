@@ -111,6 +111,31 @@ def _need(config: Config, *keys: str) -> Any:
                         "configs have")
 
 
+def _present_or(config: Config, key: str, default: Any) -> Any:
+    """`config[key]` where present, `default` where absent or null. A 0 is taken as given,
+    for the model's checks to refuse: `or` read `moe_intermediate_size: 0` as the dense MLP's
+    width (Qwen3-30B-A3B counted 233B parameters; a tester's finding)."""
+    return config[key] if config.get(key) is not None else default
+
+
+def _layer_step(config: Config, key: str) -> int:
+    """Every how many layers a MoE layer comes (`decoder_sparse_step`, `moe_layer_freq`):
+    1 where absent; 0 is refused (transformers divides by it), not read as 1."""
+    step = int(_present_or(config, key, 1))
+    if step < 1:
+        raise ScenarioError(f"model.hf_config: {key} = {step}; expected a positive integer")
+    return step
+
+
+def _layer_list(config: Config, key: str) -> list[int]:
+    """A list of layer indices (`mlp_only_layers`): an int there was a TypeError traceback."""
+    value = _present_or(config, key, [])
+    if not (isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
+        raise ScenarioError(f"model.hf_config: {key} = {json.dumps(value)}; expected a list of "
+                            "0-based layer indices")
+    return value
+
+
 def _default_kv_heads(config: Config, heads: int) -> int:
     """KV heads where a config leaves them out: transformers' MistralConfig defaults to 8 (a
     trimmed Mistral config read as 32, four times the KV); Llama's and the others' default
@@ -124,9 +149,7 @@ def _llama_like(config: Config) -> dict[str, Any]:
         "num_layers": _need(config, "num_hidden_layers"),
         "hidden_size": _need(config, "hidden_size"),
         "num_heads": heads,
-        # Present is taken as given (0 is refused by the model's checks, not replaced).
-        "num_kv_heads": (config["num_key_value_heads"] if config.get("num_key_value_heads") is not None
-                         else _default_kv_heads(config, heads)),
+        "num_kv_heads": _present_or(config, "num_key_value_heads", _default_kv_heads(config, heads)),
         "intermediate_size": _need(config, "intermediate_size"),
         "gated_mlp": True,
         "vocab_size": _need(config, "vocab_size"),
@@ -185,14 +208,15 @@ def _moe(config: Config) -> dict[str, Any] | None:
     if not num_experts:
         return None
     layers = range(int(_need(config, "num_hidden_layers")))
-    expert_width = int(config.get("moe_intermediate_size") or _need(config, "intermediate_size"))
+    width = config.get("moe_intermediate_size")  # absent: Mixtral's, the MLP's (0 is refused)
+    expert_width = int(width if width is not None else _need(config, "intermediate_size"))
     shared_width = int(config.get("shared_expert_intermediate_size") or 0)  # Qwen2-MoE
     if family.startswith("deepseek"):
         shared_width = int(config.get("n_shared_experts") or 0) * expert_width
-        first, step = int(config.get("first_k_dense_replace") or 0), int(config.get("moe_layer_freq") or 1)
+        first, step = int(config.get("first_k_dense_replace") or 0), _layer_step(config, "moe_layer_freq")
         dense = [i for i in layers if i < first or i % step]
     elif family.startswith("qwen"):
-        step, only_mlp = int(config.get("decoder_sparse_step") or 1), config.get("mlp_only_layers") or []
+        step, only_mlp = _layer_step(config, "decoder_sparse_step"), _layer_list(config, "mlp_only_layers")
         dense = [i for i in layers if i in only_mlp or (i + 1) % step]
     else:  # Mixtral, gpt-oss: every layer
         dense = []
@@ -250,7 +274,7 @@ def _gpt2(config: Config) -> dict[str, Any]:
         "num_layers": _need(config, "n_layer", "num_hidden_layers"),
         "hidden_size": hidden,
         "num_heads": _need(config, "n_head", "num_attention_heads"),
-        "intermediate_size": config.get("n_inner") or 4 * hidden,
+        "intermediate_size": _present_or(config, "n_inner", 4 * hidden),
         "vocab_size": _need(config, "vocab_size"),
         "max_seq_len": _need(config, "n_positions", "max_position_embeddings"),
         "positional": "learned",
