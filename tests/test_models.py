@@ -154,9 +154,12 @@ def test_a_moe_decode_step_reads_the_active_weights_alone_and_all_in_a_big_batch
 @pytest.mark.parametrize(("name", "message"), [
     ("mixtral-8x7b", "mixture-of-experts layers"),
     ("mistral-7b-v0.1", "sliding-window attention"),
+    ("fp32", r"4-byte activations \(model.dtype_bytes\)"),
 ])
 def test_the_profile_cost_refuses_what_its_tables_do_not_time(name: str, message: str) -> None:
-    deployment = Deployment(model=hf(name), hardware=HardwareConfig(gpu="a100-80gb"))
+    # An fp32 model: Mistral's shape without its window, in 4-byte activations.
+    model = hf(name) if name != "fp32" else hf("mistral-7b-v0.1", sliding_window=None, dtype_bytes=4)
+    deployment = Deployment(model=model, hardware=HardwareConfig(gpu="a100-80gb"))
     cfg = ProfileCostConfig(kind="profile",
                             mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
     with pytest.raises(ScenarioError, match=message):

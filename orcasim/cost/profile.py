@@ -97,6 +97,9 @@ def _check_profiled_shape(model: ModelSpec) -> None:
         ("latent attention (model.mla)", model.mla is not None),
         ("sliding-window attention (model.sliding_window)", model.sliding_window is not None),
         (f"{model.weight_dtype} weights", model.weight_dtype not in (None, "bf16", "fp16")),
+        # An fp32 model (dtype_bytes 4) was priced from bf16 tables with fp32 weights, KV and
+        # attention around them (a tester's finding), where weight_dtype fp32 was refused.
+        (f"{model.dtype_bytes}-byte activations (model.dtype_bytes)", model.dtype_bytes != 2),
         (f"an {model.kv_cache_dtype} KV cache", model.kv_cache_dtype not in (None, "bf16", "fp16")),
     ) if present]
     if unprofiled:
