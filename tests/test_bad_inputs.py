@@ -74,6 +74,15 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("an empirical length file that is not there",
      {"workload.output_tokens": {"kind": "empirical", "path": "nope.csv", "column": "o"}}, None,
      "workload.output_tokens.path: file 'nope.csv' not found"),
+    # A session's file said only "file 'nope.csv' not found", no key (a request workload's named it).
+    ("a session's empirical length file that is not there",
+     {"workload": {"max_tokens": 640, "arrival": {
+         "kind": "conversations", "num_sessions": 2, "concurrent_sessions": 1,
+         "turns": {"kind": "constant", "value": 2},
+         "user_tokens": {"kind": "empirical", "path": "nope.csv", "column": "u"},
+         "output_tokens": {"kind": "constant", "value": 8},
+         "think_time": {"kind": "constant", "value_s": 0}, "max_context_tokens": 512}}}, None,
+     "workload.arrival.user_tokens.path: file 'nope.csv' not found"),
     ("a queue delay past the clock", {"systems[0].scheduler.max_queue_delay_s": 1e12}, None,
      "max_queue_delay_s = 1000000000000.0: Input should be less than or equal to 1000000000"),
     ("every request too large", {"kv_capacity_tokens": 32,

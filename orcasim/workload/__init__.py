@@ -49,6 +49,10 @@ class SystemPromptConfig(Strict):
         return PromptContent(prompts, np.arange(n, dtype=np.int64) + self.variants + n)
 
 
+# The length distributions of a session arrival (conversations' or agents' keys).
+SESSION_LENGTH_KEYS = ("turns", "user_tokens", "steps", "observation_tokens", "output_tokens")
+
+
 class WorkloadConfig(Strict):
     """The offered load. With a trace arrival the trace supplies the lengths; with a
     session arrival (conversations, agents) the sessions do, and their steps are the requests."""
@@ -83,7 +87,7 @@ class WorkloadConfig(Strict):
                                         f"{self.arrival.kind} the sessions make the requests "
                                         "(a shared system prompt is arrival.system_prompt)")
             # The sessions' own lengths warn as a request workload's do.
-            for key in ("output_tokens", "user_tokens", "observation_tokens", "turns", "steps"):
+            for key in SESSION_LENGTH_KEYS:
                 warn_if_clipped(f"arrival.{key}", getattr(self.arrival, key, None))
             return self
         missing = [k for k in ("num_requests", "prompt_tokens", "output_tokens") if getattr(self, k) is None]
@@ -115,6 +119,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     if isinstance(cfg.arrival, ConversationArrival | AgentArrival):
         from orcasim.sessions import session_table  # it imports this package's modules
 
+        _read_length_files(cfg.arrival, "workload.arrival", SESSION_LENGTH_KEYS)
         return session_table(draw_plan(cfg.arrival.shape(), cfg.max_tokens, rng), cfg.max_tokens)
     if isinstance(cfg.arrival, TraceArrival):
         cap = cfg.arrival.max_requests or cfg.num_requests
@@ -145,10 +150,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             with np.errstate(over="ignore"):  # an overflow is refused next, by its key
                 arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
             check_arrival_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
-        for key, dist in (("prompt_tokens", cfg.prompt_tokens), ("output_tokens", cfg.output_tokens)):
-            if isinstance(dist, EmpiricalLength):
-                with _naming_missing(f"workload.{key}.path"):  # read now: a file not found, named
-                    dist.values()
+        _read_length_files(cfg, "workload", ("prompt_tokens", "output_tokens"))
         prompt, output = sample_prompt_and_output(cfg.prompt_tokens, cfg.output_tokens, rng, n)
     if cfg.system_prompt is not None and content is not None:
         raise ScenarioError("workload.system_prompt must not be set with a trace whose "
@@ -164,6 +166,16 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
     return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
                     content=content)
+
+
+def _read_length_files(owner: Strict, prefix: str, keys: tuple[str, ...]) -> None:
+    """Read every empirical length file among `keys` of `owner` now, so that a file not
+    found is named by its key (a session's was not: 'file 'nope.csv' not found' alone)."""
+    for key in keys:
+        dist = getattr(owner, key, None)
+        if isinstance(dist, EmpiricalLength):
+            with _naming_missing(f"{prefix}.{key}.path"):
+                dist.values()
 
 
 @contextlib.contextmanager
