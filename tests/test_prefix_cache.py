@@ -435,12 +435,24 @@ def test_a_system_prompt_is_put_before_each_carrier_s_own_prompt() -> None:
     np.testing.assert_array_equal(shared.arrival_s, plain.arrival_s)
 
 
-def test_a_system_prompt_with_a_mooncake_trace_is_refused() -> None:
-    from orcasim.workload import WorkloadConfig
+def test_a_system_prompt_with_a_mooncake_trace_is_refused_only_where_it_has_hash_ids(
+        tmp_path: Path) -> None:
+    """A Mooncake file of lengths alone says nothing about sharing: with `format: mooncake`
+    it was refused for hash_ids it does not have, though `format: auto` took it."""
+    from orcasim.workload import WorkloadConfig, generate_requests
 
-    with pytest.raises(ValueError, match="hash_ids already say"):
-        WorkloadConfig(arrival={"kind": "trace", "path": "x.jsonl", "format": "mooncake"},
-                       max_tokens=10, system_prompt={"tokens": 5})
+    lengths_only = tmp_path / "lengths.jsonl"
+    lengths_only.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n')
+    with_ids = tmp_path / "ids.jsonl"
+    with_ids.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [0]}\n')
+    for fmt in ("mooncake", "auto"):
+        cfg = WorkloadConfig(arrival={"kind": "trace", "path": str(lengths_only), "format": fmt},
+                             max_tokens=16, system_prompt={"tokens": 5})
+        assert generate_requests(cfg, np.random.default_rng(0)).prompt_tokens.tolist() == [10]
+        cfg = WorkloadConfig(arrival={"kind": "trace", "path": str(with_ids), "format": fmt},
+                             max_tokens=16, system_prompt={"tokens": 5})
+        with pytest.raises(ValueError, match="hash_ids already say"):
+            generate_requests(cfg, np.random.default_rng(0))
 
 
 # Routing for the cache ---------------------------------------------------------------

@@ -67,9 +67,6 @@ class WorkloadConfig(Strict):
     @model_validator(mode="after")
     def _complete(self) -> Self:
         if isinstance(self.arrival, TraceArrival):
-            if self.system_prompt is not None and self.arrival.format == "mooncake":
-                raise ScenarioError("workload.system_prompt must not be set with a mooncake "
-                                    "trace: its hash_ids already say what the prompts share")
             for key in ("prompt_tokens", "output_tokens"):
                 if getattr(self, key) is not None:
                     raise ScenarioError(f"{key} must not be set: a trace supplies the lengths")
@@ -152,6 +149,8 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             check_arrival_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
         _read_length_files(cfg, "workload", ("prompt_tokens", "output_tokens"))
         prompt, output = sample_prompt_and_output(cfg.prompt_tokens, cfg.output_tokens, rng, n)
+    # Refused here, where the file is read, not by its format: a Mooncake file of lengths
+    # alone has no hash_ids, and takes a system prompt as a CSV does.
     if cfg.system_prompt is not None and content is not None:
         raise ScenarioError("workload.system_prompt must not be set with a trace whose "
                             "hash_ids already say what the prompts share (mooncake)")
