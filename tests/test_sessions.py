@@ -784,3 +784,15 @@ def test_long_sessions_on_a_server_that_keeps_up_are_not_saturated(seed: int) ->
     assert task_s.max() < 1.1 * task_s.min()  # it keeps up
     assert system.summary["session_saturation_z"] < 3, system.summary
     assert system.summary["saturated"] == 0.0
+
+
+def test_more_concurrent_sessions_than_sessions_says_how_many_ever_run() -> None:
+    """64 concurrent of 16 sessions ran 16 at once without a word, where a closed loop's
+    clients above its requests warn: the population the user meant never forms."""
+    from orcasim.workload import WorkloadConfig, generate_requests
+
+    cfg = WorkloadConfig(max_tokens=2000, arrival=agents(num_sessions=16, concurrent_sessions=64))
+    with pytest.warns(UserWarning, match=r"^workload.arrival.concurrent_sessions = 64 is above "
+                                         r"workload.arrival.num_sessions = 16: at most 16 "
+                                         r"sessions ever run at once$"):
+        generate_requests(cfg, np.random.default_rng(0))

@@ -117,6 +117,11 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
         from orcasim.sessions import session_table  # it imports this package's modules
 
         _read_length_files(cfg.arrival, "workload.arrival", SESSION_LENGTH_KEYS)
+        sessions, concurrent = cfg.arrival.num_sessions, cfg.arrival.concurrent_sessions
+        if concurrent is not None and concurrent > sessions:  # as a closed loop's clients
+            warnings.warn(f"workload.arrival.concurrent_sessions = {concurrent} is above "
+                          f"workload.arrival.num_sessions = {sessions}: at most {sessions} "
+                          "sessions ever run at once", UserWarning, stacklevel=2)
         return session_table(draw_plan(cfg.arrival.shape(), cfg.max_tokens, rng), cfg.max_tokens)
     if isinstance(cfg.arrival, TraceArrival):
         cap = cfg.arrival.max_requests or cfg.num_requests
