@@ -283,8 +283,10 @@ def check_arrival_times(times_s: np.ndarray, key: str, value: float) -> None:
         raise ScenarioError(f"workload.arrival.{key} = {value:g}: the arrival times overflow to "
                             f"infinity; expected a {key} that keeps them below {MAX_TIME_S:g} s")
     if len(times_s) and float(times_s.max()) > MAX_TIME_S:
+        # A session rate counts sessions started, not requests (each makes several calls).
+        starts = "sessions" if key == "session_rate_per_s" else "requests"
         expected = (f"a speedup that keeps them below {MAX_TIME_S:g} s" if key == "speedup"
-                    else "a rate in requests per second (is it off by a unit?)")
+                    else f"a rate in {starts} per second (is it off by a unit?)")
         raise ScenarioError(f"workload.arrival.{key} = {value:g}: the arrival times reach "
                             f"{float(times_s.max()):.3g} s, beyond {MAX_TIME_S:g} s, where float "
                             f"timestamps lose precision; expected {expected}")

@@ -796,3 +796,11 @@ def test_more_concurrent_sessions_than_sessions_says_how_many_ever_run() -> None
                                          r"workload.arrival.num_sessions = 16: at most 16 "
                                          r"sessions ever run at once$"):
         generate_requests(cfg, np.random.default_rng(0))
+
+
+def test_a_session_rate_past_the_clock_asks_for_sessions_per_second() -> None:
+    """It asked for 'a rate in requests per second', though the key counts sessions started."""
+    arrival = agents(concurrent_sessions=None, session_rate_per_s=1e-12)
+    with pytest.raises(ScenarioError, match=r"^workload.arrival.session_rate_per_s = 1e-12: .*"
+                                            r"expected a rate in sessions per second \(is it off"):
+        table(arrival)
