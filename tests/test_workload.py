@@ -311,6 +311,29 @@ def test_an_empirical_length_column_is_read_and_checked(tmp_path: Path) -> None:
         lengths.load_length_column(str(bad), "prompt")
 
 
+def test_an_empirical_files_error_names_the_key_that_gave_it(tmp_path: Path) -> None:
+    """'e.csv: no column 'x'; columns are p, o' named neither the key nor which of the
+    workload's length distributions gave it (both name one file); a session's alike."""
+    f = tmp_path / "e.csv"
+    f.write_text("p,o\n10,5\n0,6\n")
+    cfg = WorkloadConfig.model_validate({
+        "num_requests": 5, "arrival": {"kind": "poisson", "rate_per_s": 1.0}, "max_tokens": 64,
+        "prompt_tokens": {"kind": "constant", "value": 3},
+        "output_tokens": {"kind": "empirical", "path": str(f), "column": "x"}})
+    with pytest.raises(ScenarioError, match=r"^workload\.output_tokens: \S*e\.csv: no column 'x'; "
+                                            r"columns are p, o$"):
+        generate_requests(cfg, np.random.default_rng(0))
+    arrival = {"kind": "conversations", "num_sessions": 2, "concurrent_sessions": 1,
+               "turns": {"kind": "constant", "value": 2},
+               "user_tokens": {"kind": "empirical", "path": str(f), "column": "p"},
+               "output_tokens": {"kind": "constant", "value": 3},
+               "think_time": {"kind": "constant", "value_s": 0}, "max_context_tokens": 64}
+    cfg = WorkloadConfig.model_validate({"max_tokens": 128, "arrival": arrival})
+    with pytest.raises(ScenarioError, match=r"^workload\.arrival\.user_tokens: e\.csv line 3: "
+                                            r"column 'p' = '0', expected an integer from 1"):
+        generate_requests(cfg, np.random.default_rng(0))
+
+
 def test_prompt_and_output_from_one_file_keep_their_rows_together(tmp_path: Path) -> None:
     """Two empirical columns of one file are drawn as rows, as the conversations they
     measured paired them: drawn apart, ShareGPT's prompt and answer lengths lost their

@@ -174,12 +174,17 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
 
 def _read_length_files(owner: Strict, prefix: str, keys: tuple[str, ...]) -> None:
     """Read every empirical length file among `keys` of `owner` now, so that a file not
-    found is named by its key (a session's was not: 'file 'nope.csv' not found' alone)."""
+    found is named by its key (a session's was not: 'file 'nope.csv' not found' alone), and
+    so is a file without the column or with a bad value in it ('e.csv: no column 'x'' named
+    neither the key nor which of a workload's distributions gave it)."""
     for key in keys:
         dist = getattr(owner, key, None)
         if isinstance(dist, EmpiricalLength):
-            with _naming_missing(f"{prefix}.{key}.path"):
-                dist.values()
+            try:
+                with _naming_missing(f"{prefix}.{key}.path"):
+                    dist.values()
+            except ScenarioError as e:
+                raise ScenarioError(f"{prefix}.{key}: {e}") from None
 
 
 @contextlib.contextmanager
