@@ -6,7 +6,8 @@ without prefix caching.
 Runs each agent scenario (scenarios/agents/*.yaml) with its systems and one more: the paged
 system with `enable_prefix_caching: true`, so that caching is compared on the same
 scheduler. Reports per system the tasks per hour, the task time (first call's arrival to
-last call's answer) at p50 and p99, the share of task time spent queued at the server,
+the last step's end: its first `wait_for` answers, with a fan-out) at p50 and p99, the share
+of task time spent queued at the server,
 the calls' TTFT, and the prefix cache's hit rate. Writes results/agents/README.md and
 agents.csv.
 """
