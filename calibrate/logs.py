@@ -65,6 +65,7 @@ from orcasim.scenario import (
     scenario_from_dict,
     set_dotted,
 )
+from orcasim.warmup import counted
 
 DEFAULT_PARAMETERS = ("overhead.per_iteration_s", "overhead.per_sequence_s",
                       "overhead.per_prefill_token_s")
@@ -359,6 +360,7 @@ class Schedule:
     arrival_s: np.ndarray  # (R,) at the engine
     first_token_s: np.ndarray  # (R,)
     finish_s: np.ndarray  # (R,)
+    compared: np.ndarray  # (R,) arrived after the warm-up: the requests the loss compares
     latency_s: float = 0.0  # the request latency the replay ran with
 
 
@@ -390,7 +392,8 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
         {"gpu": gpu, "host": host, "one": np.ones_like(gpu), "batch": batch / dp,
          "prefill": prefill / dp},
         reqs["arrival_s"].to_numpy() + latency_s, reqs["first_token_s"].to_numpy(),
-        reqs["finish_s"].to_numpy(), latency_s)
+        reqs["finish_s"].to_numpy(), counted(reqs["arrival_s"].to_numpy(), replay.warmup_s),
+        latency_s)
 
 
 def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float],
@@ -436,7 +439,8 @@ def linear_rows(schedule: Schedule, real: pd.DataFrame, values: dict[str, float]
         for n in fitted])
     measured = np.concatenate([(real["e2e_s"] - real["ttft_s"]).to_numpy(),
                                real["ttft_s"].to_numpy()])
-    ran = np.isfinite(schedule.first_token_s) & np.isfinite(schedule.finish_s)
+    # The requests the loss compares (`after_warmup`): a cold start's pulled the stage off.
+    ran = np.isfinite(schedule.first_token_s) & np.isfinite(schedule.finish_s) & schedule.compared
     ok = np.isfinite(measured) & (measured > 0) & np.concatenate([ran, ran])
     return known[ok], x[ok], measured[ok]
 
