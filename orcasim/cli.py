@@ -111,6 +111,12 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a field: --set workload.arrival.rate_per_s=4"),
 ]
+# A replay's workload is the log's (`check_replay_overrides`): its example is one it takes.
+ReplaySetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a field but the workload's arrivals and lengths: "
+                               "--set cost.overhead.per_iteration_s=0.002"),
+]
 
 
 def fail(message: str) -> None:
@@ -471,7 +477,7 @@ def fidelity(
     system: Annotated[list[str] | None, typer.Option(help="System(s) to compare (default all).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Log format: auto, orcasim or vllm.")] = "auto",
     out: Annotated[Path | None, typer.Option(help="Folder (default results/fidelity/<name>).")] = None,
-    set_: SetOpt = None,
+    set_: ReplaySetOpt = None,
     force: Annotated[bool, typer.Option(help="Overwrite existing results.")] = False,
     plots: Annotated[bool, typer.Option(help="Write real-against-simulated CDF plots.")] = True,
 ) -> None:

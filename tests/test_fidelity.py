@@ -13,7 +13,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orcasim.fidelity import COLUMNS, compare, fidelity_table, headline_error, replay_of
+from orcasim.fidelity import (
+    COLUMNS,
+    check_replay_overrides,
+    compare,
+    fidelity_table,
+    headline_error,
+    replay_of,
+)
 from orcasim.paths import PACKAGE_DATA_DIR
 from tests.conftest import make_scenario
 
@@ -441,3 +448,17 @@ def test_a_log_that_measured_no_latency_is_refused(tmp_path: Path) -> None:
         f"error: --real {log}: no request has a ttft_s, tpot_s or e2e_s; expected measured "
         "latencies to compare\n"), result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_the_help_example_of_set_is_one_a_replay_takes() -> None:
+    # `orcasim fidelity --help` showed --set workload.arrival.rate_per_s=4, which the
+    # command refuses (each log gives the workload).
+    import typer
+
+    from orcasim.cli import app
+
+    command = typer.main.get_command(app).commands["fidelity"]  # type: ignore[attr-defined]
+    help_text = next(p.help for p in command.params if "--set" in p.opts)
+    example = help_text.split("--set ")[-1]
+    assert "=" in example, help_text
+    check_replay_overrides([example])
