@@ -60,6 +60,7 @@ from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import point_name
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted
+from orcasim.workload import WorkloadConfig
 
 DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
@@ -430,12 +431,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     # request carries the one there is.
     prompts_drawn = system_prompt is not None and system_prompt.fraction > 0 and (
         system_prompt.fraction < 1 or system_prompt.variants > 1)
-    workload = scenario.workload
-    # Constant arrivals of constant lengths draw nothing either (a tester's note).
-    what = "workload.arrival.kind = 'trace'" if workload.arrival.kind == "trace" else \
-        "constant arrivals of constant lengths" if workload.arrival.kind == "constant" and all(
-            d is not None and d.kind == "constant"
-            for d in (workload.prompt_tokens, workload.output_tokens)) else None
+    what = _draws_nothing(scenario.workload)
     if replications > 1 and what is not None and not prompts_drawn:
         warnings.warn(f"{what}: every replication replays the same "
                       f"requests, so the {replications} replications differ only where a system "
@@ -453,6 +449,18 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
             with _naming_point(job):
                 _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
     return jobs
+
+
+def _draws_nothing(workload: WorkloadConfig) -> str | None:
+    """What makes every seed's requests the same (a trace; constant arrivals of constant
+    lengths, a tester's note), said in a warning; None where a seed draws them."""
+    if workload.arrival.kind == "trace":
+        return "workload.arrival.kind = 'trace'"
+    lengths = (workload.prompt_tokens, workload.output_tokens)
+    if workload.arrival.kind == "constant" and all(d is not None and d.kind == "constant"
+                                                   for d in lengths):
+        return "constant arrivals of constant lengths"
+    return None
 
 
 @contextlib.contextmanager
