@@ -118,10 +118,9 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
 
         _read_length_files(cfg.arrival, "workload.arrival", SESSION_LENGTH_KEYS)
         sessions, concurrent = cfg.arrival.num_sessions, cfg.arrival.concurrent_sessions
-        if concurrent is not None and concurrent > sessions:  # as a closed loop's clients
-            warnings.warn(f"workload.arrival.concurrent_sessions = {concurrent} is above "
-                          f"workload.arrival.num_sessions = {sessions}: at most {sessions} "
-                          "sessions ever run at once", UserWarning, stacklevel=2)
+        if concurrent is not None:
+            _warn_above("arrival.concurrent_sessions", concurrent, "arrival.num_sessions",
+                        sessions, f"at most {sessions} sessions ever run at once")
         return session_table(draw_plan(cfg.arrival.shape(), cfg.max_tokens, rng), cfg.max_tokens)
     if isinstance(cfg.arrival, TraceArrival):
         cap = cfg.arrival.max_requests or cfg.num_requests
@@ -142,10 +141,8 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
         assert cfg.num_requests and cfg.prompt_tokens and cfg.output_tokens
         n = cfg.num_requests
         if isinstance(cfg.arrival, ClosedLoopArrival):  # think times in place of the gaps
-            if cfg.arrival.num_clients > n:  # the population the user meant never forms
-                warnings.warn(f"workload.arrival.num_clients = {cfg.arrival.num_clients} is above "
-                              f"workload.num_requests = {n}: only {n} clients ever send a request",
-                              UserWarning, stacklevel=2)
+            _warn_above("arrival.num_clients", cfg.arrival.num_clients, "num_requests", n,
+                        f"only {n} clients ever send a request")
             clients = ClientLoop(cfg.arrival.num_clients, cfg.arrival.think_times_s(rng, n))
             arrival_s = np.full(n, np.nan)  # known only when a system runs them
         else:
@@ -170,6 +167,14 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     max_tokens = np.full(len(arrival_s), cfg.max_tokens, dtype=np.int64)
     return Requests(arrival_s.astype(np.float64), prompt, output, max_tokens, clients,
                     content=content)
+
+
+def _warn_above(key: str, given: int, limit_key: str, limit: int, so: str) -> None:
+    """A population (closed-loop clients, concurrent sessions) above what the workload holds:
+    the one the user meant never forms, so say what runs instead (`so`)."""
+    if given > limit:
+        warnings.warn(f"workload.{key} = {given} is above workload.{limit_key} = {limit}: {so}",
+                      UserWarning, stacklevel=3)
 
 
 def _read_length_files(owner: Strict, prefix: str, keys: tuple[str, ...]) -> None:
