@@ -114,10 +114,20 @@ def _iteration_stats(it: pd.DataFrame) -> dict[str, float]:
     total_iters, total_s = n.sum(), dur.sum()
     return {
         "iterations": float(total_iters),
-        "batch_size_mean": float((it["batch_size"] * n).sum() / total_iters) if total_iters else 0.0,
+        "batch_size_mean": batch_size_mean(it),
         "kv_reserved_tokens_mean": float((kv * dur).sum() / total_s) if total_s > 0 else 0.0,
         "kv_reserved_tokens_max": float(peak.max()) if len(peak) else 0.0,
     }
+
+
+def batch_size_mean(it: pd.DataFrame) -> float:
+    """Requests a batch, averaged over iterations (a row of `num_iterations` counts as that
+    many). NaN where nothing ran, as a latency percentile of no requests: an idle replica
+    read 0 in a cluster's summary and NaN in a disaggregated pool's, and a 0 averaged over
+    replicas pulls the fleet's mean batch down."""
+    n = it["num_iterations"].to_numpy(dtype=np.float64)
+    total = n.sum()
+    return float((it["batch_size"].to_numpy(dtype=np.float64) * n).sum() / total) if total else float("nan")
 
 
 def kv_memory_stats(it: pd.DataFrame) -> dict[str, float]:

@@ -21,7 +21,7 @@ from orcasim.cost.catalog import attention_groups
 from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
-from orcasim.metrics import measured_window_s, requests_frame, summarize
+from orcasim.metrics import batch_size_mean, measured_window_s, requests_frame, summarize
 from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
@@ -401,8 +401,7 @@ def pool_summaries(iters: pd.DataFrame, window_s: tuple[float, float], warmup_s:
             busy_s, count = float(it["duration_s"].sum()), float(it["num_iterations"].sum())
             rows.append({"pool": pool, "replica": replica, "iterations": count,
                          "busy_fraction": _busy_share(busy_s, window_s),
-                         "batch_size_mean": float((it["batch_size"] * it["num_iterations"]).sum()) / count
-                         if count else float("nan")})
+                         "batch_size_mean": batch_size_mean(it)})
     return pd.DataFrame(rows).set_index(["pool", "replica"])
 
 

@@ -884,3 +884,18 @@ def test_a_cost_priced_from_a_deployment_names_its_key_and_what_is_missing(
     with pytest.raises(ScenarioError) as err:
         make_scenario(**changes)
     assert str(err.value).endswith(message), err.value
+
+
+def test_an_idle_replica_has_no_mean_batch_size() -> None:
+    """A replica that never ran an iteration has no batch to average (NaN, as a disaggregated
+    pool's idle instance reads); it read 0, which pulled a fleet's mean over replicas down."""
+    scenario = make_scenario(**{
+        "workload.num_requests": 2, "cost": {"kind": "linear", "base_s": 0.125},
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"replicas": 3, "router": {"kind": "round_robin"}}}],
+    })
+    replicas = run_scenario(scenario).systems["c"].replicas
+    assert replicas is not None
+    assert replicas["requests_routed"].tolist() == [1.0, 1.0, 0.0]
+    assert (replicas["batch_size_mean"].iloc[:2] == 1.0).all()
+    assert np.isnan(replicas["batch_size_mean"].iloc[2])

@@ -289,7 +289,7 @@ def test_empty_and_untracked_frames() -> None:
     assert s["requests_rejected"] == 0.0 and s["kv_reserved_tokens_max"] == 40.0  # the plain column
     none = summarize(reqs.iloc[:0], iters.iloc[:0])
     assert none["requests_completed"] == 0.0 and none["duration_s"] == 0.0
-    assert none["throughput_rps"] == 0.0 and none["batch_size_mean"] == 0.0
+    assert none["throughput_rps"] == 0.0 and np.isnan(none["batch_size_mean"])  # no iterations
     assert none["throughput_tokens_per_s"] == 0.0 and none["kv_reserved_tokens_max"] == 0.0
     assert np.isnan(none["ttft_s_p50"]) and none["kv_reserved_tokens_mean"] == 0.0
 
