@@ -45,6 +45,12 @@ class GammaArrival(Strict):
         shape = 1.0 / self.cv**2
         return rng.gamma(shape, 1.0 / (self.rate_per_s * shape), size=n)
 
+    def span_cv(self, n: int) -> float:
+        """The coefficient of variation of n gaps' sum, a run's span: the sum is gamma of
+        shape n/cv^2, so cv/sqrt(n). Where it is large, seeds' realised rates spread wide
+        (cv 30 over 1,000 requests: 0.22 to 106 times `rate_per_s` over 20 seeds)."""
+        return self.cv / float(np.sqrt(n))
+
 
 class ConstantArrival(Strict):
     """Evenly spaced arrivals, 1/rate apart (a D arrival process)."""
