@@ -579,7 +579,7 @@ def test_a_session_rate_whose_starts_overflow_is_refused() -> None:
 def test_gamma_arrivals_too_bursty_for_the_run_are_warned(cv: float, n: int, warned: bool) -> None:
     """The span of n gamma gaps has a cv of cv/sqrt(n): above GAMMA_SPAN_CV_LIMIT a run's
     realised rate is far from rate_per_s on many seeds (cv 30, 1,000 requests: 0.22 to 106
-    times it over 20 seeds), which went without a word."""
+    times it over 20 draws of 1,000 gaps), which went without a word."""
     cfg = WorkloadConfig.model_validate({
         "num_requests": n, "arrival": {"kind": "gamma", "rate_per_s": 1.0, "cv": cv},
         "prompt_tokens": {"kind": "constant", "value": 8},

@@ -173,7 +173,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
 
 # A run's span may vary by this share of its mean from seed to seed before its realised rate
 # is said to be far from the one asked for (cv 10 over 1,000 requests, 0.32: realised rates
-# 0.67 to 1.65 times `rate_per_s` over 20 seeds).
+# 0.67 to 1.65 times `rate_per_s` over 20 draws of 1,000 gaps).
 GAMMA_SPAN_CV_LIMIT = 0.25
 
 

@@ -48,7 +48,7 @@ class GammaArrival(Strict):
     def span_cv(self, n: int) -> float:
         """The coefficient of variation of n gaps' sum, a run's span: the sum is gamma of
         shape n/cv^2, so cv/sqrt(n). Where it is large, seeds' realised rates spread wide
-        (cv 30 over 1,000 requests: 0.22 to 106 times `rate_per_s` over 20 seeds)."""
+        (cv 30 over 1,000 requests: 0.22 to 106 times `rate_per_s` over 20 draws of 1,000 gaps)."""
         return self.cv / float(np.sqrt(n))
 
 
