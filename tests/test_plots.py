@@ -621,3 +621,51 @@ def test_a_system_without_a_metric_keeps_the_others_colours() -> None:
     ttft, tpot = latency_cdfs(requests).axes[:2]
     colours = {line.get_label(): line.get_color() for line in ttft.get_lines()}
     assert [line.get_color() for line in tpot.get_lines()] == [colours["b"]]
+
+
+def _capacity_frames() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    evaluations = pd.DataFrame({
+        "point": 0, "system": ["s"] * 4, "rate_per_s": [1.0, 2.0, 4.0, 3.0],
+        "slo_attainment": [1.0, 0.95, 0.2, 0.6], "saturated": [0.0, 0.0, 1.0, 0.0],
+        "passes": [1.0, 1.0, 0.0, 0.0]})
+    capacity = pd.DataFrame({"point": [0], "system": ["s"], "max_rate_per_s": [2.0]})
+    table = pd.DataFrame({"system": ["s", "s", "s"], "cost_per_million_tokens": [1.0, 2.0, 3.0],
+                          "lat": [3.0, 1.0, 2.0]})
+    return evaluations, capacity, table
+
+
+def test_no_figure_changes_the_frames_it_draws(sweep_table: pd.DataFrame) -> None:
+    """Figures are pure: each frame reads the same after its figure is drawn (values, dtypes,
+    index, order), so a notebook can draw one frame many ways."""
+    from orcasim.plots import (
+        attainment_vs_rate,
+        cost_latency_pareto,
+        fidelity_cdfs,
+        frames_figures,
+        replica_load,
+    )
+
+    evaluations, capacity, pareto = _capacity_frames()
+    requests = pd.DataFrame({
+        "system": ["b", "a", "a"], "arrival_s": [2.0, 0.0, 1.0], "ttft_s": [0.3, 0.1, 0.2],
+        "tpot_s": [np.nan, 0.01, 0.02], "e2e_s": [0.5, 0.1, 0.2],
+        "normalized_latency_s_per_token": [0.1, 0.2, 0.1]}, index=[7, 3, 5])
+    steps = iterations([(1.0, 1.0, 2), (0.0, 1.0, 1)]).assign(
+        num_waiting=[1, 0], kv_reserved_tokens=[10, 5], replica=[1, 0], num_iterations=[2, 1])
+    fidelity = requests.assign(source=["real", "sim", "real"])
+    draws = [
+        lambda: frames_figures(requests, steps, clusters={"s": [(0,), (1,)]}, warmup_s=0.5),
+        lambda: replica_load(steps, "s"),
+        lambda: fidelity_cdfs(fidelity, "t"),
+        lambda: sweep_figures(sweep_table, slo=1.0),
+        lambda: latency_vs_throughput(sweep_table, along="workload.arrival.rate_per_s"),
+        lambda: attainment_vs_rate(evaluations, capacity, 0.9),
+        lambda: cost_latency_pareto(pareto, pareto.iloc[[0, 1]], "lat"),
+    ]
+    frames = [requests, steps, fidelity, sweep_table, evaluations, capacity, pareto]
+    before = [f.copy(deep=True) for f in frames]
+    for draw in draws:
+        draw()
+        for frame, copy in zip(frames, before, strict=True):
+            pd.testing.assert_frame_equal(frame, copy)
+
