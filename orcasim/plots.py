@@ -539,6 +539,10 @@ def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attain
     configuration point; filled where the rate passed, hollow where it failed), the
     attainment target as a line, each system's capacity as a dashed vertical line; red rings
     mark saturated runs, which fail whatever their attainment."""
+    # A hand-edited folder: a KeyError deep in pandas, or text drawn as categories.
+    _checked(evaluations, ("point", "rate_per_s", "passes", "slo_attainment", "saturated", "system"),
+             "the evaluations table", empty_ok=True)
+    _checked(capacity, ("point", "max_rate_per_s", "system"), "the capacity table", empty_ok=True)
     points = sorted(evaluations["point"].unique()) if len(evaluations) else [0]
     fig = Figure(figsize=(8, 4.5 * len(points)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(points), 1, squeeze=False)[:, 0])
@@ -580,6 +584,8 @@ def cost_latency_pareto(table: pd.DataFrame, front: pd.DataFrame, latency: str,
                         title: str = "Cost against latency at capacity") -> Figure:
     """Each configuration at its capacity: cost per million output tokens against a latency;
     the Pareto front joined by a line."""
+    for frame, what in ((table, "the capacity table"), (front, "the Pareto front")):
+        _checked(frame, ("cost_per_million_tokens", latency), what, empty_ok=True)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     shown = table[np.isfinite(table["cost_per_million_tokens"]) & np.isfinite(table[latency])]

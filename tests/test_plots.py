@@ -669,3 +669,31 @@ def test_no_figure_changes_the_frames_it_draws(sweep_table: pd.DataFrame) -> Non
         for frame, copy in zip(frames, before, strict=True):
             pd.testing.assert_frame_equal(frame, copy)
 
+
+def test_a_capacity_table_without_a_column_or_with_text_is_one_line() -> None:
+    """A hand-edited capacity folder drew from a bare KeyError deep in pandas (evaluations
+    without 'saturated', capacity without 'max_rate_per_s'), and an attainment edited to text
+    drew without a word, as matplotlib's categories on an axis of shares."""
+    from orcasim.plots import FigureInputError, attainment_vs_rate, cost_latency_pareto
+
+    evaluations, capacity, pareto = _capacity_frames()
+    with pytest.raises(FigureInputError, match=r"^the evaluations table has no column 'saturated'"):
+        attainment_vs_rate(evaluations.drop(columns="saturated"), capacity, 0.9)
+    with pytest.raises(FigureInputError, match=r"^the capacity table has no column 'max_rate_per_s'"):
+        attainment_vs_rate(evaluations, capacity.drop(columns="max_rate_per_s"), 0.9)
+    text = evaluations.assign(slo_attainment=evaluations["slo_attainment"].map(str))
+    with pytest.raises(FigureInputError, match=r"column 'slo_attainment' holds text"):
+        attainment_vs_rate(text, capacity, 0.9)
+    with pytest.raises(FigureInputError, match=r"^the capacity table has no column 'lat'"):
+        cost_latency_pareto(pareto.drop(columns="lat"), pareto, "lat")
+
+
+def test_plot_of_a_capacity_folder_missing_a_column_is_one_line(tmp_path: Path) -> None:
+    """`orcasim plot` of such a folder printed pandas' traceback (exit 1)."""
+    evaluations, capacity, _ = _capacity_frames()
+    evaluations.drop(columns="saturated").to_csv(tmp_path / "evaluations.csv", index=False)
+    capacity.to_csv(tmp_path / "capacity.csv", index=False)
+    (tmp_path / "slo.yaml").write_text("targets: [ttft_p90 <= 2]\nattainment: 0.9\n")
+    res = CliRunner().invoke(app, ["plot", str(tmp_path)])
+    assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
+    assert "the evaluations table has no column 'saturated'" in res.output, res.output
