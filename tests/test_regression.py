@@ -46,6 +46,25 @@ def test_every_scheduler_and_cost_kind_is_covered() -> None:
     assert kinds(CostConfig) <= used_costs
 
 
+def test_reference_mode_the_overhead_block_and_closed_workloads_are_covered() -> None:
+    """Each moves metrics through code no scheduler or cost kind reaches alone: fast mode
+    replaces a scheduler's admission step with a fused loop's own, and roofline_pipeline's
+    stages price batches by another path than the fused loops' lists. Without them, a
+    3% change of the overhead's host time, of the closed loop's think time or of the
+    roofline's list-priced batches, or Orca admitting one request fewer in reference mode,
+    passed the check (a tester's finding)."""
+    modes, overheads, arrivals = set(), 0, set()
+    for path in SCENARIOS.glob("*.yaml"):
+        sc = yaml.safe_load(path.read_text())
+        modes.add(sc.get("engine", {}).get("mode", "fast"))
+        costs = [sc["cost"], *(s["cost"] for s in sc["systems"] if "cost" in s)]
+        overheads += sum("overhead" in c for c in costs)
+        arrivals.add(sc["workload"]["arrival"]["kind"])
+    assert modes == {"fast", "reference"}
+    assert overheads >= 1
+    assert {"closed_loop", "agents"} <= arrivals
+
+
 def test_perturbed_cost_coefficient_fails_check(tmp_path: Path) -> None:
     scenarios = tmp_path / "regression"
     shutil.copytree(SCENARIOS, scenarios)
