@@ -276,14 +276,30 @@ METRIC_LABELS = {
     "kv_reserved_tokens_mean": "mean KV reserved (tokens)",
     "kv_reserved_tokens_max": "max KV reserved (tokens)",
     "throughput_tokens_per_s": "output throughput (tokens/s)",
+    "kv_utilization_mean": "mean KV utilization (used / allocated)",
+    "prefix_hit_rate": "prefix cache hit rate (share of prompt tokens)",
+    "preemptions": "preemptions (count)",
 }
+# A metric without a label of its own keeps its name, with the unit its name spells.
+UNITS_IN_NAMES = ((r"_s_per_token", "s/token"), (r"tokens_per_s", "tokens/s"), (r"_rps$", "req/s"),
+                  (r"_s(_|$)", "s"), (r"tokens", "tokens"))
 BAND_PERCENTILES = (10, 90)
 # Axis labels of common swept fields, by the last part of their dotted path.
 PARAMETER_LABELS = {
     "rate_per_s": "offered load (req/s)",
+    "speedup": "trace speed-up (x its recorded rate)",
     "max_batch_size": "max batch size (requests)",
     "kv_capacity_tokens": "KV capacity (tokens)",
 }
+
+
+def metric_label(metric: str) -> str:
+    """An axis label for a summary metric: its own, else its name and the unit it spells
+    ('ttft_s_p99 (s)'); a name that spells none (a share, a count) is left as it is."""
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric]
+    unit = next((u for pattern, u in UNITS_IN_NAMES if re.search(pattern, metric)), None)
+    return f"{metric} ({unit})" if unit else metric
 
 
 LINE_STYLES = ("-", "--", ":", "-.")
@@ -418,7 +434,7 @@ def latency_vs_throughput(
         minor = plain if span < 10 else FuncFormatter(_two_and_five) if span < 1000 else NullFormatter()
         ax.yaxis.set_minor_formatter(minor)
     ax.set_xlabel(SWEEP_METRICS["throughput_rps"])
-    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     ax.set_title(title)
@@ -465,7 +481,7 @@ def percentile_bands(
             ax.plot(q.index, q[0.5], label=line.label, **line.style)
             ax.fill_between(q.index, q.iloc[:, 1], q.iloc[:, 2], alpha=0.15, color=line.style["color"])
         ax.set_xlabel(PARAMETER_LABELS.get(x.rsplit(".", 1)[-1], x))
-        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
     for ax in axes[len(metrics):]:
         ax.set_visible(False)

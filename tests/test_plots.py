@@ -697,3 +697,26 @@ def test_plot_of_a_capacity_folder_missing_a_column_is_one_line(tmp_path: Path) 
     res = CliRunner().invoke(app, ["plot", str(tmp_path)])
     assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
     assert "the evaluations table has no column 'saturated'" in res.output, res.output
+
+
+def test_every_axis_of_the_memory_notebook_s_bands_has_a_unit() -> None:
+    """notebooks/03_memory.ipynb drew 'workload.arrival.speedup', 'kv_utilization_mean' and
+    'preemptions' as bare names; a metric without a label keeps its name and the unit it
+    spells."""
+    table = pd.DataFrame({"point": [0, 1], "replication": 0, "seed": 1,
+                          "workload.arrival.speedup": [0.5, 2.0], "system": "vllm",
+                          "kv_utilization_mean": [0.5, 0.9],
+                          "preemptions": [0.0, 3.0], "ttft_s_p99": [0.1, 0.2]})
+    fig = percentile_bands(table, "workload.arrival.speedup",
+                           ("kv_utilization_mean", "preemptions", "ttft_s_p99"))
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert {ax.get_xlabel() for ax in shown} == {"trace speed-up (x its recorded rate)"}
+    assert [ax.get_ylabel() for ax in shown] == [
+        "mean KV utilization (used / allocated)", "preemptions (count)", "ttft_s_p99 (s)"]
+    from orcasim.plots import metric_label
+
+    assert [metric_label(m) for m in ("normalized_latency_s_per_token_p99", "task_time_p50_s",
+                                      "throughput_tokens_per_s", "prefill_tokens_saved",
+                                      "little_rel_error")] == [
+        "normalized_latency_s_per_token_p99 (s/token)", "task_time_p50_s (s)",
+        "output throughput (tokens/s)", "prefill_tokens_saved (tokens)", "little_rel_error"]
