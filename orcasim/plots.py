@@ -204,6 +204,8 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
     replica)) are drawn whether or not they ran: a replica a router starved is a flat line
     at 0, not missing. None: those with rows.
     """
+    _checked(iterations, ("start_s", "duration_s", "batch_size", "num_waiting", "replica"),
+             "the iterations table", empty_ok=True)
     end_s, edges_s, mids_s = time_bins(iterations, num_bins)
     keys = _instance_keys(iterations)
     groups = {key if isinstance(key, tuple) else (key,): rows
@@ -522,6 +524,9 @@ def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
                "timelines": timelines(iterations)}
     for name, instances in (clusters or {}).items():
         mine = iterations[iterations["system"] == name].drop(columns="system")
+        if "replica" not in mine or mine["replica"].isna().any():  # a hand-edited folder
+            raise FigureInputError(f"the iterations table of cluster {name} has rows without a "
+                                   "'replica'; expected every row's replica, as orcasim writes it")
         # Concatenated beside a plain system's rows, the replica column turned float (NaN
         # there): 'replica 0.0' in the legend.
         if "replica" in mine:

@@ -720,3 +720,23 @@ def test_every_axis_of_the_memory_notebook_s_bands_has_a_unit() -> None:
                                       "little_rel_error")] == [
         "normalized_latency_s_per_token_p99 (s/token)", "task_time_p50_s (s)",
         "output throughput (tokens/s)", "prefill_tokens_saved (tokens)", "little_rel_error"]
+
+
+def test_a_cluster_s_iterations_without_their_replicas_are_one_line(tmp_path: Path) -> None:
+    """A cluster run folder whose iterations lost their 'replica' column printed pandas'
+    IntCastingNaNError from `orcasim plot` (exit 1); the load figure alone, a KeyError."""
+    from orcasim.plots import FigureInputError, replica_load
+
+    steps = iterations([(0.0, 1.0, 2)]).drop(columns="system").assign(num_waiting=0)
+    with pytest.raises(FigureInputError, match=r"^the iterations table has no column 'replica'"):
+        replica_load(steps, "c")
+    out = tmp_path / "run"
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "regression" / "cluster.yaml"
+    res = CliRunner().invoke(app, ["run", str(scenario), "--out", str(out), "--no-plots",
+                                   "--set", "workload.num_requests=40"])
+    assert res.exit_code == 0, res.output
+    path = out / "round-robin" / "iterations.parquet"
+    pd.read_parquet(path).drop(columns="replica").to_parquet(path, index=False)
+    res = CliRunner().invoke(app, ["plot", str(out)])
+    assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
+    assert "the iterations table of cluster round-robin has rows without a 'replica'" in res.output
