@@ -23,7 +23,7 @@ from orcasim.compare import (
     tolerance,
 )
 from orcasim.config import ScenarioError
-from orcasim.results import json_safe, write_text_atomically
+from orcasim.results import MARKER, json_safe, write_text_atomically
 from orcasim.yaml_strict import is_sweep_file
 
 SCENARIO_DIR = Path("scenarios/regression")
@@ -108,7 +108,7 @@ def check(
     scenario, and return nothing moved. Every scenario runs before anything is written: one
     that fails leaves every baseline as it was."""
     baseline_dir = Path(baseline_dir)
-    _check_baseline_folder(baseline_dir)
+    _check_baseline_folder(baseline_dir, update)
     paths = regression_scenarios(scenario_dir)
     _check_baseline_files(baseline_dir, [p.stem for p in paths])
     runs, errors = {}, []
@@ -133,9 +133,15 @@ def check(
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
 
 
-def _check_baseline_folder(baseline_dir: Path) -> None:
+def _check_baseline_folder(baseline_dir: Path, update: bool = False) -> None:
     """Before any run: the folder (or where it would be made) can hold baselines. A file
-    on the way failed as the machine's error (exit 1, which also says 'metrics moved')."""
+    on the way failed as the machine's error (exit 1, which also says 'metrics moved').
+    An update is refused a results folder: its summary.json reads as a baseline without a
+    scenario, which the update removed (a tester's finding)."""
+    if update and (baseline_dir / MARKER).is_file():
+        raise ScenarioError(f"--baselines {baseline_dir}: an orcasim results folder, whose "
+                            "summary.json --update would remove as a baseline without a "
+                            "scenario; expected a folder of <scenario>.json baselines")
     if baseline_dir.exists() and not baseline_dir.is_dir():
         raise ScenarioError(f"--baselines {baseline_dir}: is a file; expected a folder of "
                             "<scenario>.json baselines")

@@ -319,3 +319,25 @@ def test_a_table_keeps_room_for_its_names_whatever_columns_says(
                          ("wide", cli.LOG_WIDTH)):
         monkeypatch.setenv("COLUMNS", given)
         assert cli._console_width() == width, given
+
+
+def test_an_update_into_a_results_folder_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """`check --update --baselines <a run folder>` removed the run's summary.json (a baseline
+    without a scenario, by its shape) and wrote the baselines beside its frames."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    scenarios = tmp_path / "regression"
+    scenarios.mkdir()
+    shutil.copy(SCENARIOS / "prefix.yaml", scenarios / "prefix.yaml")
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS.parent / "quickstart.yaml"), "--out",
+                                   str(run), "--no-plots", "--set", "workload.num_requests=20"])
+    assert res.exit_code == 0, res.output
+    before = sorted(p.name for p in run.iterdir())
+    res = CliRunner().invoke(app, ["check", "--update", "--scenarios", str(scenarios),
+                                   "--baselines", str(run)])
+    assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
+    assert f"--baselines {run}: an orcasim results folder" in res.output
+    assert sorted(p.name for p in run.iterdir()) == before
