@@ -490,7 +490,9 @@ def percentile_bands(
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)), fontsize="small")
     lo, hi = BAND_PERCENTILES
-    fig.suptitle(f"Median over replications, band: p{lo}-p{hi} across replications")
+    once = "replication" not in table or table["replication"].nunique() < 2
+    fig.suptitle("One replication per point: no band across replications" if once else
+                 f"Median over replications, band: p{lo}-p{hi} across replications")
     return fig
 
 

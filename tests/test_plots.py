@@ -740,3 +740,14 @@ def test_a_cluster_s_iterations_without_their_replicas_are_one_line(tmp_path: Pa
     res = CliRunner().invoke(app, ["plot", str(out)])
     assert res.exit_code == 2 and len(res.output.splitlines()) == 1, res.output
     assert "the iterations table of cluster round-robin has rows without a 'replica'" in res.output
+
+
+def test_bands_of_one_replication_say_they_have_none(sweep_table: pd.DataFrame) -> None:
+    """A sweep of one replication (the notebooks' small runs, notebook 03's every run) was
+    titled 'Median over replications, band: p10-p90 across replications' over bands of
+    width 0."""
+    once = sweep_table[sweep_table["replication"] == 0]
+    title = percentile_bands(once, "workload.arrival.rate_per_s").get_suptitle()
+    assert title == "One replication per point: no band across replications"
+    title = percentile_bands(sweep_table, "workload.arrival.rate_per_s").get_suptitle()
+    assert title == "Median over replications, band: p10-p90 across replications"
