@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import typing
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,19 @@ def test_reference_mode_the_overhead_block_and_closed_workloads_are_covered() ->
     assert modes == {"fast", "reference"}
     assert overheads >= 1
     assert {"closed_loop", "agents"} <= arrivals
+
+
+def test_a_mixture_of_experts_and_sliding_window_layers_are_covered() -> None:
+    """The roofline prices each apart (experts on the busiest expert-parallel rank, a
+    window's capped attention); with no such model among the scenarios, a 3% change of the
+    experts' compute time or a window one token wider passed the check (a tester's finding)."""
+    from orcasim.scenario import load_scenario
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a system saturated on purpose
+        models = [m for m in (load_scenario(p).model for p in SCENARIOS.glob("*.yaml")) if m]
+    assert any(m.moe is not None for m in models)
+    assert any(m.num_window_layers for m in models)
 
 
 def test_perturbed_cost_coefficient_fails_check(tmp_path: Path) -> None:
