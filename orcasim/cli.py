@@ -529,12 +529,14 @@ def check(
         moved = run_check(scenarios, baselines, update)
     except USER_ERRORS as e:
         fail(error_text(e))
-    if update:
-        typer.echo(f"baselines rewritten in {baselines}/")
-    elif len(moved):
+    if len(moved):
         # Every digit: at 4 a value that moved past float noise reads as its baseline.
         shown = moved.assign(**{c: moved[c].map(repr) for c in ("baseline", "now")})
-        console.print(frame_table(shown, f"{len(moved)} metrics moved from {baselines}/"))
+        what = "rewritten in" if update else "moved from"
+        console.print(frame_table(shown, f"{len(moved)} metrics {what} {baselines}/"))
+    if update:
+        typer.echo(f"baselines rewritten in {baselines}/" + ("" if len(moved) else " (no metric moved)"))
+    elif len(moved):
         new = sorted(moved.loc[moved["metric"] == "(no baseline)", "scenario"])
         if new:
             folders = "".join(f" --{flag} {given}" for flag, given, default in (

@@ -105,7 +105,7 @@ def check(
     check without a word.
 
     With `update`, write the current metrics as the new baselines, remove those without a
-    scenario, and return nothing moved. Every scenario runs before anything is written: one
+    scenario, and return what the update rewrote (the same rows, against the old baselines). Every scenario runs before anything is written: one
     that fails leaves every baseline as it was."""
     baseline_dir = Path(baseline_dir)
     _check_baseline_folder(baseline_dir, update)
@@ -120,17 +120,19 @@ def check(
     if errors:
         raise ScenarioError("; ".join(errors))
     orphans = [b for b in sorted(baseline_dir.glob("*.json")) if b.stem not in runs and is_baseline(b)]
+    # Measured before an update too, so that it says what it rewrote: the record of what
+    # moved was lost unless a check had been run first (a tester's finding).
+    tables = [_against_baseline(stem, now, baseline_dir / f"{stem}.json") for stem, now in runs.items()]
+    tables += [_row(b.stem, "(no scenario)") for b in orphans]
+    tables = [t for t in tables if len(t)]
+    moved = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
     if update:
         _write_baselines(baseline_dir, runs)
         for orphan in orphans:
             orphan.unlink()
             warnings.warn(f"removed {orphan}: {scenario_dir} has no scenario {orphan.stem}",
                           UserWarning, stacklevel=2)
-        return pd.DataFrame(columns=MOVED_COLUMNS)
-    tables = [_against_baseline(stem, now, baseline_dir / f"{stem}.json") for stem, now in runs.items()]
-    tables += [_row(b.stem, "(no scenario)") for b in orphans]
-    tables = [t for t in tables if len(t)]
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MOVED_COLUMNS)
+    return moved
 
 
 def _check_baseline_folder(baseline_dir: Path, update: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import typing
 import warnings
@@ -100,6 +101,19 @@ def test_update_writes_baselines_that_then_match(tmp_path: Path) -> None:
     assert res.exit_code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{p.stem}.json" for p in SCENARIOS.glob("*.yaml"))
     assert check(SCENARIOS, tmp_path).empty
+    # An update says what it rewrote, with every digit, as a failing check does.
+    assert f"metrics rewritten in {tmp_path}" in " ".join(res.output.split())
+    baseline = tmp_path / "iteration_level.json"
+    moved = json.loads(baseline.read_text())
+    moved["orca-b8"]["e2e_s_p50"] *= 1.5
+    baseline.write_text(json.dumps(moved))
+    res = CliRunner().invoke(app, ["check", "--update", "--scenarios", str(SCENARIOS),
+                                   "--baselines", str(tmp_path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "1 metrics rewritten in" in res.output, res.output
+    assert "e2e_s_p50" in res.output and repr(moved["orca-b8"]["e2e_s_p50"]) in res.output
+    res = CliRunner().invoke(app, ["check", "--update", "--scenarios", str(SCENARIOS),
+                                   "--baselines", str(tmp_path)])
+    assert "(no metric moved)" in res.output
 
 
 def test_missing_baseline_counts_as_moved(tmp_path: Path) -> None:
