@@ -158,6 +158,7 @@ def error_text(e: Exception) -> str:
 
 def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
     """Metrics as rows and systems as columns, so that many systems still fit a terminal."""
+    from orcasim.saturation import judged
     table = Table(title=title)
     table.add_column("metric", style="bold")
     for system in summary:
@@ -169,7 +170,8 @@ def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
         table.add_row("SLO attainment", *(f"{m.get('slo_attainment', float('nan')):.3f}"
                                           + (" (met)" if m.get("slo_met") else "")
                                           for m in summary.values()))
-    table.add_row("saturated", *(Text("yes", style="red") if m.get("saturated") else "no"
+    table.add_row("saturated", *(Text("yes", style="red") if m.get("saturated")
+                                 else "no" if judged(m) else "not judged (too short)"
                                  for m in summary.values()))
     return table
 

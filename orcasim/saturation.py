@@ -240,6 +240,15 @@ def _ramp_s(arrival: np.ndarray, finish: np.ndarray) -> tuple[float, bool]:
     return min(latency_s, bound_s), latency_s > bound_s
 
 
+def judged(summary: dict[str, float]) -> bool:
+    """Whether any saturation test had enough arrivals to judge (`MIN_ARRIVALS` in its
+    window): a `saturated` of 0 says "no" only then. 25 requests at three times what an
+    M/D/1 server serves (e2e 2.5 s at the start, 15 s at the end) judged nothing and read
+    as not saturated (a tester's finding)."""
+    keys = ("saturation_z", "in_system_z", "session_saturation_z")
+    return any(not np.isnan(summary.get(k, np.nan)) for k in keys)
+
+
 def behind_at_constant_rate(summary: dict[str, float]) -> bool:
     """Whether a run of one constant-rate workload fell behind: its `saturated` flag, or the
     requests in the system grew, which at a constant rate (no ramp to explain it) is a

@@ -20,6 +20,7 @@ from orcasim.saturation import (
     grew,
     in_system_text,
     in_system_window_is_short,
+    judged,
     saturation,
     saturation_text,
     waiting_count,
@@ -423,3 +424,20 @@ def test_a_stable_server_of_long_latency_is_not_flagged(seed: int) -> None:
     assert (system.requests["finish_s"] - system.requests["arrival_s"]).median() > 20
     assert system.summary["in_system_z"] < SATURATION_Z
     assert system.summary["saturated"] == 0.0, system.summary
+
+
+def test_a_run_too_short_to_judge_is_not_called_stable() -> None:
+    """25 requests at three times what the server serves: every request waits longer than
+    the one before (e2e 2.5 s to 15 s), but no test's window holds `MIN_ARRIVALS`, so
+    `saturated` is 0 for want of evidence. The table printed `saturated  no`, as for a run
+    judged stable; it says it could not judge."""
+    from rich.console import Console
+
+    from orcasim.cli import summary_table
+
+    summary = md1(3.0, 0, **{"workload.num_requests": 25}).summary
+    assert summary["saturated"] == 0.0 and not judged(summary), summary
+    console = Console(record=True, width=120)
+    console.print(summary_table({"md1": summary, "stable": md1(0.5, 0).summary}, "t"))
+    row = next(line for line in console.export_text().splitlines() if "saturated" in line)
+    assert "not judged" in row and row.count(" no ") == 1, row
