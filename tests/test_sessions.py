@@ -24,12 +24,17 @@ from orcasim.run import at_the_engine, run_scenario
 from orcasim.scenario import set_dotted
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
-from orcasim.session_metrics import session_columns, sessions_frame, sessions_summary
+from orcasim.session_metrics import (
+    SECONDS_PER_HOUR,
+    session_columns,
+    sessions_frame,
+    sessions_summary,
+)
 from orcasim.sessions import SessionSource, session_table
 from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
 from orcasim.workload.lengths import ConstantLength, EmpiricalLength, UniformLength
 from orcasim.workload.sessions import AgentArrival, FanOut, SystemPrompt, draw_plan
-from tests.conftest import BASE, examples
+from tests.conftest import BASE, examples, make_scenario
 from tests.test_fast_engine import KINDS, _scheduler, assert_same_run, cost_model, costs
 
 EXACT_RTOL = 1e-12  # sums of the same floats in another order
@@ -804,3 +809,25 @@ def test_a_session_rate_past_the_clock_asks_for_sessions_per_second() -> None:
     with pytest.raises(ScenarioError, match=r"^workload.arrival.session_rate_per_s = 1e-12: .*"
                                             r"expected a rate in sessions per second \(is it off"):
         table(arrival)
+
+
+@pytest.mark.parametrize("warmup_s", [0.0, 10.0, 25.0])
+def test_tasks_per_hour_of_a_busy_server_is_one_over_its_task_time(warmup_s: float) -> None:
+    """64 one-call sessions at a time, no think time, each call 10 iterations of 10 ms on
+    one server: it never idles, so it ends 10 sessions a second, 36,000 an hour, over any
+    window (as `throughput_rps`, X = C / T). Counting only the sessions started after the
+    warm-up, these 400 read 28,415 with a 10 s warm-up and 20,880 with 25 s."""
+    sc = make_scenario(**{
+        "seed": 1, "warmup_s": warmup_s, "kv_capacity_tokens": 100_000,
+        "workload": {"arrival": {"kind": "conversations", "num_sessions": 400,
+                                 "concurrent_sessions": 64, "turns": {"kind": "constant", "value": 1},
+                                 "user_tokens": {"kind": "constant", "value": 10},
+                                 "output_tokens": {"kind": "constant", "value": 10},
+                                 "think_time": {"kind": "constant", "value_s": 0.0},
+                                 "max_context_tokens": 100}, "max_tokens": 128},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 0.0, "per_context_token_s": 0.0},
+        "systems": [{"name": "s", "scheduler": {"kind": "request_level", "max_batch_size": 1}}]})
+    summary = run_scenario(sc).systems["s"].summary
+    one_session_per_hour = SECONDS_PER_HOUR / summary["duration_s"]  # a window's edge cuts one
+    assert abs(summary["tasks_per_hour"] - 36_000.0) <= one_session_per_hour, summary
+    assert summary["tasks_per_hour"] == pytest.approx(summary["throughput_rps"] * SECONDS_PER_HOUR)
