@@ -441,3 +441,35 @@ def test_a_run_too_short_to_judge_is_not_called_stable() -> None:
     console.print(summary_table({"md1": summary, "stable": md1(0.5, 0).summary}, "t"))
     row = next(line for line in console.export_text().splitlines() if "saturated" in line)
     assert "not judged" in row and row.count(" no ") == 1, row
+
+
+def closed_loop_busy_server(warmup_s: float) -> Any:
+    """64 clients with no think time, one request at a time of D = 10 iterations x 10 ms,
+    400 requests: the server never idles (X = 1 / D) and every request waits 63 D."""
+    return md1(1.0, 1, arrival={"kind": "closed_loop", "num_clients": 64,
+                                "think_time": {"kind": "constant", "value_s": 0.0}},
+               **{"workload.num_requests": 400, "warmup_s": warmup_s,
+                  "workload.output_tokens": {"kind": "constant", "value": 10},
+                  "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 0.0}})
+
+
+def test_a_warm_up_does_not_make_a_closed_loop_queue_grow() -> None:
+    """After a 25 s warm-up 87 requests are judged, each joining the 63 that arrived before
+    it. Counting only the judged ones, the waiting count filled from 0 to 63 over most of the
+    window: z 5.6, flagged saturated with an arrival rate of 10.1 req/s against 3.72 admitted,
+    on a server admitting 10 a second throughout. The queue the judged requests join is
+    counted now, and its evidence is the server's: as many admitted as arrived."""
+    system = closed_loop_busy_server(25.0)
+    summary = system.summary
+    assert summary["requests_completed"] == 87
+    assert system.requests["e2e_s"].iloc[-87:].max() == pytest.approx(6.4, rel=1e-9)  # flat
+    assert summary["saturated"] == 0.0 and abs(summary["saturation_z"]) < 1, summary
+    assert summary["saturation_admission_rps"] == pytest.approx(summary["saturation_arrival_rps"])
+
+
+def test_an_overload_after_a_warm_up_is_still_flagged() -> None:
+    """The queue that formed before the warm-up grows on after it: counted, it is growth."""
+    for seed in range(3):
+        summary = md1(1.2, seed, warmup_s=400.0).summary
+        assert summary["saturated"] == 1.0, summary
+        assert summary["saturation_admission_rps"] == pytest.approx(1 / SERVICE_S, rel=0.01)
