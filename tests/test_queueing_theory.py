@@ -72,3 +72,81 @@ def test_littles_law_holds_on_ordinary_runs(system: str) -> None:
     s = run_scenario(sc).systems[system].summary
     assert s["little_rel_error"] < LITTLE_REL_TOL, s
 
+
+
+# Operational laws on one seeded replication each: they hold over any window, so only the
+# window's edges (a request or so over thousands) and the sampled service times move them.
+UTILISATION_REL_TOL = 0.03  # busy share against lambda E[S], over 4 replications
+BUSY_EDGE_REL_TOL = 1e-3  # a server busy throughout: X E[S] = 1 up to its first arrival's wait
+CLUSTER_REPLICAS = 4
+
+
+def m_g_1(rate_per_s: float, num_requests: int, seed: int, cluster: bool = False,
+          warmup_s: float = 0.0, scheduler: dict | None = None) -> dict:
+    """The M/G/1 of `simulated_mean_wait_s` (prompts 1 to 100, one output token, batch 1),
+    or CLUSTER_REPLICAS of them behind round robin."""
+    system: dict = {"name": "s", "scheduler": scheduler or {"kind": "request_level",
+                                                           "max_batch_size": 1}}
+    if cluster:
+        system["cluster"] = {"router": {"kind": "round_robin"},
+                             "replicas": [{"count": CLUSTER_REPLICAS}]}
+    return make_scenario(**{
+        "seed": seed, "warmup_s": warmup_s, "workload.num_requests": num_requests,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
+        "workload.prompt_tokens": {"kind": "uniform", "low": 1, "high": 100},
+        "workload.output_tokens": {"kind": "constant", "value": 1},
+        "workload.max_tokens": 200, "kv_capacity_tokens": 100_000,
+        "cost": {"kind": "linear", "base_s": BASE_S, "per_token_s": PER_TOKEN_S},
+        "systems": [system],
+    })
+
+
+def test_a_replicas_busy_share_is_its_arrival_rate_times_the_mean_service_time() -> None:
+    """Utilisation law, U = lambda E[S]: four M/G/1 replicas behind round robin at 0.5 each."""
+    mean_service_s = BASE_S + PER_TOKEN_S * 50.5  # prompts uniform on 1..100
+    busy = []
+    for seed in range(4):
+        sc = m_g_1(CLUSTER_REPLICAS * RATE_PER_S, 4000, seed, cluster=True)
+        replicas = run_scenario(sc).systems["s"].replicas
+        assert replicas is not None
+        busy.append(replicas["busy_fraction"].mean())
+    expected = RATE_PER_S * mean_service_s
+    assert abs(np.mean(busy) - expected) / expected < UTILISATION_REL_TOL, (busy, expected)
+
+
+def test_an_overloaded_servers_throughput_is_one_over_its_mean_service_time() -> None:
+    """At twice what it serves the server never idles after its first arrival: X E[S] = 1,
+    with E[S] the run's own service times, and the flag is up."""
+    with pytest.warns(UserWarning, match="s: saturated: the waiting queue grew"):
+        system = run_scenario(m_g_1(2 / (BASE_S + PER_TOKEN_S * 50.5), 2000, 0)).systems["s"]
+    service_s = BASE_S + PER_TOKEN_S * system.requests["prompt_tokens"].to_numpy()
+    busy_share = system.summary["throughput_rps"] * service_s.mean()
+    assert abs(busy_share - 1) < BUSY_EDGE_REL_TOL, busy_share
+    assert system.summary["saturated"] == 1.0
+
+
+@pytest.mark.parametrize("warmup_s", [0.0, 500.0])
+def test_littles_law_holds_per_replica_and_for_the_fleet(warmup_s: float) -> None:
+    """L = lambda W on each replica and on the fleet, with and without a warm-up; the
+    replicas' time-average counts add up to the fleet's (their windows differ by an arrival
+    gap or so at each end)."""
+    result = run_scenario(m_g_1(3.0, 6000, 1, cluster=True, warmup_s=warmup_s)).systems["s"]
+    replicas = result.replicas
+    assert replicas is not None
+    assert result.summary["little_rel_error"] < LITTLE_REL_TOL
+    assert (replicas["little_rel_error"] < LITTLE_REL_TOL).all(), replicas["little_rel_error"]
+    fleet_L = result.summary["little_L"]
+    assert abs(replicas["little_L"].sum() - fleet_L) / fleet_L < LITTLE_REL_TOL
+
+
+def test_every_scheduler_at_batch_one_is_the_same_m_g_1() -> None:
+    """One request at a time with one output token: every scheduler runs the same FCFS
+    queue, so the waits agree to rounding (the PK tests check one of them against theory)."""
+    schedulers = [{"kind": "request_level", "max_batch_size": 1},
+                  {"kind": "iteration_level", "max_batch_size": 1},
+                  {"kind": "paged", "max_num_seqs": 1, "max_num_batched_tokens": 4096},
+                  {"kind": "chunked", "max_num_seqs": 1, "chunk_size_tokens": 4096}]
+    waits = [run_scenario(m_g_1(0.9, 2000, 2, scheduler=s)).systems["s"].requests["queue_delay_s"]
+             .to_numpy() for s in schedulers]
+    for other in waits[1:]:
+        np.testing.assert_allclose(other, waits[0], rtol=1e-9, atol=1e-9)
