@@ -1,8 +1,8 @@
 """The warm-up rule, in one place: a run's measurements count what starts from `warmup_s` on.
 
 A request counts when it arrives at or after `warmup_s` (its latencies, the SLO, the
-saturation tests' windows, the figures; the waiting test counts the queue those requests
-join, see `orcasim.saturation.waiting_saturation`); an iteration row when it starts at or after it (the engines
+saturation tests' windows, the figures; those tests count the queue and the requests in
+the system those requests join, earlier arrivals too, see `orcasim.saturation`); an iteration row when it starts at or after it (the engines
 break their jump rows at `warmup_s`, so no row straddles it); a session when it starts at
 or after it, and a session's step when it is sent at or after it.
 """
