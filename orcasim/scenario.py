@@ -194,6 +194,35 @@ class Scenario(Strict):
                 _warn_if_beyond_memory(group.kv_capacity_tokens,
                                        Deployment(model=model, hardware=hardware),
                                        f"{key}.kv_capacity_tokens")
+        self._warn_memory_share_unused()
+
+    def _warn_memory_share_unused(self) -> None:
+        """A hardware's memory share (`_KV_ONLY_HARDWARE`) derives a KV capacity and does
+        nothing else: beside a capacity given, or without a model, it is not read (a sweep of
+        gpu_memory_utilization over a scenario that gave kv_capacity_tokens ran identical
+        points; a tester's finding). Said where it differs from the default, which a saved
+        scenario's dump writes out."""
+        groups = self._group_deployments()
+        # A group of its own model on the scenario's hardware derives from the scenario's.
+        read_by_group = any(g.kv_capacity_tokens is None and g.hardware is None and g.model
+                            is not None for _, g, _, _ in groups)
+        places = [("", self.hardware, self.model, None if self.kv_capacity_derived or read_by_group
+                   else self.kv_capacity_tokens)]
+        places += [(f"{key}.", group.hardware, model, group.kv_capacity_tokens)
+                   for key, group, model, _ in groups if group.hardware is not None]
+        for where, hardware, model, given_tokens in places:
+            if hardware is None or (model is not None and given_tokens is None):
+                continue  # its capacity is derived from it
+            why, expected = (
+                (f"and {where}kv_capacity_tokens = {given_tokens} is given", "one of the two (without "
+                 "kv_capacity_tokens the capacity is derived from it)") if model is not None
+                else ("which needs a model", "a model, or the key left out"))
+            for name in sorted(_KV_ONLY_HARDWARE):
+                value = getattr(hardware, name)
+                if value != HardwareConfig.model_fields[name].default:
+                    warnings.warn(f"{where}hardware.{name} = {value:g} is not used: it only derives "
+                                  f"a KV capacity, {why}; expected {expected}",
+                                  UserWarning, stacklevel=2)
 
     def _cost_places(self) -> list[tuple[str, CostConfig, ModelSpec | None, HardwareConfig | None]]:
         """Every cost block with its key and the deployment it prices: the scenario's, a

@@ -238,6 +238,8 @@ def test_a_kv_capacity_beyond_what_the_gpus_hold_warns() -> None:
         load_scenario(memory, ["kv_capacity_tokens=2000000"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # (its activation_reserve_gib: 0 is not used beside the tokens given: said, not this)
+        warnings.filterwarnings("ignore", "hardware.activation_reserve_gib = 0 is not used")
         load_scenario(memory, ["kv_capacity_tokens=20000"])  # above the derived 15,212: fine
         load_scenario("scenarios/validation/vllm_opt13b_a100.yaml")  # DistServe's 66,144
 
@@ -278,3 +280,32 @@ def test_a_prefill_pools_own_kv_capacity_beyond_its_gpus_warns() -> None:
     with pytest.warns(UserWarning, match=r"^systems\[1\]\.cluster\.prefill\.kv_capacity_tokens = "
                                          r"900000 is beyond .* 2 x a100-80gb"):
         load_scenario(disagg, ["systems[1].cluster.prefill.kv_capacity_tokens=900000"])
+
+
+def test_a_memory_share_beside_a_given_kv_capacity_warns_that_it_is_not_used() -> None:
+    """`gpu_memory_utilization` and `activation_reserve_gib` only derive a KV capacity: beside
+    a `kv_capacity_tokens` given (or without a model to derive one) they changed nothing, and
+    a sweep of gpu_memory_utilization [0.5, 0.9] over a scenario that gave 40,000 tokens
+    wrote two identical rows without a word (a tester's finding). Said by the key; the
+    default value, which a saved scenario writes out, says nothing."""
+    import warnings
+
+    base = "scenarios/validation/vllm_opt13b_a100.yaml"  # kv_capacity_tokens 66,144 given
+    with pytest.warns(UserWarning, match=r"^hardware\.gpu_memory_utilization = 0\.5 is not used: it "
+                                         r"only derives a KV capacity, and kv_capacity_tokens = "
+                                         r"66144 is given"):
+        load_scenario(base, ["hardware.gpu_memory_utilization=0.5"])
+    with pytest.warns(UserWarning, match=r"^hardware\.activation_reserve_gib = 4 is not used: .*, "
+                                         r"which needs a model"):
+        load_scenario("scenarios/quickstart.yaml", ["hardware={gpu: a100-80gb, "
+                                                    "activation_reserve_gib: 4}"])
+    group = ("systems[0].cluster={replicas: [{count: 1, kv_capacity_tokens: 4096, hardware: "
+             "{gpu: a100-80gb, gpu_memory_utilization: 0.5}}]}")
+    with pytest.warns(UserWarning, match=r"^systems\[0\]\.cluster\.replicas\[0\]\.hardware\."
+                                         r"gpu_memory_utilization = 0\.5 is not used: .*, and "
+                                         r"systems\[0\]\.cluster\.replicas\[0\]\.kv_capacity_tokens"):
+        load_scenario(base, [group])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_scenario(base, ["hardware.gpu_memory_utilization=0.9"])  # the default: a dump's
+        load_scenario(base, ["kv_capacity_tokens=null", "hardware.gpu_memory_utilization=0.5"])
