@@ -670,3 +670,34 @@ def test_a_value_where_a_block_of_keys_belongs_says_a_mapping(key: str, value: A
     text = str(err.value)
     assert f"{key} = {value!r}: expected a mapping of its keys" in text, text
     assert "instance of" not in text and "extract fields" not in text, text
+
+
+@pytest.mark.parametrize("scheduler, key", [
+    ({"kind": "paged", "swap_space_bytes": 1000}, "swap_space_bytes = 1000 is not used: it is read "
+                                                  "only with preemption: swap"),
+    ({"kind": "chunked", "swap_bandwidth_bytes_per_s": 1e9}, "swap_bandwidth_bytes_per_s = "
+                                                              "1000000000.0 is not used"),
+    ({"kind": "paged", "kv_bytes_per_token": 5}, "kv_bytes_per_token = 5 is not used"),
+    ({"kind": "paged", "policy": "prefill_first", "max_padding_tokens": 5},
+     "max_padding_tokens = 5 is not used: it is read only with pad_prompts: true")])
+def test_a_setting_that_what_reads_it_is_off_warns(tmp_path: Path, scheduler: dict[str, Any],
+                                                   key: str) -> None:
+    """swap_space_bytes under preemption: recompute, max_padding_tokens without pad_prompts:
+    accepted, and the run was the same as without them, without a word (a tester's finding)."""
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, {"systems[1].scheduler": scheduler}, None)
+    done = subprocess.run([sys.executable, "-m", "orcasim", "validate", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"warning: systems[1].scheduler.{key}" in done.stderr, done.stderr
+    scheduler = {**scheduler, "preemption": "swap", "pad_prompts": True}  # read: silent
+    if scheduler.get("policy") != "prefill_first":
+        del scheduler["pad_prompts"]
+    if "kv_bytes_per_token" not in scheduler:
+        scheduler["kv_bytes_per_token"] = 2
+    path = _write(tmp_path, {"systems[1].scheduler": scheduler}, None)
+    done = subprocess.run([sys.executable, "-m", "orcasim", "validate", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr

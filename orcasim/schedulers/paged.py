@@ -44,6 +44,7 @@ that is exact.
 from __future__ import annotations
 
 import heapq
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Self
 
@@ -154,6 +155,29 @@ def check_budget_holds_seqs(key: str, budget_tokens: int, max_num_seqs: int) -> 
             f"at most {budget_tokens} would run)")
 
 
+# Settings read only under another one's value: (the setting, the one it needs, its value).
+_READ_ONLY_WITH = (("swap_space_bytes", "preemption", "swap"),
+                   ("swap_bandwidth_bytes_per_s", "preemption", "swap"),
+                   ("kv_bytes_per_token", "preemption", "swap"),  # the bytes a swap copies
+                   ("max_padding_tokens", "pad_prompts", True))
+
+
+def warn_unused_settings(cfg: PagedMemoryConfig) -> None:
+    """A setting given where what reads it is off (swap_space_bytes under preemption:
+    recompute, max_padding_tokens without pad_prompts) changed nothing without a word (a
+    tester's finding). Said where it differs from the default, which a saved scenario's dump
+    writes out; not refused, as a sweep of `preemption` over one base keeps the swap's."""
+    for key, needs, value in _READ_ONLY_WITH:
+        if key not in type(cfg).model_fields or getattr(cfg, needs) == value:
+            continue
+        given = getattr(cfg, key)
+        if given != type(cfg).model_fields[key].default:
+            warnings.warn(f"scheduler.{key} = {given} is not used: it is read only with "
+                          f"{needs}: {str(value).lower()}, and {needs} is "
+                          f"{str(getattr(cfg, needs)).lower()}; expected {needs}: "
+                          f"{str(value).lower()}, or the key left out", UserWarning, stacklevel=3)
+
+
 class Admission(NamedTuple):
     """What the FCFS head would take on joining: tokens to compute, new blocks, and the
     cached blocks of its prefix it starts from (a prefix-cache hit)."""
@@ -251,6 +275,7 @@ class PagedScheduler(Scheduler):
         else:
             self._fits_alone = self._fits_alone_with(requests.prompt_tokens, requests.output_tokens)
         self.swap_capacity_blocks = self._swap_capacity_blocks(kv_bytes_per_token)
+        warn_unused_settings(cfg)
         self.swapped_blocks = 0  # blocks now held in CPU memory
         n = len(requests)
         self.running: list[int] = []  # holds GPU blocks, in admission order
