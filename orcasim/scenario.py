@@ -500,9 +500,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     try:
         data = yaml_strict.load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', e)})") from None
+        raise malformed_yaml(path, e) from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario keys at the top level")
     base = copy.deepcopy(data) if overrides else data
@@ -517,6 +515,13 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
         SCENARIO_DIR.reset(token)
     scenario._source_dir = path.resolve().parent
     return scenario
+
+
+def malformed_yaml(path: Path, e: yaml.YAMLError) -> ScenarioError:
+    """A file the YAML reader refuses, with the line of its problem where the reader says."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" line {mark.line + 1}" if mark else ""
+    return ScenarioError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', e)})")
 
 
 def _validated(data: dict[str, Any], base: dict[str, Any], path: Path,

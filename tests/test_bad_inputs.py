@@ -701,3 +701,15 @@ def test_a_setting_that_what_reads_it_is_off_warns(tmp_path: Path, scheduler: di
     done = subprocess.run([sys.executable, "-m", "orcasim", "validate", str(path)],
                           capture_output=True, text=True)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+
+
+def test_a_sweep_file_that_does_not_parse_names_the_line(tmp_path: Path) -> None:
+    """A scenario's said 'line 3 malformed YAML (key ... given twice ...)'; a sweep file's
+    the same problem without its line (a tester's finding)."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: g\nbase: s.yaml\nname: h\ngrid: {parameters: {seed: [1]}}\n")
+    for command in ("validate", "sweep"):
+        result = CliRunner().invoke(app, [command, str(grid)])
+        assert result.exit_code == 2, result.output
+        assert result.output == (f"error: {grid}: line 3 malformed YAML (key 'name' given twice "
+                                 "in one mapping)\n"), result.output

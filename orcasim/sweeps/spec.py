@@ -43,6 +43,7 @@ from orcasim.scenario import (
     apply_params,
     data_inputs,
     load_scenario,
+    malformed_yaml,
     parse_dotted,
     read_text_file,
     scenario_from_dict,
@@ -328,7 +329,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml_strict.load(read_text_file(path))  # not UTF-8: one line, as a scenario's
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: malformed YAML ({getattr(e, 'problem', e)})") from None
+        raise malformed_yaml(path, e) from None  # with its line, as a scenario's says it
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping of sweep keys at the top level")
     return data
