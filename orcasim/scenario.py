@@ -44,6 +44,7 @@ from orcasim.cost.catalog import (
     attention_groups,
     check_deployment,
 )
+from orcasim.cost.roofline import RooflineCostConfig
 from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.slo import SLOConfig
@@ -266,8 +267,42 @@ class Scenario(Strict):
         self._check_reservations()
         self._check_distserve_placement()
         self._check_pool_schedulers()
+        self._check_routing_skew()
         self._warn_deployment_unpriced()
         return self
+
+    def _priced_models(self) -> list[tuple[str, CostConfig, list[ModelSpec | None]]]:
+        """Each cost block with its key and the models whose iterations it prices: a
+        system's or a group's own, else the ones it inherits from (scenario, system)."""
+        priced: dict[int, list[ModelSpec | None]] = {id(self.cost): []}
+        for system in self.systems:
+            system_cost = self.system_cost(system)
+            groups = system.cluster.given_groups() if system.cluster is not None else []
+            if not groups or (system.cluster is not None and
+                              isinstance(system.cluster.replicas, int)):
+                priced.setdefault(id(system_cost), []).append(self.model)
+            for _, group in groups:
+                priced.setdefault(id(group.cost or system_cost), []).append(
+                    group.model or self.model)
+        return [(key, cost, priced.get(id(cost), []))
+                for key, cost, _, _ in self._cost_places()]
+
+    def _check_routing_skew(self) -> None:
+        """A roofline's expert_routing_skew skews a router over routed experts: beside dense
+        models alone it was accepted and read by nothing (a tester's finding), as
+        hardware.expert_parallel on a dense model is refused."""
+        for key, cost, models in self._priced_models():
+            roofline, where = ((cost, key) if isinstance(cost, RooflineCostConfig) else
+                               (getattr(cost, "roofline", None), f"{key}.roofline"))
+            if not isinstance(roofline, RooflineCostConfig) or roofline.expert_routing_skew == 0:
+                continue
+            if models and all(m is not None and m.moe is None for m in models):
+                names = ", ".join(dict.fromkeys(m.name for m in models if m is not None))
+                raise ScenarioError(
+                    f"{where}.expert_routing_skew = {roofline.expert_routing_skew:g} skews a "
+                    f"router over routed experts, and {names} "
+                    f"{'is' if ',' not in names else 'are'} dense (no routed experts); "
+                    "expected 0, or a mixture-of-experts model")
 
     def _warn_deployment_unpriced(self) -> None:
         """A group or pool that gives its own model or hardware but inherits a linear cost

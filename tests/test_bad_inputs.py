@@ -157,6 +157,16 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
                           "hardware": {"gpu": "a100-80gb", "gpu_memory_utilization": 1e-300}}, None,
      "hardware.gpu_memory_utilization = 1e-300 of 79.15 GiB less activation_reserve_gib = 1 "
      "leaves -1 GiB for weights and KV"),
+    # Accepted and read by nothing: a dense model has no router to skew (a tester's finding).
+    ("a routing skew on a dense model", {"model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
+                                         "cost": {"kind": "roofline", "expert_routing_skew": 1.1},
+                                         "kv_capacity_tokens": None}, None,
+     "cost.expert_routing_skew = 1.1 skews a router over routed experts, and llama2-7b is dense"),
+    ("a profile's routing skew on a dense model", {"systems[1].cost": {
+        "kind": "profile", "mlp_csv": "nope.csv", "roofline": {"kind": "roofline",
+                                                                "expert_routing_skew": 1.1}},
+        "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"}}, None,
+     "systems[1].cost.roofline.expert_routing_skew = 1.1 skews a router"),
     # Its folder could not be made, after the whole run (exit 1).
     ("a system name too long for a folder",
      {"systems": [{"name": "a" * 300, "scheduler": {"kind": "paged"}}]}, None,

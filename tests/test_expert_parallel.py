@@ -362,3 +362,19 @@ def test_a_groups_own_capacity_over_the_scenarios_groups_names_both_keys(tmp_pat
                        r"replicas\[0\]\.kv_capacity_tokens = 30000, over hardware\."
                        r"data_parallel_attention = 2\), is below workload\.max_tokens = 20000"):
         load_scenario(f)
+
+
+def test_a_routing_skew_is_refused_only_where_no_priced_model_has_experts() -> None:
+    """The scenario's roofline prices a group of a mixture-of-experts model too: its skew is
+    read there, beside a dense scenario model."""
+    from orcasim.scenario import scenario_from_dict
+    from tests.conftest import BASE
+
+    data = {**BASE, "model": "llama2-7b", "hardware": {"gpu": "h100-80gb"},
+            "cost": {"kind": "roofline", "expert_routing_skew": 1.1}, "kv_capacity_tokens": None,
+            "systems": [{"name": "f", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                         "cluster": {"replicas": [{"count": 1, "model": "qwen3-30b-a3b"}]}}]}
+    scenario_from_dict(data)  # read by the group's model
+    data["systems"][0]["cluster"]["replicas"][0]["model"] = "llama2-13b"
+    with pytest.raises(ScenarioError, match="llama2-13b is dense"):
+        scenario_from_dict(data)
