@@ -723,3 +723,16 @@ def test_a_sweep_file_that_does_not_parse_names_the_line(tmp_path: Path) -> None
         assert result.exit_code == 2, result.output
         assert result.output == (f"error: {grid}: line 3 malformed YAML (key 'name' given twice "
                                  "in one mapping)\n"), result.output
+
+
+@pytest.mark.parametrize("value", ["nan", "NA", "null", "None"])
+def test_a_length_columns_value_is_quoted_as_written(tmp_path: Path, value: str) -> None:
+    """pandas reads 'nan', 'NA', 'null' as missing: an empirical column's 'nan' was said to be
+    '(empty)', where a trace's column quotes it ('nan'), as the file has it."""
+    (tmp_path / "lens.csv").write_text(f"p\n10\n{value}\n20\n")
+    path = _write(tmp_path, {"workload.prompt_tokens": {"kind": "empirical", "path": "lens.csv",
+                                                        "column": "p"}}, None)
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"workload.prompt_tokens: lens.csv line 3: column 'p' = {value!r}, expected an integer" \
+        in result.output, result.output

@@ -184,7 +184,9 @@ def _read_column(path: str, resolved: Path, column: str) -> np.ndarray:
         raise ScenarioError(f"{path}: no column '{column}'; columns are {shown_columns(list(header), joined=True)}")
     # As text, so that an error quotes the value as written ('abc', '0'), and a non-number is
     # named rather than failing the conversion.
-    values = read_csv(resolved, usecols=[column], dtype=str)[column]
+    # 'nan' or 'NA' quoted as written, not as pandas' missing value (a trace's reader too).
+    values = read_csv(resolved, usecols=[column], dtype=str, keep_default_na=False,
+                      na_values=[""])[column]
     if values.empty:  # nothing to resample from
         raise ScenarioError(f"{path}: column '{column}' has no rows; expected at least one "
                             f"length, {LENGTH_EXPECTED}")
