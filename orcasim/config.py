@@ -100,17 +100,28 @@ class Strict(BaseModel):
                 raise ScenarioError(f"unknown key '{key}' here: {cls.MISPLACED[key]}")
             if key not in valid:
                 raise ScenarioError(f"unknown key '{key}'{_suggestion(str(key), valid)}")
-            if isinstance(value, bool) and not _accepts_bool(cls.model_fields[key].annotation):
+            if isinstance(value, bool) and _reads_bool_as_number(cls.model_fields[key].annotation):
                 # pydantic reads true as 1: a boolean where a number is expected is a mistake.
-                raise ScenarioError(f"{key} = {value}: expected a number or string, not a boolean")
+                # Elsewhere (a block, a list, a name) pydantic's own message says what is
+                # expected: this one said "a number or string" of `workload: true`.
+                raise ScenarioError(f"{key} = {str(value).lower()}: expected a number, not a "
+                                    "boolean")
         return data
 
 
-def _accepts_bool(annotation: Any) -> bool:
-    """Whether a field's type admits a boolean (anywhere in its unions and annotations)."""
-    if annotation is bool or annotation is Any:
+def _reads_bool_as_number(annotation: Any) -> bool:
+    """Whether a field's type takes a number (anywhere in its unions and annotations), which
+    pydantic would read a boolean as, and no boolean."""
+    return not _admits(annotation, (bool,)) and _admits(annotation, (int, float))
+
+
+def _admits(annotation: Any, types: tuple[type, ...]) -> bool:
+    """Whether a field's type admits one of `types` (or anything) in its unions and annotations."""
+    if annotation is Any or annotation in types:
         return True
-    return any(_accepts_bool(arg) for arg in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (list, dict, tuple, typing.Literal):
+        return False  # the types inside a container or a literal's values are not the field's
+    return any(_admits(arg, types) for arg in typing.get_args(annotation))
 
 
 def _suggestion(key: str, valid: set[str]) -> str:
@@ -133,13 +144,15 @@ def format_validation_error(err: ValidationError, source: str, data: Any = None)
 
 
 def _shown(value: Any, msg: str) -> str:
-    """` = value` for an error's line: null as YAML writes it (an empty `key:`), a list cut
+    """` = value` for an error's line: null and booleans as YAML writes them, a list cut
     to 60 characters; nothing for a mapping, or for a missing key (pydantic's input is then
     the mapping around it)."""
     if isinstance(value, dict) or msg == "Field required":
         return ""
     if value is None:
         return " = null"
+    if isinstance(value, bool):  # as YAML writes it (and the boolean check above says it)
+        return f" = {str(value).lower()}"
     if isinstance(value, list):
         text = repr(value)
         return f" = {text if len(text) <= 60 else text[:57] + '...'}"
