@@ -678,6 +678,8 @@ def capacity(
             fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
                  f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "
                  "a run (fewer pass at any rate)")
+        if requests:
+            _refuse_counts_the_search_sets(spec, set_ or [], requests)
         for flag, value in (("--price-per-gpu-hour", price_per_gpu_hour), ("--target-rate", target_rate)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 fail(f"{flag} = {value:g}: expected a positive finite number")
@@ -721,6 +723,30 @@ def capacity(
         for o in result.failed:
             typer.echo(f"  failed {o.id}: {o.error}", err=True)
         raise typer.Exit(1)
+
+
+# The keys that count a run's requests, which a capacity search with --requests sets at every run.
+_REQUEST_COUNTS = ("workload.num_requests", "workload.arrival.max_requests")
+
+
+def _refuse_counts_the_search_sets(path: Path, overrides: list[str], requests: int) -> None:
+    """A count of requests given with --set is replaced by --requests (2,000 unless given) at
+    every run of the search: `--set workload.num_requests=500` ran 2,000 without a word (a
+    tester's finding). Refused, as a --set of a key a sweep sets is; a sweep file's own
+    `set:` (written for `orcasim sweep`) is warned of, as its replications are."""
+    for given in overrides:
+        if given.split("=", 1)[0].strip() in _REQUEST_COUNTS:
+            fail(f"--set {given}: the search runs --requests {requests} requests at every rate, "
+                 "so this value would never be used; expected --requests N (or --requests 0: "
+                 "the scenario's own count)")
+    if is_sweep_file(path):
+        from orcasim.sweeps import load_sweep
+
+        for given in load_sweep(path).spec.set:
+            if given.split("=", 1)[0].strip() in _REQUEST_COUNTS:
+                typer.echo(f"warning: {path.name}'s set: {given} is not used: the search runs "
+                           f"--requests {requests} requests at every rate (--requests 0: the "
+                           "scenario's own count)", err=True)
 
 
 def _capacity_input(path: Path, overrides: list[str]) -> tuple[

@@ -654,3 +654,24 @@ def test_a_sweep_over_a_kind_starts_the_object_again_as_a_sweep_does(tmp_path: P
     assert table["systems[0].scheduler.kind"].tolist() == ["request_level", "iteration_level"]
     request_level, iteration_level = table["max_rate_per_s"].tolist()
     assert iteration_level == pytest.approx(request_level, rel=0.05)
+
+
+def test_a_count_of_requests_given_with_set_is_refused_where_requests_replaces_it(
+        tmp_path: Path) -> None:
+    """`--set workload.num_requests=500` ran --requests' 2,000 at every rate without a word
+    (a tester's finding); with --requests 0 the scenario's count, overrides included, runs.
+    A sweep file's own `set:` of it (written for `orcasim sweep`) is warned of."""
+    scenario = scenario_file(tmp_path)
+    args = ["capacity", str(scenario), "--slo", "e2e_p90=1", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, [*args, "--set", "workload.num_requests=500"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: --set workload.num_requests=500: the search runs "
+                                    "--requests 2000 requests at every rate"), result.output
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"name: g\nbase: {scenario.name}\nset: [workload.num_requests=500]\n"
+                    "grid: {parameters: {warmup_s: [0]}}\n")
+    result = runner.invoke(app, ["capacity", str(grid), "--slo", "e2e_p90=1", *QUICK, "--out",
+                                 str(tmp_path / "g")])
+    assert result.exit_code == 0, result.output
+    assert "warning: g.yaml's set: workload.num_requests=500 is not used: the search runs " \
+           "--requests 200 requests" in result.output, result.output
