@@ -633,3 +633,27 @@ def test_pipeline_stages_run_the_embedding_head_and_sends_where_they_are(tables:
     assert ends.last_s == float(cost.roofline.op_time_s(cost.roofline.lm_head, 16.0)) > 0
     assert stages[3] - stages[1] == pytest.approx(ends.last_s - send_s, rel=1e-9)
     assert stages[0] - stages[1] == pytest.approx(ends.first_s, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("value", [np.nan, -3.0, np.inf])
+@pytest.mark.parametrize(("table", "column", "used", "reader"), [
+    (MLP_70B_A100, "time_stats.mlp_up_proj.median", "num_tensor_parallel_workers == 2",
+     lambda p: mlp_table(p, model_spec("llama2-70b"), 2)),
+    (ATTENTION_70B_TP2, "time_stats.attn_decode.median", "not is_prefill",
+     lambda p: vidur_attention(p, model_spec("llama2-70b"), 2)),
+    (ALL_REDUCE_A100, "time_stats.all_reduce.median", "num_workers == 2 and devices_per_node == 2",
+     lambda p: network_table(p, "all_reduce", 2, HardwareConfig(gpu="a100-80gb"))),
+])
+def test_a_time_that_is_not_a_finite_time_names_its_line(tmp_path, table, column, used,  # noqa: ANN001
+                                                          reader, value: float) -> None:
+    """A NaN (or an empty field) in a table's times passed validate and ran to 'the run's
+    clock overflows to infinity', naming no file; a negative time took time off every layer
+    without a word (a tester's finding)."""
+    df = _raw(table)
+    row = df.query(used).index[-1]  # a row the reader uses
+    df.loc[row, column] = value
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    with pytest.raises(ScenarioError, match=f"^cost: {path} line {row + 2}: {column} = "
+                                            f"{value}, expected a finite time"):
+        reader(str(path))

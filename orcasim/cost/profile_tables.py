@@ -16,7 +16,13 @@ from orcasim.config import ScenarioError
 from orcasim.cost.catalog import HardwareConfig, ModelSpec
 from orcasim.cost.flops import heads_per_rank
 from orcasim.cost.interp import SlicedTable2D, Table1D
-from orcasim.paths import PACKAGE_DATA_DIR, SCENARIO_DIR, read_csv, resolve_data_path
+from orcasim.paths import (
+    PACKAGE_DATA_DIR,
+    SCENARIO_DIR,
+    csv_data_line,
+    read_csv,
+    resolve_data_path,
+)
 
 MS = 1e-3
 # Vidur's token-batched operators of one layer and how many times each runs per layer.
@@ -53,6 +59,21 @@ def read_table(path: str, columns: tuple[str, ...]) -> pd.DataFrame:
     return df
 
 
+def _times_s(rows: pd.DataFrame, column: str, path: str) -> np.ndarray:
+    """A timing column (Vidur's milliseconds) in seconds. A value that is not a finite time
+    >= 0 is an error naming its line: a NaN passed validate and ran to a clock 'overflowing
+    to infinity' that named no file, and a negative time took time off every layer without
+    a word (a tester's finding)."""
+    ms = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(ms) | (ms < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        line = csv_data_line(resolve_data_path(path), int(rows.index[i]))
+        raise ScenarioError(f"cost: {path} line {line}: {column} = {rows[column].iloc[i]}, "
+                            "expected a finite time in milliseconds >= 0")
+    return ms * MS
+
+
 def _check_shape(df: pd.DataFrame, path: str, expected: dict[str, float]) -> None:
     """Every present shape column must hold the model's value (a table of another model is an error)."""
     for column, value in expected.items():
@@ -83,11 +104,12 @@ def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
             f"cost: {path}: no operator times; expected columns time_stats.<op>.median for "
             f"one or more of {', '.join(VIDUR_LAYER_OPS)} (as Vidur's profiler writes them)")
     rows = _rows_for_tp(df, path, "num_tensor_parallel_workers", tp)
-    per_layer = sum(count * rows[f"time_stats.{op}.median"].to_numpy()
-                    for op, count in VIDUR_LAYER_OPS.items() if op in timed)
+    per_layer_s = sum((count * _times_s(rows, f"time_stats.{op}.median", path)
+                       for op, count in VIDUR_LAYER_OPS.items() if op in timed), np.zeros(len(rows)))
     tokens = rows["num_tokens"].to_numpy()
-    emb = rows["time_stats.emb.median"].to_numpy() if "time_stats.emb.median" in rows else np.zeros(len(rows))
-    return Table1D.from_points(tokens, per_layer * MS), Table1D.from_points(tokens, emb * MS)
+    emb_s = _times_s(rows, "time_stats.emb.median", path) if "time_stats.emb.median" in rows \
+        else np.zeros(len(rows))
+    return Table1D.from_points(tokens, per_layer_s), Table1D.from_points(tokens, emb_s)
 
 
 def vidur_attention(path: str, model: ModelSpec, tp: int) -> tuple[SlicedTable2D, SlicedTable2D]:
@@ -100,11 +122,11 @@ def vidur_attention(path: str, model: ModelSpec, tp: int) -> tuple[SlicedTable2D
     decode = df[~df["is_prefill"].astype(bool)]
     prefill = df[df["is_prefill"].astype(bool)]
     decode_table = SlicedTable2D.from_points(
-        decode["batch_size"], decode["kv_cache_size"], decode["time_stats.attn_decode.median"] * MS
-    )
+        decode["batch_size"], decode["kv_cache_size"],
+        _times_s(decode, "time_stats.attn_decode.median", path))
     prefill_table = SlicedTable2D.from_points(
-        prefill["kv_cache_size"], prefill["prefill_chunk_size"], prefill["time_stats.attn_prefill.median"] * MS
-    )
+        prefill["kv_cache_size"], prefill["prefill_chunk_size"],
+        _times_s(prefill, "time_stats.attn_prefill.median", path))
     return decode_table, prefill_table
 
 
@@ -164,4 +186,4 @@ def network_table(
             f"cost: {path} has no rows for {num_workers} workers with {per_node} per node; "
             f"measured: {sorted(set(rows['devices_per_node'].tolist()))}"
         )
-    return Table1D.from_points(placed["size"], placed[f"time_stats.{collective}.median"] * MS)
+    return Table1D.from_points(placed["size"], _times_s(placed, f"time_stats.{collective}.median", path))
