@@ -645,3 +645,21 @@ def test_committed_h200_model_prices_its_own_profile_as_its_quality_says() -> No
     assert cost.out_of_range_count() == 0
     error = np.abs(priced / profile["time_s"].to_numpy() - 1.0)
     assert np.median(error) <= recorded["quality"]["median_rel_error"] * 1.1
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("coefficients_s", {**COEF, "const": True}, "coefficients_s.const = true: expected a number, "
+                                                "not a boolean"),
+    ("knots_tokens", [True], "knots_tokens = [True]: expected a number, not a boolean"),
+    ("range", {**RANGE, "tokens": [False, 512]}, "range.tokens = [false, 512]: expected a number"),
+])
+def test_a_boolean_in_a_fitted_file_is_refused(tmp_path: Path, key: str, value: object,
+                                               message: str) -> None:
+    """pydantic read `const: true` as 1: every iteration cost 1 s more, without a word (a
+    tester's finding)."""
+    path = tmp_path / "b.yaml"
+    doc = {"format": FORMAT, "knots_tokens": KNOTS, "coefficients_s": COEF, "range": RANGE,
+           key: value}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        build(path)

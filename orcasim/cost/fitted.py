@@ -26,7 +26,14 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
 
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, format_validation_error
@@ -134,6 +141,18 @@ class FittedDoc(BaseModel):
     knots_tokens: list[NonNegativeInt] = []
     coefficients_s: dict[str, float]
     range: dict[str, tuple[float, float]]
+
+    @field_validator("knots_tokens", "coefficients_s", "range", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        """pydantic reads true as 1: `const: true` priced every iteration at 1 s more,
+        without a word (a tester's finding). A boolean where a number belongs is a mistake."""
+        items = value.values() if isinstance(value, dict) else [value]
+        for key, item in zip(value if isinstance(value, dict) else [None], items, strict=True):
+            if any(isinstance(x, bool) for x in (item if isinstance(item, list | tuple) else [item])):
+                named = "" if key is None else f"{key} = {str(item).lower()}: "
+                raise ValueError(f"{named}expected a number, not a boolean")
+        return value
 
 
 class FittedCost(CostModel):
