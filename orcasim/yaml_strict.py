@@ -57,8 +57,13 @@ _FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-
                     r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
                     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+# YAML 1.1's timestamps are no type of YAML 1.2 either: `name: 2024-06-01` read as a date,
+# and was refused as "datetime.date(2024, 6, 1): Input should be a valid string" (a tester's
+# finding). Text, as YAML 1.2 reads it.
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _NUMBER_TAGS]
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in _NUMBER_TAGS and tag != _TIMESTAMP_TAG]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))

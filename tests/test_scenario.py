@@ -137,6 +137,24 @@ def test_integers_are_decimal_and_base_60_is_text(tmp_path) -> None:  # noqa: AN
         load_scenario(f, ["warmup_s=1:30"])
 
 
+def test_dates_are_text_as_yaml_1_2_reads_them(tmp_path) -> None:  # noqa: ANN001
+    """YAML 1.1 read `name: 2024-06-01` as a date, refused as 'name = datetime.date(2024, 6,
+    1): Input should be a valid string' (a tester's finding); YAML 1.2 has no timestamps."""
+    from orcasim import yaml_strict
+
+    assert yaml_strict.load("d: [2024-06-01, 2001-12-14t21:59:43.10-05:00, '2024-06-01']") == {
+        "d": ["2024-06-01", "2001-12-14t21:59:43.10-05:00", "2024-06-01"]}
+    f = tmp_path / "dated.yaml"
+    f.write_text("name: 2024-06-01\nworkload: {num_requests: 10, arrival: {kind: poisson, "
+                 "rate_per_s: 2},\n  prompt_tokens: {kind: constant, value: 8}, output_tokens: "
+                 "{kind: constant, value: 4},\n  max_tokens: 64}\ncost: {kind: linear, base_s: "
+                 "0.01}\nkv_capacity_tokens: 1024\nsystems: [{name: 2024-06-02, scheduler: "
+                 "{kind: paged}}]\n")
+    assert load_scenario(f).systems[0].name == "2024-06-02"
+    with pytest.raises(ScenarioError, match="seed = '2024-06-01': Input should be a valid integer"):
+        load_scenario(f, ["seed=2024-06-01"])
+
+
 def test_overrides_parse_yaml_values(base_dict: dict[str, Any]) -> None:
     apply_override(base_dict, "systems[1].scheduler.max_batch_size=16")
     apply_override(base_dict, "workload.arrival.rate_per_s=2.5")
