@@ -99,7 +99,8 @@ class Strict(BaseModel):
             if key not in valid and key in cls.MISPLACED:
                 raise ScenarioError(f"unknown key '{key}' here: {cls.MISPLACED[key]}")
             if key not in valid:
-                raise ScenarioError(f"unknown key '{key}'{_suggestion(str(key), valid)}")
+                raise ScenarioError(f"unknown key '{key}'{_other_kinds(cls, key)}"
+                                    f"{_suggestion(str(key), valid)}")
             if isinstance(value, bool) and _reads_bool_as_number(cls.model_fields[key].annotation):
                 # pydantic reads true as 1: a boolean where a number is expected is a mistake.
                 # Elsewhere (a block, a list, a name) pydantic's own message says what is
@@ -122,6 +123,47 @@ def _admits(annotation: Any, types: tuple[type, ...]) -> bool:
     if typing.get_origin(annotation) in (list, dict, tuple, typing.Literal):
         return False  # the types inside a container or a literal's values are not the field's
     return any(_admits(arg, types) for arg in typing.get_args(annotation))
+
+
+def _other_kinds(cls: type[Strict], key: object) -> str:
+    """' for kind 'poisson' (a key of kind 'gamma')' where `key` belongs to the other forms
+    of a tagged union `cls` is a form of: `cv` under a Poisson arrival said only 'valid keys
+    are: kind, rate_per_s', as if no arrival took it (a tester's note)."""
+    kinds = [_kind_of(form) for form in _kind_siblings(cls) if key in form.model_fields]
+    if not kinds or "kind" not in cls.model_fields:
+        return ""
+    return (f" for kind {_kind_of(cls)!r} (a key of kind "
+            f"{', '.join(repr(k) for k in dict.fromkeys(kinds))})")
+
+
+def _kind_of(form: type[BaseModel]) -> str:
+    return str(typing.get_args(form.model_fields["kind"].annotation)[0])
+
+
+def _kind_siblings(cls: type[Strict]) -> list[type[Strict]]:
+    """The other forms of every tagged union (by `kind`) that `cls` is a form of, found in
+    the fields of every block: the unions themselves are plain annotations."""
+    found: list[type[Strict]] = []
+    blocks: list[type[Strict]] = [Strict]
+    while blocks:
+        block = blocks.pop()
+        blocks += block.__subclasses__()
+        for field in block.model_fields.values():
+            for forms in _tagged_unions(field.annotation):
+                if cls in forms:
+                    found += [f for f in forms if f is not cls and f not in found]
+    return found
+
+
+def _tagged_unions(annotation: Any) -> Iterator[tuple[type[Strict], ...]]:
+    """The unions of blocks with a `kind` inside a field's type (its Annotated, Optional...)."""
+    args = typing.get_args(annotation)
+    forms = tuple(a for a in args if isinstance(a, type) and issubclass(a, Strict)
+                  and "kind" in a.model_fields)
+    if len(forms) > 1:
+        yield forms
+    for arg in args:
+        yield from _tagged_unions(arg)
 
 
 def _suggestion(key: str, valid: set[str]) -> str:

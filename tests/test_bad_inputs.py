@@ -102,6 +102,16 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "engine.mode = true: Input should be 'fast' or 'reference'"),
     ("a boolean for a count of replicas", {"systems[1].cluster": {"replicas": True}}, None,
      "systems[1].cluster.replicas = true: expected a number, not a boolean"),
+    # A key of another kind said only "valid keys are: kind, rate_per_s", as if no arrival
+    # took it (a tester's note); the nearest valid key is still suggested where there is one.
+    ("a gamma's key on a Poisson arrival", {"workload.arrival.cv": 2}, None,
+     "workload.arrival: unknown key 'cv' for kind 'poisson' (a key of kind 'gamma'); valid "
+     "keys are: kind, rate_per_s"),
+    ("a paged key on Orca", {"systems[1].scheduler.max_num_seqs": 8}, None,
+     "systems[1].scheduler: unknown key 'max_num_seqs' for kind 'iteration_level' (a key of "
+     "kind 'paged', 'chunked'); did you mean 'max_batch_size'?"),
+    ("a roofline key on a linear cost", {"cost.compute_efficiency": 0.5}, None,
+     "cost: unknown key 'compute_efficiency' for kind 'linear' (a key of kind 'roofline')"),
     ("a negative seed", {"seed": -1}, None, "seed"),
     ("a gamma cv too small to draw", {"workload.arrival": {"kind": "gamma", "rate_per_s": 1,
                                                            "cv": 1e-300}}, None, "cv"),
