@@ -495,7 +495,7 @@ def _check_job(job: SearchJob, index: int, first_system: bool) -> None:
     from orcasim.run import check_system, check_warmup, data_dir, make_requests
 
     first = point_scenario(job, job.knob.start_rate_per_s)
-    with data_dir(Path(job.base_dir)):
+    with data_dir(Path(job.base_dir)), _counted_by_the_search(job.settings.num_requests):
         requests = make_requests(first)  # lengths against max_tokens, trace files
         if job.replication == 0:
             with errors_under(f"systems[{index}].", opening=("scheduler.", "cluster.")):
@@ -531,6 +531,25 @@ def _check_measured(scenario: Scenario, requests: Any) -> None:
                             f"warmup_s); expected at least {MIN_SEARCH_REQUESTS}, enough for the "
                             "saturation test to judge a run (fewer pass at any rate): more "
                             "requests, or a shorter warm-up")
+
+
+@contextlib.contextmanager
+def _counted_by_the_search(num_requests: int | None) -> Iterator[None]:
+    """A short trace's warning names the count the search set (--requests), not the key it
+    set it by: 'workload.arrival.max_requests = 2000, but t.csv holds 300 requests' named a
+    key the user never wrote (a tester's finding)."""
+    if num_requests is None:
+        yield
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    key = f"workload.arrival.max_requests = {num_requests}, "
+    for w in caught:
+        text = str(w.message)
+        text = f"--requests {num_requests}, " + text.removeprefix(key) if text.startswith(key) \
+            else text
+        warnings.warn_explicit(text, w.category, w.filename, w.lineno)
 
 
 @contextlib.contextmanager

@@ -675,3 +675,14 @@ def test_a_count_of_requests_given_with_set_is_refused_where_requests_replaces_i
     assert result.exit_code == 0, result.output
     assert "warning: g.yaml's set: workload.num_requests=500 is not used: the search runs " \
            "--requests 200 requests" in result.output, result.output
+
+
+def test_a_trace_shorter_than_the_searchs_requests_names_requests(tmp_path: Path) -> None:
+    """It said 'workload.arrival.max_requests = 2000, but tr.csv holds 300 requests', a
+    key the user never wrote: the search set it from --requests (a tester's finding)."""
+    scenario = scenario_from_dict(_trace_md1(tmp_path, 250))
+    with pytest.warns(UserWarning) as caught:
+        cap.search_jobs(scenario, tmp_path, slo_from_strings(["e2e_p90=1"]), 1,
+                        cap.SearchSettings(num_requests=2000))
+    said = [str(w.message) for w in caught if "holds 300 requests" in str(w.message)]
+    assert said and all(s.startswith("--requests 2000, but ") for s in said), said
