@@ -251,6 +251,9 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
     for e in errors:
         loc, union, form = _dotted(e["loc"], data)
         msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if isinstance(e.get("input"), bool) and e["type"] == "string_type":
+            # `name: on` or `path: no`, unquoted: YAML 1.1 made it a boolean.
+            msg += " (YAML reads yes, no, on, off, true and false unquoted as booleans: quote the text)"
         if e["type"] in MAPPING_EXPECTED:  # pydantic's words name an internal class
             msg = ("Input should be a mapping of keys (key: value)" if loc == union  # one of its forms
                    else "expected a mapping of its keys (key: value), not a single value")

@@ -100,6 +100,11 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "systems = false: Input should be a valid list"),
     ("a boolean for a mode", {"engine": {"mode": True}}, None,
      "engine.mode = true: Input should be 'fast' or 'reference'"),
+    # A name written `on` or `no` unquoted: YAML 1.1 reads a boolean, and the message showed
+    # `true` with no word of why.
+    ("a system named on", {"systems[0].name": True}, None,
+     "systems[0].name = true: Input should be a valid string (YAML reads yes, no, on, off, true "
+     "and false unquoted as booleans: quote the text)"),
     ("a boolean for a count of replicas", {"systems[1].cluster": {"replicas": True}}, None,
      "systems[1].cluster.replicas = true: expected a number, not a boolean"),
     # A key of another kind said only "valid keys are: kind, rate_per_s", as if no arrival
