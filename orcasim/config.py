@@ -189,7 +189,7 @@ def _shown(value: Any, msg: str) -> str:
     """` = value` for an error's line: null and booleans as YAML writes them, a list cut
     to 60 characters; nothing for a mapping, or for a missing key (pydantic's input is then
     the mapping around it)."""
-    if isinstance(value, dict) or msg == "Field required":
+    if isinstance(value, dict) or msg.startswith("Field required"):
         return ""
     if value is None:
         return " = null"
@@ -254,6 +254,10 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
         if isinstance(e.get("input"), bool) and e["type"] == "string_type":
             # `name: on` or `path: no`, unquoted: YAML 1.1 made it a boolean.
             msg += " (YAML reads yes, no, on, off, true and false unquoted as booleans: quote the text)"
+        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc, value, msg = _kind_problem(loc, e)
+            problems.append((loc, value, msg))
+            continue
         if e["type"] in MAPPING_EXPECTED:  # pydantic's words name an internal class
             msg = ("Input should be a mapping of keys (key: value)" if loc == union  # one of its forms
                    else "expected a mapping of its keys (key: value), not a single value")
@@ -273,6 +277,19 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
     # Two forms may say the same thing (a NaN is no finite int nor finite float): once. By key
     # and message, not value: a NaN is not equal to itself.
     return list({(loc, msg): (loc, value, msg) for loc, value, msg in problems}.values())
+
+
+def _kind_problem(loc: str, error: Any) -> tuple[str, Any, str]:
+    """A block's `kind` that names no form, or is missing, by its key: pydantic said "Input
+    tag 'poison' found using 'kind' does not match any of the expected tags" of the block,
+    and "Unable to extract tag using discriminator 'kind'" where it was left out."""
+    key = "kind" if loc == "(top level)" else f"{loc}.kind"
+    if error["type"] == "union_tag_not_found":
+        return key, None, "Field required (it says which kind of block this is)"
+    tag, expected = error["ctx"]["tag"], error["ctx"]["expected_tags"]
+    given = error["input"].get("kind", tag) if isinstance(error["input"], dict) else tag
+    close = difflib.get_close_matches(str(tag), [t.strip("' ") for t in expected.split(",")], n=1)
+    return key, given, f"expected one of {expected}" + (f"; did you mean '{close[0]}'?" if close else "")
 
 
 def _dotted(loc: tuple[Any, ...], data: Any) -> tuple[str, str | None, str]:

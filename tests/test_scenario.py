@@ -23,7 +23,11 @@ def test_quickstart_loads() -> None:
     ("kv_capacity", 5, "did you mean 'kv_capacity_tokens'"),
     ("workload.arrival.rate_per_s", -1, "workload.arrival.rate_per_s = -1: Input should be greater than 0"),
     ("workload.prompt_tokens", {"kind": "uniform", "low": 9, "high": 3}, "low (9) must be <= high (3)"),
-    ("workload.arrival.kind", "weibull", "does not match any of the expected tags"),
+    ("workload.arrival.kind", "weibull", "workload.arrival.kind = 'weibull': expected one of "
+                                         "'poisson', 'gamma'"),
+    ("workload.arrival.kind", "poison", "workload.arrival.kind = 'poison': expected one of "
+                                        ".*; did you mean 'poisson'?"),
+    ("workload.arrival", {"rate_per_s": 2}, "workload.arrival.kind: Field required"),
     ("cost.base_s", "fast", "cost.base_s = 'fast'"),
     ("systems[1].name", "request-level", "name = 'request-level': expected a name no other "
                                          "system has"),
