@@ -663,3 +663,15 @@ def test_a_boolean_in_a_fitted_file_is_refused(tmp_path: Path, key: str, value: 
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ScenarioError, match=re.escape(message)):
         build(path)
+
+
+def test_a_boolean_in_a_distserve_profile_is_refused(tmp_path: Path) -> None:
+    """JSON's true read as 1: a prefill constant of 22 ms priced at 1 ms, without a word."""
+    doc = json.loads((ROOT / "orcasim" / "data" / DISTSERVE).read_text())
+    doc["facebook/opt-13b"]["1"]["prefill"][0] = True
+    path = tmp_path / "p.vllm.json"
+    path.write_text(json.dumps(doc))
+    (tmp_path / "max_num_tokens.csv").write_text(
+        (ROOT / "orcasim" / "data" / DISTSERVE).with_name("max_num_tokens.csv").read_text())
+    with pytest.raises(ScenarioError, match=r"prefill = \[true, .*expected a number, not a boolean"):
+        build(path, model="opt-13b", tensor_parallel=1)

@@ -26,9 +26,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    FiniteFloat,
+    NonNegativeInt,
+    ValidationError,
+    model_validator,
+)
 
-from orcasim.config import ScenarioError, format_validation_error
+from orcasim.config import ScenarioError, format_validation_error, refuse_booleans
 from orcasim.cost.base import (
     Batch,
     CostModel,
@@ -54,6 +61,11 @@ class DistServeEntry(BaseModel):
     decoding_smallbs: Coefficients
     decoding_largebs: Coefficients
     decoding_large_small_bs_threshold: NonNegativeInt
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans(cls, data: Any) -> Any:
+        return refuse_booleans(data)  # pydantic reads true as 1: 1 ms, silently
 
 
 def _read_profiles(path: Path) -> dict[str, dict[str, Any]]:

@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from orcasim import yaml_strict
-from orcasim.config import ScenarioError, format_validation_error
+from orcasim.config import ScenarioError, format_validation_error, refuse_booleans
 from orcasim.cost.base import (
     Batch,
     CostModel,
@@ -145,14 +145,7 @@ class FittedDoc(BaseModel):
     @field_validator("knots_tokens", "coefficients_s", "range", mode="before")
     @classmethod
     def _no_booleans(cls, value: Any) -> Any:
-        """pydantic reads true as 1: `const: true` priced every iteration at 1 s more,
-        without a word (a tester's finding). A boolean where a number belongs is a mistake."""
-        items = value.values() if isinstance(value, dict) else [value]
-        for key, item in zip(value if isinstance(value, dict) else [None], items, strict=True):
-            if any(isinstance(x, bool) for x in (item if isinstance(item, list | tuple) else [item])):
-                named = "" if key is None else f"{key} = {str(item).lower()}: "
-                raise ValueError(f"{named}expected a number, not a boolean")
-        return value
+        return refuse_booleans(value)  # pydantic reads true as 1
 
 
 class FittedCost(CostModel):
