@@ -35,7 +35,12 @@ from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.sources import ArrivalSource
-from orcasim.workload.arrivals import TraceArrival
+from orcasim.workload.arrivals import (
+    ConstantArrival,
+    GammaArrival,
+    PoissonArrival,
+    TraceArrival,
+)
 
 # Metrics compared: (name in the table, summary key or an iterations-frame aggregate).
 COMPARED = ("e2e_s_mean", "e2e_s_p50", "e2e_s_p90", "ttft_s_mean", "ttft_s_p50", "ttft_s_p90",
@@ -228,6 +233,11 @@ def fidelity_table(real: list[dict[str, float]], sim: dict[str, float]) -> pd.Da
     return t
 
 
+# Arrival times fixed before serving starts, which the real server can replay (and --load
+# rescale); a closed loop's and sessions' next requests wait for answers.
+OPEN_ARRIVALS = ("poisson", "gamma", "constant", "trace")
+
+
 def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float) -> Scenario:
     """The scenario with its arrival rate scaled so the offered load is `load` × capacity.
 
@@ -238,8 +248,11 @@ def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float
     arrival = scenario.workload.arrival
     if isinstance(arrival, TraceArrival):
         arrival = arrival.model_copy(update={"speedup": arrival.speedup * factor})
-    else:
+    elif isinstance(arrival, PoissonArrival | GammaArrival | ConstantArrival):
         arrival = arrival.model_copy(update={"rate_per_s": arrival.rate_per_s * factor})
+    else:
+        raise ScenarioError(f"workload.arrival.kind = {arrival.kind}: --load rescales poisson, "
+                            "gamma, constant or trace arrivals only")
     workload = scenario.workload.model_copy(update={"arrival": arrival})
     return scenario.model_copy(update={"workload": workload})
 
@@ -269,9 +282,10 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
     """Serve twice for real, simulate once, and compare. With `load`, the arrival rate is first
     rescaled to that fraction of the capacity the fitted cost model predicts."""
     system = orca_system(scenario)
-    if scenario.workload.arrival.kind == "closed_loop":  # the real server replays fixed times
-        raise ScenarioError("workload.arrival.kind = closed_loop: replay expects poisson, gamma, "
-                         "constant or trace arrivals")
+    kind = scenario.workload.arrival.kind
+    if kind not in OPEN_ARRIVALS:  # the real server replays fixed times; these wait for answers
+        raise ScenarioError(f"workload.arrival.kind = {kind}: replay expects poisson, gamma, "
+                            "constant or trace arrivals")
     one = scenario.model_copy(update={"systems": [system]})
     with data_dir(base_dir):
         requests = make_requests(one)

@@ -154,3 +154,28 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
                  "kernels.csv", "kernels_eager.csv"):
         assert (dest / name).stat().st_size > 0, name
     assert json.loads((dest / "replay" / "fidelity.json").read_text())["requests"] == 12
+
+
+@pytest.mark.parametrize("arrival", [
+    "{kind: conversations, num_sessions: 4, session_rate_per_s: 1.0, turns: {kind: constant, value: 2},"
+    " user_tokens: {kind: constant, value: 16}, output_tokens: {kind: constant, value: 8},"
+    " think_time: {kind: exponential, mean_s: 1.0}, max_context_tokens: 256}",
+    "{kind: closed_loop, num_clients: 2, think_time: {kind: exponential, mean_s: 1.0}}",
+])
+def test_replay_refuses_arrivals_that_wait_for_answers(tmp_path: Path, arrival: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The real server replays fixed arrival times: a session's next turn, which waits for an
+    answer, cannot be replayed. Conversations crashed with --load (AttributeError: no
+    rate_per_s, a traceback) and were replayed as if open without it (a tester's finding)."""
+    scenario = tmp_path / "s.yaml"
+    text = SCENARIO.replace("{kind: poisson, rate_per_s: 10.0}", arrival).replace(
+        "cpu-ci.yaml", str(ROOT / "calibrate" / "cost_models" / "cpu-tiny.yaml"))
+    if "sessions" in arrival:  # the sessions make the requests
+        text = text.replace("  num_requests: 80\n", "").replace(
+            "  output_tokens: {kind: uniform, low: 8, high: 96}\n", "").replace(
+            "  prompt_tokens: {kind: uniform, low: 16, high: 192}\n", "")
+    scenario.write_text(text)
+    assert main(["replay", str(scenario), "--model", "tiny", "--device", "cpu", "--load", "0.5",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "workload.arrival.kind" in err and "expects poisson, gamma, constant or trace" in err
