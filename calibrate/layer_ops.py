@@ -25,6 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -161,7 +162,7 @@ def _rows_for(shape: ModelArgs, model: str, tp: int, device: str, layers: int, r
     run = token_ops_fn(shape, tp, layers, device, dtype)
     for n in (t for t in TOKENS if t <= max_tokens):
         x = torch.randn(n, shape.d_model, device=device, dtype=dtype)
-        seconds = timed_s(lambda x=x: run(x), device, repeats, eager) / layers
+        seconds = timed_s(partial(run, x), device, repeats, eager) / layers
         rows.append(f"{model},{tp},{mode},token_ops,{n},0,{seconds:.6g}")
         print(rows[-1], flush=True)
     shapes = [("decode_attention", n, 1, c) for n, c in DECODE if n * c <= 64 * max_tokens]

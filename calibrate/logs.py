@@ -622,7 +622,7 @@ def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], sys
     # Its data paths (a profile's) as a scenario's copy writes them: found from any folder,
     # not only from the scenario's (a tester's finding).
     cost = portable_dump(fitted.system_cost(system_cfg), scenario.source_dir)
-    doc = {"format": CALIBRATED_FORMAT, "cost": cost,
+    doc: dict[str, Any] = {"format": CALIBRATED_FORMAT, "cost": cost,
            "calibration": report(scenario, logs, system, result)}
     elsewhere = own_cost_blocks(scenario, system)
     if elsewhere:  # the fit set them there too; one cost block cannot carry them

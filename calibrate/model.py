@@ -183,6 +183,8 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
 class Transformer(nn.Module):
     """The whole decoder. `run_iteration` is one selective-batched iteration."""
 
+    rope: Tensor  # a buffer (register_buffer): typed here, as nn.Module's __getattr__ is not
+
     def __init__(self, args: ModelArgs, max_positions: int = 4096) -> None:
         super().__init__()
         self.args = args
