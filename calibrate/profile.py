@@ -222,6 +222,7 @@ def header_lines(model_name: str, args: ModelArgs, full_layers: int, device: str
         f"dtype: {str(dtype).removeprefix('torch.')}",
         f"device: {device}",
         f"device_name: {device_name}",
+        "tensor_parallel: 1",  # one device: what orcasim.cost.fitted checks a deployment against
         f"torch: {torch.__version__}",
         f"threads: {torch.get_num_threads()}",
         f"grid: {grid_name}",

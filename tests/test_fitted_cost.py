@@ -209,6 +209,31 @@ def test_a_profile_fit_of_another_model_than_the_deployment_warns() -> None:
         built("llama2-70b", 4)
 
 
+def test_a_profile_fit_at_another_degree_than_the_deployment_warns() -> None:
+    """`python -m calibrate profile` times one device (TP 1): its fit priced a TP 4
+    deployment of the same model at the TP 1 times, unsaid (a run of gpt3-13b on h200 at
+    TP 1 and TP 4 gave the same e2e p90, 25.68 s; a tester's finding)."""
+    from orcasim.cost import Deployment
+    from orcasim.cost.catalog import HardwareConfig, model_spec
+
+    fit = str(ROOT / "calibrate" / "cost_models" / "gpu-h200-gpt3-13b.yaml")
+
+    def built(tp: int) -> None:
+        deployment = Deployment(model=model_spec("gpt3-13b"),
+                                hardware=HardwareConfig(gpu="h200", tensor_parallel=tp))
+        build_cost_model(FittedCostConfig(kind="fitted", path=fit), deployment)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built(1)
+    with pytest.warns(UserWarning, match=r"gpu-h200-gpt3-13b\.yaml was profiled at tensor_parallel "
+                                         r"1 .* hardware\.tensor_parallel = 4"):
+        built(4)
+    with pytest.warns(UserWarning, match=r"hardware\.tensor_parallel = 2"):  # hardware alone
+        build_cost_model(FittedCostConfig(kind="fitted", path=fit), None,
+                         HardwareConfig(gpu="h200", tensor_parallel=2))
+
+
 def test_a_fit_of_the_same_model_under_another_name_is_silent(tmp_path: Path) -> None:
     """The check compared bare names: a fit of catalog 'llama3.1-70b' warned on the same
     model read from its config.json (named 'llama-3.1-70b'), and a fit of 'gpt3-13b' on

@@ -277,7 +277,25 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None, hardware: A
                       f"(its provenance), but the deployment runs model "
                       f"{deployment.model.name!r}; its times are the fitted model's",
                       UserWarning, stacklevel=2)
+    _warn_if_fitted_at_another_degree(cfg, path, provenance, deployment, hardware)
     return FittedCost(doc, path.name)
+
+
+def _warn_if_fitted_at_another_degree(cfg: FittedCostConfig, path: Path, provenance: Any,
+                                      deployment: Any, hardware: Any) -> None:
+    """`python -m calibrate profile` times one device, so its fit prices TP 1 iterations (a
+    profile may say otherwise in `tensor_parallel`); at another degree the times are still
+    TP 1's, which a TP sweep read silently (a tester's finding). A fit without provenance
+    (written by hand) says nothing of its degree and is not checked."""
+    hw = deployment.hardware if deployment is not None else hardware
+    if hw is None or not isinstance(provenance, dict) or "model" not in provenance:
+        return
+    profiled_tp = int(provenance.get("tensor_parallel", 1))
+    if profiled_tp != hw.tensor_parallel:
+        warnings.warn(f"cost.path = {cfg.path!r}: {path.name} was profiled at tensor_parallel "
+                      f"{profiled_tp} (its provenance), but the deployment's "
+                      f"hardware.tensor_parallel = {hw.tensor_parallel}; its times are those of "
+                      f"tensor_parallel {profiled_tp}", UserWarning, stacklevel=3)
 
 
 def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any, hardware: Any) -> None:
