@@ -27,8 +27,31 @@ fi
 # file already, one of its tests proves the step.
 CORRECTNESS=tests/test_calibrate_model.py
 if [[ "$DEVICE" != "cuda" ]]; then CORRECTNESS="$CORRECTNESS::test_mixed_batch"; fi
-mkdir -p "$DEST"
 step() { echo "== $* ($(date -u +%H:%M:%S))"; }
+
+# Before any step: every module the steps import (scipy only at the replay's overhead fit,
+# matplotlib at its figure), Python 3.11+, and the device. A lent machine has no network and
+# minutes of budget: a module found missing after the profile cost those minutes.
+"$PY" - "$DEVICE" <<'PREFLIGHT' || exit 2
+import importlib, sys
+if sys.version_info < (3, 11):
+    sys.exit(f"error: {sys.executable} is Python {sys.version.split()[0]}; expected 3.11 or later")
+missing = []
+for name in ("torch", "numpy", "pandas", "pydantic", "yaml", "scipy.optimize", "scipy.stats",
+             "matplotlib", "pytest", "hypothesis", "calibrate.__main__", "calibrate.profile",
+             "calibrate.replay", "calibrate.report", "calibrate.logs", "calibrate.layer_ops"):
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # an ImportError, or a module broken on import: said all at once
+        missing.append(f"{name} ({type(e).__name__}: {e})")
+if missing:
+    sys.exit(f"error: {sys.executable} cannot import {'; '.join(missing)}; expected the "
+             "calibrate and dev extras installed (no step was run)")
+import torch
+if sys.argv[1] == "cuda" and not torch.cuda.is_available():
+    sys.exit(f"error: --device cuda: torch {torch.__version__} sees no CUDA device (no step was run)")
+PREFLIGHT
+mkdir -p "$DEST"
 
 step "correctness on $DEVICE"
 CALIBRATE_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$CORRECTNESS"

@@ -179,3 +179,20 @@ def test_replay_refuses_arrivals_that_wait_for_answers(tmp_path: Path, arrival: 
                  "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "workload.arrival.kind" in err and "expects poisson, gamma, constant or trace" in err
+
+
+def test_gpu_check_names_a_missing_module_before_any_step(tmp_path: Path) -> None:
+    """On a lent GPU without network, a module the replay imports late (scipy, for the
+    overhead fit) failed the script after the correctness test, the profile and the fits
+    (minutes of a 15-minute budget): every module is now imported first, and a missing one
+    is one line, exit 2, before any step (a tester's finding)."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "scipy.py").write_text("raise ImportError('no scipy on this machine')\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
+           "PYTHONPATH": f"{blocked}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "scipy" in done.stderr and "== correctness" not in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / "out" / "cpu" / "profile.csv").exists()
