@@ -56,6 +56,12 @@ mkdir -p "$DEST"
 step "correctness on $DEVICE"
 CALIBRATE_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$CORRECTNESS"
 if [[ "$DEVICE" == "cuda" ]]; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$DEST/device.txt" || true; fi
+# What ran where and when, for every file here (kernels.csv has no header of its own).
+{ echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "model: $MODEL"; echo "layers_profiled: $LAYERS"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  "$PY" -c 'import sys, torch; d = torch.cuda.get_device_name() if sys.argv[1] == "cuda" else "cpu"
+print(f"python: {sys.version.split()[0]}\ntorch: {torch.__version__}\ndevice_name: {d}")' "$DEVICE"
+} > "$DEST/provenance.txt"
 
 step "profile $MODEL ($LAYERS layers) on $DEVICE, grid $GRID"
 "$PY" -m calibrate profile --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --grid "$GRID" \

@@ -154,6 +154,8 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
                  "kernels.csv", "kernels_eager.csv"):
         assert (dest / name).stat().st_size > 0, name
     assert json.loads((dest / "replay" / "fidelity.json").read_text())["requests"] == 12
+    provenance = (dest / "provenance.txt").read_text()
+    assert "model: tiny" in provenance and "torch: " in provenance and "date: 20" in provenance
 
 
 @pytest.mark.parametrize("arrival", [
