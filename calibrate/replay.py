@@ -6,9 +6,11 @@ requests join when their arrival time has passed, Orca admission is FCFS, every 
 is one selective-batched `run_iteration` plus greedy sampling. It records into orcasim's
 `Recorder`, so its rows have the schema of `orcasim.metrics.requests_frame`.
 
-A measured iteration runs from just before `schedule()` to just after the bookkeeping of
-its output, so the loop's own overhead is inside the iterations the cost model must
-explain. The real run is repeated to measure its noise: simulation error is judged against
+A measured iteration runs from just before `schedule()` to just after its tokens are
+sampled, so the scheduling and the model call are inside the iterations the cost model must
+explain; the bookkeeping of its output (`update_from_output`, freeing finished sequences)
+runs after it, in the wall-clock gap before the next one, which the overhead fitted from
+run 1's log absorbs. The real run is repeated to measure its noise: simulation error is judged against
 the real-versus-real difference, never against zero.
 """
 
