@@ -132,3 +132,27 @@ def test_a_target_of_the_profiled_layers_alone_says_so(tmp_path, target: str) ->
     assert provenance["fitted_layers"].startswith("4 of 40")
     assert main(["fit", str(profile), "--out", str(tmp_path / "w.yaml")]) == 0  # time_s: quiet
     assert "fitted_layers" not in yaml.safe_load((tmp_path / "w.yaml").read_text())["provenance"]
+
+
+def test_a_profile_of_some_layers_scales_the_layers_alone(monkeypatch) -> None:  # noqa: ANN001
+    """`--layers 4` of 40 multiplied the whole step by 10, embedding and LM head included: for
+    GPT-3 13B's decode on the H200 (LM head 257M weights, a layer 315M) that priced a decode
+    step ~18% over the 40 layers it stands for (a tester's finding). A step here costs 1 ms
+    of embedding and head plus 2 ms a layer: the whole model's is 1 + 40·2 = 81 ms."""
+    pytest.importorskip("torch")
+    import calibrate.profile as profile
+    from calibrate.model import build_model, model_args
+
+    def fake(model, batch, grid):  # noqa: ANN001, ANN202
+        step_s = 1e-3 + 2e-3 * len(model.layers)
+        return [(step_s, step_s, float("nan"))] * grid.repeats
+
+    monkeypatch.setattr(profile, "time_iteration", fake)
+    full, shape = model_args("tiny"), model_args("tiny", 1)
+    model = build_model(shape, "cpu", max_positions=65)
+    grid = profile.GRIDS["ci"]
+    rows = profile.profile_rows(model, grid, 64, 40 / shape.n_layers, np.random.default_rng(0),
+                                lambda m: None)
+    assert full.n_layers == 2 and len(model.layers) == 1  # the fake counts the layers it sees
+    assert rows["measured_s"].to_numpy() == pytest.approx(3e-3)
+    assert rows["time_s"].to_numpy() == pytest.approx(81e-3)
