@@ -60,7 +60,6 @@ from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import point_name
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted
-from orcasim.workload import WorkloadConfig
 
 DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
@@ -426,13 +425,8 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
         raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
                             f"({'the rate it searches' if swept == knob.path else '--requests'}); "
                             "expected a grid over other keys")
-    system_prompt = scenario.workload.system_prompt
-    # A trace's system prompts, drawn per seed, differ between replications unless every
-    # request carries the one there is.
-    prompts_drawn = system_prompt is not None and system_prompt.fraction > 0 and (
-        system_prompt.fraction < 1 or system_prompt.variants > 1)
-    what = _draws_nothing(scenario.workload)
-    if replications > 1 and what is not None and not prompts_drawn:
+    what = scenario.workload.draws_nothing()
+    if replications > 1 and what is not None:
         warnings.warn(f"{what}: every replication replays the same "
                       f"requests, so the {replications} replications differ only where a system "
                       "draws at random (a random or power_of_two router); an interval of zero "
@@ -449,18 +443,6 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
             with _naming_point(job):
                 _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
     return jobs
-
-
-def _draws_nothing(workload: WorkloadConfig) -> str | None:
-    """What makes every seed's requests the same (a trace; constant arrivals of constant
-    lengths, a tester's note), said in a warning; None where a seed draws them."""
-    if workload.arrival.kind == "trace":
-        return "workload.arrival.kind = 'trace'"
-    lengths = (workload.prompt_tokens, workload.output_tokens)
-    if workload.arrival.kind == "constant" and all(d is not None and d.kind == "constant"
-                                                   for d in lengths):
-        return "constant arrivals of constant lengths"
-    return None
 
 
 @contextlib.contextmanager

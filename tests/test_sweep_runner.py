@@ -295,3 +295,30 @@ def test_a_results_folder_named_with_brackets_is_printed_as_named(tmp_path: Path
                                    "--no-progress"])
     assert res.exit_code == 0, res.output
     assert f"rowsin{out}/sweep.parquet" in "".join(res.output.split())
+
+
+def test_replications_of_a_trace_are_said_to_be_one_sample(tmp_path: Path) -> None:
+    """A trace's replications replay the same requests: three identical runs ran without a
+    word, and their band of zero width read as a certain answer (a tester's finding). Said
+    once, naming the first point, as capacity says it; a point that draws its requests
+    (a Poisson grid value) gives no such warning."""
+    from sweep_files import write_trace_scenario
+
+    write_trace_scenario(tmp_path)
+    path = tmp_path / "trace_sweep.yaml"
+    path.write_text("name: t\nbase: s.yaml\nreplications: 3\ngrid:\n  parameters:\n"
+                    "    workload.arrival.speedup: [1.0, 2.0]\n")
+    with pytest.warns(UserWarning) as said:
+        table = run_sweep(load_sweep(path), tmp_path / "out", workers=1, progress=False).table
+    alike = [str(w.message) for w in said if "replays the same requests" in str(w.message)]
+    assert alike == ["point p0000-r00 (workload.arrival.speedup=1.0): workload.arrival.kind = "
+                     "'trace': every replication replays the same requests, so the 3 "
+                     "replications differ only where a system draws at random (a random or "
+                     "power_of_two router); a band of zero width across them is one sample, "
+                     "not a certain answer"]
+    assert table.groupby("point")["throughput_rps"].nunique().eq(1).all()  # as it says
+    drawn = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]",
+                        replications=2, name="drawn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_sweep_in_memory(load_sweep(drawn), workers=1)

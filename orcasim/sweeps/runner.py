@@ -67,6 +67,7 @@ def run_sweep(
     check_backend(backend, workers, address)
     tasks = sweep.tasks()
     _prepare(sweep, tasks, out_dir, resume, force)
+    sweep.warn_alike_replications()
     todo = [t for t in tasks if not _finished(out_dir, t)]
     shown = set(sweep.said)  # said as its points were checked
     for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
@@ -85,6 +86,7 @@ def run_sweep_in_memory(
 ) -> SweepResult:
     """Run every task and return the tidy table without writing anything (for notebooks)."""
     check_backend(backend, workers, address)
+    sweep.warn_alike_replications()
     outcomes = list(execute(sweep.tasks(), backend, workers, address))
     shown = set(sweep.said)  # said as its points were checked
     for outcome in outcomes:

@@ -205,6 +205,23 @@ class Sweep:
                 paths.update(data_inputs(task.scenario(), Path(task.base_dir)))
         return sorted(paths)
 
+    def warn_alike_replications(self) -> None:
+        """Replications of a point whose requests no seed draws (a trace) repeat one run:
+        said once, naming the first such point, as capacity says it of its searches. A
+        sweep of a trace with 3 replications ran three identical runs without a word, and
+        its band across replications, of zero width, read as a certain answer."""
+        if self.spec.replications < 2:
+            return
+        for task in self.tasks()[:: self.spec.replications]:
+            with self.naming(task):
+                what = task.scenario().workload.draws_nothing()
+                if what is not None:
+                    warnings.warn(f"{what}: every replication replays the same requests, so the "
+                                  f"{self.spec.replications} replications differ only where a "
+                                  "system draws at random (a random or power_of_two router); a "
+                                  "band of zero width across them is one sample, not a certain "
+                                  "answer", UserWarning, stacklevel=2)
+
     def tasks(self) -> list[Task]:
         seeds = self.replication_seeds()
         return [

@@ -95,6 +95,22 @@ class WorkloadConfig(Strict):
         return self
 
 
+    def draws_nothing(self) -> str | None:
+        """What makes every seed's requests the same (a trace; constant arrivals of constant
+        lengths), said in a warning where replications would repeat one run; None where a
+        seed draws them (a trace's system prompts chosen at random too)."""
+        prompt = self.system_prompt
+        if prompt is not None and prompt.fraction > 0 and (prompt.fraction < 1 or prompt.variants > 1):
+            return None
+        if self.arrival.kind == "trace":
+            return "workload.arrival.kind = 'trace'"
+        lengths = (self.prompt_tokens, self.output_tokens)
+        if self.arrival.kind == "constant" and all(d is not None and d.kind == "constant"
+                                                   for d in lengths):
+            return "constant arrivals of constant lengths"
+        return None
+
+
 CLIPPED_MEAN_RTOL = 0.10  # a clipped lognormal's mean this far from the one asked for: say so
 
 
