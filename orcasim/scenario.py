@@ -107,6 +107,13 @@ class SweepConfig(Strict):
             if isinstance(value, float) and not math.isfinite(value):  # a sweep file's grid
                 # refused it naming its own keys (grid.parameters...), not this block's
                 raise ScenarioError(f"values[{i}] = {value}: expected a finite number")
+        column = column_problem(self.values)
+        if column is not None:  # as a sweep file's grid refuses it, in this block's own keys
+            at, why = column
+            raise ScenarioError(f"values{'' if at is None else f'[{at}]'} = "
+                                f"{self.values if at is None else self.values[at]!r}: {why}")
+        if not _WHOLE_PATH.match(self.parameter):
+            raise ScenarioError(f"parameter = {self.parameter!r}: a malformed path; {MALFORMED_PATH}")
         twice = first_repeat(self.values)
         if twice is not None:  # as a sweep file's grid, in this block's own keys
             raise ScenarioError(f"values[{twice}] = {self.values[twice]!r} repeats values"
@@ -116,6 +123,31 @@ class SweepConfig(Strict):
             raise ScenarioError(f"parameter = {self.parameter!r}: a sweep cannot sweep its own "
                                 "block; expected a key of the scenario")
         return self
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer column of the sweep table
+
+
+def value_kind(value: Any) -> str:
+    """A swept value's type as its sweep table column holds it: integers and floats are numbers."""
+    if isinstance(value, bool):
+        return "boolean"
+    return "number" if isinstance(value, int | float) else "text"
+
+
+def column_problem(values: list[Any]) -> tuple[int | None, str] | None:
+    """Why `values` cannot be one column of the sweep table (a Parquet column holds one
+    type, an integer column 64 bits), as (the index of the value at fault, or None for the
+    whole list; what is wrong); None where they can."""
+    kinds = sorted({value_kind(v) for v in values})
+    if len(kinds) > 1:
+        return None, f"mixes {' and '.join(kinds)} values; expected values of one type"
+    huge = next((i for i, v in enumerate(values) if value_kind(v) == "number"
+                 and isinstance(v, int) and not INT64_MIN <= v <= INT64_MAX), None)
+    if huge is not None:  # Parquet's OverflowError, after every point had run
+        return huge, (f"beyond a 64-bit integer, which the sweep table's column holds; "
+                      f"expected at most {INT64_MAX} in size, or a float ({float(values[huge]):g})")
+    return None
 
 
 HARDWARE_COST_KINDS = ("roofline", "profile")
@@ -607,14 +639,15 @@ def scenario_from_dict(data: dict[str, Any], source: str = "scenario") -> Scenar
 _PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 _NAME = r"[^.\[\]\s]+(?:\[\d+\])*"
 _WHOLE_PATH = re.compile(rf"^{_NAME}(?:\.{_NAME})*$")
+MALFORMED_PATH = ("expected names joined by dots, each with optional [index], e.g. "
+                  "systems[1].scheduler.max_batch_size")
 
 
 def parse_dotted(path: str) -> list[str | int]:
     """`systems[1].scheduler.max_batch_size` -> ['systems', 1, 'scheduler', 'max_batch_size'].
     Anything else (`a..b`, `a]]`, `a[x]`) is an error naming the path."""
     if path and not _WHOLE_PATH.match(path):
-        raise ScenarioError(f"override path '{path}' is malformed; expected names joined by "
-                            "dots, each with optional [index], e.g. systems[1].scheduler.max_batch_size")
+        raise ScenarioError(f"override path '{path}' is malformed; {MALFORMED_PATH}")
     parts: list[str | int] = []
     for name, index in _PATH_PART.findall(path):
         parts.append(int(index) if index else name)

@@ -47,6 +47,24 @@ def test_a_value_must_fit_one_table_column() -> None:
         small_sweep(**{"sweep": {"parameter": "workload.arrival", "values": [{"kind": "poisson", "rate_per_s": 1}]}})
 
 
+@pytest.mark.parametrize(("block", "message"), [
+    ({"parameter": RATE, "values": [1, "2"]},
+     "sweep.values = [1, '2']: mixes number and text values; expected values of one type"),
+    ({"parameter": "workload.num_requests", "values": [10, 10**20]},
+     "sweep.values[1] = 100000000000000000000: beyond a 64-bit integer"),
+    ({"parameter": "workload..rate_per_s", "values": [1, 2]},
+     "sweep.parameter = 'workload..rate_per_s': a malformed path; expected names joined by dots"),
+])
+def test_a_blocks_values_and_path_are_refused_in_its_own_keys(block: dict, message: str) -> None:
+    """Refused in the words of the sweep file the block becomes (`quickstart: sweep:
+    grid.parameters.... = ...`, keys the block does not have) or of an override
+    (`override path ... is malformed`, naming neither file nor key): a tester's finding."""
+    with pytest.raises(ScenarioError) as refused:
+        small_sweep(sweep=block)
+    assert message in str(refused.value)
+    assert "grid" not in str(refused.value) and "override" not in str(refused.value)
+
+
 def test_a_seed_sweep_is_refused_in_the_block_s_own_keys() -> None:
     """It named `grid.parameters.seed` and `replications`, keys a scenario's sweep block does
     not have (a tester's low finding)."""

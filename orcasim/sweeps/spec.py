@@ -37,10 +37,12 @@ from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, model_
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, first_repeat, format_validation_error
 from orcasim.scenario import (
+    MALFORMED_PATH,
     NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
     apply_params,
+    column_problem,
     data_inputs,
     load_scenario,
     malformed_yaml,
@@ -51,14 +53,6 @@ from orcasim.scenario import (
 
 ParamValue = int | float | str | bool
 MAX_REPLICATIONS = 10_000
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # an integer column of the sweep table
-
-
-def _kind(value: ParamValue) -> str:
-    """A grid value's type as its table column holds it: integers and floats are numbers."""
-    if isinstance(value, bool):
-        return "boolean"
-    return "number" if isinstance(value, int | float) else "text"
 
 
 class Grid(Strict):
@@ -68,21 +62,19 @@ class Grid(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         for path, values in self.parameters.items():
-            parse_dotted(path)
+            try:
+                parse_dotted(path)
+            except ScenarioError:  # in the grid's words: it is no override
+                raise ScenarioError(f"parameters ({path!r}): a malformed path; "
+                                    f"{MALFORMED_PATH}") from None
             if not values:
                 raise ScenarioError(f"parameters.{path}: needs at least one value")
             if parse_dotted(path)[0] == "seed":
                 raise ScenarioError("parameters.seed: use `replications` for independent seeds")
-            kinds = sorted({_kind(v) for v in values})
-            if len(kinds) > 1:  # one table column per parameter: Parquet holds one type
-                raise ScenarioError(f"parameters.{path} = {values}: mixes {' and '.join(kinds)} "
-                                    "values; expected values of one type")
-            huge = next((v for v in values if _kind(v) == "number" and isinstance(v, int)
-                         and not INT64_MIN <= v <= INT64_MAX), None)
-            if huge is not None:  # Parquet's OverflowError, after every point had run
-                raise ScenarioError(f"parameters.{path} = {huge}: beyond a 64-bit integer, which "
-                                    f"the sweep table's column holds; expected at most "
-                                    f"{INT64_MAX} in size, or a float ({float(huge):g})")
+            column = column_problem(values)
+            if column is not None:  # one table column per parameter
+                i, why = column
+                raise ScenarioError(f"parameters.{path} = {values if i is None else values[i]}: {why}")
         lengths = {len(v) for v in self.parameters.values()}
         if self.mode == "zip" and len(lengths) > 1:
             raise ScenarioError(f"mode = zip needs value lists of one length; got {sorted(lengths)}")
