@@ -60,6 +60,37 @@ def test_resume_refuses_a_different_sweep(tmp_path: Path) -> None:
         run_sweep(load_sweep(grid_4x3), out, workers=1, progress=False)
 
 
+@pytest.mark.parametrize(("overrides", "grid", "where"), [
+    (["workload.num_requests=50"], "[1.0, 3.0]", "base.workload.num_requests is 60 there, 50 here"),
+    ([], "[1.0, 2.0]", "tasks[1].params.workload.arrival.rate_per_s is 3.0 there, 2.0 here"),
+    ([], "[1.0, 3.0, 5.0]", "tasks: 2 items there, 3 here"),
+])
+def test_a_resume_refused_says_where_the_plan_differs(tmp_path: Path, overrides: list[str],
+                                                      grid: str, where: str) -> None:
+    """Told only 'plan.json differs', a user who resumed without the run's --set, or after
+    an edit, had to diff plan.json to find which (a tester's finding)."""
+    out = tmp_path / "out"
+    first = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 3.0]")
+    run_sweep(load_sweep(first), out, workers=1, progress=False)
+    changed = write_sweep(tmp_path, f"parameters:\n  workload.arrival.rate_per_s: {grid}")
+    with pytest.raises(ValueError) as refused:
+        run_sweep(load_sweep(changed, overrides), out, workers=1, resume=True, progress=False)
+    assert f"holds a different run (plan.json differs), so this run cannot resume it: {where}; " \
+        in str(refused.value)
+
+
+def test_a_changed_data_file_is_named_when_a_resume_is_refused() -> None:
+    from orcasim.sweeps.runner import plan_change
+
+    there = json.dumps({"tasks": [], "inputs": {"/d/a.csv": "1" * 64, "/d/b.csv": "2" * 64}})
+    assert plan_change(there, json.dumps({"tasks": [], "inputs": {"/d/a.csv": "1" * 64,
+                                                                    "/d/b.csv": "3" * 64}})) \
+        == ": data file /d/b.csv changed since (its SHA-256 differs)"
+    assert plan_change(there, json.dumps({"tasks": [], "inputs": {"/d/a.csv": "1" * 64}})) \
+        == ": data file /d/b.csv is not read here"
+    assert plan_change("not json", there) == ""
+
+
 def test_resume_refuses_a_folder_without_its_plan(tmp_path: Path) -> None:
     """Another sweep's points, plan lost: resuming must not count them as this sweep's."""
     out = tmp_path / "out"

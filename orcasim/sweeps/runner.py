@@ -164,11 +164,59 @@ def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
         raise ScenarioError(f"{out_dir} already exists and {why}; use another --out{force_too}")
     if held != plan:
         why = ", so this run cannot resume it" if resume else ""
-        raise ScenarioError(f"{out_dir} holds a different run (plan.json differs){why}; use "
-                            f"another --out{force_too}")
+        raise ScenarioError(f"{out_dir} holds a different run (plan.json differs){why}"
+                            f"{plan_change(held, plan)}; use another --out{force_too}")
     assert not resume  # resume with the same plan keeps the folder
     raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it"
                             f"{force_too or ', or use another --out'}")
+
+
+def plan_change(held: str, plan: str) -> str:
+    """Where this run's plan first departs from the one a folder holds, for its refusal:
+    ': base.workload.num_requests is 40 there, 41 here'. Told only 'plan.json differs', a
+    user who resumed without the `--set` the run was started with, or after an edit of the
+    base scenario, had to diff the JSON to find out (a tester's finding)."""
+    try:
+        where = _first_difference(json.loads(held), json.loads(plan), "")
+    except json.JSONDecodeError:
+        return ""
+    return f": {where}" if where else ""
+
+
+def _first_difference(there: object, here: object, path: str) -> str:
+    if path == "inputs" and isinstance(there, dict) and isinstance(here, dict):
+        # The data files' SHA-256 digests (`_plan`), by path: a digest says nothing to read.
+        for file in [*there, *(f for f in here if f not in there)]:
+            if there.get(file) != here.get(file):
+                return (f"data file {file} " + ("changed since (its SHA-256 differs)"
+                        if file in there and file in here else
+                        "was not read there" if file in here else "is not read here"))
+        return ""
+    if isinstance(there, dict) and isinstance(here, dict):
+        for key in [*there, *(k for k in here if k not in there)]:
+            at = f"{path}.{key}" if path else str(key)
+            if key not in here or key not in there:
+                return f"{at} is {'only there' if key in there else 'only here'}"
+            found = _first_difference(there[key], here[key], at)
+            if found:
+                return found
+        return ""
+    if isinstance(there, list) and isinstance(here, list):
+        for i, (a, b) in enumerate(zip(there, here, strict=False)):
+            found = _first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        if len(there) != len(here):
+            return f"{path}: {len(there)} items there, {len(here)} here"
+        return ""
+    if there == here and type(there) is type(here):
+        return ""
+    return f"{path} is {_short(there)} there, {_short(here)} here"
+
+
+def _short(value: object, max_chars: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
 def write_outcome(out_dir: Path, job_id: str, text: str) -> None:
