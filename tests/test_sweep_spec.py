@@ -8,7 +8,7 @@ import pytest
 from sweep_files import write_grid_4x3, write_sweep
 
 from orcasim.config import ScenarioError
-from orcasim.sweeps import load_sweep
+from orcasim.sweeps import load_sweep, make_sweep
 
 
 def test_product_grid_has_every_combination(tmp_path: Path) -> None:
@@ -209,3 +209,18 @@ def test_a_repeat_is_an_equal_value_of_one_kind() -> None:
     assert first_repeat([1, 2, 1.0]) == 2
     assert first_repeat([1, True]) is None
     assert first_repeat([(1, "a"), (2, "a"), (1, "a")]) == 2
+
+
+def test_a_base_that_is_a_sweep_file_is_refused_as_one(tmp_path: Path) -> None:
+    """Read as a scenario, another sweep file (or the file itself) as `base` said
+    "(top level): unknown key 'base'; did you mean 'seed'?" (a tester's finding)."""
+    inner = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]", name="inner")
+    outer = tmp_path / "outer.yaml"
+    outer.write_text("name: outer\nbase: inner.yaml\ngrid:\n  parameters:\n"
+                     "    workload.arrival.rate_per_s: [2.0]\n")
+    with pytest.raises(ScenarioError, match=r"outer.yaml: base = 'inner.yaml' is a sweep file "
+                                            r"\(it names a base scenario itself\), not a scenario"):
+        load_sweep(outer)
+    assert load_sweep(inner).points()  # its own base is a scenario
+    with pytest.raises(ScenarioError, match=r"base = '.*inner.yaml' is a sweep file"):
+        make_sweep(inner, {"workload.arrival.rate_per_s": [2.0]})  # the Python form too

@@ -231,7 +231,9 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     keys = ["set:"] * len(spec.set) + ["--set"] * len(overrides)  # who gave each, for errors
     if overrides:
         spec = spec.model_copy(update={"set": [*spec.set, *overrides]})
-    return build_sweep(spec, path.parent / spec.base, keys)
+    base = path.parent / spec.base
+    _refuse_a_sweep_as_base(base, f"{path}: base = {spec.base!r}")
+    return build_sweep(spec, base, keys)
 
 
 def make_sweep(
@@ -241,7 +243,16 @@ def make_sweep(
     """The Python form of a sweep file, for notebooks and scripts."""
     data = {"name": name, "base": str(base), "set": overrides or [], "replications": replications,
             "seed": seed, "grid": {"mode": mode, "parameters": parameters}}
+    _refuse_a_sweep_as_base(Path(base), f"base = {str(base)!r}")
     return build_sweep(_validate_spec(data, "sweep"), Path(base))
+
+
+def _refuse_a_sweep_as_base(base: Path, named: str) -> None:
+    """Read as a scenario, a sweep file as the base said "(top level): unknown key 'base';
+    did you mean 'seed'?" (a tester's finding)."""
+    if base.is_file() and yaml_strict.is_sweep_file(base):
+        raise ScenarioError(f"{named} is a sweep file (it names a base scenario itself), not a "
+                            "scenario; expected a scenario file, such as that sweep's own base")
 
 
 def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
