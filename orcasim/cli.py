@@ -364,6 +364,7 @@ def _validate_sweep(path: Path, overrides: list[str]) -> None:
     try:
         sw = load_sweep(path, overrides)  # validates the base scenario and every point
         _check_sweep_runs(sw)
+        sw.warn_alike_replications()  # as `sweep` would
     except USER_ERRORS as e:
         fail(error_text(e))
     typer.echo(f"{path}: ok (sweep: {len(sw.points())} points x {sw.spec.replications} replications)")

@@ -348,6 +348,8 @@ def test_replications_of_a_trace_are_said_to_be_one_sample(tmp_path: Path) -> No
                      "power_of_two router); a band of zero width across them is one sample, "
                      "not a certain answer"]
     assert table.groupby("point")["throughput_rps"].nunique().eq(1).all()  # as it says
+    with pytest.warns(UserWarning, match="replays the same requests"):  # validate says it too
+        assert CliRunner().invoke(app, ["validate", str(path)]).exit_code == 0
     drawn = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]",
                         replications=2, name="drawn")
     with warnings.catch_warnings():
