@@ -51,3 +51,16 @@ def write_trace_scenario(folder: Path) -> Path:
         "cost: {kind: linear, base_s: 0.01, per_token_s: 0.0}\nkv_capacity_tokens: 1000\n"
         "systems: [{name: a, scheduler: {kind: iteration_level, max_batch_size: 2}}]\n")
     return folder / "s.yaml"
+
+
+def die_at_two(job: int) -> tuple[str, int]:
+    """A job runner whose job 2 kills its worker, as the OOM killer would (for a pool's
+    workers to import: a module-level function)."""
+    import os
+    import time
+
+    if job == 2:
+        time.sleep(0.2)  # the others in flight meanwhile
+        os._exit(9)
+    time.sleep(0.3)
+    return ("ok", job)

@@ -355,3 +355,18 @@ def test_replications_of_a_trace_are_said_to_be_one_sample(tmp_path: Path) -> No
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run_sweep_in_memory(load_sweep(drawn), workers=1)
+
+
+def test_a_task_that_kills_its_worker_fails_alone() -> None:
+    """A worker that dies breaks the whole pool: one task killed by the OOM killer failed
+    every task still queued with it, 5 of 8 that never ran (a tester's finding). Those in
+    flight run again alone, so that only the one that kills its worker fails."""
+    from sweep_files import die_at_two
+
+    from orcasim.sweeps.backends import execute_jobs
+
+    results = list(execute_jobs(list(range(8)), die_at_two, lambda job, e: ("failed", job, str(e)),
+                                "local", workers=3))
+    assert sorted(r for r in results if r[0] == "ok") == [("ok", j) for j in (0, 1, 3, 4, 5, 6, 7)]
+    assert [r for r in results if r[0] == "failed"] == [
+        ("failed", 2, "its worker died while it ran (out of memory, or a crash)")]

@@ -14,8 +14,9 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from orcasim.config import ScenarioError
@@ -96,20 +97,61 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
         for task in tasks:  # no pool: easier to debug, and no start-up cost
             yield run(task)
         return
+    # A worker that dies (out of memory, a crash) breaks the whole pool, and every task
+    # still in it failed with it: one point killed by the OOM killer failed the other 5 of
+    # 8, queued ones that never ran (a tester's finding). Only the tasks in flight then
+    # can be the cause: each runs again alone, so that the one that kills its worker fails
+    # by itself; the rest go on in a fresh pool.
+    pending = list(tasks)
+    while pending:
+        suspects, pending = yield from _pool(pending, run, failed, workers)
+        for task in suspects:
+            alone, _ = yield from _pool([task], run, failed, 1)
+            for dead in alone:
+                yield failed(dead, BrokenProcessPool("its worker died while it ran (out of "
+                                                     "memory, or a crash)"))
+
+
+def _pool(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
+          workers: int) -> Generator[Any, None, tuple[list[Any], list[Any]]]:
+    """Run `tasks` in a process pool, yielding each result, until they are done or a worker
+    dies; then return the tasks in flight when it died and those never submitted. At most
+    `workers` tasks are in flight at a time, so that those are few."""
     # spawn, not fork: the parent may hold threads (the progress bar), and fork copies locks.
     # Workers ignore Ctrl-C: the parent alone decides, so a second press cannot leave a pool
     # half shut down and waiting on workers that died mid-task.
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
+    workers = min(workers, len(tasks))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                initializer=_start_worker, initargs=(os.getpid(),))
-    try:
-        with _interrupts_blocked():  # the first submit starts every worker
-            futures = {pool.submit(run, t): t for t in tasks}
-        for future in as_completed(futures):
+    queue = list(reversed(tasks))
+    in_flight: dict[Future[Any], Any] = {}
+    suspects: list[Any] = []
+
+    def top_up() -> None:
+        while queue and len(in_flight) < workers and not suspects:
             try:
-                yield future.result()
-            except Exception as e:  # noqa: BLE001 - a worker died (e.g. out of memory)
-                yield failed(futures[future], e)
+                with _interrupts_blocked():  # a submit may start a worker
+                    in_flight[pool.submit(run, queue[-1])] = queue[-1]
+            except BrokenProcessPool:  # broken since the last wait: its futures tell by whom
+                return
+            queue.pop()
+
+    try:
+        top_up()
+        while in_flight:
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            results = []
+            for future in done:
+                task = in_flight.pop(future)
+                try:
+                    results.append(future.result())
+                except BrokenProcessPool:
+                    suspects.append(task)
+                except Exception as e:  # noqa: BLE001 - the task could not be sent or returned
+                    results.append(failed(task, e))
+            top_up()  # before the caller writes what is done: the workers stay busy
+            yield from results
     except BaseException:
         # Ctrl-C, SIGTERM or a caller that stopped early: drop the queued tasks and stop the
         # running ones now, without waiting; finished ones are already written, so --resume
@@ -120,6 +162,7 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
                 child.terminate()
         raise
     pool.shutdown(wait=True)
+    return suspects, list(reversed(queue))
 
 
 @contextlib.contextmanager
