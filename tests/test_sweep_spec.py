@@ -224,3 +224,15 @@ def test_a_base_that_is_a_sweep_file_is_refused_as_one(tmp_path: Path) -> None:
     assert load_sweep(inner).points()  # its own base is a scenario
     with pytest.raises(ScenarioError, match=r"base = '.*inner.yaml' is a sweep file"):
         make_sweep(inner, {"workload.arrival.rate_per_s": [2.0]})  # the Python form too
+
+
+@pytest.mark.parametrize("given", ["replications=3", "grid.mode=zip", "base=other.yaml"])
+def test_a_set_of_a_sweep_files_own_key_says_so(tmp_path: Path, given: str) -> None:
+    """`--set replications=3` was applied to the base scenario and read "(top level):
+    unknown key 'replications'; valid keys are: cost, ..." (a tester's finding)."""
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]")
+    top = given.split("=")[0].split(".")[0]
+    with pytest.raises(ScenarioError, match=rf"--set '{given}': {top} is a key of the sweep file, "
+                                            "not of its base scenario"):
+        load_sweep(path, [given])
+    assert load_sweep(path, ["name=renamed"]).base["name"] == "renamed"  # a scenario's key too

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ from orcasim.scenario import (
 
 ParamValue = int | float | str | bool
 MAX_REPLICATIONS = 10_000
+# A sweep file's keys that no scenario has (`name` and `seed` are a scenario's too).
+SWEEP_ONLY_KEYS = ("base", "set", "grid", "replications")
 
 
 class Grid(Strict):
@@ -297,6 +300,11 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
         if given.split("=", 1)[0].strip() == "seed":   # point's is its replication's
             raise ScenarioError(f"{key} {given!r}: a sweep's seeds come from its own `seed` and "
                                 "`replications`; expected seed: at the sweep file's top level")
+        top = re.split(r"[.\[]", given.split("=", 1)[0].strip(), maxsplit=1)[0]
+        if top in SWEEP_ONLY_KEYS:  # read as the base's key, it was "unknown key 'grid'"
+            raise ScenarioError(f"{key} {given!r}: {top} is a key of the sweep file, not of its "
+                                "base scenario, whose keys set: and --set change; expected "
+                                f"{top} in the sweep file itself")
         refuse_swept_override(given, key, spec.grid.parameters)
     # The base as given runs at no point where the grid changes it: its warnings (a clipped
     # lognormal whose mean every point sets) are said by the points that have them.
