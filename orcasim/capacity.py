@@ -785,7 +785,7 @@ def _read(out_dir: Path, job: SearchJob) -> SearchOutcome | None:
     path = out_dir / "points" / job.id / OUTCOME_FILE
     if not path.exists():
         return None
-    outcome = SearchOutcome.from_json(path.read_text(), str(path))
+    outcome = SearchOutcome.read(path)
     return outcome if outcome.ok else None
 
 

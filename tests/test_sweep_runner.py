@@ -370,3 +370,18 @@ def test_a_task_that_kills_its_worker_fails_alone() -> None:
     assert sorted(r for r in results if r[0] == "ok") == [("ok", j) for j in (0, 1, 3, 4, 5, 6, 7)]
     assert [r for r in results if r[0] == "failed"] == [
         ("failed", 2, "its worker died while it ran (out of memory, or a crash)")]
+
+
+def test_a_damaged_plan_or_outcome_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 in plan.json or a point's outcome.json ended --resume in a
+    UnicodeDecodeError's traceback (a tester's finding); now the refusals a damaged JSON
+    file already gets."""
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 3.0]")
+    out = tmp_path / "out"
+    run_sweep(load_sweep(path), out, workers=1, progress=False)
+    (out / "points" / "p0000-r00" / "outcome.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="outcome.json: not an outcome this version wrote"):
+        run_sweep(load_sweep(path), out, workers=1, resume=True, progress=False)
+    (out / "plan.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match=r"holds a different run \(plan.json differs\)"):
+        run_sweep(load_sweep(path), out, workers=1, resume=True, progress=False)

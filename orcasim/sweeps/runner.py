@@ -134,7 +134,9 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
         if not out_dir.is_dir():
             raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; use "
                                     "another --out")
-        held = plan_file.read_text() if plan_file.is_file() else None
+        # Not UTF-8 (damaged): a plan that differs, not a UnicodeDecodeError's traceback.
+        held = plan_file.read_bytes().decode("utf-8", errors="replace") \
+            if plan_file.is_file() else None
         if resume and held == plan:
             return
         if force:
@@ -229,14 +231,14 @@ def write_outcome(out_dir: Path, job_id: str, text: str) -> None:
 
 def _finished(out_dir: Path, task: Task) -> bool:
     path = out_dir / "points" / task.id / OUTCOME_FILE
-    return path.exists() and Outcome.from_json(path.read_text(), str(path)).ok
+    return path.exists() and Outcome.read(path).ok
 
 
 def read_outcome(out_dir: Path, task: Task) -> Outcome:
     path = out_dir / "points" / task.id / OUTCOME_FILE
     if not path.exists():
         return Outcome.failed(task, "did not run")
-    return Outcome.from_json(path.read_text(), str(path))
+    return Outcome.read(path)
 
 
 def _write_tables(out_dir: Path, table: pd.DataFrame, failed: list[Outcome]) -> None:

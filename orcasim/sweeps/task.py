@@ -21,6 +21,13 @@ class JsonRecord:
         return json.dumps(asdict(self), indent=1) + "\n"  # type: ignore[call-overload]
 
     @classmethod
+    def read(cls, path: Path) -> Self:
+        """`from_json` of the file at `path`; bytes that are not UTF-8 (a file some other
+        tool wrote, or damaged) are the same one-line refusal, not a UnicodeDecodeError's
+        traceback (a tester's finding)."""
+        return cls.from_json(path.read_bytes().decode("utf-8", errors="replace"), str(path))
+
+    @classmethod
     def from_json(cls, text: str, source: str = "outcome") -> Self:
         """Read back `to_json`; anything else (a corrupt or foreign file) is a ScenarioError."""
         try:
