@@ -363,13 +363,13 @@ def test_a_task_that_kills_its_worker_fails_alone() -> None:
     flight run again alone, so that only the one that kills its worker fails."""
     from sweep_files import die_at_two
 
-    from orcasim.sweeps.backends import execute_jobs
+    from orcasim.sweeps.backends import WORKER_DIED, execute_jobs
 
     results = list(execute_jobs(list(range(8)), die_at_two, lambda job, e: ("failed", job, str(e)),
                                 "local", workers=3))
     assert sorted(r for r in results if r[0] == "ok") == [("ok", j) for j in (0, 1, 3, 4, 5, 6, 7)]
     assert [r for r in results if r[0] == "failed"] == [
-        ("failed", 2, "its worker died while it ran (out of memory, or a crash)")]
+        ("failed", 2, WORKER_DIED)]
 
 
 def test_a_damaged_plan_or_outcome_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:

@@ -108,8 +108,14 @@ def _local(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseExcepti
         for task in suspects:
             alone, _ = yield from _pool([task], run, failed, 1)
             for dead in alone:
-                yield failed(dead, BrokenProcessPool("its worker died while it ran (out of "
-                                                     "memory, or a crash)"))
+                yield failed(dead, BrokenProcessPool(WORKER_DIED))
+
+
+# Why a task's worker died, as far as the parent can tell. A script that starts a sweep
+# without the guard has every worker import it again and die (a tester's finding: 27 of 27
+# points of notebook 02 pasted into a script).
+WORKER_DIED = ("its worker died while it ran (out of memory, or a crash; in a script, a sweep "
+               "started outside `if __name__ == \"__main__\":` kills every worker it spawns)")
 
 
 def _pool(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
