@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -102,6 +103,21 @@ def test_throughput_under_bound_is_the_best_point_within_it() -> None:
     assert best["a"] == 2.0 and pd.isna(best["b"])
     overloaded = frame.assign(offered_rps=[1.0, 4.0, 3.0, 0.5])  # at 2.0 it falls behind a 4.0 load
     assert throughput_under_bound(overloaded, 0.2)["a"] == 1.0
+
+
+def test_throughput_under_bound_says_when_it_mixes_configurations() -> None:
+    """Rate x batch size: a system's answer is its best over both batch sizes, said so."""
+    frame = pd.DataFrame({
+        "point": [0, 1, 2, 3], "replication": 0, "seed": 0, RATE: [1, 2, 1, 2],
+        "scheduler.max_batch_size": [4, 4, 8, 8], "system": "a",
+        "throughput_rps": [1.0, 1.5, 1.0, 2.0], "normalized_latency_s_per_token_p50": 0.1,
+        "offered_rps": [1.0, 1.5, 1.0, 2.0],
+    })
+    with pytest.warns(UserWarning, match=r"varies .*max_batch_size"):
+        assert throughput_under_bound(frame, 0.2)["a"] == 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one configuration: nothing to say
+        assert throughput_under_bound(frame[frame["scheduler.max_batch_size"] == 4], 0.2)["a"] == 1.5
 
 
 @pytest.mark.slow
