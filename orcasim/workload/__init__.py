@@ -94,7 +94,6 @@ class WorkloadConfig(Strict):
             warn_if_clipped(key, getattr(self, key))
         return self
 
-
     def draws_nothing(self) -> str | None:
         """What makes every seed's requests the same (a trace; constant arrivals of constant
         lengths), said in a warning where replications would repeat one run; None where a
