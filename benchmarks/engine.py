@@ -59,7 +59,6 @@ MAX_TOKENS = 9_216
 # 1 GiB, over 2 (K, V) x 32 layers x 4096 x 2 bytes = 512 KiB per token). Stated here, not
 # derived, so that a checkout without the catalog runs the same workload.
 KV_CAPACITY_TOKENS = 120_000
-LLAMA2_7B_KV_BYTES_PER_TOKEN = 2 * 32 * 4096 * 2  # K and V, layers, hidden size, bf16 bytes
 
 # The single switch: "auto" uses the roofline model when this checkout has it.
 COST_KIND = "auto"
@@ -105,15 +104,12 @@ def scheduler_keys(scheduler: str) -> dict[str, Any]:
         case "paged":
             # Without chunking the longest prompt + output - 1 must fit one step's budget.
             return {"kind": "paged", "max_num_seqs": MAX_BATCH_SIZE,
-                    "max_num_batched_tokens": MAX_TOKENS,
-                    "kv_bytes_per_token": LLAMA2_7B_KV_BYTES_PER_TOKEN}
+                    "max_num_batched_tokens": MAX_TOKENS}
         case "prefill_first":  # vLLM before v1: prompts in iterations of their own
             return {"kind": "paged", "policy": "prefill_first", "max_num_seqs": MAX_BATCH_SIZE,
-                    "max_num_batched_tokens": MAX_TOKENS,
-                    "kv_bytes_per_token": LLAMA2_7B_KV_BYTES_PER_TOKEN}
+                    "max_num_batched_tokens": MAX_TOKENS}
         case "chunked":  # Sarathi-Serve's default chunk
-            return {"kind": "chunked", "max_num_seqs": MAX_BATCH_SIZE, "chunk_size_tokens": 512,
-                    "kv_bytes_per_token": LLAMA2_7B_KV_BYTES_PER_TOKEN}
+            return {"kind": "chunked", "max_num_seqs": MAX_BATCH_SIZE, "chunk_size_tokens": 512}
         case _:
             return {"kind": scheduler, "max_batch_size": MAX_BATCH_SIZE}
 

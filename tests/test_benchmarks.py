@@ -60,3 +60,16 @@ def test_instruction_counts_run_each_kind_below_its_capacity() -> None:
     # Measured at 85% before the lengths were drawn as pairs (88cec25) and kept since, so
     # that commits compare on the same arrivals: below capacity, near 85% of it.
     assert engine.LOAD_FRACTION - 0.05 < rate / capacity < engine.LOAD_FRACTION + 0.05
+
+
+@pytest.mark.parametrize("scheduler", ["iteration_level", "request_level", "paged",
+                                       "prefill_first", "chunked"])
+def test_benchmark_scenarios_build_without_a_warning(scheduler: str) -> None:
+    """Each paged kind set `kv_bytes_per_token`, read only under swap preemption, so every
+    benchmark run warned that it was unused: a benchmark's scenario is a clean one."""
+    import warnings
+
+    data = engine.scenario_dict(scheduler, 100, 0.2, "fast", engine.choose_cost("roofline")[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.simulate_once(data)
