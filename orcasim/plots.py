@@ -279,6 +279,7 @@ METRIC_LABELS = {
     "kv_reserved_tokens_max": "max KV reserved (tokens)",
     "throughput_tokens_per_s": "output throughput (tokens/s)",
     "kv_utilization_mean": "mean KV utilization (used / allocated)",
+    "busy_fraction": "busy fraction (utilisation)",
     "prefix_hit_rate": "prefix cache hit rate (share of prompt tokens)",
     "preemptions": "preemptions (count)",
 }

@@ -156,6 +156,7 @@ def run_system(
     summary = measured_summary(scenario, system.name, reqs, iters)
     summary["cost_out_of_range"] = float(cost.out_of_range_count())
     summary["cache_evictions"] = float(engine.scheduler.cache_evictions())
+    summary["busy_fraction"] = busy_fraction(reqs, iters, scenario.warmup_s)
     return with_sessions(SystemResult(system.name, reqs, iters, summary), engine.arrivals,
                          scenario.warmup_s)
 
@@ -308,6 +309,7 @@ def run_cluster(
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
+    summary["busy_fraction"] = float(per_replica["busy_fraction"].mean())
     flag_saturated_replicas(system.name, summary, per_replica)
     return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),
                          fleet.source, scenario.warmup_s)
@@ -415,6 +417,15 @@ def busy_window_s(reqs: pd.DataFrame, warmup_s: float) -> tuple[float, float]:
     return start_s, max(start_s, float(finish_s.max())) if len(finish_s) else start_s
 
 
+def busy_fraction(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
+                  window_s: tuple[float, float] | None = None) -> float:
+    """One server's utilisation: the seconds its iterations starting after the warm-up
+    took, over `busy_window_s` (`window_s`, if given: a fleet's, which its replicas share).
+    Of a pipelined replica, its first stage's (its rows time a batch there)."""
+    busy_s = float(measured_iterations(iters, warmup_s)["duration_s"].sum())
+    return _busy_share(busy_s, window_s or busy_window_s(reqs, warmup_s))
+
+
 def _busy_share(busy_s: float, window_s: tuple[float, float]) -> float:
     """Busy seconds over `busy_window_s`: counted from time 0, a replica busy throughout
     arrivals from 10 to 60 s read 0.83 (a tester's finding). NaN for an empty window."""
@@ -455,8 +466,7 @@ def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
         # Over the system's window: each replica's own read 1.99 req/s for one that served
         # two requests in its first half second of 10.5 (a tester's finding).
         summary = summarize(mine, rows_i, warmup_s, window_s=window_s)
-        busy_s = float(measured_iterations(rows_i, warmup_s)["duration_s"].sum())
-        summary["busy_fraction"] = _busy_share(busy_s, busy_s_window)
+        summary["busy_fraction"] = busy_fraction(mine, rows_i, warmup_s, busy_s_window)
         summary["requests_routed"] = float(len(mine))
         rows[i] = summary
     return pd.DataFrame(rows).T.rename_axis("replica")

@@ -114,6 +114,20 @@ def test_a_replicas_busy_share_is_its_arrival_rate_times_the_mean_service_time()
     assert abs(np.mean(busy) - expected) / expected < UTILISATION_REL_TOL, (busy, expected)
 
 
+def test_a_single_servers_busy_fraction_is_its_arrival_rate_times_the_mean_service_time() -> None:
+    """Utilisation law, U = lambda E[S], in a lone server's summary (which had no busy share:
+    only a cluster's replicas.csv did), and a fleet's summary: its replicas' mean."""
+    mean_service_s = BASE_S + PER_TOKEN_S * 50.5  # prompts uniform on 1..100
+    expected = RATE_PER_S * mean_service_s
+    lone = [run_scenario(m_g_1(RATE_PER_S, 4000, seed)).systems["s"].summary["busy_fraction"]
+            for seed in range(4)]
+    assert abs(np.mean(lone) - expected) / expected < UTILISATION_REL_TOL, (lone, expected)
+    fleet = run_scenario(m_g_1(CLUSTER_REPLICAS * RATE_PER_S, 2000, 0, cluster=True)).systems["s"]
+    assert fleet.replicas is not None
+    assert fleet.summary["busy_fraction"] == pytest.approx(fleet.replicas["busy_fraction"].mean(),
+                                                           rel=1e-12)
+
+
 def test_an_overloaded_servers_throughput_is_one_over_its_mean_service_time() -> None:
     """At twice what it serves the server never idles after its first arrival: X E[S] = 1,
     with E[S] the run's own service times, and the flag is up."""
