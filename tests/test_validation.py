@@ -249,3 +249,19 @@ def test_the_reports_h200_kernels_beside_the_roofline() -> None:
     # Eager launches pace a TP-8 shard of a decode step, not a whole TP-1 layer.
     assert "| llama2-70b | 8 | 1 | 92 | 129 | 1.39 |" in text
     assert "| gpt3-13b | 1 | 1 | 183 | 196 | 1.07 |" in text
+
+
+def test_moving_the_splitwise_scenario_warns_of_nothing() -> None:
+    """The KV capacity the scenario derived at TP 8 rode along to TP 2 and warned that it
+    was beyond what two GPUs hold, once for every point priced: 257 warnings in one
+    `python scenarios/validation/report.py`. A cost model prices iterations whatever the
+    KV capacity: the move says nothing of it."""
+    import warnings
+
+    from orcasim.validation import at_tensor_parallel
+
+    scenario = load_scenario(VALIDATION / "splitwise_llama2_70b_a100.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tp, gpu in ((2, None), (4, None), (8, None), (2, "h100-80gb")):
+            at_tensor_parallel(scenario, tp, gpu)
