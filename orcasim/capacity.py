@@ -745,19 +745,21 @@ def run_capacity(jobs: list[SearchJob], out_dir: Path | None = None, backend: st
     each outcome as it arrives; `out_dir=None` runs in memory. `inputs` are the files the
     run reads, which `--force` must not delete; `data`, those of them the runs read data
     from, whose contents the plan records (a change is not resumed)."""
-    from orcasim.sweeps.backends import check_backend, execute_jobs
+    from orcasim.sweeps.backends import check_backend, execute_jobs, joined
     from orcasim.sweeps.runner import prepare_resumable, write_outcome
 
     check_backend(backend, workers, address)
     todo = jobs
-    if out_dir is not None:
-        prepare_resumable(out_dir, _plan(jobs, input_digests(data)), {}, resume, force, inputs)
-        todo = [j for j in jobs if _read(out_dir, j) is None]
     fresh = {}
-    for outcome in execute_jobs(todo, search, SearchOutcome.failed, backend, workers, address):  # type: ignore[arg-type]
-        fresh[outcome.id] = outcome
+    with joined(backend, workers, address):  # type: ignore[arg-type]  # checked just now
         if out_dir is not None:
-            write_outcome(out_dir, outcome.id, outcome.to_json())
+            prepare_resumable(out_dir, _plan(jobs, input_digests(data)), {}, resume, force,
+                              inputs)
+            todo = [j for j in jobs if _read(out_dir, j) is None]
+        for outcome in execute_jobs(todo, search, SearchOutcome.failed, backend, workers, address):  # type: ignore[arg-type]
+            fresh[outcome.id] = outcome
+            if out_dir is not None:
+                write_outcome(out_dir, outcome.id, outcome.to_json())
     outcomes = [fresh.get(j.id) or (_read(out_dir, j) if out_dir else None)
                 or SearchOutcome.failed(j, "did not run") for j in jobs]
     table = capacity_table(outcomes, jobs, price_per_gpu_hour, target_rate_per_s)

@@ -257,6 +257,24 @@ def test_a_ray_address_where_nothing_answers_is_refused_at_once(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["sweep", "capacity"])
+def test_ray_auto_without_a_cluster_is_refused_before_writing(
+        tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--address auto` with no Ray cluster running failed once the folder held plan.json,
+    said "nothing was left half-written", and the same command then needed --resume or
+    --force (a tester's note): Ray is joined before the folder is made."""
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "no-ray-here"))  # no cluster file to find
+    spec = write_grid_4x3(tmp_path) if command == "sweep" else Path("scenarios/quickstart.yaml")
+    slo = ["--slo", "ttft_p90<=1"] if command == "capacity" else []
+    res = CliRunner().invoke(app, [command, str(spec), "--backend", "ray", "--address", "auto",
+                                   "--out", str(tmp_path / "out"), *slo])
+    assert res.exit_code == 2, res.output
+    assert "--address = 'auto': " in res.output and "ray start --head" in res.output
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("address", ["127.0.0.1", "host:port", ":80"])
 def test_a_ray_address_without_a_port_is_refused(address: str) -> None:
     from orcasim.config import ScenarioError

@@ -217,19 +217,54 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(1)  # orphaned: reparented to init or a subreaper
 
 
-def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
-         workers: int | None, address: str | None) -> Iterator[Any]:
+@contextlib.contextmanager
+def joined(backend: Backend, workers: int | None = None,
+           address: str | None = None) -> Generator[None, None, None]:
+    """The backend ready for the whole run: Ray joined (or started) before a run writes its
+    folder, so that a cluster that is not there leaves nothing behind. `--address auto`
+    with no cluster running failed after the folder held its plan, and the same command
+    then needed --resume or --force (a tester's note). Nothing to do for the local pool."""
+    if backend != "ray":
+        yield
+        return
+    ray = _import_ray()
+    if ray.is_initialized():  # the caller's own instance: theirs to shut down
+        yield
+        return
+    _init_ray(ray, workers, address)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
         raise ScenarioError(
             "--backend ray needs Ray: pip install 'orcasim[cluster]'"
         ) from None
-    started = not ray.is_initialized()
-    if started:
-        # With no address Ray starts a local instance; with one it joins that cluster.
+    return ray
+
+
+def _init_ray(ray: Any, workers: int | None, address: str | None) -> None:
+    """With no address Ray starts a local instance; with one it joins that cluster."""
+    try:
         ray.init(address=address, num_cpus=None if address else (workers or default_workers()),
                  include_dashboard=False, log_to_driver=False)
+    except ConnectionError as e:  # `auto` with no cluster to find (named ones are checked first)
+        raise ScenarioError(f"--address = {address!r}: {' '.join(str(e).split())}; expected a "
+                            "running cluster (`ray start --head` on this machine, or "
+                            "RAY_ADDRESS), or no --address for a local instance") from None
+
+
+def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException], Any],
+         workers: int | None, address: str | None) -> Iterator[Any]:
+    ray = _import_ray()
+    started = not ray.is_initialized()
+    if started:
+        _init_ray(ray, workers, address)
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run)
         pending = {remote.remote(t): t for t in tasks}

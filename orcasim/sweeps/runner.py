@@ -42,7 +42,7 @@ from orcasim.results import (
     write_text_atomically,
 )
 from orcasim.scenario import Scenario
-from orcasim.sweeps.backends import Backend, check_backend, execute
+from orcasim.sweeps.backends import Backend, check_backend, execute, joined
 from orcasim.sweeps.spec import Sweep, Task, scenario_sweep
 from orcasim.sweeps.table import tidy_table
 from orcasim.sweeps.task import Outcome, show_warnings
@@ -66,13 +66,15 @@ def run_sweep(
     out_dir = Path(out_dir)
     check_backend(backend, workers, address)
     tasks = sweep.tasks()
-    _prepare(sweep, tasks, out_dir, resume, force)
-    sweep.warn_alike_replications()
-    todo = [t for t in tasks if not _finished(out_dir, t)]
-    shown = set(sweep.said)  # said as its points were checked
-    for outcome in _with_progress(execute(todo, backend, workers, address), len(todo), progress):
-        write_outcome(out_dir, outcome.id, outcome.to_json())
-        show_warnings(outcome, shown)
+    with joined(backend, workers, address):
+        _prepare(sweep, tasks, out_dir, resume, force)
+        sweep.warn_alike_replications()
+        todo = [t for t in tasks if not _finished(out_dir, t)]
+        shown = set(sweep.said)  # said as its points were checked
+        for outcome in _with_progress(execute(todo, backend, workers, address), len(todo),
+                                      progress):
+            write_outcome(out_dir, outcome.id, outcome.to_json())
+            show_warnings(outcome, shown)
     outcomes = [read_outcome(out_dir, t) for t in tasks]
     failed = [o for o in outcomes if not o.ok]
     table = tidy_table([o for o in outcomes if o.ok])
