@@ -403,3 +403,49 @@ def test_a_damaged_plan_or_outcome_that_is_not_utf8_is_one_line(tmp_path: Path) 
     (out / "plan.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match=r"holds a different run \(plan.json differs\)"):
         run_sweep(load_sweep(path), out, workers=1, resume=True, progress=False)
+
+
+class _FakeRay:
+    """Ray's calls that `_ray` makes, in this process, counting the tasks in flight."""
+
+    def __init__(self) -> None:
+        self.most_in_flight = 0
+
+    def is_initialized(self) -> bool:
+        return True  # a caller's instance (a cluster joined with --address)
+
+    def remote(self, **_: object):  # type: ignore[no-untyped-def]
+        class Remote:
+            def __init__(self, run) -> None:  # type: ignore[no-untyped-def]
+                self.run = run
+
+            def remote(self, task):  # type: ignore[no-untyped-def]
+                return (self.run, task)
+
+        return lambda run: Remote(run)
+
+    def wait(self, refs, num_returns, timeout):  # type: ignore[no-untyped-def]
+        self.most_in_flight = max(self.most_in_flight, len(refs))
+        return refs[:1], refs[1:]
+
+    def get(self, ref):  # type: ignore[no-untyped-def]
+        run, task = ref
+        return run(task)
+
+
+def test_workers_caps_the_tasks_in_flight_on_a_ray_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside --address, --workers was read by nothing: every task was submitted at once
+    and a cluster ran as many as it had CPUs (a tester's note). It caps those in flight."""
+    import sys
+
+    from orcasim.sweeps.backends import execute_jobs
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    got = list(execute_jobs(list(range(10)), abs, lambda job, e: None, "ray", 3, "auto"))
+    assert sorted(got) == list(range(10))
+    assert fake.most_in_flight == 3
+    fake.most_in_flight = 0
+    assert sorted(execute_jobs(list(range(10)), abs, lambda job, e: None, "ray", None, "auto")) \
+        == list(range(10))
+    assert fake.most_in_flight == 10  # no --workers: the cluster decides

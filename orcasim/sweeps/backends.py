@@ -8,6 +8,7 @@ Workers return values and never write files: on a cluster they may not share a d
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import signal
@@ -267,7 +268,11 @@ def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException
         _init_ray(ray, workers, address)
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run)
-        pending = {remote.remote(t): t for t in tasks}
+        # At most `workers` in flight: on a cluster joined with --address (where Ray's own
+        # CPU count, not ours, sets how many run at once) --workers was read by nothing.
+        queued = iter(tasks)
+        limit = workers or len(tasks)
+        pending = {remote.remote(t): t for t in itertools.islice(queued, limit)}
         while pending:
             # Collect whatever finished in the last moment: one wait per task would be
             # quadratic in the number of tasks.
@@ -275,6 +280,8 @@ def _ray(tasks: Sequence[Any], run: Runner, failed: Callable[[Any, BaseException
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=RAY_POLL_S)
             for ref in done:
                 task = pending.pop(ref)
+                for following in itertools.islice(queued, 1):
+                    pending[remote.remote(following)] = following
                 try:
                     yield ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - a worker or node died
