@@ -4,13 +4,14 @@ cost model."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import yaml
@@ -272,6 +273,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
     if args.cost:
         cost = FittedCostConfig(kind="fitted", path=str(args.cost.resolve()))
         scenario = scenario.model_copy(update={"cost": cost})
+    else:
+        warn_layers_unpriced(args.model, args.layers, scenario)
     max_tokens = scenario.workload.max_tokens
     model = build_model(model_args(args.model, args.layers), args.device, args.seed,
                         max_positions=max_tokens + 1)
@@ -283,6 +286,31 @@ def cmd_replay(args: argparse.Namespace) -> None:
     print(result.table.to_string(float_format=lambda v: f"{v:.4g}"))
     print(json.dumps({k: v for k, v in result.report.items() if k != "metrics"}))
     print(f"wrote {out}/fidelity.json and fidelity.png")
+
+
+def warn_layers_unpriced(model: str, layers: int | None, scenario: Any) -> None:
+    """`replay --layers N` runs N of the model's layers for real; without `--cost` the
+    simulation prices them with the scenario's own cost, which prices the whole model
+    unless it is a fit of those N layers (`calibrate fit --target measured_s`): the
+    comparison read a 4-layer engine against a 40-layer price, silently."""
+    from calibrate.model import model_args
+    from orcasim.cost.fitted import FittedCostConfig, read_fitted_yaml
+    from orcasim.paths import resolve_data_path
+
+    full = model_args(model).n_layers
+    if layers is None or layers == full:
+        return
+    cost = scenario.cost
+    if isinstance(cost, FittedCostConfig) and Path(cost.path).suffix != ".json":
+        with contextlib.suppress(FileNotFoundError, ScenarioError):
+            provenance = read_fitted_yaml(resolve_data_path(cost.path)).get("provenance")
+            fitted = provenance.get("fitted_layers") if isinstance(provenance, dict) else None
+            if isinstance(fitted, str) and fitted.startswith(f"{layers} of "):
+                return  # a fit of these layers: what this replay runs
+    warnings.warn(f"--layers {layers}: the real engine runs {layers} of {model}'s {full} layers, "
+                  "but without --cost the simulation prices the scenario's cost, of the whole "
+                  "model unless fitted on those layers; expected --cost with a fit of them "
+                  "(python -m calibrate fit --target measured_s)", UserWarning, stacklevel=2)
 
 
 def knots_of(text: str) -> list[int]:

@@ -198,3 +198,29 @@ def test_gpu_check_names_a_missing_module_before_any_step(tmp_path: Path) -> Non
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "scipy" in done.stderr and "== correctness" not in done.stdout, done.stdout + done.stderr
     assert not (tmp_path / "out" / "cpu" / "profile.csv").exists()
+
+
+def test_replay_with_layers_but_no_cost_warns_that_the_price_is_the_whole_models(
+        tmp_path: Path) -> None:
+    """`replay --layers 1` of the 2-layer tiny model ran one layer for real and priced two in
+    the simulation (the scenario's fit of the whole model), silently; a fit of those layers
+    is what such a replay compares with, and says so in its provenance."""
+    from calibrate.__main__ import warn_layers_unpriced
+    from orcasim.cost.fitted import FittedCostConfig
+    from orcasim.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "calibrated" / "cpu_tiny.yaml")
+    with pytest.warns(UserWarning, match=r"--layers 1: the real engine runs 1 of tiny's 2 layers"):
+        warn_layers_unpriced("tiny", 1, scenario)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_layers_unpriced("tiny", None, scenario)
+        warn_layers_unpriced("tiny", 2, scenario)  # every layer: the whole model's price
+        # A fit of the layers the replay runs (`fit --target measured_s` writes this):
+        fit = tmp_path / "one-layer.yaml"
+        fit.write_text((ROOT / "calibrate" / "cost_models" / "cpu-tiny.yaml").read_text()
+                       .replace("  model: tiny\n", "  model: tiny\n  fitted_layers: 1 of 2\n"))
+        scenario = scenario.model_copy(update={"cost": FittedCostConfig(kind="fitted", path=str(fit))})
+        warn_layers_unpriced("tiny", 1, scenario)
