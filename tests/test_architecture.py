@@ -1,0 +1,184 @@
+"""The library's shape, read from its source with `ast`: no import cycle among its modules
+at import time, and no module reaching into another's private names.
+
+A module-level cycle makes import order matter (a name is missing half-way through one
+module's import), and a private name used from elsewhere is a contract nobody wrote down.
+Imports inside functions and under `if TYPE_CHECKING:` run later or never, so they may close
+a loop; the rule is about what `import orcasim.x` does.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("orcasim", "calibrate")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def library_modules() -> dict[str, Path]:
+    """Every module of the library, by dotted name (a package by its own name)."""
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_time_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported: not those inside a function (or a
+    class's method), nor under `if TYPE_CHECKING:` (its `else` does run)."""
+    for stmt in body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            yield stmt
+        elif isinstance(stmt, ast.If) and _is_type_checking(stmt.test):
+            yield from import_time_imports(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            for block in (stmt.body, stmt.orelse, stmt.finalbody, *(h.body for h in stmt.handlers)):
+                yield from import_time_imports(block)
+        else:  # if, with, for, while, class bodies: all run at import
+            for field in ("body", "orelse"):
+                block = getattr(stmt, field, None)
+                if isinstance(block, list):
+                    yield from import_time_imports(block)
+
+
+def imported_modules(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> set[str]:
+    """The library modules an import statement loads. `from pkg import sub` loads the
+    submodule `pkg.sub` (not `pkg`'s own body, which has run or is running as its parent);
+    `from pkg import name` loads `pkg`."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in modules}
+    assert node.level == 0, "the library uses absolute imports"  # relative ones: resolve here
+    base = node.module or ""
+    found = set()
+    for alias in node.names:
+        sub = f"{base}.{alias.name}"
+        found.add(sub if sub in modules else base)
+    return found & modules.keys()
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[name] = {t for node in import_time_imports(tree.body)
+                       for t in imported_modules(node, modules)} - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a path that returns to its start, or None (depth-first, with
+    an explicit stack: the graph's depth is no concern of Python's recursion limit)."""
+    done: set[str] = set()
+    for root in sorted(graph):
+        if root in done:
+            continue
+        path, on_path = [root], {root}
+        stack = [iter(sorted(graph[root]))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                on_path.discard(path[-1])
+                done.add(path.pop())
+                stack.pop()
+            elif nxt in on_path:
+                return [*path[path.index(nxt):], nxt]
+            elif nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_find_cycle_finds_one_and_none() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_import_rules_on_a_hand_made_module() -> None:
+    modules = {"orcasim": Path(), "orcasim.a": Path(), "orcasim.pkg": Path(), "orcasim.pkg.sub": Path()}
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "from orcasim.pkg import sub, helper\n"
+        "import orcasim.a\n"
+        "if TYPE_CHECKING:\n    from orcasim import b\n"
+        "def f():\n    from orcasim import c\n")
+    found = {t for node in import_time_imports(tree.body) for t in imported_modules(node, modules)}
+    assert found == {"orcasim.pkg.sub", "orcasim.pkg", "orcasim.a"}
+
+
+def test_every_orcasim_module_imports() -> None:
+    """Each module imports on its own (calibrate's need torch: their tests import them)."""
+    for name in library_modules():
+        if name.split(".")[0] == "orcasim":
+            importlib.import_module(name)
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    cycle = find_cycle(import_graph(library_modules()))
+    assert cycle is None, "import cycle at module level: " + " -> ".join(cycle or ())
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(name: str, tree: ast.Module, modules: dict[str, Path]) -> list[str]:
+    """Another library module's private names that `tree` (module `name`) uses: imported
+    (`from orcasim.x import _y`) or read off an imported module (`x._y`, `orcasim.x._y`)."""
+    found, bound = [], {}  # bound: a local name -> the library module it names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in modules:
+            for a in node.names:
+                if _private(a.name) and node.module != name:
+                    found.append(f"line {node.lineno}: from {node.module} import {a.name}")
+                if f"{node.module}.{a.name}" in modules:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in PACKAGES:
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        chain, value = [], node.value
+        while isinstance(value, ast.Attribute):
+            chain.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id in bound:
+            target = ".".join([bound[value.id], *reversed(chain)])
+            if target in modules and target != name:
+                found.append(f"line {node.lineno}: {target}.{node.attr}")
+    return found
+
+
+def test_private_uses_on_a_hand_made_module() -> None:
+    modules = {"orcasim": Path(), "orcasim.x": Path(), "orcasim.pkg": Path(), "orcasim.pkg.y": Path()}
+    tree = ast.parse("from orcasim.x import _a, b\nfrom orcasim.pkg import y\nimport orcasim.x\n"
+                     "import orcasim.pkg.y as z\n"
+                     "y._c\norcasim.x._d\nz._e\nself._f\nb._g\norcasim.x.__name__\n")
+    assert [u.split(": ")[1] for u in private_uses("orcasim.w", tree, modules)] == [
+        "from orcasim.x import _a", "orcasim.pkg.y._c", "orcasim.x._d", "orcasim.pkg.y._e"]
+    assert private_uses("orcasim.x", ast.parse("import orcasim.x\norcasim.x._own\n"), modules) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_uses_another_modules_private_names(package: str) -> None:
+    modules = library_modules()
+    uses = [f"{path.relative_to(ROOT)} {use}" for name, path in modules.items()
+            if name.split(".")[0] == package
+            for use in private_uses(name, ast.parse(path.read_text()), modules)]
+    assert not uses, "private names used across modules (give them a public name):\n" + "\n".join(uses)
