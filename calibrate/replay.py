@@ -28,7 +28,7 @@ from calibrate.model import Sequence, Transformer
 from orcasim.config import ScenarioError
 from orcasim.cost import Batch, CostModel, build_cost_model
 from orcasim.engine import Engine
-from orcasim.metrics import requests_frame, summarize
+from orcasim.metrics import offered_rps, requests_frame, summarize
 from orcasim.recorder import Recorder
 from orcasim.replica import Load, Replica, drive, scheduler_load, single
 from orcasim.requests import Requests
@@ -241,12 +241,17 @@ OPEN_ARRIVALS = ("poisson", "gamma", "constant", "trace")
 
 
 def at_load(scenario: Scenario, requests: Requests, capacity: float, load: float) -> Scenario:
-    """The scenario with its arrival rate scaled so the offered load is `load` × capacity.
+    """The scenario with its arrival rate scaled so the offered load is `load` × capacity,
+    the offered rate as `orcasim.metrics.offered_rps` reads it (a capacity search's rule).
 
     Same seed, so the same gaps, all divided by one factor (exponential and gamma gaps
     scale with 1/rate); a trace arrival is sped up instead.
     """
-    factor = load * capacity * float(requests.arrival_s[-1]) / len(requests)
+    offered = offered_rps(requests.arrival_s)
+    if not offered > 0 or not np.isfinite(offered):
+        raise ScenarioError(f"--load {load:g}: the workload has fewer than two distinct arrival "
+                            "times, so no rate to scale; expected two requests or more")
+    factor = load * capacity / offered
     arrival = scenario.workload.arrival
     if isinstance(arrival, TraceArrival):
         arrival = arrival.model_copy(update={"speedup": arrival.speedup * factor})
@@ -308,7 +313,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
     table["sim_calibrated_vs_real_2"] = pd.Series(calibrated_vs_2)
     with data_dir(base_dir):
         cost = build_cost_model(one.system_cost(system), one.deployment(), one.hardware)
-    offered = len(requests) / float(requests.arrival_s[-1]) if requests.arrival_s[-1] > 0 else np.inf
+    offered = offered_rps(requests.arrival_s)
     report = {
         "scenario": scenario.name, "system": system.name, "requests": len(requests),
         "offered_rps": offered, "capacity_rps_simulated": capacity, "load": offered / capacity,

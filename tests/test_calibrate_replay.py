@@ -224,3 +224,30 @@ def test_replay_with_layers_but_no_cost_warns_that_the_price_is_the_whole_models
                        .replace("  model: tiny\n", "  model: tiny\n  fitted_layers: 1 of 2\n"))
         scenario = scenario.model_copy(update={"cost": FittedCostConfig(kind="fitted", path=str(fit))})
         warn_layers_unpriced("tiny", 1, scenario)
+
+
+def test_at_load_offers_a_trace_the_rate_capacity_reads(tmp_path: Path) -> None:
+    """`--load 1` of a 1 req/s capacity replays a trace of one arrival a second at 1 req/s,
+    the rate `orcasim.metrics.offered_rps` reads (a capacity search's rule for a trace).
+    The replay counted its n arrivals over the n - 1 gaps from 0 to the last: 4 arrivals at
+    0, 1, 2, 3 s offered 4/3 req/s, so --load 1 replayed them at 0.75 req/s, and the
+    report's offered_rps read 1.333 for a trace of 1 req/s."""
+    from calibrate.replay import at_load
+    from orcasim.metrics import offered_rps
+    from orcasim.run import make_requests
+    from orcasim.scenario import scenario_from_dict
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,12,3\n2,8,4\n3,9,2\n")
+    scenario = scenario_from_dict({
+        "name": "t", "workload": {"arrival": {"kind": "trace", "path": str(trace)}, "max_tokens": 64},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-4},
+        "kv_capacity_tokens": 1000,
+        "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}],
+    }, "t")
+    requests = make_requests(scenario)
+    assert offered_rps(requests.arrival_s) == pytest.approx(1.0)
+    scaled = make_requests(at_load(scenario, requests, capacity=1.0, load=1.0))
+    assert offered_rps(scaled.arrival_s) == pytest.approx(1.0)
+    halved = make_requests(at_load(scenario, requests, capacity=2.0, load=0.25))
+    assert offered_rps(halved.arrival_s) == pytest.approx(0.5)
