@@ -32,7 +32,14 @@ from orcasim.metrics import offered_rps, requests_frame, summarize
 from orcasim.recorder import Recorder
 from orcasim.replica import Load, Replica, drive, scheduler_load, single
 from orcasim.requests import Requests
-from orcasim.run import SystemResult, data_dir, make_requests, run_scenario, scheduler_for
+from orcasim.run import (
+    SystemResult,
+    busy_fraction,
+    data_dir,
+    make_requests,
+    run_scenario,
+    scheduler_for,
+)
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerOutput, StepResult
 from orcasim.schedulers.iteration_level import IterationLevelConfig
@@ -56,6 +63,12 @@ class Served:
     iterations: pd.DataFrame
     batches: list[Batch]  # what each real iteration computed, to cost it afterwards
     cpu_share: float  # CPU time / wall time over the iterations: well below 1 = contention
+
+    @property
+    def busy_fraction(self) -> float:
+        """The serving loop's utilisation, as the simulation's summary reads its own
+        (`orcasim.run.busy_fraction`: from the first arrival, not time 0, to the last finish)."""
+        return busy_fraction(self.requests, self.iterations, 0.0)
 
 
 @dataclass
@@ -318,8 +331,7 @@ def replay(model: Transformer, scenario: Scenario, base_dir: Path, seed: int = 0
         "scenario": scenario.name, "system": system.name, "requests": len(requests),
         "offered_rps": offered, "capacity_rps_simulated": capacity, "load": offered / capacity,
         "cost_out_of_range": sim.summary["cost_out_of_range"],
-        "real_busy_fraction": [float(s.iterations["duration_s"].sum() / s.requests["finish_s"].max())
-                               for s in served],
+        "real_busy_fraction": [s.busy_fraction for s in served],
         # CPU time over busy time of the serving thread; near 1 unless others held the core.
         "real_cpu_share": [s.cpu_share for s in served],
         "clock": clock,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
@@ -251,3 +252,18 @@ def test_at_load_offers_a_trace_the_rate_capacity_reads(tmp_path: Path) -> None:
     assert offered_rps(scaled.arrival_s) == pytest.approx(1.0)
     halved = make_requests(at_load(scenario, requests, capacity=2.0, load=0.25))
     assert offered_rps(halved.arrival_s) == pytest.approx(0.5)
+
+
+def test_real_busy_fraction_is_the_simulations_rule() -> None:
+    """A real run's busy fraction is `orcasim.run.busy_fraction`'s, which the simulation's
+    summary reports beside it: from the first arrival to the last finish. Counted from
+    time 0, a loop busy from the first arrival at 10 s to the last finish at 60 s read 0.83."""
+    from calibrate.replay import Served
+    from orcasim.run import busy_fraction
+
+    requests = pd.DataFrame({"arrival_s": [10.0, 20.0], "finish_s": [20.0, 60.0]})
+    iterations = pd.DataFrame({"start_s": [10.0, 20.0], "duration_s": [10.0, 40.0],
+                               "num_iterations": [1, 1]})
+    served = Served(requests, iterations, [], 1.0)
+    assert busy_fraction(requests, iterations, 0.0) == pytest.approx(1.0)
+    assert served.busy_fraction == pytest.approx(1.0)
