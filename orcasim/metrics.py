@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
@@ -23,9 +24,7 @@ def requests_frame(
         rejected[rejected_ids] = True
     output = requests.output_tokens
     e2e = rec.finish_s - requests.arrival_s
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # TPOT: the mean gap between output tokens after the first; undefined for one token.
-        tpot = np.where(output > 1, (rec.finish_s - rec.first_token_s) / (output - 1), np.nan)
+    tpot = tpot_s(rec.finish_s - rec.first_token_s, output)
     return pd.DataFrame({
         "id": np.arange(len(requests), dtype=np.int64),
         "arrival_s": requests.arrival_s,
@@ -41,6 +40,15 @@ def requests_frame(
         "normalized_latency_s_per_token": e2e / output,
         "rejected": rejected,
     })
+
+
+def tpot_s(decode_s: ArrayLike, output_tokens: ArrayLike) -> np.ndarray:
+    """TPOT, time per output token: the mean gap between output tokens after the first,
+    `decode_s` (first token to last) over `output_tokens - 1`; NaN for one token or none,
+    which leave no gap. The one rule for a simulated run and a real run's log alike."""
+    output = np.asarray(output_tokens, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(output > 1, np.asarray(decode_s, dtype=np.float64) / (output - 1), np.nan)
 
 
 def measured_window_s(reqs: pd.DataFrame, warmup_s: float = 0.0) -> tuple[float, float]:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
+from orcasim.metrics import tpot_s
 from orcasim.paths import (
     csv_data_line,
     data_suffix,
@@ -162,11 +163,11 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     # A request cannot end before its first token: such a log would give negative TPOTs.
     _raise_on_bad((frame["e2e_s"] < frame["ttft_s"]).to_numpy(), frame["e2e_s"], "e2e_s",
                   resolved, offset, "a number >= the request's ttft_s")
-    derived = (frame["e2e_s"] - frame["ttft_s"]) / np.where(output > 1, output - 1, np.nan)
+    derived = pd.Series(tpot_s(frame["e2e_s"] - frame["ttft_s"], output), index=frame.index)
     _check_tpot_units(frame["tpot_s"], derived.to_numpy(), resolved, offset)
     _check_tpot_definition(frame["tpot_s"].to_numpy(dtype=np.float64), derived.to_numpy(), resolved)
     frame["tpot_s"] = frame["tpot_s"].fillna(derived)
-    frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token
+    frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token, given or not
     order = np.argsort(arrival_s, kind="stable")
     return frame.iloc[order].reset_index(drop=True)
 
@@ -352,7 +353,7 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
         "arrival_s": start_s - start_s[ok].min() if ok.any() else start_s,
         "input_lens": doc["input_lens"], "output_lens": doc["output_lens"],
         "ttft_s": ttft_s, "e2e_s": ttft_s + decode_s,
-        "tpot_s": np.where(output > 1, decode_s / np.maximum(output - 1, 1), np.nan),
+        "tpot_s": tpot_s(decode_s, output),
     })
     # The index stays each request's position in the result's lists, which errors name. A
     # boolean array: an empty list would pick columns, and lose them all.
