@@ -51,6 +51,12 @@ def reservation_tokens(requests: Requests, policy: ReservationPolicy) -> np.ndar
     raise AssertionError(f"unhandled reservation policy {policy!r}")
 
 
+def peak_kv_tokens(prompt_tokens: TokenCount, output_tokens: TokenCount) -> TokenCount:
+    """Tokens of KV a request holds at its peak: every token but the last generated one,
+    whose KV is never computed (nothing attends to it)."""
+    return prompt_tokens + output_tokens - 1
+
+
 def blocks_for(tokens: TokenCount, block_size_tokens: int) -> TokenCount:
     """Blocks that hold `tokens` tokens (a count or an array): the ceiling of tokens / block size."""
     return -(-tokens // block_size_tokens)

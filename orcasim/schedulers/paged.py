@@ -53,7 +53,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from orcasim.config import ScenarioError, Strict
 from orcasim.cost.base import Batch
-from orcasim.memory import PagedAllocator, blocks_for
+from orcasim.memory import PagedAllocator, blocks_for, peak_kv_tokens
 from orcasim.prefix import BlockHasher, block_hashes, sequence_segments
 from orcasim.requests import Requests
 from orcasim.schedulers import paged_runs
@@ -260,10 +260,9 @@ class PagedScheduler(Scheduler):
         self.allocator = PagedAllocator(num_blocks, cfg.block_size_tokens, self.caching)
         self.hasher = BlockHasher(requests, cfg.block_size_tokens)
         self.watermark_blocks = int(cfg.watermark_fraction() * num_blocks)
-        # Peak KV: every token but the last generated one, whose KV is never computed.
         self._num_blocks = num_blocks
         self._rows_at_arrival = requests.sessions is not None
-        self._peak_tokens = requests.prompt_tokens + requests.output_tokens - 1
+        self._peak_tokens = peak_kv_tokens(requests.prompt_tokens, requests.output_tokens)
         if requests.sessions is not None:
             # Rows are written at arrival (orcasim.sessions), and `never_fits` reads them
             # then. Here, for `_check_budget`: each step's bound, where a call that fits
@@ -305,7 +304,7 @@ class PagedScheduler(Scheduler):
     def _fits_alone_with(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
         """Whether each request can run to its end, alone or coming back from a preemption:
         its peak KV (every token but the last generated one) fits the pool."""
-        peak_blocks = blocks_for(prompt_tokens + output_tokens - 1, self.cfg.block_size_tokens)
+        peak_blocks = blocks_for(peak_kv_tokens(prompt_tokens, output_tokens), self.cfg.block_size_tokens)
         return peak_blocks <= self._room_blocks_alone()
 
     def _room_blocks_alone(self) -> int:

@@ -51,7 +51,7 @@ import bisect
 import numpy as np
 
 from orcasim.cost.base import Batch
-from orcasim.memory import blocks_for
+from orcasim.memory import blocks_for, peak_kv_tokens
 from orcasim.requests import Requests
 from orcasim.schedulers.base import FastForward, SchedulerOutput
 from orcasim.schedulers.paged import Admission, PagedConfig, PagedScheduler, Plan
@@ -101,7 +101,7 @@ class PrefillFirstScheduler(PagedScheduler):
         # wait at the head of the queue for good (or, holding the whole pool with decodes
         # left, recompute itself every step), which orcasim turns away instead.
         block, room = self.cfg.block_size_tokens, self._room_blocks_alone()
-        peak_tokens = prompt_tokens + output_tokens - 1
+        peak_tokens = peak_kv_tokens(prompt_tokens, output_tokens)
         decodes = output_tokens > 1
         held = blocks_for(np.maximum(peak_tokens - 1, 0), block)  # before the last decode
         fits = blocks_for(peak_tokens, block) <= room

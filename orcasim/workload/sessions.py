@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
+from orcasim.memory import peak_kv_tokens
 from orcasim.workload.closed_loop import ThinkTime
 from orcasim.workload.lengths import LengthDist, TokenCount, sample_prompt_and_output
 
@@ -192,7 +193,7 @@ class SessionPlan:
             prompt = np.minimum(self.system_tokens * (self.system_ids[s] >= 0) + grown,
                                 self.max_context_tokens)
             output = 1 if self.prefill_only else self.output_tokens[steps].max(axis=1)
-            bounds.append(prompt + output - 1)
+            bounds.append(peak_kv_tokens(prompt, output))
         return np.concatenate(bounds) if bounds else np.zeros(0, dtype=np.int64)
 
 
