@@ -52,6 +52,7 @@ from orcasim.fidelity import (
     after_warmup,
     compare,
     headline_error,
+    measured_on_both,
     read_real_run,
     replay_of,
     run_labels,
@@ -270,16 +271,16 @@ def log_errors(simulated: pd.DataFrame, real: pd.DataFrame) -> np.ndarray:
     table = compare(real, simulated, FIT_PERCENTILES)
     table = table[table["real"] > 0]
     quantiles = np.log(np.clip((table["simulated"] / table["real"]).to_numpy(), MIN_RATIO, None))
-    means = [np.log(max(_mean_ratio(simulated[m], real[m]), MIN_RATIO))
+    means = [np.log(max(_mean_ratio(simulated, real, m), MIN_RATIO))
              for m in fitted_metrics(real) if simulated[m].notna().any()]
     return np.concatenate([quantiles, means])
 
 
-def _mean_ratio(simulated: pd.Series, real: pd.Series) -> float:
-    """Simulated over real mean, over the requests that have the metric on both sides (as
-    `compare` takes percentiles: a request turned away is left out of both)."""
-    both = simulated.notna().to_numpy() & real.notna().to_numpy()
-    return float(simulated.to_numpy()[both].mean() / real.to_numpy()[both].mean())
+def _mean_ratio(simulated: pd.DataFrame, real: pd.DataFrame, metric: str) -> float:
+    """Simulated over real mean of `metric`, over the requests `compare` takes its
+    percentiles over (`measured_on_both`: a request turned away is left out of both)."""
+    both = measured_on_both(real, simulated, metric)
+    return float(simulated[metric].to_numpy()[both].mean() / real[metric].to_numpy()[both].mean())
 
 
 class Objective:
