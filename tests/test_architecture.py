@@ -70,12 +70,26 @@ def imported_modules(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]
     return found & modules.keys()
 
 
+def with_packages(name: str, targets: set[str], modules: dict[str, Path]) -> set[str]:
+    """`targets` and the packages above them that importing them runs first (`orcasim.sweeps`
+    for `orcasim.sweeps.table`), but not those enclosing `name`: a package's own modules
+    run inside its import, and its body importing them is no cycle."""
+    found = set(targets)
+    for target in targets:
+        parts = target.split(".")
+        for package in (".".join(parts[:i]) for i in range(1, len(parts))):
+            if package in modules and not (name == package or name.startswith(package + ".")):
+                found.add(package)
+    return found
+
+
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each library module's imports run at import time, as library modules."""
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        graph[name] = {t for node in import_time_imports(tree.body)
-                       for t in imported_modules(node, modules)} - {name}
+        targets = {t for node in import_time_imports(tree.body) for t in imported_modules(node, modules)}
+        graph[name] = with_packages(name, targets, modules) - {name}
     return graph
 
 
@@ -118,6 +132,8 @@ def test_import_rules_on_a_hand_made_module() -> None:
         "def f():\n    from orcasim import c\n")
     found = {t for node in import_time_imports(tree.body) for t in imported_modules(node, modules)}
     assert found == {"orcasim.pkg.sub", "orcasim.pkg", "orcasim.a"}
+    assert with_packages("orcasim.a", {"orcasim.pkg.sub"}, modules) == {"orcasim.pkg.sub", "orcasim.pkg"}
+    assert with_packages("orcasim.pkg.x", {"orcasim.pkg.sub"}, modules) == {"orcasim.pkg.sub"}
 
 
 def test_every_orcasim_module_imports() -> None:
