@@ -12,6 +12,7 @@ import contextvars
 import difflib
 import math
 import re
+import types
 import typing
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
@@ -107,6 +108,11 @@ class Strict(BaseModel):
                 # expected: this one said "a number or string" of `workload: true`.
                 raise ScenarioError(f"{key} = {str(value).lower()}: expected a number, not a "
                                     "boolean")
+            if value is not None and not isinstance(value, bool) \
+                    and _is_switch(cls.model_fields[key].annotation):
+                # pydantic reads 1, 0, 'yes', 'on' and '1' as booleans: `padding: 1` ran
+                # padded, `pad_prompts: 0` unpadded, without a word.
+                raise ScenarioError(f"{key} = {value!r}: expected true or false")
         return data
 
 
@@ -126,6 +132,18 @@ def _reads_bool_as_number(annotation: Any) -> bool:
     """Whether a field's type takes a number (anywhere in its unions and annotations), which
     pydantic would read a boolean as, and no boolean."""
     return not _admits(annotation, (bool,)) and _admits(annotation, (int, float))
+
+
+def _is_switch(annotation: Any) -> bool:
+    """Whether a field's type is a boolean alone (or an optional one)."""
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _is_switch(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        forms = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(forms) and all(_is_switch(a) for a in forms)
+    return False
 
 
 def _admits(annotation: Any, types: tuple[type, ...]) -> bool:

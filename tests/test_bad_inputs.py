@@ -105,6 +105,14 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a system named on", {"systems[0].name": True}, None,
      "systems[0].name = true: Input should be a valid string (YAML reads yes, no, on, off, true "
      "and false unquoted as booleans: quote the text)"),
+    # pydantic read 1, 'yes' and '0' as booleans: padding: 1 ran padded without a word.
+    ("a number for a switch", {"systems[0].scheduler.padding": 1}, None,
+     "systems[0].scheduler.padding = 1: expected true or false"),
+    ("a word for a switch", {"systems[0].scheduler.padding": "yes"}, None,
+     "systems[0].scheduler.padding = 'yes': expected true or false"),
+    ("a number for a paged switch", {"systems": [{"name": "v", "scheduler": {
+        "kind": "paged", "enable_prefix_caching": 0}}]}, None,
+     "systems[0].scheduler.enable_prefix_caching = 0: expected true or false"),
     ("a boolean for a count of replicas", {"systems[1].cluster": {"replicas": True}}, None,
      "systems[1].cluster.replicas = true: expected a number, not a boolean"),
     # A key of another kind said only "valid keys are: kind, rate_per_s", as if no arrival
