@@ -271,6 +271,21 @@ def _joined(loc: str, msg: str) -> str:
 MAPPING_EXPECTED = ("model_type", "model_attributes_type", "dict_type")
 
 
+# pydantic's error types for a value that is no number where one belongs.
+NUMBER_EXPECTED = ("float_parsing", "int_parsing", "float_type", "int_type")
+
+# The units a key's name ends with, as a value's expectation says them (STYLE: units in names).
+_UNITS = (("_per_s", "a number per second"), ("_s", "a number of seconds"),
+          ("_tokens", "a number of tokens"), ("_bytes", "a number of bytes"))
+
+
+def number_of(key: str) -> str:
+    """What a number key expects, its unit read from its name: 'a number of seconds' for
+    `warmup_s`, 'a number' where the name carries none."""
+    key = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])  # a list's item: its key's unit
+    return next((said for suffix, said in _UNITS if key.endswith(suffix)), "a number")
+
+
 def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
     """(dotted key, value, message) per problem. pydantic reports a value that fits none of
     a union's forms once per form; a form the value is not even the type of (an int where
@@ -284,6 +299,9 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
         if isinstance(e.get("input"), bool) and e["type"] == "string_type":
             # `name: on` or `path: no`, unquoted: YAML 1.1 made it a boolean.
             msg += " (YAML reads yes, no, on, off, true and false unquoted as booleans: quote the text)"
+        if e["type"] in NUMBER_EXPECTED and number_of(loc) != "a number":
+            # 'warmup_s = '10ms': Input should be a valid number' did not say in what unit.
+            msg += f"; expected {number_of(loc)}"
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc, value, msg = _kind_problem(loc, e)
             problems.append((loc, value, msg))

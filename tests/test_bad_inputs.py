@@ -105,6 +105,12 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a system named on", {"systems[0].name": True}, None,
      "systems[0].name = true: Input should be a valid string (YAML reads yes, no, on, off, true "
      "and false unquoted as booleans: quote the text)"),
+    # 'Input should be a valid number' said nothing of the unit the key is in.
+    ("a warm-up with a unit", {"warmup_s": "10ms"}, None,
+     "warmup_s = '10ms': Input should be a valid number, unable to parse string as a number; "
+     "expected a number of seconds"),
+    ("a rate with a unit", {"workload.arrival.rate_per_s": "2/s"}, None,
+     "expected a number per second"),
     # pydantic read 1, 'yes' and '0' as booleans: padding: 1 ran padded without a word.
     ("a number for a switch", {"systems[0].scheduler.padding": 1}, None,
      "systems[0].scheduler.padding = 1: expected true or false"),
