@@ -108,6 +108,13 @@ class Strict(BaseModel):
                 # expected: this one said "a number or string" of `workload: true`.
                 raise ScenarioError(f"{key} = {str(value).lower()}: expected a number, not a "
                                     "boolean")
+            text_at = _text_for_number(cls.model_fields[key].annotation, value)
+            if text_at is not None:
+                # pydantic parsed text as a number here ('2' ran as 2) while a model config
+                # refused it and a sweep grid's '2' made a column of text: refused everywhere.
+                at, text = text_at
+                raise ScenarioError(f"{key}{at} = {text!r}: expected {number_of(key)}, not "
+                                    "text (unquote it)")
             if value is not None and not isinstance(value, bool) \
                     and _is_switch(cls.model_fields[key].annotation):
                 # pydantic reads 1, 0, 'yes', 'on' and '1' as booleans: `padding: 1` ran
@@ -132,6 +139,58 @@ def _reads_bool_as_number(annotation: Any) -> bool:
     """Whether a field's type takes a number (anywhere in its unions and annotations), which
     pydantic would read a boolean as, and no boolean."""
     return not _admits(annotation, (bool,)) and _admits(annotation, (int, float))
+
+
+def _text_for_number(annotation: Any, value: Any) -> tuple[str, str] | None:
+    """(where, text) of a number written as text ('2') where a field takes no text: the
+    value itself (where '') or an item of a list of numbers ('[1]'); None if there is none.
+    Other text is pydantic's to refuse, which says what the field takes."""
+    if isinstance(value, str) and _is_number(value):
+        takes = _admits(annotation, (int, float)) and not _takes_text(annotation, value)
+        return ("", value) if takes else None
+    items = _list_item_type(annotation)
+    if isinstance(value, list) and items is not None:
+        for i, item in enumerate(value):
+            if _text_for_number(items, item) is not None:
+                return f"[{i}]", item
+    return None
+
+
+def _takes_text(annotation: Any, value: str) -> bool:
+    """Whether a field's type takes `value`, a text, as itself: a name, a path, one of a
+    literal's words, a block's name (resolved by a validator); a number's type does not."""
+    origin = typing.get_origin(annotation)
+    if annotation in (int, float, bool, type(None)) or origin in (list, dict, tuple, set):
+        return False
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is typing.Annotated:
+        inner, *metadata = typing.get_args(annotation)
+        return _takes_text(inner, value) or any(callable(getattr(m, "func", None)) for m in metadata)
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_text(a, value) for a in typing.get_args(annotation))
+    return True
+
+
+def _list_item_type(annotation: Any) -> Any:
+    """The item type of a field that is a list or tuple of one type (optional or annotated)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple) and args and (len(args) == 1 or args[1:] == (Ellipsis,)):
+        return args[0]
+    if origin is typing.Annotated:
+        return _list_item_type(args[0])
+    if origin in (typing.Union, types.UnionType):
+        forms = [a for a in args if a is not type(None)]
+        return _list_item_type(forms[0]) if len(forms) == 1 else None
+    return None
+
+
+def _is_number(text: str) -> bool:
+    """Whether `text` reads as a finite number (an infinite one is refused as such)."""
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _is_switch(annotation: Any) -> bool:

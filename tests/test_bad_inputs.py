@@ -111,6 +111,18 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "expected a number of seconds"),
     ("a rate with a unit", {"workload.arrival.rate_per_s": "2/s"}, None,
      "expected a number per second"),
+    # A quoted number ran as the number, where a model config and a sweep grid's column did
+    # not take it: refused everywhere, by key.
+    ("a quoted rate", {"workload.arrival.rate_per_s": "2"}, None,
+     "workload.arrival.rate_per_s = '2': expected a number per second, not text (unquote it)"),
+    ("a quoted count", {"workload.num_requests": "300"}, None,
+     "workload.num_requests = '300': expected a number, not text (unquote it)"),
+    ("a quoted batch size", {"systems[0].scheduler.max_batch_size": "4"}, None,
+     "systems[0].scheduler.max_batch_size = '4': expected a number, not text (unquote it)"),
+    ("quoted replicas", {"systems[1].cluster": {"replicas": "2"}}, None,
+     "systems[1].cluster.replicas = '2': expected a number, not text (unquote it)"),
+    ("a quoted attainment", {"slo": {"targets": ["e2e_p90 <= 10"], "attainment": "0.9"}}, None,
+     "slo.attainment = '0.9': expected a number, not text (unquote it)"),
     # pydantic read 1, 'yes' and '0' as booleans: padding: 1 ran padded without a word.
     ("a number for a switch", {"systems[0].scheduler.padding": 1}, None,
      "systems[0].scheduler.padding = 1: expected true or false"),
@@ -774,3 +786,16 @@ def test_a_length_columns_value_is_quoted_as_written(tmp_path: Path, value: str)
     assert result.exit_code == 2, result.output
     assert f"workload.prompt_tokens: lens.csv line 3: column 'p' = {value!r}, expected an integer" \
         in result.output, result.output
+
+
+def test_a_quoted_number_in_a_list_of_numbers_is_named_by_its_item() -> None:
+    """As a quoted number alone is (CASES): pydantic read ['0', '1'] as [0, 1]."""
+    from pydantic import ValidationError
+
+    from orcasim.cost.catalog import ModelSpec, model_spec
+
+    data = {**model_spec("llama2-7b").model_dump(exclude_none=True), "name": "windowed",
+            "sliding_window": 64, "sliding_window_layers": [0, "1"]}
+    with pytest.raises(ValidationError, match=r"sliding_window_layers\[1\] = '1': expected a "
+                                              r"number, not text \(unquote it\)"):
+        ModelSpec.model_validate(data)

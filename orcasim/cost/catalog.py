@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Field,
@@ -24,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, format_field_error
 from orcasim.cost.hf_config import resolve_hf_model
 from orcasim.paths import PACKAGE_DATA_DIR
@@ -440,8 +440,8 @@ class GpuSpec(Strict):
 
 @functools.cache
 def _catalog(kind: str) -> dict[str, dict[str, Any]]:
-    with open(CATALOG_DIR / f"{kind}.yaml") as f:
-        return yaml.safe_load(f)
+    # Read as a user's file is (YAML 1.2 numbers): PyYAML's safe_load kept 312.0e12 as text.
+    return yaml_strict.load((CATALOG_DIR / f"{kind}.yaml").read_text(encoding="utf-8"))
 
 
 def known_names(kind: Literal["models", "gpus"]) -> list[str]:
