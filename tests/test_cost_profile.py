@@ -487,8 +487,18 @@ def test_an_mlp_table_without_operator_times_is_refused(tmp_path) -> None:  # no
     path = tmp_path / "mlp.csv"
     path.write_text("num_tensor_parallel_workers,num_tokens,time_stats.emb.median\n2,1,0.1\n")
     with pytest.raises(ScenarioError, match=f"^cost: {path}: no operator times; expected "
-                                            "columns time_stats.<op>.median for one or more of "
+                                            "columns time_stats.<op>.median for each of "
                                             "input_layernorm, "):
+        mlp_table(str(path), model_spec("llama2-70b"), 2)
+
+
+def test_an_mlp_table_missing_one_operator_is_refused_naming_it(tmp_path) -> None:  # noqa: ANN001
+    """Its layers were priced without that operator: 0 for its time, silently."""
+    df = _raw(MLP_70B_A100).drop(columns=["time_stats.mlp_act.median"])
+    path = tmp_path / "mlp.csv"
+    df.to_csv(path, index=False)
+    with pytest.raises(ScenarioError, match=f"^cost: {path}: no time for operator\\(s\\) mlp_act; "
+                                            "expected a column time_stats.<op>.median for each"):
         mlp_table(str(path), model_spec("llama2-70b"), 2)
 
 

@@ -98,14 +98,21 @@ def mlp_table(path: str, model: ModelSpec, tp: int) -> tuple[Table1D, Table1D]:
         "n_embd": model.hidden_size, "n_head": model.num_heads,
         "n_kv_head": model.kv_heads, "n_expanded_embd": model.ffn_size,
     })
-    timed = [op for op in VIDUR_LAYER_OPS if f"time_stats.{op}.median" in df.columns]
-    if not timed:  # else the layer would cost nothing, silently
+    missing = [op for op in VIDUR_LAYER_OPS if f"time_stats.{op}.median" not in df.columns]
+    # Else the layer would cost nothing, silently; or, one operator missing (a table cut to
+    # the MLP's), that operator nothing: its time was left out of every layer without a word.
+    if len(missing) == len(VIDUR_LAYER_OPS):
         raise ScenarioError(
             f"cost: {path}: no operator times; expected columns time_stats.<op>.median for "
-            f"one or more of {', '.join(VIDUR_LAYER_OPS)} (as Vidur's profiler writes them)")
+            f"each of {', '.join(VIDUR_LAYER_OPS)} (as Vidur's profiler writes them)")
+    if missing:
+        raise ScenarioError(
+            f"cost: {path}: no time for operator(s) {', '.join(missing)}; expected a column "
+            "time_stats.<op>.median for each of a layer's operators "
+            f"({', '.join(VIDUR_LAYER_OPS)}), as Vidur's profiler writes them")
     rows = _rows_for_tp(df, path, "num_tensor_parallel_workers", tp)
     per_layer_s = sum((count * _times_s(rows, f"time_stats.{op}.median", path)
-                       for op, count in VIDUR_LAYER_OPS.items() if op in timed), np.zeros(len(rows)))
+                       for op, count in VIDUR_LAYER_OPS.items()), np.zeros(len(rows)))
     tokens = rows["num_tokens"].to_numpy()
     emb_s = _times_s(rows, "time_stats.emb.median", path) if "time_stats.emb.median" in rows \
         else np.zeros(len(rows))
