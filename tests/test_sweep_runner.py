@@ -168,7 +168,19 @@ def test_cli_bad_backend_is_exit_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["sweep", str(grid_4x3), "--backend", "dask", "--out",
                                    str(tmp_path / "out")])
     assert res.exit_code == 2
-    assert "expected 'local' or 'ray'" in res.output
+    assert "error: --backend = 'dask': expected 'local' or 'ray'" in res.output
+
+
+@pytest.mark.parametrize("command", ["sweep", "capacity"])
+def test_cli_workers_below_one_names_the_option(tmp_path: Path, command: str) -> None:
+    grid_4x3 = write_grid_4x3(tmp_path)  # and its base, tiny.yaml, for capacity
+    given = grid_4x3 if command == "sweep" else tmp_path / "tiny.yaml"
+    res = CliRunner().invoke(app, [command, str(given), "--workers", "0", "--out",
+                                   str(tmp_path / "out"), "--slo", "ttft_p90=1"][
+                                       : 6 if command == "sweep" else None])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == "error: --workers = 0: expected at least 1"
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -42,9 +42,10 @@ def default_workers() -> int:
 
 def check_backend(backend: str, workers: int | None, address: str | None = None) -> None:
     if backend not in ("local", "ray"):
-        raise ScenarioError(f"backend = {backend!r}: expected 'local' or 'ray'")
+        # Named as the command line writes them, as --address is: 'workers = 0' named no option.
+        raise ScenarioError(f"--backend = {backend!r}: expected 'local' or 'ray'")
     if workers is not None and workers < 1:
-        raise ScenarioError(f"workers = {workers}: expected at least 1")
+        raise ScenarioError(f"--workers = {workers}: expected at least 1")
     if backend == "ray" and address is not None:
         check_ray_address(address)
 
