@@ -27,6 +27,7 @@ from orcasim.exits import (
     EXIT_BAD_INPUT,
     EXIT_ENVIRONMENT,
     EXIT_INTERRUPTED,
+    EXIT_VERDICT,
     INTERRUPTED_TEXT,
     sigterm_as_interrupt,
 )
@@ -425,7 +426,7 @@ def sweep(
         typer.echo(f"{len(result.failed)} failed points (see {out_dir}/failures.csv):", err=True)
         for o in result.failed:
             typer.echo(f"  {o.id} {o.params}: {o.error}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_VERDICT)
 
 
 @app.command()
@@ -547,7 +548,7 @@ def check(
                 ("baselines", baselines, Path("results/baselines"))) if given != default)
             typer.echo(f"no baseline yet for {', '.join(new)}: write it with orcasim check "
                        f"--update{folders} (which rewrites them all) once the others match")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_VERDICT)
     else:
         typer.echo(f"all regression metrics match {baselines}/")
 
@@ -723,7 +724,7 @@ def capacity(
     if result.failed:
         for o in result.failed:
             typer.echo(f"  failed {o.id}: {o.error}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_VERDICT)
 
 
 # The keys that count a run's requests, which a capacity search with --requests sets at every run.

@@ -8,6 +8,9 @@ import signal
 from collections.abc import Iterator
 
 EXIT_ENVIRONMENT = 1  # the machine, not the input: a full disk, a read-only folder
+# A verdict, with the same code: a sweep's or capacity search's failed points, or a metric
+# that `orcasim check` found moved. (An uncaught error, a bug, exits 1 too: Python's code.)
+EXIT_VERDICT = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
