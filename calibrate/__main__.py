@@ -213,7 +213,8 @@ def cmd_fit(args: argparse.Namespace) -> None:
     from calibrate.profile import read_profile
 
     if not args.profile.is_file():
-        what = "is a folder" if args.profile.is_dir() else "not found"
+        what = ("is a folder" if args.profile.is_dir()
+                else "is not a regular file" if args.profile.exists() else "not found")
         raise FileNotFoundError(f"profile '{args.profile}' {what}; expected a CSV of python -m "
                                 "calibrate profile")
     knots = knots_of(args.knots)

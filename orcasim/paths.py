@@ -93,6 +93,10 @@ def resolve_data_path(path: str, inside: str | None = None) -> Path:
     if folders:  # it exists, but not as a file: "not found" would send the user looking
         also = f", or a folder holding {inside}" if inside else ""
         raise FileNotFoundError(f"'{path}' is a folder ({folders[0]}); expected a file{also}")
+    others = [c for c in candidates if c.exists()]
+    if others:  # /dev/null, a pipe: there, and "not found" said otherwise
+        raise FileNotFoundError(f"'{path}' is not a regular file ({others[0]}: a device, pipe or "
+                                "socket); expected a file")
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(f"file '{path}' not found (looked at: {tried})")
 

@@ -569,7 +569,8 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     except yaml.YAMLError as e:
         raise malformed_yaml(path, e) from None
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: expected a mapping of scenario keys at the top level")
+        raise ScenarioError(f"{path}: {yaml_strict.top_level_problem(data)}expected a mapping of scenario "
+                            "keys at the top level")
     base = copy.deepcopy(data) if overrides else data
     for item in overrides:
         apply_override(data, item)

@@ -128,6 +128,12 @@ def _unshared(value: Any, inside: tuple[int, ...], count: list[int]) -> Any:
     return {key: _unshared(item, inside, count) for key, item in value.items()}
 
 
+def top_level_problem(data: Any) -> str:
+    """What a file's YAML that is no mapping holds, as a refusal opens with it: an empty file
+    (or /dev/null, or comments alone) read as None, and said only 'expected a mapping'."""
+    return "empty (no YAML value in it); " if data is None else ""
+
+
 def top_level(path: Path) -> object:
     """The file's YAML, or None where it cannot be read or parsed (left to its loader)."""
     try:

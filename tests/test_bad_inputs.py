@@ -541,6 +541,15 @@ def test_commands_given_the_wrong_kind_of_path_say_so(tmp_path: Path) -> None:
          f"--out {scenario / 'sub'}: {scenario} is a file, not a folder"),
         (["compare", str(empty), str(empty)], f"{empty}: expected {{system: {{metric: number}}}}, as "
                                               "orcasim writes it; it holds no system"),
+        # An empty scenario said only "expected a mapping"; /dev/null as a trace "not found".
+        (["run", "/dev/null"], "/dev/null: empty (no YAML value in it); expected a mapping of "
+                               "scenario keys at the top level"),
+        (["sweep", "/dev/null"], "/dev/null: empty (no YAML value in it); expected a mapping of "
+                                 "sweep keys at the top level"),
+        (["validate", str(scenario), "--set", "workload.arrival={kind: trace, path: /dev/null}",
+          "--set", "workload.prompt_tokens=null", "--set", "workload.output_tokens=null"],
+         "workload.arrival.path: '/dev/null' is not a regular file (/dev/null: a device, pipe or "
+         "socket); expected a file"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(app, args)

@@ -156,3 +156,12 @@ def test_a_profile_of_some_layers_scales_the_layers_alone(monkeypatch) -> None: 
     assert full.n_layers == 2 and len(model.layers) == 1  # the fake counts the layers it sees
     assert rows["measured_s"].to_numpy() == pytest.approx(3e-3)
     assert rows["time_s"].to_numpy() == pytest.approx(81e-3)
+
+
+def test_fit_of_a_path_that_is_no_regular_file_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """/dev/null is there: 'not found' sent the user looking for it."""
+    from calibrate.__main__ import main
+
+    assert main(["fit", "/dev/null", "--out", "/nonexistent/t.yaml"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: profile '/dev/null' is not a regular file; "
+                                               "expected a CSV of python -m calibrate profile")

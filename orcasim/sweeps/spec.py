@@ -359,5 +359,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise malformed_yaml(path, e) from None  # with its line, as a scenario's says it
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: expected a mapping of sweep keys at the top level")
+        raise ScenarioError(f"{path}: {yaml_strict.top_level_problem(data)}expected a mapping of sweep "
+                            "keys at the top level")
     return data
