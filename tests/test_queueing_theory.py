@@ -128,6 +128,18 @@ def test_a_single_servers_busy_fraction_is_its_arrival_rate_times_the_mean_servi
                                                            rel=1e-12)
 
 
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_a_server_busy_throughout_is_busy_a_share_of_one_not_more(seed: int) -> None:
+    """A paged server at 50 req/s is never idle: its iterations' seconds, summed, overshot
+    the clock's span by an ulp and the summary read busy_fraction 1.0000000000000002."""
+    scenario = make_scenario(seed=seed, **{
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 50.0},
+        "systems": [{"name": "s", "scheduler": {"kind": "paged"}},
+                    {"name": "c", "scheduler": {"kind": "paged"}, "cluster": {"replicas": 1}}]})
+    for system in run_scenario(scenario).systems.values():
+        assert 0.0 <= system.summary["busy_fraction"] <= 1.0, system.summary["busy_fraction"]
+
+
 def test_an_overloaded_servers_throughput_is_one_over_its_mean_service_time() -> None:
     """At twice what it serves the server never idles after its first arrival: X E[S] = 1,
     with E[S] the run's own service times, and the flag is up."""
