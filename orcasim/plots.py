@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
 
@@ -194,6 +195,17 @@ def _instance_keys(iterations: pd.DataFrame) -> list[str]:
     return ["pool", "replica"] if has_pool else ["replica"]
 
 
+def _distinct_colours(count: int) -> list[Any]:
+    """`count` colours no two alike: matplotlib's ten-colour cycle drew replica 10 as
+    replica 0 in a 16-replica fleet. tab10 up to ten, tab20 to twenty, then a spread of
+    turbo (beyond twenty lines the legend, not the colour, names them)."""
+    if count <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(count)]
+    return [matplotlib.colormaps["turbo"](x) for x in np.linspace(0.0, 1.0, count)]
+
+
 def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
                  instances: Sequence[tuple[Any, ...]] | None = None) -> Figure:
     """A cluster's load per replica over simulated time: running and waiting requests.
@@ -213,12 +225,15 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
     fig = Figure(figsize=(11, 6), layout="constrained")
     axes = fig.subplots(2, 1, sharex=True)
     columns = (("batch_size", "running (requests)"), ("num_waiting", "waiting (requests)"))
+    drawn = sorted(groups) if instances is None else list(instances)
+    colours = _distinct_colours(len(drawn))
     for ax, (column, label) in zip(axes, columns, strict=True):
-        for key in sorted(groups) if instances is None else instances:
+        for key, colour in zip(drawn, colours, strict=True):
             name = " ".join(str(k) for k in key)
             rows = groups.get(tuple(key))
             load = np.zeros(len(mids_s)) if rows is None else binned_time_average(rows, column, edges_s)
-            ax.plot(mids_s, load, label=f"replica {name}" if len(key) == 1 else name, linewidth=1.0)
+            ax.plot(mids_s, load, label=f"replica {name}" if len(key) == 1 else name,
+                    linewidth=1.0, color=colour)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()

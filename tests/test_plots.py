@@ -751,3 +751,19 @@ def test_bands_of_one_replication_say_they_have_none(sweep_table: pd.DataFrame) 
     assert title == "One replication per point: no band across replications"
     title = percentile_bands(sweep_table, "workload.arrival.rate_per_s").get_suptitle()
     assert title == "Median over replications, band: p10-p90 across replications"
+
+
+@pytest.mark.parametrize("num_replicas", [1, 16])
+def test_each_replica_s_load_line_has_its_own_colour(num_replicas: int) -> None:
+    """Sixteen replicas were drawn in matplotlib's ten-colour cycle: replica 0 and replica 10
+    (and 1 and 11, ...) shared a colour, so the legend could not tell them apart."""
+    from matplotlib.colors import to_hex
+
+    from orcasim.plots import replica_load
+
+    steps = pd.concat([iterations([(0.1 * i, 1.0, 2)]).drop(columns="system")
+                       .assign(num_waiting=0, replica=i) for i in range(num_replicas)])
+    fig = replica_load(steps, "c")
+    for ax in fig.axes:
+        colours = [to_hex(line.get_color()) for line in ax.get_lines()]
+        assert len(colours) == num_replicas and len(set(colours)) == num_replicas, colours
