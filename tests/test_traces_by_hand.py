@@ -443,6 +443,17 @@ def test_a_tpot_in_other_units_than_ttft_and_e2e_is_refused(tmp_path: Path) -> N
     assert TPOT_UNITS_FACTOR == 10.0
 
 
+def test_a_request_ending_before_its_first_token_names_both_times(tmp_path: Path) -> None:
+    """TTFT in ms beside E2E in s was refused as `e2e_s = 1.5, expected a number >= the
+    request's ttft_s`, without the ttft_s that is wrong (a tester's finding): both are said."""
+    header = f"{ORCASIM_HEADER},ttft_s,e2e_s\n"
+    ms = _write(tmp_path, "ms.csv", header + "0,10,5,0.5,1.5\n1,10,5,500,1.5\n")
+    with pytest.raises(ScenarioError, match=r"^ms.csv line 3: e2e_s = 1.5, expected a number >= "
+                                            r"the request's ttft_s = 500 \(a request cannot end "
+                                            r"before its first token\)$"):
+        read_measurements(ms)
+
+
 def test_a_tpot_of_another_definition_than_the_gaps_is_refused(tmp_path: Path) -> None:
     """TPOT written as e2e_s / output_tokens (the first token's wait spread over all of them)
     was compared with the simulation's mean gap after the first token as one metric: on

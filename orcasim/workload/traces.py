@@ -160,9 +160,7 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
                          "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
                          "benchmark result")
     output = _token_counts(rows, LENGTH_COLUMNS[fmt][1], resolved, offset)
-    # A request cannot end before its first token: such a log would give negative TPOTs.
-    _raise_on_bad((frame["e2e_s"] < frame["ttft_s"]).to_numpy(), frame["e2e_s"], "e2e_s",
-                  resolved, offset, "a number >= the request's ttft_s")
+    _refuse_ending_before_first_token(frame, resolved, offset)
     derived = pd.Series(tpot_s(frame["e2e_s"] - frame["ttft_s"], output), index=frame.index)
     _check_tpot_units(frame["tpot_s"], derived.to_numpy(), resolved, offset)
     _check_tpot_definition(frame["tpot_s"].to_numpy(dtype=np.float64), derived.to_numpy(), resolved)
@@ -170,6 +168,17 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token, given or not
     order = np.argsort(arrival_s, kind="stable")
     return frame.iloc[order].reset_index(drop=True)
+
+
+def _refuse_ending_before_first_token(frame: pd.DataFrame, path: Path, offset: int) -> None:
+    """A request cannot end before its first token: such a log would give negative TPOTs.
+    The ttft_s is said beside the e2e_s, as either may be the wrong one (TTFT in ms)."""
+    bad = (frame["e2e_s"] < frame["ttft_s"]).to_numpy()
+    if bad.any():
+        ttft_s = float(frame["ttft_s"].to_numpy()[np.flatnonzero(bad)[0]])
+        _raise_on_bad(bad, frame["e2e_s"], "e2e_s", path, offset,
+                      f"a number >= the request's ttft_s = {ttft_s:.6g} (a request cannot end "
+                      "before its first token)")
 
 
 # How far a log's TPOT may stray from the gaps its TTFT and E2E leave, (e2e - ttft) / (n - 1),
