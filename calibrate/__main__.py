@@ -373,7 +373,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     result = fit(scenario, logs, system, parameters, base_dir)
     if args.loo and len(logs) > 1:
         leave_one_out(scenario, logs, system, result, parameters, base_dir)
-    write_calibrated(args.out, scenario, logs, system, result)
+    write_calibrated(args.out, scenario, logs, system, result, args.set)
     print(yaml.safe_dump({"parameters": result.parameters, "error_fitted": result.fitted_errors,
                           "error_left_out": result.left_out_errors}, sort_keys=False), end="")
     print(f"wrote {args.out}")

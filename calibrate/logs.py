@@ -598,10 +598,14 @@ def recorded_path(path: Path) -> str:
         return str(path)
 
 
-def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit) -> dict[str, Any]:
-    """What `--out` records beside the cost block: the fit and its errors."""
+def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
+           overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """What `--out` records beside the cost block: the fit and its errors, and the `--set`
+    overrides it ran under (the errors are the scenario's with them: loaded back without
+    them, a fit under a smaller max_num_seqs read 11% where it reported 220%)."""
     return {
         "scenario": scenario.name, "system": system, "logs": [recorded_path(log.path) for log in logs],
+        **({"set": list(overrides)} if overrides else {}),
         "metrics": [m for m in METRICS if any(m in fitted_metrics(log.real) for log in logs)],
         "fit_percentiles": list(FIT_PERCENTILES), "loss": result.loss,
         "evaluations": result.evaluations, "parameters": result.parameters,
@@ -612,7 +616,7 @@ def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit)
 
 
 def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], system: str,
-                     result: Fit) -> None:
+                     result: Fit, overrides: Sequence[str] = ()) -> None:
     """The calibrated cost block (`cost: {kind: fitted, path: ...}` loads it) and its report."""
     import yaml
 
@@ -624,7 +628,7 @@ def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], sys
     # not only from the scenario's (a tester's finding).
     cost = portable_dump(fitted.system_cost(system_cfg), scenario.source_dir)
     doc: dict[str, Any] = {"format": CALIBRATED_FORMAT, "cost": cost,
-           "calibration": report(scenario, logs, system, result)}
+           "calibration": report(scenario, logs, system, result, overrides)}
     elsewhere = own_cost_blocks(scenario, system)
     if elsewhere:  # the fit set them there too; one cost block cannot carry them
         doc["calibration"]["also_set_in"] = elsewhere
