@@ -454,6 +454,16 @@ def test_a_request_ending_before_its_first_token_names_both_times(tmp_path: Path
         read_measurements(ms)
 
 
+@pytest.mark.parametrize("fmt", ["orcasim", "azure"])
+def test_a_json_file_given_a_csv_format_is_named_as_json(tmp_path: Path, fmt: str) -> None:
+    """A vLLM result given --format orcasim was read as a CSV and refused as "column ' 13' is
+    named twice (columns 54 and 65)" (a tester's finding): the file is named as JSON."""
+    result = _write(tmp_path, "result.json", json.dumps({"input_lens": [13, 13], "ttfts": [0.1, 0.2]}))
+    with pytest.raises(ScenarioError, match=rf"^result\.json: a JSON file, where format {fmt} "
+                                            r"reads a CSV; expected format vllm \(a vLLM "):
+        read_trace(result, fmt)
+
+
 def test_a_tpot_of_another_definition_than_the_gaps_is_refused(tmp_path: Path) -> None:
     """TPOT written as e2e_s / output_tokens (the first token's wait spread over all of them)
     was compared with the simulation's mean gap after the first token as one metric: on

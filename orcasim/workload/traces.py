@@ -281,6 +281,7 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
     index says where each is)."""
     match fmt:
         case "orcasim":
+            _refuse_json(path, fmt)
             rows = _read_csv(path, ORCASIM_COLUMNS, max_requests)
             arrival_s = _numbers(rows, "arrival_s", path, line_offset=2)
             _raise_on_bad(arrival_s >= UNIX_MS_S, rows["arrival_s"], "arrival_s", path, 2,
@@ -288,6 +289,7 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
                           "the first request on; this one is in ms, us or ns)")
             return rows, arrival_s, 2
         case "azure":
+            _refuse_json(path, fmt)
             rows = _read_csv(path, AZURE_COLUMNS, max_requests)
             return rows, _azure_seconds(rows, path), 2
         case "mooncake":
@@ -429,6 +431,21 @@ def _detect_format(path: Path) -> str:
         f"{', '.join(ORCASIM_COLUMNS)} (orcasim) or {', '.join(AZURE_COLUMNS)} (azure); a vLLM "
         "benchmark result is read by its .json name or --format vllm"
     )
+
+
+def _refuse_json(path: Path, fmt: str) -> None:
+    """A JSON document forced as a CSV format: read as CSV, a vLLM result was refused as a
+    column ' 13' named twice (a tester's finding). By content: a CSV named .json is read."""
+    if data_suffix(path) in (".json", ".jsonl") and _is_json_document(path):
+        raise ScenarioError(f"{path.name}: a JSON file, where format {fmt} reads a CSV; expected "
+                            "format vllm (a vLLM benchmark result), mooncake (JSON lines) or auto")
+
+
+def _is_json_document(path: Path) -> bool:
+    try:
+        return isinstance(read_json(path), dict | list)
+    except (OSError, ScenarioError):
+        return False
 
 
 def _read_csv(path: Path, columns: tuple[str, ...], max_requests: int | None) -> pd.DataFrame:
