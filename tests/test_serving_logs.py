@@ -69,5 +69,6 @@ def test_the_orcasim_csv_keeps_what_it_measured(tmp_path: Path) -> None:
     bad.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n0,10,5,0.1,0.5\n\n"
                    "1,10,5,0.4,0.2\n")
     with pytest.raises(ValueError, match=r"^bad.csv line 4: e2e_s = 0\.2, expected a number >= "
-                                         r"the request's ttft_s$"):
+                                         r"the request's ttft_s = 0\.4 \(a request cannot end before its "
+                                         r"first token\)$"):
         read_measurements(str(bad))
