@@ -52,6 +52,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from orcasim.columns import point_parameters
 from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
 from orcasim.saturation import behind_at_constant_rate, grew, in_system_window_is_short
@@ -851,15 +852,6 @@ def capacity_warnings(result: CapacityResult, slo: SLOConfig,
                      f"max_rate_per_s is a lower bound, not the capacity{target}")
     reason = no_front_reason(table, slo)
     return lines if reason is None else [*lines, reason]
-
-
-def point_parameters(table: pd.DataFrame) -> list[str]:
-    """A capacity table's configuration parameters: its columns between `point` and
-    `system` (none without both)."""
-    columns = list(table.columns)
-    if "point" not in columns or "system" not in columns:
-        return []
-    return columns[columns.index("point") + 1:columns.index("system")]
 
 
 def _which(row: pd.Series, params: list[str]) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orcasim.columns import KEY_COLUMNS, param_columns, param_names
 from orcasim.config import ScenarioError
 from orcasim.paths import read_json, read_parquet, read_results_csv
 
@@ -40,8 +41,6 @@ def load_pair(path_a: Path, path_b: Path) -> tuple[Metrics, Metrics]:
                             "expected two runs (or baseline files), two sweeps or two baselines folders")
     if kinds[0] != "sweep":
         return load_metrics(path_a), load_metrics(path_b)
-    from orcasim.sweeps.table import param_columns
-
     table_a, table_b = read_sweep_table(path_a), read_sweep_table(path_b)
     params_a, params_b = param_columns(table_a), param_columns(table_b)
     if sorted(params_a) != sorted(params_b):
@@ -70,8 +69,6 @@ def _warn_other_seeds(path_a: Path, table_a: pd.DataFrame, path_b: Path,
 def read_sweep_table(path: Path) -> pd.DataFrame:
     """A sweep folder's (or file's) table: sweep.parquet, or a scenario sweep's sweep.csv
     (`orcasim run` writes only that); one that is not a sweep table is a one-line error."""
-    from orcasim.sweeps.table import KEY_COLUMNS, param_columns
-
     table_path = path if path.is_file() else path / "sweep.parquet"
     if not table_path.exists():
         table_path = path / "sweep.csv"
@@ -152,8 +149,6 @@ def _sweep_metrics(table: pd.DataFrame) -> Metrics:
     """A row's label is its parameter values (by name, numbers written alike: 2 and 2.0 are
     '2'), replication and system ('rate_per_s=2 r00/orca'), not its point number: two sweeps
     of the same points in another order, or with the grid's keys in another order, pair up."""
-    from orcasim.sweeps.table import param_columns, param_names
-
     params = param_columns(table)
     names = param_names(params)
     skip = {"point", "replication", "seed", "system", *params}

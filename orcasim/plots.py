@@ -18,7 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from orcasim.capacity import point_parameters
+from orcasim.columns import KEY_COLUMNS, param_columns, param_names, point_parameters
 from orcasim.recorder import SUMMED_COLUMNS
 from orcasim.run import RunResult
 from orcasim.warmup import measured_requests
@@ -339,8 +339,6 @@ def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]
     per value. A parameter that moves with the others (a `zip` grid's) neither splits nor
     pins: the rest already tell its rows apart, and pinning one of its values kept one point
     of each line. Colour marks the system, line style and marker the parameter values."""
-    from orcasim.sweeps.table import param_columns
-
     every = param_columns(table)
     params = [c for c in every if c not in exclude]
     for i, system in enumerate(dict.fromkeys(table["system"])):
@@ -371,8 +369,6 @@ def _changes(rows: pd.DataFrame, column: str, params: list[str]) -> bool:
     deterministic, so a system it does not set gives the same metrics at each of its values.
     (Read from the system's place among the table's systems, a table of Orca's rows alone
     made Orca system 0 and drew one of its batch sizes.)"""
-    from orcasim.sweeps.table import KEY_COLUMNS
-
     rest = [*(c for c in params if c != column), "replication"]
     metrics = [c for c in rows.columns if c not in {*KEY_COLUMNS, *params}]
     # Within float noise alike: points run on another CPU (a Ray node) differ in last digits.
@@ -395,8 +391,6 @@ LOAD_KEYS = ("rate", "speedup", "num_clients", "concurrent_sessions")
 def load_parameter(table: pd.DataFrame) -> str | None:
     """The swept parameter that sets the offered load: the first one naming a rate or
     another load knob (LOAD_KEYS); without one, every value of the load drew a point."""
-    from orcasim.sweeps.table import param_columns
-
     return next((c for c in param_columns(table)
                  if any(key in c.rsplit(".", 1)[-1] for key in LOAD_KEYS)), None)
 
@@ -514,8 +508,6 @@ def percentile_bands(
 
 def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Figure]:
     """The standard figures of a sweep, by file stem."""
-    from orcasim.sweeps.table import param_columns, param_names
-
     _checked(table, ("system",), "the sweep table")
     figures = {"latency_vs_throughput": latency_vs_throughput(table, slo=slo)}
     params = param_columns(table)

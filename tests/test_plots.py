@@ -14,6 +14,7 @@ from sweep_files import TINY_SCENARIO
 from typer.testing import CliRunner
 
 from orcasim.cli import app
+from orcasim.columns import param_columns
 from orcasim.plots import (
     binned_time_average,
     latency_cdfs,
@@ -25,7 +26,6 @@ from orcasim.plots import (
 )
 from orcasim.render import write_plots
 from orcasim.sweeps import load_sweep, run_sweep_in_memory
-from orcasim.sweeps.table import param_columns
 from tests.conftest import examples
 
 EXACT = 1e-12

@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from orcasim.columns import param_columns
 from orcasim.sweeps.task import Outcome
 
-KEY_COLUMNS = ["point", "replication", "seed", "system"]
 THROUGHPUT = "throughput_rps"
 MEDIAN_LATENCY = "normalized_latency_s_per_token_p50"
 SUSTAIN_FRACTION = 0.9  # a system sustains a load when it completes at least 90% of its rate
@@ -26,18 +26,6 @@ def tidy_table(outcomes: list[Outcome]) -> pd.DataFrame:
                          **o.params, "system": system, **summary})
     return pd.DataFrame(rows)
 
-
-def param_columns(table: pd.DataFrame) -> list[str]:
-    """The swept parameters: the columns between the seed and the system."""
-    cols = list(table.columns)
-    return cols[cols.index("seed") + 1 : cols.index("system")] if len(cols) else []
-
-
-def param_names(params: list[str]) -> list[str]:
-    """Each swept parameter's name in labels and file names: the last part of its path
-    (`rate_per_s`), or every parameter's whole path where two last parts clash."""
-    short = [p.rsplit(".", 1)[-1] for p in params]
-    return short if len(set(short)) == len(short) else params
 
 
 def throughput_under_bound(
