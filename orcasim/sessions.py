@@ -32,9 +32,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from orcasim.requests import PromptContent, Requests
+from orcasim.requests import Requests
 from orcasim.sources import ArrivalSource
-from orcasim.workload.sessions import SessionPlan
 
 Segments = tuple[int, ...]  # flat (id, tokens, id, tokens, ...), as in PromptContent
 
@@ -220,13 +219,3 @@ class SessionSource(ArrivalSource):
             self._write_row(self.next_index, s, b)
 
 
-def session_table(plan: SessionPlan, max_tokens: int) -> Requests:
-    """The workload's table: one row per call, to be filled by each run (`Requests.for_run`).
-
-    Rows are placeholders (one-token prompts and outputs) until a run writes them.
-    """
-    n = plan.num_requests
-    ones = np.ones(n, dtype=np.int64)
-    content = PromptContent([(-1, 1)] * n, np.full(n, -1, dtype=np.int64))
-    return Requests(np.full(n, np.nan), ones, ones.copy(), np.full(n, max_tokens, dtype=np.int64),
-                    session_ids=np.full(n, -1, dtype=np.int64), content=content, sessions=plan)

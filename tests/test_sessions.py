@@ -30,10 +30,10 @@ from orcasim.session_metrics import (
     sessions_frame,
     sessions_summary,
 )
-from orcasim.sessions import SessionSource, session_table
+from orcasim.sessions import SessionSource
 from orcasim.workload.closed_loop import ConstantThink, ExponentialThink
 from orcasim.workload.lengths import ConstantLength, EmpiricalLength, UniformLength
-from orcasim.workload.sessions import AgentArrival, FanOut, SystemPrompt, draw_plan
+from orcasim.workload.sessions import AgentArrival, FanOut, SystemPrompt, draw_plan, session_table
 from tests.conftest import BASE, examples, make_scenario
 from tests.test_fast_engine import KINDS, _scheduler, assert_same_run, cost_model, costs
 

@@ -22,7 +22,7 @@ from orcasim.workload.lengths import (
     TokenCount,
     sample_prompt_and_output,
 )
-from orcasim.workload.sessions import AgentArrival, ConversationArrival, draw_plan
+from orcasim.workload.sessions import AgentArrival, ConversationArrival, draw_plan, session_table
 from orcasim.workload.traces import read_trace_with_content, where_in_trace
 
 
@@ -129,8 +129,6 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
     """Draw (or read) the requests. Raises ValueError if a request exceeds `max_tokens`."""
     clients, content = None, None
     if isinstance(cfg.arrival, ConversationArrival | AgentArrival):
-        from orcasim.sessions import session_table  # it imports this package's modules
-
         _read_length_files(cfg.arrival, "workload.arrival", SESSION_LENGTH_KEYS)
         sessions, concurrent = cfg.arrival.num_sessions, cfg.arrival.concurrent_sessions
         if concurrent is not None:

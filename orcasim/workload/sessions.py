@@ -29,6 +29,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
 from orcasim.memory import peak_kv_tokens
+from orcasim.requests import PromptContent, Requests
 from orcasim.workload.closed_loop import ThinkTime
 from orcasim.workload.lengths import LengthDist, TokenCount, sample_prompt_and_output
 
@@ -259,3 +260,15 @@ def _check_limits(plan: SessionPlan) -> None:
         raise ScenarioError(
             f"workload.max_tokens = {plan.max_tokens} is below max_context_tokens plus the "
             f"longest output = {need} tokens; expected max_tokens >= {need}")
+
+
+def session_table(plan: SessionPlan, max_tokens: int) -> Requests:
+    """The workload's table: one row per call, to be filled by each run (`Requests.for_run`).
+
+    Rows are placeholders (one-token prompts and outputs) until a run writes them.
+    """
+    n = plan.num_requests
+    ones = np.ones(n, dtype=np.int64)
+    content = PromptContent([(-1, 1)] * n, np.full(n, -1, dtype=np.int64))
+    return Requests(np.full(n, np.nan), ones, ones.copy(), np.full(n, max_tokens, dtype=np.int64),
+                    session_ids=np.full(n, -1, dtype=np.int64), content=content, sessions=plan)
