@@ -44,9 +44,9 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError, errors_under
-from orcasim.cost import Batch, CostModel, build_cost_model
+from orcasim.cost import Batch, CostModel, build_cost_model, engine_overhead, request_latency_s
 from orcasim.cost.fitted import CALIBRATED_FORMAT
-from orcasim.cost.overhead import OverheadCost, request_latency_s
+from orcasim.cost.overhead import OverheadCost
 from orcasim.fidelity import (
     METRICS,
     after_warmup,
@@ -162,7 +162,8 @@ def inline_calibrated(scenario: Scenario, base_dir: Path | None) -> Scenario:
     calibrated cost) replaced by the block the file holds: a refit starts from the file's
     terms and writes a whole block, where fitting the loading block's `overhead` stacked a
     second engine on the file's (and started from the defaults)."""
-    from orcasim.cost.fitted import FittedCostConfig, calibrated_block
+    from orcasim.cost.calibrated import calibrated_block
+    from orcasim.cost.fitted import FittedCostConfig
 
     data = scenario.model_dump(mode="json", exclude_none=True)
     inlined = False
@@ -174,7 +175,7 @@ def inline_calibrated(scenario: Scenario, base_dir: Path | None) -> Scenario:
             inner = calibrated_block(cfg)
             if inner is None:
                 continue
-            overhead = cfg.engine_overhead()  # the file's, or the one beside its path
+            overhead = engine_overhead(cfg)  # the file's, or the one beside its path
             block.clear()
             block.update(inner.model_dump(mode="json", exclude_none=True))
             if overhead is not None:

@@ -19,9 +19,15 @@ import pandas as pd
 from orcasim.closed_loop import arrival_source
 from orcasim.cluster import LinkConfig, ReplicaGroup, RoutedRouter, build_router
 from orcasim.config import ScenarioError, naming_under
-from orcasim.cost import CostConfig, CostModel, Deployment, build_cost_model
+from orcasim.cost import (
+    CostConfig,
+    CostModel,
+    Deployment,
+    build_cost_model,
+    engine_overhead,
+    request_latency_s,
+)
 from orcasim.cost.catalog import HardwareConfig, ModelRef, attention_groups, stage_layers
-from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import EngineMode, EngineRun, stepper_for
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
@@ -144,7 +150,7 @@ def check_way_in(group_cost: CostConfig, system_cost: CostConfig) -> None:
     """A request reaches the router before any replica: its way in (`request_latency_s`) is
     the system's, and one a group gives itself would be dropped unread. A group that does not
     give it (no overhead, or an overhead without it) takes the system's."""
-    overhead = group_cost.engine_overhead()
+    overhead = engine_overhead(group_cost)
     given = overhead is not None and "request_latency_s" in overhead.model_fields_set
     own_s, system_s = request_latency_s(group_cost), request_latency_s(system_cost)
     if given and own_s != system_s:

@@ -16,9 +16,8 @@ import pandas as pd
 
 from orcasim.closed_loop import arrival_source
 from orcasim.config import MAX_TIME_S, ScenarioError, errors_under, naming_under, past_the_clock
-from orcasim.cost import CostModel, build_cost_model
+from orcasim.cost import CostModel, build_cost_model, request_latency_s
 from orcasim.cost.catalog import attention_groups
-from orcasim.cost.overhead import request_latency_s
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
 from orcasim.metrics import batch_size_mean, measured_window_s, requests_frame, summarize

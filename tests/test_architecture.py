@@ -1,10 +1,12 @@
-"""The library's shape, read from its source with `ast`: no import cycle among its modules
-at import time, and no module reaching into another's private names.
+"""The library's shape, read from its source with `ast`: no import cycle among its modules,
+at import time or through imports deferred into functions, and no module reaching into
+another's private names.
 
 A module-level cycle makes import order matter (a name is missing half-way through one
-module's import), and a private name used from elsewhere is a contract nobody wrote down.
-Imports inside functions and under `if TYPE_CHECKING:` run later or never, so they may close
-a loop; the rule is about what `import orcasim.x` does.
+module's import). An import moved into a function to break one hides the loop without
+removing it: two modules that each need the other are one module, or share a third below
+both, so deferred imports count too. Only those under `if TYPE_CHECKING:` never run and
+are left out. A private name used from elsewhere is a contract nobody wrote down.
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ def import_time_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.Impor
                     yield from import_time_imports(block)
 
 
+def every_import(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import that ever runs: those inside functions too, not those under
+    `if TYPE_CHECKING:` (its `else` does run)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in skipped:
+            yield node
+
+
 def imported_modules(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> set[str]:
     """The library modules an import statement loads. `from pkg import sub` loads the
     submodule `pkg.sub` (not `pkg`'s own body, which has run or is running as its parent);
@@ -83,12 +97,14 @@ def with_packages(name: str, targets: set[str], modules: dict[str, Path]) -> set
     return found
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Each library module's imports run at import time, as library modules."""
+def import_graph(modules: dict[str, Path], deferred: bool = False) -> dict[str, set[str]]:
+    """Each library module's imports run at import time (`deferred`: or ever, inside
+    functions too), as library modules."""
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        targets = {t for node in import_time_imports(tree.body) for t in imported_modules(node, modules)}
+        imports = every_import(tree) if deferred else import_time_imports(tree.body)
+        targets = {t for node in imports for t in imported_modules(node, modules)}
         graph[name] = with_packages(name, targets, modules) - {name}
     return graph
 
@@ -134,6 +150,20 @@ def test_import_rules_on_a_hand_made_module() -> None:
     assert found == {"orcasim.pkg.sub", "orcasim.pkg", "orcasim.a"}
     assert with_packages("orcasim.a", {"orcasim.pkg.sub"}, modules) == {"orcasim.pkg.sub", "orcasim.pkg"}
     assert with_packages("orcasim.pkg.x", {"orcasim.pkg.sub"}, modules) == {"orcasim.pkg.sub"}
+    ever = {t for node in every_import(tree) for t in imported_modules(node, modules)}
+    assert ever == {"orcasim.pkg.sub", "orcasim.pkg", "orcasim.a", "orcasim"}  # c: orcasim's
+
+
+def test_a_deferred_import_that_closes_a_loop_is_a_cycle() -> None:
+    """`b` importing `a` inside a function still needs `a`, which needs `b`: a cycle, found."""
+    sources = {"orcasim.a": "from orcasim import b\n",
+               "orcasim.b": "def f():\n    from orcasim import a\n",
+               "orcasim.c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orcasim import a\n"}
+    modules = {"orcasim": Path(), **{name: Path() for name in sources}}
+    graph = {name: {t for node in every_import(ast.parse(text)) for t in imported_modules(node, modules)}
+             for name, text in sources.items()}
+    assert find_cycle(graph) == ["orcasim.a", "orcasim.b", "orcasim.a"]
+    assert graph["orcasim.c"] == set()
 
 
 def test_every_orcasim_module_imports() -> None:
@@ -146,6 +176,12 @@ def test_every_orcasim_module_imports() -> None:
 def test_no_import_cycle_at_module_level() -> None:
     cycle = find_cycle(import_graph(library_modules()))
     assert cycle is None, "import cycle at module level: " + " -> ".join(cycle or ())
+
+
+def test_no_import_cycle_through_imports_inside_functions() -> None:
+    cycle = find_cycle(import_graph(library_modules(), deferred=True))
+    assert cycle is None, ("import cycle through an import inside a function (move what both "
+                           "need below both): " + " -> ".join(cycle or ()))
 
 
 def _private(name: str) -> bool:

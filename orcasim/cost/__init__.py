@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import Field
-
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch, CostModel
+from orcasim.cost.calibrated import (
+    calibrated_block,
+    engine_overhead,
+    one_overhead,
+    request_latency_s,
+)
 from orcasim.cost.catalog import Deployment, HardwareConfig, stage_layers
 from orcasim.cost.fitted import FittedCostConfig, build_fitted_cost
+from orcasim.cost.kinds import CostConfig
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.overhead import OverheadConfig, OverheadCost
 from orcasim.cost.profile import ProfileCost, ProfileCostConfig
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
-
-CostConfig = Annotated[
-    LinearCostConfig | RooflineCostConfig | ProfileCostConfig
-    | FittedCostConfig,
-    Field(discriminator="kind"),
-]
 
 
 def build_cost_model(cfg: CostConfig, deployment: Deployment | None = None,
@@ -59,7 +56,11 @@ def _gpu_cost_model(cfg: CostConfig, deployment: Deployment | None,
         case ProfileCostConfig():
             return ProfileCost(cfg, _required(deployment, cfg.kind))
         case FittedCostConfig():
-            return build_fitted_cost(cfg, deployment, hardware)
+            inner = calibrated_block(cfg)
+            if inner is None:  # a profile fit or a DistServe profile
+                return build_fitted_cost(cfg, deployment, hardware)
+            one_overhead(cfg, inner)  # refuses an overhead given twice
+            return build_cost_model(inner, deployment, hardware)
     raise AssertionError(f"unhandled cost config {cfg!r}")
 
 
@@ -70,4 +71,4 @@ def _required(deployment: Deployment | None, kind: str) -> Deployment:
 
 
 __all__ = ["Batch", "CostConfig", "CostModel", "Deployment", "OverheadConfig",
-           "build_cost_model"]
+           "build_cost_model", "engine_overhead", "request_latency_s"]

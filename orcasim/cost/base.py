@@ -8,6 +8,7 @@ flattened sum of query tokens, attention sees each request on its own.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,6 +129,31 @@ class OutsideSteps:
         """How many of the first `num_steps` steps are outside, and the subjects among them."""
         count = int(self.steps[:num_steps].sum())
         return count, [what for what, mask in self.why.items() if mask[:num_steps].any()]
+
+
+class OutOfRangeCounter:
+    """Counts evaluations outside the measured range and warns once per cost-model instance."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.count = 0
+
+    def add(self, n: int, what: str) -> None:
+        if n <= 0:
+            return
+        if self.count == 0:
+            warnings.warn(
+                f"cost model {self.source}: {what} is outside the fitted range; the value is an "
+                "extrapolation (further cases are counted in cost_out_of_range)",
+                RuntimeWarning, stacklevel=3,
+            )
+        self.count += n
+
+    def add_steps(self, outside: OutsideSteps, num_steps: int) -> None:
+        """The first `num_steps` steps of a decode run priced ahead: those outside."""
+        count, why = outside.among_first(num_steps)
+        if count:
+            self.add(count, why[0])
 
 
 def counted_decode_steps_s(cost: CostModel, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:

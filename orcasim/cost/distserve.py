@@ -39,11 +39,11 @@ from orcasim.config import ScenarioError, format_validation_error, refuse_boolea
 from orcasim.cost.base import (
     Batch,
     CostModel,
+    OutOfRangeCounter,
     OutsideSteps,
     check_durations,
     counted_decode_steps_s,
 )
-from orcasim.cost.fitted import OutOfRangeCounter
 from orcasim.paths import read_json
 
 MS = 1e-3

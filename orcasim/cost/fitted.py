@@ -40,12 +40,14 @@ from orcasim.config import ScenarioError, format_validation_error, refuse_boolea
 from orcasim.cost.base import (
     Batch,
     CostModel,
+    OutOfRangeCounter,
     OutsideSteps,
     check_durations,
     counted_decode_steps_s,
 )
 from orcasim.cost.catalog import is_model
-from orcasim.cost.overhead import CostConfigBase, OverheadConfig
+from orcasim.cost.distserve import DistServeCost
+from orcasim.cost.overhead import CostConfigBase
 from orcasim.paths import DataPath, read_once, read_problem, resolve_data_path
 
 FORMAT = "orcasim-fitted-cost/v1"
@@ -61,24 +63,6 @@ class FittedCostConfig(CostConfigBase):
     path: DataPath
     model: str | None = None
     tensor_parallel: PositiveInt | None = None
-
-    def engine_overhead(self) -> OverheadConfig | None:
-        """A calibrated cost's file holds its overhead (the way in, `request_latency_s`,
-        included); one given here as well would add a second engine on top: refused."""
-        inner = calibrated_block(self)
-        return self.overhead if inner is None else _one_overhead(self, inner)
-
-
-def _one_overhead(cfg: FittedCostConfig, inner: Any) -> OverheadConfig | None:
-    """The overhead of `cfg`, which loads the calibrated block `inner`: the file's or the one
-    beside its path, not both (a second engine on top of the file's is refused)."""
-    own = inner.engine_overhead()
-    if own is not None and cfg.overhead is not None:
-        raise ScenarioError(
-            f"cost.overhead: cost.path = {cfg.path!r} is a cost calibrated from serving logs "
-            "that holds its own overhead, which this one would add to; expected the overhead "
-            "in one place (edit the file's, or drop cost.overhead)")
-    return own or cfg.overhead
 
 
 def hinge_name(knot_tokens: int) -> str:
@@ -107,31 +91,6 @@ def design_matrix(inputs: dict[str, np.ndarray], knots_tokens: list[int]) -> np.
     cols = [np.ones_like(tokens)] + [np.asarray(inputs[t], dtype=np.float64) for t in BASE_TERMS[1:]]
     cols += [np.maximum(0.0, tokens - k) for k in knots_tokens]
     return np.column_stack(cols)
-
-
-class OutOfRangeCounter:
-    """Counts evaluations outside the measured range and warns once per cost-model instance."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.count = 0
-
-    def add(self, n: int, what: str) -> None:
-        if n <= 0:
-            return
-        if self.count == 0:
-            warnings.warn(
-                f"cost model {self.source}: {what} is outside the fitted range; the value is an "
-                "extrapolation (further cases are counted in cost_out_of_range)",
-                RuntimeWarning, stacklevel=3,
-            )
-        self.count += n
-
-    def add_steps(self, outside: OutsideSteps, num_steps: int) -> None:
-        """The first `num_steps` steps of a decode run priced ahead: those outside."""
-        count, why = outside.among_first(num_steps)
-        if count:
-            self.add(count, why[0])
 
 
 class FittedDoc(BaseModel):
@@ -237,6 +196,14 @@ def read_fitted_yaml(path: Path) -> dict[str, Any]:
     return doc
 
 
+def refuse_distserve_keys(cfg: FittedCostConfig) -> None:
+    """`model` and `tensor_parallel` pick an entry of a DistServe .json; beside a YAML, refused."""
+    if cfg.model is not None or cfg.tensor_parallel is not None:
+        raise ScenarioError(
+            f"cost.path = {cfg.path!r}: model and tensor_parallel apply only to a DistServe .json"
+        )
+
+
 def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None, hardware: Any = None) -> CostModel:
     """Load a fitter YAML, a cost calibrated from serving logs (`python -m calibrate logs`),
     or a DistServe JSON profile (which needs `model` and `tensor_parallel`). `hardware`:
@@ -246,22 +213,13 @@ def build_fitted_cost(cfg: FittedCostConfig, deployment: Any = None, hardware: A
     except FileNotFoundError as e:
         raise ScenarioError(f"cost.path = {cfg.path!r}: {e}") from None
     if path.suffix == ".json":
-        from orcasim.cost.distserve import DistServeCost
-
         cost = DistServeCost.load(path, cfg.model, cfg.tensor_parallel)
         _warn_if_profiled_elsewhere(cfg, deployment, hardware)
         return cost
-    if cfg.model is not None or cfg.tensor_parallel is not None:
-        raise ScenarioError(
-            f"cost.path = {cfg.path!r}: model and tensor_parallel apply only to a DistServe .json"
-        )
+    refuse_distserve_keys(cfg)
     doc = read_fitted_yaml(path)
-    if doc["format"] == CALIBRATED_FORMAT:
-        from orcasim.cost import build_cost_model
-
-        inner = _calibrated_config(doc, path)
-        _one_overhead(cfg, inner)  # refuses an overhead given twice
-        return build_cost_model(inner, deployment, hardware)
+    # A calibrated file holds a whole cost block of any kind: `orcasim.cost` builds it.
+    assert doc["format"] != CALIBRATED_FORMAT, f"{path} is a calibrated cost (orcasim.cost.calibrated)"
     provenance = doc.get("provenance")
     fitted_on = provenance.get("model") if isinstance(provenance, dict) else None
     partial = provenance.get("fitted_layers") if isinstance(provenance, dict) else None
@@ -318,61 +276,3 @@ def _warn_if_profiled_elsewhere(cfg: FittedCostConfig, deployment: Any, hardware
                       f"prices iterations at that degree, but the deployment's "
                       f"hardware.tensor_parallel = {tp}{derived}; "
                       "expected the same degree", UserWarning, stacklevel=2)
-
-
-def calibrated_block(cfg: FittedCostConfig) -> Any:
-    """The cost block a log calibration wrote (`python -m calibrate logs`), as a CostConfig,
-    where `cfg` loads such a file; None for any other fitted cost."""
-    if Path(cfg.path).suffix == ".json":
-        return None
-    try:
-        path = resolve_data_path(cfg.path)
-    except FileNotFoundError as e:
-        raise ScenarioError(f"cost.path = {cfg.path!r}: {e}") from None
-    doc = read_fitted_yaml(path)
-    return _calibrated_config(doc, path) if doc["format"] == CALIBRATED_FORMAT else None
-
-
-def _calibrated_config(doc: dict[str, Any], path: Path) -> Any:
-    """The calibrated file's cost block, validated as if the scenario held it."""
-    cfg = _cost_block(doc, path)
-    _check_chain(cfg, path)
-    return cfg
-
-
-def _cost_block(doc: dict[str, Any], path: Path) -> Any:
-    """A calibrated file's `cost:` as a CostConfig, or a one-line error naming the file."""
-    from pydantic import TypeAdapter
-
-    from orcasim.cost import CostConfig
-
-    try:
-        return TypeAdapter(CostConfig).validate_python(doc.get("cost"))
-    except ValidationError as e:
-        raise ScenarioError(format_validation_error(e, f"{path.name}: cost", doc.get("cost"))) from None
-
-
-def _check_chain(cfg: Any, path: Path) -> None:
-    """A calibrated cost (at `path`, holding `cfg`) that loads itself, or calibrated files
-    that load each other, are refused. The file's own path is compared, not its name: a
-    profile fit named cost.yaml in another folder was refused as the file itself, and two
-    files loading each other recursed to a traceback (a tester's findings)."""
-    seen = [path.resolve()]
-    while cfg.kind == "fitted" and Path(cfg.path).suffix != ".json":
-        try:
-            loaded = resolve_data_path(cfg.path).resolve()
-        except FileNotFoundError:
-            return  # said where the file is loaded
-        if loaded in seen:
-            chain = " -> ".join(str(p) for p in [*seen, loaded])
-            what = "may not load itself" if len(seen) == 1 else f"loads itself through {chain}"
-            raise ScenarioError(f"cost.path = {str(path)!r}: a calibrated cost {what}; expected "
-                                "a chain of files that ends in a profile fit or a cost")
-        seen.append(loaded)
-        doc = read_fitted_yaml(loaded)
-        if doc["format"] != CALIBRATED_FORMAT:
-            return
-        try:
-            cfg = _cost_block(doc, loaded)
-        except ScenarioError:
-            return  # said where the file is loaded

@@ -93,17 +93,6 @@ class CostConfigBase(Strict):
                     raise ScenarioError(f"'{old}' has moved: write it as cost.{new}")
         return data
 
-    def engine_overhead(self) -> OverheadConfig | None:
-        """The overhead this cost runs with: its own block (a cost calibrated from serving
-        logs, loaded from its file, brings the one fitted with it: `FittedCostConfig`)."""
-        return self.overhead
-
-
-def request_latency_s(cost_cfg: CostConfigBase) -> float:
-    """How long after the client sent it a request reaches the engine (0 without overhead)."""
-    overhead = cost_cfg.engine_overhead()
-    return overhead.request_latency_s if overhead else 0.0
-
 
 class OverheadCost(CostModel):
     """`inner`'s GPU time, floored by the host's kernel launches, plus the host's own work."""
