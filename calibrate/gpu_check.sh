@@ -27,7 +27,25 @@ fi
 # file already, one of its tests proves the step.
 CORRECTNESS=tests/test_calibrate_model.py
 if [[ "$DEVICE" != "cuda" ]]; then CORRECTNESS="$CORRECTNESS::test_mixed_batch"; fi
-step() { echo "== $* ($(date -u +%H:%M:%S))"; }
+step() { STEP="$*"; echo "== $* ($(date -u +%H:%M:%S))"; }
+# Each command runs under a limit of its own, so that a step that hangs (a wedged kernel, a
+# replay that never drains) stops there and leaves the earlier steps' files, rather than
+# eating the device budget of a lent machine: at most 475 s in all, under the 8 minutes.
+# GPU_CHECK_LIMIT_SCALE multiplies every limit (a slower machine; a test sets it tiny).
+SCALE="${GPU_CHECK_LIMIT_SCALE:-1}"
+limited() {
+  # At least 1 ms: `timeout 0` would be no limit at all.
+  local limit_s; limit_s=$(awk -v a="$1" -v b="$SCALE" \
+    'BEGIN { v = a * b; printf "%.3f", (v < 0.001 ? 0.001 : v) }')
+  shift
+  local rc=0
+  timeout --kill-after=15 "$limit_s" "$@" || rc=$?
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    echo "error: step '$STEP' ran past its limit of $limit_s s (GPU_CHECK_LIMIT_SCALE=$SCALE);" \
+         "the steps before it left their files in $DEST" >&2
+  fi
+  return $rc
+}
 
 # Before any step: every module the steps import (scipy only at the replay's overhead fit,
 # matplotlib at its figure), Python 3.11+, and the device. A lent machine has no network and
@@ -54,7 +72,7 @@ PREFLIGHT
 mkdir -p "$DEST"
 
 step "correctness on $DEVICE"
-CALIBRATE_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$CORRECTNESS"
+limited 45 env CALIBRATE_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -p no:cacheprovider "$CORRECTNESS"
 if [[ "$DEVICE" == "cuda" ]]; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$DEST/device.txt" || true; fi
 # What ran where and when, for every file here (kernels.csv has no header of its own).
 { echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "model: $MODEL"; echo "layers_profiled: $LAYERS"
@@ -64,18 +82,18 @@ print(f"python: {sys.version.split()[0]}\ntorch: {torch.__version__}\ndevice_nam
 } > "$DEST/provenance.txt"
 
 step "profile $MODEL ($LAYERS layers) on $DEVICE, grid $GRID"
-"$PY" -m calibrate profile --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --grid "$GRID" \
+limited 180 "$PY" -m calibrate profile --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --grid "$GRID" \
   --max-tokens "$MAX_TOKENS" --out "$DEST/profile.csv" --force
 
 step "fit"
-"$PY" -m calibrate fit "$DEST/profile.csv" --out "$DEST/cost_model.yaml" --force
-"$PY" -m calibrate fit "$DEST/profile.csv" --target measured_s --out "$DEST/cost_model_measured.yaml" --force
+limited 20 "$PY" -m calibrate fit "$DEST/profile.csv" --out "$DEST/cost_model.yaml" --force
+limited 20 "$PY" -m calibrate fit "$DEST/profile.csv" --target measured_s --out "$DEST/cost_model_measured.yaml" --force
 
 step "replay $SCENARIO"
-"$PY" -m calibrate replay "$SCENARIO" --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" \
+limited 120 "$PY" -m calibrate replay "$SCENARIO" --model "$MODEL" --layers "$LAYERS" --device "$DEVICE" \
   --cost "$DEST/cost_model_measured.yaml" --load 0.55 --set "workload.num_requests=$REQUESTS" \
   --out "$DEST/replay" --force
 step "kernels of $MODEL's layer on $DEVICE (CUDA graphs, then eager)"
-"$PY" -m calibrate kernels --model "$MODEL" --device "$DEVICE" $KERNEL_ARGS --out "$DEST/kernels.csv" --force
-"$PY" -m calibrate kernels --model "$MODEL" --device "$DEVICE" $KERNEL_ARGS --eager --out "$DEST/kernels_eager.csv" --force
+limited 45 "$PY" -m calibrate kernels --model "$MODEL" --device "$DEVICE" $KERNEL_ARGS --out "$DEST/kernels.csv" --force
+limited 45 "$PY" -m calibrate kernels --model "$MODEL" --device "$DEVICE" $KERNEL_ARGS --eager --out "$DEST/kernels_eager.csv" --force
 step "done: $DEST"

@@ -267,3 +267,16 @@ def test_real_busy_fraction_is_the_simulations_rule() -> None:
     served = Served(requests, iterations, [], 1.0)
     assert busy_fraction(requests, iterations, 0.0) == pytest.approx(1.0)
     assert served.busy_fraction == pytest.approx(1.0)
+
+
+def test_gpu_check_stops_a_step_that_runs_past_its_limit(tmp_path: Path) -> None:
+    """On a lent GPU a step that hangs ate the whole device budget (the script had no limit
+    but the tool's): each command now runs under its own limit, and one that passes it
+    stops the script naming the step, with exit 124 (timeout's), no later step run."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "GPU_CHECK_LIMIT_SCALE": "0.0001"}  # 45 s becomes 5 ms: the first step stops
+    done = subprocess.run(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "error: step 'correctness on cpu' ran past its limit of 0.005 s" in done.stderr, done.stderr
+    assert "== profile" not in done.stdout and not (tmp_path / "cpu" / "profile.csv").exists()
