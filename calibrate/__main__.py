@@ -204,7 +204,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     rows = profile_rows(model, GRIDS[args.grid], args.max_tokens, full.n_layers / shape.n_layers,
                         np.random.default_rng(args.seed), lambda m: print(m, file=sys.stderr))
     dtype = model.lm_head.weight.dtype
-    write_profile(args.out, header_lines(args.model, shape, full.n_layers, args.device, dtype, args.grid), rows)
+    write_profile(args.out, header_lines(args.model, shape, full.n_layers, args.device, dtype, args.grid), rows,
+                  args.force)
     print(f"wrote {len(rows)} rows to {args.out}")
 
 
@@ -235,7 +236,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
         doc = fit_profile(rows, knots, target=args.target)
     except ScenarioError as e:
         raise ScenarioError(f"{args.profile}: {e}") from None
-    write_cost_model(args.out, doc, args.profile, header, args.target)
+    write_cost_model(args.out, doc, args.profile, header, args.target, args.force)
     print(yaml.safe_dump({"quality": doc["quality"]}, sort_keys=False), end="")
     print(f"wrote {args.out}")
 
@@ -253,7 +254,8 @@ def cmd_kernels(args: argparse.Namespace) -> None:
         _setup_torch(args)
     rows = measure(args.model, args.tensor_parallel, args.device, args.layers, args.repeats,
                    args.max_tokens, args.eager)
-    write_file_atomically(args.out, lambda tmp: tmp.write_text("\n".join(rows) + "\n"))
+    write_file_atomically(args.out, lambda tmp: tmp.write_text("\n".join(rows) + "\n"),
+                          replace=args.force)
     print(f"wrote {len(rows) - 1} rows to {args.out}")
 
 
@@ -373,7 +375,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     result = fit(scenario, logs, system, parameters, base_dir)
     if args.loo and len(logs) > 1:
         leave_one_out(scenario, logs, system, result, parameters, base_dir)
-    write_calibrated(args.out, scenario, logs, system, result, args.set)
+    write_calibrated(args.out, scenario, logs, system, result, args.set, args.force)
     print(yaml.safe_dump({"parameters": result.parameters, "error_fitted": result.fitted_errors,
                           "error_left_out": result.left_out_errors}, sort_keys=False), end="")
     print(f"wrote {args.out}")

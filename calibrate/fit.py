@@ -19,7 +19,7 @@ import yaml
 
 from orcasim.config import ScenarioError
 from orcasim.cost.fitted import FORMAT, RANGE_INPUTS, design_matrix, term_names
-from orcasim.results import write_text_atomically
+from orcasim.results import write_file_atomically
 
 DEFAULT_KNOTS_TOKENS = (64, 256)
 SPLITS = 20
@@ -135,7 +135,7 @@ def fit_profile(rows: pd.DataFrame, knots_tokens: list[int], seed: int = 0,
 
 
 def write_cost_model(path: Path, doc: dict[str, Any], profile_path: Path,
-                     header: dict[str, str], target: str) -> None:
+                     header: dict[str, str], target: str, force: bool = False) -> None:
     """Add provenance and write the YAML atomically."""
     doc = {**doc, "provenance": {
         "profile": str(profile_path), "target_column": target, **header,
@@ -143,4 +143,4 @@ def write_cost_model(path: Path, doc: dict[str, Any], profile_path: Path,
     }}
     text = ("# Written by `python -m calibrate fit`; loaded by `cost: {kind: fitted, path: ...}`.\n"
             + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
-    write_text_atomically(path, text)
+    write_file_atomically(path, lambda tmp: tmp.write_text(text), replace=force)

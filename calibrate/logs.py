@@ -617,7 +617,7 @@ def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
 
 
 def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], system: str,
-                     result: Fit, overrides: Sequence[str] = ()) -> None:
+                     result: Fit, overrides: Sequence[str] = (), force: bool = False) -> None:
     """The calibrated cost block (`cost: {kind: fitted, path: ...}` loads it) and its report."""
     import yaml
 
@@ -637,4 +637,4 @@ def write_calibrated(path: Path, scenario: Scenario, logs: list[ServingLog], sys
                       f"which {path.name} (one cost block) does not hold: give them the same "
                       "values to reproduce the fit", UserWarning, stacklevel=2)
     text = yaml.safe_dump(doc, sort_keys=False)
-    write_file_atomically(path, lambda tmp: tmp.write_text(text))
+    write_file_atomically(path, lambda tmp: tmp.write_text(text), replace=force)

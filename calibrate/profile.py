@@ -270,13 +270,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def write_profile(path: Path, header: list[str], rows: pd.DataFrame) -> None:
+def write_profile(path: Path, header: list[str], rows: pd.DataFrame, force: bool = False) -> None:
     def write(tmp: Path) -> None:
         with tmp.open("w") as f:
             f.writelines(f"# {line}\n" for line in header)
             rows.to_csv(f, index=False, float_format="%.6g")
 
-    write_file_atomically(path, write)
+    write_file_atomically(path, write, replace=force)
 
 
 def read_profile(path: Path, target: str = "time_s",

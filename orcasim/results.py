@@ -245,10 +245,12 @@ def record_file(out_dir: Path, name: str, write: Callable[[Path], object]) -> Pa
     return write_file_atomically(out_dir / name, write)
 
 
-def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
+def write_file_atomically(path: Path, write: Callable[[Path], object], replace: bool = True) -> Path:
     """Let `write` fill a temporary file beside `path`, then rename it into place. The
     temporary is named with this process's id, and an earlier one of a dead process
-    (`dead_partial`) is removed first."""
+    (`dead_partial`) is removed first. `replace` False (a command without --force, which
+    checked `path` was free before its work): a file that appeared there meanwhile (another
+    run's) is kept, and this one refused, as `write_atomically` refuses a folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*-*"):
@@ -261,13 +263,36 @@ def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
             os.close(fd)
         write(Path(name))
         os.chmod(name, _by_umask(0o666))  # mkstemp's 0600 is for the temporary file only
-        os.replace(name, path)
+        if replace:
+            os.replace(name, path)
+        else:
+            _claim_file(Path(name), path)
     except BaseException:
         if name is not None:
             with interrupts_held():
                 Path(name).unlink(missing_ok=True)
         raise
     return path
+
+
+def _claim_file(tmp: Path, path: Path) -> None:
+    """Link `tmp` as `path` (a link, unlike a rename, never replaces: one step, no race with
+    another writer), then drop `tmp`; a file already there is refused."""
+    taken = ResultsExistError(f"{path} was written by another run while this one ran; "
+                              "nothing was replaced")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise taken from None
+    except OSError as e:
+        # A file system without hard links: look, then rename (a race of a moment remains).
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):
+            raise taken from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 def _by_umask(mode: int) -> int:

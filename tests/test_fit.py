@@ -165,3 +165,34 @@ def test_fit_of_a_path_that_is_no_regular_file_says_so(capsys: pytest.CaptureFix
     assert main(["fit", "/dev/null", "--out", "/nonexistent/t.yaml"]) == 2
     assert capsys.readouterr().err.strip() == ("error: profile '/dev/null' is not a regular file; "
                                                "expected a CSV of python -m calibrate profile")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_file_written_at_the_out_path_while_fit_ran_is_kept_without_force(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        force: bool) -> None:  # noqa: ANN001
+    """`--out` is checked free before the work, and the file was then renamed into place
+    whatever had appeared there meanwhile: another run's file at that path was replaced
+    without --force (calibrate logs runs for minutes). A file written meanwhile is now kept
+    and this run refused in one line, exit 2, as `orcasim run` refuses a folder; --force
+    still replaces it."""
+    import calibrate.fit
+    from calibrate.__main__ import main
+    from calibrate.profile import write_profile
+
+    profile, out = tmp_path / "p.csv", tmp_path / "cost.yaml"
+    write_profile(profile, ["model: x"], synthetic_rows(np.random.default_rng(8), 60))
+    real_fit = calibrate.fit.fit_profile
+
+    def fit_while_another_run_writes(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out.write_text("another run's cost\n")
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate.fit, "fit_profile", fit_while_another_run_writes)
+    code = main(["fit", str(profile), "--out", str(out), *(["--force"] if force else [])])
+    if force:
+        assert code == 0 and "format: orcasim-fitted-cost/v1" in out.read_text()
+    else:
+        assert code == 2 and out.read_text() == "another run's cost\n"
+        assert "was written by another run while this one ran; nothing was replaced" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.yaml", "p.csv"]  # no temporary left
