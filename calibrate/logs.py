@@ -580,10 +580,14 @@ def scored_error(scenario: Scenario, log: ServingLog, system: str, base_dir: Pat
 
 def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
                   parameters: tuple[str, ...], base_dir: Path | None = None) -> None:
-    """Fit on all logs but one, score the one; fills `result.left_out_*` in place."""
+    """Fit on all logs but one, score the one; fills `result.left_out_*` in place.
+
+    Each fit starts where a fit of those logs alone would, from the scenario's values, not
+    from `result` (the fit on all logs, the held-out one among them): started there, a
+    left-out fit on three test logs came back 13% off the fit that never saw the fourth."""
     for k, held in enumerate(logs):
         others = logs[:k] + logs[k + 1:]
-        partial = fit(scenario, others, system, parameters, base_dir, start=result.parameters)
+        partial = fit(scenario, others, system, parameters, base_dir)
         result.left_out_parameters[held.name] = partial.parameters
         result.left_out_errors[held.name] = scored_error(
             with_cost(scenario, partial.parameters, system), held, system, base_dir)
