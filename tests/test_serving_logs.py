@@ -72,3 +72,27 @@ def test_the_orcasim_csv_keeps_what_it_measured(tmp_path: Path) -> None:
                                          r"the request's ttft_s = 0\.4 \(a request cannot end before its "
                                          r"first token\)$"):
         read_measurements(str(bad))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # Every latency in milliseconds: consistent, so no other check caught it (99.9% off, exit 0).
+    ("ttft_s,e2e_s\n0,10,5,25,145\n1,10,5,30,150\n",
+     r"^ms.csv: \(e2e_s - ttft_s\) / \(output_tokens - 1\)'s median = 30 s a token, expected "
+     r"under 10 s \(no GPU server decodes that slowly\); seconds expected; these look like "
+     r"milliseconds$"),
+    ("ttft_s,tpot_s,e2e_s\n0,10,5,25,30,145\n1,10,5,30,30,150\n",
+     r"^ms.csv: tpot_s's median = 30 s a token, expected under 10 s .*these look like milliseconds$"),
+    ("ttft_s,e2e_s\n0,10,5,25,145\n1,10,2,30,90000\n",
+     r"^ms.csv line 3: e2e_s = 90000.0, expected seconds, at most 86,400 \(a day: no benchmark "
+     r"client waits that long on a request\); seconds expected; these look like milliseconds$"),
+    # Not a unit at all: it was reported as a TPOT in milliseconds.
+    ("ttft_s,tpot_s,e2e_s\n0,10,5,0.1,0.1,0.5\n1,10,5,0.2,0.1,1e300\n",
+     r"^ms.csv line 3: e2e_s = 1e\+300, expected seconds, at most 86,400 \(a day: no benchmark "
+     r"client waits that long on a request\)$"),
+], ids=["derived TPOT in ms", "given TPOT in ms", "E2E in ms", "E2E of 1e300"])
+def test_latencies_no_server_gives_in_seconds_are_refused(tmp_path: Path, text: str,
+                                                          message: str) -> None:
+    path = tmp_path / "ms.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens," + text)
+    with pytest.raises(ValueError, match=message):
+        read_measurements(str(path))

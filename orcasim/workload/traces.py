@@ -160,14 +160,54 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
                          "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
                          "benchmark result")
     output = _token_counts(rows, LENGTH_COLUMNS[fmt][1], resolved, offset)
+    _refuse_impossible_seconds(frame, resolved, offset)
     _refuse_ending_before_first_token(frame, resolved, offset)
     derived = pd.Series(tpot_s(frame["e2e_s"] - frame["ttft_s"], output), index=frame.index)
     _check_tpot_units(frame["tpot_s"], derived.to_numpy(), resolved, offset)
     _check_tpot_definition(frame["tpot_s"].to_numpy(dtype=np.float64), derived.to_numpy(), resolved)
+    given = "tpot_s" if frame["tpot_s"].notna().any() else "(e2e_s - ttft_s) / (output_tokens - 1)"
     frame["tpot_s"] = frame["tpot_s"].fillna(derived)
     frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token, given or not
+    _refuse_tpot_in_ms(frame["tpot_s"].to_numpy(dtype=np.float64), given, resolved)
     order = np.argsort(arrival_s, kind="stable")
     return frame.iloc[order].reset_index(drop=True)
+
+
+# A latency no serving benchmark records in seconds: a day. vLLM's benchmark client gives
+# up on a request after 6 hours (AIOHTTP_TIMEOUT); more is another unit, or no time at all.
+MAX_LATENCY_S = 86_400.0
+# A median TPOT no GPU server decodes at: a decode step reads the weights once from GPU
+# memory, at 1 TB/s or more, and all of an 8 x 80 GB node's memory read by one GPU takes
+# 0.64 s. Ten times that is no engine of orcasim's but a log in milliseconds, where the
+# usual 10 to 100 ms a token read as 10 to 100 s (a preempted request's own gaps may be
+# long; the median request's are not).
+MAX_MEDIAN_TPOT_S = 10.0
+MS_HINT = "seconds expected; these look like milliseconds"
+
+
+def _refuse_impossible_seconds(frame: pd.DataFrame, path: Path, offset: int) -> None:
+    """Refuse a latency above a day: milliseconds where it is below a day's worth of them
+    (an E2E of 1e300 was reported as a TPOT in the wrong unit)."""
+    for column in MEASURED_COLUMNS:
+        values = frame[column]
+        bad = (values > MAX_LATENCY_S).to_numpy()
+        if bad.any():
+            hint = f"; {MS_HINT}" if values[bad].max() <= MAX_LATENCY_S * 1e3 else ""
+            _raise_on_bad(bad, values, column, path, offset,
+                          f"seconds, at most {MAX_LATENCY_S:,.0f} (a day: no benchmark client "
+                          f"waits that long on a request){hint}")
+
+
+def _refuse_tpot_in_ms(tpot: np.ndarray, column: str, path: Path) -> None:
+    """Refuse a log whose median TPOT no GPU server decodes at: every latency in ms, which
+    the other checks take for consistent seconds (a fit to it read 99.9% off, exit 0)."""
+    if not np.isfinite(tpot).any():
+        return
+    median_s = float(np.nanmedian(tpot))
+    if median_s > MAX_MEDIAN_TPOT_S:
+        raise ScenarioError(f"{path.name}: {column}'s median = {median_s:.4g} s a token, expected "
+                            f"under {MAX_MEDIAN_TPOT_S:g} s (no GPU server decodes that slowly); "
+                            f"{MS_HINT}")
 
 
 def _refuse_ending_before_first_token(frame: pd.DataFrame, path: Path, offset: int) -> None:
