@@ -96,3 +96,24 @@ def test_latencies_no_server_gives_in_seconds_are_refused(tmp_path: Path, text: 
     path.write_text("arrival_s,prompt_tokens,output_tokens," + text)
     with pytest.raises(ValueError, match=message):
         read_measurements(str(path))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("ttft_s,tpot_s,e2e_s\n0,10,5,0.1,0.1,0.5\n1,10,1,0.2,0.05,0.2\n",
+     r"^run.csv line 3: tpot_s = 0.05, expected empty or 0 for a request of output_tokens = 1 "
+     r"\(one token leaves no gap between tokens\)$"),
+    ("ttft_s,e2e_s\n0,10,5,0.1,0.5\n1,10,1,0.2,0.9\n",
+     r"^run.csv line 3: e2e_s = 0.9, expected about the request's ttft_s = 0.2 for output_tokens "
+     r"= 1 \(its one token is its first and its last; is output_tokens right\?\)$"),
+], ids=["a TPOT", "an E2E after the TTFT"])
+def test_a_one_token_request_with_a_second_token_is_refused(tmp_path: Path, text: str,
+                                                            message: str) -> None:
+    """Both were accepted: the TPOT dropped unread, the E2E fitted as a decode no token made."""
+    path = tmp_path / "run.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens," + text)
+    with pytest.raises(ValueError, match=message):
+        read_measurements(str(path))
+    # A stream's closing chunk a few ms after its one token, and a TPOT of 0, are fine.
+    path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
+                    "0,10,5,0.1,0.1,0.5\n1,10,1,0.2,0,0.203\n")
+    assert read_measurements(str(path))["e2e_s"].tolist() == [0.5, 0.203]

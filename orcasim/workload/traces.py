@@ -162,6 +162,7 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     output = _token_counts(rows, LENGTH_COLUMNS[fmt][1], resolved, offset)
     _refuse_impossible_seconds(frame, resolved, offset)
     _refuse_ending_before_first_token(frame, resolved, offset)
+    _refuse_second_token(frame, output, LENGTH_COLUMNS[fmt][1], resolved, offset)
     derived = pd.Series(tpot_s(frame["e2e_s"] - frame["ttft_s"], output), index=frame.index)
     _check_tpot_units(frame["tpot_s"], derived.to_numpy(), resolved, offset)
     _check_tpot_definition(frame["tpot_s"].to_numpy(dtype=np.float64), derived.to_numpy(), resolved)
@@ -219,6 +220,30 @@ def _refuse_ending_before_first_token(frame: pd.DataFrame, path: Path, offset: i
         _raise_on_bad(bad, frame["e2e_s"], "e2e_s", path, offset,
                       f"a number >= the request's ttft_s = {ttft_s:.6g} (a request cannot end "
                       "before its first token)")
+
+
+# How far a one-token request's E2E may trail its TTFT: the stream's closing chunk and the
+# client's bookkeeping after its one token (ms), not a decode step (10 to 100 ms).
+ONE_TOKEN_TAIL_ATOL_S = 0.01
+ONE_TOKEN_TAIL_RTOL = 0.03
+
+
+def _refuse_second_token(frame: pd.DataFrame, output: np.ndarray, output_column: str,
+                         path: Path, offset: int) -> None:
+    """Refuse a one-token request measured as if it had more: a TPOT above 0 (it was dropped
+    unread), or an E2E well after its TTFT (it was fitted as a decode no token made)."""
+    one = output == 1
+    tpot = frame["tpot_s"]
+    _raise_on_bad(one & (tpot > 0).to_numpy(), tpot, "tpot_s", path, offset,
+                  f"empty or 0 for a request of {output_column} = 1 (one token leaves no gap "
+                  "between tokens)")
+    ttft, e2e = frame["ttft_s"].to_numpy(), frame["e2e_s"].to_numpy()
+    bad = one & (e2e - ttft > ONE_TOKEN_TAIL_RTOL * ttft + ONE_TOKEN_TAIL_ATOL_S)
+    if bad.any():
+        ttft_s = float(ttft[np.flatnonzero(bad)[0]])
+        _raise_on_bad(bad, frame["e2e_s"], "e2e_s", path, offset,
+                      f"about the request's ttft_s = {ttft_s:.6g} for {output_column} = 1 (its "
+                      f"one token is its first and its last; is {output_column} right?)")
 
 
 # How far a log's TPOT may stray from the gaps its TTFT and E2E leave, (e2e - ttft) / (n - 1),
