@@ -347,6 +347,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
         inline_calibrated,
         leave_one_out,
         read_logs,
+        unidentified_terms,
         write_calibrated,
     )
     from orcasim.fidelity import check_replay_overrides
@@ -373,6 +374,8 @@ def cmd_logs(args: argparse.Namespace) -> None:
                       "give two or more runs to score the fit on one it never saw",
                       UserWarning, stacklevel=2)
     result = fit(scenario, logs, system, parameters, base_dir)
+    for said in unidentified_terms(scenario, logs, system, result.parameters, base_dir):
+        warnings.warn(said, UserWarning, stacklevel=2)
     if args.loo and len(logs) > 1:
         leave_one_out(scenario, logs, system, result, parameters, base_dir)
     write_calibrated(args.out, scenario, logs, system, result, args.set, args.force)

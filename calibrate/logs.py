@@ -468,11 +468,7 @@ def solve_linear(scenario: Scenario, logs: list[ServingLog], system: str,
     best: np.ndarray | None = None
     best_error, target, step = math.inf, np.zeros(len(fitted)), 1.0
     for _ in range(LINEAR_ROUNDS):
-        parts = [linear_rows(replay_schedule(with_cost(scenario, values, system), log, system, base_dir),
-                             log.real, values, fitted) for log in logs]
-        known = np.concatenate([p[0] for p in parts])
-        x = np.vstack([p[1] for p in parts])
-        measured = np.concatenate([p[2] for p in parts])
+        known, x, measured = linear_system(scenario, logs, system, fitted, values, base_dir)
         if measured.size == 0:  # no TTFT or E2E above 0 (a TPOT-only log): Nelder-Mead alone
             break
         # Relative errors: a 10 ms miss on a 50 ms TTFT counts as much as 1 s on 5 s.
@@ -493,6 +489,53 @@ def solve_linear(scenario: Scenario, logs: list[ServingLog], system: str,
     if best is not None:
         values.update(zip(fitted, best.tolist(), strict=True))
     return values
+
+
+def linear_system(scenario: Scenario, logs: list[ServingLog], system: str, fitted: list[str],
+                  values: dict[str, float], base_dir: Path | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every log's `linear_rows` on the schedule a replay at `values` makes, stacked."""
+    parts = [linear_rows(replay_schedule(with_cost(scenario, values, system), log, system, base_dir),
+                         log.real, values, fitted) for log in logs]
+    return (np.concatenate([p[0] for p in parts]), np.vstack([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]))
+
+
+# How close a term's column in the linear fit may come to the others' span (the sine of the
+# angle, columns scaled to 1) before the logs cannot tell it from them: moving the term by
+# its whole size then changes the fit's rows by a thousandth of that. The shipped vLLM runs'
+# columns stand 0.31 to 0.74 off the others' span; a one-request log's, 1e-16.
+COLLINEAR_SIN = 1e-3
+
+
+def unidentified_terms(scenario: Scenario, logs: list[ServingLog], system: str,
+                       values: dict[str, float], base_dir: Path | None = None) -> list[str]:
+    """One line for each linear term (`LINEAR_TERMS`) among `values` that the logs' timed
+    rows, on the schedule a replay at `values` makes, cannot determine: its column zero, or
+    in the others' span (fewer rows than terms, or every iteration one request, where a
+    request's share and an iteration's are one column). Such a term's value is whatever the
+    search stopped at. Terms outside the linear stage, and a cluster's, are not checked."""
+    fitted = linear_terms(scenario, system, tuple(values))
+    if not fitted:
+        return []
+    _, x, measured = linear_system(scenario, logs, system, fitted, values, base_dir)
+    if measured.size == 0:
+        return []
+    a = x / measured[:, None]  # relative, as the fit weighs them
+    norms = np.linalg.norm(a, axis=0)
+    a = a / np.where(norms > 0, norms, 1.0)
+    said = []
+    for j, name in enumerate(fitted):
+        others = np.delete(a, j, axis=1)
+        beta = np.linalg.lstsq(others, a[:, j], rcond=None)[0] if others.size else np.zeros(0)
+        if norms[j] > 0 and np.linalg.norm(a[:, j] - others @ beta) >= COLLINEAR_SIN:
+            continue
+        why = ("zero (no timed request's iterations had any)" if norms[j] == 0 else
+               "collinear with the other terms'")
+        said.append(f"{name} = {values[name]:.4g} is not determined by these logs: its column in "
+                    f"the linear fit is {why} ({measured.size} timed rows for {len(fitted)} terms); "
+                    "give more requests, at other loads, or fit fewer terms (--fit)")
+    return said
 
 
 def _robust_nnls(a: np.ndarray, b: np.ndarray, rounds: int = 50) -> np.ndarray:
@@ -523,10 +566,7 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     factor of `SURVEY_FACTOR` either side of its start.
     """
     start = dict(start or current_values(scenario, parameters, system))
-    # The linear stage records one cost model's schedule; a cluster has several,
-    # so there every coefficient is searched (from its start, without a survey).
-    clustered = any(s.cluster is not None for s in scenario.systems if s.name == system)
-    linear = [] if clustered else [p for p in parameters if p in LINEAR_TERMS]
+    linear = linear_terms(scenario, system, parameters)
     searched = [p for p in parameters if p not in LINEAR_TERMS]
     if linear:
         start.update(solve_linear(scenario, logs, system, linear, start, base_dir))
@@ -539,6 +579,14 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     fitted = with_cost(scenario, values, system)
     errors = {log.name: scored_error(fitted, log, system, base_dir) for log in logs}
     return Fit(values, best_loss, objective.evaluations, errors)
+
+
+def linear_terms(scenario: Scenario, system: str, parameters: tuple[str, ...]) -> list[str]:
+    """The `parameters` the linear stage fits. It records one cost model's schedule; a
+    cluster has several, so there every coefficient is searched (from its start, without a
+    survey)."""
+    clustered = any(s.cluster is not None for s in scenario.systems if s.name == system)
+    return [] if clustered else [p for p in parameters if p in LINEAR_TERMS]
 
 
 def _search(objective: Objective, x0: np.ndarray, surveyed: list[int], survey_points: int

@@ -309,3 +309,31 @@ def test_a_shipped_log_is_recorded_by_its_name_in_orcasim_data(tmp_path: Path) -
     assert resolve_data_path(name) == shipped.resolve()  # found from anywhere
     own = tmp_path / "run.csv"
     assert recorded_path(own) == str(own)
+
+
+def test_a_term_the_logs_cannot_determine_is_named(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A log of one request gives two timed rows (its TTFT and its decode) for three terms,
+    and the fit returned whatever the search stopped at (per_iteration_s +940% on a real run's
+    first request) without a word. Now each such term is named; the command still writes."""
+    import calibrate.logs
+
+    full = _write_log(tmp_path / "run.csv")
+    one = tmp_path / "one.csv"
+    pd.read_csv(full).iloc[:1].to_csv(one, index=False)
+    scenario = scenario_from_dict(SCENARIO)
+    values = calibrate.logs.current_values(scenario, calibrate.logs.DEFAULT_PARAMETERS, "vllm")
+    assert calibrate.logs.unidentified_terms(scenario, read_logs([full]), "vllm", values) == []
+    said = calibrate.logs.unidentified_terms(scenario, read_logs([one]), "vllm", values)
+    # One request alone: every iteration one request, so its share is the iteration's. Its
+    # prompt tokens come only in its TTFT: that term is determined.
+    assert [s.split(" ")[0] for s in said] == ["overhead.per_iteration_s", "overhead.per_sequence_s"]
+    assert said[1].startswith("overhead.per_sequence_s = 0.0001 is not determined by these logs: "
+                              "its column in the linear fit is collinear with the other terms' "
+                              "(2 timed rows for 3 terms); give more requests"), said[1]
+    # What the command says, not how well it fits: the fit is stubbed.
+    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a:
+                        calibrate.logs.Fit(values, 0.0, 0))
+    with pytest.warns(UserWarning) as record:
+        assert main(["logs", str(one), "--scenario", str(_scenario(tmp_path)), "--out",
+                     str(tmp_path / "c.yaml"), "--no-leave-one-out"]) == 0
+    assert [str(w.message) for w in record] == said
