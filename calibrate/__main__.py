@@ -346,6 +346,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
         fit,
         inline_calibrated,
         leave_one_out,
+        poor_fit,
         read_logs,
         unidentified_terms,
         write_calibrated,
@@ -376,6 +377,9 @@ def cmd_logs(args: argparse.Namespace) -> None:
     result = fit(scenario, logs, system, parameters, base_dir)
     for said in unidentified_terms(scenario, logs, system, result.parameters, base_dir):
         warnings.warn(said, UserWarning, stacklevel=2)
+    poor = poor_fit(result, system)
+    if poor is not None:
+        warnings.warn(poor, UserWarning, stacklevel=2)
     if args.loo and len(logs) > 1:
         leave_one_out(scenario, logs, system, result, parameters, base_dir)
     write_calibrated(args.out, scenario, logs, system, result, args.set, args.force)

@@ -641,6 +641,25 @@ def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, resul
             with_cost(scenario, partial.parameters, system), held, system, base_dir)
 
 
+# A fitted error no engine of the right kind leaves: more than twice the worst of the shipped
+# fits (21.5% on vllm-300-3; DistServe's 1.9 to 4.8%). A paged vLLM log fitted with a
+# request-level system came back 100% off.
+POOR_FIT_ERROR = 0.5
+
+
+def poor_fit(result: Fit, system: str) -> str | None:
+    """A line saying the fit is poor where a log's fitted error exceeds `POOR_FIT_ERROR`: a
+    scenario of another engine than the logs' fits them badly whatever its coefficients."""
+    poor = {name: error for name, error in result.fitted_errors.items() if error > POOR_FIT_ERROR}
+    if not poor:
+        return None
+    worst = max(poor, key=poor.__getitem__)
+    return (f"the fit is poor: its median |error| is {poor[worst]:.0%} on {worst}"
+            f"{f' and {len(poor) - 1} other logs' if len(poor) > 1 else ''} (more than "
+            f"{POOR_FIT_ERROR:.0%}); check that the scenario's system {system} (its scheduler, "
+            "model, hardware and parallelism) is the engine that produced the logs")
+
+
 def recorded_path(path: Path) -> str:
     """A log's path as the record keeps it: one of orcasim's shipped data by its name there
     (found from anywhere; the committed record held this machine's /work/main/... paths, a

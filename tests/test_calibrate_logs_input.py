@@ -337,3 +337,24 @@ def test_a_term_the_logs_cannot_determine_is_named(tmp_path: Path, monkeypatch) 
         assert main(["logs", str(one), "--scenario", str(_scenario(tmp_path)), "--out",
                      str(tmp_path / "c.yaml"), "--no-leave-one-out"]) == 0
     assert [str(w.message) for w in record] == said
+
+
+def test_a_poor_fit_says_to_check_the_scenario(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A paged vLLM log fitted with a request-level system came back 100% off (its terms run
+    down to 1e-21 s) and the command said nothing; the shipped runs' fits are 2 to 22% off."""
+    import calibrate.logs
+
+    log = _write_log(tmp_path / "run.csv")
+    scenario = scenario_from_dict(SCENARIO)
+    values = calibrate.logs.current_values(scenario, ("base_s",), "ft")
+    # What the command says, not how well it fits: the fit is stubbed.
+    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a:
+                        calibrate.logs.Fit(values, 0.0, 0, {"run": 1.0}))
+    with pytest.warns(UserWarning) as record:
+        assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--out",
+                     str(tmp_path / "c.yaml"), "--system", "ft", "--fit", "base_s",
+                     "--no-leave-one-out"]) == 0
+    assert [str(w.message) for w in record] == [
+        "the fit is poor: its median |error| is 100% on run (more than 50%); check that the "
+        "scenario's system ft (its scheduler, model, hardware and parallelism) is the engine "
+        "that produced the logs"]
