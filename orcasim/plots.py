@@ -234,6 +234,7 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
             load = np.zeros(len(mids_s)) if rows is None else binned_time_average(rows, column, edges_s)
             ax.plot(mids_s, load, label=f"replica {name}" if len(key) == 1 else name,
                     linewidth=1.0, color=colour)
+        _counts_from_zero(ax)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -241,6 +242,14 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
     axes[-1].set_xlabel("simulated time (s)")
     fig.suptitle(f"{title}: load per replica, time averages over {end_s / num_bins:.3g} s windows")
     return fig
+
+
+def _counts_from_zero(ax: Any) -> None:
+    """A panel of counts (requests, tokens) starts at 0 and shows at least one: when nothing
+    ever waited, matplotlib's own limits (-0.055 to 0.055) read as a fraction of a request
+    waiting, or fewer than none."""
+    _, top = ax.get_ylim()
+    ax.set_ylim(0.0, max(1.0, top))
 
 
 def timelines(
@@ -263,6 +272,8 @@ def timelines(
     for ax, column in zip(axes, columns, strict=True):
         for system, rows in iterations.groupby("system", sort=False):
             ax.plot(mids_s, fleet_time_average(rows, column, edges_s), label=str(system), linewidth=1.0)
+        if column in TIMELINE_COLUMNS:  # counts of requests or tokens
+            _counts_from_zero(ax)
         summed = ",\nsummed over replicas" if _has_replicas(iterations) else ""
         ax.set_ylabel(TIMELINE_COLUMNS.get(column, column) + summed)
         ax.grid(alpha=0.3)

@@ -767,3 +767,25 @@ def test_each_replica_s_load_line_has_its_own_colour(num_replicas: int) -> None:
     for ax in fig.axes:
         colours = [to_hex(line.get_color()) for line in ax.get_lines()]
         assert len(colours) == num_replicas and len(set(colours)) == num_replicas, colours
+
+
+def test_replica_load_counts_start_at_zero_and_show_a_whole_request() -> None:
+    """Where nothing ever waited, the 'waiting' panel read -0.055 to 0.055 requests
+    (matplotlib's limits for a flat line at 0): fewer than none, or a twentieth waiting.
+    Both panels now start at 0 and reach at least 1; a busier one keeps its own top."""
+    from orcasim.plots import replica_load
+
+    steps = pd.concat([iterations([(0.0, 1.0, 2), (1.0, 1.0, 3)]).drop(columns="system")
+                       .assign(num_waiting=0, replica=i) for i in range(2)])
+    running, waiting = replica_load(steps, "c").axes[:2]
+    assert waiting.get_ylim() == (0.0, 1.0)
+    assert running.get_ylim()[0] == 0.0 and running.get_ylim()[1] >= 3.0
+
+
+def test_timelines_counts_start_at_zero() -> None:
+    """The same for a lone server's timelines: an empty queue read -0.055 to 0.055."""
+    fig = timelines(iterations([(0.0, 1.0, 2), (1.0, 1.0, 3)]).assign(num_waiting=0,
+                                                                      kv_reserved_tokens=64))
+    batch, queue, kv = fig.axes[:3]
+    assert queue.get_ylim() == (0.0, 1.0)
+    assert batch.get_ylim()[0] == 0.0 and kv.get_ylim()[0] == 0.0 and kv.get_ylim()[1] >= 64
