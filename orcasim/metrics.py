@@ -18,13 +18,17 @@ PERCENTILES = (50, 90, 99)
 def requests_frame(
     requests: Requests, rec: Recorder, rejected_ids: np.ndarray | None = None
 ) -> pd.DataFrame:
-    """One flat row per request, in the documented schema."""
+    """One flat row per request, in the documented schema. A rejected request's latencies
+    are NaN, its timestamps as they happened: one a disaggregated decode instance turned
+    away had its first token from the prefill instance, and its `ttft_s` stood in the frame,
+    in a latency CDF of the served requests, where the summary counts none of it."""
     rejected = np.zeros(len(requests), dtype=bool)
     if rejected_ids is not None:
         rejected[rejected_ids] = True
     output = requests.output_tokens
     e2e = rec.finish_s - requests.arrival_s
     tpot = tpot_s(rec.finish_s - rec.first_token_s, output)
+    served = np.where(rejected, np.nan, 0.0)  # + served: NaN where rejected
     return pd.DataFrame({
         "id": np.arange(len(requests), dtype=np.int64),
         "arrival_s": requests.arrival_s,
@@ -33,8 +37,8 @@ def requests_frame(
         "finish_s": rec.finish_s,
         "prompt_tokens": requests.prompt_tokens,
         "output_tokens": output,
-        "queue_delay_s": rec.first_scheduled_s - requests.arrival_s,
-        "ttft_s": rec.first_token_s - requests.arrival_s,
+        "queue_delay_s": rec.first_scheduled_s - requests.arrival_s + served,
+        "ttft_s": rec.first_token_s - requests.arrival_s + served,
         "tpot_s": tpot,
         "e2e_s": e2e,
         "normalized_latency_s_per_token": e2e / output,

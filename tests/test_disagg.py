@@ -261,6 +261,25 @@ def test_a_pushed_request_the_decode_instance_turns_away_had_moved(tmp_path) -> 
     assert reqs["kv_transfer_s"].tolist() == [0.5, 0.5]
 
 
+@pytest.mark.filterwarnings("ignore:pd.*can never fit")
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_a_request_the_decode_instance_turns_away_has_no_latencies(tmp_path, handoff: str) -> None:  # noqa: ANN001
+    """A turned away at the decode side had its first token from the prefill instance, and
+    its ttft_s and queue_delay_s stood in the frame (in a TTFT CDF of the served requests,
+    where the summary counts none of it), where a request turned away colocated has none.
+    Its timestamps stay as they happened; its latencies are NaN, as the summary reads them."""
+    trace = _trace(tmp_path, [(0.0, 8, 8), (0.0, 8, 2)])
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 12}, decode={"kv_capacity_tokens": 12},
+                      handoff=handoff)
+    result = run_scenario(_scenario(changes)).systems["pd"]
+    reqs = result.requests
+    assert reqs["rejected"].tolist() == [True, False]
+    turned_away, served = reqs.iloc[0], reqs.iloc[1]
+    assert turned_away["first_token_s"] > 0  # the prefill instance's first token, as it was
+    assert np.isnan(turned_away[["ttft_s", "queue_delay_s", "tpot_s", "e2e_s"]].to_numpy(float)).all()
+    assert served["ttft_s"] > 0 and result.summary["ttft_s_mean"] == served["ttft_s"]
+
+
 def test_every_instance_has_a_summary_row_an_idle_one_too(tmp_path) -> None:  # noqa: ANN001
     """One request on 2 prefill and 3 decode instances: one of each runs, prefill [0, 1],
     KV moved by 1.5, decodes [1.5, 2.5] and [2.5, 3.5]. The table has all five instances,
