@@ -119,14 +119,18 @@ def _iteration_stats(it: pd.DataFrame) -> dict[str, float]:
     duration is exact; its peak is `kv_reserved_tokens_max` (frames without it hold one
     reservation a row).
     """
-    n = it["num_iterations"].to_numpy(dtype=np.float64)
+    return {"iterations": float(it["num_iterations"].to_numpy(dtype=np.float64).sum()),
+            "batch_size_mean": batch_size_mean(it), **kv_reserved_stats(it)}
+
+
+def kv_reserved_stats(it: pd.DataFrame) -> dict[str, float]:
+    """KV reserved, weighted by the time it was held, and its peak, over iteration rows
+    (one engine's, or several's pooled: the largest any of them reserved)."""
     dur = it["duration_s"].to_numpy()
     kv = it["kv_reserved_tokens"].to_numpy(dtype=np.float64)
     peak = it["kv_reserved_tokens_max" if "kv_reserved_tokens_max" in it else "kv_reserved_tokens"]
-    total_iters, total_s = n.sum(), dur.sum()
+    total_s = dur.sum()
     return {
-        "iterations": float(total_iters),
-        "batch_size_mean": batch_size_mean(it),
         "kv_reserved_tokens_mean": float((kv * dur).sum() / total_s) if total_s > 0 else 0.0,
         "kv_reserved_tokens_max": float(peak.max()) if len(peak) else 0.0,
     }

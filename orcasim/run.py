@@ -20,7 +20,14 @@ from orcasim.cost import CostModel, build_cost_model, request_latency_s
 from orcasim.cost.catalog import attention_groups
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import build_fleet
-from orcasim.metrics import batch_size_mean, measured_window_s, requests_frame, summarize
+from orcasim.metrics import (
+    batch_size_mean,
+    kv_memory_stats,
+    kv_reserved_stats,
+    measured_window_s,
+    requests_frame,
+    summarize,
+)
 from orcasim.paths import SCENARIO_DIR
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
@@ -393,16 +400,21 @@ def _naming_decode_pool(system: SystemConfig) -> contextlib.AbstractContextManag
 def pool_summaries(iters: pd.DataFrame, window_s: tuple[float, float], warmup_s: float,
                    pool_sizes: dict[str, int]) -> pd.DataFrame:
     """One row per instance of a disaggregated cluster (`pool_sizes[pool]` in each pool, an
-    idle one too): its pool, iterations and busy share of the system's `busy_window_s`."""
+    idle one too): its pool, iterations, busy share of the system's `busy_window_s`, and its
+    own KV figures (the system's summary pools both pools' rows: the prefill instance's peak
+    read as the system's beside a smaller decode pool)."""
     rows = []
     for pool, size in pool_sizes.items():
         mine = iters[iters["pool"] == pool]
         for replica in range(size):
             it = measured_iterations(mine[mine["replica"] == replica], warmup_s)
             busy_s, count = float(it["duration_s"].sum()), float(it["num_iterations"].sum())
+            kv = kv_memory_stats(it)
             rows.append({"pool": pool, "replica": replica, "iterations": count,
                          "busy_fraction": _busy_share(busy_s, window_s),
-                         "batch_size_mean": batch_size_mean(it)})
+                         "batch_size_mean": batch_size_mean(it), **kv_reserved_stats(it),
+                         "kv_utilization_mean": kv["kv_utilization_mean"],
+                         "preemptions": kv["preemptions"]})
     return pd.DataFrame(rows).set_index(["pool", "replica"])
 
 

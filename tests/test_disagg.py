@@ -293,9 +293,25 @@ def test_every_instance_has_a_summary_row_an_idle_one_too(tmp_path) -> None:  # 
                                     ("decode", 2)]
     assert table["iterations"].tolist() == [1.0, 0.0, 2.0, 0.0, 0.0]
     assert np.isnan(table["batch_size_mean"].tolist()[1])
+    assert table["kv_reserved_tokens_max"].tolist()[1] == 0.0  # idle: reserved none
+    assert np.isnan(table["kv_utilization_mean"].tolist()[1])
     assert result.summary["prefill_replicas"] == 2.0 and result.summary["decode_replicas"] == 3.0
     assert result.summary["prefill_busy_fraction"] == pytest.approx((1 / 3.5) / 2, rel=1e-12)
     assert result.summary["decode_busy_fraction"] == pytest.approx((2 / 3.5) / 3, rel=1e-12)
+
+
+def test_each_instance_reports_its_own_kv(tmp_path) -> None:  # noqa: ANN001
+    """The system's KV figures pool both pools' rows: beside a 32-token decode pool its
+    kv_reserved_tokens_max reads the prefill instance's 44 (a tester's finding: 3,648 beside
+    500), and no row said the decode instance's own. Each instance's row now has its KV
+    figures, within its own pool (28 here), and the system's peak is the largest of them."""
+    trace = _trace(tmp_path, [(0.0, 24, 3), (0.0, 20, 3)])
+    changes = _disagg(trace, prefill={"kv_capacity_tokens": 64}, decode={"kv_capacity_tokens": 32})
+    result = run_scenario(_scenario(changes)).systems["pd"]
+    table = result.replicas
+    assert table.loc[("decode", 0), "kv_reserved_tokens_max"] <= 32
+    assert table.loc[("prefill", 0), "kv_reserved_tokens_max"] >= 44  # both prompts at once
+    assert table["kv_reserved_tokens_max"].max() == result.summary["kv_reserved_tokens_max"]
 
 
 def test_one_token_outputs_are_not_a_queue_on_the_decode_side(tmp_path) -> None:  # noqa: ANN001
