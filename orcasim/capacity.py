@@ -60,7 +60,7 @@ from orcasim.scenario import Scenario, apply_params, data_inputs, scenario_from_
 from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import point_name
 from orcasim.sweeps.task import JsonRecord, first_line
-from orcasim.warmup import counted
+from orcasim.warmup import counted, measured_requests
 
 DEFAULT_REL_TOL = 0.02
 DEFAULT_REPLICATIONS = 3
@@ -232,7 +232,7 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
            "in_system_z": s["in_system_z"], "in_system_short": float(short),
            "saturation_admission_rps": s["saturation_admission_rps"],
            "slo_attainment": s["slo_attainment"], "throughput_rps": s["throughput_rps"],
-           "output_tokens_mean": served_tokens_per_request(system.requests)}
+           "output_tokens_mean": served_tokens_per_request(system.requests, scenario.warmup_s)}
     row.update({k: v for k, v in s.items() if k.startswith("slo_") and k not in row})
     return row
 
@@ -259,9 +259,12 @@ def judged_in_system(summary: dict[str, float], replicas: pd.DataFrame | None,
     return z, in_system_window_is_short(requests, warmup_s)
 
 
-def served_tokens_per_request(reqs: pd.DataFrame) -> float:
-    """Output tokens served per request offered: a rejected request serves none (its tokens
-    counted, long requests being the ones rejected, cost per million tokens read 6% low)."""
+def served_tokens_per_request(reqs: pd.DataFrame, warmup_s: float = 0.0) -> float:
+    """Output tokens served per request offered, over the requests a measurement counts
+    (from `warmup_s` on, as the throughput it multiplies): a rejected request serves none
+    (its tokens counted, long requests being the ones rejected, cost per million tokens
+    read 6% low)."""
+    reqs = measured_requests(reqs, warmup_s)
     tokens = reqs["output_tokens"].to_numpy(dtype=np.float64)
     if "rejected" in reqs:
         tokens = np.where(reqs["rejected"].to_numpy(dtype=bool), 0.0, tokens)

@@ -521,3 +521,17 @@ def test_a_fleet_rate_judged_on_a_replica_says_whether_its_window_was_short() ->
     assert cap.judged_in_system({"in_system_z": 2.8}, replicas, requests, 0.0) == (8.4, True)
     assert cap.judged_in_system({"in_system_z": 9.0}, replicas, requests, 0.0) == (9.0, False)
     assert cap.judged_in_system({"in_system_z": 2.8}, None, requests, 0.0) == (2.8, False)
+
+
+def test_served_tokens_per_request_counts_the_measured_requests_only() -> None:
+    """The tokens a request serves multiply the throughput, which counts from the warm-up's
+    end; the requests that arrived before it counted too (here 100 tokens each against 10
+    after it: 55 a request, where the measured window serves 10, or 5 with one rejected)."""
+    from orcasim.capacity import served_tokens_per_request
+
+    reqs = pd.DataFrame({"arrival_s": [0.0, 1.0, 10.0, 11.0],
+                         "output_tokens": [100, 100, 10, 10],
+                         "rejected": [False, False, False, False]})
+    assert served_tokens_per_request(reqs) == 55.0
+    assert served_tokens_per_request(reqs, warmup_s=5.0) == 10.0
+    assert served_tokens_per_request(reqs.assign(rejected=[False, False, True, False]), 5.0) == 5.0
