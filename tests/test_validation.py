@@ -265,3 +265,30 @@ def test_moving_the_splitwise_scenario_warns_of_nothing() -> None:
         warnings.simplefilter("error")
         for tp, gpu in ((2, None), (4, None), (8, None), (2, "h100-80gb")):
             at_tensor_parallel(scenario, tp, gpu)
+
+
+@pytest.mark.parametrize("setup", ["vllm", "distserve"])
+def test_leave_one_out_refits_the_records_terms_from_the_defaults(setup: str) -> None:
+    """scenarios/validation/leave_one_out.py scores each run on a fit of the other three from
+    the overhead's defaults: the terms it fits are its record's (the calibration it stands
+    beside), every fitted term starts at OverheadConfig's default (TP 1: no multi-process
+    term), and its committed record holds all four runs."""
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, str(ROOT))
+    from orcasim.cost.overhead import OverheadConfig
+    from scenarios.validation.leave_one_out import SETUPS, from_defaults
+
+    path, runs, parameters = SETUPS[setup]
+    record = yaml.safe_load((ROOT / "results" / "validation" / f"{setup}_calibration.yaml").read_text())
+    assert set(parameters) == set(record["calibration"]["parameters"])
+    scenario = from_defaults(load_scenario(path))
+    start = scenario.system_cost(scenario.systems[0]).overhead
+    defaults = OverheadConfig(tensor_parallel_per_iteration_s=0.0)
+    for dotted in parameters:
+        name = dotted.removeprefix("overhead.")
+        assert getattr(start, name) == getattr(defaults, name), dotted
+    honest = yaml.safe_load((ROOT / "results" / "validation" / f"{setup}_leave_one_out.yaml").read_text())
+    assert sorted(honest["left_out"]) == sorted(Path(r).stem for r in runs)
