@@ -92,7 +92,11 @@ def test_the_orcasim_csv_keeps_what_it_measured(tmp_path: Path) -> None:
 ], ids=["derived TPOT in ms", "given TPOT in ms", "E2E in ms", "E2E of 1e300"])
 def test_latencies_no_server_gives_in_seconds_are_refused(tmp_path: Path, text: str,
                                                           message: str) -> None:
-    path = tmp_path / "ms.csv"
+    _refused(tmp_path / "ms.csv", text, message)
+
+
+def _refused(path: Path, text: str, message: str) -> None:
+    """A log of these columns and rows (after the arrival and length columns) is refused so."""
     path.write_text("arrival_s,prompt_tokens,output_tokens," + text)
     with pytest.raises(ValueError, match=message):
         read_measurements(str(path))
@@ -110,9 +114,7 @@ def test_a_one_token_request_with_a_second_token_is_refused(tmp_path: Path, text
                                                             message: str) -> None:
     """Both were accepted: the TPOT dropped unread, the E2E fitted as a decode no token made."""
     path = tmp_path / "run.csv"
-    path.write_text("arrival_s,prompt_tokens,output_tokens," + text)
-    with pytest.raises(ValueError, match=message):
-        read_measurements(str(path))
+    _refused(path, text, message)
     # A stream's closing chunk a few ms after its one token, and a TPOT of 0, are fine.
     path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
                     "0,10,5,0.1,0.1,0.5\n1,10,1,0.2,0,0.203\n")
