@@ -28,7 +28,6 @@ def requests_frame(
     output = requests.output_tokens
     e2e = rec.finish_s - requests.arrival_s
     tpot = tpot_s(rec.finish_s - rec.first_token_s, output)
-    served = np.where(rejected, np.nan, 0.0)  # + served: NaN where rejected
     return pd.DataFrame({
         "id": np.arange(len(requests), dtype=np.int64),
         "arrival_s": requests.arrival_s,
@@ -37,8 +36,8 @@ def requests_frame(
         "finish_s": rec.finish_s,
         "prompt_tokens": requests.prompt_tokens,
         "output_tokens": output,
-        "queue_delay_s": rec.first_scheduled_s - requests.arrival_s + served,
-        "ttft_s": rec.first_token_s - requests.arrival_s + served,
+        "queue_delay_s": np.where(rejected, np.nan, rec.first_scheduled_s - requests.arrival_s),
+        "ttft_s": np.where(rejected, np.nan, rec.first_token_s - requests.arrival_s),
         "tpot_s": tpot,
         "e2e_s": e2e,
         "normalized_latency_s_per_token": e2e / output,
