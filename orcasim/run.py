@@ -381,6 +381,9 @@ def run_disaggregated(
     for pool, rows in per_replica.groupby("pool"):
         summary[f"{pool}_busy_fraction"] = float(rows["busy_fraction"].mean())
         summary[f"{pool}_replicas"] = float(len(rows))
+        # The system's kv_reserved_tokens_max is the largest of both pools' instances (a
+        # prefill instance's beside a smaller decode pool): each pool's own, too.
+        summary[f"{pool}_kv_reserved_tokens_max"] = float(rows["kv_reserved_tokens_max"].max())
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),

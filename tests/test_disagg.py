@@ -312,6 +312,8 @@ def test_each_instance_reports_its_own_kv(tmp_path) -> None:  # noqa: ANN001
     assert table.loc[("decode", 0), "kv_reserved_tokens_max"] <= 32
     assert table.loc[("prefill", 0), "kv_reserved_tokens_max"] >= 44  # both prompts at once
     assert table["kv_reserved_tokens_max"].max() == result.summary["kv_reserved_tokens_max"]
+    assert result.summary["decode_kv_reserved_tokens_max"] == table.loc[("decode", 0), "kv_reserved_tokens_max"]
+    assert result.summary["prefill_kv_reserved_tokens_max"] == table.loc[("prefill", 0), "kv_reserved_tokens_max"]
 
 
 def test_one_token_outputs_are_not_a_queue_on_the_decode_side(tmp_path) -> None:  # noqa: ANN001
