@@ -123,7 +123,8 @@ class BridgeSource(ArrivalSource):
 
     def __init__(self, num_requests: int, inner: ArrivalSource,
                  on_delivered: Callable[[int, float], None],
-                 on_copied: Callable[[Sequence[tuple[int, float]], float], None],
+                 on_copied: Callable[[Sequence[tuple[int, float]], float],
+                                     tuple[tuple[int, float], ...]],
                  on_turned_away: Callable[[list[int], float], None],
                  frees_on_rejection: bool = False) -> None:
         self.arrival_s = np.full(num_requests, np.nan)
@@ -171,8 +172,9 @@ class BridgeSource(ArrivalSource):
         self.on_turned_away(ids, time_s)  # a pulled request's KV is freed on the prefill side
         self.inner.on_rejected(ids, time_s)  # not answered: as colocated
 
-    def on_pulled(self, pulled: Sequence[tuple[int, float]], time_s: float) -> None:
-        self.on_copied(pulled, time_s)
+    def on_pulled(self, pulled: Sequence[tuple[int, float]],
+                  time_s: float) -> tuple[tuple[int, float], ...]:
+        return self.on_copied(pulled, time_s)
 
 
 class KvReleases(ArrivalSource):
@@ -243,8 +245,9 @@ class DisaggregatedFleet:
         self.prefill_replica = np.full(n, -1, dtype=np.int64)
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.kv_transfer_s = np.full(n, np.nan)
-        # Pushed: when each instance's link is next free (by `Replica.index`). A push holds
-        # the sender's and the receiver's link for its bytes; the latency overlaps.
+        # When each instance's link is next free (by `Replica.index`). A push holds the
+        # sender's and the receiver's link for its bytes; the latency overlaps. A pull holds
+        # the sender's (the receiver's copies run one after another in its own iteration).
         self.link_free_s = [0.0] * (len(self.prefill) + len(self.decode))
         self.bridge = BridgeSource(n, self.source, self._delivered, self._copying,
                                    self._turned_away, frees_on_rejection=self.pull)
@@ -308,15 +311,31 @@ class DisaggregatedFleet:
         if not self.pull:  # pushed: the KV has moved
             self._release_prefill(req_id, time_s, wake=True)
 
-    def _copying(self, pulled: Sequence[tuple[int, float]], start_s: float) -> None:
+    def _copying(self, pulled: Sequence[tuple[int, float]],
+                 start_s: float) -> tuple[tuple[int, float], ...]:
         """A decode iteration starting at `start_s`, where they were admitted, pulls these
-        requests' KV in, one copy after another: each one's handoff is from its admission to
-        its copy's end, the wait behind the copies before it included, as a push's includes
-        its wait for the link (it was the copy alone: a request that waited 0.15 s behind
-        another's copy lost those seconds from every column; a tester's finding)."""
-        for req_id, end_offset_s in pulled:
+        requests' KV in, one copy after another, each once its sender's link is free: a
+        prefill instance's link moves one copy at a time, whichever decode instance pulls
+        (as a push holds it; two decode instances pulling from one prefill instance at once
+        each had its whole bandwidth). Returns each copy's end, seconds after `start_s`:
+        `pulled`'s own where no copy waits for a link, bit for bit.
+
+        Each one's handoff is from its admission to its copy's end, the waits behind the
+        copies before it and for the link included, as a push's includes its wait for the
+        link (it was the copy alone: a request that waited 0.15 s behind another's copy lost
+        those seconds from every column; a tester's finding)."""
+        free = self.link_free_s
+        placed, end_offset_s = [], 0.0
+        for req_id, _ in pulled:
+            sender = int(self.prefill_replica[req_id])
+            # In offsets from start_s, so that copies that never wait add up as take_pulled's.
+            start_offset_s = max(end_offset_s, free[sender] - start_s)
+            end_offset_s = start_offset_s + self.transfer_s(req_id)
+            free[sender] = start_s + start_offset_s + self.link_busy_s(req_id)
+            placed.append((req_id, end_offset_s))
             self.kv_transfer_s[req_id] = end_offset_s
             self.releases.push(start_s + end_offset_s, req_id)
+        return tuple(placed)
 
     def _copied(self, req_id: int, time_s: float) -> None:
         self._release_prefill(req_id, time_s, wake=True)

@@ -60,7 +60,7 @@ class GenericStepper:
         self.continuing = False
         plan = self.scheduler.schedule(now_s)
         if plan.pulled:  # KV pulled in from prefill instances: they free it as copies end
-            self.replica.source.on_pulled(plan.pulled, now_s)
+            plan = self._placed_pulls(plan, now_s)
         if plan.is_empty:
             self.wake_s = plan.wake_at_s
             return None
@@ -165,6 +165,15 @@ class GenericStepper:
             ends_s[head:], outside = self.cost.decode_steps_outside(run.context_tokens, run.num_steps)
         # Running sums in order: the same float additions as one iteration at a time.
         return np.add.accumulate(ends_s)[1:], outside  # a new array: in place is slower
+
+    def _placed_pulls(self, plan: SchedulerOutput, now_s: float) -> SchedulerOutput:
+        """`plan` with its pulled copies as the links place them: a copy that waits for a
+        busy sender's link makes the iteration wait longer."""
+        placed = self.replica.source.on_pulled(plan.pulled, now_s)
+        wait_s = placed[-1][1] - plan.pulled[-1][1]
+        if wait_s == 0.0:
+            return plan
+        return dataclasses.replace(plan, pulled=placed, copy_time_s=plan.copy_time_s + wait_s)
 
     def _plan_time_s(self, plan: SchedulerOutput) -> float:
         """One iteration of `plan`, with the KV copying it waits for (swaps, pulled KV)."""

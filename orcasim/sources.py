@@ -53,10 +53,13 @@ class ArrivalSource:
     def on_finished(self, req_ids: Iterable[int], time_s: float) -> None:
         """Requests done (or turned away) at `time_s`: nothing follows in an open loop."""
 
-    def on_pulled(self, pulled: Sequence[tuple[int, float]], time_s: float) -> None:
+    def on_pulled(self, pulled: Sequence[tuple[int, float]],
+                  time_s: float) -> tuple[tuple[int, float], ...]:
         """KV pulled in by an iteration that starts at `time_s`: each request with the
-        seconds after it at which its copy ends. Only a disaggregated cluster's decode
-        instances pull (`orcasim.disagg.BridgeSource`); an arrival elsewhere has its KV."""
+        seconds after it at which its copy ends, one after another on an idle link. Returns
+        the same copies placed on the links as they are (a sender's link moves one copy at a
+        time), which the iteration waits for. Only a disaggregated cluster's decode instances
+        pull (`orcasim.disagg.BridgeSource`); an arrival elsewhere has its KV."""
         raise NotImplementedError(f"{type(self).__name__} delivers no KV to pull")
 
     def on_rejected(self, req_ids: Iterable[int], time_s: float) -> None:

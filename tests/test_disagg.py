@@ -1065,3 +1065,25 @@ def test_a_rejection_names_the_pool_s_instance(tmp_path) -> None:  # noqa: ANN00
         result = run_scenario(scenario).systems["pd"]
     assert result.requests["decode_replica"].tolist() == [0, 0]
     assert result.requests["rejected"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_two_decode_instances_share_the_prefill_instance_s_link_by_hand(tmp_path, mode: str,  # noqa: ANN001
+                                                                        handoff: str) -> None:
+    """One prefill instance, two decode instances (round robin): both prompts prefilled in
+    [0, 1], each KV 0.5 s of bytes on the link, no latency. The sender's link carries one copy
+    at a time, pushed or pulled: A's KV lands at 1.5, B's at 2.0. Pulled, each decode
+    instance copied at the sender's full bandwidth at once, and B's read 0.5 s, as if the
+    prefill instance had two links (its copy's wait behind A's was in no column)."""
+    trace = _trace(tmp_path, [(0.0, 4, 4), (0.0, 4, 4)])
+    kv_bytes = 4 * 819_200  # OPT-13B's whole KV for 4 tokens (no hardware: one GPU's share)
+    changes = _disagg(trace, mode=mode, handoff=handoff,
+                      decode={"count": 2, "router": {"kind": "round_robin"}},
+                      link={"latency_s": 0.0, "bandwidth_bytes_per_s": kv_bytes / 0.5})
+    changes["model"] = "opt-13b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["decode_replica"].tolist() == [0, 1]
+    assert reqs["kv_transfer_s"].tolist() == [0.5, 1.0]
+    # Pushed, B arrives when its copy ends; pulled, B's first decode waits for its copy.
+    assert reqs["finish_s"].tolist() == [4.5, 5.0]
