@@ -348,6 +348,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
         leave_one_out,
         poor_fit,
         read_logs,
+        spread_terms,
         unidentified_terms,
         write_calibrated,
     )
@@ -382,6 +383,8 @@ def cmd_logs(args: argparse.Namespace) -> None:
         warnings.warn(poor, UserWarning, stacklevel=2)
     if args.loo and len(logs) > 1:
         leave_one_out(scenario, logs, system, result, parameters, base_dir)
+        for said in spread_terms(result):
+            warnings.warn(said, UserWarning, stacklevel=2)
     write_calibrated(args.out, scenario, logs, system, result, args.set, args.force)
     print(yaml.safe_dump({"parameters": result.parameters, "error_fitted": result.fitted_errors,
                           "error_left_out": result.left_out_errors}, sort_keys=False), end="")

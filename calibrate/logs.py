@@ -660,6 +660,33 @@ def poor_fit(result: Fit, system: str) -> str | None:
             "model, hardware and parallelism) is the engine that produced the logs")
 
 
+# Left-out fits more than this factor apart (or from the fit on all logs) leave a term's value
+# undetermined. The shipped vLLM runs' per-iteration term, refitted from the defaults without
+# each run in turn, ranged from 0.91 to 4.84 ms: it trades off with the per-request term.
+SPREAD_FACTOR = 2.0
+
+
+def spread_terms(result: Fit) -> list[str]:
+    """A line for each fitted term whose left-out fits (`leave_one_out`) range more than
+    `SPREAD_FACTOR` apart, the fit on all logs included: the logs fix what the terms predict
+    together, not that term's value. Empty without left-out fits."""
+    said = []
+    for name, value in result.parameters.items():
+        left_out = [params[name] for params in result.left_out_parameters.values()
+                    if name in params]
+        if not left_out:
+            continue
+        low, high = min(value, *left_out), max(value, *left_out)
+        if high > 0 and (low <= 0 or high / low > SPREAD_FACTOR):
+            said.append(
+                f"{name} is not pinned down by these logs: {value:.3g} fitted on all of them, "
+                f"{min(left_out):.3g} to {max(left_out):.3g} with one left out (more than "
+                f"{SPREAD_FACTOR:g}x apart); it trades off with the other terms, so trust what "
+                "the fit predicts near these logs, not this term's value alone (fit fewer "
+                "terms with --fit, or add logs of other loads)")
+    return said
+
+
 def recorded_path(path: Path) -> str:
     """A log's path as the record keeps it: one of orcasim's shipped data by its name there
     (found from anywhere; the committed record held this machine's /work/main/... paths, a
