@@ -391,6 +391,9 @@ def test_distserve_s_decode_instance_accepts_then_joins_by_hand(tmp_path, mode: 
     assert reqs["first_token_s"].tolist() == [1.0, 1.0]
     expected = {"mixed": ([5.0, 3.0], [0.0, 0.0]), "distserve_decode": ([5.0, 6.0], [0.0, 4.0])}
     assert (reqs["finish_s"].tolist(), reqs["decode_wait_s"].tolist()) == expected[policy]
+    # DistServe's B is copied as it is accepted, [2.5, 3.0], inside its decode_wait_s [1, 5].
+    expected_copy_s = {"mixed": [0.5, 1.0], "distserve_decode": [0.5, 0.5]}
+    assert reqs["kv_transfer_s"].tolist() == expected_copy_s[policy]
 
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])
