@@ -314,7 +314,8 @@ class DisaggregatedFleet:
     def _copying(self, pulled: Sequence[tuple[int, float]],
                  start_s: float) -> tuple[tuple[int, float], ...]:
         """A decode iteration starting at `start_s`, where they were admitted, pulls these
-        requests' KV in, one copy after another, each once its sender's link is free: a
+        requests' KV in, one copy after another, each after the copies already placed on its
+        sender's link (an idle stretch before a later one stays unused; README, Clusters): a
         prefill instance's link moves one copy at a time, whichever decode instance pulls
         (as a push holds it; two decode instances pulling from one prefill instance at once
         each had its whole bandwidth). Returns each copy's end, seconds after `start_s`:

@@ -1090,3 +1090,52 @@ def test_two_decode_instances_share_the_prefill_instance_s_link_by_hand(tmp_path
     assert reqs["kv_transfer_s"].tolist() == [0.5, 1.0]
     # Pushed, B arrives when its copy ends; pulled, B's first decode waits for its copy.
     assert reqs["finish_s"].tolist() == [4.5, 5.0]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_a_link_is_next_free_after_its_last_placed_copy_by_hand(tmp_path, mode: str,  # noqa: ANN001
+                                                                handoff: str) -> None:
+    """The model's limit, not physics: a link keeps one time at which it is next free, the
+    end of the last copy placed on it. Two prefill and two decode instances (round robin),
+    all prefilled in [0, 1]; A (16 tokens, 2 s of KV) from prefill 0 and D (4, 0.5 s) from
+    prefill 1 go to decode 0, B (4) from prefill 1 to decode 1 (C's one token ends at its
+    prefill). Pulled, decode 0 plans first: A on prefill 0's link [1, 3], D on prefill 1's
+    [3, 3.5]; B, on decode 1 at 1, then waits for prefill 1's link until 3.5 (its copy ends
+    at 4.0: 3.0 s), though that link is idle until 3. Pushed, B goes first on prefill 1's
+    link [1, 1.5] and D waits for decode 0's, which A holds until 3 (2.5 s)."""
+    trace = _trace(tmp_path, [(0.0, 16, 3), (0.0, 4, 3), (0.0, 4, 1), (0.0, 4, 3)])
+    kv_bytes = 4 * 819_200  # OPT-13B's whole KV for 4 tokens (no hardware: one GPU's share)
+    changes = _disagg(trace, mode=mode, handoff=handoff, prefill={"count": 2},
+                      decode={"count": 2, "router": {"kind": "round_robin"}},
+                      link={"latency_s": 0.0, "bandwidth_bytes_per_s": kv_bytes / 0.5})
+    changes["model"] = "opt-13b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["prefill_replica"].tolist() == [0, 1, 0, 1]
+    assert reqs["decode_replica"].tolist() == [0, 1, -1, 0]
+    expected = {"pull": [2.0, 3.0, 2.5], "push": [2.0, 0.5, 2.5]}
+    assert reqs["kv_transfer_s"].dropna().tolist() == expected[handoff]
+
+
+@pytest.mark.filterwarnings("ignore:.*its own hardware changes only its KV capacity")
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_the_wider_instance_s_link_is_held_for_the_largest_shard_by_hand(tmp_path,  # noqa: ANN001
+                                                                         handoff: str) -> None:
+    """The model's limit, not physics: a copy holds both instances' links for the largest
+    shard's time. A tensor-parallel-4 prefill instance sends each of two tensor-parallel-1
+    decode instances a whole KV (0.5 s on one decode GPU's link), a quarter from each of its
+    GPUs; the two copies still go one after the other on its link (0.5, then 1.0 s), though
+    its GPUs' links carry half their bandwidth with both at once."""
+    trace = _trace(tmp_path, [(0.0, 4, 3), (0.0, 4, 3)])
+    kv_bytes = 4 * 819_200  # OPT-13B's whole KV for 4 tokens: one decode GPU holds it all
+    hardware = {"gpu": "a100-80gb", "tensor_parallel": 4}
+    changes = _disagg(trace, handoff=handoff,
+                      prefill={"hardware": hardware, "kv_capacity_tokens": 1000},
+                      decode={"count": 2, "router": {"kind": "round_robin"},
+                              "hardware": {**hardware, "tensor_parallel": 1},
+                              "kv_capacity_tokens": 1000},
+                      link={"latency_s": 0.0, "bandwidth_bytes_per_s": kv_bytes / 0.5})
+    changes["model"] = "opt-13b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["decode_replica"].tolist() == [0, 1]
+    assert reqs["kv_transfer_s"].tolist() == [0.5, 1.0]
