@@ -44,6 +44,7 @@ prompts share) and, for a session workload, the rows its source writes as calls 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import warnings
@@ -203,6 +204,38 @@ class KvReleases(ArrivalSource):
         return []
 
 
+class LinkSchedule:
+    """When each instance's link is busy: the copies placed on it so far, as intervals.
+
+    A copy takes the earliest time at or after it is ready at which all its links are free
+    for its bytes, gaps between copies placed earlier included: a pulled copy is placed when
+    its decode iteration starts, the iteration's later copies behind it, so a link may hold
+    a copy that starts later than one placed after it (with one next-free time per link, a
+    copy ready at 1 s waited behind another placed at [3, 3.5] on an idle link; a tester's
+    finding). Copies are placed in the clock's order, so intervals that end by the time of a
+    placement are dropped."""
+
+    def __init__(self, num_links: int) -> None:
+        self.busy: list[list[tuple[float, float]]] = [[] for _ in range(num_links)]
+
+    def place(self, links: tuple[int, ...], now_s: float, ready_s: float, busy_s: float) -> float:
+        """At `now_s`, reserve `busy_s` seconds on every one of `links` from the earliest start
+        at or after `ready_s` (not before `now_s`) that they all have free; that start. Where
+        nothing is in the way, `ready_s` itself, bit for bit."""
+        for k in links:  # not by ready_s: a copy placed later may be ready sooner
+            self.busy[k] = [(a, b) for a, b in self.busy[k] if b > now_s]
+        start_s, moved = ready_s, True
+        while moved:  # each move passes an interval that overlapped: it ends
+            moved = False
+            for k in links:
+                for a, b in self.busy[k]:
+                    if a < start_s + busy_s and start_s < b:
+                        start_s, moved = b, True
+        for k in links:
+            bisect.insort(self.busy[k], (start_s, start_s + busy_s))
+        return start_s
+
+
 def prefill_view(requests: Requests, source: ArrivalSource) -> Requests:
     """The requests as a prefill instance sees them: the prompt, then one token. Their
     content goes with them: a prefix cache on the prefill side finds what prompts share.
@@ -245,10 +278,9 @@ class DisaggregatedFleet:
         self.prefill_replica = np.full(n, -1, dtype=np.int64)
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.kv_transfer_s = np.full(n, np.nan)
-        # When each instance's link is next free (by `Replica.index`). A push holds the
-        # sender's and the receiver's link for its bytes; the latency overlaps. A pull holds
-        # the sender's (the receiver's copies run one after another in its own iteration).
-        self.link_free_s = [0.0] * (len(self.prefill) + len(self.decode))
+        # Each instance's link (by `Replica.index`): a copy holds the sender's and the
+        # receiver's for its bytes; the latency overlaps.
+        self.links = LinkSchedule(len(self.prefill) + len(self.decode))
         self.bridge = BridgeSource(n, self.source, self._delivered, self._copying,
                                    self._turned_away, frees_on_rejection=self.pull)
         self.releases = KvReleases(self._copied)
@@ -299,13 +331,10 @@ class DisaggregatedFleet:
 
     def _link_start_s(self, req_id: int, decode: Replica, time_s: float) -> float:
         """When a push from `req_id`'s prefill instance to `decode`, ready at `time_s`,
-        starts: once both instances' links are free (pushes at once share them, one after
-        another, in the order the prefills ended). It holds them for its bytes."""
+        starts: once both instances' links are free for its bytes (pushes at once share
+        them, one after another, in the order the prefills ended)."""
         sender, receiver = int(self.prefill_replica[req_id]), decode.index
-        free = self.link_free_s
-        start_s = max(time_s, free[sender], free[receiver])
-        free[sender] = free[receiver] = start_s + self.link_busy_s(req_id)
-        return start_s
+        return self.links.place((sender, receiver), time_s, time_s, self.link_busy_s(req_id))
 
     def _delivered(self, req_id: int, time_s: float) -> None:
         if not self.pull:  # pushed: the KV has moved
@@ -314,25 +343,25 @@ class DisaggregatedFleet:
     def _copying(self, pulled: Sequence[tuple[int, float]],
                  start_s: float) -> tuple[tuple[int, float], ...]:
         """A decode iteration starting at `start_s`, where they were admitted, pulls these
-        requests' KV in, one copy after another, each after the copies already placed on its
-        sender's link (an idle stretch before a later one stays unused; README, Clusters): a
-        prefill instance's link moves one copy at a time, whichever decode instance pulls
-        (as a push holds it; two decode instances pulling from one prefill instance at once
-        each had its whole bandwidth). Returns each copy's end, seconds after `start_s`:
-        `pulled`'s own where no copy waits for a link, bit for bit.
+        requests' KV in, one copy after another, each when its links are free
+        (`LinkSchedule`): a prefill instance's link moves one copy at a time, whichever
+        decode instance pulls, as a push holds it (two decode instances pulling from one
+        prefill instance at once each had its whole bandwidth). Returns each copy's end,
+        seconds after `start_s`: `pulled`'s own where no copy waits for a link, bit for bit.
 
         Each one's handoff is from its admission to its copy's end, the waits behind the
         copies before it and for the link included, as a push's includes its wait for the
         link (it was the copy alone: a request that waited 0.15 s behind another's copy lost
         those seconds from every column; a tester's finding)."""
-        free = self.link_free_s
         placed, end_offset_s = [], 0.0
         for req_id, _ in pulled:
-            sender = int(self.prefill_replica[req_id])
+            links = (int(self.prefill_replica[req_id]), self.decode[int(self.decode_replica[req_id])].index)
+            ready_s = start_s + end_offset_s
+            link_start_s = self.links.place(links, start_s, ready_s, self.link_busy_s(req_id))
             # In offsets from start_s, so that copies that never wait add up as take_pulled's.
-            start_offset_s = max(end_offset_s, free[sender] - start_s)
-            end_offset_s = start_offset_s + self.transfer_s(req_id)
-            free[sender] = start_s + start_offset_s + self.link_busy_s(req_id)
+            if link_start_s != ready_s:
+                end_offset_s = link_start_s - start_s
+            end_offset_s += self.transfer_s(req_id)
             placed.append((req_id, end_offset_s))
             self.kv_transfer_s[req_id] = end_offset_s
             self.releases.push(start_s + end_offset_s, req_id)

@@ -1094,16 +1094,16 @@ def test_two_decode_instances_share_the_prefill_instance_s_link_by_hand(tmp_path
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])
 @pytest.mark.parametrize("handoff", ["push", "pull"])
-def test_a_link_is_next_free_after_its_last_placed_copy_by_hand(tmp_path, mode: str,  # noqa: ANN001
-                                                                handoff: str) -> None:
-    """The model's limit, not physics: a link keeps one time at which it is next free, the
-    end of the last copy placed on it. Two prefill and two decode instances (round robin),
-    all prefilled in [0, 1]; A (16 tokens, 2 s of KV) from prefill 0 and D (4, 0.5 s) from
-    prefill 1 go to decode 0, B (4) from prefill 1 to decode 1 (C's one token ends at its
-    prefill). Pulled, decode 0 plans first: A on prefill 0's link [1, 3], D on prefill 1's
-    [3, 3.5]; B, on decode 1 at 1, then waits for prefill 1's link until 3.5 (its copy ends
-    at 4.0: 3.0 s), though that link is idle until 3. Pushed, B goes first on prefill 1's
-    link [1, 1.5] and D waits for decode 0's, which A holds until 3 (2.5 s)."""
+def test_a_copy_takes_an_idle_stretch_of_its_link_by_hand(tmp_path, mode: str,  # noqa: ANN001
+                                                          handoff: str) -> None:
+    """Two prefill and two decode instances (round robin), all prefilled in [0, 1]; A (16
+    tokens, 2 s of KV) from prefill 0 and D (4, 0.5 s) from prefill 1 go to decode 0, B (4)
+    from prefill 1 to decode 1 (C's one token ends at its prefill). Pulled, decode 0 plans
+    first: A on prefill 0's link [1, 3], D on prefill 1's [3, 3.5]; B, on decode 1 at 1,
+    takes prefill 1's link while it is idle, [1, 1.5], as pushed. With one next-free time
+    per link B waited until 3.5 behind D, placed earlier but later in time (kv_transfer_s
+    3.0 s, finished at 6.0; a tester's finding). Pushed, B goes first on prefill 1's link and
+    D waits for decode 0's, which A holds until 3 (2.5 s)."""
     trace = _trace(tmp_path, [(0.0, 16, 3), (0.0, 4, 3), (0.0, 4, 1), (0.0, 4, 3)])
     kv_bytes = 4 * 819_200  # OPT-13B's whole KV for 4 tokens (no hardware: one GPU's share)
     changes = _disagg(trace, mode=mode, handoff=handoff, prefill={"count": 2},
@@ -1113,8 +1113,10 @@ def test_a_link_is_next_free_after_its_last_placed_copy_by_hand(tmp_path, mode: 
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["prefill_replica"].tolist() == [0, 1, 0, 1]
     assert reqs["decode_replica"].tolist() == [0, 1, -1, 0]
-    expected = {"pull": [2.0, 3.0, 2.5], "push": [2.0, 0.5, 2.5]}
-    assert reqs["kv_transfer_s"].dropna().tolist() == expected[handoff]
+    assert reqs["kv_transfer_s"].dropna().tolist() == [2.0, 0.5, 2.5]
+    # B's two decodes after its copy: [1.5, 2.5] and [2.5, 3.5] (pulled, its first
+    # iteration [1, 2.5] waits for the copy).
+    assert reqs["finish_s"][1] == 3.5
 
 
 @pytest.mark.filterwarnings("ignore:.*its own hardware changes only its KV capacity")
@@ -1139,3 +1141,24 @@ def test_the_wider_instance_s_link_is_held_for_the_largest_shard_by_hand(tmp_pat
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["decode_replica"].tolist() == [0, 1]
     assert reqs["kv_transfer_s"].tolist() == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_push_takes_an_idle_stretch_before_one_that_waits_by_hand(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """Two prefill and two decode instances (round robin), 1 s iterations, 0.5 s of KV per 4
+    tokens. A (16 tokens) from prefill 0 holds decode 0's link [1, 3]; X from prefill 1 goes
+    to decode 1 [1, 1.5]. B and W are prefilled together on prefill 1 in [1, 2] (Y and Z, one
+    token each, end at prefill 0): B goes to decode 0 and waits for A's copy, [3, 3.5] on
+    prefill 1's link; W goes to decode 1, whose link is free, and takes prefill 1's while it
+    is idle, [2, 2.5]. With one next-free time per link W waited behind B until 3.5 (2.0 s)."""
+    rows = [(0.0, 16, 3), (0.0, 4, 3), (0.5, 4, 1), (0.5, 4, 3), (0.5, 4, 1), (0.5, 4, 3)]
+    trace = _trace(tmp_path, rows)
+    kv_bytes = 4 * 819_200  # OPT-13B's whole KV for 4 tokens (no hardware: one GPU's share)
+    changes = _disagg(trace, mode=mode, handoff="push", prefill={"count": 2},
+                      decode={"count": 2, "router": {"kind": "round_robin"}},
+                      link={"latency_s": 0.0, "bandwidth_bytes_per_s": kv_bytes / 0.5})
+    changes["model"] = "opt-13b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["prefill_replica"].tolist() == [0, 1, 0, 1, 0, 1]
+    assert reqs["decode_replica"].tolist() == [0, 1, -1, 0, -1, 1]
+    assert reqs["kv_transfer_s"].dropna().tolist() == [2.0, 0.5, 1.5, 0.5]
