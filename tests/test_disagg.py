@@ -1162,3 +1162,30 @@ def test_a_push_takes_an_idle_stretch_before_one_that_waits_by_hand(tmp_path, mo
     assert reqs["prefill_replica"].tolist() == [0, 1, 0, 1, 0, 1]
     assert reqs["decode_replica"].tolist() == [0, 1, -1, 0, -1, 1]
     assert reqs["kv_transfer_s"].dropna().tolist() == [2.0, 0.5, 1.5, 0.5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=2, unique=True),
+                          st.floats(0.0, 2.0), st.floats(0.0, 3.0), st.floats(0.0, 1.5)),
+                min_size=1, max_size=25))
+def test_a_link_schedule_places_each_copy_in_the_earliest_free_stretch(copies) -> None:  # noqa: ANN001
+    """Copies placed in the clock's order (`now` never goes back; each ready at or after it):
+    no link holds two at once, none starts before it is ready, and each starts at the
+    earliest time its links are all free (no earlier candidate, its ready time or the end
+    of a copy in the way, would do)."""
+    from orcasim.disagg import LinkSchedule
+
+    links, placed, now_s = LinkSchedule(4), [], 0.0
+    for which, step_s, wait_s, busy_s in copies:
+        now_s += step_s
+        ready_s = now_s + wait_s
+        start_s = links.place(tuple(which), now_s, ready_s, busy_s)
+        assert start_s >= ready_s
+
+        def free(t: float, which=which, busy_s=busy_s, placed=placed) -> bool:  # noqa: ANN001
+            return all(not (a < t + busy_s and t < b) for k, a, b in placed if k in which)
+
+        assert free(start_s)
+        earlier = [ready_s] + [b for k, _, b in placed if k in which and ready_s <= b < start_s]
+        assert not any(free(t) for t in earlier if t < start_s)
+        placed = placed + [(k, start_s, start_s + busy_s) for k in which]
