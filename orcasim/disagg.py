@@ -204,36 +204,51 @@ class KvReleases(ArrivalSource):
         return []
 
 
-class LinkSchedule:
-    """When each instance's link is busy: the copies placed on it so far, as intervals.
+# Shares of a link's bandwidth that add up past 1 by rounding alone (a quarter four times).
+SHARE_TOL = 1e-12
 
-    A copy takes the earliest time at or after it is ready at which all its links are free
-    for its bytes, gaps between copies placed earlier included: a pulled copy is placed when
-    its decode iteration starts, the iteration's later copies behind it, so a link may hold
-    a copy that starts later than one placed after it (with one next-free time per link, a
-    copy ready at 1 s waited behind another placed at [3, 3.5] on an idle link; a tester's
-    finding). Copies are placed in the clock's order, so intervals that end by the time of a
-    placement are dropped."""
+
+class LinkSchedule:
+    """When each instance's link is busy: the copies placed on it so far, each with the share
+    of its bandwidth the copy takes, as intervals.
+
+    A copy moves for as long as its largest shard takes (`link_busy_s`); an instance's GPUs
+    each carry their own shard, so the wider instance's link is held only at the share its
+    GPUs' shards are of the largest: a tensor-parallel-4 prefill instance sends a
+    tensor-parallel-1 decode instance a quarter from each GPU, and four such copies go at
+    once (each held its link whole: they went one after another, 0.5 then 1.0 s; the
+    disaggregation tester's finding). A copy takes the earliest time at or after it is ready
+    at which every link it holds has its share free throughout, gaps between copies placed
+    earlier included (with one next-free time per link, a copy ready at 1 s waited behind
+    another placed at [3, 3.5] on an idle link; the same tester's). Copies are placed in the
+    clock's order, so intervals that end by the time of a placement are dropped."""
 
     def __init__(self, num_links: int) -> None:
-        self.busy: list[list[tuple[float, float]]] = [[] for _ in range(num_links)]
+        self.busy: list[list[tuple[float, float, float]]] = [[] for _ in range(num_links)]
 
-    def place(self, links: tuple[int, ...], now_s: float, ready_s: float, busy_s: float) -> float:
-        """At `now_s`, reserve `busy_s` seconds on every one of `links` from the earliest start
-        at or after `ready_s` (not before `now_s`) that they all have free; that start. Where
-        nothing is in the way, `ready_s` itself, bit for bit."""
-        for k in links:  # not by ready_s: a copy placed later may be ready sooner
-            self.busy[k] = [(a, b) for a, b in self.busy[k] if b > now_s]
-        start_s, moved = ready_s, True
-        while moved:  # each move passes an interval that overlapped: it ends
-            moved = False
-            for k in links:
-                for a, b in self.busy[k]:
-                    if a < start_s + busy_s and start_s < b:
-                        start_s, moved = b, True
-        for k in links:
-            bisect.insort(self.busy[k], (start_s, start_s + busy_s))
+    def place(self, holds: tuple[tuple[int, float], ...], now_s: float, ready_s: float,
+              busy_s: float) -> float:
+        """At `now_s`, reserve `busy_s` seconds of each (link, share) in `holds` from the
+        earliest start at or after `ready_s` (not before `now_s`) at which each link has its
+        share free throughout; that start. Where nothing is in the way, `ready_s` itself,
+        bit for bit."""
+        for k, _ in holds:  # not by ready_s: a copy placed later may be ready sooner
+            self.busy[k] = [entry for entry in self.busy[k] if entry[1] > now_s]
+        # A link's load only falls where a copy ends: the earliest start is the ready time
+        # or such an end.
+        ends = sorted({end_s for k, _ in holds for _, end_s, _ in self.busy[k] if end_s > ready_s})
+        start_s = next(t for t in (ready_s, *ends)
+                       if all(self._fits(k, share, t, busy_s) for k, share in holds))
+        for k, share in holds:
+            bisect.insort(self.busy[k], (start_s, start_s + busy_s, share))
         return start_s
+
+    def _fits(self, link: int, share: float, start_s: float, busy_s: float) -> bool:
+        """Whether `share` more of `link` is free throughout [start_s, start_s + busy_s)."""
+        over = [(a, b, f) for a, b, f in self.busy[link] if a < start_s + busy_s and start_s < b]
+        points = [start_s] + [a for a, _, _ in over if a > start_s]  # where its load rises
+        return all(share + sum(f for a, b, f in over if a <= t < b) <= 1.0 + SHARE_TOL
+                   for t in points)
 
 
 def prefill_view(requests: Requests, source: ArrivalSource) -> Requests:
@@ -272,6 +287,9 @@ class DisaggregatedFleet:
     link_busy_s: Callable[[int], float]  # the part of it that holds the link: bytes / bandwidth
     first_token_from_decode: bool = False
     pull: bool = False  # handoff: pull (see the module docstring)
+    # The share of its link each side's GPUs hold during a copy (prefill, decode): their
+    # shard of the largest, which sets how long the copy takes (`LinkSchedule`).
+    link_shares: tuple[float, float] = (1.0, 1.0)
 
     def __post_init__(self) -> None:
         n = len(self.requests)
@@ -334,7 +352,12 @@ class DisaggregatedFleet:
         starts: once both instances' links are free for its bytes (pushes at once share
         them, one after another, in the order the prefills ended)."""
         sender, receiver = int(self.prefill_replica[req_id]), decode.index
-        return self.links.place((sender, receiver), time_s, time_s, self.link_busy_s(req_id))
+        return self.links.place(self._holds(sender, receiver), time_s, time_s, self.link_busy_s(req_id))
+
+    def _holds(self, sender: int, receiver: int) -> tuple[tuple[int, float], ...]:
+        """The links a copy between these instances holds, each with its share."""
+        sender_share, receiver_share = self.link_shares
+        return ((sender, sender_share), (receiver, receiver_share))
 
     def _delivered(self, req_id: int, time_s: float) -> None:
         if not self.pull:  # pushed: the KV has moved
@@ -355,9 +378,10 @@ class DisaggregatedFleet:
         those seconds from every column; a tester's finding)."""
         placed, end_offset_s = [], 0.0
         for req_id, _ in pulled:
-            links = (int(self.prefill_replica[req_id]), self.decode[int(self.decode_replica[req_id])].index)
+            holds = self._holds(int(self.prefill_replica[req_id]),
+                                self.decode[int(self.decode_replica[req_id])].index)
             ready_s = start_s + end_offset_s
-            link_start_s = self.links.place(links, start_s, ready_s, self.link_busy_s(req_id))
+            link_start_s = self.links.place(holds, start_s, ready_s, self.link_busy_s(req_id))
             # In offsets from start_s, so that copies that never wait add up as take_pulled's.
             if link_start_s != ready_s:
                 end_offset_s = link_start_s - start_s
@@ -471,7 +495,10 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     # side sends or receives (a whole KV head where a rank replicates one, GQA; MLA's whole
     # latent on every rank).
     ends = [pool_specs(scenario, system, pool)[0] for pool in (cluster.prefill, cluster.decode)]
-    kv_bytes_per_token = max(_kv_bytes_per_gpu(spec) for spec in ends)
+    shard_bytes_per_token = [_kv_bytes_per_gpu(spec) for spec in ends]
+    kv_bytes_per_token = max(shard_bytes_per_token)
+    # Each side's GPUs hold their link at their shard's share of the largest (LinkSchedule).
+    shares = tuple(b / kv_bytes_per_token if kv_bytes_per_token else 1.0 for b in shard_bytes_per_token)
     gpus = [spec.hardware.gpu for spec in ends if spec.hardware is not None]
     if not kv_bytes_per_token and cluster.link.model_fields_set & {"kind", "bandwidth_bytes_per_s"}:
         warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "
@@ -493,7 +520,8 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     _check_pulls(decode, cluster.pulls_kv, own_hardware=cluster.decode.hardware is not None)
     return DisaggregatedFleet(prefill, decode, built_models(built), requests, source,
                               prefill_router, decode_router, transfer_s, link_busy_s,
-                              cluster.first_token_from_decode, cluster.pulls_kv)
+                              cluster.first_token_from_decode, cluster.pulls_kv,
+                              (shares[0], shares[1]))
 
 
 def _check_pulls(decode: list[Replica], pulls: bool, own_hardware: bool) -> None:
