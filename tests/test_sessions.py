@@ -5,6 +5,7 @@ one-line errors for bad input."""
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import numpy as np
@@ -747,6 +748,34 @@ def test_a_warm_up_past_every_session_says_the_session_metrics_are_empty() -> No
                                          r"completed: the session metrics .* are empty"):
         summary = run_scenario(sc).systems["o"].summary
     assert summary["sessions_completed"] == 0 and np.isnan(summary["tasks_per_hour"])
+
+
+def test_sessions_with_calls_turned_away_are_named_beside_the_task_metrics() -> None:
+    """Two conversations of three turns, one after the other, on a pool of 36 tokens: each
+    third turn (40 + 5 tokens) is turned away at its send, 14 s in, so each session ends
+    there, not at 19 s, and counts as a completed task (257 an hour, not 189). The run says
+    so; on a pool that serves every call it says nothing."""
+    scenario = {
+        "name": "turned-away", "seed": 0,
+        "workload": {"max_tokens": 1000, "arrival": {
+            "kind": "conversations", "num_sessions": 2, "concurrent_sessions": 1,
+            "turns": {"kind": "constant", "value": 3},
+            "user_tokens": {"kind": "constant", "value": 10},
+            "output_tokens": {"kind": "constant", "value": 5},
+            "think_time": {"kind": "constant", "value_s": 2.0}, "max_context_tokens": 500}},
+        "cost": {"kind": "linear", "base_s": 1.0}, "kv_capacity_tokens": 36,
+        "systems": [{"name": "p", "scheduler": {"kind": "paged", "block_size_tokens": 4,
+                                                "max_num_seqs": 4, "max_num_batched_tokens": 64}}]}
+    with pytest.warns(UserWarning, match=r"p: 2 of the 2 sessions measured had calls turned away "
+                                         r"\(2 in all\).*count them as completed tasks"):
+        result = run_scenario(scenario).systems["p"]
+    assert result.sessions is not None
+    assert result.sessions["task_time_s"].tolist() == [14.0, 14.0]
+    assert result.summary["tasks_per_hour"] == pytest.approx(2 * SECONDS_PER_HOUR / 28.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        served = run_scenario(scenario, "kv_capacity_tokens=1000").systems["p"]
+    assert served.summary["tasks_per_hour"] == pytest.approx(2 * SECONDS_PER_HOUR / 38.0)
 
 
 def test_a_sessions_clipped_lognormal_says_its_mean() -> None:
