@@ -750,11 +750,13 @@ def test_a_warm_up_past_every_session_says_the_session_metrics_are_empty() -> No
     assert summary["sessions_completed"] == 0 and np.isnan(summary["tasks_per_hour"])
 
 
-def test_sessions_with_calls_turned_away_are_named_beside_the_task_metrics() -> None:
+def test_sessions_with_calls_turned_away_are_failed_not_completed_tasks() -> None:
     """Two conversations of three turns, one after the other, on a pool of 36 tokens: each
     third turn (40 + 5 tokens) is turned away at its send, 14 s in, so each session ends
-    there, not at 19 s, and counts as a completed task (257 an hour, not 189). The run says
-    so; on a pool that serves every call it says nothing."""
+    there, not at 19 s. They counted as completed tasks (257 an hour, task time 14 s, where a
+    pool that serves every call reads 189 and 19 s); now they are sessions_failed, and the
+    task metrics hold none. The run says so; on a pool that serves every call it says
+    nothing."""
     scenario = {
         "name": "turned-away", "seed": 0,
         "workload": {"max_tokens": 1000, "arrival": {
@@ -767,15 +769,20 @@ def test_sessions_with_calls_turned_away_are_named_beside_the_task_metrics() -> 
         "systems": [{"name": "p", "scheduler": {"kind": "paged", "block_size_tokens": 4,
                                                 "max_num_seqs": 4, "max_num_batched_tokens": 64}}]}
     with pytest.warns(UserWarning, match=r"p: 2 of the 2 sessions measured had calls turned away "
-                                         r"\(2 in all\).*count them as completed tasks"):
+                                         r"\(2 in all\).*they are sessions_failed, not completed"):
         result = run_scenario(scenario).systems["p"]
     assert result.sessions is not None
     assert result.sessions["task_time_s"].tolist() == [14.0, 14.0]
-    assert result.summary["tasks_per_hour"] == pytest.approx(2 * SECONDS_PER_HOUR / 28.0)
+    summary = result.summary
+    assert (summary["sessions_completed"], summary["sessions_failed"]) == (0, 2)
+    assert summary["tasks_per_hour"] == 0.0  # over the 28 s the server spent on them
+    assert np.isnan(summary["task_time_p50_s"]) and np.isnan(summary["task_time_mean_s"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         served = run_scenario(scenario, "kv_capacity_tokens=1000").systems["p"]
+    assert (served.summary["sessions_completed"], served.summary["sessions_failed"]) == (2, 0)
     assert served.summary["tasks_per_hour"] == pytest.approx(2 * SECONDS_PER_HOUR / 38.0)
+    assert served.summary["task_time_p50_s"] == 19.0
 
 
 def test_a_sessions_clipped_lognormal_says_its_mean() -> None:
