@@ -58,7 +58,7 @@ from orcasim.closed_loop import arrival_source
 from orcasim.cluster import build_router
 from orcasim.config import ScenarioError
 from orcasim.cost import CostModel
-from orcasim.cost.catalog import kv_bytes_per_token_per_gpu
+from orcasim.cost.catalog import attention_groups, kv_bytes_per_token_per_gpu
 from orcasim.engine import EngineRun
 from orcasim.fleet import (
     BuiltCosts,
@@ -497,8 +497,12 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     ends = [pool_specs(scenario, system, pool)[0] for pool in (cluster.prefill, cluster.decode)]
     shard_bytes_per_token = [_kv_bytes_per_gpu(spec) for spec in ends]
     kv_bytes_per_token = max(shard_bytes_per_token)
-    # Each side's GPUs hold their link at their shard's share of the largest (LinkSchedule).
-    shares = tuple(b / kv_bytes_per_token if kv_bytes_per_token else 1.0 for b in shard_bytes_per_token)
+    # Each side's GPUs hold their link at their shard's share of the largest (LinkSchedule);
+    # under data-parallel attention a request's KV lives in one group, whose GPUs' links are
+    # a 1 / groups share of the instance's.
+    shares = tuple((b / kv_bytes_per_token if kv_bytes_per_token else 1.0)
+                   / attention_groups(spec.hardware)
+                   for b, spec in zip(shard_bytes_per_token, ends, strict=True))
     gpus = [spec.hardware.gpu for spec in ends if spec.hardware is not None]
     if not kv_bytes_per_token and cluster.link.model_fields_set & {"kind", "bandwidth_bytes_per_s"}:
         warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "

@@ -1198,3 +1198,24 @@ def test_a_link_schedule_places_each_copy_in_the_earliest_free_stretch(copies) -
         earlier = [ready_s] + [b for k, _, b, _ in placed if k in holds and ready_s <= b < start_s]
         assert not any(fits(t) for t in earlier if t < start_s)
         placed = placed + [(k, start_s, start_s + busy_s, share) for k, share in holds.items()]
+
+
+@pytest.mark.filterwarnings("ignore:.*its own hardware changes only its KV capacity")
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_a_data_parallel_attention_instance_s_groups_each_have_their_links_by_hand(
+        tmp_path, handoff: str) -> None:  # noqa: ANN001
+    """Mixtral under data-parallel attention (2 groups of one GPU) on both sides: a request's
+    KV lives in one group, so a copy holds a group's links, half the instance's. One prefill
+    instance sends two decode instances 0.5 s of KV each, at once; as one link, the instance
+    sent them one after the other (0.5 then 1.0 s)."""
+    trace = _trace(tmp_path, [(0.0, 4, 3), (0.0, 4, 3)])
+    kv_bytes = 4 * 131_072  # Mixtral's whole KV for 4 tokens: one GPU holds it all
+    hardware = {"gpu": "h100-80gb", "data_parallel_attention": 2, "expert_parallel": 2}
+    pool = {"hardware": hardware, "kv_capacity_tokens": 2000}
+    changes = _disagg(trace, handoff=handoff, prefill=pool,
+                      decode={**pool, "count": 2, "router": {"kind": "round_robin"}},
+                      link={"latency_s": 0.0, "bandwidth_bytes_per_s": kv_bytes / 0.5})
+    changes["model"] = "mixtral-8x7b"
+    reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert reqs["decode_replica"].tolist() == [0, 1]
+    assert reqs["kv_transfer_s"].tolist() == [0.5, 0.5]
