@@ -333,6 +333,8 @@ def run_cluster(
     summary["cost_out_of_range"] = float(sum(c.out_of_range_count() for c in fleet.costs))
     summary["cache_evictions"] = float(sum(r.scheduler.cache_evictions() for r in fleet.replicas))
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
+    # Each replica's own prefix cache: the summary's evictions, replica by replica.
+    per_replica["cache_evictions"] = [float(r.scheduler.cache_evictions()) for r in fleet.replicas]
     summary["busy_fraction"] = float(per_replica["busy_fraction"].mean())
     flag_saturated_replicas(system.name, summary, per_replica)
     return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),
@@ -396,6 +398,8 @@ def run_disaggregated(
         summary[f"{column}_p90"] = float(values.quantile(0.9)) if len(values) else float("nan")
     per_replica = pool_summaries(iters, busy_window_s(reqs, scenario.warmup_s), scenario.warmup_s,
                                  {"prefill": len(fleet.prefill), "decode": len(fleet.decode)})
+    # In pool order (prefill, then decode), as fleet.replicas lists them.
+    per_replica["cache_evictions"] = [float(r.scheduler.cache_evictions()) for r in fleet.replicas]
     for pool, rows in per_replica.groupby("pool"):
         summary[f"{pool}_busy_fraction"] = float(rows["busy_fraction"].mean())
         summary[f"{pool}_replicas"] = float(len(rows))

@@ -899,3 +899,30 @@ def test_an_idle_replica_has_no_mean_batch_size() -> None:
     assert replicas["requests_routed"].tolist() == [1.0, 1.0, 0.0]
     assert (replicas["batch_size_mean"].iloc[:2] == 1.0).all()
     assert np.isnan(replicas["batch_size_mean"].iloc[2])
+
+
+@pytest.mark.parametrize("disaggregated", [False, True])
+def test_each_replica_reports_its_own_prefix_cache_evictions(disaggregated: bool) -> None:
+    """Conversations on two replicas (or two prefill instances) with prefix caching and a
+    pool too small to keep every history: replicas.csv gives each its own evictions, which
+    add up to the summary's (it had the system's alone; the prefix tester's note)."""
+    cluster = ({"prefill": {"count": 2, "router": {"kind": "round_robin"}}, "decode": {"count": 1}}
+               if disaggregated else {"replicas": 2, "router": {"kind": "round_robin"}})
+    scenario = {
+        "name": "evictions", "seed": 0, "kv_capacity_tokens": 4096,
+        "workload": {"max_tokens": 1500, "arrival": {
+            "kind": "conversations", "num_sessions": 24, "session_rate_per_s": 2.0,
+            "system_prompt": {"tokens": 200, "shared_fraction": 1.0},
+            "turns": {"kind": "constant", "value": 3},
+            "user_tokens": {"kind": "constant", "value": 100},
+            "output_tokens": {"kind": "constant", "value": 20},
+            "think_time": {"kind": "constant", "value_s": 1.0}, "max_context_tokens": 1400}},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 1e-5},
+        "systems": [{"name": "c", "cluster": cluster, "scheduler": {
+            "kind": "paged", "max_num_seqs": 16, "max_num_batched_tokens": 2048,
+            "enable_prefix_caching": True}}]}
+    result = run_scenario(scenario).systems["c"]
+    evictions = result.replicas["cache_evictions"]
+    assert result.summary["cache_evictions"] > 0
+    assert evictions.sum() == result.summary["cache_evictions"]
+    assert (evictions.iloc[:2] > 0).all()  # each replica (prefill instance) evicted its own
