@@ -867,3 +867,14 @@ def test_tasks_per_hour_of_a_busy_server_is_one_over_its_task_time(warmup_s: flo
     one_session_per_hour = SECONDS_PER_HOUR / summary["duration_s"]  # a window's edge cuts one
     assert abs(summary["tasks_per_hour"] - 36_000.0) <= one_session_per_hour, summary
     assert summary["tasks_per_hour"] == pytest.approx(summary["throughput_rps"] * SECONDS_PER_HOUR)
+
+
+def test_tasks_per_hour_counts_completed_tasks_over_every_ended_session_s_window() -> None:
+    """Three sessions end in the window [0, 40 s]; the one with a call turned away is no
+    completed task but its time is the server's: 2 tasks over 40 s, 180 an hour (counted as
+    one it read 270)."""
+    from orcasim.session_metrics import tasks_per_hour
+
+    sessions = pd.DataFrame({"start_s": [0.0, 5.0, 10.0], "end_s": [20.0, 40.0, 30.0],
+                             "rejected_calls": [0, 1, 0]})
+    assert tasks_per_hour(sessions, sessions, 0.0) == 2 * SECONDS_PER_HOUR / 40.0
