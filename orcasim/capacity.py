@@ -52,11 +52,19 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from orcasim.cluster import SessionRouterConfig
 from orcasim.columns import point_parameters
 from orcasim.config import ScenarioError, errors_under
 from orcasim.paths import input_digests
 from orcasim.saturation import behind_at_constant_rate, grew, in_system_window_is_short
-from orcasim.scenario import Scenario, apply_params, data_inputs, scenario_from_dict, set_dotted
+from orcasim.scenario import (
+    Scenario,
+    SystemConfig,
+    apply_params,
+    data_inputs,
+    scenario_from_dict,
+    set_dotted,
+)
 from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import point_name
 from orcasim.sweeps.task import JsonRecord, first_line
@@ -231,6 +239,7 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
            "in_system_z": s["in_system_z"], "in_system_short": float(short),
            "saturation_admission_rps": s["saturation_admission_rps"],
+           "full_load_rps": full_load_rps(s, system.replicas, share_groups(scenario.systems[0])),
            "slo_attainment": s["slo_attainment"], "throughput_rps": s["throughput_rps"],
            "output_tokens_mean": served_tokens_per_request(system.requests, scenario.warmup_s)}
     row.update({k: v for k, v in s.items() if k.startswith("slo_") and k not in row})
@@ -257,6 +266,43 @@ def judged_in_system(summary: dict[str, float], replicas: pd.DataFrame | None,
                 mine = requests[requests["replica"] == replicas.index[i]]
                 return float(zs[i]), in_system_window_is_short(mine, warmup_s)
     return z, in_system_window_is_short(requests, warmup_s)
+
+
+def share_groups(system: SystemConfig) -> list[int] | None:
+    """Each replica's group (its index in the fleet's list of groups), where a colocated
+    fleet's router sends every replica the same share of the arrivals whatever their load
+    (`random`, `round_robin`, or `session` falling back to one): then the fleet falls behind
+    where a replica does. None for a lone server, a disaggregated cluster or a load-aware
+    router, whose fleet serves its replicas' pooled rate."""
+    cluster = system.cluster
+    if cluster is None or cluster.prefill is not None or cluster.decode is not None:
+        return None
+    router = cluster.colocated_router
+    kind = router.fallback if isinstance(router, SessionRouterConfig) else router.kind  # type: ignore[attr-defined]
+    if kind not in ("random", "round_robin"):
+        return None
+    return [i for i, group in enumerate(cluster.groups()) for _ in range(group.count)]
+
+
+def full_load_rps(summary: dict[str, float], replicas: pd.DataFrame | None,
+                  groups: list[int] | None) -> float:
+    """The offered rate a run whose waiting queue grew says the system serves at full load
+    (`service_rate`), NaN where none grew: its admission rate, pooled over a fleet. Behind a
+    router that gives each of N replicas 1/N of the arrivals (`share_groups`), the fleet
+    stops where its slowest group does: N times the admission rate of that group's replicas
+    that fell behind (averaged, as the same server). The pooled rate counted the other
+    replicas' admissions at their own, lower arrival rates: a fleet of a 10 and a 3.33 req/s
+    server behind round robin (its limit 6.67) read 7.0 to 7.6, and the search answered
+    7.44 (a tester's finding)."""
+    pooled = summary["saturation_admission_rps"] if grew(summary["saturation_z"]) else math.nan
+    if groups is None or replicas is None or "saturated" not in replicas:
+        return pooled
+    behind = replicas.assign(group=groups)
+    behind = behind[behind["saturated"] == 1]
+    if behind.empty:
+        return pooled
+    admitted = behind.groupby("group")["saturation_admission_rps"].mean()
+    return len(groups) * float(admitted.min())
 
 
 def served_tokens_per_request(reqs: pd.DataFrame, warmup_s: float = 0.0) -> float:
@@ -327,9 +373,10 @@ def stable_limit(rows: list[dict[str, float]], rel_tol: float) -> float:
 
 def service_rate(rows: list[dict[str, float]]) -> float:
     """The rate at which the server admitted requests in the runs so far whose waiting queue
-    grew: its throughput at full load, which a stable arrival rate must stay below; inf if
-    none. A run saturated only in the system (its running set held the backlog) admitted
-    every arrival at once, at the offered rate: it measured nothing.
+    grew (`full_load_rps`: a fleet's, where its router splits by share): its throughput at
+    full load, which a stable arrival rate must stay below; inf if none. A run saturated
+    only in the system (its running set held the backlog) admitted every arrival at once,
+    at the offered rate: it measured nothing.
 
     Pooled over the runs' windows, admissions over time (sum of a / r over sum of 1 / r,
     a run's admission rate a and offered rate r): each run's window, its requests' arrival
@@ -337,12 +384,19 @@ def service_rate(rows: list[dict[str, float]]) -> float:
     overloaded run's window is milliseconds long, one iteration or none: its rate read 6.64
     req/s at 10,000 offered and 13.3 at 625 for a server of 11.3, and a median of such runs
     made the search refuse rates that pass (a tester's finding)."""
-    saturated = [r for r in rows if grew(r.get("saturation_z", math.nan)) and r["rate_per_s"] > 0
-                 and math.isfinite(r["saturation_admission_rps"])]
+    saturated = [r for r in rows if r["rate_per_s"] > 0 and math.isfinite(_full_load(r))]
     weights = np.array([1.0 / r["rate_per_s"] for r in saturated])
-    admitted = np.array([r["saturation_admission_rps"] for r in saturated])
+    admitted = np.array([_full_load(r) for r in saturated])
     pooled = float(np.sum(admitted * weights) / np.sum(weights)) if saturated else math.inf
     return pooled if pooled > 0 else math.inf  # nothing admitted yet: nothing measured
+
+
+def _full_load(row: dict[str, float]) -> float:
+    """A run's `full_load_rps`; of a run recorded without it (a search resumed from an
+    older outcome), its admission rate where its waiting queue grew."""
+    if "full_load_rps" in row:
+        return row["full_load_rps"]
+    return row["saturation_admission_rps"] if grew(row.get("saturation_z", math.nan)) else math.nan
 
 
 def _narrow(low: float, high: float, passes: Callable[[float], bool],

@@ -406,6 +406,33 @@ def test_the_servers_ceiling_is_not_a_capacity() -> None:
     assert table["ci_high"].iloc[0] == pytest.approx(cap.measured_limit(outcomes, cap.DEFAULT_REL_TOL))
 
 
+def _md1_fleet(router: str) -> dict:
+    """MD1's server (10 req/s) and one three times slower (3.33 req/s) behind `router`."""
+    slow = {**MD1["cost"], "base_s": 0.3}  # type: ignore[dict-item]
+    system = {**MD1["systems"][0], "cluster": {  # type: ignore[index]
+        "router": {"kind": router}, "replicas": [{"count": 1}, {"count": 1, "cost": slow}]}}
+    return {**MD1, "systems": [system]}
+
+
+def test_a_fleet_split_by_share_stops_where_its_slow_replica_does() -> None:
+    """Round robin sends each of the two replicas half the arrivals: the fleet serves at
+    most 2 x 3.33 = 6.67 req/s. Its saturated runs' pooled admission rate counted the quick
+    replica's admissions at its own arrival rate (7.0 to 7.6 req/s), the slow replica's
+    queue grew too slowly to show in 1,000 requests, and a search within a loose SLO
+    answered 7.30 (a tester's finding). Behind a load-aware router the pooled rate stands:
+    least_outstanding serves up to 13.3 and answers above the round robin's limit."""
+    slo = slo_from_strings(["e2e_p90=100"])
+    answers = {}
+    for router in ("round_robin", "least_outstanding"):
+        jobs = cap.search_jobs(scenario_from_dict(_md1_fleet(router)), Path.cwd(), slo, 1,
+                               cap.SearchSettings(num_requests=2000))
+        outcome = cap.search(jobs[0])
+        assert outcome.ok, outcome.error
+        answers[router] = outcome.max_rate_per_s
+    assert 5.5 < answers["round_robin"] < 20 / 3, answers
+    assert answers["least_outstanding"] > 11.0, answers
+
+
 def _trace_md1(tmp_path: Path, num_requests: int) -> dict:
     import numpy as np
 
