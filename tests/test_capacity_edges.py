@@ -433,6 +433,21 @@ def test_a_fleet_split_by_share_stops_where_its_slow_replica_does() -> None:
     assert answers["least_outstanding"] > 11.0, answers
 
 
+def test_a_run_where_one_replica_fell_behind_measures_the_fleets_throughput() -> None:
+    """least_kv reads the KV in use, not the queues: the slow replica of `_md1_fleet` keeps
+    about 39% of the arrivals and the fleet falls behind near 8.7 req/s (40,000 requests:
+    stable at 8.6, the slow replica's queue growing at 8.8). Its runs at 9.4 to 9.6 req/s
+    flagged that replica, not the pooled queue (z 1.9 to 2.4), and measured nothing, so the
+    search answered up to 9.47 (a tester's finding). A run where any replica fell behind
+    admitted no more than the fleet serves at that load: its pooled admission rate bounds
+    the capacity from above, whatever the router."""
+    slo = slo_from_strings(["e2e_p90=100"])
+    jobs = cap.search_jobs(scenario_from_dict(_md1_fleet("least_kv")), Path.cwd(), slo, 2,
+                           cap.SearchSettings(num_requests=2000))
+    answers = [cap.search(job).max_rate_per_s for job in jobs]
+    assert all(8.0 < a < 9.0 for a in answers), answers
+
+
 def _trace_md1(tmp_path: Path, num_requests: int) -> dict:
     import numpy as np
 
