@@ -167,6 +167,10 @@ def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
     sessions = any("tasks_per_hour" in m for m in summary.values())
     for key, label in (TABLE_METRICS | (SESSION_TABLE_METRICS if sessions else {})).items():
         table.add_row(label, *(f"{m.get(key, float('nan')):.4g}" for m in summary.values()))
+    # Sessions with calls turned away are left out of the task rows above: say how many.
+    if any(m.get("sessions_failed", 0.0) > 0 for m in summary.values()):
+        table.add_row("sessions failed", *(f"{m.get('sessions_failed', 0.0):.0f}"
+                                           for m in summary.values()))
     if any("slo_attainment" in m for m in summary.values()):
         table.add_row("SLO attainment", *(f"{m.get('slo_attainment', float('nan')):.3f}"
                                           + (" (met)" if m.get("slo_met") else "")

@@ -878,3 +878,21 @@ def test_tasks_per_hour_counts_completed_tasks_over_every_ended_session_s_window
     sessions = pd.DataFrame({"start_s": [0.0, 5.0, 10.0], "end_s": [20.0, 40.0, 30.0],
                              "rejected_calls": [0, 1, 0]})
     assert tasks_per_hour(sessions, sessions, 0.0) == 2 * SECONDS_PER_HOUR / 40.0
+
+
+def test_the_printed_table_says_how_many_sessions_failed() -> None:
+    """The summary table's task rows leave failed sessions out; a row says how many there
+    were, only where any system had some."""
+    from rich.console import Console
+
+    from orcasim.cli import summary_table
+
+    base = {"tasks_per_hour": 0.0, "sessions_completed": 0.0}
+    console = Console(width=200, record=True)
+    console.print(summary_table({"a": {**base, "sessions_failed": 48.0},
+                                 "b": {**base, "sessions_failed": 0.0}}, "t"))
+    row = next(line for line in console.export_text().splitlines() if "sessions failed" in line)
+    assert [cell.strip() for cell in row.split("│")[2:4]] == ["48", "0"]
+    console = Console(width=200, record=True)
+    console.print(summary_table({"b": {**base, "sessions_failed": 0.0}}, "t"))
+    assert "sessions failed" not in console.export_text()
