@@ -180,7 +180,11 @@ def main() -> None:
         f"the trace's hash_ids alone (`_independent_mooncake_hits`), the repeated blocks hold "
         f"**{counted:,}** of its {prompt_tokens:,} prompt tokens: a hit rate of "
         f"{simulated / prompt_tokens:.2%} against {counted / prompt_tokens:.2%}"
-        f"{' (equal, as they must be)' if simulated == counted else ' (they differ: a bug)'}.",
+        f"{' (equal, as they must be)' if simulated == counted else ' (they differ: a bug)'}. "
+        "Both count what the trace's hash_ids repeat, which name prompts' blocks only: where "
+        "a later prompt carries an earlier answer, its tokens have ids of their own there, "
+        "matching nothing cached from the answer, so that reuse is not counted (an engine "
+        "that caches the blocks it generates, as vLLM v1 does, could find more).",
         "",
         "### How much of it a GPU's pool keeps",
         "",
