@@ -205,6 +205,7 @@ DEFAULT_REL_TOL = 1e-9
 TOLERANCES: dict[str, float] = dict.fromkeys(
     ("requests_completed", "iterations", "cost_out_of_range", "preemptions", "requests_rejected",
      "recomputed_tokens", "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
+     "prefill_kv_reserved_tokens_max", "decode_kv_reserved_tokens_max",
      "replicas", "prefill_replicas", "decode_replicas", "sessions_completed", "sessions_failed"),
     0.0)
 # Absolute floor, so that metrics whose baseline is 0 may carry rounding noise.

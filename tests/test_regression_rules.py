@@ -58,6 +58,7 @@ def test_counts_use_no_tolerance_and_every_other_metric_the_default() -> None:
     assert set(TOLERANCES) == {"requests_completed", "iterations", "cost_out_of_range",
                                "preemptions", "requests_rejected", "recomputed_tokens",
                                "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
+                               "prefill_kv_reserved_tokens_max", "decode_kv_reserved_tokens_max",
                                "replicas", "prefill_replicas", "decode_replicas",
                                "sessions_completed", "sessions_failed"}
     for metric in TOLERANCES:
