@@ -41,11 +41,16 @@ from orcasim.scenario import (
     scenario_from_dict,
 )
 from orcasim.schedulers import Scheduler, build_scheduler
-from orcasim.session_metrics import session_columns, sessions_frame, sessions_summary
+from orcasim.session_metrics import (
+    ended_sessions,
+    session_columns,
+    sessions_frame,
+    sessions_summary,
+)
 from orcasim.sessions import SessionSource
 from orcasim.slo import held_by_share, slo_summary
 from orcasim.sources import ArrivalSource
-from orcasim.warmup import counted, measured_iterations, measured_requests
+from orcasim.warmup import measured_iterations, measured_requests
 from orcasim.workload import generate_requests
 
 
@@ -199,7 +204,7 @@ def warn_turned_away_sessions(system_name: str, sessions: pd.DataFrame, warmup_s
     completed tasks, the react agents on a 2,000-token pool, 490 of their 534 calls turned
     away, read 1,161 tasks an hour at a task time p50 of 34 s, where an 8,000-token pool
     that served every call read 224 and 222 s (a tester's finding)."""
-    measured = sessions[counted(sessions["start_s"], warmup_s) & sessions["end_s"].notna()]
+    measured = ended_sessions(sessions, warmup_s)
     failed = measured[measured["rejected_calls"] > 0]
     if len(failed):
         warnings.warn(

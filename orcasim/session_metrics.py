@@ -102,6 +102,12 @@ def tasks_per_hour(sessions: pd.DataFrame, ended: pd.DataFrame, warmup_s: float)
     return completed * SECONDS_PER_HOUR / (last_s - start_s) if last_s > start_s else float("nan")
 
 
+def ended_sessions(sessions: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
+    """The sessions a summary measures: started at or after `warmup_s`, and ended (failed
+    ones too: `sessions_summary` tells them apart)."""
+    return sessions[counted(sessions["start_s"], warmup_s) & sessions["end_s"].notna()]
+
+
 def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
                      warmup_s: float = 0.0) -> dict[str, float]:
     """Tasks completed per hour (`tasks_per_hour`), task time and step latency percentiles,
@@ -113,7 +119,7 @@ def sessions_summary(sessions: pd.DataFrame, source: SessionSource,
     agents on a 2,000-token pool that turned away 490 of their 534 calls read 1,161 tasks an
     hour at a task p50 of 34 s, where a pool that served every call read 224 and 222 s (the
     prefix tester's finding)."""
-    ended = sessions[counted(sessions["start_s"], warmup_s) & sessions["end_s"].notna()]
+    ended = ended_sessions(sessions, warmup_s)
     done = ended[ended["rejected_calls"] == 0]
     nan = float("nan")
     total_s = float(done["task_time_s"].sum())
