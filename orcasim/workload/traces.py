@@ -421,6 +421,13 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
                       UserWarning, stacklevel=2)
     ok = np.array([not error and length > 0 for error, length in zip(errors, doc["output_lens"],
                                                                       strict=True)], dtype=bool)
+    if not ok.all():
+        # Said, as the replay leaves their load out: vLLM's requests fail as an overloaded
+        # server times them out, where a lighter replay reads faster than the real run.
+        warnings.warn(f"{path.name}: {int((~ok).sum())} of {len(ok)} requests failed (an error "
+                      "or no output) and are dropped: the replay sends the others alone, "
+                      "without the load the failed ones put on the server",
+                      UserWarning, stacklevel=2)
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
     start_s = np.array(doc["start_times"], dtype=np.float64)
     output = np.array(doc["output_lens"], dtype=np.float64)
