@@ -297,6 +297,26 @@ def test_a_vllm_result_drops_failed_and_empty_requests_but_keeps_one_token_ones(
     assert prompt.tolist() == [5, 8] and output.tolist() == [3, 1]
 
 
+def test_a_vllm_results_bad_latency_is_named_by_the_fields_it_has(tmp_path: Path) -> None:
+    # The latencies are made from ttfts and itls: errors named ttft_s, tpot_s and e2e_s,
+    # which a vLLM result does not have.
+    fields = dict(start_times=[0.0, 1.0], input_lens=[5, 6], output_lens=[3, 1])
+    cases = [
+        (dict(ttfts=[1e6, 0.1], itls=[[0.1, 0.1], []]),
+         r"^r\.json request 0: ttfts = 1000000\.0, expected seconds, at most 86,400"),
+        (dict(ttfts=[0.1, 0.1], itls=[[2e5, 0.0], []]),
+         r"^r\.json request 0: sum\(itls\) / \(output_lens - 1\) = 100000\.0, expected seconds"),
+        (dict(ttfts=[0.1, 0.25], itls=[[0.1, 0.1], [0.5]]),
+         r"^r\.json request 1: ttfts \+ sum\(itls\) = 0\.75, expected about the request's "
+         r"ttfts = 0\.25 for output_lens = 1"),
+        (dict(ttfts=[0.1, 0.1], itls=[[50.0, 50.0], []]),
+         r"^r\.json: sum\(itls\) / \(output_lens - 1\)'s median = 50 s a token"),
+    ]
+    for latencies, message in cases:
+        with pytest.raises(ScenarioError, match=message):
+            read_measurements(_vllm(tmp_path, **fields, **latencies))
+
+
 def test_a_vllm_result_without_an_errors_list_keeps_every_request(tmp_path: Path) -> None:
     path = _vllm(tmp_path, start_times=[5.0, 6.0], input_lens=[5, 6], output_lens=[2, 3],
                  ttfts=[0.1, 0.1], itls=[[0.1], [0.1, 0.1]])

@@ -160,18 +160,25 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
                          "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
                          "benchmark result")
     output = _token_counts(rows, LENGTH_COLUMNS[fmt][1], resolved, offset)
-    _refuse_impossible_seconds(frame, resolved, offset)
+    names = VLLM_DERIVED if fmt == "vllm" else {c: c for c in MEASURED_COLUMNS}
+    _refuse_impossible_seconds(frame, resolved, offset, names)
     _refuse_ending_before_first_token(frame, resolved, offset)
-    _refuse_second_token(frame, output, LENGTH_COLUMNS[fmt][1], resolved, offset)
+    _refuse_second_token(frame, output, LENGTH_COLUMNS[fmt][1], resolved, offset, names)
     derived = pd.Series(tpot_s(frame["e2e_s"] - frame["ttft_s"], output), index=frame.index)
     _check_tpot_units(frame["tpot_s"], derived.to_numpy(), resolved, offset)
     _check_tpot_definition(frame["tpot_s"].to_numpy(dtype=np.float64), derived.to_numpy(), resolved)
-    given = "tpot_s" if frame["tpot_s"].notna().any() else "(e2e_s - ttft_s) / (output_tokens - 1)"
+    given = names["tpot_s"] if frame["tpot_s"].notna().any() else "(e2e_s - ttft_s) / (output_tokens - 1)"
     frame["tpot_s"] = frame["tpot_s"].fillna(derived)
     frame.loc[output <= 1, "tpot_s"] = np.nan  # no gap after a single token, given or not
     _refuse_tpot_in_ms(frame["tpot_s"].to_numpy(dtype=np.float64), given, resolved)
     order = np.argsort(arrival_s, kind="stable")
     return frame.iloc[order].reset_index(drop=True)
+
+
+# A vLLM result's latencies as its own fields make them, for errors: the frame's ttft_s,
+# tpot_s and e2e_s were named in errors about a file that has none of them.
+VLLM_DERIVED = {"ttft_s": "ttfts", "tpot_s": "sum(itls) / (output_lens - 1)",
+                "e2e_s": "ttfts + sum(itls)"}
 
 
 # A latency no serving benchmark records in seconds: a day. vLLM's benchmark client gives
@@ -186,7 +193,8 @@ MAX_MEDIAN_TPOT_S = 10.0
 MS_HINT = "seconds expected; these look like milliseconds"
 
 
-def _refuse_impossible_seconds(frame: pd.DataFrame, path: Path, offset: int) -> None:
+def _refuse_impossible_seconds(frame: pd.DataFrame, path: Path, offset: int,
+                               names: dict[str, str]) -> None:
     """Refuse a latency above a day: milliseconds where it is below a day's worth of them
     (an E2E of 1e300 was reported as a TPOT in the wrong unit)."""
     for column in MEASURED_COLUMNS:
@@ -194,7 +202,7 @@ def _refuse_impossible_seconds(frame: pd.DataFrame, path: Path, offset: int) -> 
         bad = (values > MAX_LATENCY_S).to_numpy()
         if bad.any():
             hint = f"; {MS_HINT}" if values[bad].max() <= MAX_LATENCY_S * 1e3 else ""
-            _raise_on_bad(bad, values, column, path, offset,
+            _raise_on_bad(bad, values, names[column], path, offset,
                           f"seconds, at most {MAX_LATENCY_S:,.0f} (a day: no benchmark client "
                           f"waits that long on a request){hint}")
 
@@ -229,20 +237,20 @@ ONE_TOKEN_TAIL_RTOL = 0.03
 
 
 def _refuse_second_token(frame: pd.DataFrame, output: np.ndarray, output_column: str,
-                         path: Path, offset: int) -> None:
+                         path: Path, offset: int, names: dict[str, str]) -> None:
     """Refuse a one-token request measured as if it had more: a TPOT above 0 (it was dropped
     unread), or an E2E well after its TTFT (it was fitted as a decode no token made)."""
     one = output == 1
     tpot = frame["tpot_s"]
-    _raise_on_bad(one & (tpot > 0).to_numpy(), tpot, "tpot_s", path, offset,
+    _raise_on_bad(one & (tpot > 0).to_numpy(), tpot, names["tpot_s"], path, offset,
                   f"empty or 0 for a request of {output_column} = 1 (one token leaves no gap "
                   "between tokens)")
     ttft, e2e = frame["ttft_s"].to_numpy(), frame["e2e_s"].to_numpy()
     bad = one & (e2e - ttft > ONE_TOKEN_TAIL_RTOL * ttft + ONE_TOKEN_TAIL_ATOL_S)
     if bad.any():
         ttft_s = float(ttft[np.flatnonzero(bad)[0]])
-        _raise_on_bad(bad, frame["e2e_s"], "e2e_s", path, offset,
-                      f"about the request's ttft_s = {ttft_s:.6g} for {output_column} = 1 (its "
+        _raise_on_bad(bad, frame["e2e_s"], names["e2e_s"], path, offset,
+                      f"about the request's {names['ttft_s']} = {ttft_s:.6g} for {output_column} = 1 (its "
                       f"one token is its first and its last; is {output_column} right?)")
 
 
