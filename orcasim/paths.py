@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import copy
 import csv
+import functools
 import gzip
 import hashlib
 import io
@@ -49,6 +50,23 @@ def input_digests(paths: Iterable[Path]) -> dict[str, str]:
             if file.is_file():
                 digests[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
     return digests
+
+
+@functools.cache
+def code_record() -> dict[str, str]:
+    """orcasim's version and the SHA-256 of its own files (code and shipped data, by path),
+    as a resumable run records them: a sweep resumed after an upgrade or an edit of orcasim
+    ran its remaining points with other code, and its table mixed the two with nothing said.
+    The version alone cannot tell, as a checkout's stays the same across edits."""
+    from orcasim import __version__
+
+    package = Path(__file__).parent
+    digest = hashlib.sha256()
+    for file in sorted(f for f in package.rglob("*") if f.is_file()
+                       and "__pycache__" not in f.parts and f.suffix != ".pyc"):
+        digest.update(file.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return {"version": __version__, "sha256": digest.hexdigest()}
 
 
 def check_in_a_folder(path: Path, what: str) -> None:

@@ -340,6 +340,10 @@ def test_cli_writes_capacity_and_resumes(tmp_path: Path) -> None:
     changed = runner.invoke(app, ["capacity", str(path), "--out", str(out), "--resume",
                                   *ARGS, "--slo", "e2e_p99=9"])
     assert changed.exit_code == 2 and "plan.json differs" in changed.output
+    (out / "code.json").write_text('{"version": "0.0.9", "sha256": ""}')  # an older orcasim
+    older = runner.invoke(app, ["capacity", str(path), "--out", str(out), "--resume", *ARGS])
+    assert older.exit_code == 2 and len(older.output.strip().splitlines()) == 1
+    assert "was run by orcasim 0.0.9" in older.output, older.output
 
 
 def grid_file(tmp_path: Path) -> Path:

@@ -461,3 +461,34 @@ def test_workers_caps_the_tasks_in_flight_on_a_ray_cluster(monkeypatch: pytest.M
     assert sorted(execute_jobs(list(range(10)), abs, lambda job, e: None, "ray", None, "auto")) \
         == list(range(10))
     assert fake.most_in_flight == 10  # no --workers: the cluster decides
+
+
+@pytest.mark.parametrize(("record", "why"), [
+    ({"version": "0.0.9", "sha256": "0" * 64}, "was run by orcasim 0.0.9, this is "),
+    ("same version", "was run by other orcasim code"),
+    (None, "records no orcasim code"),
+])
+def test_resume_refuses_a_folder_that_other_orcasim_code_began(
+        tmp_path: Path, record: dict[str, str] | str | None, why: str) -> None:
+    """plan.json recorded the work, not the code that did it: a sweep resumed after an
+    upgrade or an edit of orcasim ran its remaining points with the new code and its table
+    mixed the two, nothing said. code.json records the code; a different one is refused."""
+    from orcasim.paths import code_record
+
+    grid = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 3.0]")
+    out = tmp_path / "out"
+    run_sweep(load_sweep(grid), out, workers=1, progress=False)
+    assert json.loads((out / "code.json").read_text()) == code_record()
+    shutil.rmtree(out / "points" / "p0001-r00")
+    if record is None:
+        (out / "code.json").unlink()
+    else:
+        held = {**code_record(), "sha256": "f" * 64} if record == "same version" else record
+        (out / "code.json").write_text(json.dumps(held))
+    with pytest.raises(ValueError) as refused:
+        run_sweep(load_sweep(grid), out, workers=1, resume=True, progress=False)
+    assert why in str(refused.value)
+    assert str(refused.value).endswith("so this run cannot resume it: its finished points "
+                                       "would mix with this code's; use another --out, or "
+                                       "--force to start over")
+    assert not (out / "points" / "p0001-r00").exists()  # nothing ran

@@ -3,12 +3,13 @@
     results/<sweep>/
         sweep.yaml                  the sweep spec as run
         plan.json                   every task (id, point, replication, seed, parameters)
+        code.json                   the orcasim that ran it: version, SHA-256 of its files
         points/<task id>/outcome.json   written atomically as each task finishes
         sweep.parquet, sweep.csv    the tidy table: one row per (point, system, replication)
         failures.csv                the failed tasks and their errors, if any
 
 `--resume` keeps the finished tasks and runs the rest (failed ones included); it refuses a
-folder whose plan differs from the sweep being run.
+folder whose plan differs from the sweep being run, or that other orcasim code began.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rich.progress import (
 )
 
 from orcasim.config import ScenarioError
-from orcasim.paths import input_digests
+from orcasim.paths import code_record, input_digests
 from orcasim.results import (
     ResultsExistError,
     check_replaceable,
@@ -48,6 +49,7 @@ from orcasim.sweeps.table import tidy_table
 from orcasim.sweeps.task import Outcome, show_warnings
 
 OUTCOME_FILE = "outcome.json"
+CODE_FILE = "code.json"  # the orcasim that ran the finished points (`paths.code_record`)
 
 
 @dataclass
@@ -132,6 +134,7 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
     orcasim wrote (and that holds none of the run's `inputs`); otherwise refuse a folder
     that is not empty, naming only what will work. `files` are written beside the plan."""
     plan_file = out_dir / "plan.json"
+    code = json.dumps(code_record(), indent=1) + "\n"
     if out_dir.exists():
         if not out_dir.is_dir():
             raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; use "
@@ -140,14 +143,16 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
         held = plan_file.read_bytes().decode("utf-8", errors="replace") \
             if plan_file.is_file() else None
         if resume and held == plan:
+            _check_code(out_dir, code, inputs)
             return
         if force:
             check_replaceable(out_dir, inputs)
             discard_folder(out_dir)
         elif any(out_dir.iterdir()):
             _refuse(out_dir, held, plan, resume, inputs)
-    mark_results(out_dir, [*files, plan_file.name])  # first: a crash leaves a folder --force takes
-    for name, text in {**files, plan_file.name: plan}.items():
+    written = {**files, plan_file.name: plan, CODE_FILE: code}
+    mark_results(out_dir, list(written))  # first: a crash leaves a folder --force takes
+    for name, text in written.items():
         write_text_atomically(out_dir / name, text)
 
 
@@ -173,6 +178,34 @@ def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
     assert not resume  # resume with the same plan keeps the folder
     raise ResultsExistError(f"{out_dir} already exists; pass --resume to continue it"
                             f"{force_too or ', or use another --out'}")
+
+
+def _check_code(out_dir: Path, code: str, inputs: Sequence[Path]) -> None:
+    """Refuse to resume a folder whose finished points another orcasim computed (its
+    code.json, `paths.code_record`): the table would mix two codes' results."""
+    file = out_dir / CODE_FILE
+    held = file.read_bytes().decode("utf-8", errors="replace") if file.is_file() else None
+    if held == code:
+        return
+    try:
+        there = json.loads(held) if held is not None else None
+    except json.JSONDecodeError:
+        there = None
+    here = json.loads(code)
+    if not isinstance(there, dict):
+        why = f"records no orcasim code ({CODE_FILE} is missing or unreadable)"
+    elif there.get("version") != here["version"]:
+        why = f"was run by orcasim {there.get('version')}, this is {here['version']}"
+    else:
+        why = f"was run by other orcasim code (orcasim {here['version']}, but its files' " \
+              "SHA-256 differs: an edit or a reinstall since)"
+    try:
+        check_replaceable(out_dir, inputs)
+        force_too = ", or --force to start over"
+    except ResultsExistError:
+        force_too = ""
+    raise ScenarioError(f"{out_dir} {why}, so this run cannot resume it: its finished points "
+                        f"would mix with this code's; use another --out{force_too}")
 
 
 def plan_change(held: str, plan: str) -> str:

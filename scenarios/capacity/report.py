@@ -105,7 +105,7 @@ def run_capacity(folder: str, scenario: str, args: list[str]) -> pd.DataFrame:
     out = OUT / folder
     subprocess.run([sys.executable, "-m", "orcasim.cli", "capacity", scenario, "--out", str(out),
                     "--force", *args], cwd=ROOT, check=True)
-    for transient in ("points", "plan.json"):  # the resumable state: not kept in git
+    for transient in ("points", "plan.json", "code.json"):  # resumable state: not in git
         path = out / transient
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     return pd.read_csv(out / "capacity.csv")
