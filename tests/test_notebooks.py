@@ -36,6 +36,7 @@ def test_notebook_is_committed_without_outputs(path: Path) -> None:
     assert [c for c in nb.cells if c.cell_type == "code" and (c.outputs or c.execution_count)] == []
 
 
-def test_the_five_notebooks_exist() -> None:
+def test_the_six_notebooks_exist() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_orca_paper.ipynb", "03_memory.ipynb",
-                                       "04_fidelity.ipynb", "05_cluster.ipynb"]
+                                       "04_fidelity.ipynb", "05_cluster.ipynb",
+                                       "06_prefix_and_agents.ipynb"]
