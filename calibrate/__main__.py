@@ -157,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
                            "or the flag repeated (default: " + ",".join(DEFAULT_PARAMETERS) + ")")
     logs.add_argument("--system", help="the scenario's system the logs come from (default: first)")
     logs.add_argument("--format", dest="fmt", default="auto", choices=MEASURED_FORMATS,
-                      help="log format: auto, orcasim or vllm")
+                      help="log format: auto, orcasim, vllm or aiperf")
     logs.add_argument("--no-leave-one-out", dest="loo", action="store_false",
                       help="skip refitting with each log left out")
     logs.add_argument("--force", action="store_true", help="overwrite --out")

@@ -483,7 +483,7 @@ def fidelity(
     scenario: ScenarioArg,
     real: Annotated[list[Path], typer.Option(help="A real run's per-request log (repeatable).")],
     system: Annotated[list[str] | None, typer.Option(help="System(s) to compare (default all).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="Log format: auto, orcasim or vllm.")] = "auto",
+    fmt: Annotated[str, typer.Option("--format", help="Log format: auto, orcasim, vllm or aiperf.")] = "auto",
     out: Annotated[Path | None, typer.Option(help="Folder (default results/fidelity/<name>).")] = None,
     set_: ReplaySetOpt = None,
     force: Annotated[bool, typer.Option(help="Overwrite existing results.")] = False,

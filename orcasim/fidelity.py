@@ -28,7 +28,7 @@ PERCENTILES = (50, 90, 99)
 SCORED_PERCENTILES = (50, 90)  # the headline error's, as DistServe scores its simulator
 # `requests`: how many requests a row compared (those measured on both sides)
 COLUMNS = ("metric", "percentile", "real", "simulated", "rel_error", "requests")
-MEASURED_FORMATS = ("auto", "orcasim", "vllm")  # the log formats that hold latencies
+MEASURED_FORMATS = ("auto", "orcasim", "vllm", "aiperf")  # the log formats that hold latencies
 
 
 def read_real_run(path: Path, fmt: str = "auto") -> pd.DataFrame:

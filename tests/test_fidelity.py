@@ -256,7 +256,7 @@ def test_the_format_option_names_the_formats_that_hold_latencies(tmp_path: Path)
     result = CliRunner().invoke(app, ["fidelity", str(tmp_path / "s.yaml"), "--real",
                                       str(_run_log(tmp_path)), "--format", "xml"])
     assert result.exit_code == 2
-    assert result.output == "error: --format = 'xml': expected auto, orcasim or vllm\n"
+    assert result.output == "error: --format = 'xml': expected auto, orcasim, vllm or aiperf\n"
 
 
 def test_plot_on_a_fidelity_folder_says_what_it_is(tmp_path: Path) -> None:

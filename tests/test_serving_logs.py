@@ -27,9 +27,14 @@ def _as_vllm_result(frame: pd.DataFrame, path: Path, failed: int | None = None) 
     return path
 
 
-def test_a_vllm_result_reads_as_the_csv_it_came_from(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["result.json", "profile_export.jsonl"])
+def test_a_benchmark_result_reads_as_the_csv_it_came_from(tmp_path: Path, name: str) -> None:
+    """vLLM's result and AIPerf's per-request JSONL (NVIDIA's serving benchmark: arrivals
+    from its epoch start times, TTFT and E2E in ms made seconds, TPOT derived as AIPerf
+    defines its inter_token_latency, (request_latency - ttft) / (osl - 1)), found by content."""
     frame = pd.read_csv(RUN)
-    path = _as_vllm_result(frame, tmp_path / "result.json")
+    write = _as_vllm_result if name.endswith(".json") else _as_aiperf_export
+    path = write(frame, tmp_path / name)
     arrival, prompt, output = read_trace(str(path))
     np.testing.assert_allclose(arrival, frame["arrival_s"], atol=1e-9)
     assert prompt.tolist() == frame["prompt_tokens"].tolist()
@@ -119,3 +124,89 @@ def test_a_one_token_request_with_a_second_token_is_refused(tmp_path: Path, text
     path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
                     "0,10,5,0.1,0.1,0.5\n1,10,1,0.2,0,0.203\n")
     assert read_measurements(str(path))["e2e_s"].tolist() == [0.5, 0.203]
+
+
+def _aiperf_line(start_ns: int, isl: int, osl: int, ttft_ms: float | None, latency_ms: float,
+                 error: dict[str, object] | None = None) -> str:
+    """One record of AIPerf's profile_export.jsonl, as its docs show one (ai-dynamo/aiperf,
+    docs/tutorials/working-with-profile-exports.md): times in ms, lengths in tokens."""
+    metrics: dict[str, object] = {
+        "input_sequence_length": {"value": isl, "unit": "tokens"},
+        "request_latency": {"value": latency_ms, "unit": "ms"},
+        "output_sequence_length": {"value": osl, "unit": "tokens"},
+    }
+    if ttft_ms is not None:  # streamed
+        metrics["time_to_first_token"] = {"value": ttft_ms, "unit": "ms"}
+        metrics["inter_token_latency"] = {"value": (latency_ms - ttft_ms) / max(osl - 1, 1),
+                                          "unit": "ms"}
+    if error is not None:
+        metrics = {"error_isl": {"value": isl, "unit": "tokens"}}
+    record = {"metadata": {"session_num": 0, "turn_index": 0, "request_start_ns": start_ns,
+                           "request_end_ns": start_ns + int(latency_ms * 1e6),
+                           "benchmark_phase": "profiling", "was_cancelled": False},
+              "metrics": metrics, "error": error}
+    return json.dumps(record)
+
+
+def _as_aiperf_export(frame: pd.DataFrame, path: Path, failed: int | None = None) -> Path:
+    epoch_ns = 1_759_813_207_532_900_363
+    lines = [_aiperf_line(epoch_ns + round(r.arrival_s * 1e9), r.prompt_tokens, r.output_tokens,
+                          r.ttft_s * 1e3, r.e2e_s * 1e3,
+                          {"code": 500, "type": "ServerError", "message": "x"} if i == failed
+                          else None)
+             for i, r in enumerate(frame.itertuples())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_aiperf_exports_failed_requests_are_dropped_with_a_warning(tmp_path: Path) -> None:
+    frame = pd.read_csv(RUN)
+    path = _as_aiperf_export(frame, tmp_path / "profile_export.jsonl", failed=3)
+    with pytest.warns(UserWarning, match=r"1 of 100 requests failed"):
+        assert len(read_trace(str(path))[0]) == len(frame) - 1
+    with pytest.warns(UserWarning, match=r"1 of 100 requests failed"):
+        assert len(read_measurements(str(path), "aiperf")) == len(frame) - 1
+
+
+def test_an_aiperf_export_without_streaming_has_e2e_alone(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text(_aiperf_line(10**18, 100, 20, None, 500.0) + "\n"
+                    + _aiperf_line(10**18 + 250_000_000, 50, 10, None, 300.0) + "\n")
+    measured = read_measurements(str(path))
+    assert measured["e2e_s"].tolist() == [0.5, 0.3]
+    assert measured["ttft_s"].isna().all() and measured["tpot_s"].isna().all()
+    assert read_trace(str(path))[0].tolist() == [0.0, 0.25]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"metadata": {"request_start_ns": 5}, "metrics": {"request_latency": {"value": 3, "unit": "min"},'
+     ' "input_sequence_length": {"value": 4, "unit": "tokens"}, "output_sequence_length": '
+     '{"value": 2, "unit": "tokens"}}, "error": null}',
+     r'^run.jsonl line 2: metrics.request_latency.unit = "min", expected one of s, sec, ms, us, ns$'),
+    ('{"metadata": {"request_start_ns": "soon"}, "metrics": {}, "error": null}',
+     r'^run.jsonl line 2: metadata.request_start_ns = "soon", expected the request\'s start in '
+     r"integer nanoseconds$"),
+    ('{"metadata": {"request_start_ns": 5}, "metrics": {"request_latency": 3}, "error": null}',
+     r"^run.jsonl line 2: metrics.request_latency = 3, expected an object with a value and a unit$"),
+])
+def test_a_bad_aiperf_record_is_a_one_line_error_naming_its_line(tmp_path: Path, line: str,
+                                                                  message: str) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text(_aiperf_line(10**18, 100, 20, 50.0, 500.0) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_measurements(str(path), "aiperf")
+
+
+def test_fidelity_on_an_aiperf_export_is_fidelity_on_the_same_run(tmp_path: Path) -> None:
+    """The validation scenario against one real run, as an orcasim CSV and as AIPerf's
+    JSONL: the same table, number for number."""
+    from orcasim.fidelity import fidelity_table
+    from orcasim.scenario import load_scenario
+
+    scenario_path = RUN.parents[4] / "scenarios/validation/vllm_opt13b_a100.yaml"
+    scenario = load_scenario(scenario_path)
+    export = _as_aiperf_export(pd.read_csv(RUN), tmp_path / "profile_export.jsonl")
+    tables = [fidelity_table(scenario, [run], ["vllm-v0.2.3"], base_dir=scenario_path.parent)[0]
+              for run in (RUN, export)]
+    pd.testing.assert_frame_equal(tables[0].drop(columns="run"), tables[1].drop(columns="run"),
+                                  rtol=1e-9)

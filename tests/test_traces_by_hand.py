@@ -73,7 +73,7 @@ def test_an_empty_trace_is_an_error(tmp_path: Path) -> None:
 def test_an_unknown_format_is_named_with_the_known_ones(tmp_path: Path) -> None:
     path = _write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n0,1,1\n")
     with pytest.raises(ScenarioError, match=r"^unknown trace format 'csv'; expected auto, orcasim, "
-                                            r"azure, mooncake or vllm$"):
+                                            r"azure, mooncake, vllm or aiperf$"):
         read_trace(path, "csv")
 
 
@@ -586,7 +586,8 @@ def test_a_trace_format_without_latencies_has_no_measurements(tmp_path: Path) ->
     for path, name, fmt in ((azure, r"a\.csv", "azure"), (mooncake, r"m\.jsonl", "mooncake")):
         with pytest.raises(ScenarioError, match=rf"^{name}: format '{fmt}' holds no measured "
                                                 r"latencies; expected an orcasim CSV with ttft_s, "
-                                                r"tpot_s or e2e_s, or a vLLM benchmark result$"):
+                                                r"tpot_s or e2e_s, a vLLM benchmark result or "
+                                                r"an AIPerf profile_export.jsonl$"):
             read_measurements(path)
 
 

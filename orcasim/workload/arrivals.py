@@ -73,7 +73,7 @@ class TraceArrival(Strict):
 
     kind: Literal["trace"]
     path: DataPath
-    format: Literal["auto", "orcasim", "azure", "mooncake", "vllm"] = "auto"
+    format: Literal["auto", "orcasim", "azure", "mooncake", "vllm", "aiperf"] = "auto"
     max_requests: PositiveInt | None = None
     speedup: PositiveFloat = 1.0
 

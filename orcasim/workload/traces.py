@@ -1,4 +1,5 @@
-"""Trace readers: orcasim CSV, the Azure LLM inference trace, and Mooncake JSONL.
+"""Trace readers: orcasim CSV, the Azure LLM inference trace, Mooncake JSONL, and two
+serving benchmarks' per-request results (vLLM's `bench serve` JSON, NVIDIA AIPerf's JSONL).
 
 Every reader returns (arrival_s, prompt_tokens, output_tokens), arrivals relative to the
 first request and sorted. A bad row is an error that names its line.
@@ -58,6 +59,7 @@ LENGTH_COLUMNS = {
     "azure": ("ContextTokens", "GeneratedTokens"),
     "mooncake": ("input_length", "output_length"),
     "vllm": ("input_lens", "output_lens"),
+    "aiperf": ("input_sequence_length", "output_sequence_length"),
 }
 
 
@@ -151,16 +153,16 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     resolved = resolve_data_path(path)
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, None)
-    if fmt == "vllm":
+    if fmt in ("vllm", "aiperf"):
         frame = rows[list(MEASURED_COLUMNS)].astype(np.float64)
     elif fmt == "orcasim":
         frame = _measured_columns(resolved)
     else:
         raise ScenarioError(f"{resolved.name}: format '{fmt}' holds no measured latencies; "
-                         "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, or a vLLM "
-                         "benchmark result")
+                         "expected an orcasim CSV with ttft_s, tpot_s or e2e_s, a vLLM "
+                         "benchmark result or an AIPerf profile_export.jsonl")
     output = _token_counts(rows, LENGTH_COLUMNS[fmt][1], resolved, offset)
-    names = VLLM_DERIVED if fmt == "vllm" else {c: c for c in MEASURED_COLUMNS}
+    names = DERIVED_NAMES.get(fmt, {c: c for c in MEASURED_COLUMNS})
     _refuse_impossible_seconds(frame, resolved, offset, names)
     _refuse_ending_before_first_token(frame, resolved, offset)
     _refuse_second_token(frame, output, LENGTH_COLUMNS[fmt][1], resolved, offset, names)
@@ -179,6 +181,9 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
 # tpot_s and e2e_s were named in errors about a file that has none of them.
 VLLM_DERIVED = {"ttft_s": "ttfts", "tpot_s": "sum(itls) / (output_lens - 1)",
                 "e2e_s": "ttfts + sum(itls)"}
+AIPERF_DERIVED = {"ttft_s": "time_to_first_token", "e2e_s": "request_latency",
+                  "tpot_s": "(request_latency - time_to_first_token) / (output_sequence_length - 1)"}
+DERIVED_NAMES = {"vllm": VLLM_DERIVED, "aiperf": AIPERF_DERIVED}
 
 
 # A latency no serving benchmark records in seconds: a day. vLLM's benchmark client gives
@@ -371,7 +376,11 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
         case "vllm":
             rows = _read_vllm_result(path).iloc[:max_requests]
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LISTS
-    raise ScenarioError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake or vllm")
+        case "aiperf":
+            rows = _read_aiperf(path, max_requests)
+            return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LINES
+    raise ScenarioError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake, "
+                        "vllm or aiperf")
 
 
 # An arrival_s this large is no time in seconds (3,170 years) but a Unix time in ms (1.7e12
@@ -500,7 +509,7 @@ def _detect_format(path: Path) -> str:
     if suffix == ".json" and _is_vllm_result(path):
         return "vllm"
     if suffix in (".jsonl", ".json"):
-        return "mooncake"
+        return "aiperf" if _is_aiperf_export(path) else "mooncake"
     header = read_csv(path, nrows=0).columns
     if set(ORCASIM_COLUMNS) <= set(header):
         return "orcasim"
@@ -585,6 +594,118 @@ def _bad_mooncake(path: Path, line_no: int, what: str) -> ScenarioError:
     also = ("; nor is the file one JSON document with input_lens (a vLLM benchmark result)"
             if data_suffix(path) == ".json" else "")
     return ScenarioError(f"{path.name} line {line_no}: bad Mooncake record ({what}){also}")
+
+
+# NVIDIA AIPerf's per-request records (`aiperf profile`, artifacts/<run>/profile_export.jsonl;
+# docs/tutorials/working-with-profile-exports.md and docs/metrics_reference.md in
+# ai-dynamo/aiperf): one JSON object a line, {"metadata": {...}, "metrics": {name: {"value",
+# "unit"}}, "error": null | {...}}. Its inter_token_latency is (request_latency - ttft) /
+# (output_sequence_length - 1), orcasim's TPOT, so TPOT is derived from the two, as it is
+# from an orcasim CSV without tpot_s.
+AIPERF_SIGNS = ("metadata", "metrics")
+AIPERF_START_KEYS = ("request_start_ns", "timestamp_ns")  # newer, older exports
+AIPERF_SECONDS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+AIPERF_COLUMNS = ("start_ns", *LENGTH_COLUMNS["aiperf"], "ttft_s", "e2e_s")
+
+
+def _is_aiperf_export(path: Path) -> bool:
+    """Whether the first non-blank line is an AIPerf record (a metadata and a metrics object)."""
+    try:
+        with decompressing(path), open_text(path) as f:
+            for line in f:
+                if line.strip():
+                    obj = json.loads(line)
+                    return isinstance(obj, dict) and all(k in obj for k in AIPERF_SIGNS)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def _read_aiperf(path: Path, max_requests: int | None) -> pd.DataFrame:
+    """The successful records, indexed by their line: `arrival_s` (seconds after the first
+    kept request's start), the lengths, `ttft_s` (NaN where the run did not stream), `e2e_s`
+    and `tpot_s` (NaN: derived). A failed or cancelled record is dropped, with a warning
+    saying how many, as vLLM's failed requests are."""
+    kept: list[tuple[object, ...]] = []
+    lines: list[int] = []
+    failed = total = 0
+    try:
+        with decompressing(path), open_text(path) as f:
+            for line_no, line in enumerate(f, start=1):
+                if max_requests is not None and len(kept) >= max_requests:
+                    break
+                if not line.strip():
+                    continue
+                total += 1
+                record = _aiperf_record(line, line_no, path)
+                if record is None:
+                    failed += 1
+                else:
+                    kept.append(record)
+                    lines.append(line_no)
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path.name}: not UTF-8 text; expected JSON lines") from None
+    if failed:
+        warnings.warn(f"{path.name}: {failed} of {total} requests failed (an error, a "
+                      "cancellation or no output) and are dropped: the replay sends the others "
+                      "alone, without the load the failed ones put on the server",
+                      UserWarning, stacklevel=2)
+    rows = pd.DataFrame(kept, index=lines, columns=list(AIPERF_COLUMNS))
+    start_ns = rows["start_ns"].to_numpy(dtype=np.int64)
+    # Relative in integer nanoseconds: epoch times as floats keep only about 0.2 us.
+    rows["arrival_s"] = (start_ns - (start_ns.min() if len(rows) else 0)) / 1e9
+    rows["tpot_s"] = np.nan
+    return rows.drop(columns="start_ns")
+
+
+def _aiperf_record(line: str, line_no: int, path: Path) -> tuple[object, ...] | None:
+    """A successful record's start time (ns), lengths and latencies; None for a failed one."""
+    where = f"{path.name} line {line_no}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"{where}: not JSON ({e.msg} at column {e.colno}); expected an "
+                            "AIPerf record") from None
+    if not (isinstance(obj, dict) and isinstance(obj.get("metadata"), dict)
+            and isinstance(obj.get("metrics") or {}, dict)):
+        raise ScenarioError(f"{where}: not an AIPerf record; expected an object with a "
+                            "metadata and a metrics object")
+    meta, metrics = obj["metadata"], obj.get("metrics") or {}
+    if obj.get("error") is not None or meta.get("was_cancelled") is True:
+        return None
+    start = next((meta[k] for k in AIPERF_START_KEYS if meta.get(k) is not None), None)
+    if not (isinstance(start, int) and not isinstance(start, bool) and start >= 0):
+        raise ScenarioError(f"{where}: metadata.request_start_ns = {json.dumps(start)}, "
+                            "expected the request's start in integer nanoseconds")
+    record = (start, _aiperf_value(metrics, "input_sequence_length", where, None),
+              _aiperf_value(metrics, "output_sequence_length", where, None),
+              _aiperf_value(metrics, "time_to_first_token", where, AIPERF_SECONDS),
+              _aiperf_value(metrics, "request_latency", where, AIPERF_SECONDS))
+    # No output, or no end: failed, as vLLM's benchmark counts a request without output.
+    return None if record[2] in (None, 0) or record[4] is None else record
+
+
+def _aiperf_value(metrics: dict[str, Any], name: str, where: str,
+                  seconds: dict[str, float] | None) -> float | None:
+    """A metric's value, in seconds where `seconds` gives its unit's size; None if absent.
+    A number is checked by the length and latency checks downstream, which name the line."""
+    metric = metrics.get(name)
+    if metric is None:
+        return None
+    if not isinstance(metric, dict) or "value" not in metric:
+        raise ScenarioError(f"{where}: metrics.{name} = {json.dumps(metric)[:60]}, expected "
+                            "an object with a value and a unit")
+    value = metric["value"]
+    if seconds is None:
+        return value
+    unit = metric.get("unit")
+    if unit not in seconds:
+        raise ScenarioError(f"{where}: metrics.{name}.unit = {json.dumps(unit)}, expected one "
+                            f"of {', '.join(seconds)}")
+    if not _is_number(value):
+        raise ScenarioError(f"{where}: metrics.{name}.value = {json.dumps(value)}, expected a "
+                            "number")
+    return float(value) * seconds[unit]
 
 
 def _numbers(rows: pd.DataFrame, column: str, path: Path, line_offset: int) -> np.ndarray:
