@@ -56,3 +56,16 @@ def test_the_report_refuses_a_bad_bound_and_says_none_where_nothing_meets_it() -
     out = subprocess.run([sys.executable, str(script), "0.027"], capture_output=True, text=True,
                          check=True).stdout
     assert "| GPT-3 13B | 1 (TP1) | none | " in out and "nan" not in out, out
+
+
+def test_the_report_says_n_a_for_the_ratio_where_only_one_family_meets_the_bound() -> None:
+    """At 35 ms/token FT meets it at 101B (0.43 req/s, 34.6 ms at 0.5 req/s) and Orca, with
+    its host overhead (35.1 ms), does not: the ratio read 'nanx'."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scenarios" / "orca_paper" / "report.py"
+    out = subprocess.run([sys.executable, str(script), "0.035"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "| GPT-3 101B | 8 (TP8) | 0.43 | none | n/a | not stated |" in out, out
+    assert "nan" not in out, out
