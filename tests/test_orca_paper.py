@@ -69,3 +69,15 @@ def test_the_report_says_n_a_for_the_ratio_where_only_one_family_meets_the_bound
                          check=True).stdout
     assert "| GPT-3 101B | 8 (TP8) | 0.43 | none | n/a | not stated |" in out, out
     assert "nan" not in out, out
+
+
+def test_the_report_names_the_bound_it_was_given() -> None:
+    """A bound of 35.2 ms/token was titled '<= 35 ms/token' (rounded to whole milliseconds)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scenarios" / "orca_paper" / "report.py"
+    out = subprocess.run([sys.executable, str(script), "0.0352"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("Throughput (req/s) sustained with median normalized latency <= 35.2 "
+                          "ms/token\n"), out

@@ -60,7 +60,7 @@ def bound_from(argv: list[str]) -> float:
 
 
 def main(bound_s: float = BOUND_S_PER_TOKEN) -> None:
-    print(f"Throughput (req/s) sustained with median normalized latency <= {bound_s * 1e3:.0f} ms/token\n")
+    print(f"Throughput (req/s) sustained with median normalized latency <= {bound_s * 1e3:g} ms/token\n")
     print("| model | A100-40GB GPUs | request-level (FT) | iteration-level (Orca) | ratio | paper |")
     print("|---|---|---|---|---|---|")
     for model in MODELS:
