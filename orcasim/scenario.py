@@ -279,11 +279,16 @@ class Scenario(Strict):
 
     def _check_deployments(self) -> None:
         """The model fits its parallelism and its context holds every request (catalog limits)."""
-        pairs = [("", self.model, self.hardware)]
-        pairs += [(f"{key}.", model, hardware) for key, _, model, hardware in self._group_deployments()]
-        for where, model, hardware in pairs:
+        if self.model is not None:
+            check_deployment(self.model, self.hardware, self.workload.max_tokens)
+        for key, group, model, hardware in self._group_deployments():
+            # A group of its own model on the scenario's hardware names the hardware's keys
+            # as the file gives them, under the group: 'replicas[0].hardware.pipeline_parallel'
+            # named a key the file did not have.
             if model is not None:
-                check_deployment(model, hardware, self.workload.max_tokens, where)
+                check_deployment(model, hardware, self.workload.max_tokens,
+                                 f"{key}." if group.model is not None else "",
+                                 _group_naming(key, group.hardware is not None))
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -457,7 +462,9 @@ class Scenario(Strict):
                 if group is None:
                     kv = self.kv_capacity_tokens
                 else:  # a group's own deployment that leaves no KV names the group
-                    with errors_under(f"systems[{j}].{where}.", opening=("hardware.", "model = ")):
+                    hardware_at = _group_naming(f"systems[{j}].{where}", group.hardware is not None)
+                    with errors_under(f"systems[{j}].{where}.", opening=("model = ",)), \
+                            errors_under(hardware_at, opening=("hardware.",)):
                         kv = self.group_kv_capacity_tokens(group)
                 assert kv is not None
                 # A request's KV lives in one data-parallel attention group's cache.
@@ -540,6 +547,12 @@ def _kv_places(system: SystemConfig) -> list[tuple[str | None, ReplicaGroup | No
     if cluster is None or not isinstance(cluster.replicas, list):
         return [(None, None)]
     return [(f"cluster.replicas[{i}]", group) for i, group in enumerate(cluster.replicas)]
+
+
+def _group_naming(key: str, given: bool) -> str:
+    """What names a key of a fleet's group or pool: `key.hardware.x` where the group gives
+    the block, else `key: hardware.x`, the scenario's key, which the group runs on."""
+    return f"{key}." if given else f"{key}: "
 
 
 def _own_kv(group: ReplicaGroup) -> bool:

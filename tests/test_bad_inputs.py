@@ -91,6 +91,28 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      # It blamed warmup_s = 0 (a tester's finding): the memory is what turned them away.
      None, "no request completed: 300 of 300 rejected as too large for KV memory; expected a "
            "kv_capacity_tokens"),
+    # A group of its own model on the scenario's hardware: the hardware's keys were named
+    # under the group (systems[0].cluster.replicas[0].hardware.pipeline_parallel), where
+    # the file has no such key.
+    ("a group's model on too many stages of the scenario's hardware",
+     {"hardware": {"gpu": "a100-80gb", "pipeline_parallel": 40},
+      "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                   "cluster": {"replicas": [{"count": 1, "model": "llama3-8b",
+                                             "kv_capacity_tokens": 2000}]}}]}, None,
+     "systems[0].cluster.replicas[0]: hardware.pipeline_parallel = 40 exceeds llama3-8b's 32 "
+     "layers; expected at most 32"),
+    ("a pool's model on too many stages of the scenario's hardware",
+     {"hardware": {"gpu": "a100-80gb", "pipeline_parallel": 40},
+      "systems": [{"name": "d", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                   "cluster": {"prefill": {"count": 1, "model": "llama3-8b",
+                                           "kv_capacity_tokens": 2000}, "decode": {"count": 1}}}]},
+     None, "systems[0].cluster.prefill: hardware.pipeline_parallel = 40 exceeds"),
+    ("a group's model too large for the scenario's hardware",
+     {"hardware": {"gpu": "a100-80gb"},
+      "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                   "cluster": {"replicas": [{"count": 1, "model": "llama3-70b"}]}}]}, None,
+     "systems[0].cluster.replicas[0]: hardware.tensor_parallel = 1 (pipeline_parallel 1): model "
+     "llama3-70b needs"),
     ("a boolean rate", {"workload.arrival.rate_per_s": True}, None, "not a boolean"),
     ("a boolean batch size", {"systems[0].scheduler.max_batch_size": False}, None, "not a boolean"),
     # Said "expected a number or string, not a boolean" of every key, blocks and lists too.

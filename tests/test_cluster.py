@@ -712,7 +712,9 @@ def test_replicas_throughputs_add_up_to_the_clusters(tmp_path) -> None:  # noqa:
 
 def test_a_groups_deployment_that_leaves_no_kv_names_the_group() -> None:
     """A llama2-70b group on the scenario's one A100: the refusal named the scenario's
-    hardware.tensor_parallel, which is right for its llama2-7b (a tester's finding)."""
+    hardware.tensor_parallel, which is right for its llama2-7b (a tester's finding). The
+    group runs on the scenario's hardware, so the key is named as the file gives it, under
+    the group ('replicas[1].hardware.tensor_parallel' named a key the file lacks)."""
     data = {"name": "g", "seed": 1, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
             "cost": {"kind": "roofline"},
             "workload": {"num_requests": 20, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
@@ -720,7 +722,7 @@ def test_a_groups_deployment_that_leaves_no_kv_names_the_group() -> None:
                          "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 400},
             "systems": [{"name": "m", "scheduler": {"kind": "paged", "max_num_seqs": 8},
                          "cluster": {"replicas": [{"count": 1}, {"count": 1, "model": "llama2-70b"}]}}]}
-    with pytest.raises(ScenarioError, match=r"systems\[0\].cluster.replicas\[1\].hardware.tensor_"
+    with pytest.raises(ScenarioError, match=r"systems\[0\].cluster.replicas\[1\]: hardware.tensor_"
                                             r"parallel = 1 \(pipeline_parallel 1\): model llama2-70b"):
         scenario_from_dict(data)
 

@@ -577,9 +577,12 @@ def attention_groups(hardware: HardwareConfig | None) -> int:
 
 
 def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_tokens: int,
-                     where: str = "") -> None:
+                     where: str = "", hardware_where: str | None = None) -> None:
     """Raise ValueError unless `model` can run as `hardware` splits it and its context holds
-    a request of `max_tokens` (prompt + output). `where` prefixes the keys named."""
+    a request of `max_tokens` (prompt + output). `where` prefixes the keys named, and
+    `hardware_where` (default `where`) the hardware's, where it comes from elsewhere (a
+    fleet's group of its own model on the scenario's hardware)."""
+    hw_where = where if hardware_where is None else hardware_where
     if max_tokens > model.max_seq_len:
         raise ScenarioError(f"workload.max_tokens = {max_tokens} exceeds {where}model "
                          f"{model.name}'s context (max_seq_len {model.max_seq_len}); expected "
@@ -587,20 +590,20 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
     if hardware is None:
         return
     if model.num_heads % hardware.tensor_parallel:
-        raise ScenarioError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
+        raise ScenarioError(f"{hw_where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
                          f"divide {model.name}'s {model.num_heads} attention heads; expected one of "
                          f"{', '.join(map(str, _divisors(model.num_heads)))}")
     kv, tp = model.kv_heads, hardware.tensor_parallel
     if model.mla is None and (kv % tp if kv >= tp else tp % kv):
         # vLLM splits the KV heads over the ranks, or gives each rank a replica of one
         # (fewer heads than ranks); it refuses the rest (QKVParallelLinear, LlamaAttention).
-        raise ScenarioError(f"{where}hardware.tensor_parallel = {tp} does not split {model.name}'s "
+        raise ScenarioError(f"{hw_where}hardware.tensor_parallel = {tp} does not split {model.name}'s "
                             f"{kv} KV heads: expected a divisor or a multiple of {kv}")
     if hardware.pipeline_parallel > model.num_layers:
-        raise ScenarioError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
+        raise ScenarioError(f"{hw_where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
                          f"exceeds {model.name}'s {model.num_layers} layers; expected at most "
                          f"{model.num_layers}")
-    _check_expert_parallel(model, hardware, where)
+    _check_expert_parallel(model, hardware, hw_where)
 
 
 def _divisors(n: int) -> list[int]:
