@@ -47,6 +47,7 @@ from orcasim.cost.catalog import (
 from orcasim.cost.roofline import RooflineCostConfig
 from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
+from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.slo import SLOConfig
 from orcasim.workload import WorkloadConfig
 
@@ -361,13 +362,20 @@ class Scenario(Strict):
                     where = f"systems[{j}].cluster.{key}"
                     owner = "cost" if system.cost is None else f"systems[{j}].cost"
                     # An overhead reads the group's layers and parallel degrees (its launches,
-                    # the TP round trip): the GPU time alone is the inherited one.
-                    also = (", and its overhead's launches and process count"
-                            if cost.overhead is not None else "")
+                    # the TP round trip), and Orca's pipeline its stages (batches in flight,
+                    # each stage a share of the iteration): the GPU time alone is inherited.
+                    reads = ["any KV transfer"]
+                    if cost.overhead is not None:
+                        reads.append("its overhead's launches and process count")
+                    stages = _pipelined_stages(group.scheduler or system.scheduler, own, inherited)
+                    if stages is not None:
+                        reads.append(f"the {stages} batches Orca keeps in flight on its "
+                                     f"pipeline_parallel = {stages}")
+                    also = ", ".join(reads[:-1]) + (", and " if len(reads) > 1 else "") + reads[-1]
                     warnings.warn(
                         f"{where}.{name}: its iterations are priced by {owner}.kind = 'linear', "
                         f"which reads no model or hardware, so its own {name} changes only its "
-                        f"KV capacity (and any KV transfer{also}), not its GPU time; expected a "
+                        f"KV capacity (and {also}), not its GPU time; expected a "
                         f"cost of its own ({where}.cost, e.g. {{kind: roofline}})",
                         UserWarning, stacklevel=2)
 
@@ -547,6 +555,16 @@ def _kv_places(system: SystemConfig) -> list[tuple[str | None, ReplicaGroup | No
     if cluster is None or not isinstance(cluster.replicas, list):
         return [(None, None)]
     return [(f"cluster.replicas[{i}]", group) for i, group in enumerate(cluster.replicas)]
+
+
+def _pipelined_stages(scheduler: SchedulerConfig, own: object, inherited: object) -> int | None:
+    """A group's own pipeline stages where they change how Orca runs (several batches in
+    flight, `orcasim.pipeline`): its `pipeline_parallel` where it differs from the inherited
+    hardware's under an iteration-level scheduler, else None."""
+    if not isinstance(own, HardwareConfig) or not isinstance(scheduler, IterationLevelConfig):
+        return None
+    inherited_stages = inherited.pipeline_parallel if isinstance(inherited, HardwareConfig) else 1
+    return own.pipeline_parallel if own.pipeline_parallel != inherited_stages else None
 
 
 def _group_naming(key: str, given: bool) -> str:

@@ -393,6 +393,31 @@ def test_the_warning_of_an_inherited_linear_cost_says_what_its_overhead_reads() 
     assert req["e2e_s"] == pytest.approx(0.010 + 0.81e-3 + 0.042e-3 + 7e-3, rel=1e-12)
 
 
+def test_the_warning_of_an_inherited_linear_cost_says_what_orca_s_pipeline_reads() -> None:
+    """A group of its own hardware on 2 pipeline stages under the scenario's linear cost
+    (iterations of 1 s): Orca keeps 2 batches in flight, each stage half an iteration, so
+    two lone requests of 2 tokens out finish at 2.0 and 2.5 s, not 2.0 and 4.0 as on the
+    scenario's one stage. The warning said its hardware changed only its KV capacity."""
+    group = {"count": 1, "kv_capacity_tokens": 1_000,
+             "hardware": {"gpu": "a100-80gb", "pipeline_parallel": 2}}
+    data = {"name": "pp-group", "kv_capacity_tokens": 1_000, "hardware": {"gpu": "a100-80gb"},
+            "workload": {"num_requests": 2, "arrival": {"kind": "constant", "rate_per_s": 1e9},
+                         "prompt_tokens": {"kind": "constant", "value": 8},
+                         "output_tokens": {"kind": "constant", "value": 2}, "max_tokens": 64},
+            "cost": {"kind": "linear", "base_s": 1.0},
+            "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 1},
+                         "cluster": {"replicas": [group]}}]}
+    with pytest.warns(UserWarning, match=r"cluster\.replicas\[0\]\.hardware.*\(and any KV "
+                      r"transfer, and the 2 batches Orca keeps in flight on its "
+                      r"pipeline_parallel = 2\), not its GPU time"):
+        sc = scenario_from_dict(data, "pp-group")
+    finish_s = run_scenario(sc).systems["c"].requests["finish_s"] - 1e-9 * np.arange(2)
+    assert finish_s.tolist() == pytest.approx([2.0, 2.5], abs=1e-8)
+    group["hardware"] = {"gpu": "a100-80gb", "tensor_parallel": 2}  # the scenario's stages
+    with pytest.warns(UserWarning, match=r"\(and any KV transfer\), not its GPU time"):
+        scenario_from_dict(data, "pp-group")
+
+
 def test_a_group_s_cost_model_is_its_own_after_an_earlier_group_s_spec_is_gone() -> None:
     """Cost models were kept by the id of each group's spec; a spec no longer referenced
     (an earlier group's, once the loop moved on) may give its id to a later one, which then
