@@ -295,3 +295,90 @@ def test_a_pipelined_replica_turns_away_a_request_longer_than_one_attention_grou
         done = reqs[reqs["finish_s"].notna()]
         assert (done["prompt_tokens"] + done["output_tokens"]).max() <= 4000, name
         assert 0 < result.systems[name].summary["requests_rejected"] < 40, name
+
+
+def flow_shop_orca(reqs: Requests, batch_size: int, capacity_tokens: int, stage_shares: list[float],
+                   base_s: float, per_token_s: float) -> tuple[np.ndarray, list[tuple[float, float, int]]]:
+    """Orca's pipeline written out on its own, for the engine to agree with: at each event
+    (a flight leaving the last stage, then the arrivals due) launch batches while fewer than
+    one per stage are in flight, each of up to `batch_size` admitted requests not in flight
+    (FCFS), topped up from the queue while their reservations (prompt + output) fit; stage
+    k takes its share of the linear iteration and starts once the batch left stage k - 1
+    and stage k finished the batch before. Returns (first scheduled, first token, finish)
+    per request and each batch's (first stage's start, its time there, size)."""
+    n, stages = len(reqs), len(stage_shares)
+    need = (reqs.prompt_tokens + reqs.output_tokens).tolist()
+    out = np.full((n, 3), np.nan)
+    generated, computed = [0] * n, [0] * n
+    queue, running, in_flight, reserved, arrived = [], [], set(), 0, 0
+    stage_free = [0.0] * stages
+    flights: list[tuple[list[int], float]] = []  # (ids, when they leave the last stage)
+    rows, now = [], 0.0
+    while True:
+        while flights and flights[0][1] <= now:
+            ids, end_s = flights.pop(0)
+            for r in ids:
+                in_flight.discard(r)
+                computed[r], generated[r] = int(reqs.prompt_tokens[r]) + generated[r], generated[r] + 1
+                if generated[r] == 1:
+                    out[r, 1] = end_s
+                if generated[r] == reqs.output_tokens[r]:
+                    out[r, 2] = end_s
+                    running.remove(r)
+                    reserved -= need[r]
+        while arrived < n and reqs.arrival_s[arrived] <= now:
+            queue.append(arrived)
+            arrived += 1
+        while len(flights) < stages:
+            chosen = [r for r in running if r not in in_flight][:batch_size]
+            while len(chosen) < batch_size and queue and reserved + need[queue[0]] <= capacity_tokens:
+                r = queue.pop(0)
+                reserved += need[r]
+                running.append(r)
+                chosen.append(r)
+            if not chosen:
+                break
+            tokens = sum(int(reqs.prompt_tokens[r]) + generated[r] - computed[r] for r in chosen)
+            iteration_s = base_s + per_token_s * tokens
+            t = now
+            for k, share in enumerate(stage_shares):
+                begin_s = max(t, stage_free[k])
+                if k == 0:
+                    rows.append((begin_s, iteration_s * share, len(chosen)))
+                    for r in chosen:
+                        out[r, 0] = begin_s if np.isnan(out[r, 0]) else out[r, 0]
+                t = stage_free[k] = begin_s + iteration_s * share
+            in_flight.update(chosen)
+            flights.append((chosen, t))
+        events = [flights[0][1]] if flights else []
+        events += [float(reqs.arrival_s[arrived])] if arrived < n else []
+        if not events:
+            return out, rows
+        now = min(events)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_pipelined_engine_agrees_with_orca_s_pipeline_written_out(seed: int) -> None:
+    """Random small workloads (bursts and gaps, KV that holds a few requests or all, 2 to 5
+    stages of even or uneven layers): every request's times and every row, as the flow
+    shop written out in `flow_shop_orca` gives them."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    arrival_s = np.sort(rng.choice([0.0, 0.01, 0.03, 0.1], n) * rng.integers(0, 4, n))
+    reqs = Requests(arrival_s, rng.integers(1, 40, n), rng.integers(1, 8, n), np.full(n, 50, np.int64))
+    layers = [int(k) for k in rng.integers(1, 4, int(rng.integers(2, 6)))]
+    batch_size = int(rng.integers(1, 5))
+    capacity = int(rng.choice([47, 120, 10_000]))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=batch_size, kv_reservation="oracle")
+    cost = LinearCost(LinearCostConfig(kind="linear", base_s=0.01, per_token_s=1e-3))
+    run = PipelineEngine(reqs, PipelinedIterationLevelScheduler(cfg, reqs, capacity), cost,
+                         len(layers), layers=layers).run()
+    want, want_rows = flow_shop_orca(reqs, batch_size, capacity, [k / sum(layers) for k in layers],
+                                     0.01, 1e-3)
+    rec = run.recorder
+    got = np.column_stack([rec.first_scheduled_s, rec.first_token_s, rec.finish_s])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    rows = rec.iterations_frame()
+    assert rows["batch_size"].tolist() == [size for _, _, size in want_rows]
+    np.testing.assert_allclose(rows[["start_s", "duration_s"]].to_numpy(),
+                               [(start, dur) for start, dur, _ in want_rows], rtol=0, atol=1e-12)
