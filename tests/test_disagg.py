@@ -1230,3 +1230,27 @@ def test_a_data_parallel_attention_instance_s_groups_each_have_their_links_by_ha
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     assert reqs["decode_replica"].tolist() == [0, 1]
     assert reqs["kv_transfer_s"].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_prefill_instance_s_preemption_with_nothing_left_to_run_is_counted(tmp_path, mode: str) -> None:  # noqa: ANN001
+    """A prefill instance of 6 one-token blocks, chunks of 2; a link of 1 s a token. A
+    (prompt 4) prefills over [0, 2] and its 4 blocks are held until its copy ends at 6. B
+    takes a chunk (2 blocks) at 2; at 3 it needs 2 more, none is free, and it preempts
+    itself: nothing runs until 6, when it recomputes its 2 tokens and goes on (first token
+    at 8). The step that preempted B ran nothing, so no iteration row carried its count:
+    the summary said 0 preemptions beside 2 recomputed tokens and B's own 1 (a tester's
+    finding). Now the next iteration that runs records it."""
+    trace = _trace(tmp_path, [(0.0, 4, 2), (0.0, 4, 2)])
+    chunked = {"kind": "chunked", "chunk_size_tokens": 2, "max_num_seqs": 2,
+               "block_size_tokens": 1, "watermark": 0.0}
+    changes = _disagg(trace, mode=mode, link={"bandwidth_bytes_per_s": 819200.0, "latency_s": 0.0})
+    changes.update({"kv_capacity_tokens": 6, "model": "opt-13b"})  # 819,200 bytes a token
+    changes["systems"][0]["scheduler"] = chunked
+    result = run_scenario(_scenario(changes)).systems["pd"]
+    reqs = result.requests
+    assert reqs["first_token_s"].tolist() == [2.0, 8.0]
+    assert reqs["preemptions"].tolist() == [0, 1]
+    assert result.summary["preemptions"] == 1.0 and result.summary["recomputed_tokens"] == 2.0
+    assert result.replicas["preemptions"].tolist() == [1.0, 0.0]  # the prefill instance's
+    assert result.iterations["preemptions"].sum() == 1

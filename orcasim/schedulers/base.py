@@ -39,7 +39,8 @@ class SchedulerOutput:
     Memory accounting: `kv_reserved_tokens` is the KV allocated (reserved slabs or whole
     blocks); `kv_used_tokens` the part holding real token state once this iteration ends
     (None where a scheduler does not track it). `preemptions` counts the requests evicted
-    while planning it, `recomputed_tokens` the tokens it computes again after an eviction,
+    while planning it (and while planning any empty plan before it, which runs nothing and
+    so is never recorded), `recomputed_tokens` the tokens it computes again after an eviction,
     and `copy_time_s` is KV copying that the engine adds to the iteration's duration: to or
     from CPU memory, and KV pulled in from a prefill instance. `pulled` names the requests
     whose KV is pulled in before this iteration, each with the seconds after the

@@ -283,6 +283,10 @@ class PagedScheduler(Scheduler):
         self.cpu_blocks = np.zeros(n, dtype=np.int64)
         self.peak_computed = np.zeros(n, dtype=np.int64)  # to tell recomputation from progress
         self.preemptions_total = 0
+        # Preempted while planning a step that ran nothing (a prefill instance's lone request,
+        # its blocks held by finished requests whose KV has not moved yet): no iteration row
+        # records that plan, so the next plan that runs carries the count.
+        self.unrecorded_preemptions = 0
         self.recomputed_tokens_total = 0
         self.holds_finished = False  # set on a disaggregated cluster's prefill instances
         self.held: set[int] = set()  # finished, KV not yet moved (see `release`)
@@ -583,10 +587,12 @@ class PagedScheduler(Scheduler):
         assert self.allocator.num_blocks * self.cfg.block_size_tokens <= self.kv_capacity_tokens
         assert self.swapped_blocks <= self.swap_capacity_blocks
         self.recomputed_tokens_total += plan.recomputed_tokens
+        preemptions = plan.preemptions + self.unrecorded_preemptions
+        self.unrecorded_preemptions = 0 if len(ids) else preemptions
         pull_s, pulled = self.take_pulled()
         return SchedulerOutput(
             ids, num_new, self._cost_batch(plan, num_new, context), allocated, kv_used_tokens=used,
-            preemptions=plan.preemptions, recomputed_tokens=plan.recomputed_tokens,
+            preemptions=preemptions if len(ids) else 0, recomputed_tokens=plan.recomputed_tokens,
             copy_time_s=pull_s + plan.copy_time_s, pulled=pulled,
         )
 
