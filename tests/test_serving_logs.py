@@ -168,6 +168,17 @@ def test_an_aiperf_exports_failed_requests_are_dropped_with_a_warning(tmp_path: 
         assert len(read_measurements(str(path), "aiperf")) == len(frame) - 1
 
 
+def test_a_capped_aiperf_export_keeps_the_first_requests_sent(tmp_path: Path) -> None:
+    """AIPerf writes a record as its request finishes: here the long request sent first
+    finishes last, after two short ones whose lines happen to be in start order."""
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text(_aiperf_line(10**18 + 10**9, 10, 5, 50.0, 500.0) + "\n"
+                    + _aiperf_line(10**18 + 3 * 10**9, 20, 5, 50.0, 500.0) + "\n"
+                    + _aiperf_line(10**18, 30, 50, 50.0, 10_000.0) + "\n")
+    arrival_s, prompt, _ = read_trace(str(path), "auto", max_requests=2)
+    assert arrival_s.tolist() == [0.0, 1.0] and prompt.tolist() == [30, 10]
+
+
 def test_an_aiperf_export_without_streaming_has_e2e_alone(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     path.write_text(_aiperf_line(10**18, 100, 20, None, 500.0) + "\n"

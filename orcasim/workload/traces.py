@@ -87,7 +87,14 @@ def _own_copy(read: tuple[Trace, PromptContent | None]) -> tuple[Trace, PromptCo
 def _first_to_arrive(resolved: Path, fmt: str,
                      max_requests: int | None) -> tuple[pd.DataFrame, np.ndarray, int]:
     """`_read_rows`, capped to the first `max_requests` to arrive, in the file's order."""
-    rows, arrival_s, offset = _read_rows(resolved, fmt, max_requests)
+    # AIPerf writes each record as its request finishes, so its first lines are the first to
+    # finish even where they happen to be in start order (a cap of 2 kept the requests sent
+    # at 1 s and 3 s, not the long one sent at 0 s that finished third): read it whole.
+    in_finish_order = fmt == "aiperf"
+    rows, arrival_s, offset = _read_rows(resolved, fmt, None if in_finish_order else max_requests)
+    if max_requests is not None and in_finish_order:
+        first = np.sort(np.argsort(arrival_s, kind="stable")[:max_requests])
+        return rows.iloc[first], arrival_s[first], offset
     if max_requests is not None and len(arrival_s) == max_requests and np.any(np.diff(arrival_s) < 0):
         # Not in arrival order (a log written as requests finished): the first requests to
         # arrive may lie further down, and the first lines would be the quickest ones (a
