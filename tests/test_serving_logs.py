@@ -199,6 +199,14 @@ def test_an_aiperf_export_without_streaming_has_e2e_alone(tmp_path: Path) -> Non
      r"integer nanoseconds$"),
     ('{"metadata": {"request_start_ns": 5}, "metrics": {"request_latency": 3}, "error": null}',
      r"^run.jsonl line 2: metrics.request_latency = 3, expected an object with a value and a unit$"),
+    ('{"metadata": {"request_start_ns": 5}, "metrics": {"input_sequence_length": {"value": true, '
+     '"unit": "tokens"}, "output_sequence_length": {"value": 2, "unit": "tokens"}, '
+     '"request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
+     r"^run.jsonl line 2: metrics.input_sequence_length.value = true, expected a number$"),
+    ('{"metadata": {"request_start_ns": 5}, "metrics": {"input_sequence_length": {"value": 4, '
+     '"unit": "tokens"}, "output_sequence_length": {"value": "7", "unit": "tokens"}, '
+     '"request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
+     r'^run.jsonl line 2: metrics.output_sequence_length.value = "7", expected a number$'),
 ])
 def test_a_bad_aiperf_record_is_a_one_line_error_naming_its_line(tmp_path: Path, line: str,
                                                                   message: str) -> None:

@@ -703,15 +703,17 @@ def _aiperf_value(metrics: dict[str, Any], name: str, where: str,
         raise ScenarioError(f"{where}: metrics.{name} = {json.dumps(metric)[:60]}, expected "
                             "an object with a value and a unit")
     value = metric["value"]
+    # Before the lengths are returned: pandas reads true as 1 token and "7" as 7 (JSON true
+    # is no length; Mooncake's reader refuses it too).
+    if not _is_number(value):
+        raise ScenarioError(f"{where}: metrics.{name}.value = {json.dumps(value)[:60]}, "
+                            "expected a number")
     if seconds is None:
         return value
     unit = metric.get("unit")
     if unit not in seconds:
         raise ScenarioError(f"{where}: metrics.{name}.unit = {json.dumps(unit)}, expected one "
                             f"of {', '.join(seconds)}")
-    if not _is_number(value):
-        raise ScenarioError(f"{where}: metrics.{name}.value = {json.dumps(value)}, expected a "
-                            "number")
     return float(value) * seconds[unit]
 
 
