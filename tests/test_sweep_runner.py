@@ -492,3 +492,7 @@ def test_resume_refuses_a_folder_that_other_orcasim_code_began(
                                        "would mix with this code's; use another --out, or "
                                        "--force to start over")
     assert not (out / "points" / "p0001-r00").exists()  # nothing ran
+    # The remedy it offers, added to the command it refused, starts over on this code.
+    result = run_sweep(load_sweep(grid), out, workers=1, resume=True, force=True, progress=False)
+    assert (result.ran, result.skipped) == (2, 0)
+    assert json.loads((out / "code.json").read_text()) == code_record()

@@ -130,7 +130,8 @@ def _prepare(sweep: Sweep, tasks: list[Task], out_dir: Path, resume: bool, force
 def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: bool,
                       force: bool, inputs: Sequence[Path] = ()) -> None:
     """Make `out_dir` ready for a resumable run whose work list is `plan` (plan.json):
-    with `resume`, keep a folder holding the same plan; with `force`, replace a folder
+    with `resume`, keep a folder holding the same plan begun by the same code (code.json);
+    with `force`, replace a folder
     orcasim wrote (and that holds none of the run's `inputs`); otherwise refuse a folder
     that is not empty, naming only what will work. `files` are written beside the plan."""
     plan_file = out_dir / "plan.json"
@@ -142,9 +143,12 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
         # Not UTF-8 (damaged): a plan that differs, not a UnicodeDecodeError's traceback.
         held = plan_file.read_bytes().decode("utf-8", errors="replace") \
             if plan_file.is_file() else None
-        if resume and held == plan:
+        if resume and held == plan and (_held_code(out_dir) == code or not force):
             _check_code(out_dir, code, inputs)
             return
+        # --resume --force on other code starts over, as its refusal offers (with the same
+        # plan --force was ignored, and the refusal said --force again), as it does where
+        # the plan differs.
         if force:
             check_replaceable(out_dir, inputs)
             discard_folder(out_dir)
@@ -180,11 +184,17 @@ def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
                             f"{force_too or ', or use another --out'}")
 
 
+def _held_code(out_dir: Path) -> str | None:
+    """The folder's code.json as text; None where it has none."""
+    file = out_dir / CODE_FILE
+    # Not UTF-8 (damaged): other code, not a UnicodeDecodeError's traceback.
+    return file.read_bytes().decode("utf-8", errors="replace") if file.is_file() else None
+
+
 def _check_code(out_dir: Path, code: str, inputs: Sequence[Path]) -> None:
     """Refuse to resume a folder whose finished points another orcasim computed (its
     code.json, `paths.code_record`): the table would mix two codes' results."""
-    file = out_dir / CODE_FILE
-    held = file.read_bytes().decode("utf-8", errors="replace") if file.is_file() else None
+    held = _held_code(out_dir)
     if held == code:
         return
     try:
