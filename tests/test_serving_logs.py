@@ -190,20 +190,25 @@ def test_an_aiperf_export_without_streaming_has_e2e_alone(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ('{"metadata": {"request_start_ns": 5}, "metrics": {"request_latency": {"value": 3, "unit": "min"},'
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"request_latency": {"value": 3, "unit": "min"},'
      ' "input_sequence_length": {"value": 4, "unit": "tokens"}, "output_sequence_length": '
      '{"value": 2, "unit": "tokens"}}, "error": null}',
      r'^run.jsonl line 2: metrics.request_latency.unit = "min", expected one of s, sec, ms, us, ns$'),
     ('{"metadata": {"request_start_ns": "soon"}, "metrics": {}, "error": null}',
      r'^run.jsonl line 2: metadata.request_start_ns = "soon", expected the request\'s start in '
-     r"integer nanoseconds$"),
-    ('{"metadata": {"request_start_ns": 5}, "metrics": {"request_latency": 3}, "error": null}',
+     r"integer nanoseconds since the Unix epoch \(time.time_ns\(\), 1e\+17 or more; a Unix time "
+     r"in s, ms or us is smaller\)$"),
+    # A Unix time in ms, read as ns, packed the arrivals a million times closer.
+    ('{"metadata": {"request_start_ns": 1759813207532}, "metrics": {}, "error": null}',
+     r"^run.jsonl line 2: metadata.request_start_ns = 1759813207532, expected the request's "
+     r"start in integer nanoseconds since the Unix epoch"),
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"request_latency": 3}, "error": null}',
      r"^run.jsonl line 2: metrics.request_latency = 3, expected an object with a value and a unit$"),
-    ('{"metadata": {"request_start_ns": 5}, "metrics": {"input_sequence_length": {"value": true, '
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"input_sequence_length": {"value": true, '
      '"unit": "tokens"}, "output_sequence_length": {"value": 2, "unit": "tokens"}, '
      '"request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
      r"^run.jsonl line 2: metrics.input_sequence_length.value = true, expected a number$"),
-    ('{"metadata": {"request_start_ns": 5}, "metrics": {"input_sequence_length": {"value": 4, '
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"input_sequence_length": {"value": 4, '
      '"unit": "tokens"}, "output_sequence_length": {"value": "7", "unit": "tokens"}, '
      '"request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
      r'^run.jsonl line 2: metrics.output_sequence_length.value = "7", expected a number$'),
