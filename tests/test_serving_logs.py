@@ -212,6 +212,10 @@ def test_an_aiperf_export_without_streaming_has_e2e_alone(tmp_path: Path) -> Non
      '"unit": "tokens"}, "output_sequence_length": {"value": "7", "unit": "tokens"}, '
      '"request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
      r'^run.jsonl line 2: metrics.output_sequence_length.value = "7", expected a number$'),
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"output_sequence_length": '
+     '{"value": 2, "unit": "tokens"}, "request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
+     r"^run.jsonl line 2: metrics has no input_sequence_length, expected the prompt's length in "
+     r"tokens$"),
 ])
 def test_a_bad_aiperf_record_is_a_one_line_error_naming_its_line(tmp_path: Path, line: str,
                                                                   message: str) -> None:

@@ -695,7 +695,12 @@ def _aiperf_record(line: str, line_no: int, path: Path) -> tuple[object, ...] | 
               _aiperf_value(metrics, "time_to_first_token", where, AIPERF_SECONDS),
               _aiperf_value(metrics, "request_latency", where, AIPERF_SECONDS))
     # No output, or no end: failed, as vLLM's benchmark counts a request without output.
-    return None if record[2] in (None, 0) or record[4] is None else record
+    if record[2] in (None, 0) or record[4] is None:
+        return None
+    if record[1] is None:  # named, where the length check said "input_sequence_length = nan"
+        raise ScenarioError(f"{where}: metrics has no input_sequence_length, expected the "
+                            "prompt's length in tokens")
+    return record
 
 
 def _aiperf_value(metrics: dict[str, Any], name: str, where: str,
