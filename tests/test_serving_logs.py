@@ -168,6 +168,13 @@ def test_an_aiperf_exports_failed_requests_are_dropped_with_a_warning(tmp_path: 
         assert len(read_measurements(str(path), "aiperf")) == len(frame) - 1
 
 
+def test_an_aiperf_export_of_failed_requests_alone_says_so(tmp_path: Path) -> None:
+    path = _as_aiperf_export(pd.read_csv(RUN).iloc[:1], tmp_path / "profile_export.jsonl", failed=0)
+    with pytest.raises(ValueError, match=r"^profile_export.jsonl: all 1 requests failed \(an error, "
+                       r"a cancellation or no output\); expected at least one that finished$"):
+        read_trace(str(path))
+
+
 def test_a_capped_aiperf_export_keeps_the_first_requests_sent(tmp_path: Path) -> None:
     """AIPerf writes a record as its request finishes: here the long request sent first
     finishes last, after two short ones whose lines happen to be in start order."""

@@ -656,6 +656,9 @@ def _read_aiperf(path: Path, max_requests: int | None) -> pd.DataFrame:
                     lines.append(line_no)
     except UnicodeDecodeError:
         raise ScenarioError(f"{path.name}: not UTF-8 text; expected JSON lines") from None
+    if failed and failed == total:  # said here: the warning is lost with the error it precedes
+        raise ScenarioError(f"{path.name}: all {total} requests failed (an error, a cancellation "
+                            "or no output); expected at least one that finished")
     if failed:
         warnings.warn(f"{path.name}: {failed} of {total} requests failed (an error, a "
                       "cancellation or no output) and are dropped: the replay sends the others "
