@@ -175,6 +175,19 @@ def test_an_aiperf_export_of_failed_requests_alone_says_so(tmp_path: Path) -> No
         read_trace(str(path))
 
 
+def test_aiperfs_raw_export_is_named_not_read_as_failed_requests(tmp_path: Path) -> None:
+    """profile_export_raw.jsonl: the same metadata, the raw request and responses, no
+    metrics. Read with --format aiperf it was 'all requests failed'; by content, Mooncake."""
+    path = tmp_path / "profile_export_raw.jsonl"
+    path.write_text(json.dumps({"metadata": {"session_num": 0, "request_start_ns": 10**18,
+                                             "benchmark_phase": "profiling"},
+                                "start_perf_ns": 1, "payload": {}, "responses": []}) + "\n")
+    for fmt in ("aiperf", "auto"):
+        with pytest.raises(ValueError, match=r"^profile_export_raw.jsonl line 1: not an AIPerf "
+                           r"record; expected an object with a metadata and a metrics object"):
+            read_trace(str(path), fmt)
+
+
 def test_a_capped_aiperf_export_keeps_the_first_requests_sent(tmp_path: Path) -> None:
     """AIPerf writes a record as its request finishes: here the long request sent first
     finishes last, after two short ones whose lines happen to be in start order."""

@@ -609,7 +609,6 @@ def _bad_mooncake(path: Path, line_no: int, what: str) -> ScenarioError:
 # "unit"}}, "error": null | {...}}. Its inter_token_latency is (request_latency - ttft) /
 # (output_sequence_length - 1), orcasim's TPOT, so TPOT is derived from the two, as it is
 # from an orcasim CSV without tpot_s.
-AIPERF_SIGNS = ("metadata", "metrics")
 AIPERF_START_KEYS = ("request_start_ns", "timestamp_ns")  # newer, older exports
 AIPERF_SECONDS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # AIPerf stamps a request's start with time.time_ns(): 1.7e18 in 2024. Below 1e17 (1973) is
@@ -620,13 +619,15 @@ AIPERF_COLUMNS = ("start_ns", *LENGTH_COLUMNS["aiperf"], "ttft_s", "e2e_s")
 
 
 def _is_aiperf_export(path: Path) -> bool:
-    """Whether the first non-blank line is an AIPerf record (a metadata and a metrics object)."""
+    """Whether the first non-blank line is an AIPerf record: an object with a metadata
+    object, which no Mooncake record has (AIPerf's raw export, without metrics, is named
+    by the AIPerf reader, where Mooncake's said "no key 'timestamp'")."""
     try:
         with decompressing(path), open_text(path) as f:
             for line in f:
                 if line.strip():
                     obj = json.loads(line)
-                    return isinstance(obj, dict) and all(k in obj for k in AIPERF_SIGNS)
+                    return isinstance(obj, dict) and isinstance(obj.get("metadata"), dict)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
@@ -680,11 +681,14 @@ def _aiperf_record(line: str, line_no: int, path: Path) -> tuple[object, ...] | 
     except json.JSONDecodeError as e:
         raise ScenarioError(f"{where}: not JSON ({e.msg} at column {e.colno}); expected an "
                             "AIPerf record") from None
+    # Every record has its metrics object, {} for a failed one: a record without it is no
+    # such record (profile_export_raw.jsonl's raw requests read as all failed).
     if not (isinstance(obj, dict) and isinstance(obj.get("metadata"), dict)
-            and isinstance(obj.get("metrics") or {}, dict)):
+            and isinstance(obj.get("metrics"), dict)):
         raise ScenarioError(f"{where}: not an AIPerf record; expected an object with a "
-                            "metadata and a metrics object")
-    meta, metrics = obj["metadata"], obj.get("metrics") or {}
+                            "metadata and a metrics object (profile_export.jsonl's records, "
+                            "not profile_export_raw.jsonl's)")
+    meta, metrics = obj["metadata"], obj["metrics"]
     if obj.get("error") is not None or meta.get("was_cancelled") is True:
         return None
     start = next((meta[k] for k in AIPERF_START_KEYS if meta.get(k) is not None), None)
