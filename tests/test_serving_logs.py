@@ -188,6 +188,16 @@ def test_aiperfs_raw_export_is_named_not_read_as_failed_requests(tmp_path: Path)
             read_trace(str(path), fmt)
 
 
+def test_aiperfs_summary_is_named_not_taken_for_a_vllm_result(tmp_path: Path) -> None:
+    path = tmp_path / "profile_export_aiperf.json"
+    path.write_text(json.dumps({"aiperf_version": "0.5.0", "request_throughput":
+                                {"unit": "requests/sec", "avg": 3.2}}, indent=2))
+    with pytest.raises(ValueError, match=r"^profile_export_aiperf.json: AIPerf's aggregated "
+                       r"statistics \(profile_export_aiperf.json\); expected its per-request "
+                       r"records, profile_export.jsonl in the same artifacts folder$"):
+        read_measurements(str(path))
+
+
 def test_a_capped_aiperf_export_keeps_the_first_requests_sent(tmp_path: Path) -> None:
     """AIPerf writes a record as its request finishes: here the long request sent first
     finishes last, after two short ones whose lines happen to be in start order."""

@@ -430,6 +430,12 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     if not isinstance(doc, dict):
         raise ScenarioError(f"{path.name}: a JSON {type(doc).__name__}; expected an object with "
                             f"the lists {', '.join(VLLM_FIELDS)} (a vLLM benchmark result)")
+    if isinstance(doc.get("request_throughput"), dict):  # vLLM's is a number
+        # AIPerf's summary shares vLLM's request_throughput key, and was told to save a vLLM
+        # result with --save-detailed.
+        raise ScenarioError(f"{path.name}: AIPerf's aggregated statistics "
+                            "(profile_export_aiperf.json); expected its per-request records, "
+                            "profile_export.jsonl in the same artifacts folder")
     missing = [f for f in VLLM_FIELDS if f not in doc]
     if missing:
         raise ScenarioError(f"{path.name}: a vLLM benchmark result lacks {', '.join(missing)}; save "
