@@ -198,6 +198,18 @@ def test_aiperfs_summary_is_named_not_taken_for_a_vllm_result(tmp_path: Path) ->
         read_measurements(str(path))
 
 
+def test_an_aiperf_exports_later_turns_are_warned_of(tmp_path: Path) -> None:
+    """A session's second turn was sent as its first finished: replayed at its logged time,
+    it is an open loop's, as a vLLM result's under --max-concurrency (warned of too)."""
+    second = json.loads(_aiperf_line(10**18 + 10**9, 20, 5, 50.0, 500.0))
+    second["metadata"]["turn_index"] = 1
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text(_aiperf_line(10**18, 10, 5, 50.0, 500.0) + "\n" + json.dumps(second) + "\n")
+    with pytest.warns(UserWarning, match=r"^profile_export.jsonl: 1 of 2 requests are later "
+                      r"turns of multi-turn sessions \(metadata.turn_index > 0\)"):
+        assert read_trace(str(path))[0].tolist() == [0.0, 1.0]
+
+
 def test_a_capped_aiperf_export_keeps_the_first_requests_sent(tmp_path: Path) -> None:
     """AIPerf writes a record as its request finishes: here the long request sent first
     finishes last, after two short ones whose lines happen to be in start order."""

@@ -621,7 +621,7 @@ AIPERF_SECONDS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # no such time but a Unix time in us (1.7e15), ms or s, read as ns it packed a run's
 # arrivals 1000 times closer or more, silently.
 AIPERF_EPOCH_NS_MIN = 10**17
-AIPERF_COLUMNS = ("start_ns", *LENGTH_COLUMNS["aiperf"], "ttft_s", "e2e_s")
+AIPERF_COLUMNS = ("start_ns", *LENGTH_COLUMNS["aiperf"], "ttft_s", "e2e_s", "later_turn")
 
 
 def _is_aiperf_export(path: Path) -> bool:
@@ -672,11 +672,23 @@ def _read_aiperf(path: Path, max_requests: int | None) -> pd.DataFrame:
                       "alone, without the load the failed ones put on the server",
                       UserWarning, stacklevel=2)
     rows = pd.DataFrame(kept, index=lines, columns=list(AIPERF_COLUMNS))
+    _warn_of_later_turns(int(rows["later_turn"].sum()), len(rows), path)
     start_ns = rows["start_ns"].to_numpy(dtype=np.int64)
     # Relative in integer nanoseconds: epoch times as floats keep only about 0.2 us.
     rows["arrival_s"] = (start_ns - (start_ns.min() if len(rows) else 0)) / 1e9
     rows["tpot_s"] = np.nan
-    return rows.drop(columns="start_ns")
+    return rows.drop(columns=["start_ns", "later_turn"])
+
+
+def _warn_of_later_turns(later: int, kept: int, path: Path) -> None:
+    """Say that a multi-turn run's later turns are replayed at their logged times: AIPerf
+    sends a session's next turn as its previous one finishes, so those times waited on the
+    real server, as vLLM's under --max-concurrency did (which is warned of too)."""
+    if later:
+        warnings.warn(f"{path.name}: {later} of {kept} requests are later turns of multi-turn "
+                      "sessions (metadata.turn_index > 0), each sent as its previous turn "
+                      "finished; they are replayed as given (an open loop), which a slower "
+                      "simulated server would not have seen", UserWarning, stacklevel=3)
 
 
 def _aiperf_record(line: str, line_no: int, path: Path) -> tuple[object, ...] | None:
@@ -703,10 +715,12 @@ def _aiperf_record(line: str, line_no: int, path: Path) -> tuple[object, ...] | 
                             "expected the request's start in integer nanoseconds since the Unix "
                             f"epoch (time.time_ns(), {AIPERF_EPOCH_NS_MIN:.0e} or more; a Unix "
                             "time in s, ms or us is smaller)")
+    turn = meta.get("turn_index")
     record = (start, _aiperf_value(metrics, "input_sequence_length", where, None),
               _aiperf_value(metrics, "output_sequence_length", where, None),
               _aiperf_value(metrics, "time_to_first_token", where, AIPERF_SECONDS),
-              _aiperf_value(metrics, "request_latency", where, AIPERF_SECONDS))
+              _aiperf_value(metrics, "request_latency", where, AIPERF_SECONDS),
+              isinstance(turn, int) and not isinstance(turn, bool) and turn > 0)
     # No output, or no end: failed, as vLLM's benchmark counts a request without output.
     if record[2] in (None, 0) or record[4] is None:
         return None
