@@ -62,8 +62,11 @@ def code_record() -> dict[str, str]:
 
     package = Path(__file__).parent
     digest = hashlib.sha256()
+    # Its modules and shipped data, not whatever else lies in the folder (an editor's swap
+    # file beside a module would refuse every resume).
     for file in sorted(f for f in package.rglob("*") if f.is_file()
-                       and "__pycache__" not in f.parts and f.suffix != ".pyc"):
+                       and "__pycache__" not in f.parts
+                       and (f.suffix == ".py" or f.relative_to(package).parts[0] == "data")):
         digest.update(file.relative_to(package).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(file.read_bytes()).digest())
     return {"version": __version__, "sha256": digest.hexdigest()}

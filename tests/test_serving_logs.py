@@ -168,9 +168,15 @@ def test_an_aiperf_exports_failed_requests_are_dropped_with_a_warning(tmp_path: 
         assert len(read_measurements(str(path), "aiperf")) == len(frame) - 1
 
 
-def test_an_aiperf_export_of_failed_requests_alone_says_so(tmp_path: Path) -> None:
-    path = _as_aiperf_export(pd.read_csv(RUN).iloc[:1], tmp_path / "profile_export.jsonl", failed=0)
-    with pytest.raises(ValueError, match=r"^profile_export.jsonl: all 1 requests failed \(an error, "
+@pytest.mark.parametrize(("count", "which"), [(1, "its one request"), (3, "all 3 requests")])
+def test_an_aiperf_export_of_failed_requests_alone_says_so(tmp_path: Path, count: int,
+                                                           which: str) -> None:
+    frame = pd.read_csv(RUN).iloc[:count]
+    lines = [_as_aiperf_export(frame, tmp_path / "one.jsonl", failed=i).read_text().splitlines()[i]
+             for i in range(count)]
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"^profile_export.jsonl: {which} failed \(an error, "
                        r"a cancellation or no output\); expected at least one that finished$"):
         read_trace(str(path))
 

@@ -496,3 +496,31 @@ def test_resume_refuses_a_folder_that_other_orcasim_code_began(
     result = run_sweep(load_sweep(grid), out, workers=1, resume=True, force=True, progress=False)
     assert (result.ran, result.skipped) == (2, 0)
     assert json.loads((out / "code.json").read_text()) == code_record()
+
+
+def test_the_code_record_reads_modules_and_data_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stray file beside the modules (an editor's swap file) must not refuse every resume;
+    a module or a shipped data file changed must."""
+    import orcasim.paths as paths
+
+    package = tmp_path / "orcasim"
+    (package / "data").mkdir(parents=True)
+    (package / "core.py").write_text("x = 1\n")
+    (package / "data" / "catalog.yaml").write_text("a: 1\n")
+    monkeypatch.setattr(paths, "__file__", str(package / "paths.py"))
+
+    def record() -> dict[str, str]:
+        paths.code_record.cache_clear()
+        return paths.code_record()
+
+    try:
+        first = record()
+        (package / ".core.py.swp").write_text("editor state")
+        assert record() == first
+        (package / "data" / "catalog.yaml").write_text("a: 2\n")
+        second = record()
+        assert second != first
+        (package / "core.py").write_text("x = 2\n")
+        assert record() != second
+    finally:
+        paths.code_record.cache_clear()  # the next caller reads orcasim's own files again

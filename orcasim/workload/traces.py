@@ -383,8 +383,9 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
         case "vllm":
             rows = _read_vllm_result(path).iloc[:max_requests]
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LISTS
-        case "aiperf":
-            rows = _read_aiperf(path, max_requests)
+        case "aiperf":  # capped by `_first_to_arrive`, which reads it whole (finish order)
+            assert max_requests is None, "an AIPerf log's first lines are not its first requests"
+            rows = _read_aiperf(path)
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LINES
     raise ScenarioError(f"unknown trace format '{fmt}'; expected auto, orcasim, azure, mooncake, "
                         "vllm or aiperf")
@@ -639,7 +640,7 @@ def _is_aiperf_export(path: Path) -> bool:
     return False
 
 
-def _read_aiperf(path: Path, max_requests: int | None) -> pd.DataFrame:
+def _read_aiperf(path: Path) -> pd.DataFrame:
     """The successful records, indexed by their line: `arrival_s` (seconds after the first
     kept request's start), the lengths, `ttft_s` (NaN where the run did not stream), `e2e_s`
     and `tpot_s` (NaN: derived). A failed or cancelled record is dropped, with a warning
@@ -650,8 +651,6 @@ def _read_aiperf(path: Path, max_requests: int | None) -> pd.DataFrame:
     try:
         with decompressing(path), open_text(path) as f:
             for line_no, line in enumerate(f, start=1):
-                if max_requests is not None and len(kept) >= max_requests:
-                    break
                 if not line.strip():
                     continue
                 total += 1
@@ -664,8 +663,9 @@ def _read_aiperf(path: Path, max_requests: int | None) -> pd.DataFrame:
     except UnicodeDecodeError:
         raise ScenarioError(f"{path.name}: not UTF-8 text; expected JSON lines") from None
     if failed and failed == total:  # said here: the warning is lost with the error it precedes
-        raise ScenarioError(f"{path.name}: all {total} requests failed (an error, a cancellation "
-                            "or no output); expected at least one that finished")
+        which = "its one request" if total == 1 else f"all {total} requests"
+        raise ScenarioError(f"{path.name}: {which} failed (an error, a cancellation or no "
+                            "output); expected at least one that finished")
     if failed:
         warnings.warn(f"{path.name}: {failed} of {total} requests failed (an error, a "
                       "cancellation or no output) and are dropped: the replay sends the others "
