@@ -203,7 +203,8 @@ def _check_code(out_dir: Path, code: str, inputs: Sequence[Path]) -> None:
         there = None
     here = json.loads(code)
     if not isinstance(there, dict):
-        why = f"records no orcasim code ({CODE_FILE} is missing or unreadable)"
+        why = (f"records no orcasim code (its {CODE_FILE} is missing or unreadable: begun "
+               "before orcasim recorded its code, or damaged)")
     elif there.get("version") != here["version"]:
         why = f"was run by orcasim {there.get('version')}, this is {here['version']}"
     else:
