@@ -135,6 +135,30 @@ def test_a_percentile_equal_to_its_bound_meets_it_and_each_target_binds_alone() 
     assert np.isnan(slo_summary(reqs.iloc[:0], on_the_bound)["slo_attainment"])
 
 
+def test_a_latency_on_its_bound_by_the_models_arithmetic_meets_it() -> None:
+    """Two closed-loop clients, each request three 0.1 s iterations: every e2e is 0.3 s in
+    the model and 0.30000000000000004 in floats, which missed `e2e_p99 <= 0.3` (attainment
+    0.0, not met). A latency a clock's rounding over its bound is within it; a microsecond
+    over is not."""
+    changes = {
+        "workload.num_requests": 6,
+        "workload.arrival": {"kind": "closed_loop", "num_clients": 2,
+                             "think_time": {"kind": "constant", "value_s": 0.5}},
+        "workload.prompt_tokens": {"kind": "constant", "value": 10},
+        "workload.output_tokens": {"kind": "constant", "value": 3},
+        "cost": {"kind": "linear", "base_s": 0.1, "per_token_s": 0.0, "per_context_token_s": 0.0},
+        "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}],
+    }
+    # p99 above the share 0.5: judged by its percentile too, not by the share alone.
+    on = run_scenario(make_scenario(**changes, slo={"targets": ["e2e_p99 <= 0.3"],
+                                                     "attainment": 0.5})).systems["orca"]
+    assert (on.requests["e2e_s"] > 0.3).all()  # the float reading the test is about
+    assert on.summary["slo_attainment"] == 1.0 and on.summary["slo_met"] == 1.0
+    below = SLOConfig(targets=["e2e_p99 <= 0.299999"], attainment=0.5)
+    out = slo_summary(on.requests, below)
+    assert out["slo_attainment"] == 0.0 and out["slo_met"] == 0.0
+
+
 def test_a_percentile_at_the_attainment_share_is_held_by_the_share_as_distserve_counts() -> None:
     """A tester's case: nine requests at TTFT 0.125 s, one at 5 s; ttft_p90 <= 0.5 at 0.9.
     Nine of ten attain it, which DistServe counts as met; numpy's p90 interpolates between
