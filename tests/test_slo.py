@@ -240,3 +240,20 @@ def test_the_slo_a_capacity_folder_records_reads_back_as_given() -> None:
     back = SLOConfig.model_validate(yaml.safe_load(slo_text(slo)))
     assert back == slo
     assert [t.name for t in back.targets] == ["ttft_p90", "e2e_p99.9999999"]
+
+
+def test_the_printed_attainment_never_reads_at_a_target_it_is_below() -> None:
+    """17,993 of 20,000 (0.89965) printed 0.900 beside a 0.9 target it had not met."""
+    from rich.console import Console
+
+    from orcasim.cli import share_text, summary_table
+
+    console = Console(width=200, record=True)
+    console.print(summary_table({"a": {"slo_attainment": 17_993 / 20_000, "slo_met": 0.0},
+                                 "b": {"slo_attainment": 0.9, "slo_met": 1.0}}, "t"))
+    row = next(line for line in console.export_text().splitlines() if "SLO attainment" in line)
+    assert [cell.strip() for cell in row.split("│")[2:4]] == ["0.899", "0.900 (met)"]
+    # Exact thousandths stay themselves, however the product rounds.
+    assert [share_text(k / 1000) for k in (290, 570, 580, 999, 1000)] == [
+        "0.290", "0.570", "0.580", "0.999", "1.000"]
+    assert share_text(float("nan")) == "nan"
