@@ -257,3 +257,25 @@ def test_the_printed_attainment_never_reads_at_a_target_it_is_below() -> None:
     assert [share_text(k / 1000) for k in (290, 570, 580, 999, 1000)] == [
         "0.290", "0.570", "0.580", "0.999", "1.000"]
     assert share_text(float("nan")) == "nan"
+
+
+def test_one_token_outputs_count_in_a_tpot_percentile_over_every_request() -> None:
+    """50 one-token outputs (no TPOT, within a TPOT bound), 49 within it and 1 turned away:
+    99 of 100 requests are within tpot <= 0.1, so its p98 is met and its p99.5 is not. Over
+    the 49 TPOTs and the turned-away one alone, the p98 read past the bound (not met)."""
+    one, rest = 50, 49
+    reqs = pd.DataFrame({
+        "arrival_s": np.arange(100.0),
+        "finish_s": [*np.arange(99.0) + 0.5, np.nan],
+        "ttft_s": [*[0.1] * 99, np.nan],
+        "tpot_s": [*[np.nan] * one, *[0.05] * rest, np.nan],
+        "rejected": [*[False] * 99, True],
+    })
+    p98 = slo_summary(reqs, SLOConfig(targets=["tpot_p98 <= 0.1"], attainment=0.9))
+    assert p98["slo_attainment"] == 0.99 and p98["slo_met"] == 1.0
+    assert p98["slo_tpot_p98"] == 0.05  # reported over the TPOTs there are
+    assert slo_summary(reqs, SLOConfig(targets=["tpot_p99.5 <= 0.1"], attainment=0.9))["slo_met"] == 0.0
+    # Only one-token outputs: met where all were answered, not where one was turned away.
+    only_one = reqs.assign(tpot_s=np.nan)
+    assert slo_summary(only_one.iloc[:99], SLOConfig(targets=["tpot_p99 <= 0.1"]))["slo_met"] == 1.0
+    assert slo_summary(only_one, SLOConfig(targets=["tpot_p99.5 <= 0.1"]))["slo_met"] == 0.0
