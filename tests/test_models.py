@@ -450,6 +450,9 @@ def test_a_layer_named_twice_is_refused() -> None:
 @pytest.mark.parametrize(("name", "key", "value", "expected"), [
     ("qwen3-30b-a3b", "moe_intermediate_size", 0, "expert_intermediate_size = 0: Input should be greater than 0"),
     ("gpt2", "n_inner", 0, "intermediate_size = 0: Input should be greater than 0"),
+    ("mixtral-8x7b", "num_local_experts", 0, "moe.num_experts = 0: Input should be greater than 0"),
+    ("qwen3-30b-a3b", "num_experts", 0, "moe.num_experts = 0: Input should be greater than 0"),
+    ("deepseek-v3", "n_routed_experts", 0, "moe.num_experts = 0: Input should be greater than 0"),
     ("qwen3-30b-a3b", "decoder_sparse_step", 0, "decoder_sparse_step = 0; expected a positive integer"),
     ("deepseek-v3", "moe_layer_freq", 0, "moe_layer_freq = 0; expected a positive integer"),
     ("qwen3-30b-a3b", "mlp_only_layers", 5, "mlp_only_layers = 5; expected a list of 0-based layer"),
@@ -458,7 +461,8 @@ def test_a_moe_config_s_zero_or_wrong_kind_is_refused_not_replaced(
     tmp_path: Path, name: str, key: str, value: object, expected: str,
 ) -> None:
     """`moe_intermediate_size: 0` read as the dense MLP's 6,144 (Qwen3-30B-A3B: 233.5B
-    parameters, not 30.5B), `n_inner: 0` as 4 x hidden, a step of 0 as 1, and
+    parameters, not 30.5B), `n_inner: 0` as 4 x hidden, a step of 0 as 1, an expert count
+    of 0 as a dense model (Mixtral-8x7B: 7.24B parameters, not 46.70B), and
     `mlp_only_layers: 5` was a TypeError traceback (a tester's finding)."""
     config = json.loads(Path(f"orcasim/data/hf_configs/{name}/config.json").read_text())
     path = tmp_path / "config.json"

@@ -203,9 +203,11 @@ def _sliding_window(config: Config) -> dict[str, Any]:
 def _moe(config: Config) -> dict[str, Any] | None:
     """Routed and shared experts, and which layers stay dense, in each family's words."""
     family = config["model_type"]
-    num_experts = config.get("num_local_experts") or config.get("num_experts") \
-        or config.get("n_routed_experts")
-    if not num_experts:
+    # The first key present: `or` read a 0 as absent, so `num_local_experts: 0` made Mixtral
+    # a dense 7.2B model in silence; a 0 goes on for MoESpec to refuse (`_present_or`).
+    num_experts = next((config[key] for key in ("num_local_experts", "num_experts", "n_routed_experts")
+                        if config.get(key) is not None), None)
+    if num_experts is None:
         return None
     layers = range(int(_need(config, "num_hidden_layers")))
     width = config.get("moe_intermediate_size")  # absent: Mixtral's, the MLP's (0 is refused)
