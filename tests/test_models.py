@@ -447,6 +447,23 @@ def test_a_layer_named_twice_is_refused() -> None:
         ModelSpec.model_validate({**base, "sliding_window": 64, "sliding_window_layers": [1, 3, 1]})
 
 
+@pytest.mark.parametrize(("name", "key"), [
+    ("mixtral-8x7b", "num_local_experts"), ("qwen3-30b-a3b", "num_experts"),
+    ("gpt-oss-20b", "num_local_experts"),
+])
+def test_a_moe_family_s_config_without_its_expert_count_is_refused(
+    tmp_path: Path, name: str, key: str,
+) -> None:
+    """Without its expert count a Mixtral config read as a dense 7.24B model (46.70B) and
+    Qwen3-30B-A3B as a dense 3.34B one (30.53B), in silence."""
+    config = json.loads(Path(f"orcasim/data/hf_configs/{name}/config.json").read_text())
+    del config[key]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ScenarioError, match=re.escape("missing the expert count (num_local_experts")):
+        model_from_argument(str(path))
+
+
 @pytest.mark.parametrize(("name", "key", "value", "expected"), [
     ("qwen3-30b-a3b", "moe_intermediate_size", 0, "expert_intermediate_size = 0: Input should be greater than 0"),
     ("gpt2", "n_inner", 0, "intermediate_size = 0: Input should be greater than 0"),

@@ -200,14 +200,23 @@ def _sliding_window(config: Config) -> dict[str, Any]:
             "sliding_window_layers": None if len(sliding) == layers else sliding}
 
 
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# Families whose every model has routed experts (DeepSeek's layers go dense without them).
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+
+
 def _moe(config: Config) -> dict[str, Any] | None:
     """Routed and shared experts, and which layers stay dense, in each family's words."""
     family = config["model_type"]
     # The first key present: `or` read a 0 as absent, so `num_local_experts: 0` made Mixtral
     # a dense 7.2B model in silence; a 0 goes on for MoESpec to refuse (`_present_or`).
-    num_experts = next((config[key] for key in ("num_local_experts", "num_experts", "n_routed_experts")
-                        if config.get(key) is not None), None)
-    if num_experts is None:
+    num_experts = next((config[key] for key in EXPERT_COUNT_KEYS if config.get(key) is not None), None)
+    if num_experts is None and family in MOE_FAMILIES:
+        # Absent, a Mixtral config read as a dense 7.24B model (46.70B) and Qwen3-30B-A3B
+        # as a dense 3.34B one (30.53B), silently.
+        raise ScenarioError(f"model.hf_config: missing the expert count ({' or '.join(EXPERT_COUNT_KEYS)}), "
+                            f"which {family} configs have")
+    if num_experts is None:  # a DeepSeek config without routed experts is dense, as in vLLM
         return None
     layers = range(int(_need(config, "num_hidden_layers")))
     width = config.get("moe_intermediate_size")  # absent: Mixtral's, the MLP's (0 is refused)
