@@ -485,8 +485,9 @@ def test_config_defaults_and_names(tmp_path: Path) -> None:
     assert (model.tied_embeddings, model.qkv_bias, model.name) == (False, None, "my-model")
     path.write_text(json.dumps({**base, "tie_word_embeddings": True, "_name_or_path": "org/tiny"}))
     assert (model_from_argument(str(path)).tied_embeddings, model_from_argument(str(path)).name) == (True, "org/tiny")
-    # (with its experts: a qwen2_moe config without an expert count is refused)
-    path.write_text(json.dumps({**base, "model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2}))
+    # (with its experts: a qwen2_moe config without their count or width is refused)
+    path.write_text(json.dumps({**base, "model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32}))
     assert model_from_argument(str(path)).qkv_bias is True
     path.write_text("{not json")
     with pytest.raises(ScenarioError, match=f"model.hf_config = '{path}': cannot read it as JSON"):

@@ -450,17 +450,21 @@ def test_a_layer_named_twice_is_refused() -> None:
 @pytest.mark.parametrize(("name", "key"), [
     ("mixtral-8x7b", "num_local_experts"), ("qwen3-30b-a3b", "num_experts"),
     ("gpt-oss-20b", "num_local_experts"),
+    ("qwen3-30b-a3b", "moe_intermediate_size"), ("deepseek-v3", "moe_intermediate_size"),
 ])
-def test_a_moe_family_s_config_without_its_expert_count_is_refused(
+def test_a_moe_family_s_config_without_its_expert_count_or_width_is_refused(
     tmp_path: Path, name: str, key: str,
 ) -> None:
     """Without its expert count a Mixtral config read as a dense 7.24B model (46.70B) and
-    Qwen3-30B-A3B as a dense 3.34B one (30.53B), in silence."""
+    Qwen3-30B-A3B as a dense 3.34B one (30.53B), in silence; without its experts' own
+    width Qwen3-30B-A3B took the dense MLP's, 233.5B parameters, and DeepSeek-V3 5.9T."""
     config = json.loads(Path(f"orcasim/data/hf_configs/{name}/config.json").read_text())
     del config[key]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    with pytest.raises(ScenarioError, match=re.escape("missing the expert count (num_local_experts")):
+    expected = "missing moe_intermediate_size" if key == "moe_intermediate_size" else \
+        "missing the expert count (num_local_experts"
+    with pytest.raises(ScenarioError, match=re.escape(expected)):
         model_from_argument(str(path))
 
 

@@ -219,8 +219,12 @@ def _moe(config: Config) -> dict[str, Any] | None:
     if num_experts is None:  # a DeepSeek config without routed experts is dense, as in vLLM
         return None
     layers = range(int(_need(config, "num_hidden_layers")))
-    width = config.get("moe_intermediate_size")  # absent: Mixtral's, the MLP's (0 is refused)
-    expert_width = int(width if width is not None else _need(config, "intermediate_size"))
+    # Mixtral's and gpt-oss's experts are as wide as `intermediate_size`; Qwen's and
+    # DeepSeek's have their own width, which is no default: absent, the dense MLP's width
+    # read Qwen3-30B-A3B as 233.5B parameters (30.53B) and DeepSeek-V3 as 5.9T (671.0B).
+    own_width = family.startswith(("qwen", "deepseek"))
+    expert_width = int(_need(config, "moe_intermediate_size") if own_width  # (0 is refused)
+                       else _need(config, "intermediate_size"))
     shared_width = int(config.get("shared_expert_intermediate_size") or 0)  # Qwen2-MoE
     if family.startswith("deepseek"):
         shared_width = int(config.get("n_shared_experts") or 0) * expert_width
