@@ -152,6 +152,8 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     whatever order the frame holds them (sorted by another column, the integral taken
     row by row drew a timeline that was not the run's).
     """
+    if iterations.empty:  # idle throughout (a replica the router starved): 0, not a ValueError
+        return np.zeros(len(edges_s) - 1)
     iterations = iterations.iloc[np.argsort(iterations["start_s"].to_numpy(), kind="stable")]
     start = iterations["start_s"].to_numpy(dtype=np.float64)
     end = start + iterations["duration_s"].to_numpy(dtype=np.float64)
@@ -162,7 +164,7 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     before = np.concatenate([[0.0], np.cumsum(area)[:-1]])
     times = np.column_stack([start, end]).ravel()
     integral = np.column_stack([before, before + area]).ravel()
-    at_edges = np.interp(edges_s, times, integral, left=0.0, right=integral[-1] if len(integral) else 0.0)
+    at_edges = np.interp(edges_s, times, integral, left=0.0, right=integral[-1])
     return np.diff(at_edges) / np.diff(edges_s)
 
 

@@ -45,6 +45,14 @@ def test_binned_time_average_is_exact() -> None:
     np.testing.assert_allclose(got, [6.0, 3.0], atol=EXACT)
 
 
+def test_binned_time_average_of_no_rows_is_idle() -> None:
+    # No rows: idle in every bin, as between rows. It raised a ValueError from column_stack
+    # on, say, `iters[iters["replica"] == 3]` of a replica the router never used.
+    frame = iterations([(0.0, 1.0, 2)]).iloc[:0]
+    got = binned_time_average(frame, "batch_size", np.array([0.0, 1.0, 2.0]))
+    np.testing.assert_array_equal(got, [0.0, 0.0])
+
+
 def test_binned_time_average_does_not_depend_on_the_rows_order() -> None:
     # A frame sorted by another column (a notebook's `iters.sort_values("batch_size")`)
     # holds the same timeline: the integral was taken in row order, and np.interp on
