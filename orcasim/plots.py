@@ -353,6 +353,9 @@ def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]
     pins: the rest already tell its rows apart, and pinning one of its values kept one point
     of each line. Colour marks the system, line style and marker the parameter values."""
     every = param_columns(table)
+    # As the figures' file names are: the last part of a path, or the whole path where two
+    # last parts clash ('high=256, high=64' of prompt_tokens.high and output_tokens.high).
+    names = dict(zip(every, param_names(every), strict=True))
     params = [c for c in every if c not in exclude]
     for i, system in enumerate(dict.fromkeys(table["system"])):
         rows = table[table["system"] == system]
@@ -364,7 +367,7 @@ def sweep_lines(table: pd.DataFrame, exclude: tuple[str, ...]) -> Iterator[Line]
         groups = rows.groupby(own, sort=False) if own else [((), rows)]
         for j, (values, sub) in enumerate(groups):
             values = values if isinstance(values, tuple) else (values,)
-            label = ", ".join([str(system)] + [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(own, values, strict=True)])
+            label = ", ".join([str(system)] + [f"{names[k]}={v}" for k, v in zip(own, values, strict=True)])
             style = {"color": f"C{i % 10}", "linestyle": LINE_STYLES[j % len(LINE_STYLES)],
                      "marker": MARKERS[j % len(MARKERS)], "markersize": 4}
             yield Line(label, style, sub)
@@ -473,7 +476,8 @@ def _point_values(capacity: pd.DataFrame, point: int) -> str:
     row = capacity[capacity["point"] == point] if params else None
     if row is None or row.empty:
         return ""
-    return " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={row.iloc[0][k]}" for k in params) + ")"
+    names = param_names(params)  # whole paths where two last parts clash, as sweep_lines
+    return " (" + ", ".join(f"{n}={row.iloc[0][k]}" for k, n in zip(params, names, strict=True)) + ")"
 
 
 def _labelled_floor(value: float) -> float:
@@ -505,7 +509,7 @@ def percentile_bands(
             q = line.rows.groupby(x)[metric].quantile([0.5, *(p / 100 for p in BAND_PERCENTILES)]).unstack()
             ax.plot(q.index, q[0.5], label=line.label, **line.style)
             ax.fill_between(q.index, q.iloc[:, 1], q.iloc[:, 2], alpha=0.15, color=line.style["color"])
-        ax.set_xlabel(PARAMETER_LABELS.get(x.rsplit(".", 1)[-1], x))
+        ax.set_xlabel(_parameter_label(x, param_columns(table)))
         ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)
     for ax in axes[len(metrics):]:
@@ -517,6 +521,13 @@ def percentile_bands(
     fig.suptitle("One replication per point: no band across replications" if once else
                  f"Median over replications, band: p{lo}-p{hi} across replications")
     return fig
+
+
+def _parameter_label(x: str, params: list[str]) -> str:
+    """A swept parameter's axis label: PARAMETER_LABELS' by its last part, unless another
+    parameter's path ends alike (systems[0] and systems[1]'s max_batch_size): its whole path."""
+    name = dict(zip(params, param_names(params), strict=True)).get(x, x.rsplit(".", 1)[-1])
+    return PARAMETER_LABELS.get(name, x)
 
 
 def sweep_figures(table: pd.DataFrame, slo: float | None = None) -> dict[str, Figure]:

@@ -797,3 +797,28 @@ def test_timelines_counts_start_at_zero() -> None:
     batch, queue, kv = fig.axes[:3]
     assert queue.get_ylim() == (0.0, 1.0)
     assert batch.get_ylim()[0] == 0.0 and kv.get_ylim()[0] == 0.0 and kv.get_ylim()[1] >= 64
+
+
+def test_parameters_whose_paths_end_alike_are_named_apart_in_the_legend_and_axis() -> None:
+    """prompt_tokens.high and output_tokens.high both read 'high=256, high=64' in a line's
+    label, and systems[0] and systems[1]'s max_batch_size both 'max batch size (requests)'
+    on a band's axis: named by their whole paths, as the figures' file names are."""
+    from orcasim.plots import PARAMETER_LABELS, percentile_bands
+
+    rows = [{"point": 0, "replication": 0, "seed": 0, "workload.arrival.rate_per_s": rate,
+             "workload.prompt_tokens.high": prompt, "workload.output_tokens.high": output,
+             "system": "orca", "throughput_rps": rate, "ttft_s_p50": prompt / 1e3 + output / 1e2,
+             "normalized_latency_s_per_token_p50": rate / 10 + output / 1e3}
+            for prompt in (256, 512) for output in (64, 128) for rate in (1.0, 2.0)]
+    fig = latency_vs_throughput(pd.DataFrame(rows))
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert "orca, workload.prompt_tokens.high=256, workload.output_tokens.high=64" in labels
+    assert len(set(labels)) == 4
+    batch = [{"point": 0, "replication": 0, "seed": 0, "systems[0].scheduler.max_batch_size": a,
+              "systems[1].scheduler.max_batch_size": b, "system": system, "ttft_s_p50": 1.0}
+             for a in (4, 8) for b in (4, 8) for system in ("x", "y")]
+    fig = percentile_bands(pd.DataFrame(batch), "systems[1].scheduler.max_batch_size", "ttft_s_p50")
+    assert fig.axes[0].get_xlabel() == "systems[1].scheduler.max_batch_size"
+    assert PARAMETER_LABELS["max_batch_size"] == percentile_bands(
+        pd.DataFrame(batch).drop(columns="systems[0].scheduler.max_batch_size"),
+        "systems[1].scheduler.max_batch_size", "ttft_s_p50").axes[0].get_xlabel()
