@@ -591,3 +591,75 @@ def test_gamma_arrivals_too_bursty_for_the_run_are_warned(cv: float, n: int, war
     assert bool(said) == warned
     if warned:
         assert f"{n:,} requests" in said[0] and f"{int(np.ceil(16 * cv * cv)):,} requests" in said[0]
+
+
+def _same_at_two_seeds(cfg: WorkloadConfig) -> bool:
+    """Whether seeds 0 and 1 draw the same requests (a session workload: the same plan)."""
+    a, b = (generate_requests(cfg, np.random.default_rng(seed)) for seed in (0, 1))
+    if a.sessions is not None and b.sessions is not None:
+        pairs = zip(vars(a.sessions).values(), vars(b.sessions).values(), strict=True)
+    else:
+        pairs = zip([a.arrival_s, a.prompt_tokens, a.output_tokens, a.clients and a.clients.think_s],
+                    [b.arrival_s, b.prompt_tokens, b.output_tokens, b.clients and b.clients.think_s],
+                    strict=True)
+    return all(_equal(x, y) for x, y in pairs)
+
+
+def _equal(x: Any, y: Any) -> bool:
+    if x is None or y is None:
+        return x is y
+    return np.array_equal(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64),
+                          equal_nan=True)
+
+
+_CONSTANT = {"kind": "constant", "value": 3}
+_CLOSED_LOOP = {"num_requests": 50, "prompt_tokens": _CONSTANT, "output_tokens": _CONSTANT,
+                "max_tokens": 100, "arrival": {"kind": "closed_loop", "num_clients": 4,
+                                               "think_time": {"kind": "constant", "value_s": 1.0}}}
+_AGENTS = {"max_tokens": 1000, "arrival": {
+    "kind": "agents", "num_sessions": 6, "concurrent_sessions": 2, "steps": _CONSTANT,
+    "observation_tokens": _CONSTANT, "output_tokens": _CONSTANT,
+    "tool_time": {"kind": "constant", "value_s": 1.0}, "max_context_tokens": 500,
+    "system_prompt": {"tokens": 5, "shared_fraction": 1.0}}}
+
+
+@pytest.mark.parametrize("changes,alike", [
+    ({}, True),
+    ({"arrival.think_time": {"kind": "exponential", "mean_s": 1.0}}, False),
+    ({"prompt_tokens": {"kind": "uniform", "low": 1, "high": 3}}, False),
+])
+def test_a_closed_loop_that_draws_nothing_says_so(changes: dict, alike: bool) -> None:
+    """A closed loop of constant think times and lengths draws the same requests at every
+    seed: a sweep's three replications ran alike without a word (their throughputs equal to
+    the last digit), where constant open arrivals said so."""
+    data = _with(_CLOSED_LOOP, changes)
+    cfg = WorkloadConfig.model_validate(data)
+    assert _same_at_two_seeds(cfg) == alike
+    assert (cfg.draws_nothing() == "a closed loop of constant think times and constant lengths") == alike
+
+
+@pytest.mark.parametrize("changes,alike", [
+    ({}, True),
+    ({"arrival.system_prompt": {"tokens": 5, "shared_fraction": 0.0}}, True),
+    ({"arrival.system_prompt": {"tokens": 5, "shared_fraction": 0.5}}, False),
+    ({"arrival.steps": {"kind": "uniform", "low": 1, "high": 3}}, False),
+    ({"arrival.tool_time": {"kind": "exponential", "mean_s": 1.0}}, False),
+    ({"arrival.concurrent_sessions": None, "arrival.session_rate_per_s": 1.0}, False),
+])
+def test_sessions_that_draw_nothing_say_so(changes: dict, alike: bool) -> None:
+    cfg = WorkloadConfig.model_validate(_with(_AGENTS, changes))
+    assert _same_at_two_seeds(cfg) == alike
+    said = "agents of constant lengths and pauses at a fixed concurrency"
+    assert (cfg.draws_nothing() == said) == alike
+
+
+def _with(data: dict, changes: dict) -> dict:
+    """`data` with dotted keys (one level below the top at most) replaced."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for key, value in changes.items():
+        top, _, inner = key.partition(".")
+        if inner:
+            out[top][inner] = value
+        else:
+            out[top] = value
+    return out

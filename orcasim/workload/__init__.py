@@ -95,19 +95,40 @@ class WorkloadConfig(Strict):
         return self
 
     def draws_nothing(self) -> str | None:
-        """What makes every seed's requests the same (a trace; constant arrivals of constant
-        lengths), said in a warning where replications would repeat one run; None where a
-        seed draws them (a trace's system prompts chosen at random too)."""
+        """What makes every seed's requests the same (a trace; constant arrivals or a closed
+        loop's constant think times, of constant lengths; sessions of constant lengths and
+        pauses at a fixed concurrency), said in a warning where replications would repeat
+        one run; None where a seed draws them (a trace's system prompts chosen at random too)."""
         prompt = self.system_prompt
         if prompt is not None and prompt.fraction > 0 and (prompt.fraction < 1 or prompt.variants > 1):
             return None
-        if self.arrival.kind == "trace":
+        arrival = self.arrival
+        if arrival.kind == "trace":
             return "workload.arrival.kind = 'trace'"
-        lengths = (self.prompt_tokens, self.output_tokens)
-        if self.arrival.kind == "constant" and all(d is not None and d.kind == "constant"
-                                                   for d in lengths):
+        if isinstance(arrival, ConversationArrival | AgentArrival):
+            return _sessions_draw_nothing(arrival)
+        if not all(d is not None and d.kind == "constant"
+                   for d in (self.prompt_tokens, self.output_tokens)):
+            return None
+        if arrival.kind == "constant":
             return "constant arrivals of constant lengths"
+        # A closed loop's constant think times drew nothing either: its replications ran
+        # alike without a word (a tester's finding).
+        if isinstance(arrival, ClosedLoopArrival) and arrival.think_time.kind == "constant":
+            return "a closed loop of constant think times and constant lengths"
         return None
+
+
+def _sessions_draw_nothing(arrival: ConversationArrival | AgentArrival) -> str | None:
+    """Sessions at a fixed concurrency whose steps, lengths and pauses are constant, and
+    whose system prompt is every session's or none's, draw nothing at any seed."""
+    shape = arrival.shape()
+    shared = shape.system_prompt.shared_fraction if shape.system_prompt is not None else 0.0
+    dists = (shape.steps, shape.message_tokens, shape.output_tokens, shape.pause)
+    if shape.concurrent_sessions is None or 0.0 < shared < 1.0 \
+            or any(d.kind != "constant" for d in dists):
+        return None
+    return f"{arrival.kind} of constant lengths and pauses at a fixed concurrency"
 
 
 CLIPPED_MEAN_RTOL = 0.10  # a clipped lognormal's mean this far from the one asked for: say so
