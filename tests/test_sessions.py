@@ -791,7 +791,7 @@ def test_a_sessions_clipped_lognormal_says_its_mean() -> None:
     from orcasim.scenario import load_scenario
 
     with pytest.warns(UserWarning, match=r"workload.arrival.output_tokens: lognormal mean 100, "
-                                         r"sigma 3, clipped to \[1, 40\], has a mean of about"):
+                                         r"sigma 3, rounded and clipped to \[1, 40\], has a mean of about"):
         load_scenario("scenarios/prefix/conversations.yaml",
                       ["workload.arrival.output_tokens={kind: lognormal, mean: 100, sigma: 3, max: 40}"])
 

@@ -142,7 +142,7 @@ def test_a_lognormal_clipped_far_from_its_mean_warns_with_the_real_one() -> None
     keys = {"num_requests": 10, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
             "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 5000}
     with pytest.warns(UserWarning, match=r"prompt_tokens: lognormal mean 100, sigma 3, "
-                                         r"clipped to \[1, 4000\], has a mean of about 52\.4"):
+                                         r"rounded and clipped to \[1, 4000\], has a mean of about 52\.4"):
         WorkloadConfig.model_validate({**keys, "prompt_tokens": far.model_dump()})
     import warnings
 
@@ -150,6 +150,22 @@ def test_a_lognormal_clipped_far_from_its_mean_warns_with_the_real_one() -> None
         warnings.simplefilter("error")  # 700, sigma 1, max 3072: 659, within 10%: silent
         WorkloadConfig.model_validate({**keys, "prompt_tokens": {
             "kind": "lognormal", "mean": 700, "sigma": 1.0, "max": 3072}})
+
+
+@pytest.mark.parametrize("mean,sigma,realised", [(1.4, 0.1, 1.23), (1.45, 0.05, 1.24)])
+def test_a_lognormal_rounded_far_from_its_mean_warns_with_the_real_one(mean: float, sigma: float,
+                                                                       realised: float) -> None:
+    """Short lengths round far from `mean` (1.4 rounds to 1 but for its upper tail), where
+    the clip alone moves nothing: the warning took the clipped mean before rounding and
+    stayed silent while the lengths averaged 12% below the mean asked for."""
+    dist = lengths.LognormalLength(kind="lognormal", mean=mean, sigma=sigma, max=100)
+    assert within_standard_errors(dist.sample(np.random.default_rng(0), SAMPLES), dist.mean_tokens())
+    assert dist.mean_tokens() == pytest.approx(realised, abs=0.005)
+    with pytest.warns(UserWarning, match=rf"lognormal mean {mean:g}, sigma {sigma:g}, rounded "
+                                         rf"and clipped to \[1, 100\], has a mean of about {realised:.1f}"):
+        WorkloadConfig.model_validate({"num_requests": 10, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                                       "prompt_tokens": dist.model_dump(), "max_tokens": 200,
+                                       "output_tokens": {"kind": "constant", "value": 4}})
 
 
 # By hand: each rule of the generators and the workload table, on cases small enough to
