@@ -453,12 +453,7 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     ok = np.array([not error and length > 0 for error, length in zip(errors, doc["output_lens"],
                                                                       strict=True)], dtype=bool)
     if not ok.all():
-        # Said, as the replay leaves their load out: vLLM's requests fail as an overloaded
-        # server times them out, where a lighter replay reads faster than the real run.
-        warnings.warn(f"{path.name}: {int((~ok).sum())} of {len(ok)} requests failed (an error "
-                      "or no output) and are dropped: the replay sends the others alone, "
-                      "without the load the failed ones put on the server",
-                      UserWarning, stacklevel=2)
+        _warn_of_failed(path, int((~ok).sum()), len(ok), "an error or no output")
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
     start_s = np.array(doc["start_times"], dtype=np.float64)
     output = np.array(doc["output_lens"], dtype=np.float64)
@@ -472,6 +467,15 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
     # The index stays each request's position in the result's lists, which errors name. A
     # boolean array: an empty list would pick columns, and lose them all.
     return frame[ok]
+
+
+def _warn_of_failed(path: Path, failed: int, total: int, how: str) -> None:
+    """Say how many of a benchmark's requests failed and are dropped, as the replay leaves
+    their load out: requests fail as an overloaded server times them out, where a lighter
+    replay reads faster than the real run."""
+    warnings.warn(f"{path.name}: {failed} of {total} requests failed ({how}) and are dropped: "
+                  "the replay sends the others alone, without the load the failed ones put on "
+                  "the server", UserWarning, stacklevel=4)
 
 
 def _checked_vllm_lists(doc: dict[str, Any], path: Path) -> list[Any]:
@@ -667,10 +671,7 @@ def _read_aiperf(path: Path) -> pd.DataFrame:
         raise ScenarioError(f"{path.name}: {which} failed (an error, a cancellation or no "
                             "output); expected at least one that finished")
     if failed:
-        warnings.warn(f"{path.name}: {failed} of {total} requests failed (an error, a "
-                      "cancellation or no output) and are dropped: the replay sends the others "
-                      "alone, without the load the failed ones put on the server",
-                      UserWarning, stacklevel=2)
+        _warn_of_failed(path, failed, total, "an error, a cancellation or no output")
     rows = pd.DataFrame(kept, index=lines, columns=list(AIPERF_COLUMNS))
     _warn_of_later_turns(int(rows["later_turn"].sum()), len(rows), path)
     start_ns = rows["start_ns"].to_numpy(dtype=np.int64)
@@ -732,8 +733,8 @@ def _aiperf_record(line: str, line_no: int, path: Path) -> tuple[object, ...] | 
 
 def _aiperf_value(metrics: dict[str, Any], name: str, where: str,
                   seconds: dict[str, float] | None) -> float | None:
-    """A metric's value, in seconds where `seconds` gives its unit's size; None if absent.
-    A number is checked by the length and latency checks downstream, which name the line."""
+    """A metric's value, a number, in seconds where `seconds` gives its unit's size; None if
+    absent. Lengths are checked as lengths, and latencies as latencies, downstream."""
     metric = metrics.get(name)
     if metric is None:
         return None
