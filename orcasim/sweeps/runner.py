@@ -140,11 +140,10 @@ def prepare_resumable(out_dir: Path, plan: str, files: dict[str, str], resume: b
         if not out_dir.is_dir():
             raise ResultsExistError(f"--out {out_dir} is a file, not a results folder; use "
                                     "another --out")
-        # Not UTF-8 (damaged): a plan that differs, not a UnicodeDecodeError's traceback.
-        held = plan_file.read_bytes().decode("utf-8", errors="replace") \
-            if plan_file.is_file() else None
-        if resume and held == plan and (_held_code(out_dir) == code or not force):
-            _check_code(out_dir, code, inputs)
+        held = _held_text(plan_file)
+        held_code = _held_text(out_dir / CODE_FILE)
+        if resume and held == plan and (held_code == code or not force):
+            _check_code(out_dir, held_code, code, inputs)
             return
         # --resume --force on other code starts over, as its refusal offers (with the same
         # plan --force was ignored, and the refusal said --force again), as it does where
@@ -164,11 +163,7 @@ def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
             inputs: Sequence[Path]) -> None:
     """Why a run cannot use `out_dir`, suggesting --resume only where it would continue
     this run and --force only where `check_replaceable` lets it replace the folder."""
-    try:
-        check_replaceable(out_dir, inputs)
-        force_too = ", or --force to start over"
-    except ResultsExistError:
-        force_too = ""
+    force_too = _force_remedy(out_dir, inputs)
     # Without its plan a folder's points cannot be told apart from another run's. Resuming
     # is spoken of only where it was asked for.
     if held is None:
@@ -184,17 +179,25 @@ def _refuse(out_dir: Path, held: str | None, plan: str, resume: bool,
                             f"{force_too or ', or use another --out'}")
 
 
-def _held_code(out_dir: Path) -> str | None:
-    """The folder's code.json as text; None where it has none."""
-    file = out_dir / CODE_FILE
-    # Not UTF-8 (damaged): other code, not a UnicodeDecodeError's traceback.
+def _force_remedy(out_dir: Path, inputs: Sequence[Path]) -> str:
+    """', or --force to start over' where `check_replaceable` lets --force replace the
+    folder; '' where it would refuse."""
+    try:
+        check_replaceable(out_dir, inputs)
+    except ResultsExistError:
+        return ""
+    return ", or --force to start over"
+
+
+def _held_text(file: Path) -> str | None:
+    """A folder's plan.json or code.json as text; None where it has none. Not UTF-8
+    (damaged): a text that differs, not a UnicodeDecodeError's traceback."""
     return file.read_bytes().decode("utf-8", errors="replace") if file.is_file() else None
 
 
-def _check_code(out_dir: Path, code: str, inputs: Sequence[Path]) -> None:
-    """Refuse to resume a folder whose finished points another orcasim computed (its
-    code.json, `paths.code_record`): the table would mix two codes' results."""
-    held = _held_code(out_dir)
+def _check_code(out_dir: Path, held: str | None, code: str, inputs: Sequence[Path]) -> None:
+    """Refuse to resume a folder whose finished points another orcasim computed (`held`,
+    its code.json; `paths.code_record`): the table would mix two codes' results."""
     if held == code:
         return
     try:
@@ -210,13 +213,9 @@ def _check_code(out_dir: Path, code: str, inputs: Sequence[Path]) -> None:
     else:
         why = f"was run by other orcasim code (orcasim {here['version']}, but its files' " \
               "SHA-256 differs: an edit or a reinstall since)"
-    try:
-        check_replaceable(out_dir, inputs)
-        force_too = ", or --force to start over"
-    except ResultsExistError:
-        force_too = ""
     raise ScenarioError(f"{out_dir} {why}, so this run cannot resume it: its finished points "
-                        f"would mix with this code's; use another --out{force_too}")
+                        f"would mix with this code's; use another --out"
+                        f"{_force_remedy(out_dir, inputs)}")
 
 
 def plan_change(held: str, plan: str) -> str:
