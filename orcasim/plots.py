@@ -66,6 +66,21 @@ def _one_system(frame: pd.DataFrame) -> pd.DataFrame:
     return frame if "system" in frame.columns else frame.assign(system="this run")
 
 
+def ecdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of `values` as points that `drawstyle="steps-post"` draws exactly:
+    0 up to the smallest value, then i/n from the i-th smallest up to the next. Joined by
+    straight lines instead, n points put values between two samples that no request had
+    (with 10 requests, half a step's fraction at every midpoint)."""
+    x = np.sort(values)
+    return np.concatenate([x[:1], x]), np.arange(len(x) + 1) / len(x)
+
+
+def draw_ecdf(ax: Any, values: np.ndarray, **style: Any) -> None:
+    """`values`' empirical CDF on `ax`, as steps (`ecdf_points`)."""
+    x, y = ecdf_points(values)
+    ax.plot(x, y, drawstyle="steps-post", **style)
+
+
 def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset(),
                  warmup_s: float = 0.0) -> Figure:
     """CDFs of TTFT, TPOT, e2e and normalized latency, per `system` (a frame without that
@@ -87,13 +102,13 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
         # A system's colour is its own in every panel: from the cycle, a system with no
         # values in one (TPOT of one-token answers) passed its colour to the next there.
         for i, (system, rows) in enumerate(requests.groupby("system", sort=False)):
-            values = np.sort(rows[metric].dropna().to_numpy())
+            values = rows[metric].dropna().to_numpy()
             if len(values):
                 unstable = system in saturated
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), color=f"C{i % 10}",
-                        label=f"{system} ({SATURATED})" if unstable else str(system),
-                        linestyle=":" if unstable else "-",
-                        marker="o" if len(values) == 1 else None)  # a line of one point is invisible
+                draw_ecdf(ax, values, color=f"C{i % 10}",
+                          label=f"{system} ({SATURATED})" if unstable else str(system),
+                          linestyle=":" if unstable else "-",
+                          marker="o" if len(values) == 1 else None)  # a lone value: a visible point
         values = requests[metric].dropna().to_numpy()
         if len(values) and values.min() > 0 and values.max() / values.min() > LOG_SPAN:
             ax.set_xscale("log")  # systems decades apart: a linear axis squashes one of them
@@ -117,11 +132,10 @@ def fidelity_cdfs(frame: pd.DataFrame, title: str) -> Figure:
     fig = Figure(figsize=(13, 4), layout="constrained")
     for ax, metric in zip(fig.subplots(1, 3), ("ttft_s", "tpot_s", "e2e_s"), strict=True):
         for source, rows in frame.groupby("source", sort=False):
-            values = np.sort(rows[metric].dropna().to_numpy())
+            values = rows[metric].dropna().to_numpy()
             if len(values):
-                style = "-" if source == "real" else "--"
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), style,
-                        label=str(source))
+                draw_ecdf(ax, values, linestyle="-" if source == "real" else "--",
+                          label=str(source))
         ax.set_xlabel(CDF_METRICS[metric])
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)

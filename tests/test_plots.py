@@ -421,7 +421,7 @@ def test_the_cdfs_count_the_requests_the_summary_counts() -> None:
                          "ttft_s": [9.0, 9.0, 0.1, 0.3], "tpot_s": [0.01] * 4,
                          "e2e_s": [9.0, 9.0, 1.0, 3.0], "normalized_latency_s_per_token": [0.1] * 4})
     fig = latency_cdfs(reqs, warmup_s=2.0)
-    assert fig.axes[0].get_lines()[0].get_xdata().tolist() == [0.1, 0.3]
+    assert fig.axes[0].get_lines()[0].get_xdata().tolist() == [0.1, 0.1, 0.3]  # steps from 0
     assert "after the 2 s warm-up" in fig._suptitle.get_text()
     # A warm-up past every arrival drew four empty panels without a word (a tester's note).
     with pytest.raises(ValueError, match=r"^warmup_s = 5: no request arrives at or after it "
@@ -822,3 +822,29 @@ def test_parameters_whose_paths_end_alike_are_named_apart_in_the_legend_and_axis
     assert PARAMETER_LABELS["max_batch_size"] == percentile_bands(
         pd.DataFrame(batch).drop(columns="systems[0].scheduler.max_batch_size"),
         "systems[1].scheduler.max_batch_size", "ttft_s_p50").axes[0].get_xlabel()
+
+
+def test_cdfs_are_steps_from_zero() -> None:
+    """An empirical CDF is a step function: drawn as straight lines between its points,
+    10 requests of 1..10 s read 0.15 at 1.5 s, which no request has (0.1 is right), and the
+    curve began at 0.1, not 0."""
+    from orcasim.plots import ecdf_points
+
+    values = np.arange(10.0, 0.0, -1.0)
+    x, y = ecdf_points(values)
+    assert x[0] == 1.0 and y[0] == 0.0 and y[-1] == 1.0
+    reqs = pd.DataFrame({"ttft_s": values, "tpot_s": values, "e2e_s": values,
+                         "normalized_latency_s_per_token": values})
+    for fig in (latency_cdfs(reqs), fidelity_cdfs_of(reqs)):
+        line = fig.axes[0].get_lines()[0]
+        assert line.get_drawstyle() == "steps-post"
+        xs, ys = line.get_xdata(), line.get_ydata()
+        # steps-post holds each y up to the next x: the value drawn at 1.5 s is y at 1 s.
+        assert ys[np.searchsorted(xs, 1.5, side="right") - 1] == pytest.approx(0.1)
+        assert ys[0] == 0.0
+
+
+def fidelity_cdfs_of(requests: pd.DataFrame) -> Figure:
+    from orcasim.plots import fidelity_cdfs
+
+    return fidelity_cdfs(requests.assign(source="real"), "t")
