@@ -3,7 +3,8 @@
 The issue's case: one system, the rate searched to within 2%, 3 replications, 2,000
 requests per evaluated rate, SLOs TTFT p90 <= 0.5 s and TPOT p90 <= 0.1 s. Two systems of
 different speed are timed: Orca on the quickstart workload (fused fast loop) and vLLM-style
-paged serving of Llama-2-7B on one A100-80GB with ShareGPT-like lengths (generic loop).
+paged serving of Llama-2-7B on one A100-80GB with ShareGPT-like lengths (the fused paged loop,
+`orcasim.paged_fast`).
 Wall time end to end (plan, every search on a local process pool, the table), the median of
 `REPEATS`, with 1 worker and with 2 (this machine's cores); the number of rates evaluated
 and the peak RSS of this (the parent) process: a spawned worker's RUSAGE_CHILDREN keeps the
