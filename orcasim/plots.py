@@ -657,7 +657,8 @@ def cost_latency_pareto(table: pd.DataFrame, front: pd.DataFrame, latency: str,
         _checked(frame, ("cost_per_million_tokens", latency), what, empty_ok=True)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
-    shown = table[np.isfinite(table["cost_per_million_tokens"]) & np.isfinite(table[latency])]
+    finite = np.isfinite(table["cost_per_million_tokens"]) & np.isfinite(table[latency])
+    shown = table[finite]
     for i, (system, rows) in enumerate(shown.groupby("system", sort=False)):
         ax.scatter(rows[latency], rows["cost_per_million_tokens"], color=f"C{i % 10}", s=25,
                    label=str(system))
@@ -670,4 +671,7 @@ def cost_latency_pareto(table: pd.DataFrame, front: pd.DataFrame, latency: str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     ax.set_title(title)
+    if hidden := int((~finite).sum()):  # no price, or no rate met the SLO: said, not vanished
+        fig.text(0.01, 0.005, f"not shown: {hidden} of {len(table)} configurations without a "
+                 "cost or a latency at capacity (see capacity.csv)", fontsize="small")
     return fig

@@ -532,6 +532,21 @@ def test_a_pareto_front_of_normalized_latency_is_in_seconds_per_token() -> None:
     assert fig.axes[0].get_xlabel() == "normalized_latency_p90 at capacity (s/token)"
 
 
+def test_a_pareto_figure_says_which_configurations_it_leaves_out() -> None:
+    """A configuration without a price (a GPU the catalog does not price) or without a rate
+    that met the SLO has no point: it vanished from the figure without a word."""
+    from orcasim.plots import cost_latency_pareto
+
+    table = pd.DataFrame({"point": [0, 1, 2], "system": ["a", "a", "b"],
+                          "cost_per_million_tokens": [1.0, np.nan, 2.0],
+                          "ttft_p90_at_capacity": [0.2, 0.1, np.nan]})
+    fig = cost_latency_pareto(table, table.iloc[[0]], "ttft_p90_at_capacity")
+    assert [t.get_text() for t in fig.texts] == [
+        "not shown: 2 of 3 configurations without a cost or a latency at capacity "
+        "(see capacity.csv)"]
+    assert not cost_latency_pareto(table.iloc[[0]], table.iloc[[0]], "ttft_p90_at_capacity").texts
+
+
 def test_each_configuration_panel_names_its_parameters() -> None:
     """Panels read 'point 0', 'point 1' without the configuration each searched."""
     from orcasim.plots import attainment_vs_rate
