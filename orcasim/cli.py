@@ -459,8 +459,12 @@ def compare(
     if a and b and not set(a) & set(b):  # every row would read as removed or added
         typer.echo(f"warning: {run_a} and {run_b} share no system (or point) to compare: "
                    f"{', '.join(sorted(a)[:3])} against {', '.join(sorted(b)[:3])}", err=True)
-    shown = frame if all_ else frame[changed_rows(frame)]
-    console.print(frame_table(shown, f"{run_a} -> {run_b}: {len(shown)} of {len(frame)} metrics"))
+    changed = changed_rows(frame)
+    shown = frame if all_ else frame[changed]
+    # The count changed, whatever is shown: with --all the rows shown read '98 of 98 metrics'
+    # for two identical runs, as if every metric had moved.
+    title = f"{run_a} -> {run_b}: {int(changed.sum())} of {len(frame)} metrics changed"
+    console.print(frame_table(shown, title))
 
 
 @app.command()

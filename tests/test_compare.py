@@ -356,3 +356,13 @@ def test_a_folder_named_with_brackets_is_printed_as_named(tmp_path: Path) -> Non
     res = CliRunner().invoke(app, ["compare", str(a), str(a)])
     assert res.exit_code == 0, res.output
     assert f"{a}->{a}" in "".join(res.output.split())  # the title wraps at the table's width
+
+
+def test_the_title_counts_the_changed_metrics_with_all_too(tmp_path: Path) -> None:
+    """With --all, two identical runs were titled '2 of 2 metrics': the rows shown, read as
+    every metric changed."""
+    a = write_summary(tmp_path / "a", {"orca": {"e2e_s_p50": 2.0, "ttft_s_p50": 1.0}})
+    b = write_summary(tmp_path / "b", {"orca": {"e2e_s_p50": 2.0, "ttft_s_p50": 1.5}})
+    for flags in ([], ["--all"]):
+        res = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["compare", str(a), str(b), *flags])
+        assert res.exit_code == 0 and "1 of 2 metrics changed" in res.output, res.output
