@@ -296,11 +296,15 @@ class Scenario(Strict):
         self._check_deployments()
         self._derive_kv_capacity()
         assert self.kv_capacity_tokens is not None
-        names = [s.name for s in self.systems]
+        # Compared case-blind: each name is a folder, and on macOS or Windows 'orca' and
+        # 'ORCA' are one, where the second system's frames overwrote the first's.
+        names = [s.name.casefold() for s in self.systems]
         again = next((i for i, n in enumerate(names) if n in names[:i]), None)
         if again is not None:
-            raise ScenarioError(f"systems[{again}].name = {names[again]!r}: expected a name no other "
-                                f"system has (systems[{names.index(names[again])}] has it)")
+            first = names.index(names[again])
+            raise ScenarioError(f"systems[{again}].name = {self.systems[again].name!r}: expected a "
+                                f"name no other system has, in any case (systems[{first}] has "
+                                f"{self.systems[first].name!r}; each is a results folder)")
         self._check_pool_models()  # before a pool's KV: another model there is the problem
         self._check_reservations()
         self._check_distserve_placement()

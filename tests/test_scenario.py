@@ -31,6 +31,9 @@ def test_quickstart_loads() -> None:
     ("cost.base_s", "fast", "cost.base_s = 'fast'"),
     ("systems[1].name", "request-level", "name = 'request-level': expected a name no other "
                                          "system has"),
+    # Each name is a folder: on macOS or Windows the two were one, its frames the second's.
+    ("systems[1].name", "Request-Level", "name = 'Request-Level': expected a name no other "
+                                         "system has, in any case"),
     ("workload.max_tokens", 5000, "exceeds kv_capacity_tokens"),
 ])
 def test_bad_values_are_named(base_dict: dict[str, Any], path: str, value: Any, message: str) -> None:
