@@ -333,6 +333,9 @@ MAPPING_EXPECTED = ("model_type", "model_attributes_type", "dict_type")
 # pydantic's error types for a value that is no number where one belongs.
 NUMBER_EXPECTED = ("float_parsing", "int_parsing", "float_type", "int_type")
 
+# How a number's expected unit follows pydantic's message: `...; expected a number of seconds`.
+UNIT_TEXT = "; expected "
+
 # The units a key's name ends with, as a value's expectation says them (STYLE: units in names).
 _UNITS = (("_per_s", "a number per second"), ("_s", "a number of seconds"),
           ("_tokens", "a number of tokens"), ("_bytes", "a number of bytes"))
@@ -360,7 +363,7 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
             msg += " (YAML reads yes, no, on, off, true and false unquoted as booleans: quote the text)"
         if e["type"] in NUMBER_EXPECTED and number_of(loc) != "a number":
             # 'warmup_s = '10ms': Input should be a valid number' did not say in what unit.
-            msg += f"; expected {number_of(loc)}"
+            msg += f"{UNIT_TEXT}{number_of(loc)}"
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc, value, msg = _kind_problem(loc, e)
             problems.append((loc, value, msg))
@@ -379,8 +382,15 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
         if fitting:
             problems += fitting
             continue
-        expected = dict.fromkeys(m.removeprefix("Input should be ").split(",")[0] for _, _, m in forms[""])
-        problems.append((union or "(top level)", forms[""][0][1], f"Input should be {' or '.join(expected)}"))
+        messages = [m for _, _, m in forms[""]]
+        # The unit a number form adds ('; expected a number per second'), said once at the
+        # end: kept in each form, a grid's [null] read 'Input should be a valid integer;
+        # expected a number per second or a valid number; expected a number per second or ...'.
+        unit = next((m[m.index(UNIT_TEXT):] for m in messages if UNIT_TEXT in m), "")
+        expected = dict.fromkeys(m.removeprefix("Input should be ").split(UNIT_TEXT)[0].split(",")[0]
+                                 for m in messages)
+        problems.append((union or "(top level)", forms[""][0][1],
+                         f"Input should be {' or '.join(expected)}{unit}"))
     # Two forms may say the same thing (a NaN is no finite int nor finite float): once. By key
     # and message, not value: a NaN is not equal to itself.
     return list({(loc, msg): (loc, value, msg) for loc, value, msg in problems}.values())

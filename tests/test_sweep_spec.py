@@ -236,3 +236,19 @@ def test_a_set_of_a_sweep_files_own_key_says_so(tmp_path: Path, given: str) -> N
                                             "not of its base scenario"):
         load_sweep(path, [given])
     assert load_sweep(path, ["name=renamed"]).base["name"] == "renamed"  # a scenario's key too
+
+
+@pytest.mark.parametrize("value", ["null", "[1, 2]", "{low: 1}"])
+def test_a_grid_value_that_is_no_single_value_reads_as_one_expectation(
+        tmp_path: Path, value: str) -> None:
+    """pydantic tried each of a grid value's forms, and the unit of a rate went into each:
+    'Input should be a valid integer; expected a number per second or a valid number;
+    expected a number per second or a valid string or a valid boolean'."""
+    path = write_sweep(tmp_path, f"parameters:\n  workload.arrival.rate_per_s: [{value}, 2.0]")
+    with pytest.raises(ScenarioError) as err:
+        load_sweep(path)
+    assert str(err.value).endswith(
+        "grid.parameters.workload.arrival.rate_per_s[0]" + ("" if value.startswith("{") else
+                                                            f" = {'null' if value == 'null' else '[1, 2]'}")
+        + ": Input should be a valid integer or a valid number or a valid string or a valid "
+        "boolean; expected a number per second"), str(err.value)
