@@ -33,7 +33,14 @@ from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import yaml
-from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, first_repeat, format_validation_error
@@ -61,6 +68,23 @@ SWEEP_ONLY_KEYS = ("base", "set", "grid", "replications")
 class Grid(Strict):
     mode: Literal["product", "zip"] = "product"
     parameters: dict[str, list[ParamValue]] = Field(min_length=1)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _single_values(cls, parameters: Any) -> Any:
+        """A grid value is one table cell. A block (an output length distribution) read 'Input
+        should be a valid integer or ...; expected a number of tokens', where the key takes a
+        block and no number: the grid can sweep the block's own keys instead."""
+        for path, values in parameters.items() if isinstance(parameters, dict) else ():
+            for i, value in enumerate(values if isinstance(values, list) else ()):
+                if isinstance(value, dict | list):
+                    keys = [k for k in value if k != "kind"] if isinstance(value, dict) else []
+                    advice = (f"; sweep the block's own keys instead, e.g. {path}.{keys[0]}"
+                              if keys else "; each item of the list is one point's value")
+                    raise ScenarioError(
+                        f"parameters.{path}[{i}] = {value!r}: expected a single value (a number, "
+                        f"text or true/false), one column of the table{advice}")
+        return parameters
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
