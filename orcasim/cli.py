@@ -249,7 +249,10 @@ def validate(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     except USER_ERRORS as e:
         fail_naming_overrides(scenario, set_ or [], e)
     n = len(sc.systems)
-    typer.echo(f"{scenario}: ok ({num_requests} requests, {n} system{'s' if n > 1 else ''})")
+    # Its own sweep block said nothing: 'ok (300 requests, 4 systems)' of a run of 14 points.
+    points = (f"; sweep: {len(sc.sweep.values)} points of {sc.sweep.parameter}"
+              if sc.sweep is not None else "")
+    typer.echo(f"{scenario}: ok ({num_requests} requests, {n} system{'s' if n > 1 else ''}{points})")
 
 
 def _refuse_overrides_of_the_swept(sc: Scenario, overrides: list[str]) -> None:

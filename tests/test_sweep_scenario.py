@@ -137,6 +137,17 @@ def test_cli_run_of_a_sweep_writes_csv_and_figure(tmp_path: Path) -> None:
     assert replot.stdout.split() == [str(out / "latency_vs_throughput.png")]
 
 
+def test_validate_says_the_points_of_a_sweep_block(tmp_path: Path) -> None:
+    """It said 'ok (2000 requests, 2 systems)' of a scenario that runs as a sweep of points."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(Path("scenarios/quickstart.yaml").read_text()
+                        + "sweep: {parameter: workload.arrival.rate_per_s, values: [1, 3]}\n")
+    p = orcasim("validate", str(scenario), "--set", "workload.num_requests=100")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == (f"{scenario}: ok (100 requests, 2 systems; sweep: 2 points of "
+                        "workload.arrival.rate_per_s)\n")
+
+
 @pytest.mark.parametrize("command", ["run", "validate"])
 def test_a_set_on_the_swept_key_is_refused_not_dropped(tmp_path: Path, command: str) -> None:
     """--set workload.arrival.rate_per_s=3 on a scenario sweeping that rate ran the block's
