@@ -721,8 +721,18 @@ def capacity(
     except USER_ERRORS as e:
         fail_naming_overrides(spec, set_ or [], e)
     except KeyboardInterrupt:
-        where = f" --out {out_dir}" if out_dir else ""
-        interrupted(f"orcasim capacity {spec}{where} --resume (with the same options)")
+        given = [*(a for t in slo or [] for a in ("--slo", t)),
+                 *(a for s in system or [] for a in ("--system", s)),
+                 *(["--attainment", f"{attainment!r}"] if attainment is not None else []),
+                 "--replications", str(replications), "--requests", str(requests),
+                 "--rel-tol", repr(rel_tol),
+                 *(["--price-per-gpu-hour", repr(price_per_gpu_hour)] if price_per_gpu_hour else []),
+                 *(["--target-rate", repr(target_rate)] if target_rate else []),
+                 *([] if plots else ["--no-plots"])]
+        # Each option that shapes the plan (or the table): 'orcasim capacity SPEC --out DIR
+        # --resume (with the same options)' was no command to paste, as a sweep's is.
+        interrupted(_resume_command(["orcasim", "capacity", str(spec), *given], out_dir,
+                                    set_ or [], backend, address))
     shown = [c for c in ("point", *(k for p in searched for k in p), "system", "max_rate_per_s",
                          "ci_low", "ci_high", "goodput_per_gpu", "cost_per_million_tokens",
                          "copies_for_target", "cost_per_hour_for_target_usd")

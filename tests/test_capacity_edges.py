@@ -728,3 +728,24 @@ def test_a_trace_shorter_than_the_searchs_requests_names_requests(tmp_path: Path
                         cap.SearchSettings(num_requests=2000))
     said = [str(w.message) for w in caught if "holds 300 requests" in str(w.message)]
     assert said and all(s.startswith("--requests 2000, but ") for s in said), said
+
+
+def test_an_interrupted_search_prints_a_resume_command_to_paste(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It printed 'orcasim capacity SPEC --out DIR --resume (with the same options)': no
+    command to paste, where a resume without the run's --slo or --requests is refused."""
+    import signal
+
+    def interrupt(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cap, "run_capacity", interrupt)
+    monkeypatch.setattr(signal, "signal", lambda *_args: None)  # the command ignores Ctrl-C
+    spec, out = scenario_file(tmp_path), tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", str(spec), "--out", str(out), "--slo",
+                                 "ttft_p90<=0.5", "--requests", "300", "--replications", "2",
+                                 "--set", "seed=3", "--no-plots"])
+    assert result.exit_code == 130, result.output
+    assert result.stderr.strip().endswith(
+        f"Resume with: orcasim capacity {spec} --slo 'ttft_p90<=0.5' --replications 2 "
+        f"--requests 300 --rel-tol 0.02 --no-plots --out {out} --set seed=3 --resume"), result.stderr
