@@ -557,7 +557,7 @@ def check(
         # Every digit: at 4 a value that moved past float noise reads as its baseline.
         shown = moved.assign(**{c: moved[c].map(repr) for c in ("baseline", "now")})
         what = "rewritten in" if update else "moved from"
-        console.print(frame_table(shown, f"{len(moved)} metrics {what} {baselines}/"))
+        console.print(frame_table(shown, f"{len(moved)} metric{'' if len(moved) == 1 else 's'} {what} {baselines}/"))
     if update:
         typer.echo(f"baselines rewritten in {baselines}/" + ("" if len(moved) else " (no metric moved)"))
     elif len(moved):
@@ -746,7 +746,7 @@ def capacity(
     if best is not None and (len(searched) > 1 or len(result.table) > 1):
         where = ", ".join(f"{k}={best[k]}" for k in searched[0]) or "the scenario"
         cost = (f"${best['cost_per_hour_for_target_usd']:.4g} an hour for {target_rate:g} req/s "
-                f"({int(best['copies_for_target'])} copies)" if target_rate is not None
+                f"({(n := int(best['copies_for_target']))} cop{'y' if n == 1 else 'ies'})" if target_rate is not None
                 else f"${best['cost_per_million_tokens']:.4g} per million output tokens")
         typer.echo(f"cheapest within the SLOs: {best['system']} at {where}: {cost}, "
                    f"{best['max_rate_per_s']:.4g} req/s each")
