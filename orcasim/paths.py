@@ -193,9 +193,25 @@ def compression_suffix(path: Path) -> str:
 
 
 def data_suffix(path: Path) -> str:
-    """The suffix that says a file's format, under any compression: `.jsonl` for a.jsonl.gz."""
+    """The suffix that says a file's format, under any compression: `.jsonl` for a.jsonl.gz;
+    for a zip, its one file's (run.zip of profile_export.jsonl was read as a CSV, and refused
+    as a column '"unit": "tokens"}' named twice; a tester's finding)."""
     path = Path(path)
+    member = _zip_member(path) if compression_suffix(path) == ".zip" else None
+    if member is not None and Path(member).suffix:
+        return Path(member).suffix.lower()
     return (path.with_suffix("") if compression_suffix(path) else path).suffix.lower()
+
+
+def _zip_member(path: Path) -> str | None:
+    """The name of a zip's one file (folders' entries aside), as `open_text` reads it; None
+    where it holds another number or cannot be read (the reader says why)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = [name for name in archive.namelist() if not name.endswith("/")]
+    except (OSError, zipfile.BadZipFile):
+        return None
+    return members[0] if len(members) == 1 else None
 
 
 def data_stem(path: Path) -> str:

@@ -878,3 +878,30 @@ def test_arrivals_as_a_unix_time_in_ms_are_refused_and_in_seconds_are_read(tmp_p
     with pytest.raises(ScenarioError, match=r"^ms\.csv line 2: arrival_s = '1700000000500', "
                                             r"expected seconds, below 1e\+11 .* in ms, us or ns\)$"):
         read_trace(ms)
+
+
+def test_a_zip_of_json_is_read_by_the_name_of_the_file_it_holds(tmp_path: Path) -> None:
+    """A zip named without its file's suffix (run.zip of profile_export.jsonl) is told by the
+    file inside: read as a CSV, an AIPerf export was refused as a column named twice and a
+    vLLM result or a Mooncake trace as a format with no columns to tell (a tester's finding)."""
+    import zipfile
+
+    start_ns = 1_700_000_000_000_000_000
+    aiperf = {"metadata": {"request_start_ns": start_ns}, "error": None,
+              "metrics": {"input_sequence_length": {"value": 7, "unit": "tokens"},
+                          "output_sequence_length": {"value": 3, "unit": "tokens"},
+                          "request_latency": {"value": 50.0, "unit": "ms"}}}
+    vllm = {"start_times": [2.0, 1.5], "input_lens": [8, 9], "output_lens": [2, 2],
+            "ttfts": [0.1, 0.1], "itls": [[0.01], [0.01]], "errors": ["", ""]}
+    files = {"profile_export.jsonl": json.dumps(aiperf) + "\n",
+             "result.json": json.dumps(vllm),
+             "trace.jsonl": json.dumps(_record(1500, 6, [1])) + "\n" + json.dumps(_record(500, 5, [2])) + "\n"}
+    read = {}
+    for member, text in files.items():
+        path = tmp_path / f"{Path(member).stem}_run.zip"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr(member, text)
+        arrival_s, prompt, _ = read_trace(str(path))
+        read[member] = (arrival_s.tolist(), prompt.tolist())
+    assert read == {"profile_export.jsonl": ([0.0], [7]), "result.json": ([0.0, 0.5], [9, 8]),
+                    "trace.jsonl": ([0.0, 1.0], [5, 6])}
