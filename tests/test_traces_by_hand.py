@@ -65,8 +65,8 @@ def test_requests_that_arrive_together_keep_their_file_order(tmp_path: Path) -> 
 
 
 def test_an_empty_trace_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"^t\.csv: no requests \(a header alone, or every "
-                                            r"request failed\); expected at least one$"):
+    with pytest.raises(ScenarioError, match=r"^t\.csv: no requests \(a header alone\); "
+                                            r"expected at least one$"):
         read_trace(_write(tmp_path, "t.csv", f"{ORCASIM_HEADER}\n"))
 
 
@@ -326,7 +326,7 @@ def test_a_vllm_result_without_an_errors_list_keeps_every_request(tmp_path: Path
 def test_a_vllm_result_in_which_every_request_failed_has_no_requests(tmp_path: Path) -> None:
     path = _vllm(tmp_path, start_times=[5.0, 6.0], input_lens=[5, 6], output_lens=[2, 3],
                  ttfts=[0.1, 0.1], itls=[[0.1], [0.1, 0.1]], errors=["timeout", "reset"])
-    with pytest.raises(ScenarioError, match=r"^r\.json: no requests \(a header alone, or every "
+    with pytest.raises(ScenarioError, match=r"^r\.json: no requests \(empty lists, or every "
                                             r"request failed\)"):
         read_trace(path)
 
@@ -905,3 +905,13 @@ def test_a_zip_of_json_is_read_by_the_name_of_the_file_it_holds(tmp_path: Path) 
         read[member] = (arrival_s.tolist(), prompt.tolist())
     assert read == {"profile_export.jsonl": ([0.0], [7]), "result.json": ([0.0, 0.5], [9, 8]),
                     "trace.jsonl": ([0.0, 1.0], [5, 6])}
+
+
+@pytest.mark.parametrize("fmt", ["auto", "mooncake", "aiperf"])
+def test_an_empty_json_lines_file_is_not_called_a_header_alone(tmp_path: Path, fmt: str) -> None:
+    """A JSON-lines file has no header: an empty one (or one of blank lines) was said to be
+    'a header alone' (a tester's finding)."""
+    path = _write(tmp_path, "e.jsonl", "\n\n")
+    with pytest.raises(ScenarioError, match=r"^e\.jsonl: no requests \(no record, only blank "
+                                            r"lines or none\); expected at least one$"):
+        read_trace(path, fmt)

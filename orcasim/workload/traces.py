@@ -63,6 +63,14 @@ LENGTH_COLUMNS = {
 }
 
 
+# Why a file of a format gave no requests: "a header alone" was said of an empty JSON-lines
+# file, which has no header (a tester's finding).
+NO_REQUESTS = {"orcasim": "a header alone", "azure": "a header alone",
+               "mooncake": "no record, only blank lines or none",
+               "vllm": "empty lists, or every request failed",
+               "aiperf": "no record, only blank lines or none"}
+
+
 def read_trace(path: str, fmt: str = "auto", max_requests: int | None = None) -> Trace:
     return read_trace_with_content(path, fmt, max_requests)[0]
 
@@ -114,8 +122,8 @@ def _read_trace_with_content(
     prompt = _token_counts(rows, prompt_column, resolved, offset)
     output = _token_counts(rows, output_column, resolved, offset)
     if len(arrival_s) == 0:
-        raise ScenarioError(f"{resolved.name}: no requests (a header alone, or every request "
-                            "failed); expected at least one")
+        raise ScenarioError(f"{resolved.name}: no requests ({NO_REQUESTS[fmt]}); expected at "
+                            "least one")
     trace = _sorted_from_zero(arrival_s, prompt, output)
     if fmt != "mooncake":
         return trace, None
