@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import warnings
@@ -555,6 +556,19 @@ def test_a_trace_in_another_unit_is_named_by_its_file_not_a_speedup(tmp_path: Pa
     with pytest.raises(ScenarioError, match=r"^workload.arrival.speedup = 1e-07: .* expected a "
                                             r"speedup that keeps them below 1e\+09 s$"):
         generate_requests(slow, np.random.default_rng(0))
+
+
+def test_a_mooncake_trace_in_another_unit_is_told_its_own_unit(tmp_path: Path) -> None:
+    """Mooncake's timestamps are milliseconds: a trace in microseconds spanning 12 days was
+    told 'expected arrival times in seconds', which it would read as milliseconds, 1000
+    times too fast (a tester's finding)."""
+    lines = [{"timestamp": t, "input_length": 10, "output_length": 2} for t in (0, 1.2e12)]
+    (tmp_path / "us.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = {"kind": "trace", "path": str(tmp_path / "us.jsonl")}
+    cfg = WorkloadConfig.model_validate({"arrival": trace, "max_tokens": 64})
+    with pytest.raises(ScenarioError, match=r"its arrivals span 1.2e\+09 s, .* expected timestamp "
+                                            r"in milliseconds \(are they in us or ns\?\)$"):
+        generate_requests(cfg, np.random.default_rng(0))
 
 
 def test_a_lognormal_mean_over_a_huge_support_is_quick() -> None:

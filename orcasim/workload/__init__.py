@@ -23,7 +23,7 @@ from orcasim.workload.lengths import (
     sample_prompt_and_output,
 )
 from orcasim.workload.sessions import AgentArrival, ConversationArrival, draw_plan, session_table
-from orcasim.workload.traces import read_trace_with_content, where_in_trace
+from orcasim.workload.traces import read_trace_with_content, times_expected, where_in_trace
 
 
 class SystemPromptConfig(Strict):
@@ -170,7 +170,7 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             warnings.warn(f"workload.{key} = {cap}, but {Path(cfg.arrival.path).name} holds "
                           f"{len(arrival_s)} requests: all {len(arrival_s)} are replayed",
                           UserWarning, stacklevel=2)
-        _check_trace_span(arrival_s, cfg.arrival.path)
+        _check_trace_span(arrival_s, cfg.arrival.path, cfg.arrival.format)
         with np.errstate(over="ignore"):  # an overflow is refused next, by its key
             arrival_s = arrival_s / cfg.arrival.speedup
         check_arrival_times(arrival_s, "speedup", cfg.arrival.speedup)
@@ -262,14 +262,14 @@ def _naming_missing(key: str) -> Iterator[None]:
         raise FileNotFoundError(f"{key}: {e}") from None
 
 
-def _check_trace_span(arrival_s: np.ndarray, path: str) -> None:
+def _check_trace_span(arrival_s: np.ndarray, path: str, fmt: str) -> None:
     """A trace whose own times pass MAX_TIME_S is in another unit (microseconds read as
     seconds): named by its file, where it was blamed on a speedup nobody set."""
     span_s = float(arrival_s.max()) if len(arrival_s) else 0.0
     if span_s > MAX_TIME_S:
         raise ScenarioError(f"workload.arrival.path = {path!r}: its arrivals span {span_s:.3g} s, "
                             f"beyond {MAX_TIME_S:g} s, where float timestamps lose precision; "
-                            "expected arrival times in seconds (are they in ms or us?)")
+                            f"expected {times_expected(path, fmt)}")
 
 
 def _in_file(cfg: WorkloadConfig) -> Callable[[int], str]:

@@ -865,6 +865,21 @@ def _line_of(path: Path, raw: pd.Series, row: int, line_offset: int) -> int:
     return int(raw.index[row]) if line_offset == JSON_LINES else csv_data_line(path, int(raw.index[row]))
 
 
+# What each format's arrival times are, for an error about their span: a Mooncake trace was
+# told to give its times in seconds, which it would read as milliseconds (a tester's finding).
+TIMES_EXPECTED = {"orcasim": "arrival times in seconds (are they in ms or us?)",
+                  "azure": "TIMESTAMP dates of one period (is a year wrong?)",
+                  "mooncake": "timestamp in milliseconds (are they in us or ns?)",
+                  "vllm": "start_times in seconds (are they in ms or us?)",
+                  "aiperf": "metadata.request_start_ns of one run"}
+
+
+def times_expected(path: str, fmt: str) -> str:
+    """What the arrival times of `path` (read as `fmt`, or as detected) are expected to be."""
+    resolved = resolve_data_path(path)
+    return TIMES_EXPECTED[_detect_format(resolved) if fmt == "auto" else fmt]
+
+
 def where_in_trace(path: str, fmt: str, max_requests: int | None, request: int) -> str:
     """Where request `request` (its id: its rank by arrival time) sits in its trace file, for
     an error found after the trace was sorted: 'trace.csv line 5', or 'result.json request 3'
