@@ -130,6 +130,22 @@ def test_replications_are_bounded(tmp_path: Path) -> None:
         load_sweep(write_sweep(tmp_path, "parameters:\n  warmup_s: [0]", replications=10**12))
 
 
+@pytest.mark.timeout(10)  # without the bound it builds tasks until memory runs out
+def test_grid_size_is_bounded(tmp_path: Path) -> None:
+    """Three lists of 1,000 values make 1e9 points: the sweep built every task before
+    checking any (4.8 GB in its first minute, on its way to hundreds) where it is refused
+    at once now, with its size; a grid at the bound still loads."""
+    values = ", ".join(str(v) for v in range(1, 1001))
+    grid = "parameters:\n" + "\n".join(
+        f"  {key}: [{values}]" for key in ("warmup_s", "workload.max_tokens", "cost.base_s"))
+    with pytest.raises(ScenarioError, match=r"grid.parameters make 1000 x 1000 x 1000 = 1e\+09 "
+                                            r"points, 2e\+09 tasks with replications = 2, "
+                                            r"beyond the 1,000,000"):
+        load_sweep(write_sweep(tmp_path, grid, replications=2))
+    zipped = write_sweep(tmp_path, "mode: zip\nparameters:\n  warmup_s: [0, 1]", replications=10_000)
+    assert len(load_sweep(zipped).tasks()) == 20_000
+
+
 def test_a_point_may_change_a_kind(tmp_path: Path) -> None:
     """Each point started from the base with every default of its first kind, so a grid over
     a scheduler's or an arrival's `kind` was refused on a key the user never wrote

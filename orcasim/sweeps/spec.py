@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 import warnings
 from collections.abc import Iterable, Iterator
@@ -61,6 +62,10 @@ from orcasim.scenario import (
 
 ParamValue = int | float | str | bool
 MAX_REPLICATIONS = 10_000
+# Tasks (points x replications) a sweep may hold: every one is built and its point checked
+# before any runs, about 0.4 KB and 0.6 ms each, so 1e6 is 0.4 GB and ten minutes of checks
+# already; three lists of 1,000 values (1e9 points) built tasks until memory ran out.
+MAX_TASKS = 1_000_000
 # A sweep file's keys that no scenario has (`name` and `seed` are a scenario's too).
 SWEEP_ONLY_KEYS = ("base", "set", "grid", "replications")
 
@@ -137,6 +142,20 @@ class SweepSpec(Strict):
     # A bound, not a hang in SeedSequence.spawn: 1e12 replications never finished validating.
     replications: Annotated[PositiveInt, Field(le=MAX_REPLICATIONS)] = 1
     seed: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Self:
+        lengths = [len(v) for v in self.grid.parameters.values()]
+        points = math.prod(lengths) if self.grid.mode == "product" else lengths[0]
+        tasks = points * self.replications
+        if tasks > MAX_TASKS:
+            sizes = " x ".join(map(str, lengths)) + " = " if self.grid.mode == "product" else ""
+            raise ScenarioError(
+                f"grid.parameters make {sizes}{points:.3g} points, {tasks:.3g} tasks with "
+                f"replications = {self.replications}, beyond the {MAX_TASKS:,} a sweep may "
+                "hold (each is built and checked before any runs); expected fewer values, "
+                "or several sweeps")
+        return self
 
 
 @dataclass(frozen=True)
