@@ -66,7 +66,7 @@ from orcasim.scenario import (
     set_dotted,
 )
 from orcasim.slo import SLOConfig, number_text
-from orcasim.sweeps.spec import point_name
+from orcasim.sweeps.spec import MAX_REPLICATIONS, MAX_TASKS, point_name
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted, measured_requests
 
@@ -486,6 +486,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
         raise ScenarioError(f"grid.parameters.{swept}: the search sets it at every run "
                             f"({'the rate it searches' if swept == knob.path else '--requests'}); "
                             "expected a grid over other keys")
+    _check_search_count(replications, len(points or [{}]) * len(chosen))
     what = scenario.workload.draws_nothing()
     if replications > 1 and what is not None:
         warnings.warn(f"{what}: every replication replays the same "
@@ -504,6 +505,19 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
             with _naming_point(job):
                 _check_job(job, names.index(job.system), first_system=job.system == chosen[0])
     return jobs
+
+
+def _check_search_count(replications: int, points_x_systems: int) -> None:
+    """A sweep's bounds: every search gets a seed and a job, checked before any runs, so
+    --replications 1e9 built them until memory ran out."""
+    if replications > MAX_REPLICATIONS:
+        raise ScenarioError(f"--replications = {replications}: expected at most "
+                            f"{MAX_REPLICATIONS:,} independent searches per system")
+    if points_x_systems * replications > MAX_TASKS:
+        raise ScenarioError(f"--replications = {replications} over {points_x_systems} points x "
+                            f"systems: {points_x_systems * replications:.3g} searches, beyond the "
+                            f"{MAX_TASKS:,} a capacity run may plan (each is built and checked "
+                            "before any runs); expected fewer points, systems or replications")
 
 
 @contextlib.contextmanager

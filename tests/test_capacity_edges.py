@@ -15,6 +15,7 @@ from typer.testing import Result
 
 from orcasim import capacity as cap
 from orcasim.cli import app
+from orcasim.config import ScenarioError
 from orcasim.results import mark_results
 from orcasim.scenario import scenario_from_dict
 from orcasim.slo import slo_from_strings
@@ -240,6 +241,20 @@ def test_a_tolerance_finer_than_a_search_can_reach_is_refused(tmp_path: Path) ->
     result = runner.invoke(app, ["capacity", str(_md1(tmp_path)), "--slo", "e2e_p90=1",
                                    "--rel-tol", "1e-300", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "1e-06 <= rel-tol < 1" in result.output
+
+
+@pytest.mark.timeout(10)  # without the bound it spawned seeds until memory ran out
+def test_replications_are_bounded(tmp_path: Path) -> None:
+    """--replications 1e9 spawned a seed and built a job per replication before any search
+    (1.2 GB in 30 s, still growing); a sweep file's replications stop at 10,000."""
+    result = runner.invoke(app, ["capacity", str(_md1(tmp_path)), "--slo", "e2e_p90=1",
+                                 "--replications", "1000000000", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "--replications = 1000000000: expected at most 10,000" in result.output
+    with pytest.raises(ScenarioError, match="--replications = 2 over 500001 points x systems: "
+                                            "1e\\+06 searches, beyond the 1,000,000"):
+        cap._check_search_count(2, 500_001)
+    cap._check_search_count(2, 500_000)
 
 
 def test_a_system_named_twice_is_searched_once(tmp_path: Path) -> None:
