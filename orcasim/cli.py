@@ -22,7 +22,7 @@ try:  # typer from 0.2x carries its own click, whose errors are not click's
 except ImportError:  # older typer: click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from orcasim.config import MAX_TIME_S, ScenarioError, format_field_error
+from orcasim.config import MAX_REQUESTS, MAX_TIME_S, ScenarioError, format_field_error
 from orcasim.exits import (
     EXIT_BAD_INPUT,
     EXIT_ENVIRONMENT,
@@ -696,6 +696,9 @@ def capacity(
             # Below a float's resolution the bisection never ends (1 + 1e-300 is 1).
             fail(f"--replications {replications}, --requests {requests}, --rel-tol {rel_tol:g}: "
                  f"expected replications >= 1, requests >= 0 and {cap.MIN_REL_TOL:g} <= rel-tol < 1")
+        if requests > MAX_REQUESTS:  # else refused by the first search as its workload's key
+            fail(f"--requests {requests}: expected at most {MAX_REQUESTS:,}, as "
+                 "workload.num_requests")
         if 0 < requests < cap.MIN_SEARCH_REQUESTS:
             fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
                  f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "

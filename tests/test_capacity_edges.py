@@ -257,6 +257,15 @@ def test_replications_are_bounded(tmp_path: Path) -> None:
     cap._check_search_count(2, 500_000)
 
 
+def test_requests_above_a_workloads_bound_are_refused_as_the_flag(tmp_path: Path) -> None:
+    """--requests 100000001 was refused by the first search as 'p0000-... at 2 req/s:
+    workload.num_requests = 100000001', a key the user never wrote."""
+    result = runner.invoke(app, ["capacity", str(_md1(tmp_path)), "--slo", "e2e_p90=1",
+                                 "--requests", "100000001", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --requests 100000001: expected at most 100,000,000")
+
+
 def test_a_system_named_twice_is_searched_once(tmp_path: Path) -> None:
     """Named twice it ran every replication twice: replications 4 of 2, and an interval
     over duplicated answers (3.5 times too narrow)."""
