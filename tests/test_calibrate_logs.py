@@ -98,6 +98,23 @@ def test_the_least_squares_stage_alone_lands_on_the_truth(
         assert values[name] == pytest.approx(value, rel=LINEAR_STAGE_RTOL), name
 
 
+def test_the_least_squares_stage_fits_a_log_of_e2e_alone(tmp_path: Path) -> None:
+    """A server that does not stream (an AIPerf run without --streaming) logs E2E alone. The
+    stage's rows were a request's TTFT and decode time, so such a log gave none, the stage
+    was skipped, and the fit stopped 84-101% off every term (a tester's finding): a request
+    without a TTFT is timed by its E2E."""
+    paths = []
+    for rate, seed in ((1.0, 0), (3.0, 1)):
+        frame = pd.read_csv(_write_log(tmp_path / f"full-{rate:g}.csv", rate, seed, num_requests=40))
+        paths.append(tmp_path / f"run-{rate:g}.csv")
+        frame[["arrival_s", "prompt_tokens", "output_tokens", "e2e_s"]].to_csv(paths[-1], index=False)
+    start = scenario_from_dict(SCENARIO)
+    values = solve_linear(start, read_logs(paths), "vllm", list(TRUE), current_values(start, tuple(TRUE)),
+                          None)
+    for name, value in TRUE.items():
+        assert values[name] == pytest.approx(value, rel=LINEAR_STAGE_RTOL), name
+
+
 def test_the_least_squares_stage_keeps_the_terms_it_does_not_fit(tmp_path: Path) -> None:
     # One term fitted, the others stay at the scenario's values in the known part: they
     # were taken as 0, and per_sequence_s took in the per-iteration, per-prompt-token and
