@@ -195,7 +195,7 @@ class _RealStepper:
         (plan, start_s, end_s), self._pending = self._pending, None
         result = self.server.apply(plan)
         recorder = self.server.recorder
-        recorder.record_iteration(start_s, end_s - start_s, 1, plan, self.scheduler.num_waiting)
+        recorder.record_iteration(start_s, end_s - start_s, 1, plan, self.scheduler.num_queued)
         recorder.record_progress(plan.req_ids, start_s, result, end_s)
 
     def load(self) -> Load:

@@ -115,7 +115,7 @@ class GenericStepper:
         plan, start_s, end_s = unit.plan, unit.start_s, float(unit.ends_s[0])
         assert plan is not None
         result = self.scheduler.update_from_output(plan)
-        self.recorder.record_iteration(start_s, unit.duration_s, 1, plan, self.scheduler.num_waiting)
+        self.recorder.record_iteration(start_s, unit.duration_s, 1, plan, self.scheduler.num_queued)
         self.recorder.record_progress(plan.req_ids, start_s, result, end_s)
         self.replica.source.on_finished(result.finished_ids, end_s)
 
@@ -123,7 +123,7 @@ class GenericStepper:
         """Apply the plan's iteration and `n - 1` steps of its run, which ended now."""
         plan, run, n, ends_s = unit.plan, unit.run, unit.n, unit.ends_s
         assert plan is not None and run is not None
-        waiting = self.scheduler.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        waiting = self.scheduler.num_queued * n + self.replica.late_waiting(ends_s, n)
         first, last = self.scheduler.advance(plan, run, n)
         if unit.outside is not None:  # the steps that ran: n - 1 after the plan's iteration
             self.cost.count_outside(unit.outside, n - 1)
@@ -141,7 +141,7 @@ class GenericStepper:
         run, n, ends_s = unit.run, unit.n, unit.ends_s
         assert isinstance(run, ContinuedRun)
         end_s = float(ends_s[n - 1])
-        waiting = self.scheduler.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        waiting = self.scheduler.num_queued * n + self.replica.late_waiting(ends_s, n)
         result = self.scheduler.advance_run(run, n)
         if unit.outside is not None:
             self.cost.count_outside(unit.outside, n)

@@ -457,7 +457,7 @@ class PagedFusedStepper:
         done = self._completions()
         self.recorder.append_row(
             unit.start_s, unit.plan_s, 1, unit.size, unit.query_total, unit.context_total,
-            unit.kv_reserved_tokens, self.scheduler.num_waiting, float(unit.kv_used_tokens), 0,
+            unit.kv_reserved_tokens, self.scheduler.num_queued, float(unit.kv_used_tokens), 0,
             unit.recomputed_tokens)
         self._record(done, end_s)
 
@@ -465,7 +465,7 @@ class PagedFusedStepper:
         """The plan's iteration and `n - 1` steps of its run: `GenericStepper._finish_jump`."""
         s, ends_s = self.scheduler, unit.ends_s
         n = len(ends_s)
-        waiting = s.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        waiting = s.num_queued * n + self.replica.late_waiting(ends_s, n)
         assert unit.growth is not None
         if n > 1:
             paged_runs.allocate_steps(s, unit.growth, n - 1)
@@ -518,7 +518,7 @@ class PagedFusedStepper:
     def _finish_continued(self, unit: _Unit) -> None:
         s, ends_s = self.scheduler, unit.ends_s
         n = len(ends_s)
-        waiting = s.num_waiting * n + self.replica.late_waiting(ends_s, n)
+        waiting = s.num_queued * n + self.replica.late_waiting(ends_s, n)
         assert unit.growth is not None
         paged_runs.allocate_steps(s, unit.growth, n)
         if unit.outside is not None:

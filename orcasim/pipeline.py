@@ -143,7 +143,7 @@ class PipelineStepper:
         # flights overlap, and rows that overlapped would count a stage's time num_stages
         # times over in the busy fraction, time-weighted means and timelines.
         self.recorder.record_iteration(flight.start_s, flight.stage_s, 1, flight.plan,
-                                       self.scheduler.num_waiting)
+                                       self.scheduler.num_queued)
         self.recorder.record_progress(flight.plan.req_ids, flight.start_s, result, flight.end_s)
         self.replica.source.on_finished(result.finished_ids, flight.end_s)
 

@@ -205,6 +205,13 @@ class Scheduler(ABC):
     def num_waiting(self) -> int:
         return len(self.waiting) - self._waiting_head
 
+    @property
+    def num_queued(self) -> int:
+        """len(queued_ids()), without the list: what an iteration row reports as waiting
+        (`num_waiting` is the FCFS queue alone; a scheduler that keeps preempted requests
+        apart adds them, as the router's `Load` and vLLM's num_requests_waiting count them)."""
+        return self.num_waiting
+
     def _peek_waiting(self) -> int | None:
         head = self._waiting_head  # not `num_waiting`: every admission check asks, twice
         return self.waiting[head] if head < len(self.waiting) else None

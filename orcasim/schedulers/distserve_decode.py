@@ -195,3 +195,7 @@ class DistServeDecodeScheduler(PagedScheduler):
 
     def queued_ids(self) -> list[int]:
         return super().queued_ids() + self.accepted
+
+    @property
+    def num_queued(self) -> int:
+        return len(self.accepted) + super().num_queued

@@ -660,6 +660,10 @@ class PagedScheduler(Scheduler):
     def queued_ids(self) -> list[int]:
         return sorted(self.swapped) + sorted(self.resumable) + super().queued_ids()
 
+    @property
+    def num_queued(self) -> int:
+        return len(self.swapped) + len(self.resumable) + self.num_waiting
+
     def cache_evictions(self) -> int:
         return self.allocator.evictions
 
