@@ -242,3 +242,25 @@ def test_a_pools_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> Non
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive
+
+
+def test_ctrl_c_after_the_results_are_written_changes_nothing(tmp_path: Path) -> None:
+    """Pressed as `orcasim run` printed 'results written' (its results whole), Ctrl-C ended
+    it with exit 130 and 'nothing was left half-written', or killed it (exit -2), while the
+    interpreter tore down pandas and matplotlib (about 0.8 s): 3 of 3 presses. Ignored from
+    the write on, the run exits 0."""
+    scenario = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
+    for trial in range(3):
+        with ctrl_c_default():
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orcasim.cli", "run", str(scenario), "--set",
+                 "workload.num_requests=100", "--out", str(tmp_path / f"r{trial}"), "--no-plots"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("results written"):
+                proc.send_signal(signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "interrupted" not in err, (proc.returncode, err)
+        assert (tmp_path / f"r{trial}" / "summary.json").exists()
