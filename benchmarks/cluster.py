@@ -45,8 +45,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from orcasim.scenario import scenario_from_dict
 
     out: dict[str, Any] = {}
-    fast_repeats = REPEATS_AT.get(spec["num_requests"], REPEATS)
-    for mode, repeats in (("fast", fast_repeats), ("reference", spec["reference_repeats"])):
+    for mode, repeats in (("fast", spec["repeats"]), ("reference", spec["reference_repeats"])):
         if not repeats:
             continue
         data = scenario_dict(spec["scheduler"], spec["router"], spec["num_requests"],
@@ -82,6 +81,7 @@ def main() -> None:
             for n in SIZES[scheduler]:
                 spec = {"scheduler": scheduler, "router": router, "num_requests": n,
                         "rate_per_s": rate, "cost_keys": cost_keys,
+                        "repeats": REPEATS_AT.get(n, REPEATS),
                         "reference_repeats": 1 if n == min(SIZES[scheduler]) else 0}
                 done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
                                       check=True, capture_output=True, text=True)
@@ -93,7 +93,7 @@ def main() -> None:
                       f"{n / row['fast_cpu_s']:>15,.0f}{row['peak_rss_bytes'] / 2**20:>13,.0f}"
                       f"{ratio:>10}", flush=True)
     report = {"cost": cost_name, "replicas": NUM_REPLICAS, "load_fraction": single.LOAD_FRACTION,
-              "machine": single.machine(), "load_average": os.getloadavg(), "results": rows}
+              "date": time.strftime("%Y-%m-%d"), "machine": single.machine(), "load_average": os.getloadavg(), "results": rows}
     complete = sorted(args.schedulers) == sorted(SIZES)
     single.write_report(report, args.out, RESULTS, complete)
 

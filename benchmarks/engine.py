@@ -206,14 +206,16 @@ def benchmark(sizes: tuple[int, ...], cost_kind: str,
             spec = {"scheduler": scheduler, "num_requests": n, "rate_per_s": rate,
                     "cost_keys": cost_keys, "repeats": REPEATS.get(n, 1),
                     "reference_repeats": REFERENCE_REPEATS if n == min(sizes) else 0}
+            # The repeat counts go in the row: its times are medians over them.
             row = {"scheduler": scheduler, "num_requests": n, "rate_per_s": rate,
+                   "repeats": spec["repeats"], "reference_repeats": spec["reference_repeats"],
                    **run_child(spec)}
             rows.append(row)
             print(format_row(row), flush=True)
     return {"cost": cost_name, "cost_keys": cost_keys, "load_fraction": LOAD_FRACTION,
             "max_batch_size": MAX_BATCH_SIZE, "kv_capacity_tokens": KV_CAPACITY_TOKENS,
-            "machine": machine(), "load_average_before_after": [load_before, os.getloadavg()],
-            "results": rows}
+            "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+            "load_average_before_after": [load_before, os.getloadavg()], "results": rows}
 
 
 def machine() -> dict[str, Any]:

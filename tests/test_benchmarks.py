@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,18 @@ def test_benchmark_scenarios_build_without_a_warning(scheduler: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         engine.simulate_once(data)
+
+
+def test_a_report_says_when_it_ran_and_over_how_many_runs_each_median_is() -> None:
+    """The README's tables state a date and medians of 5 and 3 runs, but engine.json and
+    cluster.json held neither (a tester's finding): each row now names its repeat counts."""
+    report = engine.benchmark((60,), "roofline", ("request_level",))
+    assert report["date"] == time.strftime("%Y-%m-%d")
+    (row,) = report["results"]
+    assert (row["repeats"], row["reference_repeats"]) == (1, 1)
+    cluster = _script("cluster")
+    spec = {"scheduler": "iteration_level", "router": "round_robin", "num_requests": 40,
+            "rate_per_s": 10.0, "cost_keys": engine.choose_cost("roofline")[1],
+            "repeats": 2, "reference_repeats": 0}
+    out = cluster.child(spec)
+    assert "fast_cpu_s" in out and "reference_cpu_s" not in out
