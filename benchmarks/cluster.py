@@ -3,10 +3,13 @@
 The workload and replica of benchmarks/engine.py (ShareGPT lengths, Llama-2-7B on one
 A100-80GB, batch limit 64), 16 replicas behind a router, Poisson arrivals at 85% of 16
 times one replica's measured capacity. Each case runs in its own process (its peak RSS
-is its own); times are end to end (draw, simulate, frames, summary), the median of
-`REPEATS` runs (one at 1M requests); at the smallest size reference mode runs in the same
-process for the ratio. Prints a table and writes benchmarks/results/cluster.json (only where
-it ran every scheduler, else to an `--out` given).
+is its own); times are CPU seconds only (no wall time), end to end (build the scenario, draw,
+simulate, frames, summary; unlike engine.py no summary is written and no warm-up run comes
+first, so the first of the repeats pays the first calls), the median of `REPEATS` runs (one
+at 1M requests); at the smallest size reference mode runs once in the same process for the
+ratio (reference CPU seconds over fast; the first of three runs of 2,000 requests took
+0.20 CPU s where the next took 0.15 to 0.16). Prints a table and writes
+benchmarks/results/cluster.json (only where it ran every scheduler, else to an `--out` given).
 """
 
 from __future__ import annotations

@@ -11,15 +11,16 @@ Sarathi-Serve's chunked one (the same, chunks of 512 tokens), 10k / 100k / 1M re
 Each case runs in its own process, so that its peak RSS is its own. The timed region is
 what a user waits for: drawing the requests, simulating, building the per-request frame
 and the summary, and writing the summary to disk. Short cases report the median of a
-few repeats; at the smallest size (10k by default) reference mode runs in the same process
-for the ratio. Before its timed runs each case runs the same scenario once at
+few repeats (`REPEATS`: 5 at 10k, 3 at 100k, 1 otherwise); at the smallest size (10k by
+default) reference mode runs once in the same process for the ratio (reference wall seconds
+over fast). Before its timed runs each case runs the same scenario once at
 `WARMUP_REQUESTS`, untimed, so that no timed run pays for first calls (imports, caches): at
 sizes run once, the first fast run paid about 0.1 s that the reference run after it did not.
 CPU seconds are reported beside wall seconds because a shared machine's load inflates
 wall time; the load averages before and after go into the JSON.
-Prints a table and writes benchmarks/results/engine.json, only where it ran every default
-size and scheduler (a partial run, which would replace the README table's source, writes only
-to an `--out` given).
+Prints a table and writes benchmarks/results/engine.json (engine_linear.json when the linear
+cost ran), only where it ran every default size and scheduler (a partial run, which would
+replace the README table's source, writes only to an `--out` given).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Wall and CPU seconds on a shared machine move by 30% from one run to the next, more than
 most changes to the engine's inner loop. The number of instructions executed hardly moves.
 This runs the workload of benchmarks/engine.py (ShareGPT lengths, Llama-2-7B on one
-A100-80GB, roofline cost, Poisson arrivals at a fixed rate, 85% of one replica's capacity
-for each kind) at two sizes under valgrind's cachegrind (no cache simulation) and reports the
+A100-80GB, roofline cost, Poisson arrivals at a fixed rate for each kind, 85% of one
+replica's capacity as measured on 2026-12-04, 86 to 87% of it for the paged kinds since
+commit 88cec25) at two sizes under valgrind's cachegrind (no cache simulation) and reports the
 difference per request, so that start-up (imports, building the scenario) cancels. The
 children run with a fixed PYTHONHASHSEED: without it the count moves by about 2% from run
 to run of the same code (str hashes are salted per process, and set and dict orders
