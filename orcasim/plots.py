@@ -343,8 +343,13 @@ def metric_label(metric: str) -> str:
     ('ttft_s_p99 (s)'); a name that spells none (a share, a count) is left as it is."""
     if metric in METRIC_LABELS:
         return METRIC_LABELS[metric]
-    unit = next((u for pattern, u in UNITS_IN_NAMES if re.search(pattern, metric)), None)
+    unit = metric_unit(metric)
     return f"{metric} ({unit})" if unit else metric
+
+
+def metric_unit(metric: str) -> str | None:
+    """The unit a metric's name spells ('s/token' for normalized latency), or None."""
+    return next((u for pattern, u in UNITS_IN_NAMES if re.search(pattern, metric)), None)
 
 
 LINE_STYLES = ("-", "--", ":", "-.")
@@ -458,7 +463,7 @@ def latency_vs_throughput(
                        label=SATURATED if not marked else None)
             marked = True
     if slo is not None:
-        ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g}")
+        ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g} {metric_unit(metric) or ''}".rstrip())
     if log_y and lowest <= 0:
         warnings.warn(f"{metric} reaches {lowest:g}, which a log axis cannot show: drawn on a "
                       "linear axis", UserWarning, stacklevel=2)

@@ -179,6 +179,8 @@ def test_latency_vs_throughput_draws_one_line_per_system_and_slo(sweep_table: pd
     assert "normalized latency" in ax.get_ylabel()
     xs = ax.get_lines()[0].get_xdata()
     assert list(xs) == sorted(xs)
+    # The SLO line names its unit: 'SLO = 0.05' did not say s/token.
+    assert ax.get_lines()[-1].get_label() == "SLO = 0.05 s/token"
 
 
 def test_a_metric_at_zero_is_drawn_on_a_linear_axis_with_a_warning(sweep_table: pd.DataFrame) -> None:
