@@ -53,13 +53,13 @@ check: $(STAMP)
 	$(BIN)/orcasim check
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/engine.py
+	$(BIN)/python benchmarks/engine.py --force
 
 bench-cluster: $(STAMP)
-	$(BIN)/python benchmarks/cluster.py
+	$(BIN)/python benchmarks/cluster.py --force
 
 bench-capacity: $(STAMP)
-	$(BIN)/python benchmarks/capacity.py
+	$(BIN)/python benchmarks/capacity.py --force
 
 bench-instructions: $(STAMP)  # needs valgrind: instructions per simulated request (about 0.1% noise)
 	$(BIN)/python benchmarks/instructions.py

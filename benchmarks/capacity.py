@@ -1,4 +1,4 @@
-"""Speed of a capacity search: `python benchmarks/capacity.py` (or `make bench-capacity`).
+"""Speed of a capacity search: `python benchmarks/capacity.py --force` (or `make bench-capacity`).
 
 The issue's case: one system, the rate searched to within 2%, 3 replications, 2,000
 requests per evaluated rate, SLOs TTFT p90 <= 0.5 s and TPOT p90 <= 0.1 s. Two systems of
@@ -73,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     engine.add_output_flags(parser, "benchmarks/results/capacity.json")
     args = parser.parse_args()
-    engine.check_out(parser, args.out, args.force)
+    engine.check_out(parser, args.out, args.force, RESULTS)
     rows = []
     for label, (scenario, system) in cases().items():
         for workers in (1, 2):

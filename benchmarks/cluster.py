@@ -1,4 +1,4 @@
-"""Speed and memory of a cluster: `python benchmarks/cluster.py` (or `make bench-cluster`).
+"""Speed and memory of a cluster: `python benchmarks/cluster.py --force` (or `make bench-cluster`).
 
 The workload and replica of benchmarks/engine.py (ShareGPT lengths, Llama-2-7B on one
 A100-80GB, batch limit 64), 16 replicas behind a router, Poisson arrivals at 85% of 16
@@ -73,7 +73,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
-    single.check_out(parser, args.out, args.force)
+    complete = sorted(args.schedulers) == sorted(SIZES)
+    single.check_out(parser, args.out, args.force, RESULTS if complete else None)
     cost_name, cost_keys = single.choose_cost()
     rows = []
     print(f"{'scheduler':<16}{'router':<19}{'requests':>9}{'cpu s':>8}{'sim req/cpu-s':>15}"
@@ -97,7 +98,6 @@ def main() -> None:
                       f"{ratio:>10}", flush=True)
     report = {"cost": cost_name, "replicas": NUM_REPLICAS, "load_fraction": single.LOAD_FRACTION,
               "date": time.strftime("%Y-%m-%d"), "machine": single.machine(), "load_average": os.getloadavg(), "results": rows}
-    complete = sorted(args.schedulers) == sorted(SIZES)
     single.write_report(report, args.out, RESULTS, complete)
 
 

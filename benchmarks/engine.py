@@ -1,4 +1,4 @@
-"""Speed and memory of the engine itself: `python benchmarks/engine.py` (or `make bench`).
+"""Speed and memory of the engine itself: `python benchmarks/engine.py --force` (or `make bench`).
 
 Workload: ShareGPT lengths (prompt and output resampled from the Llama-2 tokenised trace),
 Poisson arrivals at 85% of each system's capacity, Llama-2-7B on one A100-80GB,
@@ -253,11 +253,12 @@ def main() -> None:
         return
     if len(set(args.sizes)) < len(args.sizes) or min(args.sizes) < 1:
         parser.error(f"--sizes = {args.sizes}: expected distinct positive request counts")
-    check_out(parser, args.out, args.force)
-    report = benchmark(tuple(args.sizes), args.cost, tuple(args.schedulers))
-    # The file of the cost that ran: --cost auto falls back to the linear stand-in.
-    default = RESULTS.with_name("engine_linear.json") if report["cost"] == "linear" else RESULTS
     complete = sorted(args.sizes) == list(SIZES) and sorted(args.schedulers) == sorted(SCHEDULERS)
+    # The file of the cost that will run: --cost auto falls back to the linear stand-in.
+    default = RESULTS.with_name("engine_linear.json") if choose_cost(args.cost)[0] == "linear" \
+        else RESULTS
+    check_out(parser, args.out, args.force, default if complete else None)
+    report = benchmark(tuple(args.sizes), args.cost, tuple(args.schedulers))
     print(f"cost model: {report['cost']}")
     write_report(report, args.out, default, complete)
 
@@ -266,13 +267,22 @@ def add_output_flags(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"results file (default {default}, written only by a run of every "
                              "default case: a partial run writes only to --out)")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite an existing --out, or the committed results file")
 
 
-def check_out(parser: argparse.ArgumentParser, out: Path | None, force: bool) -> None:
-    """Refused before anything runs: an --out that exists, without --force."""
-    if out is not None and out.exists() and not force:
+def check_out(parser: argparse.ArgumentParser, out: Path | None, force: bool,
+              replaces: Path | None = None) -> None:
+    """Refused before anything runs: an --out that exists, or, without --out, the committed
+    file `replaces` that a complete run would write over, without --force (a complete run
+    replaced the README's source unasked, where nothing else is overwritten without it)."""
+    if force:
+        return
+    if out is not None and out.exists():
         parser.error(f"--out = {str(out)!r} exists; expected a new file, or --force to overwrite it")
+    if out is None and replaces is not None and replaces.exists():
+        parser.error(f"this run would replace {replaces}, the README's source; expected --force "
+                     "to replace it, or --out FILE")
 
 
 def write_report(report: dict[str, Any], out: Path | None, default: Path, complete: bool) -> None:

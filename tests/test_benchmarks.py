@@ -51,6 +51,25 @@ def test_an_existing_out_needs_force(tmp_path: Path) -> None:
     engine.check_out(parser, tmp_path / "new.json", force=False)
 
 
+def test_a_complete_run_replaces_the_committed_results_only_with_force(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A complete run without --out wrote over benchmarks/results/*.json unasked (a tester's
+    finding), where nothing else is overwritten without --force: refused before it runs.
+    `make bench` passes --force; a partial run replaces nothing and needs none."""
+    parser = argparse.ArgumentParser()
+    committed = tmp_path / "engine.json"
+    committed.write_text("{}")
+    with pytest.raises(SystemExit):
+        engine.check_out(parser, None, force=False, replaces=committed)
+    assert "would replace" in capsys.readouterr().err
+    engine.check_out(parser, None, force=True, replaces=committed)
+    engine.check_out(parser, None, force=False, replaces=None)  # partial: nothing replaced
+    engine.check_out(parser, None, force=False, replaces=tmp_path / "absent.json")
+    makefile = (ROOT / "Makefile").read_text()
+    for script in ("engine", "cluster", "capacity"):
+        assert f"benchmarks/{script}.py --force" in makefile, script
+
+
 def test_instruction_counts_run_each_kind_below_its_capacity() -> None:
     """One fixed rate (paged's) ran Orca at 117% of its capacity, saturated, its warning
     silenced (a tester's finding): each kind has its own, 85% of engine.py's measure."""
