@@ -84,6 +84,23 @@ def test_decode_steps_count_a_batch_too_large(cost_file: Path) -> None:
     assert cost.out_of_range_count() == 7
 
 
+def test_decode_steps_count_a_fit_that_saw_no_pure_decode(tmp_path: Path) -> None:
+    # sum_prefill_sq from 4096: a decode step's 0 is outside. iteration_time_s counted each
+    # such step; decode_steps_s (fast mode) checked every input but this one and counted 0.
+    path = tmp_path / "m.yaml"
+    fit_range = {**RANGE, "sum_prefill_sq": [4096, 262144]}
+    path.write_text(yaml.safe_dump({"format": FORMAT, "knots_tokens": KNOTS,
+                                    "coefficients_s": COEF, "range": fit_range}))
+    context = np.array([10, 50], dtype=np.int64)
+    fast, slow = build(path), build(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        fast.decode_steps_s(context, 5)
+        for j in range(5):
+            slow.iteration_time_s(Batch(np.ones(2, dtype=np.int64), context + j))
+    assert fast.out_of_range_count() == slow.out_of_range_count() == 5
+
+
 def test_bad_files(tmp_path: Path, cost_file: Path) -> None:
     with pytest.raises(ScenarioError, match="not found"):
         build(tmp_path / "missing.yaml")

@@ -160,7 +160,10 @@ class FittedCost(CostModel):
         size = len(context_tokens)
         steps = np.arange(num_steps)
         context_sums = context_tokens.sum() + size * steps
-        shape_fits = self._inside("tokens", size) and self._inside("num_requests", size)
+        # A decode step's prompt term is 0, which a fit that saw no pure-decode batch (its
+        # sum_prefill_sq range starting above 0) counts in `iteration_time_s`: so here too.
+        shape_fits = (self._inside("tokens", size) and self._inside("num_requests", size)
+                      and self._inside("sum_prefill_sq", 0.0))
         fits = (np.full(num_steps, shape_fits)
                 & self._inside_array("sum_context_decode", context_sums)
                 & self._inside_array("max_context", context_tokens.max() + steps))
