@@ -355,6 +355,22 @@ def test_a_decode_step_past_the_tables_counts_every_step() -> None:
     assert cost.out_of_range_count() == 3
 
 
+def test_an_extrapolation_below_zero_is_refused_not_run_backwards() -> None:
+    """Past 4,032 KV tokens and 128 requests the attention table's edge segments fall: 1,024
+    decodes at 4,096 tokens priced -0.0104 s, and a run of them recorded an iteration of
+    -0.0036 s. Refused as a fit's negative price is, naming the tables."""
+    cost = llama70b_tp2(attention_csv=ATTENTION_70B_TP2)
+    decodes = np.ones(1024, dtype=np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cost.iteration_time_s(Batch(decodes, np.full(1024, 4000))) > 0.4
+        with pytest.raises(ScenarioError, match=r"profile.*mlp\.csv.*priced a batch of 1024 "
+                                                r"requests at -0\.01"):
+            cost.iteration_time_s(Batch(decodes, np.full(1024, 4096)))
+        with pytest.raises(ScenarioError, match="priced a decode step of 1024 requests"):
+            cost.decode_steps_s(np.full(1024, 4000), 97)
+
+
 def test_the_profile_cost_names_what_its_tables_do_not_time() -> None:
     from orcasim.cost.profile import _check_profiled_shape
 
@@ -409,7 +425,7 @@ def test_each_out_of_range_warning_names_its_table() -> None:
                                          all_reduce_csv=ALL_REDUCE_A100, send_recv_csv=SEND_RECV_A100), dep)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cost.iteration_time_s(Batch(np.ones(300, dtype=np.int64), np.full(300, 1_000_000)))
+        cost.iteration_time_s(Batch(np.ones(300, dtype=np.int64), np.full(300, 3000)))
         cost.iteration_time_s(Batch(np.array([9000]), np.array([9000])))
     named = sorted(str(w.message).split(" queried")[0] for w in caught)
     assert named == ["profile cost: all_reduce.csv size", "profile cost: attention decode",

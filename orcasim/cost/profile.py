@@ -26,7 +26,14 @@ import numpy as np
 from pydantic import model_validator
 
 from orcasim.config import ScenarioError, errors_under
-from orcasim.cost.base import Batch, CostModel, OutsideSteps, StageEnds, counted_decode_steps_s
+from orcasim.cost.base import (
+    Batch,
+    CostModel,
+    OutsideSteps,
+    StageEnds,
+    check_durations,
+    counted_decode_steps_s,
+)
 from orcasim.cost.catalog import Deployment, ModelSpec, known_names
 from orcasim.cost.flops import lm_head_op
 from orcasim.cost.interp import SlicedTable2D, Table1D
@@ -137,6 +144,12 @@ class ProfileCost(CostModel):
         self.activation_bytes_per_token = self.model.hidden_size * self.model.dtype_bytes
         self._out_of_range = 0
         self._warned: set[str] = set()
+        # Extrapolated along a noisy edge segment, a table can price a batch past its range
+        # below zero (Vidur's Llama-2-70B TP 2 decode attention: 1,024 decodes at 4,096 KV
+        # tokens, -10 ms an iteration, ran time backwards): checked as a fit's prices are.
+        self.checked_source: str | None = (
+            f"cost.kind = 'profile' ({PurePath(str(cfg.mlp_csv)).name} and its tables, "
+            "extrapolated past their measured range)")
         # While a decode run is priced ahead: each table's out-of-range points, kept (not
         # warned of) until the steps that ran are known (`count_outside`).
         self._deferred: dict[str, list[np.ndarray]] | None = None
@@ -232,7 +245,9 @@ class ProfileCost(CostModel):
         fixed, out_f = self._token_side(tokens, np.array(float(batch.size)))
         attention, out_a = self._attention(batch.query_tokens[None, :], batch.context_tokens[None, :])
         self._out_of_range += int(bool(out_f) or bool(out_a[0]))
-        return float(fixed + attention[0])
+        time_s = float(fixed + attention[0])
+        check_durations(time_s, self.checked_source, f"a batch of {batch.size} requests")
+        return time_s
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         return counted_decode_steps_s(self, context_tokens, num_steps)
@@ -252,7 +267,9 @@ class ProfileCost(CostModel):
                    for name, masks in self._deferred.items()}
         finally:
             self._deferred = None
-        return fixed + attention, OutsideSteps(out_a | bool(out_f), why)
+        times_s = fixed + attention
+        check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
+        return times_s, OutsideSteps(out_a | bool(out_f), why)
 
     def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
         count, why = outside.among_first(num_steps)
