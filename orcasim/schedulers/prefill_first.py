@@ -7,7 +7,9 @@ measurements; v0.4 and v0.5 keep the rules without the padding. Each iteration:
 
 1. **Prompt phase**, only while no request is swapped out. The FCFS head of the waiting
    queue (requests preempted by recompute first, oldest first, as v0.2.3's `waiting.insert(0, ...)`
-   puts them) joins while
+   puts them: nothing newer than a waiting one runs before it; under `preemption: swap`'s
+   fallback to recompute, which vLLM lacks, a newer request swapped back in can be recomputed
+   after an older one, which `insert(0, ...)` would put first and orcasim keeps behind) joins while
    - its blocks fit above the watermark: free - needed >= watermark blocks
      (`can_allocate`; unlike the newest vLLM v1's it applies even when nothing runs);
    - the prompts' tokens fit `max_num_batched_tokens`: with `pad_prompts` (v0.2.2 to v0.3.3,
