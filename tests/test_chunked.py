@@ -14,6 +14,9 @@ from kv_driver import (
 )
 from test_paged import paged_cases
 
+from orcasim.cost.linear import LinearCost, LinearCostConfig
+from orcasim.engine import Engine
+from orcasim.requests import PromptContent, Requests
 from orcasim.schedulers.chunked import ChunkedConfig, ChunkedScheduler
 from orcasim.schedulers.paged import PagedConfig, PagedScheduler
 from tests.conftest import examples
@@ -179,3 +182,62 @@ def test_plans_equal_an_independent_model_of_vllm_v1s_schedule(chunked: bool) ->
             model.update(plan)
             step += 1
         assert not (model.running or model.waiting or model.preempted), seed
+
+
+def _run_one_second_steps(prompts, outputs, arrivals, capacity: int, mode: str, fused: bool,
+                          content=None, **kw):
+    """An engine run of a chunked scheduler where every iteration takes 1 s."""
+    reqs = Requests(np.array(arrivals, dtype=float), np.array(prompts), np.array(outputs),
+                    np.array(outputs), content=content)
+    sched = _chunked(reqs, capacity, **kw)
+    one_second = LinearCost(LinearCostConfig(kind="linear", base_s=1.0))
+    return Engine(reqs, sched, one_second, mode, fused=fused).run().recorder
+
+
+MODES = [("reference", False), ("fast", True), ("fast", False)]
+
+
+@pytest.mark.parametrize(("mode", "fused"), MODES)
+def test_a_decode_preempts_a_half_prefilled_prompt_which_recomputes_its_chunks(
+    mode: str, fused: bool
+) -> None:
+    """Five 4-token blocks, a 5-token budget. A (4-token prompt, 10 tokens) decodes from
+    1 s; B (19-token prompt) arrives at 2 s and takes 4 tokens a step beside A's decode.
+    At 5 s A's 9th token needs a third block and the pool is full: B (12 tokens computed)
+    is preempted, and nobody joins that step. B comes back at 6 s recomputing 4 + 4, then
+    at 8 s its own chunk does not fit and it preempts itself; at 9 s it joins again (4
+    recomputed) beside A's last decode. Alone from 10 s it takes 5, 5 (5 and 3 of them
+    recomputed) and 5: its last prompt token is computed in the step ending at 13 s."""
+    rec = _run_one_second_steps([4, 19], [10, 2], [0.0, 2.0], 20, mode, fused,
+                                chunk_size_tokens=5, block_size_tokens=4, max_num_seqs=4)
+    assert rec.first_scheduled_s.tolist() == [0.0, 2.0]
+    assert rec.first_token_s.tolist() == [1.0, 13.0]
+    assert rec.finish_s.tolist() == [10.0, 14.0]
+    rows = rec.iterations_frame()
+    assert rows["num_iterations"].sum() == 14 and rows["tokens"].sum() == 4 + 9 + 40
+    assert rows["preemptions"].sum() == 2 and rows["recomputed_tokens"].sum() == 4 + 4 + 4 + 5 + 3
+    if mode == "reference":
+        assert rows["tokens"].tolist() == [4, 1, 5, 5, 5, 1, 5, 5, 1, 5, 5, 5, 5, 1]
+        assert rows["preemptions"].tolist() == [0] * 5 + [1, 0, 0, 1] + [0] * 5
+        assert rows["recomputed_tokens"].tolist() == [0] * 6 + [4, 4, 0, 4, 5, 3, 0, 0]
+
+
+@pytest.mark.parametrize(("mode", "fused"), MODES)
+def test_a_half_prefilled_prompt_resumes_from_its_own_cached_block(mode: str, fused: bool) -> None:
+    """Four 4-token blocks, an 8-token budget, prefix caching. B (12-token prompt) computes
+    7 tokens at 1 s (block 0 full, so cached) and preempts itself at 2 s. Its hit on block 0,
+    which nobody holds, counts against the free pool: needing 2 more blocks for a 7-token
+    chunk, it waits (without the cache it would join at 3 s) until A ends at 6 s. Then it
+    starts at token 4 and computes the other 8 in one step (3 of them recomputed): first
+    token at 7 s."""
+    content = PromptContent([(100, 4), (200, 12)], np.array([900, 901]))
+    rec = _run_one_second_steps([4, 12], [6, 2], [0.0, 1.0], 16, mode, fused, content=content,
+                                chunk_size_tokens=8, block_size_tokens=4, max_num_seqs=4,
+                                enable_prefix_caching=True)
+    assert rec.first_token_s.tolist() == [1.0, 7.0]
+    assert rec.finish_s.tolist() == [6.0, 8.0]
+    rows = rec.iterations_frame()
+    assert rows["preemptions"].sum() == 1 and rows["recomputed_tokens"].sum() == 3
+    assert rows["tokens"].sum() == 4 + (1 + 7) + 4 + 8 + 1
+    if mode == "reference":
+        assert rows["context_tokens"].tolist() == [4, 12, 6, 7, 8, 9, 12, 13]
