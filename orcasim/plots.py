@@ -463,7 +463,8 @@ def latency_vs_throughput(
                        label=SATURATED if not marked else None)
             marked = True
     if slo is not None:
-        ax.axhline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO = {slo:g} {metric_unit(metric) or ''}".rstrip())
+        ax.axhline(slo, color="black", linestyle="--", linewidth=1,
+                   label=f"SLO = {slo:g} {metric_unit(metric) or ''}".rstrip())
     if log_y and lowest <= 0:
         warnings.warn(f"{metric} reaches {lowest:g}, which a log axis cannot show: drawn on a "
                       "linear axis", UserWarning, stacklevel=2)
