@@ -9,6 +9,8 @@ import pytest
 from pydantic import TypeAdapter
 
 from orcasim import run_scenario
+from orcasim.cost import OverheadConfig, build_cost_model
+from orcasim.cost.catalog import HardwareConfig
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineEngine, warn_unpipelined
 from orcasim.requests import Requests
@@ -382,3 +384,32 @@ def test_the_pipelined_engine_agrees_with_orca_s_pipeline_written_out(seed: int)
     assert rows["batch_size"].tolist() == [size for _, _, size in want_rows]
     np.testing.assert_allclose(rows[["start_s", "duration_s"]].to_numpy(),
                                [(start, dur) for start, dur, _ in want_rows], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("tp", "round_trip_s"), [(1, 0.0), (2, 0.002)])
+def test_the_round_trip_is_a_tensor_parallel_group_s_not_a_pipeline_s(
+        tp: int, round_trip_s: float) -> None:
+    """Two 10-token prompts at 0, 2 tokens out, one a batch, on 2 stages: a linear step of
+    10 ms + 0.1 ms a token, and a 2 ms TP round trip, paid at TP 2 x PP 2, not at TP 1 x PP 2
+    (Vidur keys its CPU overheads by the TP degree alone). Each stage takes half of it with
+    the GPU time: a prompt (11 + 2) / 2 = 6.5 ms a stage, a decode (10.1 + 2) / 2 = 6.05.
+    A's decode waits on stage 2 for B's prompt (a bubble on stage 1: it left at 19.05 ms,
+    stage 2 was busy until 19.5), so A ends at 19.5 + 6.05 = 25.55 ms, B at 31.6 ms; with
+    no round trip 5.5 and 5.05 ms a stage, A at 21.55 ms, B at 26.6 ms."""
+    reqs = Requests(np.zeros(2), np.full(2, 10), np.full(2, 2), np.full(2, 64, np.int64))
+    overhead = OverheadConfig(per_iteration_s=0.0, per_sequence_s=0.0,
+                              tensor_parallel_per_iteration_s=0.002)
+    cost = build_cost_model(LinearCostConfig(kind="linear", base_s=0.010, per_token_s=1e-4,
+                                             overhead=overhead),
+                            None, HardwareConfig(gpu="a100-80gb", tensor_parallel=tp,
+                                                 pipeline_parallel=2))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=1)
+    rec = PipelineEngine(reqs, PipelinedIterationLevelScheduler(cfg, reqs, 1000), cost, 2).run().recorder
+    prompt_s, decode_s = (0.011 + round_trip_s) / 2, (0.0101 + round_trip_s) / 2
+    first_s = [2 * prompt_s, 3 * prompt_s]
+    a_end_s = max(first_s[0] + decode_s, first_s[1]) + decode_s
+    np.testing.assert_allclose(rec.first_token_s, first_s, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rec.finish_s, [a_end_s, a_end_s + decode_s], rtol=0, atol=1e-12)
+    assert rec.finish_s.tolist() == pytest.approx([0.02555, 0.0316] if tp == 2 else [0.02155, 0.0266])
+    rows = rec.iterations_frame()
+    np.testing.assert_allclose(rows["duration_s"], [prompt_s, prompt_s, decode_s, decode_s], atol=1e-12)

@@ -12,6 +12,10 @@ prompt (or chunk) tokens, on a deployment of L layers:
 With data-parallel attention (a MoE deployment's `data_parallel_attention` groups) each
 group's engine process schedules and samples its own requests, side by side: B and P are
 a group's share, and the multi-process term applies as it does to tensor parallelism.
+Pipeline stages alone do not count (TP 1 x PP 2 pays none): the term is what Vidur measured
+at TP 2 and 4 beyond TP 1, and Vidur keys those overheads by the TP degree alone, so its
+pipelines read their TP degree's row; an engine whose stages pay a round trip of their own
+can add it to `per_iteration_s`.
 
 `gpu_s` is the cost kind's own time (roofline, profile, fitted or linear). The host
 launches kernels asynchronously, so an iteration lasts at least as long as launching
@@ -119,6 +123,7 @@ class OverheadCost(CostModel):
         # one stage (`stage_ends`): one batch passes them in turn, so its GPU time is the sum
         # of the floored stages (`staged_gpu_s`), as the pipelined engine's stages add up.
         self.stages = tuple(stage_layers) if len(stage_layers) > 1 and cfg.launch_per_layer_s else ()
+        # The processes of one stage (a pipeline's stages do not count: see the docstring).
         processes = tensor_parallel * data_parallel
         tp_s = cfg.tensor_parallel_per_iteration_s if processes > 1 else 0.0
         self.fixed_s = cfg.per_iteration_s + tp_s
