@@ -23,11 +23,13 @@ them all (a small model at a small batch, or a wide tensor-parallel group whose 
 has shrunk, is launch-bound: "CPU overhead" in PyTorch's and gpt-fast's words); the rest
 of the host's work happens before or after the forward pass and adds to it. Under pipeline
 parallelism a batch passes the stages in turn, each stage's host launching its own layers
-once the batch reaches it (vLLM's workers receive a stage's input before they run it): L
-counts every stage's layers, and a pipelined engine floors each stage by its own
-(`stage_times_s`), which for one batch alone sums to the same. P counts the queries of more
-than one token: a one-token prompt or chunk is priced as a decode (a `Batch` does not say
-which it is).
+once the batch reaches it (vLLM's workers receive a stage's input before they run it): each
+stage's GPU part is floored by its own layers' launches, and one batch's is the floored stages'
+sum (`staged_gpu_s`, `stage_times_s`): max(gpu_s, L * launch_per_layer_s) where the stages split
+by layers alone, more where the model's ends (the LM head on the last stage) lift one stage
+above its floor while the others sit on theirs. P counts the queries of more than one
+token: a one-token prompt or chunk is priced as a decode (a `Batch` does not say which it
+is).
 
 Defaults (`overhead: {}`) come from Vidur's measurements of a vLLM-style engine on A100
 (microsoft/vidur, `data/profiling/a100/cpu_overheads.csv` as of commit 6d98aa8, removed in
