@@ -202,6 +202,8 @@ class OverheadCost(CostModel):
                   for g, k in zip(self.inner.stage_times_s(batch, layers), layers, strict=True)]
         if self.checked_source is not None:
             check_durations(np.array(gpus_s), self.checked_source, f"a batch of {batch.size} requests")
+        # The host's work by layers: orcasim's choice (Vidur charges every stage all of it;
+        # README, Engine overhead).
         return [g + host_s * k / total for g, k in zip(gpus_s, layers, strict=True)]
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
