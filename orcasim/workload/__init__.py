@@ -13,7 +13,7 @@ from pydantic import Field, PositiveInt, model_validator
 
 from orcasim.config import MAX_REQUESTS, MAX_TIME_S, ScenarioError, Strict, check_arrival_times
 from orcasim.requests import ClientLoop, PromptContent, Requests
-from orcasim.workload.arrivals import Arrival, GammaArrival, TraceArrival
+from orcasim.workload.arrivals import Arrival, ConstantArrival, GammaArrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.lengths import (
     EmpiricalLength,
@@ -184,7 +184,8 @@ def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests
             arrival_s = np.full(n, np.nan)  # known only when a system runs them
         else:
             with np.errstate(over="ignore"):  # an overflow is refused next, by its key
-                arrival_s = np.cumsum(cfg.arrival.gaps_s(rng, n))
+                arrival_s = (cfg.arrival.times_s(rng, n) if isinstance(cfg.arrival, ConstantArrival)
+                             else np.cumsum(cfg.arrival.gaps_s(rng, n)))
             check_arrival_times(arrival_s, "rate_per_s", cfg.arrival.rate_per_s)
             if isinstance(cfg.arrival, GammaArrival):
                 _warn_unsteady_rate(cfg.arrival, n)
