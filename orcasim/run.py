@@ -222,9 +222,20 @@ def check_warmup(scenario: Scenario, requests: Requests) -> None:
         return
     last_s = float(np.max(requests.arrival_s))
     if scenario.warmup_s > last_s:
-        raise ScenarioError(f"warmup_s = {scenario.warmup_s:g} is past the last arrival "
-                            f"({last_s:g} s): expected warmup_s below it, or no request is "
-                            "measured")
+        warmup, last = apart(scenario.warmup_s, last_s)
+        raise ScenarioError(f"warmup_s = {warmup} is past the last arrival ({last} s): "
+                            "expected warmup_s below it, or no request is measured")
+
+
+def apart(a: float, b: float) -> tuple[str, str]:
+    """`a` and `b` written in the fewest significant digits, six at least (`:g`'s), that
+    tell them apart: a warm-up just past the last arrival read 'warmup_s = 87.8114 is past
+    the last arrival (87.8114 s)'."""
+    for digits in range(6, 18):
+        a_text, b_text = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if a_text != b_text:
+            break
+    return a_text, b_text
 
 
 def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,

@@ -203,3 +203,17 @@ def test_the_flag_of_a_disaggregated_cluster_against_capacity(load: float) -> No
         reqs = system.requests
         measured = reqs[reqs["arrival_s"] >= 50.0]
         assert summary["requests_completed"] == measured["finish_s"].notna().sum()
+
+
+def test_a_warm_up_just_past_the_last_arrival_says_both_apart() -> None:
+    """At six digits a warm-up a nanosecond past the last arrival read the same as it:
+    'warmup_s = 87.8114 is past the last arrival (87.8114 s)'."""
+    from orcasim.config import ScenarioError
+
+    sc = make_scenario()
+    last_s = float(make_requests(sc).arrival_s.max())
+    with pytest.raises(ScenarioError) as raised:
+        run_scenario(sc, f"warmup_s={last_s + 1e-9!r}")
+    warmup, last = str(raised.value).removeprefix("warmup_s = ").split(" is past the last arrival (")
+    assert float(warmup) > float(last.removesuffix(" s): expected warmup_s below it, or no "
+                                                   "request is measured")), str(raised.value)
