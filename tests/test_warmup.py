@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from orcasim import run_scenario
@@ -217,3 +219,36 @@ def test_a_warm_up_just_past_the_last_arrival_says_both_apart() -> None:
     warmup, last = str(raised.value).removeprefix("warmup_s = ").split(" is past the last arrival (")
     assert float(warmup) > float(last.removesuffix(" s): expected warmup_s below it, or no "
                                                    "request is measured")), str(raised.value)
+
+
+def test_the_offered_rate_is_the_measured_arrivals() -> None:
+    """A sweep compares `offered_rps` with `throughput_rps`, which is measured after the
+    warm-up: the offered rate is too (a closed loop's first sends, at time 0, are before it)."""
+    from orcasim.metrics import offered_rps
+
+    arrival_s = np.array([0.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])
+    assert offered_rps(arrival_s, initial_sends=3) == pytest.approx(5 / 8)
+    assert offered_rps(arrival_s, initial_sends=3, warmup_s=2.0) == pytest.approx(3 / 6)
+    assert offered_rps(arrival_s, initial_sends=3, warmup_s=4.0) == pytest.approx(2 / 4)
+    assert np.isnan(offered_rps(arrival_s, initial_sends=3, warmup_s=8.0))
+
+
+def test_a_sweep_after_a_warm_up_offers_what_arrives_after_it(tmp_path: Path) -> None:
+    """A trace at 8 req/s for 50 s, then 1 req/s from 51 to 150 s, with a 60 s warm-up:
+    91 arrivals from 60 s, 1.0 req/s, and a server that keeps up serves that. Counted over
+    the whole run, the offered rate read 3.33 (499 / 150 s) against 1.0 served, and the
+    sweep's keeps-up test dropped every row (throughput_under_bound: NaN)."""
+    from orcasim.sweeps import run_scenario_sweep, throughput_under_bound
+
+    arrival_s = np.concatenate([np.arange(400) / 8, 51.0 + np.arange(100)])
+    pd.DataFrame({"arrival_s": arrival_s, "prompt_tokens": 10, "output_tokens": 4}).to_csv(
+        tmp_path / "falling.csv", index=False)
+    sc = make_scenario(**{"warmup_s": 60.0, "workload": {
+        "arrival": {"kind": "trace", "path": "falling.csv"}, "max_tokens": 96},
+        "sweep": {"parameter": "cost.base_s", "values": [0.01, 0.02]}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frame = run_scenario_sweep(sc, tmp_path)
+    assert frame["offered_rps"].tolist() == pytest.approx([1.0] * len(frame), rel=EXACT_RTOL)
+    assert frame["throughput_rps"].to_numpy() == pytest.approx(1.0, rel=0.02)
+    assert throughput_under_bound(frame, float("inf")).notna().all()

@@ -89,7 +89,7 @@ def run_task(task: Task) -> Outcome:
     # The realised load beside the summary: whether a system keeps up is judged against it.
     first = initial_sends(scenario.workload.arrival)
     systems: dict[str, dict[str, Any]] = {
-        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy(), first),
+        n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy(), first, scenario.warmup_s),
             **r.summary}
         for n, r in result.systems.items()
     }
