@@ -145,6 +145,8 @@ LOADS = (0.5, 0.9, 1.1, 2.0)  # of the server's capacity; the last two are overl
 SATURATION_REQUESTS = 6000
 
 
+@pytest.mark.slow
+@pytest.mark.validation
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("kind", SCHEDULERS)
 def test_the_flag_against_capacity(kind: str, load: float) -> None:
@@ -166,6 +168,8 @@ def test_the_flag_against_capacity(kind: str, load: float) -> None:
             assert abs(summary["saturation_z"]) < 1 and saturation_text(summary) is None
 
 
+@pytest.mark.slow
+@pytest.mark.validation
 @pytest.mark.parametrize("load", LOADS)
 def test_the_flag_of_a_fleet_against_capacity(load: float) -> None:
     """Two such servers behind round robin (capacity 2 / SERVICE_S): the fleet and each
@@ -190,6 +194,8 @@ def test_the_flag_of_a_fleet_against_capacity(load: float) -> None:
 DECODE_CAPACITY_RPS = 4 / (49 * 0.010)
 
 
+@pytest.mark.slow
+@pytest.mark.validation
 @pytest.mark.parametrize("load", LOADS)
 def test_the_flag_of_a_disaggregated_cluster_against_capacity(load: float) -> None:
     for seed in range(2):
@@ -274,6 +280,8 @@ def one_call_at_a_time_agents(load: float, seed: int, num_sessions: int) -> Any:
     return system, [str(w.message) for w in caught]
 
 
+@pytest.mark.slow
+@pytest.mark.validation
 @pytest.mark.parametrize("load", LOADS)
 def test_the_flag_of_sessions_against_capacity(load: float) -> None:
     """Sessions started past what the server serves pile up as sessions in progress, not as
