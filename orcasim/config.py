@@ -366,7 +366,12 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
             msg += f"{UNIT_TEXT}{number_of(loc)}"
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc, value, msg = _kind_problem(loc, e)
-            problems.append((loc, value, msg))
+            # Inside a union's form (a group's scheduler in `replicas: [...]`) it says what
+            # is wrong in that form, so the form the value is not (an int) goes unsaid.
+            if union is None:
+                problems.append((loc, value, msg))
+            else:
+                unions.setdefault(union, {}).setdefault(form, []).append((loc, value, msg))
             continue
         if e["type"] in MAPPING_EXPECTED:  # pydantic's words name an internal class
             msg = ("Input should be a mapping of keys (key: value)" if loc == union  # one of its forms

@@ -830,3 +830,19 @@ def test_a_quoted_number_in_a_list_of_numbers_is_named_by_its_item() -> None:
     with pytest.raises(ValidationError, match=r"sliding_window_layers\[1\] = '1': expected a "
                                               r"number, not text \(unquote it\)"):
         ModelSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(("block", "problem"), [
+    ({"scheduler": {"kind": "vllm"}}, "scheduler.kind = 'vllm': expected one of 'request_level', "
+                                      "'iteration_level', 'paged', 'chunked'"),
+    ({"cost": {"base_s": 0.01}}, "cost.kind: Field required (it says which kind of block this is)"),
+])
+def test_a_replica_groups_block_of_no_known_kind_is_its_one_problem(
+        tmp_path: Path, block: dict[str, Any], problem: str) -> None:
+    """A group is a form of `replicas` (a count, or a list of groups): its block's unknown
+    kind also read '; ...: systems[1].cluster.replicas = [{...}]: Input should be a valid
+    integer', the count form the list is not."""
+    scenario = _write(tmp_path, {"systems[1].cluster": {"replicas": [{"count": 1, **block}]}}, None)
+    result = CliRunner().invoke(app, ["validate", str(scenario)])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: {scenario}: systems[1].cluster.replicas[0].{problem}\n"
