@@ -4,7 +4,8 @@
   as the plain system, bit for bit, for every scheduler kind, in fast and reference mode.
 * A request arriving exactly at an iteration boundary joins at that boundary.
 * A router's look never reads a jump's future: the loads every router sees in fast mode
-  equal those it sees in reference mode, decision by decision.
+  equal those it sees in reference mode, decision by decision, on a fleet of one kind and
+  on a mixed one (every engine variant, each with its own KV pool and pace).
 * `Load` on a hand-traced case.
 """
 
@@ -122,6 +123,38 @@ def test_routers_never_read_a_jumps_future(kind: str, router: str) -> None:
     for (req_f, loads_f), (req_r, loads_r) in zip(fast, reference, strict=True):
         assert req_f == req_r and loads_f == loads_r, (req_f, loads_f, loads_r)
     assert np.array_equal(fast_finish, reference_finish)
+
+
+# One replica of each engine variant, each with its own KV pool and its own pace: a fleet
+# whose replicas' jumps and boundaries never line up (a pipelined Orca replica among them).
+MIXED_FLEET = {"replicas": [
+    {"count": 1, "scheduler": SCHEDULERS["request_level"], "kv_capacity_tokens": 3000},
+    {"count": 1, "scheduler": SCHEDULERS["iteration_level"],
+     "cost": {"kind": "linear", "base_s": 0.02, "per_token_s": 2e-4, "per_context_token_s": 1e-6}},
+    {"count": 1, "scheduler": SCHEDULERS["iteration_level"], "kv_capacity_tokens": 4000,
+     "hardware": {"gpu": "a100-80gb", "pipeline_parallel": 2}},
+    {"count": 1, "scheduler": SCHEDULERS["paged"], "kv_capacity_tokens": 1600},
+    {"count": 1, "scheduler": {**SCHEDULERS["chunked"], "max_num_seqs": 8}},
+    {"count": 1, "scheduler": SCHEDULERS["paged_cached"], "kv_capacity_tokens": 9600},
+]}
+
+
+@pytest.mark.parametrize("router", ["least_kv", "least_tokens", "least_outstanding", "power_of_two"])
+@pytest.mark.filterwarnings("ignore:.*linear")  # the PP group splits the linear cost by stage
+def test_routers_over_a_mixed_fleet_read_the_same_loads_in_both_modes(router: str) -> None:
+    seen, finish = {}, {}
+    for mode in ("fast", "reference"):
+        scenario = _scenario(SCHEDULERS["paged"], mode, {**MIXED_FLEET, "router": {"kind": router}},
+                             **{"workload.arrival": {"kind": "poisson", "rate_per_s": 30.0}})
+        fleet = build_fleet(scenario, scenario.systems[0], make_requests_for(scenario))
+        watching = _Watching(fleet.router.router)
+        fleet.router.router = watching
+        fleet.run()
+        seen[mode], finish[mode] = watching.seen, fleet.recorder.finish_s
+        # Every replica served: the comparison covers each variant's reports.
+        assert set(fleet.assigned.tolist()) == set(range(6)), mode
+    assert seen["fast"] == seen["reference"]
+    assert np.array_equal(finish["fast"], finish["reference"], equal_nan=True)
 
 
 def test_load_on_a_hand_traced_case() -> None:
