@@ -168,6 +168,9 @@ class OrcaFusedStepper:
         self.base_total = 0
         self._jump: _Jump | None = None
         self._continuing = False  # the last jump ended in completions
+        # Requests finished here: `close` writes back theirs alone (a fleet's replicas share
+        # finish_s, and every replica's scheduler read the whole fleet's as its own).
+        self.finished_ids: list[int] = []
 
     def start(self, now_s: float) -> float | None:
         """The generic stepper's `start`, specialised (same steps, same order)."""
@@ -214,7 +217,7 @@ class OrcaFusedStepper:
     def close(self) -> None:
         """The scheduler's per-request progress, as the generic stepper leaves it: all done."""
         assert not self.scheduler.running and not self.scheduler.num_waiting
-        scheduler, done = self.scheduler, ~np.isnan(self.recorder.finish_s)
+        scheduler, done = self.scheduler, np.array(self.finished_ids, dtype=np.int64)
         scheduler.generated[done] = self.output_tokens[done]
         scheduler.computed[done] = self.prompt_tokens[done] + self.output_tokens[done] - 1
 
@@ -334,4 +337,5 @@ class OrcaFusedStepper:
         self.scheduler.reserved_tokens -= freed
         done.reverse()  # batch order, as the generic stepper tells them: a router downstream
         # (a disaggregated cluster's decode pool) sees simultaneous completions in that order
+        self.finished_ids += done
         self.replica.source.on_finished(done, finish_s)  # a closed loop's clients send again

@@ -133,6 +133,9 @@ class PagedFusedStepper:
         self._unit: _Unit | None = None
         self._delegated = False  # the pending unit is the generic stepper's
         self.continuing = False  # the last unit was a run that was not cut
+        # Requests finished by its own units: `close` writes back theirs alone (a fleet's
+        # replicas share finish_s; the generic stepper's units leave their own written).
+        self.finished_ids: list[int] = []
 
     # The Stepper protocol.
 
@@ -197,7 +200,7 @@ class PagedFusedStepper:
         """The scheduler's per-request progress, as the generic stepper leaves it: all done."""
         s = self.scheduler
         assert not s.running and not s.num_waiting
-        done = ~np.isnan(self.recorder.finish_s)
+        done = np.array(self.finished_ids, dtype=np.int64)
         s.generated[done] = self.output_tokens[done]
         s.computed[done] = self.prompt_tokens[done] + self.output_tokens[done] - 1
         s.peak_computed[done] = np.maximum(s.peak_computed[done], s.computed[done])
@@ -551,5 +554,6 @@ class PagedFusedStepper:
     def _record(self, done: list[int], end_s: float) -> None:
         """Completions at `end_s`, told to the source."""
         if done:
+            self.finished_ids += done
             self.recorder.record_finished(done, end_s)
             self.replica.source.on_finished(done, end_s)

@@ -157,6 +157,25 @@ def test_routers_over_a_mixed_fleet_read_the_same_loads_in_both_modes(router: st
     assert np.array_equal(finish["fast"], finish["reference"], equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore:.*linear")  # the PP group splits the linear cost by stage
+def test_each_replica_keeps_only_its_own_requests_progress_in_both_modes() -> None:
+    """A fused stepper's `close` wrote back every request finished in the fleet (their
+    finish times are shared) as its own scheduler's: in fast mode the Orca, paged and
+    chunked replicas read output tokens generated for 262, 250 and 245 requests they never
+    held, of 300; reference mode's, none."""
+    progress = {}
+    for mode in ("fast", "reference"):
+        scenario = _scenario(SCHEDULERS["paged"], mode, {**MIXED_FLEET, "router": {"kind": "random"}},
+                             **{"workload.arrival": {"kind": "poisson", "rate_per_s": 30.0}})
+        fleet = build_fleet(scenario, scenario.systems[0], make_requests_for(scenario))
+        fleet.run()
+        progress[mode] = [(r.scheduler.generated, r.scheduler.computed) for r in fleet.replicas]
+        for r, (generated, _) in zip(fleet.replicas, progress[mode], strict=True):
+            assert not generated[fleet.assigned != r.index].any(), (mode, r.index)
+    for (gen_f, comp_f), (gen_r, comp_r) in zip(progress["fast"], progress["reference"], strict=True):
+        assert np.array_equal(gen_f, gen_r) and np.array_equal(comp_f, comp_r)
+
+
 def test_load_on_a_hand_traced_case() -> None:
     """Request 0 (prompt 10, output 5) alone in 1 s iterations, batch size 1. At 2.2 s two
     tokens are out and the third iteration is in flight: 3 tokens outstanding, its KV
