@@ -118,11 +118,15 @@ def check_grid_fits(grid: Grid, max_tokens: int) -> None:
 
 def make_batch(model: Transformer, shape: Shape, rng: np.random.Generator) -> list[tuple[Sequence, int]]:
     """Sequences whose caches already hold `context - query` tokens of random values."""
+    # The values come from `rng` too, not torch's global generator: that one was never seeded,
+    # so --seed fixed the tokens but not the caches, and each batch moved a caller's stream.
+    gen = torch.Generator(device=model.lm_head.weight.device).manual_seed(int(rng.integers(2**62)))
     batch = []
     for q, c in zip(*shape, strict=True):
         seq = model.new_sequence(rng.integers(0, model.args.vocab_size, c).tolist(), c)
-        seq.cache_k.normal_()  # real values: uninitialised memory may hold denormals or NaN
-        seq.cache_v.normal_()
+        # Real values: uninitialised memory may hold denormals or NaN.
+        seq.cache_k.normal_(generator=gen)
+        seq.cache_v.normal_(generator=gen)
         seq.num_computed = c - q
         batch.append((seq, q))
     return batch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from calibrate.model import Transformer, build_model, model_args  # noqa: E402
+from calibrate.profile import make_batch  # noqa: E402
 from tests.conftest import examples  # noqa: E402
 
 # calibrate/gpu_check.sh runs this file on CUDA too (still fp32, so the bound means the same).
@@ -100,3 +102,18 @@ def test_last_token_logits_are_rows_of_all_logits(model: Transformer) -> None:
 def test_any_chunking_matches_alone(model: Transformer, chunks: list[list[int]]) -> None:
     prompts = [prompt(100 + i, sum(c)) for i, c in enumerate(chunks)]
     assert_matches_alone(model, prompts, chunks)
+
+
+def test_a_profile_batch_is_drawn_from_its_generator_alone(model: Transformer) -> None:
+    # The caches' values came from torch's global generator, never seeded: two profiles with
+    # one --seed timed different caches, and each batch moved a caller's torch stream.
+    shape = ([1, 3], [5, 8])  # (queries, contexts) of two requests
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    first = make_batch(model, shape, np.random.default_rng(7))
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.manual_seed(2)  # another global stream: the same batch
+    again = make_batch(model, shape, np.random.default_rng(7))
+    for (a, qa), (b, qb) in zip(first, again, strict=True):
+        assert (a.token_ids, a.num_computed, qa) == (b.token_ids, b.num_computed, qb)
+        assert torch.equal(a.cache_k, b.cache_k) and torch.equal(a.cache_v, b.cache_v)
