@@ -37,6 +37,9 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DECODE = ((1, 1024), (8, 1024), (32, 1024), (64, 2048), (128, 1024), (256, 512))
 PREFILL = ((1, 512), (1, 2048), (1, 8192), (4, 2048))  # (prompts, tokens each), causal
 HEADER = "model,tensor_parallel,mode,kind,tokens,context,time_s"
+# The weights' and inputs' values are only timed, but drawn from a generator of their own
+# (torch's global one is never seeded here, and a caller's stream is left alone).
+SEED = 0
 
 
 def shard_shapes(shape: ModelArgs, tp: int) -> dict[str, tuple[int, int]]:
@@ -50,13 +53,13 @@ def shard_shapes(shape: ModelArgs, tp: int) -> dict[str, tuple[int, int]]:
             "up": (2 * inner if shape.gated_mlp else inner, d), "down": (d, inner)}
 
 
-def token_ops_fn(shape: ModelArgs, tp: int, layers: int, device: str,
-                 dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+def token_ops_fn(shape: ModelArgs, tp: int, layers: int, device: str, dtype: torch.dtype,
+                 gen: torch.Generator) -> Callable[[torch.Tensor], torch.Tensor]:
     """One rank's token ops of a layer over `layers` weight copies: a function of x (T, d)."""
     d = shape.d_model
     shapes = shard_shapes(shape, tp)
     q_width = shapes["out"][1]
-    weights = [tuple(torch.randn(*shapes[name], device=device, dtype=dtype) * 0.02
+    weights = [tuple(torch.randn(*shapes[name], generator=gen, device=device, dtype=dtype) * 0.02
                      for name in ("qkv", "out", "up", "down")) for _ in range(layers)]
 
     def mlp(h: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -118,13 +121,13 @@ def timed_s(fn: Callable[[], object], device: str, repeats: int, eager: bool = F
 
 
 def attention_fn(shape: ModelArgs, tp: int, n: int, queries: int, context: int, device: str,
-                 dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+                 dtype: torch.dtype, gen: torch.Generator) -> Callable[[], torch.Tensor]:
     """One rank's attention of `n` requests, `queries` new tokens each (causal where more
     than one), against `context` tokens; grouped-query where the model is."""
     heads, kv_heads = shape.n_heads // tp, max(1, shape.kv_heads // tp)
-    q = torch.randn(n, heads, queries, shape.head_dim, device=device, dtype=dtype)
-    k = torch.randn(n, kv_heads, context, shape.head_dim, device=device, dtype=dtype)
-    v = torch.randn_like(k)
+    q = torch.randn(n, heads, queries, shape.head_dim, generator=gen, device=device, dtype=dtype)
+    k = torch.randn(n, kv_heads, context, shape.head_dim, generator=gen, device=device, dtype=dtype)
+    v = torch.randn(k.shape, generator=gen, device=device, dtype=dtype)
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=queries > 1,
                                                   enable_gqa=kv_heads != heads)
 
@@ -135,9 +138,10 @@ def measure(model: str, tensor_parallel: list[int], device: str, layers: int, re
     shape = SHAPES[model]
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = [HEADER]
+    gen = torch.Generator(device=device).manual_seed(SEED)
     with torch.inference_mode():
         for tp in tensor_parallel:
-            rows += _rows_for(shape, model, tp, device, layers, repeats, max_tokens, eager, dtype)
+            rows += _rows_for(shape, model, tp, device, layers, repeats, max_tokens, eager, dtype, gen)
     return rows
 
 
@@ -156,19 +160,19 @@ def check_degree(model: str, tp: int) -> None:
 
 
 def _rows_for(shape: ModelArgs, model: str, tp: int, device: str, layers: int, repeats: int,
-              max_tokens: int, eager: bool, dtype: torch.dtype) -> list[str]:
+              max_tokens: int, eager: bool, dtype: torch.dtype, gen: torch.Generator) -> list[str]:
     rows = []
     mode = "eager" if eager else "graph"
-    run = token_ops_fn(shape, tp, layers, device, dtype)
+    run = token_ops_fn(shape, tp, layers, device, dtype, gen)
     for n in (t for t in TOKENS if t <= max_tokens):
-        x = torch.randn(n, shape.d_model, device=device, dtype=dtype)
+        x = torch.randn(n, shape.d_model, generator=gen, device=device, dtype=dtype)
         seconds = timed_s(partial(run, x), device, repeats, eager) / layers
         rows.append(f"{model},{tp},{mode},token_ops,{n},0,{seconds:.6g}")
         print(rows[-1], flush=True)
     shapes = [("decode_attention", n, 1, c) for n, c in DECODE if n * c <= 64 * max_tokens]
     shapes += [("prefill_attention", n, c, c) for n, c in PREFILL if c <= max_tokens]
     for kind, n, queries, context in shapes:
-        fn = attention_fn(shape, tp, n, queries, context, device, dtype)
+        fn = attention_fn(shape, tp, n, queries, context, device, dtype, gen)
         seconds = timed_s(fn, device, repeats, eager)
         rows.append(f"{model},{tp},{mode},{kind},{n},{context},{seconds:.6g}")
         print(rows[-1], flush=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from calibrate.__main__ import main  # noqa: E402
-from calibrate.layer_ops import shard_shapes  # noqa: E402
+from calibrate.layer_ops import measure, shard_shapes  # noqa: E402
 from calibrate.model import SHAPES  # noqa: E402
 
 
@@ -33,6 +33,16 @@ def test_layer_ops_times_every_shape_up_to_the_limit(tmp_path: Path) -> None:
         assert prefill.empty  # every prompt shape is longer than max-tokens
     assert (table["model"] == "tiny").all() and sorted(table["tensor_parallel"].unique()) == [1, 2]
     assert (table["time_s"] > 0).all()
+
+
+def test_the_timed_tensors_come_from_a_generator_of_their_own() -> None:
+    # They came from torch's global generator, never seeded: each run timed other values,
+    # and a caller's torch stream moved under it.
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    rows = measure("tiny", [1], "cpu", layers=1, repeats=1, max_tokens=8, eager=False)
+    assert len(rows) == 1 + 4  # the header and token_ops at 1, 2, 4 and 8 tokens
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_a_shard_holds_its_share_of_the_weights() -> None:
