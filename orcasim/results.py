@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
+import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -399,7 +400,13 @@ def save_figure(fig: Figure, path: Path, svg: bool = False) -> list[Path]:
 
 
 def _save_as(fig: Figure, kind: str, tmp: Path) -> None:
-    fig.savefig(tmp, format=kind, dpi=110, bbox_inches="tight")  # tmp's suffix is not the kind
+    if kind != "svg":
+        fig.savefig(tmp, format=kind, dpi=110, bbox_inches="tight")  # tmp's suffix is not the kind
+        return
+    # An SVG's date and its ids (random unless salted) differed between two plots of one
+    # run, in 600 lines of a diff; the same figure now writes the same bytes, as a PNG does.
+    with matplotlib.rc_context({"svg.hashsalt": "orcasim"}):
+        fig.savefig(tmp, format=kind, dpi=110, bbox_inches="tight", metadata={"Date": None})
 
 
 def json_safe(obj: object) -> object:
