@@ -49,7 +49,7 @@ import heapq
 import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -290,6 +290,7 @@ class DisaggregatedFleet:
     # The share of its link each side's GPUs hold during a copy (prefill, decode): their
     # shard of the largest, which sets how long the copy takes (`LinkSchedule`).
     link_shares: tuple[float, float] = (1.0, 1.0)
+    specs: list[ReplicaSpec] = field(default_factory=list)  # each instance's, in pool order
 
     def __post_init__(self) -> None:
         n = len(self.requests)
@@ -472,11 +473,13 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     pools: list[list[Replica]] = [[], []]
     built: BuiltCosts = {}
     index = 0
+    all_specs: list[ReplicaSpec] = []
     for k, (pool, view) in enumerate(((cluster.prefill, prefill_requests),
                                       (cluster.decode, requests))):
         base = Recorder(len(requests))
         with naming_group(f"cluster.{('prefill', 'decode')[k]}", pool):
             specs = pool_specs(scenario, system, pool)
+            all_specs += specs
             for spec, cost in zip(specs, cost_models(specs, built), strict=True):
                 replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
                                       scenario.engine.mode, (scenario.warmup_s,), index,
@@ -525,7 +528,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     return DisaggregatedFleet(prefill, decode, built_models(built), requests, source,
                               prefill_router, decode_router, transfer_s, link_busy_s,
                               cluster.first_token_from_decode, cluster.pulls_kv,
-                              (shares[0], shares[1]))
+                              (shares[0], shares[1]), all_specs)
 
 
 def _check_pulls(decode: list[Replica], pulls: bool, own_hardware: bool) -> None:

@@ -61,6 +61,27 @@ class ReplicaSpec:
         return Deployment(model=self.model, hardware=self.hardware)
 
 
+def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
+    """What each replica runs, one row each in order, for the front of replicas.csv: a mixed
+    fleet's rows said only 'replica i', to be mapped by counting its groups (a tester's
+    finding). The model, GPU, TP and PP degrees (blank, 1 and 1 where a plain cost model names
+    no model or hardware), the scheduler (its kind, and its policy where it has one) and the
+    KV capacity in tokens."""
+    def scheduler(cfg: SchedulerConfig) -> str:
+        policy = getattr(cfg, "policy", None)
+        return cfg.kind if policy is None else f"{cfg.kind} ({policy})"
+
+    return pd.DataFrame({
+        "model": [s.model.name if s.model is not None else "" for s in specs],
+        "gpu": [s.hardware.gpu.name if s.hardware is not None else "" for s in specs],
+        "tensor_parallel": [s.hardware.tensor_parallel if s.hardware is not None else 1 for s in specs],
+        "pipeline_parallel": [s.hardware.pipeline_parallel if s.hardware is not None else 1
+                              for s in specs],
+        "scheduler": [scheduler(s.scheduler) for s in specs],
+        "kv_capacity_tokens": [s.kv_capacity_tokens for s in specs],
+    })
+
+
 def replica_for(
     spec: ReplicaSpec, requests: Requests, cost: CostModel, source: ArrivalSource,
     recorder: Recorder, mode: EngineMode, row_breaks_s: tuple[float, ...] = (), index: int = 0,
@@ -168,6 +189,8 @@ class Fleet:
     source: ArrivalSource
     router: RoutedRouter
     recorder: Recorder  # the per-request timestamps, shared by every replica
+    specs: list[ReplicaSpec]  # what each replica is made of, in order
+    groups: list[int]  # the index of each replica's group in `cluster.replicas`
 
     @property
     def assigned(self) -> np.ndarray:
@@ -206,6 +229,8 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
     recorder = Recorder(len(requests))
     replicas: list[Replica] = []
     built: BuiltCosts = {}
+    all_specs: list[ReplicaSpec] = []
+    groups: list[int] = []
     for g, group in enumerate(system.cluster.groups()):
         with naming_group(f"cluster.replicas[{g}]", group):
             specs = pool_specs(scenario, system, group)
@@ -214,13 +239,16 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
                                             shared_recorder(requests, recorder),
                                             scenario.engine.mode, (scenario.warmup_s,),
                                             len(replicas)))
+        all_specs += specs
+        groups += [g] * len(specs)
     for replica in replicas:
         replica.sole = len(replicas) == 1
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
     router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
                           requests.session_ids, f"system {system.name}: cluster.router")
     assigned = np.full(len(requests), -1, dtype=np.int64)
-    return Fleet(replicas, built_models(built), source, RoutedRouter(router, assigned), recorder)
+    return Fleet(replicas, built_models(built), source, RoutedRouter(router, assigned), recorder,
+                 all_specs, groups)
 
 
 def system_hardware(scenario: Scenario, system: SystemConfig) -> list[HardwareConfig | None]:

@@ -19,7 +19,7 @@ from orcasim.config import MAX_TIME_S, ScenarioError, errors_under, naming_under
 from orcasim.cost import CostModel, build_cost_model, request_latency_s
 from orcasim.cost.catalog import attention_groups
 from orcasim.engine import Engine, EngineRun
-from orcasim.fleet import build_fleet
+from orcasim.fleet import ReplicaSpec, build_fleet, describe
 from orcasim.metrics import (
     batch_size_mean,
     kv_memory_stats,
@@ -351,10 +351,21 @@ def run_cluster(
     per_replica = replica_summaries(reqs, iters, scenario.warmup_s, len(fleet.replicas))
     # Each replica's own prefix cache: the summary's evictions, replica by replica.
     per_replica["cache_evictions"] = [float(r.scheduler.cache_evictions()) for r in fleet.replicas]
+    per_replica = described(per_replica, fleet.specs, group=fleet.groups)
     summary["busy_fraction"] = float(per_replica["busy_fraction"].mean())
     flag_saturated_replicas(system.name, summary, per_replica)
     return with_sessions(SystemResult(system.name, reqs, iters, summary, per_replica),
                          fleet.source, scenario.warmup_s)
+
+
+def described(per_replica: pd.DataFrame, specs: list[ReplicaSpec],
+              **front: list[int]) -> pd.DataFrame:
+    """`per_replica` (rows in the fleet's order) with what each replica runs in front
+    (`orcasim.fleet.describe`), after any `front` columns (a colocated fleet's `group`)."""
+    about = describe(specs).set_index(per_replica.index)
+    for k, (name, values) in enumerate(front.items()):
+        about.insert(k, name, values)
+    return pd.concat([about, per_replica], axis=1)
 
 
 def flag_saturated_replicas(system_name: str, summary: dict[str, float],
@@ -416,6 +427,7 @@ def run_disaggregated(
                                  {"prefill": len(fleet.prefill), "decode": len(fleet.decode)})
     # In pool order (prefill, then decode), as fleet.replicas lists them.
     per_replica["cache_evictions"] = [float(r.scheduler.cache_evictions()) for r in fleet.replicas]
+    per_replica = described(per_replica, fleet.specs)
     for pool, rows in per_replica.groupby("pool"):
         summary[f"{pool}_busy_fraction"] = float(rows["busy_fraction"].mean())
         summary[f"{pool}_replicas"] = float(len(rows))

@@ -25,6 +25,7 @@ from orcasim.config import ScenarioError
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.fleet import BuiltCosts, ReplicaSpec, build_fleet, built_models, cost_models
 from orcasim.requests import Requests
+from orcasim.results import write_run
 from orcasim.run import SystemResult, run_scenario
 from orcasim.scenario import Scenario, scenario_from_dict
 from orcasim.schedulers.paged import PagedConfig
@@ -144,6 +145,37 @@ def test_a_heterogeneous_fleet_sends_more_to_the_faster_replicas() -> None:
     assert replicas is not None
     routed = replicas["requests_routed"].to_numpy()
     assert routed[0] > routed[2] and routed[1] > routed[2], routed
+
+
+def test_replicas_csv_says_what_each_replica_of_a_mixed_fleet_runs(tmp_path) -> None:  # noqa: ANN001
+    """A mixed fleet's per-replica table named each replica only by its number, to be mapped
+    to its group by counting (a tester's finding): each row now starts with its group, model,
+    GPU, TP and PP degrees, scheduler and KV capacity, in the file a run writes too."""
+    scenario = make_scenario(**{
+        "workload.num_requests": 40, "workload.max_tokens": 1024,
+        "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"},
+        "kv_capacity_tokens": 20_000,
+        "systems": [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
+                     "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                         {"count": 2},
+                         {"count": 1, "hardware": {"gpu": "h100-80gb", "tensor_parallel": 2},
+                          "kv_capacity_tokens": 50_000,
+                          "scheduler": {"kind": "paged", "policy": "prefill_first",
+                                        "max_num_seqs": 8}},
+                     ]}}],
+    })
+    result = run_scenario(scenario)
+    about = result.systems["c"].replicas[["group", "model", "gpu", "tensor_parallel",
+                                          "pipeline_parallel", "scheduler", "kv_capacity_tokens"]]
+    assert about.values.tolist() == [
+        [0, "llama2-7b", "a100-80gb", 1, 1, "paged (mixed)", 20_000],
+        [0, "llama2-7b", "a100-80gb", 1, 1, "paged (mixed)", 20_000],
+        [1, "llama2-7b", "h100-80gb", 2, 1, "paged (prefill_first)", 50_000],
+    ]
+    write_run(result, tmp_path / "out", plots=False)
+    written = pd.read_csv(tmp_path / "out" / "c" / "replicas.csv", index_col="replica")
+    assert written["gpu"].tolist() == ["a100-80gb", "a100-80gb", "h100-80gb"]
+    assert written["group"].tolist() == [0, 0, 1]
 
 
 @pytest.mark.parametrize("models", [("llama2-7b", "llama2-13b"), ("llama2-13b", "llama2-7b")])

@@ -1254,3 +1254,17 @@ def test_a_prefill_instance_s_preemption_with_nothing_left_to_run_is_counted(tmp
     assert result.summary["preemptions"] == 1.0 and result.summary["recomputed_tokens"] == 2.0
     assert result.replicas["preemptions"].tolist() == [1.0, 0.0]  # the prefill instance's
     assert result.iterations["preemptions"].sum() == 1
+
+
+def test_a_pool_s_rows_say_what_each_instance_runs(tmp_path) -> None:  # noqa: ANN001
+    """replicas.csv of a disaggregated cluster: each instance's row starts with its pool and
+    number, then what it runs (the decode pool's own scheduler and KV here)."""
+    trace = _trace(tmp_path, [(0.0, 4, 2), (0.5, 4, 2)])
+    changes = _disagg(trace, decode={"count": 2, "kv_capacity_tokens": 500,
+                                     "scheduler": {"kind": "iteration_level", "max_batch_size": 4}})
+    result = run_scenario(_scenario(changes)).systems["pd"]
+    about = result.replicas.reset_index()[["pool", "replica", "scheduler", "kv_capacity_tokens",
+                                           "tensor_parallel"]]
+    assert about.values.tolist() == [["prefill", 0, "paged (mixed)", 1000, 1],
+                                     ["decode", 0, "iteration_level", 500, 1],
+                                     ["decode", 1, "iteration_level", 500, 1]]
