@@ -264,6 +264,16 @@ def test_an_aiperf_export_without_streaming_has_e2e_alone(tmp_path: Path) -> Non
      '{"value": 2, "unit": "tokens"}, "request_latency": {"value": 3, "unit": "ms"}}, "error": null}',
      r"^run.jsonl line 2: metrics has no input_sequence_length, expected the prompt's length in "
      r"tokens$"),
+    # Accepted: a negative TTFT or E2E (the CSV and vLLM readers refuse one) was replayed.
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"input_sequence_length": {"value": 4, '
+     '"unit": "tokens"}, "output_sequence_length": {"value": 2, "unit": "tokens"}, '
+     '"time_to_first_token": {"value": -5, "unit": "ms"}, "request_latency": {"value": 30, "unit": "ms"}}, '
+     '"error": null}',
+     r"^run.jsonl line 2: metrics.time_to_first_token.value = -5, expected a number of ms >= 0$"),
+    ('{"metadata": {"request_start_ns": 1000000000000000000}, "metrics": {"input_sequence_length": {"value": 4, '
+     '"unit": "tokens"}, "output_sequence_length": {"value": 2, "unit": "tokens"}, '
+     '"request_latency": {"value": -0.1, "unit": "s"}}, "error": null}',
+     r"^run.jsonl line 2: metrics.request_latency.value = -0.1, expected a number of s >= 0$"),
 ])
 def test_a_bad_aiperf_record_is_a_one_line_error_naming_its_line(tmp_path: Path, line: str,
                                                                   message: str) -> None:

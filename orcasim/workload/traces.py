@@ -761,6 +761,11 @@ def _aiperf_value(metrics: dict[str, Any], name: str, where: str,
     if unit not in seconds:
         raise ScenarioError(f"{where}: metrics.{name}.unit = {json.dumps(unit)}, expected one "
                             f"of {', '.join(seconds)}")
+    # A negative latency, as the CSV and vLLM readers refuse one: it was read, and a
+    # negative TTFT fell out of the fit's log-ratios and into the fidelity table silently.
+    if value < 0:
+        raise ScenarioError(f"{where}: metrics.{name}.value = {json.dumps(value)}, expected a "
+                            f"number of {unit} >= 0")
     return float(value) * seconds[unit]
 
 
