@@ -67,7 +67,7 @@ LENGTH_COLUMNS = {
 # file, which has no header (a tester's finding).
 NO_REQUESTS = {"orcasim": "a header alone", "azure": "a header alone",
                "mooncake": "no record, only blank lines or none",
-               "vllm": "empty lists, or every request failed",
+               "vllm": "empty lists",
                "aiperf": "no record, only blank lines or none"}
 
 
@@ -460,6 +460,11 @@ def _read_vllm_result(path: Path) -> pd.DataFrame:
                       UserWarning, stacklevel=2)
     ok = np.array([not error and length > 0 for error, length in zip(errors, doc["output_lens"],
                                                                       strict=True)], dtype=bool)
+    if len(ok) and not ok.any():  # as AIPerf's: a warning of "the others" sent alone, then
+        # an error naming ttft_s, tpot_s and e2e_s, which the file has none of (calibrate logs)
+        which = "its one request" if len(ok) == 1 else f"all {len(ok)} requests"
+        raise ScenarioError(f"{path.name}: {which} failed (an error or no output); expected "
+                            "at least one that finished")
     if not ok.all():
         _warn_of_failed(path, int((~ok).sum()), len(ok), "an error or no output")
     decode_s = np.array([float(sum(g)) for g in doc["itls"]])
