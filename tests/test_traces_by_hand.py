@@ -921,3 +921,19 @@ def test_an_empty_json_lines_file_is_not_called_a_header_alone(tmp_path: Path, f
     with pytest.raises(ScenarioError, match=r"^e\.jsonl: no requests \(no record, only blank "
                                             r"lines or none\); expected at least one$"):
         read_trace(path, fmt)
+
+
+@pytest.mark.parametrize(("name", "text", "fmt", "why"), [
+    ("e.jsonl", "", "auto", "no record, only blank lines or none"),
+    ("e.json", "\n", "auto", "no record, only blank lines or none"),
+    ("e.jsonl", "\n\n", "aiperf", "no record, only blank lines or none"),
+    ("e.csv", "arrival_s,prompt_tokens,output_tokens,ttft_s\n", "auto", "a header alone"),
+])
+def test_a_log_of_no_requests_is_read_for_its_latencies_as_none(tmp_path: Path, name: str, text: str,
+                                                                fmt: str, why: str) -> None:
+    """Read for its latencies (calibrate logs, fidelity), an empty .jsonl was "format
+    'mooncake' holds no measured latencies", and a header alone "no ttft_s ... above 0"."""
+    path = _write(tmp_path, name, text)
+    with pytest.raises(ScenarioError, match=rf"^{re.escape(name)}: no requests \({why}\); "
+                                            r"expected at least one$"):
+        read_measurements(path, fmt)

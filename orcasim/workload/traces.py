@@ -168,6 +168,10 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     resolved = resolve_data_path(path)
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, None)
+    if len(rows) == 0:  # as read_trace says it: an empty .jsonl, detected as Mooncake, was
+        # "format 'mooncake' holds no measured latencies", and a header alone "no ttft_s above 0"
+        raise ScenarioError(f"{resolved.name}: no requests ({NO_REQUESTS[fmt]}); expected at "
+                            "least one")
     if fmt in ("vllm", "aiperf"):
         frame = rows[list(MEASURED_COLUMNS)].astype(np.float64)
     elif fmt == "orcasim":
