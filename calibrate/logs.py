@@ -230,7 +230,9 @@ def current_values(scenario: Scenario, parameters: tuple[str, ...],
     name = system or scenario.systems[0].name
     system_cfg = next(s for s in scenario.systems if s.name == name)
     data = scenario.system_cost(system_cfg).model_dump(mode="json", exclude_none=True)
-    if any(p.startswith("overhead.") for p in parameters) and "overhead" not in data:
+    if "overhead" not in data:  # every kind takes one: its terms are fitted from its defaults
+        # and listed (a misspelt name on a linear cost listed base_s and two more alone,
+        # where overhead.per_iteration_s was accepted too)
         from orcasim.cost.overhead import OverheadConfig
 
         data["overhead"] = OverheadConfig().model_dump()

@@ -114,6 +114,24 @@ def test_logs_that_share_a_stem_keep_their_folders_in_the_report(tmp_path: Path)
     assert [log.name for log in read_logs(logs)] == ["a/run", "b/run"]
 
 
+def test_a_misspelt_fit_name_lists_the_overhead_terms_of_a_cost_without_one(
+    tmp_path: Path, capsys,  # noqa: ANN001
+) -> None:
+    """Every kind takes an overhead, fitted from its defaults where the scenario gives none:
+    the list named base_s, per_token_s and per_context_token_s alone."""
+    data = {**SCENARIO, "cost": {k: v for k, v in SCENARIO["cost"].items() if k != "overhead"}}
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    assert main(["logs", str(tmp_path / "absent.csv"), "--scenario", str(scenario), "--out",
+                 str(tmp_path / "c.yaml"), "--fit", "per_iteration_s"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --fit per_iteration_s: not a field of the scenario's cost (kind "
+                   "linear); expected one of its coefficients base_s, per_token_s, "
+                   "per_context_token_s, overhead.per_iteration_s, overhead.per_sequence_s, "
+                   "overhead.per_prefill_token_s, overhead.tensor_parallel_per_iteration_s, "
+                   "overhead.launch_per_layer_s, overhead.request_latency_s\n"), err
+
+
 def test_a_log_given_twice_is_refused_before_reading(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     log = tmp_path / "absent.csv"
     handler = signal.getsignal(signal.SIGTERM)
