@@ -283,6 +283,14 @@ def write_profile(path: Path, header: list[str], rows: pd.DataFrame, force: bool
     write_file_atomically(path, write, replace=force)
 
 
+def _data_line(path: Path, row: int) -> int:
+    """The file line (from 1) of data row `row` of a profile: after its `#` header lines and
+    its column names, blank lines skipped (as pandas reads it)."""
+    with path.open() as f:
+        lines = (n for n, text in enumerate(f, start=1) if text.strip() and not text.startswith("#"))
+        return next((n for i, n in enumerate(lines) if i == row + 1), row + 2)
+
+
 def read_profile(path: Path, target: str = "time_s",
                  knots_tokens: list[int] | None = None) -> tuple[dict[str, str], pd.DataFrame]:
     """The `# key: value` header as a dict, and the rows: refused, in one line naming the
@@ -311,7 +319,9 @@ def read_profile(path: Path, target: str = "time_s",
             row = int(np.flatnonzero(bad)[0])
             value = rows[column].iloc[row]
             value = value.item() if isinstance(value, np.generic) else value  # -0.001, not np.float64
-            raise ScenarioError(f"{path} data row {row + 1}: {column} = {value!r}, "
+            # An empty cell was "time_s = nan", and the row counted past the header's 14 lines
+            shown = f"{column} is empty" if pd.isna(value) else f"{column} = {value!r}"
+            raise ScenarioError(f"{path} line {_data_line(path, row)}: {shown}, "
                                 f"expected a number {'> 0' if column == target else '>= 0'}")
     least = rows_to_fit(knots_tokens or [])
     if len(rows) < least:

@@ -89,7 +89,10 @@ def _profile_with(tmp_path: Path, edit) -> Path:  # noqa: ANN001 - a text edit
     # A tester's finds: each was a traceback (exit 1) or a model written from nonsense.
     (lambda t: t.replace(",time_s,", ",time,"), r"no column time_s; expected a profile CSV"),
     (lambda t: t.replace("decode,1,1,8,0,8,0.000573976,", "decode,1,1,8,0,8,-0.001,"),
-     r"data row 1: time_s = -0.001, expected a number > 0"),
+     r"p.csv line 15: time_s = -0.001, expected a number > 0"),
+    # An empty cell was "data row 6: time_s = nan" (line 20 of the file).
+    (lambda t: t.replace("decode,1,1,512,0,512,0.000727295,", "decode,1,1,512,0,512,,"),
+     r"p.csv line 20: time_s is empty, expected a number > 0"),
     (lambda t: "\n".join(t.splitlines()[:15]) + "\n", r": 1 row\(s\); expected at least"),
     (lambda t: "\n".join(t.splitlines()[:14]) + "\n", r": 0 row\(s\); expected at least"),
     (lambda t: "format: orcasim-fitted-cost/v1\n", r"no column tokens, .*; expected a profile CSV"),
