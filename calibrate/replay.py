@@ -286,8 +286,11 @@ def overhead_from_log(scenario: Scenario, system: SystemConfig, real: pd.DataFra
     fitted to one real run's per-request log (`calibrate.logs`), and the simulation with it."""
     import tempfile
 
-    from calibrate.logs import fit, read_logs, with_cost
+    from calibrate.logs import fit, inline_calibrated, read_logs, with_cost
 
+    # A cost calibrated from logs holds its own overhead: fitted in that block, as
+    # `calibrate logs` refits it, not as a second one beside it (refused, after the real runs).
+    scenario = inline_calibrated(scenario, base_dir)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "real_1.csv"
         real.to_csv(log, index=False)

@@ -283,3 +283,28 @@ def test_gpu_check_stops_a_step_that_runs_past_its_limit(tmp_path: Path) -> None
     assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-2000:]
     assert "error: step 'correctness on cpu' ran past its limit of 0.005 s" in done.stderr, done.stderr
     assert "== profile" not in done.stdout and not (tmp_path / "cpu" / "profile.csv").exists()
+
+
+def test_the_replays_overhead_fit_runs_on_a_cost_calibrated_from_logs(tmp_path: Path) -> None:
+    """`replay --cost FILE` of `calibrate logs`: the loop's overhead, fitted to real run 1,
+    was added as a second overhead beside the file's own, which is refused, so the replay
+    failed after its real runs ('log /tmp/.../real_1.csv: cost.overhead: ... holds its own
+    overhead'). It is fitted in the file's block, as `calibrate logs` refits such a file."""
+    import yaml
+
+    from calibrate.replay import orca_system, overhead_from_log
+    from orcasim.run import run_scenario
+    from orcasim.scenario import scenario_from_dict
+
+    truth = {"per_iteration_s": 0.002, "per_sequence_s": 0.0003}
+    block = {"kind": "linear", "base_s": 0.004, "per_token_s": 2e-5,
+             "overhead": {"per_iteration_s": 0.0, "per_sequence_s": 0.0}}
+    (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(
+        {"format": "orcasim-calibrated-cost/v1", "cost": block, "calibration": {}}))
+    data = yaml.safe_load(SCENARIO) | {"cost": {"kind": "fitted", "path": "calibrated.yaml"}}
+    data["workload"]["num_requests"] = 30
+    real = run_scenario(scenario_from_dict(data | {"cost": {**block, "overhead": truth}}))
+    scenario = scenario_from_dict(data)
+    system = orca_system(scenario)
+    fitted, _ = overhead_from_log(scenario, system, real.systems[system.name].requests, tmp_path)
+    assert fitted == pytest.approx({f"overhead.{k}": v for k, v in truth.items()}, rel=1e-3)
