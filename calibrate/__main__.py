@@ -269,6 +269,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
     from orcasim.results import check_out_dir
     from orcasim.scenario import load_scenario
 
+    model_args(args.model, args.layers)  # a bad --layers: its error alone, not a warning first
     _setup_torch(args)
     scenario = load_scenario(args.scenario, args.set)
     out = args.out or Path("results/calibrate") / scenario.name

@@ -308,3 +308,17 @@ def test_the_replays_overhead_fit_runs_on_a_cost_calibrated_from_logs(tmp_path: 
     system = orca_system(scenario)
     fitted, _ = overhead_from_log(scenario, system, real.systems[system.name].requests, tmp_path)
     assert fitted == pytest.approx({f"overhead.{k}": v for k, v in truth.items()}, rel=1e-3)
+
+
+def test_replay_with_too_many_layers_is_its_error_alone(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`replay --layers 5` of the 2-layer tiny model first warned that the real engine runs
+    '5 of tiny's 2 layers', then refused the 5."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert main(["replay", str(ROOT / "scenarios" / "calibrated" / "cpu_tiny.yaml"),
+                     "--layers", "5", "--out", str(tmp_path / "out")]) == 2
+    assert [str(w.message) for w in said] == []
+    assert capsys.readouterr().err == "error: --layers = 5: tiny has 2 layers; expected 1 to 2\n"
