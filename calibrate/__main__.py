@@ -345,6 +345,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import (
         current_values,
         fit,
+        ineffective_terms,
         inline_calibrated,
         leave_one_out,
         poor_fit,
@@ -377,7 +378,8 @@ def cmd_logs(args: argparse.Namespace) -> None:
                       "give two or more runs to score the fit on one it never saw",
                       UserWarning, stacklevel=2)
     result = fit(scenario, logs, system, parameters, base_dir)
-    for said in unidentified_terms(scenario, logs, system, result.parameters, base_dir):
+    for said in [*unidentified_terms(scenario, logs, system, result.parameters, base_dir),
+                 *ineffective_terms(scenario, logs, system, result.parameters, base_dir)]:
         warnings.warn(said, UserWarning, stacklevel=2)
     poor = poor_fit(result, system)
     if poor is not None:

@@ -558,6 +558,28 @@ def unidentified_terms(scenario: Scenario, logs: list[ServingLog], system: str,
     return said
 
 
+def ineffective_terms(scenario: Scenario, logs: list[ServingLog], system: str,
+                      values: dict[str, float], base_dir: Path | None = None) -> list[str]:
+    """One line for each fitted term outside the linear stage (`unidentified_terms` checks
+    those) whose value changes nothing in these logs' simulation: the loss the same, bit for
+    bit, at half and at twice it. The search then returns its start, reported as fitted (a
+    tensor-parallel term at TP 1 came back at its default of 7 ms, exit 0, without a word)."""
+    checked = linear_terms(scenario, system, tuple(values))
+    objective = Objective(scenario, logs, system, tuple(values), base_dir)
+    at_fit = objective.loss_of(values)
+    said = []
+    for name, value in values.items():
+        if name in checked:
+            continue
+        probes = [2.0 * value, 0.5 * value] if value > 0 else [START_VALUES.get(name, DEFAULT_START)]
+        if all(objective.loss_of({**values, name: probe}) == at_fit for probe in probes):
+            said.append(f"{name} = {value:.4g} changes nothing in these logs' simulation (the "
+                        "same loss at half and twice it), so the fit left it where it started; "
+                        "expected a coefficient the system's cost uses (a tensor-parallel term "
+                        "needs more than one GPU)")
+    return said
+
+
 def _robust_nnls(a: np.ndarray, b: np.ndarray, rounds: int = 50) -> np.ndarray:
     """min |a c - b|_1 over c >= 0, by reweighted least squares."""
     from scipy.optimize import nnls

@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from calibrate.__main__ import main
-from calibrate.logs import Objective, fit, log_errors, read_logs, solve_linear, with_cost
+from calibrate.logs import (
+    Objective,
+    fit,
+    ineffective_terms,
+    log_errors,
+    read_logs,
+    solve_linear,
+    with_cost,
+)
 from orcasim.config import ScenarioError
 from orcasim.run import run_scenario
 from orcasim.scenario import scenario_from_dict
@@ -376,3 +384,18 @@ def test_a_poor_fit_says_to_check_the_scenario(tmp_path: Path, monkeypatch) -> N
         "the fit is poor: its median |error| is 100% on run (more than 50%); check that the "
         "scenario's system ft (its scheduler, model, hardware and parallelism) is the engine "
         "that produced the logs"]
+
+
+def test_a_term_that_changes_nothing_is_named(tmp_path: Path) -> None:
+    """A tensor-parallel term on one GPU: the search returned its start (7 ms by default),
+    reported as fitted, exit 0. A term the cost uses is not named."""
+    scenario = scenario_from_dict(SCENARIO)
+    logs = read_logs([_write_log(tmp_path / "run.csv")])
+    said = ineffective_terms(scenario, logs, "vllm", {"overhead.tensor_parallel_per_iteration_s": 0.007,
+                                                      "base_s": TRUE_BASE_S})
+    assert said == ["overhead.tensor_parallel_per_iteration_s = 0.007 changes nothing in these "
+                    "logs' simulation (the same loss at half and twice it), so the fit left it "
+                    "where it started; expected a coefficient the system's cost uses (a "
+                    "tensor-parallel term needs more than one GPU)"]
+    assert ineffective_terms(scenario, logs, "vllm", {"overhead.tensor_parallel_per_iteration_s": 0.0}) != []
+    assert ineffective_terms(scenario, logs, "vllm", {"overhead.per_iteration_s": 0.0}) == []
