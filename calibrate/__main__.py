@@ -88,6 +88,11 @@ def _writable(path: Path, force: bool, what: str, inputs: tuple[Path, ...] = ())
         raise ScenarioError(f"--out {path} is an input of this command; expected another path "
                             f"for the {what} (--force never replaces an input)")
     check_in_a_folder(path, what)
+    if what == "cost YAML" and path.suffix.lower() == ".json":
+        # `cost: {kind: fitted, path: c.json}` reads a .json as a DistServe profile: the file
+        # written was then refused as 'a DistServe profile needs cost.model ...'
+        raise ScenarioError(f"--out {path}: a cost file named .json is read as a DistServe "
+                            "profile; expected a .yaml path")
     if path.exists() and not force:
         raise FileExistsError(f"{path} already exists; pass --force to overwrite it")
     folder = next((p for p in path.absolute().parents if p.exists()), None)

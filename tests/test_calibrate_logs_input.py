@@ -399,3 +399,17 @@ def test_a_term_that_changes_nothing_is_named(tmp_path: Path) -> None:
                     "tensor-parallel term needs more than one GPU)"]
     assert ineffective_terms(scenario, logs, "vllm", {"overhead.tensor_parallel_per_iteration_s": 0.0}) != []
     assert ineffective_terms(scenario, logs, "vllm", {"overhead.per_iteration_s": 0.0}) == []
+
+
+@pytest.mark.parametrize("command", ["logs", "fit"])
+def test_a_cost_file_named_json_is_refused_before_the_work(tmp_path: Path, capsys,  # noqa: ANN001
+                                                           command: str) -> None:
+    """A scenario loading it read the YAML as a DistServe profile: 'a DistServe profile needs
+    cost.model and cost.tensor_parallel', after a fit of minutes."""
+    out = tmp_path / "c.json"
+    first = ([str(tmp_path / "absent.csv"), "--scenario", str(_scenario(tmp_path))]
+             if command == "logs" else [str(Path(__file__).parents[1] / "calibrate/profiles/cpu-tiny.csv")])
+    assert main([command, *first, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out}: a cost file named .json is read as a "
+                                       "DistServe profile; expected a .yaml path\n")
+    assert not out.exists()
