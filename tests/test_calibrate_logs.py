@@ -473,6 +473,10 @@ def test_a_term_whose_left_out_fits_disagree_is_named() -> None:
     # Left-out fits all within the factor, but the all-logs fit outside it: named too.
     apart = Fit({"a": 1.0}, 0.0, 1, left_out_parameters={"x": {"a": 1.1 * SPREAD_FACTOR}})
     assert len(spread_terms(apart)) == 1
+    # Fitted alone, a term trades off with no other: it said it did.
+    assert "trades off" not in spread_terms(apart)[0]
+    assert "the loss over it is flat or rugged near these logs" in spread_terms(apart)[0]
+    assert "trades off with the other terms" in said[0]
     within = Fit({"a": 1.0}, 0.0, 1, left_out_parameters={"x": {"a": 0.9 * SPREAD_FACTOR}})
     assert spread_terms(within) == [] and spread_terms(Fit({"a": 1.0}, 0.0, 1)) == []
 
