@@ -108,22 +108,23 @@ def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m calibrate", description=__doc__)
     sub = p.add_subparsers(required=True)
     prof = sub.add_parser("profile", help="time real iterations over a grid; write a CSV")
-    _model_options(prof)
+    _model_options(prof, "build only this many layers (profile times are scaled to the full count)")
     prof.add_argument("--grid", choices=("default", "ci"), default="default")
     prof.add_argument("--max-tokens", type=_at_least_one, default=1024, help="largest context in the grid")
-    prof.add_argument("--out", type=Path, required=True)
+    prof.add_argument("--out", type=Path, required=True, help="profile CSV to write")
     prof.add_argument("--force", action="store_true", help="overwrite --out")
     prof.set_defaults(func=cmd_profile)
     fit = sub.add_parser("fit", help="fit the cost model to a profile CSV; write a YAML")
-    fit.add_argument("profile", type=Path)
-    fit.add_argument("--out", type=Path, required=True)
+    fit.add_argument("profile", type=Path, help="a profile CSV of python -m calibrate profile")
+    fit.add_argument("--out", type=Path, required=True, help="cost YAML to write (.yaml)")
     fit.add_argument("--knots", default="64,256", help="token counts where the slope may change")
     fit.add_argument("--target", choices=("time_s", "measured_s", "cpu_s", "device_s"), default="time_s")
     fit.add_argument("--force", action="store_true", help="overwrite --out")
     fit.set_defaults(func=cmd_fit)
     rep = sub.add_parser("replay", help="serve a scenario for real twice, simulate it, compare")
-    rep.add_argument("scenario", type=Path)
-    _model_options(rep)
+    rep.add_argument("scenario", type=Path, help="scenario YAML with an iteration_level system")
+    # Here the layers run for real: the simulation prices them only with a fit of them.
+    _model_options(rep, "run only this many layers for real (give --cost a fit of those layers)")
     rep.add_argument("--cost", type=Path, help="fitted cost YAML to simulate with (default: the scenario's)")
     rep.add_argument("--out", type=Path, help="results folder (default results/calibrate/<scenario name>)")
     rep.add_argument("--load", type=_above_zero,
@@ -136,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_replay)
     kern = sub.add_parser("kernels", help="time one layer's kernels as an engine runs them "
                                           "(CUDA graphs or --eager); write a CSV")
-    kern.add_argument("--model", default="gpt3-13b")
+    kern.add_argument("--model", default="gpt3-13b", help=MODEL_HELP)
     kern.add_argument("--tensor-parallel", type=_at_least_one, nargs="+", default=[1],
                       help="time one rank's shard at each degree (default 1)")
     kern.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
@@ -147,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
                       help="largest token count (and prompt) timed")
     kern.add_argument("--eager", action="store_true",
                       help="launch kernel by kernel from Python instead of replaying a CUDA graph")
-    kern.add_argument("--out", type=Path, required=True)
+    kern.add_argument("--out", type=Path, required=True, help="kernel timings CSV to write")
     kern.add_argument("--force", action="store_true", help="overwrite --out")
     kern.set_defaults(func=cmd_kernels)
     logs = sub.add_parser("logs", help="fit a scenario's cost to real serving logs, simulating "
@@ -172,10 +173,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--layers", type=_at_least_one,
-                   help="build only this many layers (profile times are scaled to the full count)")
+MODEL_HELP = "a shape of calibrate/model.py's table (tiny, gpt3-13b, llama2-70b, ...)"
+
+
+def _model_options(p: argparse.ArgumentParser, layers_help: str) -> None:
+    p.add_argument("--model", default="tiny", help=MODEL_HELP)
+    p.add_argument("--layers", type=_at_least_one, help=layers_help)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=_at_least_one, default=1,
                    help="torch CPU threads (default 1: see README, multi-threaded timings are bimodal "

@@ -322,3 +322,12 @@ def test_replay_with_too_many_layers_is_its_error_alone(tmp_path: Path,
                      "--layers", "5", "--out", str(tmp_path / "out")]) == 2
     assert [str(w.message) for w in said] == []
     assert capsys.readouterr().err == "error: --layers = 5: tiny has 2 layers; expected 1 to 2\n"
+
+
+def test_replays_layers_help_says_they_run_for_real(capsys: pytest.CaptureFixture[str]) -> None:
+    """replay --help said of --layers 'profile times are scaled to the full count', the
+    profiler's meaning; in a replay they run for real and need a fit of them (--cost)."""
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "run only this many layers for real" in text and "scaled" not in text
