@@ -86,7 +86,8 @@ def _root(
 
 # The error boundary: bad input is a ScenarioError (raised where input is validated) or a
 # missing or existing path; it is one line and exit 2. Anything else is an internal error and
-# shows its traceback, except a failing disk or filesystem (OSError), one line and exit 1.
+# shows its traceback, except a failing disk or filesystem (OSError) or memory running out
+# (MemoryError), one line and exit 1.
 USER_ERRORS = (ScenarioError, FileNotFoundError, FileExistsError)
 
 TABLE_METRICS = {
@@ -885,6 +886,11 @@ def main() -> None:
     except OSError as e:  # the machine, not the input: a full disk, a read-only folder
         where = f" ({e.filename})" if e.filename else ""
         typer.echo(f"error: {e.strerror or e}{where}; nothing was left half-written", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
+    except MemoryError:  # the machine too: a valid run larger than its memory (or a ulimit)
+        typer.echo("error: out of memory: the run needs more memory than this process may take "
+                   "(1M requests peak at about 1 GB); run fewer requests or give it more memory; "
+                   "nothing was left half-written", err=True)
         sys.exit(EXIT_ENVIRONMENT)
     if code == EXIT_INTERRUPTED and not _told_interrupted:  # typer's form of Ctrl-C
         _tell_interrupted()

@@ -460,6 +460,29 @@ def test_a_failing_disk_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "nothing was left half-written" in done.stderr
 
 
+
+def test_running_out_of_memory_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A valid run larger than the process may hold is the machine's failure, not a bug: the
+    limit on num_requests (1e8) admits runs of some 100 GB (1M requests peak near 1 GB), and
+    under a memory limit (ulimit -v 3000000) 1e8 requests ended in numpy's traceback."""
+    import sys
+
+    import orcasim.run
+    from orcasim.cli import main
+
+    def too_big(*args: Any, **kwargs: Any) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(orcasim.run, "run_system", too_big)
+    monkeypatch.setattr(sys, "argv", ["orcasim", "run", str(_write(tmp_path, {}, None)), "--out",
+                                      str(tmp_path / "o"), "--no-plots"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    err = capsys.readouterr().err
+    assert done.value.code == 1 and err.startswith("error: out of memory") and "\n" == err[-1:], err
+    assert "nothing was left half-written" in err and not (tmp_path / "o").exists()
+
 @pytest.mark.parametrize(("args", "phrase"), [
     (["run"], "orcasim.cli run: Missing argument 'scenario'"),
     (["run", "s.yaml", "--bogus"], "orcasim.cli run: No such option: --bogus"),
