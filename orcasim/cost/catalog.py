@@ -733,7 +733,8 @@ def _kv_capacity_tokens(model: ModelSpec, hw: HardwareConfig, weights_per_gpu: f
             f"{hw.pipeline_parallel}): model {model.name} needs {weights_per_gpu / GIB:.1f} GiB of "
             f"weights per GPU on {hw.num_gpus} x {hw.gpu.name}, leaving no room for KV in the {budget / GIB:.1f} GiB "
             f"budget; expected more GPUs (tensor_parallel, pipeline_parallel, expert_parallel), "
-            f"fewer weight bytes (weight_dtype), or in a scenario an explicit kv_capacity_tokens"
+            f"fewer weight bytes (weight_dtype), or in a scenario an explicit kv_capacity_tokens "
+            "(a replica group's or pool's own, where it names its own model or GPUs)"
         )
     return hw.data_parallel_attention * tokens_per_gpu
 
