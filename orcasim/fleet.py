@@ -64,19 +64,23 @@ class ReplicaSpec:
 def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
     """What each replica runs, one row each in order, for the front of replicas.csv: a mixed
     fleet's rows said only 'replica i', to be mapped by counting its groups (a tester's
-    finding). The model, GPU, TP and PP degrees (blank, 1 and 1 where a plain cost model names
-    no model or hardware), the scheduler (its kind, and its policy where it has one) and the
-    KV capacity in tokens."""
+    finding). The model, GPU, and the TP, PP, data-parallel attention and expert-parallel
+    degrees (blank and 1s where a plain cost model names no model or hardware: a mixture-of-
+    experts replica on 2 x 2 GPUs with data-parallel attention read as TP 2 alone, like one on
+    2), the scheduler (its kind, and its policy where it has one) and the KV capacity in
+    tokens (of all its attention groups)."""
     def scheduler(cfg: SchedulerConfig) -> str:
         policy = getattr(cfg, "policy", None)
         return cfg.kind if policy is None else f"{cfg.kind} ({policy})"
 
+    def degree(key: str) -> list[int]:
+        return [1 if s.hardware is None else int(getattr(s.hardware, key)) for s in specs]
+
     return pd.DataFrame({
         "model": [s.model.name if s.model is not None else "" for s in specs],
         "gpu": [s.hardware.gpu.name if s.hardware is not None else "" for s in specs],
-        "tensor_parallel": [s.hardware.tensor_parallel if s.hardware is not None else 1 for s in specs],
-        "pipeline_parallel": [s.hardware.pipeline_parallel if s.hardware is not None else 1
-                              for s in specs],
+        **{key: degree(key) for key in ("tensor_parallel", "pipeline_parallel",
+                                        "data_parallel_attention", "expert_parallel")},
         "scheduler": [scheduler(s.scheduler) for s in specs],
         "kv_capacity_tokens": [s.kv_capacity_tokens for s in specs],
     })

@@ -178,6 +178,29 @@ def test_replicas_csv_says_what_each_replica_of_a_mixed_fleet_runs(tmp_path) -> 
     assert written["group"].tolist() == [0, 0, 1]
 
 
+def test_replicas_csv_tells_a_data_parallel_attention_replica_from_a_tensor_parallel_one() -> None:
+    """A mixture-of-experts group on 2 x 2 H100s (data-parallel attention, experts over all
+    four) beside one on two, and a pipelined group: the rows said TP 2, PP 1 for both of the
+    first, half the GPUs of the second unsaid (a reviewer's finding)."""
+    scenario = make_scenario(**{
+        "workload.num_requests": 12, "workload.max_tokens": 1024, "model": "mixtral-8x7b",
+        "hardware": {"gpu": "h100-80gb", "tensor_parallel": 2}, "cost": {"kind": "roofline"},
+        "kv_capacity_tokens": None,
+        "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                     "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                         {"count": 1},
+                         {"count": 1, "hardware": {"gpu": "h100-80gb", "tensor_parallel": 2,
+                                                   "data_parallel_attention": 2,
+                                                   "expert_parallel": 4}},
+                         {"count": 1, "hardware": {"gpu": "h100-80gb", "tensor_parallel": 2,
+                                                   "pipeline_parallel": 2}},
+                     ]}}],
+    })
+    about = run_scenario(scenario).systems["c"].replicas[
+        ["tensor_parallel", "pipeline_parallel", "data_parallel_attention", "expert_parallel"]]
+    assert about.values.tolist() == [[2, 1, 1, 1], [2, 1, 2, 4], [2, 2, 1, 1]]
+
+
 @pytest.mark.parametrize("models", [("llama2-7b", "llama2-13b"), ("llama2-13b", "llama2-7b")])
 def test_each_group_of_a_fleet_is_priced_by_its_own_model(models: tuple[str, str]) -> None:
     """Two groups that differ only in their model (the same hardware and cost config): a
