@@ -348,6 +348,22 @@ def number_of(key: str) -> str:
     return next((said for suffix, said in _UNITS if key.endswith(suffix)), "a number")
 
 
+# The largest integer pydantic converts a float to (a 64-bit one's).
+_INT64_MAX = 2**63 - 1
+
+
+def _too_large_for_an_integer(loc: str, value: Any) -> str:
+    """What an integer key expects of a value pydantic cannot convert: 'kv_capacity_tokens =
+    1e+20: Unable to parse input string as an integer, exceeded maximum size' said neither,
+    and 100000000000000000000 written out passes where 1e20, a float, does not."""
+    whole = number_of(loc).replace("a number", "a whole number", 1)
+    if isinstance(value, float):
+        return (f"Input should be an integer, and a number written with an exponent or a "
+                f"decimal point converts to one only within ±{_INT64_MAX:.3g}; expected {whole} "
+                "within that")
+    return f"Input should be an integer of fewer digits; expected {whole}"
+
+
 def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
     """(dotted key, value, message) per problem. pydantic reports a value that fits none of
     a union's forms once per form; a form the value is not even the type of (an int where
@@ -364,6 +380,8 @@ def _union_problems(errors: list[Any], data: Any) -> list[tuple[str, Any, str]]:
         if e["type"] in NUMBER_EXPECTED and number_of(loc) != "a number":
             # 'warmup_s = '10ms': Input should be a valid number' did not say in what unit.
             msg += f"{UNIT_TEXT}{number_of(loc)}"
+        if e["type"] == "int_parsing_size":
+            msg = _too_large_for_an_integer(loc, e.get("input"))
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc, value, msg = _kind_problem(loc, e)
             # Inside a union's form (a group's scheduler in `replicas: [...]`) it says what

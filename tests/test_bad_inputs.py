@@ -357,6 +357,14 @@ def test_bad_override_paths(tmp_path: Path, override: str, phrase: str) -> None:
     (["workload.num_requestz=5"], "with --set workload.num_requestz=5: workload: unknown key"),
     (["seed=3", "workload.num_requests=-5"],
      "with --set workload.num_requests=-5: workload.num_requests = -5: Input should be greater"),
+    # pydantic's 'Unable to parse input string as an integer, exceeded maximum size' said
+    # nothing expected: a float past 64 bits, which 10**20 written out is not.
+    (["kv_capacity_tokens=1e20"], "with --set kv_capacity_tokens=1e20: kv_capacity_tokens = "
+     "1e+20: Input should be an integer, and a number written with an exponent or a decimal "
+     "point converts to one only within ±9.22e+18; expected a whole number of tokens within that"),
+    (["workload.num_requests=1e21"], "with --set workload.num_requests=1e21: workload."
+     "num_requests = 1e+21: Input should be an integer, and a number written with an exponent "
+     "or a decimal point converts to one only within ±9.22e+18; expected a whole number within"),
 ])
 def test_a_bad_override_is_blamed_not_the_file(tmp_path: Path, overrides: list[str],
                                                blamed: str) -> None:
