@@ -67,11 +67,13 @@ def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
     finding). The model, GPU, and the TP, PP, data-parallel attention and expert-parallel
     degrees (blank and 1s where a plain cost model names no model or hardware: a mixture-of-
     experts replica on 2 x 2 GPUs with data-parallel attention read as TP 2 alone, like one on
-    2), the scheduler (its kind, and its policy where it has one) and the KV capacity in
+    2), the scheduler (its kind, and its policy and prefix caching where they apply) and the KV capacity in
     tokens (of all its attention groups)."""
     def scheduler(cfg: SchedulerConfig) -> str:
-        policy = getattr(cfg, "policy", None)
-        return cfg.kind if policy is None else f"{cfg.kind} ({policy})"
+        notes = [getattr(cfg, "policy", None),
+                 "prefix caching" if getattr(cfg, "enable_prefix_caching", False) else None]
+        given = [note for note in notes if note]
+        return f"{cfg.kind} ({', '.join(given)})" if given else cfg.kind
 
     def degree(key: str) -> list[int]:
         return [1 if s.hardware is None else int(getattr(s.hardware, key)) for s in specs]

@@ -162,6 +162,8 @@ def test_replicas_csv_says_what_each_replica_of_a_mixed_fleet_runs(tmp_path) -> 
                           "kv_capacity_tokens": 50_000,
                           "scheduler": {"kind": "paged", "policy": "prefill_first",
                                         "max_num_seqs": 8}},
+                         {"count": 1, "scheduler": {"kind": "chunked", "max_num_seqs": 8,
+                                                    "enable_prefix_caching": True}},
                      ]}}],
     })
     result = run_scenario(scenario)
@@ -171,11 +173,12 @@ def test_replicas_csv_says_what_each_replica_of_a_mixed_fleet_runs(tmp_path) -> 
         [0, "llama2-7b", "a100-80gb", 1, 1, "paged (mixed)", 20_000],
         [0, "llama2-7b", "a100-80gb", 1, 1, "paged (mixed)", 20_000],
         [1, "llama2-7b", "h100-80gb", 2, 1, "paged (prefill_first)", 50_000],
+        [2, "llama2-7b", "a100-80gb", 1, 1, "chunked (prefix caching)", 20_000],
     ]
     write_run(result, tmp_path / "out", plots=False)
     written = pd.read_csv(tmp_path / "out" / "c" / "replicas.csv", index_col="replica")
-    assert written["gpu"].tolist() == ["a100-80gb", "a100-80gb", "h100-80gb"]
-    assert written["group"].tolist() == [0, 0, 1]
+    assert written["gpu"].tolist() == ["a100-80gb", "a100-80gb", "h100-80gb", "a100-80gb"]
+    assert written["group"].tolist() == [0, 0, 1, 2]
 
 
 def test_replicas_csv_tells_a_data_parallel_attention_replica_from_a_tensor_parallel_one() -> None:
