@@ -25,7 +25,9 @@ engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
    surveyed with a seeded Sobol sequence a factor of 10 either side of its start; fitted
    beside linear terms, it is first searched alone with them solved at each of its points
    (stage 1 there: `_profiled_search`), as an efficiency and the per-iteration term trade
-   off along a valley where a simplex over both stalls.
+   off along a valley where a simplex over both stalls. A term at 0 (where the linear stage
+   put it) starts there and is surveyed from its floor (`zero_floors`) up; a term below its
+   floor is 0.
 
 Everything is deterministic: the simulation is, and so is the search. A log simulated
 with known coefficients is fitted back to them (tests/test_calibrate_logs.py: within 2%,
@@ -79,6 +81,11 @@ FIT_PERCENTILES = (10, 25, 50, 75, 90)
 START_VALUES = {"overhead.per_iteration_s": 1e-3, "overhead.per_sequence_s": 1e-4,
                 "overhead.per_prefill_token_s": 1e-6}
 DEFAULT_START = 1e-3
+# A fitted term below this fraction of its scale is 0 (`zero_floors`): log space cannot hold
+# 0, and a search toward it walked on down (a term reported as 2.8e-20). The scale is
+# START_VALUES' for an overhead term (floors of 1e-7 s an iteration, 1e-8 s a request, 1e-10 s
+# a prompt token, 1e-7 s for the others), the scenario's value for any other coefficient.
+ZERO_FRACTION = 1e-4
 XATOL = 1e-4  # in log-space: coefficients to 0.01%
 FATOL = 1e-8
 MAX_EVALUATIONS = 200  # per Nelder-Mead run
@@ -300,16 +307,25 @@ class Objective:
                  parameters: tuple[str, ...], base_dir: Path | None) -> None:
         self.scenario, self.logs, self.system = scenario, logs, system
         self.parameters, self.base_dir = parameters, base_dir
-        self.evaluations = 0
+        self.evaluations = 0  # simulations run: a point seen before is answered from `_known`
+        self.floors = zero_floors(scenario, system, parameters)
+        self._known: dict[tuple[tuple[str, float], ...], float] = {}
 
     def values(self, x: np.ndarray) -> dict[str, float]:
-        return dict(zip(self.parameters, np.exp(x).tolist(), strict=True))
+        """The coefficients at `x` (log space), 0 where below their floors."""
+        return floored(dict(zip(self.parameters, np.exp(x).tolist(), strict=True)), self.floors)
 
     def __call__(self, x: np.ndarray) -> float:
         return self.loss_of(self.values(x))
 
     def loss_of(self, values: dict[str, float]) -> float:
         """The loss at `values` (a term at 0 included, which log space cannot hold)."""
+        key = tuple(sorted(values.items()))
+        if key not in self._known:  # below their floors, many points are one (`floored`)
+            self._known[key] = self._loss_of(values)
+        return self._known[key]
+
+    def _loss_of(self, values: dict[str, float]) -> float:
         self.evaluations += 1
         try:
             scenario = with_cost(self.scenario, values, self.system)
@@ -325,6 +341,26 @@ class Objective:
             raise ScenarioError(f"--system {self.system}: simulates none of the latencies the "
                                 "logs measure above 0; expected a system that serves requests")
         return float(np.mean(errors ** 2))
+
+
+def zero_floors(scenario: Scenario, system: str, parameters: tuple[str, ...]) -> dict[str, float]:
+    """Each parameter's floor, below which it is 0: `ZERO_FRACTION` of its scale."""
+    values = current_values(scenario, parameters, system)
+    return {p: ZERO_FRACTION * _scale(p, values[p]) for p in parameters}
+
+
+def _scale(name: str, value: float) -> float:
+    """A coefficient's typical size: `START_VALUES`' for an overhead term (the scenario's
+    may be a previous fit's 0), and any other's value in the scenario (a per-context-token
+    slope of 2e-7 s would fall under a floor taken from a 1 ms default)."""
+    if name.startswith("overhead."):
+        return START_VALUES.get(name, DEFAULT_START)
+    return value if value > 0 else DEFAULT_START
+
+
+def floored(values: dict[str, float], floors: dict[str, float]) -> dict[str, float]:
+    """`values`, each below its floor made 0 (what a search in log space means by it)."""
+    return {p: v if v >= floors[p] else 0.0 for p, v in values.items()}
 
 
 # Overhead terms an iteration's time (or a request's TTFT) is linear in, and the feature
@@ -605,7 +641,11 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     request's timestamps by a step), so a local search alone stops in whatever dip is
     nearest. The linear stage's start lands near the answer for the linear terms; any other
     coefficient is first surveyed (a scrambled Sobol sequence, seeded: deterministic) a
-    factor of `SURVEY_FACTOR` either side of its start.
+    factor of `SURVEY_FACTOR` either side of its start. A term that starts at 0 (the linear
+    stage's answer, or the scenario's) starts there, and the survey spans it from its floor
+    (`zero_floors`) to `SURVEY_FACTOR` times its scale: started at 1 ms instead, a
+    per-iteration term the linear stage put at 0 stopped in the nearest dip, 1.1 ms at a loss
+    of 0.0158 on a log where 0.28 ms gave 0.0118.
     """
     start = dict(start or current_values(scenario, parameters, system))
     linear = linear_terms(scenario, system, parameters)
@@ -615,48 +655,83 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
         start.update(_profiled_search(objective, linear, searched, start))
     elif linear:
         start.update(solve_linear(scenario, logs, system, linear, start, base_dir))
-    x0 = _log_start(start, parameters)
-    surveyed = [parameters.index(p) for p in searched] if survey_points else []
-    best_x, best_loss = _search(objective, x0, surveyed, survey_points)
+    floors = objective.floors if survey_points else {}
+    x0 = _log_start(start, parameters, floors)
+    surveyed = [i for i, p in enumerate(parameters) if p in searched and start[p] >= floors.get(p, 0)]
+    spans = _spans_from_zero(start, parameters, floors)
+    points = _survey_points(x0, surveyed, spans, survey_points)
+    # The linear stage's answer alone was refined once; so is the best of a survey of its
+    # terms at 0 alone (refining two took a fit twice as long).
+    best_x, best_loss = _search(objective, points, REFINED_POINTS if surveyed else 1)
     values = objective.values(best_x)
     fitted = with_cost(scenario, values, system)
     errors = {log.name: scored_error(fitted, log, system, base_dir) for log in logs}
     return Fit(values, best_loss, objective.evaluations, errors)
 
 
-def _log_start(start: dict[str, float], names: Sequence[str]) -> np.ndarray:
-    """`names`' starting values in log space; a value at 0, which it cannot hold, starts at
-    `START_VALUES`' (or `DEFAULT_START`)."""
-    return np.log([start[p] if start[p] > 0 else START_VALUES.get(p, DEFAULT_START)
-                   for p in names])
+def _log_start(start: dict[str, float], names: Sequence[str], floors: dict[str, float]
+               ) -> np.ndarray:
+    """`names`' starting values in log space. A value below its floor in `floors` starts at 0
+    (a factor of `SURVEY_FACTOR` below the floor, which `floored` reads as 0), and one at 0
+    without a floor (no survey to leave it) at `START_VALUES`' (or `DEFAULT_START`)."""
+    def one(p: str) -> float:
+        if p in floors and start[p] < floors[p]:
+            return floors[p] / SURVEY_FACTOR
+        return start[p] if start[p] > 0 else START_VALUES.get(p, DEFAULT_START)
+
+    return np.log([one(p) for p in names])
 
 
-def _survey_offsets(dim: int, num_points: int) -> np.ndarray:
-    """A seeded scrambled Sobol survey's offsets in log space, a factor of `SURVEY_FACTOR`
-    either side of a start in each of `dim` coordinates: deterministic."""
+def _spans_from_zero(start: dict[str, float], names: Sequence[str], floors: dict[str, float]
+                     ) -> dict[int, tuple[float, float]]:
+    """The log-space spans the survey covers for the terms that start at 0 (below their
+    floors): from the floor to `SURVEY_FACTOR` times the term's scale (`_scale`), 5 decades."""
+    return {i: (math.log(floors[p]), math.log(floors[p] / ZERO_FRACTION * SURVEY_FACTOR))
+            for i, p in enumerate(names) if p in floors and start[p] < floors[p]}
+
+
+def _survey_points(x0: np.ndarray, around: list[int], spans: dict[int, tuple[float, float]],
+                   num_points: int) -> list[np.ndarray]:
+    """`x0`, then a seeded scrambled Sobol survey of `num_points` (deterministic): in log
+    space, a factor of `SURVEY_FACTOR` either side of `x0` in the coordinates `around`, and
+    over its (low, high) span in each coordinate of `spans`; the others stay at `x0`."""
     from scipy.stats import qmc
 
+    dim = len(around) + len(spans)
+    if not dim or not num_points:
+        return [x0]
     unit = qmc.Sobol(dim, seed=SURVEY_SEED).random(num_points)
-    return np.log(SURVEY_FACTOR) * (2.0 * unit - 1.0)
+    offsets = np.log(SURVEY_FACTOR) * (2.0 * unit[:, :len(around)] - 1.0)
+    points = [x0]
+    for offset, row in zip(offsets, unit[:, len(around):], strict=True):
+        x = x0.copy()
+        x[around] += offset
+        for u, (i, (low, high)) in zip(row, spans.items(), strict=True):
+            x[i] = low + (high - low) * u
+        points.append(x)
+    return points
 
 
 def _profiled_search(objective: Objective, linear: list[str], searched: list[str],
                      start: dict[str, float]) -> dict[str, float]:
     """The searched coefficients (a roofline efficiency, a launch floor) with the linear
     terms solved afresh at every point (`solve_linear`; variable projection): a survey of
-    `PROFILED_POINTS` points a factor of `SURVEY_FACTOR` either side of the start, then
-    Nelder-Mead on the searched coordinates alone from the best. Searched beside the linear
-    terms instead, an efficiency and the per-iteration term trade off along a narrow valley
-    where the simplex stalls: a memory efficiency of 0.6 with 3 and 0.5 ms of overhead came
-    back 0.80, 5.5 and 0.50 ms (33% and 84% off) from 0.8, 1 and 0.1 ms."""
+    `PROFILED_POINTS` points a factor of `SURVEY_FACTOR` either side of the start (from the
+    floor up, for a term at 0), then Nelder-Mead on the searched coordinates alone from the
+    best. Searched beside the linear terms instead, an efficiency and the per-iteration term
+    trade off along a narrow valley where the simplex stalls: a memory efficiency of 0.6 with
+    3 and 0.5 ms of overhead came back 0.80, 5.5 and 0.50 ms (33% and 84% off) from 0.8, 1
+    and 0.1 ms."""
     from scipy.optimize import minimize
 
     solved: dict[tuple[float, ...], tuple[float, dict[str, float]]] = {}
+    floors = {p: objective.floors[p] for p in searched}
 
     def loss(y: np.ndarray) -> float:
         key = tuple(np.round(y, 12).tolist())
         if key not in solved:
-            values = {**start, **dict(zip(searched, np.exp(y).tolist(), strict=True))}
+            at = floored(dict(zip(searched, np.exp(y).tolist(), strict=True)), floors)
+            values = {**start, **at}
             try:
                 values = solve_linear(objective.scenario, objective.logs, objective.system,
                                       linear, values, objective.base_dir)
@@ -666,8 +741,9 @@ def _profiled_search(objective: Objective, linear: list[str], searched: list[str
                 solved[key] = (objective.loss_of(values), values)
         return solved[key][0]
 
-    y0 = _log_start(start, searched)
-    points = [y0, *(y0 + offset for offset in _survey_offsets(len(searched), PROFILED_POINTS))]
+    y0 = _log_start(start, searched, floors)
+    around = [i for i, p in enumerate(searched) if start[p] >= floors[p]]
+    points = _survey_points(y0, around, _spans_from_zero(start, searched, floors), PROFILED_POINTS)
     best = points[int(np.argmin([loss(y) for y in points]))]
     simplex = np.vstack([best, best + np.log(SIMPLEX_WIDTHS[0]) * np.eye(len(searched))])
     minimize(loss, best, method="Nelder-Mead",
@@ -684,25 +760,19 @@ def linear_terms(scenario: Scenario, system: str, parameters: tuple[str, ...]) -
     return [] if clustered else [p for p in parameters if p in LINEAR_TERMS]
 
 
-def _search(objective: Objective, x0: np.ndarray, surveyed: list[int], survey_points: int
+def _search(objective: Objective, points: list[np.ndarray], refined: int
             ) -> tuple[np.ndarray, float]:
-    """A Sobol survey of the `surveyed` coordinates, then Nelder-Mead from its best points."""
+    """Nelder-Mead from each of the `refined` best of `points` (a start and its survey)."""
     from scipy.optimize import minimize
 
-    points = [x0]
-    if surveyed:
-        for offset in _survey_offsets(len(surveyed), survey_points):
-            x = x0.copy()
-            x[surveyed] += offset
-            points.append(x)
     losses = [objective(x) for x in points]
-    best_x, best_loss = x0, math.inf
-    for k in np.argsort(losses, kind="stable")[:REFINED_POINTS]:
+    best_x, best_loss = points[0], math.inf
+    for k in np.argsort(losses, kind="stable")[:refined]:
         x, loss = points[k], losses[k]
         # Simplexes a factor of 1.5, then 1.1, then 1.02 wide: Nelder-Mead collapses early
         # on a rugged loss, and a fresh, narrower simplex from its answer goes on.
         for width in SIMPLEX_WIDTHS:
-            simplex = np.vstack([x, x + np.log(width) * np.eye(len(x0))])
+            simplex = np.vstack([x, x + np.log(width) * np.eye(len(x))])
             result = minimize(objective, x, method="Nelder-Mead",
                               options={"initial_simplex": simplex, "xatol": XATOL,
                                        "fatol": FATOL, "maxfev": MAX_EVALUATIONS})
@@ -772,7 +842,8 @@ def spread_terms(result: Fit) -> list[str]:
         low, high = min(value, *left_out), max(value, *left_out)
         if high > 0 and (low <= 0 or high / low > SPREAD_FACTOR):
             # Fitted alone it trades off with nothing: the search found other dips of a flat
-            # or rugged loss (per_iteration_s alone: 0.28 and 1.5 ms on one log less or more).
+            # or rugged loss (per_iteration_s alone on 40 vLLM requests: 0.034 ms, and 0.7 us
+            # with one AIPerf record failed, at about the same loss over 0 to 0.5 ms).
             why = ("the loss over it is flat or rugged near these logs, so trust what the fit "
                    "predicts near them, not its value (add logs of other loads)"
                    if len(result.parameters) == 1 else
