@@ -239,7 +239,7 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
            "in_system_z": s["in_system_z"], "in_system_short": float(short),
            "saturation_admission_rps": s["saturation_admission_rps"],
-           "full_load_rps": full_load_rps(s, system.replicas, share_groups(scenario.systems[0])),
+           "full_load_rps": full_load_rps(s, system.replicas, equal_shares(scenario.systems[0])),
            "slo_attainment": s["slo_attainment"], "throughput_rps": s["throughput_rps"],
            "output_tokens_mean": served_tokens_per_request(system.requests, scenario.warmup_s)}
     row.update({k: v for k, v in s.items() if k.startswith("slo_") and k not in row})
@@ -268,29 +268,26 @@ def judged_in_system(summary: dict[str, float], replicas: pd.DataFrame | None,
     return z, in_system_window_is_short(requests, warmup_s)
 
 
-def share_groups(system: SystemConfig) -> list[int] | None:
-    """Each replica's group (its index in the fleet's list of groups), where a colocated
-    fleet's router sends every replica the same share of the arrivals whatever their load
-    (`random`, `round_robin`, or `session` falling back to one): then the fleet falls behind
-    where a replica does. None for a lone server, a disaggregated cluster or a load-aware
-    router, whose fleet serves its replicas' pooled rate."""
+def equal_shares(system: SystemConfig) -> bool:
+    """Whether a colocated fleet's router sends every replica the same share of the arrivals
+    whatever their load (`random`, `round_robin`, or `session` falling back to one): then the
+    fleet falls behind where a replica does. Not a lone server, a disaggregated cluster or a
+    load-aware router, whose fleet serves its replicas' pooled rate."""
     cluster = system.cluster
     if cluster is None or cluster.prefill is not None or cluster.decode is not None:
-        return None
+        return False
     router = cluster.colocated_router
     kind = router.fallback if isinstance(router, SessionRouterConfig) else router.kind  # type: ignore[attr-defined]
-    if kind not in ("random", "round_robin"):
-        return None
-    return [i for i, group in enumerate(cluster.groups()) for _ in range(group.count)]
+    return kind in ("random", "round_robin")
 
 
 def full_load_rps(summary: dict[str, float], replicas: pd.DataFrame | None,
-                  groups: list[int] | None) -> float:
+                  shares_equal: bool) -> float:
     """The offered rate a run whose waiting queue grew says the system serves at full load
     (`service_rate`), NaN where none grew: its admission rate, pooled over a fleet. Behind a
-    router that gives each of N replicas 1/N of the arrivals (`share_groups`), the fleet
+    router that gives each of N replicas 1/N of the arrivals (`equal_shares`), the fleet
     stops where its slowest group does: N times the admission rate of that group's replicas
-    that fell behind (averaged, as the same server). The pooled rate counted the other
+    that fell behind (averaged, as the same server; groups as replicas.csv gives them). The pooled rate counted the other
     replicas' admissions at their own, lower arrival rates: a fleet of a 10 and a 3.33 req/s
     server behind round robin (its limit 6.67) read 7.0 to 7.6, and the search answered
     7.44 (a tester's finding). A run counts where any replica's queue grew (`saturated`),
@@ -298,14 +295,13 @@ def full_load_rps(summary: dict[str, float], replicas: pd.DataFrame | None,
     upper bound on its capacity whatever the router (counted only where the pooled queue
     grew, a least_kv fleet falling behind near 8.7 req/s answered up to 9.47)."""
     pooled = summary["saturation_admission_rps"] if summary["saturated"] else math.nan
-    if groups is None or replicas is None or "saturated" not in replicas:
+    if not shares_equal or replicas is None or "saturated" not in replicas:
         return pooled
-    behind = replicas.assign(group=groups)
-    behind = behind[behind["saturated"] == 1]
+    behind = replicas[replicas["saturated"] == 1]
     if behind.empty:
         return pooled
     admitted = behind.groupby("group")["saturation_admission_rps"].mean()
-    return len(groups) * float(admitted.min())
+    return len(replicas) * float(admitted.min())
 
 
 def served_tokens_per_request(reqs: pd.DataFrame, warmup_s: float = 0.0) -> float:
