@@ -359,12 +359,12 @@ def run_cluster(
 
 
 def described(per_replica: pd.DataFrame, specs: list[ReplicaSpec],
-              **front: list[int]) -> pd.DataFrame:
+              group: list[int] | None = None) -> pd.DataFrame:
     """`per_replica` (rows in the fleet's order) with what each replica runs in front
-    (`orcasim.fleet.describe`), after any `front` columns (a colocated fleet's `group`)."""
+    (`orcasim.fleet.describe`), after a colocated fleet's `group`."""
     about = describe(specs).set_index(per_replica.index)
-    for k, (name, values) in enumerate(front.items()):
-        about.insert(k, name, values)
+    if group is not None:
+        about.insert(0, "group", group)
     return pd.concat([about, per_replica], axis=1)
 
 
