@@ -270,6 +270,10 @@ class ClusterConfig(Strict):
 class Router(ABC):
     """Picks a replica for each request at its arrival time."""
 
+    # Whether a choice reads the replicas (their load, their cache). One that does not is
+    # fixed by the arrivals alone, so the replicas can run apart (`orcasim.fleet.Fleet.run`).
+    reads_replicas = True
+
     def __init__(self, replicas: Sequence[Replica], rng: np.random.Generator) -> None:
         self.replicas, self.rng = list(replicas), rng
         self.last = -1  # the replica chosen last: ties go to the next one after it
@@ -297,11 +301,15 @@ class Router(ABC):
 
 
 class RandomRouter(Router):
+    reads_replicas = False
+
     def pick(self, req_id: int, time_s: float) -> int:
         return int(self.rng.integers(len(self.replicas)))
 
 
 class RoundRobinRouter(Router):
+    reads_replicas = False
+
     def pick(self, req_id: int, time_s: float) -> int:
         return (self.last + 1) % len(self.replicas)
 
@@ -365,6 +373,7 @@ class SessionRouter(Router):
         super().__init__(replicas, rng)
         self.fallback, self.session_ids = fallback, session_ids
         self.home: dict[int, int] = {}
+        self.reads_replicas = fallback.reads_replicas
 
     def pick(self, req_id: int, time_s: float) -> int:
         session = None if self.session_ids is None else int(self.session_ids[req_id])

@@ -9,6 +9,7 @@ runs them behind its router on one clock loop (`orcasim.replica.drive`).
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,12 +32,12 @@ from orcasim.cost.catalog import HardwareConfig, ModelRef, attention_groups, sta
 from orcasim.engine import EngineMode, EngineRun, stepper_for
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
-from orcasim.replica import Replica, Stepper, drive, shared_recorder
+from orcasim.replica import Replica, Stepper, drive, shared_recorder, single
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerConfig, build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
-from orcasim.sources import ArrivalSource
+from orcasim.sources import ArrivalSource, RoutedSource
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,16 @@ class Fleet:
     def assigned(self) -> np.ndarray:
         return self.router.assigned
 
-    def run(self) -> EngineRun:
-        end_s = drive(self.replicas, self.source, self.router)
+    def run(self, apart: bool = True) -> EngineRun:
+        """Run every replica to the end. Where the router reads nothing the replicas do
+        and the arrivals do not depend on completions (`runs_apart`), the routing is fixed
+        before the run, and each replica runs on its own with its arrivals in sight (the
+        same timestamps and rows, about a third faster: its jumps stop at its next arrival
+        instead of being cut there); `apart=False` keeps the one clock loop."""
+        if apart and self.runs_apart():
+            end_s = self._run_apart()
+        else:
+            end_s = drive(self.replicas, self.source, self.router)
         for replica in self.replicas:
             replica.stepper.close()
         rejected = np.sort(np.concatenate(
@@ -214,6 +223,25 @@ class Fleet:
         assert unfinished == 0, f"{unfinished} admitted requests never finished"
         assert np.all(self.assigned >= 0), "a request was never routed"
         return EngineRun(self.recorder, end_s, rejected)
+
+    def runs_apart(self) -> bool:
+        """Whether the replicas never meet: a router that reads none of them, over arrivals
+        fixed in advance (an open loop), so no replica's state changes another's."""
+        return (len(self.replicas) > 1 and not self.router.router.reads_replicas
+                and type(self.source) is ArrivalSource)
+
+    def _run_apart(self) -> float:
+        """Route every arrival in arrival order, as the loop would at its time, then run
+        each replica alone over its own arrivals (`RoutedSource`); the last event's time."""
+        arrival_s = self.source.arrival_s
+        own: list[list[int]] = [[] for _ in self.replicas]
+        for req_id in self.source.take_until(math.inf):
+            own[self.router(req_id, float(arrival_s[req_id])).index].append(req_id)
+        end_s = 0.0
+        for replica, ids in zip(self.replicas, own, strict=True):
+            replica.source, replica.sole = RoutedSource(arrival_s, ids), True
+            end_s = max(end_s, drive([replica], replica.source, single(replica)))
+        return end_s
 
     def iterations_frame(self) -> pd.DataFrame:
         frames = []

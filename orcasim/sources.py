@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable, Sequence
 
@@ -66,3 +67,48 @@ class ArrivalSource:
         """Requests turned away at `time_s` (never fit): as done, unless a source tells
         them apart (a session's call that got no answer, `orcasim.sessions`)."""
         self.on_finished(req_ids, time_s)
+
+
+class RoutedSource(ArrivalSource):
+    """The arrivals a router sent to one replica, as that replica's own source: `ids`
+    ascending (arrival order), their times read from the workload's `arrival_s`.
+
+    For a router whose choices read nothing the replicas do (round robin, random), where
+    the whole routing is fixed by the arrivals and each replica can run on its own with
+    every arrival it will get in sight (`orcasim.fleet.Fleet.run`).
+    """
+
+    def __init__(self, arrival_s: np.ndarray, ids: list[int]) -> None:
+        self.arrival_s = arrival_s
+        self._ids = ids
+        self._times = arrival_s[ids].tolist()
+        self._position = 0
+
+    @property
+    def next_index(self) -> int:  # type: ignore[override]  # the next request's id
+        return self._ids[self._position]
+
+    def pending(self) -> bool:
+        return self._position < len(self._times)
+
+    def next_time_s(self) -> float:
+        return self._times[self._position]
+
+    def take_until(self, now_s: float) -> list[int]:  # type: ignore[override]
+        times, i = self._times, self._position
+        while i < len(times) and times[i] <= now_s:
+            i += 1
+        taken = self._ids[self._position : i]
+        self._position = i
+        return taken
+
+    def _stop(self, time_s: float) -> int:
+        return bisect.bisect_right(self._times, time_s, lo=self._position)
+
+    def times_until(self, time_s: float) -> np.ndarray:
+        return np.array(self._times[self._position : self._stop(time_s)], dtype=np.float64)
+
+    def upcoming(self, time_s: float) -> list[tuple[float, int]]:
+        stop = self._stop(time_s)
+        return list(zip(self._times[self._position : stop], self._ids[self._position : stop],
+                        strict=True))
