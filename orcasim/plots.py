@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,11 +182,59 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     return np.diff(at_edges) / np.diff(edges_s)
 
 
-def time_bins(iterations: pd.DataFrame, num_bins: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """`num_bins` equal windows from 0 to the last iteration's end: (end, edges, midpoints)."""
+def time_bins(iterations: pd.DataFrame, num_bins: int,
+              counted: Mapping[tuple[Any, ...], pd.DataFrame] | None = None,
+              ) -> tuple[float, np.ndarray, np.ndarray]:
+    """`num_bins` equal windows from 0 to the last iteration's end, or the last finish of
+    the requests `counted` (a pipelined replica's last flight ends on its last stage, after
+    its row): (end, edges, midpoints)."""
     end_s = float((iterations["start_s"] + iterations["duration_s"]).max()) if len(iterations) else 1.0
+    for mine in (counted or {}).values():
+        if mine["finish_s"].notna().any():
+            end_s = max(end_s, float(mine["finish_s"].max()))
     edges_s = np.linspace(0.0, end_s, num_bins + 1)
     return end_s, edges_s, (edges_s[:-1] + edges_s[1:]) / 2
+
+
+def open_time_average(starts_s: np.ndarray, ends_s: np.ndarray, edges_s: np.ndarray) -> np.ndarray:
+    """How many of the intervals [starts_s[i], ends_s[i]) are open, averaged over each bin
+    [edges_s[j], edges_s[j+1]); an interval with a NaN end never opened (a request turned
+    away was never scheduled). Exact: the integral up to t is the sum over the opened
+    intervals of (t - start) less the sum over the closed ones of (t - end)."""
+    keep = ~(np.isnan(starts_s) | np.isnan(ends_s))
+    starts, ends = np.sort(starts_s[keep]), np.sort(ends_s[keep])
+
+    def integral(times: np.ndarray, at: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(times, at, side="right")
+        before = np.concatenate([[0.0], np.cumsum(times)])[k]
+        return k * at - before
+
+    at_edges = integral(starts, edges_s) - integral(ends, edges_s)
+    return np.diff(at_edges) / np.diff(edges_s)
+
+
+# The intervals a pipelined replica's panels count (see `replica_load`).
+_COUNTED = {"batch_size": ("first_scheduled_s", "finish_s"),
+            "num_waiting": ("arrival_s", "first_scheduled_s")}
+
+
+def _pipelined_requests(requests: pd.DataFrame | None, pipelined: Collection[tuple[Any, ...]],
+                        ) -> dict[tuple[Any, ...], pd.DataFrame]:
+    """Each pipelined replica's requests, by its key."""
+    if not pipelined:
+        return {}
+    if requests is None:
+        raise FigureInputError("a pipelined replica's load is counted from its requests; "
+                               "expected the system's requests table beside its iterations")
+    _checked(requests, ("replica", "arrival_s", "first_scheduled_s", "finish_s"),
+             "the requests table", empty_ok=True)
+    return {tuple(key): requests[requests["replica"] == key[0]] for key in pipelined}
+
+
+def _counted_load(requests: pd.DataFrame, column: str, edges_s: np.ndarray) -> np.ndarray:
+    start, end = _COUNTED[column]
+    return open_time_average(requests[start].to_numpy(dtype=np.float64),
+                             requests[end].to_numpy(dtype=np.float64), edges_s)
 
 
 def fleet_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarray) -> np.ndarray:
@@ -223,7 +271,9 @@ def _distinct_colours(count: int) -> list[Any]:
 
 
 def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
-                 instances: Sequence[tuple[Any, ...]] | None = None) -> Figure:
+                 instances: Sequence[tuple[Any, ...]] | None = None,
+                 requests: pd.DataFrame | None = None,
+                 pipelined: Collection[tuple[Any, ...]] = ()) -> Figure:
     """A cluster's load per replica over simulated time: running and waiting requests.
 
     `iterations` are one system's rows, with a `replica` column (and a disaggregated one's
@@ -231,10 +281,17 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
     `binned_time_average`). `instances` (keys as the rows give them: (replica,) or (pool,
     replica)) are drawn whether or not they ran: a replica a router starved is a flat line
     at 0, not missing. None: those with rows.
+
+    The `pipelined` replicas ((replica,) keys: Orca on several pipeline stages) are counted
+    from `requests` (the system's, with `replica`): running from first scheduled to
+    finished, waiting from arrival to first scheduled. Their rows are one micro-batch's time
+    on the first stage each, so the rows' batch size counted one micro-batch of the several
+    in flight, and none while only later stages worked (`orcasim.pipeline`).
     """
     _checked(iterations, ("start_s", "duration_s", "batch_size", "num_waiting", "replica"),
              "the iterations table", empty_ok=True)
-    end_s, edges_s, mids_s = time_bins(iterations, num_bins)
+    counted = _pipelined_requests(requests, pipelined)
+    end_s, edges_s, mids_s = time_bins(iterations, num_bins, counted)
     keys = _instance_keys(iterations)
     groups = {key if isinstance(key, tuple) else (key,): rows
               for key, rows in iterations.groupby(keys, sort=True)}
@@ -247,7 +304,10 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
         for key, colour in zip(drawn, colours, strict=True):
             name = " ".join(str(k) for k in key)
             rows = groups.get(tuple(key))
-            load = np.zeros(len(mids_s)) if rows is None else binned_time_average(rows, column, edges_s)
+            if tuple(key) in counted:
+                load = _counted_load(counted[tuple(key)], column, edges_s)
+            else:
+                load = np.zeros(len(mids_s)) if rows is None else binned_time_average(rows, column, edges_s)
             ax.plot(mids_s, load, label=f"replica {name}" if len(key) == 1 else name,
                     linewidth=1.0, color=colour)
         _counts_from_zero(ax)
@@ -570,10 +630,13 @@ def scenario_sweep_figures(table: pd.DataFrame, parameter: str, title: str,
 def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
                    saturated: frozenset[str] = frozenset(),
                    clusters: Mapping[str, Sequence[tuple[Any, ...]]] | None = None,
-                   warmup_s: float = 0.0) -> dict[str, Figure]:
+                   warmup_s: float = 0.0,
+                   pipelined: Mapping[str, Collection[tuple[Any, ...]]] | None = None,
+                   ) -> dict[str, Figure]:
     """The standard figures of one run from its frames (each with a `system` column), and
     each cluster's per-replica load (`replicas_<system>`), for the systems in `clusters`
-    (each with its instances' keys, `instance_keys`)."""
+    (each with its instances' keys, `instance_keys`, and its pipelined replicas',
+    `pipelined_keys`, in `pipelined`)."""
     figures = {"latency_cdf": latency_cdfs(requests, saturated, warmup_s),
                "timelines": timelines(iterations)}
     for name, instances in (clusters or {}).items():
@@ -585,8 +648,11 @@ def frames_figures(requests: pd.DataFrame, iterations: pd.DataFrame,
         # there): 'replica 0.0' in the legend.
         if "replica" in mine:
             mine = mine.astype({"replica": np.int64})
+        piped = (pipelined or {}).get(name, ())
+        own = requests[requests["system"] == name] if piped else None
         figures[f"replicas_{name}"] = replica_load(mine.reset_index(drop=True), name,
-                                                   instances=instances)
+                                                   instances=instances, requests=own,
+                                                   pipelined=piped)
     return figures
 
 
@@ -598,6 +664,18 @@ def instance_keys(replicas: pd.DataFrame) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in table[columns].itertuples(index=False, name=None)]
 
 
+def pipelined_keys(replicas: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """A colocated cluster's replicas that run Orca on several pipeline stages, from its
+    per-replica table: (replica,) each (their load is counted from their requests,
+    `replica_load`). A disaggregated cluster's none: its requests table does not say which
+    pool's instance scheduled a request when."""
+    table = replicas.reset_index() if "replica" not in replicas.columns else replicas
+    if "pool" in table.columns or not {"pipeline_parallel", "scheduler"} <= set(table.columns):
+        return []
+    piped = (table["pipeline_parallel"] > 1) & (table["scheduler"] == "iteration_level")
+    return [(row,) for row in table.loc[piped, "replica"]]
+
+
 def run_figures(result: RunResult) -> dict[str, Figure]:
     """The standard figures of one run, by file stem."""
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
@@ -605,7 +683,9 @@ def run_figures(result: RunResult) -> dict[str, Figure]:
     unstable = frozenset(n for n, r in result.systems.items() if r.summary.get("saturated"))
     clusters = {n: instance_keys(r.replicas) for n, r in result.systems.items()
                 if r.replicas is not None}
-    return frames_figures(reqs, iters, unstable, clusters, result.scenario.warmup_s)
+    pipelined = {n: pipelined_keys(r.replicas) for n, r in result.systems.items()
+                 if r.replicas is not None}
+    return frames_figures(reqs, iters, unstable, clusters, result.scenario.warmup_s, pipelined)
 
 
 def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attainment: float,

@@ -50,7 +50,13 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
 
 def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
     """The folder's figures, by file stem, from the files its kind keeps."""
-    from orcasim.plots import frames_figures, instance_keys, scenario_sweep_figures, sweep_figures
+    from orcasim.plots import (
+        frames_figures,
+        instance_keys,
+        pipelined_keys,
+        scenario_sweep_figures,
+        sweep_figures,
+    )
 
     if results_dir.is_file():  # 'no summary.json ...' of a summary.json itself
         raise ScenarioError(f"{results_dir} is a file; expected the results folder holding it "
@@ -80,15 +86,17 @@ def _figures(results_dir: Path, slo: float | None) -> dict[str, Figure]:
         summary = read_metrics(results_dir / "summary.json")
         unstable = frozenset(n for n, m in summary.items() if m.get("saturated"))
         # A cluster's run keeps its per-replica summaries, which its load figure goes with.
-        clusters = {n: instance_keys(read_csv(results_dir / n / "replicas.csv")) for n in summary
-                    if (results_dir / n / "replicas.csv").is_file()}
+        tables = {n: read_csv(results_dir / n / "replicas.csv") for n in summary
+                  if (results_dir / n / "replicas.csv").is_file()}
+        clusters = {n: instance_keys(table) for n, table in tables.items()}
+        pipelined = {n: pipelined_keys(table) for n, table in tables.items()}
         requests, iterations = load_run_frames(results_dir)
         warmup_s = _warmup_s(results_dir / "scenario.yaml")
         if "arrival_s" in requests and len(requests) and warmup_s > requests["arrival_s"].max():
             raise ScenarioError(f"{results_dir / 'scenario.yaml'}: warmup_s = {warmup_s:g} is "
                                 "past the last arrival, so the figures would count no request; "
                                 "expected the warm-up the run had")
-        figures = frames_figures(requests, iterations, unstable, clusters, warmup_s)
+        figures = frames_figures(requests, iterations, unstable, clusters, warmup_s, pipelined)
     else:
         raise FileNotFoundError(f"{results_dir}: no summary.json, sweep.parquet, sweep.csv or "
                                 "capacity.csv (is it a results folder?)")

@@ -876,3 +876,54 @@ def fidelity_cdfs_of(requests: pd.DataFrame) -> Figure:
     from orcasim.plots import fidelity_cdfs
 
     return fidelity_cdfs(requests.assign(source="real"), "t")
+
+
+def _hand_time_average(starts_s: np.ndarray, ends_s: np.ndarray, edges_s: np.ndarray) -> np.ndarray:
+    """How many intervals [start, end) are open, averaged over each bin, interval by interval."""
+    total = np.zeros(len(edges_s) - 1)
+    for start, end in zip(starts_s, ends_s, strict=True):
+        total += np.clip(np.minimum(end, edges_s[1:]) - np.maximum(start, edges_s[:-1]), 0.0, None)
+    return total / np.diff(edges_s)
+
+
+def test_a_pipelined_replica_s_load_counts_every_batch_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two Orca replicas on two pipeline stages each, behind least_outstanding: a row is one
+    micro-batch's time on the first stage, so the load figure's 'running' (rows' batch size)
+    drew about one micro-batch (2.99 and 2.94 requests over the run) where the requests'
+    own times (first scheduled to finished) say 6.16 and 6.05 were running, and nothing at
+    all while only the last stage worked. Both panels now count the requests by hand, as
+    written to a results folder and redrawn by `orcasim plot` alike."""
+    import orcasim
+    import orcasim.plots
+    from orcasim.results import write_run
+    from tests.conftest import BASE
+
+    drawn: list[Figure] = []  # what `orcasim plot` draws from the folder
+    frames_figures = orcasim.plots.frames_figures
+    monkeypatch.setattr(orcasim.plots, "frames_figures", lambda *a, **k: drawn.append(
+        (figures := frames_figures(*a, **k))["replicas_c"]) or figures)
+    data = {**BASE, "workload": {**BASE["workload"], "num_requests": 300,
+                                 "arrival": {"kind": "poisson", "rate_per_s": 40.0}},
+            "hardware": {"gpu": "a100-40gb", "pipeline_parallel": 2},
+            "cost": {"kind": "linear", "base_s": 0.02, "per_token_s": 1e-4},
+            "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 4},
+                         "cluster": {"replicas": 2, "router": {"kind": "least_outstanding"}}}]}
+    result = orcasim.run_scenario(data)
+    write_run(result, tmp_path / "r", plots=False)
+    write_plots(tmp_path / "r")
+    req = result.systems["c"].requests
+    assert len(drawn) == 1
+    for fig in (orcasim.plots.run_figures(result)["replicas_c"], drawn[0]):
+        running, waiting = fig.axes[:2]
+        for replica in (0, 1):
+            mine = req[req["replica"] == replica]
+            lines = [ax.get_lines()[replica] for ax in (running, waiting)]
+            mids_s = lines[0].get_xdata()
+            width_s = mids_s[1] - mids_s[0]
+            edges_s = np.append(mids_s - width_s / 2, mids_s[-1] + width_s / 2)
+            assert edges_s[-1] >= req["finish_s"].max() - 1e-9  # the last flight is drawn
+            for line, (start, end) in zip(lines, (("first_scheduled_s", "finish_s"),
+                                                  ("arrival_s", "first_scheduled_s")), strict=True):
+                want = _hand_time_average(mine[start].to_numpy(), mine[end].to_numpy(), edges_s)
+                np.testing.assert_allclose(line.get_ydata(), want, rtol=1e-9, atol=1e-9)
