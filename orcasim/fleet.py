@@ -13,6 +13,8 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,8 +30,17 @@ from orcasim.cost import (
     engine_overhead,
     request_latency_s,
 )
-from orcasim.cost.catalog import HardwareConfig, ModelRef, attention_groups, stage_layers
+from orcasim.cost.catalog import (
+    HardwareConfig,
+    ModelRef,
+    ModelSpec,
+    attention_groups,
+    known_names,
+    model_spec,
+    stage_layers,
+)
 from orcasim.engine import EngineMode, EngineRun, stepper_for
+from orcasim.paths import DATA_PATH
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
 from orcasim.replica import Replica, Stepper, drive, shared_recorder, single
@@ -68,8 +79,9 @@ def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
     finding). The model, GPU, and the TP, PP, data-parallel attention and expert-parallel
     degrees (blank and 1s where a plain cost model names no model or hardware: a mixture-of-
     experts replica on 2 x 2 GPUs with data-parallel attention read as TP 2 alone, like one on
-    2), the scheduler (its kind, and its policy and prefix caching where they apply) and the KV capacity in
-    tokens (of all its attention groups)."""
+    2), the scheduler (its kind, and its policy and prefix caching where they apply), the cost
+    (`cost_label`) and the KV capacity in tokens (of all its attention groups). The model is
+    named as `model_label` names it."""
     def scheduler(cfg: SchedulerConfig) -> str:
         notes = [getattr(cfg, "policy", None),
                  "prefix caching" if getattr(cfg, "enable_prefix_caching", False) else None]
@@ -79,14 +91,75 @@ def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
     def degree(key: str) -> list[int]:
         return [1 if s.hardware is None else int(getattr(s.hardware, key)) for s in specs]
 
+    # Labelled once per group's model: a fleet's replicas share their group's.
+    models = {id(s.model): model_label(s.model) for s in specs if s.model is not None}
     return pd.DataFrame({
-        "model": [s.model.name if s.model is not None else "" for s in specs],
+        "model": [models[id(s.model)] if s.model is not None else "" for s in specs],
         "gpu": [s.hardware.gpu.name if s.hardware is not None else "" for s in specs],
         **{key: degree(key) for key in ("tensor_parallel", "pipeline_parallel",
                                         "data_parallel_attention", "expert_parallel")},
         "scheduler": [scheduler(s.scheduler) for s in specs],
+        "cost": [cost_label(s.cost) for s in specs],
         "kv_capacity_tokens": [s.kv_capacity_tokens for s in specs],
     })
+
+
+# A model's fields that name it and say where it comes from: not what sets it apart.
+MODEL_NOT_SHAPE = {"name", "source", "notes"}
+
+
+def cost_label(cfg: CostConfig) -> str:
+    """The cost's kind and, in brackets, the settings given that are not the kind's defaults
+    (an overhead block as `overhead`, its terms as `overhead.<term>`; a data file by its
+    name): groups that differ only in their cost block read alike by kind alone."""
+    values = cfg.model_dump(exclude_defaults=True)
+    values["overhead"] = values.pop("overhead", None)  # after the kind's own settings
+    given = _settings({k: v for k, v in values.items() if v is not None}, _data_fields(cfg))
+    return f"{cfg.kind} ({', '.join(given)})" if given else cfg.kind
+
+
+def model_label(model: ModelSpec) -> str:
+    """The model's name and, in brackets, what differs from the catalog's entry of that name
+    (`{catalog: llama2-7b, kv_cache_dtype: fp8}` read as llama2-7b), or an unnamed inline
+    model's settings that are not the defaults (every one read 'custom'). A model the user
+    named outside the catalog is its name."""
+    if model.name in known_names("models"):
+        changed = _changed(model.model_dump(), model_spec(model.name).model_dump())
+    elif model.name == ModelSpec.model_fields["name"].default:
+        changed = model.model_dump(exclude_defaults=True)
+    else:
+        return model.name
+    given = _settings({k: v for k, v in changed.items() if k not in MODEL_NOT_SHAPE}, set())
+    return f"{model.name} ({', '.join(given)})" if given else model.name
+
+
+def _changed(now: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The settings of `now` that differ from `base`'s (within a nested block, its own)."""
+    return {key: _changed(value, base[key])
+            if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+            for key, value in now.items() if base.get(key) != value}
+
+
+def _data_fields(cfg: CostConfig) -> set[str]:
+    """The cost config's fields that name a data file (shown by their file name: the stored
+    path is resolved, and would tie a results table to the machine that wrote it)."""
+    return {name for name, field in type(cfg).model_fields.items() if DATA_PATH in field.metadata}
+
+
+def _settings(values: dict[str, Any], files: set[str], prefix: str = "") -> list[str]:
+    """`key=value` for each setting in `values` (a model_dump), nested blocks as
+    `block.key=value` or, given with only defaults, `block`; a block's `kind` is left out."""
+    out: list[str] = []
+    for key, value in values.items():
+        if key == "kind":
+            continue
+        if isinstance(value, dict):
+            out += _settings(value, set(), f"{prefix}{key}.") or [f"{prefix}{key}"]
+        elif key in files and isinstance(value, str):
+            out.append(f"{prefix}{key}={Path(value).name}")
+        else:
+            out.append(f"{prefix}{key}={value}")
+    return out
 
 
 def replica_for(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -202,6 +203,52 @@ def test_replicas_csv_tells_a_data_parallel_attention_replica_from_a_tensor_para
     about = run_scenario(scenario).systems["c"].replicas[
         ["tensor_parallel", "pipeline_parallel", "data_parallel_attention", "expert_parallel"]]
     assert about.values.tolist() == [[2, 1, 1, 1], [2, 1, 2, 4], [2, 2, 1, 1]]
+
+
+def test_replicas_csv_tells_groups_apart_by_their_cost_and_inline_model(tmp_path: Path) -> None:
+    """Groups that differ only in their cost block (an overhead, an efficiency) read alike,
+    an inline model without a name read 'custom' whatever its shape, and a catalog model
+    with a field changed read as the catalog's (a tester's note). The `cost` column names the
+    kind and the settings given that are not its defaults; the model column adds, in
+    brackets, what differs from the catalog's entry of that name, or an unnamed model's
+    settings."""
+    inline = {"num_layers": 32, "hidden_size": 4096, "num_heads": 32, "vocab_size": 32000}
+    scenario = make_scenario(**{
+        "workload.num_requests": 12, "workload.max_tokens": 1024, "model": "llama2-7b",
+        "hardware": {"gpu": "a100-80gb"}, "cost": {"kind": "roofline"}, "kv_capacity_tokens": 50_000,
+        "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 8},
+                     "cluster": {"router": {"kind": "round_robin"}, "replicas": [
+                         {"count": 1},
+                         {"count": 1, "cost": {"kind": "roofline", "overhead": {}}},
+                         {"count": 1, "cost": {"kind": "roofline", "compute_efficiency": 0.5,
+                                               "overhead": {"per_iteration_s": 0.004}}},
+                         {"count": 1, "model": inline},
+                         {"count": 1, "model": {**inline, "name": "tiny"}},
+                         {"count": 1, "model": {"catalog": "llama2-7b", "kv_cache_dtype": "fp8"}},
+                         {"count": 1, "cost": {"kind": "linear", "base_s": 0.01}},
+                     ]}}],
+    })
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a linear cost beside a model, an unused capacity
+        result = run_scenario(scenario)
+    about = result.systems["c"].replicas[["group", "model", "cost"]]
+    custom = "custom (num_layers=32, hidden_size=4096, num_heads=32, vocab_size=32000)"
+    assert about.values.tolist() == [
+        [0, "llama2-7b", "roofline"],
+        [1, "llama2-7b", "roofline (overhead)"],
+        [2, "llama2-7b", "roofline (compute_efficiency=0.5, overhead.per_iteration_s=0.004)"],
+        [3, custom, "roofline"],
+        [4, "tiny", "roofline"],
+        [5, "llama2-7b (kv_cache_dtype=fp8)", "roofline"],
+        [6, "llama2-7b", "linear (base_s=0.01)"],
+    ]
+    write_run(result, tmp_path / "out", plots=False)
+    written = pd.read_csv(tmp_path / "out" / "c" / "replicas.csv", index_col="replica")
+    assert written[["model", "cost"]].values.tolist() == about[["model", "cost"]].values.tolist()
+    assert list(written.columns[:10]) == ["group", "model", "gpu", "tensor_parallel",
+                                          "pipeline_parallel", "data_parallel_attention",
+                                          "expert_parallel", "scheduler", "cost",
+                                          "kv_capacity_tokens"]
 
 
 @pytest.mark.parametrize("models", [("llama2-7b", "llama2-13b"), ("llama2-13b", "llama2-7b")])
