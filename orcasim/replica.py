@@ -370,7 +370,8 @@ class Replica:
         (`sole`), the next arrival if it could join, or in a closed loop the first that will
         be turned away. A replica behind a router cannot know which arrival comes to it: a
         delivery cuts its jump (`add_request`), and guessing here would cut every replica's
-        jump at every arrival of the fleet.
+        jump at every arrival of the fleet. (Behind a router that reads no replica, the fleet
+        routes first and gives each replica its own arrivals: `orcasim.fleet.Fleet.run`.)
         """
         break_s = self._next_break_s(start_s)
         cut_s = break_s if break_s <= until_s else math.inf
