@@ -18,9 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 try:  # typer from 0.2x carries its own click, whose errors are not click's
-    from typer._click.exceptions import ClickException, UsageError
+    from typer._click.exceptions import BadParameter, ClickException, UsageError
 except ImportError:  # older typer: click itself
-    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
+    from click.exceptions import (  # type: ignore[assignment]
+        BadParameter,
+        ClickException,
+        UsageError,
+    )
 
 from orcasim.config import MAX_REQUESTS, MAX_TIME_S, ScenarioError, format_field_error
 from orcasim.exits import (
@@ -857,8 +861,23 @@ def usage_error_text(e: UsageError) -> str:
     """A command line that does not parse, on one line: the command, click's reason, and
     where the options are listed (click's own form is a usage line and a boxed message)."""
     where = e.ctx.command_path if e.ctx is not None else "orcasim"
-    reason = " ".join(e.format_message().split())
+    reason = _bad_value_text(e) or " ".join(e.format_message().split())
     return f"{where}: {reason} (see {where} --help)"
+
+
+def _bad_value_text(e: UsageError) -> str | None:
+    """An option's value that is no number, as `--requests = '1e21': expected an integer`:
+    typer checks it with pydantic, whose 'Invalid value for '--requests': Input should be a
+    valid integer, unable to parse string as an integer' named no value. None where the
+    error is not of that kind (older typer's click names the value itself)."""
+    problems: list[dict[str, Any]] = getattr(e.__cause__, "errors", lambda: [])()
+    if not isinstance(e, BadParameter) or e.param is None or not problems:
+        return None
+    kind, value = problems[0]["type"], problems[0].get("input")
+    expected = ("an integer, in digits" if kind.startswith("int_")
+                else "a number" if kind.startswith("float_") else problems[0]["msg"])
+    flag = next((o for o in e.param.opts if o.startswith("--")), None) or str(e.param.name)
+    return f"{flag} = {value!r}: expected {expected}"
 
 
 def main() -> None:

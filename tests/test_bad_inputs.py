@@ -495,7 +495,19 @@ def test_running_out_of_memory_is_one_line_and_exit_1(monkeypatch: pytest.Monkey
     (["run"], "orcasim.cli run: Missing argument 'scenario'"),
     (["run", "s.yaml", "--bogus"], "orcasim.cli run: No such option: --bogus"),
     (["frobnicate"], "orcasim.cli: No such command 'frobnicate'"),
-], ids=["missing argument", "unknown option", "unknown command"])
+    # pydantic's 'Invalid value for '--requests': Input should be a valid integer, unable to
+    # parse string as an integer' named no value: 1e21 (or 1e6, meaning a million) read as if
+    # the option took no number at all.
+    (["capacity", "s.yaml", "--requests", "1e21"],
+     "orcasim.cli capacity: --requests = '1e21': expected an integer, in digits"),
+    (["capacity", "s.yaml", "--replications", "2.5"],
+     "orcasim.cli capacity: --replications = '2.5': expected an integer, in digits"),
+    (["capacity", "s.yaml", "--rel-tol", "two"],
+     "orcasim.cli capacity: --rel-tol = 'two': expected a number"),
+    (["model", "llama3-8b", "--tensor-parallel", "x"],
+     "orcasim.cli model: --tensor-parallel = 'x': expected an integer, in digits"),
+], ids=["missing argument", "unknown option", "unknown command", "an exponent for an integer",
+        "a fraction for an integer", "a word for a number", "a word for a degree"])
 def test_a_command_line_that_does_not_parse_is_one_line(args: list[str], phrase: str) -> None:
     """Through main, as a user's shell runs it (click's own form is a usage line and a box)."""
     import subprocess
