@@ -710,14 +710,16 @@ def capacity(
         slo_cfg = _capacity_slo(scenario, slo, attainment)
         for line in held_by_share(slo_cfg):
             typer.echo(f"warning: {line}", err=True)
-        if replications < 1 or requests < 0 or not cap.MIN_REL_TOL <= rel_tol < 1:
+        # Each option alone: one check named all three, whichever was wrong.
+        if replications < 1:
+            fail(f"--replications = {replications}: expected at least 1")
+        if not cap.MIN_REL_TOL <= rel_tol < 1:
             # Below a float's resolution the bisection never ends (1 + 1e-300 is 1).
-            fail(f"--replications {replications}, --requests {requests}, --rel-tol {rel_tol:g}: "
-                 f"expected replications >= 1, requests >= 0 and {cap.MIN_REL_TOL:g} <= rel-tol < 1")
+            fail(f"--rel-tol = {rel_tol:g}: expected {cap.MIN_REL_TOL:g} <= rel-tol < 1")
         if requests > MAX_REQUESTS:  # else refused by the first search as its workload's key
             fail(f"--requests {requests}: expected at most {MAX_REQUESTS:,}, as "
                  "workload.num_requests")
-        if 0 < requests < cap.MIN_SEARCH_REQUESTS:
+        if requests < 0 or 0 < requests < cap.MIN_SEARCH_REQUESTS:
             fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
                  f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "
                  "a run (fewer pass at any rate)")

@@ -243,6 +243,22 @@ def test_a_tolerance_finer_than_a_search_can_reach_is_refused(tmp_path: Path) ->
     assert result.exit_code == 2 and "1e-06 <= rel-tol < 1" in result.output
 
 
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--replications", "0", "--replications = 0: expected at least 1"),
+    ("--requests", "-3", "--requests -3: expected 0 (the scenario's) or at least 40"),
+    ("--rel-tol", "1", "--rel-tol = 1: expected 1e-06 <= rel-tol < 1"),
+])
+def test_an_option_out_of_range_is_named_alone(tmp_path: Path, flag: str, value: str,
+                                               said: str) -> None:
+    """One check named all three options ('--replications 3, --requests -3, --rel-tol 0.02:
+    expected replications >= 1, requests >= 0 and ...'), whichever was wrong."""
+    result = runner.invoke(app, ["capacity", str(_md1(tmp_path)), "--slo", "e2e_p90=1",
+                                 flag, value, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and said in result.output, result.output
+    others = {"--replications", "--requests", "--rel-tol"} - {flag}
+    assert not any(o in result.output for o in others), result.output
+
+
 @pytest.mark.timeout(10)  # without the bound it spawned seeds until memory ran out
 def test_replications_are_bounded(tmp_path: Path) -> None:
     """--replications 1e9 spawned a seed and built a job per replication before any search
