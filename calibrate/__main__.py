@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import errno
 import math
+import os
 import sys
 import tempfile
 import warnings
@@ -64,6 +65,33 @@ def _at_least_one(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed numpy and torch both take: an integer from 0 to 2**64 - 1 (-3 read 'error:
+    expected non-negative integer' and 1e23 'error: Overflow when unpacking long long',
+    neither naming --seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer from 0 to {MAX_SEED}")
+    return value
+
+
+MAX_SEED = 2**64 - 1  # torch's Generator.manual_seed takes no more
+
+
+def _threads(text: str) -> int:
+    """Torch's CPU threads: 1 to this machine's cores (100000 crashed torch, a segmentation
+    fault; 1e23 read 'error: Overflow when unpacking long long'; more threads than cores
+    only share them, and the README's timings are single-threaded)."""
+    value, cores = _at_least_one(text), os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer from 1 to {cores}, "
+                                         "this machine's cores")
     return value
 
 
@@ -180,10 +208,10 @@ def _model_options(p: argparse.ArgumentParser, layers_help: str) -> None:
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--layers", type=_at_least_one, help=layers_help)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=_at_least_one, default=1,
+    p.add_argument("--threads", type=_threads, default=1,
                    help="torch CPU threads (default 1: see README, multi-threaded timings are bimodal "
                         "on a small shared machine)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
 
 
 def _setup_torch(args: argparse.Namespace) -> None:
@@ -197,7 +225,14 @@ def _setup_torch(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from calibrate.model import build_model, model_args
-    from calibrate.profile import GRIDS, check_grid_fits, header_lines, profile_rows, write_profile
+    from calibrate.profile import (
+        GRIDS,
+        check_grid_fits,
+        header_lines,
+        largest_context,
+        profile_rows,
+        write_profile,
+    )
 
     _writable(args.out, args.force, "profile CSV")
     try:  # what fit would refuse, before minutes of timing
@@ -208,7 +243,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
     _setup_torch(args)
     full = model_args(args.model)
     shape = model_args(args.model, args.layers)
-    model = build_model(shape, args.device, args.seed, max_positions=args.max_tokens + 1)
+    # Positions up to the grid's largest context, the most a shape holds: --max-tokens only
+    # caps the grid, and a rotary table of 1e8 positions ran out of memory (1e23 overflowed).
+    model = build_model(shape, args.device, args.seed,
+                        max_positions=largest_context(GRIDS[args.grid], args.max_tokens) + 1)
     rows = profile_rows(model, GRIDS[args.grid], args.max_tokens, full.n_layers / shape.n_layers,
                         np.random.default_rng(args.seed), lambda m: print(m, file=sys.stderr))
     dtype = model.lm_head.weight.dtype

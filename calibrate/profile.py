@@ -99,6 +99,11 @@ def grid_shapes(grid: Grid, max_tokens: int) -> list[tuple[str, Shape]]:
     return [(k, s) for k, s in out if max(s[1]) <= max_tokens]
 
 
+def largest_context(grid: Grid, max_tokens: int) -> int:
+    """The longest context of the grid's shapes up to `max_tokens`: the positions they use."""
+    return max((max(s[1]) for _, s in grid_shapes(grid, max_tokens)), default=1)
+
+
 def check_grid_fits(grid: Grid, max_tokens: int) -> None:
     """Refuse a grid whose shapes up to `max_tokens` cannot fit the default knots' terms (too
     few, or too alike: no prompt past a knot), before any is timed: `fit` would refuse the

@@ -146,6 +146,49 @@ def test_fit_and_profile_options_are_checked_before_any_work(tmp_path: Path,
     assert "--load: '0': expected a number > 0" in capsys.readouterr().err
 
 
+def test_a_seed_and_threads_out_of_range_name_their_option(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """--seed -3 read 'error: expected non-negative integer', --seed 1e23 and --threads 1e23
+    'error: Overflow when unpacking long long' (no option named), --threads 100000 a
+    segmentation fault."""
+    cores = os.cpu_count() or 1
+    for option, value, said in [
+            ("--seed", "-3", "argument --seed: '-3': expected an integer from 0 to 18446744073709551615"),
+            ("--seed", str(10**23), "expected an integer from 0 to 18446744073709551615"),
+            ("--seed", "1.5", "argument --seed: '1.5': expected an integer from 0 to"),
+            ("--threads", "100000", f"argument --threads: '100000': expected an integer from 1 "
+                                    f"to {cores}, this machine's cores")]:
+        for command in (["profile"], ["replay", "s.yaml"]):
+            with pytest.raises(SystemExit) as exit_:
+                main([*command, option, value, "--out", str(tmp_path / "p.csv")])
+            err = capsys.readouterr().err
+            assert exit_.value.code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_a_max_tokens_past_the_grid_builds_only_the_positions_timed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--max-tokens only caps the grid: 1e8 built a rotary table of 1e8 positions (killed,
+    out of memory) and 1e23 overflowed torch (a traceback); both time the grid's shapes."""
+    import calibrate.model
+
+    built: list[int] = []
+
+    class Built(Exception):
+        pass
+
+    def stop(*args: object, max_positions: int, **kwargs: object) -> None:
+        built.append(max_positions)
+        raise Built  # enough: the size is what this checks
+
+    monkeypatch.setattr(calibrate.model, "build_model", stop)
+    for max_tokens, grid, positions in [(10**23, "ci", 385), (10**8, "default", 1025),
+                                        (300, "ci", 257)]:
+        with pytest.raises(Built):
+            main(["profile", "--grid", grid, "--max-tokens", str(max_tokens), "--out",
+                  str(tmp_path / "p.csv")])
+        assert built.pop() == positions
+
+
 @pytest.mark.slow
 def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     """calibrate/gpu_check.sh is run on a lent GPU in one try: its CPU path proves the steps."""
