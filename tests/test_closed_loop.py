@@ -308,3 +308,25 @@ def test_the_summarys_throughput_of_a_busy_server_is_one_over_its_service_time()
     one_completion_rps = 1.0 / system.summary["duration_s"]
     assert abs(system.summary["throughput_rps"] - 10.0) <= one_completion_rps
     assert abs(system.summary["throughput_tokens_per_s"] - 100.0) <= 10 * one_completion_rps
+
+
+def test_a_short_run_without_warm_up_counts_the_first_sends_as_free() -> None:
+    # N clients in lockstep (a batch holds them all, constant lengths and think time Z): k
+    # cycles of response R then think Z, the last without its think. The window runs from
+    # the first sends, all at time 0, to the last finish, one R after the last sends (the
+    # drain), so X = k N / (k R + (k - 1) Z), above the steady N / (R + Z) by the think time
+    # the first sends never waited: 1 / (1 - Z / (k (R + Z))) (README, Closed-loop workloads).
+    num_clients, think_s, cycles = 4, 1.0, 3
+    batch = {"kind": "iteration_level", "max_batch_size": num_clients}
+    scenario = constant_scenario(num_clients, think_s, batch, n=cycles * num_clients)
+    system = run_scenario(scenario).systems["s"]
+    reqs, summary = system.requests, system.summary
+    response_s = float(reqs["e2e_s"][0])
+    np.testing.assert_allclose(reqs["e2e_s"], response_s, rtol=EXACT_RTOL)  # in lockstep
+    window_s = cycles * response_s + (cycles - 1) * think_s
+    assert summary["duration_s"] == pytest.approx(window_s, rel=EXACT_RTOL)
+    assert summary["throughput_rps"] == pytest.approx(cycles * num_clients / window_s, rel=EXACT_RTOL)
+    steady_rps = num_clients / (response_s + think_s)
+    lift = 1 / (1 - think_s / (cycles * (response_s + think_s)))
+    assert summary["throughput_rps"] == pytest.approx(steady_rps * lift, rel=EXACT_RTOL)
+    assert lift > 1.4  # 3 cycles of 1 s think after ~0.1 s responses
