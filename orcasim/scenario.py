@@ -695,6 +695,7 @@ def parse_dotted(path: str) -> list[str | int]:
 def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
     """Set a value at a dotted path, creating mappings on the way; errors name the path."""
     parts = parse_dotted(path)
+    _seed_inherited(data, parts, value)
     node: Any = data
     for part in parts[:-1]:
         node = _descend(node, part, path)
@@ -709,6 +710,62 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
         raise _not_a_mapping(node, last, path)
 
 
+# Where a cluster's group or pool (or a system) runs a block it does not give, whose it is:
+# `systems[i].cluster.replicas[j]` or `.prefill`/`.decode` run the system's scheduler and cost
+# and the scenario's model and hardware; a system, the scenario's cost.
+_GROUP_BLOCKS = {"scheduler": ("system",), "cost": ("system", "scenario"),
+                 "model": ("scenario",), "hardware": ("scenario",)}
+
+
+def _inherited_block(data: dict[str, Any], parts: list[str | int]) -> tuple[int, Any]:
+    """For a path into a group's, a pool's or a system's block, the length of the block's
+    own path and the block it runs now (another's, where it gives none); (0, None) where
+    the path names no such block."""
+    if len(parts) < 3 or parts[0] != "systems" or not isinstance(parts[1], int):
+        return 0, None
+    systems = data.get("systems")
+    if not isinstance(systems, list) or parts[1] >= len(systems) or \
+            not isinstance(systems[parts[1]], dict):
+        return 0, None
+    system = systems[parts[1]]
+    if parts[2] == "cost":  # a system's own cost, else the scenario's
+        return 3, data.get("cost")
+    tail = parts[3:]
+    head = 4 if tail[:1] in (["prefill"], ["decode"]) else \
+        5 if tail[:1] == ["replicas"] and len(tail) > 1 and isinstance(tail[1], int) else 0
+    if parts[2] != "cluster" or head == 0 or len(parts) <= head:
+        return 0, None
+    block = parts[head]
+    if not isinstance(block, str) or block not in _GROUP_BLOCKS:
+        return 0, None
+    for owner in _GROUP_BLOCKS[block]:
+        found = (system if owner == "system" else data).get(block)
+        if found is not None:
+            return head + 1, found
+    return head + 1, None
+
+
+def _seed_inherited(data: dict[str, Any], parts: list[str | int], value: Any) -> None:
+    """A path into a block that a group, a pool or a system does not give starts from the
+    block it runs (`_inherited_block`), as a key a group leaves out is its system's:
+    `systems[1].cluster.replicas[0].scheduler.max_num_seqs=16` on a group running its
+    system's paged scheduler was refused ('scheduler.kind: Field required'), and
+    `...scheduler.kind=paged` ran vLLM's defaults (256 sequences) in place of the system's
+    64 without a word (a tester's finding). A `kind` other than the inherited one starts
+    from nothing, as a kind changed anywhere keeps only the keys given for it."""
+    length, inherited = _inherited_block(data, parts)
+    if length == 0 or len(parts) <= length or not isinstance(inherited, dict | str):
+        return  # a catalog name (`model: llama3-8b`) is one too, which _descend opens
+    owner = _node_at(data, parts[:length - 1])
+    name = parts[length - 1]
+    if not isinstance(owner, dict) or owner.get(name) is not None:
+        return  # it gives its own (or the path cannot reach: set_dotted says why)
+    kind = inherited.get("kind") if isinstance(inherited, dict) else None
+    if parts[length:] == ["kind"] and kind != value:
+        return
+    owner[name] = copy.deepcopy(inherited)
+
+
 def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, Any]) -> None:
     """Set each of a point's parameters (a sweep's, a capacity search's) in `data`, a
     validated dump. Where one changes a `kind`, its object starts again from `given` (the
@@ -718,15 +775,22 @@ def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, 
     for path, value in params.items():
         owner, _, key = path.rpartition(".")
         if key == "kind" and owner and get_dotted(data, path) != value:
-            set_dotted(data, owner, copy.deepcopy(get_dotted(given, owner) or {}))
+            if get_dotted(data, owner) is None:  # a group's inherited block, of this kind
+                _seed_inherited(data, parse_dotted(path), value)
+            if get_dotted(data, path) != value:
+                set_dotted(data, owner, copy.deepcopy(get_dotted(given, owner) or {}))
     for path, value in params.items():
         set_dotted(data, path, value)
 
 
 def get_dotted(data: Any, path: str) -> Any:
     """The value at a dotted path (`set_dotted`'s), or None where the path does not reach."""
+    return _node_at(data, parse_dotted(path))
+
+
+def _node_at(data: Any, parts: list[str | int]) -> Any:
     node = data
-    for part in parse_dotted(path):
+    for part in parts:
         if isinstance(part, int) and isinstance(node, list) and part < len(node):
             node = node[part]
         elif isinstance(part, str) and isinstance(node, dict) and part in node:
