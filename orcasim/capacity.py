@@ -758,14 +758,16 @@ def _at_capacity(group: list[SearchOutcome]) -> dict[str, float]:
 
 def cheapest(table: pd.DataFrame) -> pd.Series | None:
     """The configuration that meets the SLOs at the lowest cost: the lowest cost per hour of
-    serving the target rate when one was given, else the lowest cost per million output
-    tokens; None when no configuration has a finite cost with a positive capacity."""
+    serving the target rate when one was given (ties, which whole copies make common, to the
+    lowest cost per million output tokens), else the lowest cost per million output tokens;
+    None when no configuration has a finite cost with a positive capacity."""
     if table.empty:  # every search failed
         return None
-    column = "cost_per_hour_for_target_usd" if "cost_per_hour_for_target_usd" in table else \
-        "cost_per_million_tokens"
-    usable = table[(table["max_rate_per_s"] > 0) & np.isfinite(table[column])]
-    return None if usable.empty else usable.loc[usable[column].idxmin()]
+    columns = ["cost_per_million_tokens"]
+    if "cost_per_hour_for_target_usd" in table:
+        columns.insert(0, "cost_per_hour_for_target_usd")
+    usable = table[(table["max_rate_per_s"] > 0) & np.isfinite(table[columns[0]])]
+    return None if usable.empty else usable.sort_values(columns, kind="stable").iloc[0]
 
 
 def evaluations_table(outcomes: list[SearchOutcome]) -> pd.DataFrame:

@@ -305,6 +305,17 @@ def test_cheapest_by_tokens_or_by_target() -> None:
     assert cap.cheapest(pd.DataFrame(columns=cap.CAPACITY_COLUMNS)) is None
 
 
+def test_cheapest_for_a_target_breaks_a_tie_by_cost_per_token() -> None:
+    """Copies come whole, so configurations tie on the target's cost: 6 copies of a 2-GPU
+    disaggregated pair (16.8 req/s each) and 3 of a 4-GPU one (34.3) both cost $24 an hour
+    for 100 req/s. The first listed was named cheapest, though the other costs less per
+    token (0.464 against 0.472 $/M) and heads the Pareto front (a tester's finding)."""
+    table = pd.DataFrame({"system": ["1p1d", "2p2d"], "max_rate_per_s": [16.8, 34.3],
+                          "cost_per_million_tokens": [0.472, 0.464],
+                          "cost_per_hour_for_target_usd": [24.0, 24.0]})
+    assert cap.cheapest(table)["system"] == "2p2d"
+
+
 # ---- the command ---------------------------------------------------------------------------
 
 runner = CliRunner()
