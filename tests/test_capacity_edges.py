@@ -473,6 +473,19 @@ def test_a_fleet_split_by_share_stops_where_its_slow_replica_does() -> None:
     assert answers["least_outstanding"] > 11.0, answers
 
 
+def test_a_group_that_fell_behind_is_measured_over_all_its_replicas() -> None:
+    """Behind round robin, two A100s and an H100 (TP 2) at 40 req/s, 2,000 requests: one
+    A100 was flagged, admitting 10.74 req/s, its twin admitted 11.80 unflagged. Read from the
+    flagged one alone, the full-load rate was 3 x 10.74 = 32.2 and the search refused 32.2 req/s
+    and above, where 33.5 keeps up within the SLOs over 12,000 requests (its A100s admit 11.15
+    and 11.19). The group's mean, 11.27, is the same server on the same share."""
+    replicas = pd.DataFrame({"group": [0, 0, 1], "saturated": [1.0, 0.0, 0.0],
+                             "saturation_admission_rps": [10.74, 11.80, 13.20]})
+    summary = {"saturated": 0.0, "saturation_admission_rps": 35.74}
+    assert cap.full_load_rps(summary, replicas, True) == pytest.approx(3 * (10.74 + 11.80) / 2)
+    assert math.isnan(cap.full_load_rps(summary, replicas, False))  # load-aware: pooled, not grown
+
+
 def test_a_run_where_one_replica_fell_behind_measures_the_fleets_throughput() -> None:
     """least_kv reads the KV in use, not the queues: the slow replica of `_md1_fleet` keeps
     about 39% of the arrivals and the fleet falls behind near 8.7 req/s (40,000 requests:
