@@ -13,7 +13,8 @@ calibrate logs`.
 
 Writes `results/validation/<setup>_leave_one_out.yaml` (each held-out run's parameters and
 errors, the start, the commit); with `--only`, the named runs only, merged into that file.
-vLLM: 5 minutes for the four runs on two cores (2026-12-05).
+vLLM: 10 minutes for the four runs on two cores, DistServe's 24 (2026-12-06, other work
+beside them; 5 each before the search from two starts, daaf846).
 """
 
 from __future__ import annotations
