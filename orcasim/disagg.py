@@ -491,7 +491,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     prefill, decode = pools
     for instances in pools:
         for replica in instances:
-            replica.sole = len(instances) == 1
+            replica.sole, replica.routed = len(instances) == 1, len(instances) > 1
     # Each GPU of an instance holds its shard of a request's KV (TP its heads, PP its layers)
     # and moves it over its own link, all at once, as vLLM's disaggregated prefill moves each
     # TP rank's KV to its peer: a transfer takes as long as the largest shard a GPU of either

@@ -349,7 +349,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
         all_specs += specs
         groups += [g] * len(specs)
     for replica in replicas:
-        replica.sole = len(replicas) == 1
+        replica.sole, replica.routed = len(replicas) == 1, len(replicas) > 1
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
     router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
                           requests.session_ids, f"system {system.name}: cluster.router")

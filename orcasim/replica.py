@@ -161,6 +161,10 @@ class Replica:
         # Whether every arrival of `source` comes here (no router in between): only then
         # does the next arrival say where a jump will be cut (`cut_s`).
         self.sole = True
+        # Whether it shares a router with other replicas: an arrival it will turn away then
+        # cuts its pending unit (`_maybe_cut`). Kept when a fleet runs its replicas apart,
+        # each `sole` over its own arrivals, so their rows group as on one clock.
+        self.routed = False
 
     # The clock loop's side.
 
@@ -331,7 +335,7 @@ class Replica:
         ends_s = self.stepper.ends_s()
         if len(ends_s) < 2 or time_s > ends_s[-2]:
             return
-        if (self.source.closed_loop or not self.sole) and self.scheduler.never_fits(req_id):
+        if (self.source.closed_loop or self.routed) and self.scheduler.never_fits(req_id):
             # Turned away at the boundary: visible to a closed loop's client, and to a
             # router that counts this replica's requests (`num_requests`, read between
             # cuts), even while the head is blocked.

@@ -103,6 +103,23 @@ def test_a_mixed_fleet_runs_apart_as_on_one_clock(mode: str) -> None:
     _assert_same(_both(changes, _requests(3, n, 20.0)))
 
 
+def test_an_arrival_turned_away_cuts_a_jump_as_on_one_clock() -> None:
+    # Replica 0 decodes request 0 alone (batch of 1); request 2 waits behind it, so no arrival
+    # can join, and request 4, larger than the KV pool, is turned away. On one clock a replica
+    # behind a router ends its jump at the boundary after that arrival (a router that counts
+    # would see it go); run apart, it kept the jump whole: 2 rows for its first run, not 3.
+    requests = Requests(np.array([0.0, 0.0, 0.1, 0.1, 0.2, 0.2]), np.array([10, 10, 10, 10, 2100, 10]),
+                        np.array([50, 5, 5, 5, 1, 5]), np.full(6, 2200))
+    changes = {"workload.num_requests": 6, "workload.max_tokens": 2200, "kv_capacity_tokens": 2000,
+               "systems": [{"name": "c", "scheduler": {"kind": "iteration_level", "max_batch_size": 1,
+                                                        "kv_reservation": "oracle"},
+                            "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}]}
+    runs = _both(changes, requests)
+    _assert_same(runs)
+    assert list(runs[0][1].rejected_ids) == [4]
+    assert len(runs[0][0].iterations_frame().query("replica == 0")) == 3
+
+
 @pytest.mark.parametrize("router", ["least_outstanding", "least_tokens", "least_kv", "power_of_two",
                                     "prefix_affinity"])
 @pytest.mark.filterwarnings("ignore:.*no replica keeps a prefix cache")
