@@ -280,8 +280,9 @@ class Fleet:
         """Run every replica to the end. Where the router reads nothing the replicas do
         and the arrivals do not depend on completions (`runs_apart`), the routing is fixed
         before the run, and each replica runs on its own with its arrivals in sight (the
-        same timestamps and rows, about a third faster: its jumps stop at its next arrival
-        instead of being cut there); `apart=False` keeps the one clock loop."""
+        same timestamps and rows, 1.2 to 1.3 times as fast at 16 paged replicas: its jumps
+        stop at its next arrival instead of being cut there); `apart=False` keeps the one
+        clock loop."""
         if apart and self.runs_apart():
             end_s = self._run_apart()
         else:

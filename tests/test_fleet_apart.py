@@ -39,8 +39,11 @@ ROOFLINE = {"cost": {"kind": "roofline", "overhead": {"per_iteration_s": 0.002, 
 def _requests(seed: int, n: int, rate_per_s: float) -> Requests:
     rng = np.random.default_rng(seed)
     arrival_s = np.sort(np.round(rng.uniform(0, n / rate_per_s, n), 2))  # ties too
-    return Requests(arrival_s, rng.integers(8, 64, n), rng.integers(1, 32, n), np.full(n, 96),
-                    session_ids=rng.integers(0, n // 4 + 1, n))
+    # About one in twenty can never fit the tests' 400 tokens of KV: turned away.
+    never_fits = rng.random(n) < 0.05
+    prompt_tokens = np.where(never_fits, 450, rng.integers(8, 64, n))
+    return Requests(arrival_s, prompt_tokens, rng.integers(1, 32, n),
+                    np.where(never_fits, 500, 96), session_ids=rng.integers(0, n // 4 + 1, n))
 
 
 def _both(scenario_changes: dict[str, Any], requests: Requests) -> list[tuple[Fleet, Any]]:
