@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from orcasim.metrics import offered_rps  # noqa: E402
 from orcasim.run import run_scenario  # noqa: E402
+from orcasim.scenario import load_scenario  # noqa: E402
 from orcasim.workload.traces import read_trace_with_content  # noqa: E402
 from scenarios.markdown import markdown_table, section, write_readme  # noqa: E402
 from tests.test_prefix_cache import _independent_mooncake_hits  # noqa: E402
@@ -188,7 +189,9 @@ def main() -> None:
         "",
         "### How much of it a GPU's pool keeps",
         "",
-        "Caching on, the KV pool's size swept (the deployment's own pool is about 0.42M tokens;",
+        "Caching on, the KV pool's size swept (the deployment's own pool is "
+        f"{load_scenario(HERE / 'mooncake.yaml').kv_capacity_tokens:,} tokens, derived from the "
+        "model and GPU;",
         "larger pools are what-ifs, as if the GPU had that much memory for KV, which also",
         "lets more requests run at once):",
         "",
