@@ -31,6 +31,7 @@ from orcasim.cost import (
     request_latency_s,
 )
 from orcasim.cost.catalog import (
+    NOT_SHAPE,
     HardwareConfig,
     ModelRef,
     ModelSpec,
@@ -104,10 +105,6 @@ def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
     })
 
 
-# A model's fields that name it and say where it comes from: not what sets it apart.
-MODEL_NOT_SHAPE = {"name", "source", "notes"}
-
-
 def cost_label(cfg: CostConfig) -> str:
     """The cost's kind and, in brackets, the settings given that are not the kind's defaults
     (an overhead block as `overhead`, its terms as `overhead.<term>`; a data file by its
@@ -129,7 +126,7 @@ def model_label(model: ModelSpec) -> str:
         changed = model.model_dump(exclude_defaults=True)
     else:
         return model.name
-    given = _settings({k: v for k, v in changed.items() if k not in MODEL_NOT_SHAPE}, set())
+    given = _settings({k: v for k, v in changed.items() if k not in NOT_SHAPE}, set())
     return f"{model.name} ({', '.join(given)})" if given else model.name
 
 

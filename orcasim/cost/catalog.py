@@ -496,7 +496,7 @@ def model_spec(name: str) -> ModelSpec:
 
 
 # What names a model and says where it comes from, not what it computes.
-_NOT_SHAPE = {"name", "source", "notes"}
+NOT_SHAPE = frozenset({"name", "source", "notes"})
 
 
 def is_model(name: str, model: ModelSpec) -> bool:
@@ -508,7 +508,7 @@ def is_model(name: str, model: ModelSpec) -> bool:
         return True
     if bare not in _catalog("models"):
         return False
-    return model_spec(bare).model_dump(exclude=_NOT_SHAPE) == model.model_dump(exclude=_NOT_SHAPE)
+    return model_spec(bare).model_dump(exclude=set(NOT_SHAPE)) == model.model_dump(exclude=set(NOT_SHAPE))
 
 
 def gpu_spec(name: str) -> GpuSpec:
