@@ -56,7 +56,11 @@ class GenericStepper:
             self.continuing = False
             continued = self.scheduler.continue_run()
             if continued is not None:  # the rest decodes on without a `schedule` call
-                return self._begin(now_s, *self._run_ends(now_s, continued), None, continued)
+                ends_s, outside = self._run_ends(now_s, continued)
+                # None priced (its first step too short: `runnable_steps`): `schedule`
+                # plans that step, as reference mode does (continue_run changed nothing).
+                if len(ends_s):
+                    return self._begin(now_s, ends_s, outside, None, continued)
         self.continuing = False
         plan = self.scheduler.schedule(now_s)
         if plan.pulled:  # KV pulled in from prefill instances: they free it as copies end
@@ -135,7 +139,7 @@ class GenericStepper:
         source = self.replica.source
         source.on_finished(first.finished_ids, float(ends_s[0]))  # empty unless n == 1
         source.on_finished(last.finished_ids, end_s)
-        self.continuing = n == len(ends_s)
+        self.continuing = n == run.num_steps + 1  # not cut (by a step priced too short either)
 
     def _finish_continued(self, unit: _Unit) -> None:
         run, n, ends_s = unit.run, unit.n, unit.ends_s
@@ -148,13 +152,14 @@ class GenericStepper:
         self.recorder.record_run(unit.start_s, ends_s[:n], run, waiting)
         self.recorder.record_result(result, end_s)
         self.replica.source.on_finished(result.finished_ids, end_s)
-        self.continuing = n == len(ends_s)
+        self.continuing = n == run.num_steps
 
     def _run_ends(
         self, now_s: float, run: DecodeRun, plan: SchedulerOutput | None = None
     ) -> tuple[np.ndarray, OutsideSteps | None]:
-        """End times of the plan's iteration (if any, index 0) and of each step of the run;
-        which steps the cost model counts outside its range once they have run."""
+        """End times of the plan's iteration (if any, index 0) and of each step of the run
+        the cost model priced (up to one too short: `runnable_steps`); which steps it counts
+        outside its range once they have run."""
         head = 1 if plan is None else 2
         ends_s = np.empty(run.num_steps + head)
         ends_s[0] = now_s
@@ -162,7 +167,10 @@ class GenericStepper:
             ends_s[1] = self._plan_time_s(plan)
         outside = None
         if run.num_steps:  # a zero-step run prices nothing
-            ends_s[head:], outside = self.cost.decode_steps_outside(run.context_tokens, run.num_steps)
+            steps_s, outside = self.cost.decode_steps_outside(run.context_tokens, run.num_steps)
+            if len(steps_s) < run.num_steps:
+                ends_s = ends_s[:head + len(steps_s)]
+            ends_s[head:] = steps_s
         # Running sums in order: the same float additions as one iteration at a time.
         return np.add.accumulate(ends_s)[1:], outside  # a new array: in place is slower
 

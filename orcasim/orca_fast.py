@@ -53,7 +53,8 @@ def decode_ends(
 
     Up to `num_steps` steps of `size` requests holding `context_total` context tokens at the
     first (`contexts()`: each one's, asked only when the cost has no line), stopping at the
-    first end at or after `cut_s`, where the generic stepper's `_jump_length` stops. Running
+    first end at or after `cut_s`, where the generic stepper's `_jump_length` stops, or
+    before a step the cost model prices too short (`runnable_steps`). Running
     sums in order from the last end (or `start_s`): the same additions as one iteration at
     a time, so a fused loop's ends are the generic loop's bits. Which of the steps the cost
     model counts outside its range once they have run (`CostModel.count_outside`).
@@ -177,8 +178,10 @@ class OrcaFusedStepper:
         scheduler = self.scheduler
         if (self._continuing and not self.replica.arrived and self.base
                 and not scheduler.num_waiting):
-            self._jump = self._continue_jump(now_s)
-            return self._jump.ends_s[-1]
+            jump = self._continue_jump(now_s)
+            if jump.ends_s:  # else its first step is priced too short: planned, as reference mode does
+                self._jump = jump
+                return jump.ends_s[-1]
         self._continuing = False
         newcomers = self._admit()
         if not scheduler.running:

@@ -516,7 +516,9 @@ class PagedFusedStepper:
                                    size, context_total, steps,
                                    lambda: np.array(base, dtype=np.int64) + g,
                                    lambda: replica.cut_s(start_s))
-        return unit
+        # None priced (the first step too short: `runnable_steps`): planned, as reference
+        # mode plans it; nothing here has changed the scheduler.
+        return unit if unit.ends_s else None
 
     def _finish_continued(self, unit: _Unit) -> None:
         s, ends_s = self.scheduler, unit.ends_s

@@ -367,7 +367,7 @@ def test_an_extrapolation_below_zero_is_refused_not_run_backwards() -> None:
         with pytest.raises(ScenarioError, match=r"profile.*mlp\.csv.*priced a batch of 1024 "
                                                 r"requests at -0\.01"):
             cost.iteration_time_s(Batch(decodes, np.full(1024, 4096)))
-        with pytest.raises(ScenarioError, match="priced a decode step of 1024 requests"):
+        with pytest.raises(ScenarioError, match=r"priced a batch of 1024 requests at -0\.0"):
             cost.decode_steps_s(np.full(1024, 4000), 97)
 
 

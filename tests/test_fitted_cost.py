@@ -616,7 +616,9 @@ def test_a_fitted_model_that_prices_no_time_is_refused_where_it_does(tmp_path: P
         with pytest.raises(ScenarioError, match=rf"^neg\.yaml: priced a batch of 1 requests at "
                                                 rf"{shown} s; expected >= 1e-09 s"):
             cost.iteration_time_s(batch([1], [10]))
-        with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests"):
+        # A decode step's batch, named as reference mode's `iteration_time_s` names it.
+        with pytest.raises(ScenarioError, match=rf"^neg\.yaml: priced a batch of 2 requests at "
+                                                rf"{shown} s"):
             cost.decode_steps_s(np.array([10, 20]), 3)
 
 
@@ -629,7 +631,7 @@ def test_a_distserve_profile_that_prices_no_time_is_refused(tmp_path: Path) -> N
     with pytest.raises(ScenarioError, match=r"^p\.json\[opt-13b, tp=1\]: priced a batch of 1 "
                                             r"requests at -0\.05 s"):
         cost.iteration_time_s(batch([4], [4]))
-    with pytest.raises(ScenarioError, match=r"priced a decode step of 1 requests at -0\.005 s"):
+    with pytest.raises(ScenarioError, match=r"priced a batch of 1 requests at -0\.005 s"):
         cost.decode_steps_s(np.array([10]), 2)
 
 
@@ -668,7 +670,7 @@ def test_a_launch_floor_lifts_a_fit_above_zero_and_host_work_does_not(tmp_path: 
     lifted = build_cost_model(FittedCostConfig(kind="fitted", path=str(path), overhead=host_only))
     with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a batch of 1 requests at 0 s"):
         lifted.iteration_time_s(batch([1], [10]))
-    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a decode step of 2 requests"):
+    with pytest.raises(ScenarioError, match=r"^neg\.yaml: priced a batch of 2 requests at 0 s"):
         lifted.decode_steps_s(np.array([10, 20]), 3)
 
 

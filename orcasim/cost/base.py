@@ -97,7 +97,8 @@ def split_stages(iteration_s: float, layers: Sequence[int], ends: StageEnds | No
 
 # No GPU step is faster: below it time barely moves (at t = 1e6 s a float cannot tell 1e-10 s
 # apart) and the clock would stand still. A model read from a file may price below it (a fit
-# with a negative coefficient, used beyond its data): `check_durations` refuses that.
+# with a negative coefficient, used beyond its data): `check_durations` refuses that, and a
+# decode run priced ahead stops before such a step (`runnable_steps`).
 MIN_ITERATION_S = 1e-9
 
 
@@ -114,6 +115,20 @@ def check_durations(durations_s: np.ndarray | float, source: str | None, what: s
         raise ScenarioError(
             f"{source}: priced {what} at {shortest_s:g} s; expected >= {MIN_ITERATION_S:g} s "
             "(its coefficients give no time, or less, to a batch it is asked to price)")
+
+
+def runnable_steps(durations_s: np.ndarray, source: str | None) -> np.ndarray:
+    """A decode run priced ahead (`CostModel.decode_steps_outside`), up to its first step
+    under MIN_ITERATION_S (or NaN) where the model is checked (`source`; None: all of it).
+
+    Not refused here: a fast stepper prices up to the run's natural end, beyond where an
+    arrival will cut it, and a fit with a negative coefficient may price a step there that
+    reference mode never runs. The run stops before that step, and the stepper plans it
+    again (`schedule`), as reference mode does, whose `iteration_time_s` refuses it if it
+    runs. Cut there, the ends left rise, as every search over them (bisect) needs."""
+    if source is None or not len(durations_s) or durations_s.min() >= MIN_ITERATION_S:
+        return durations_s  # the usual case: one reduction, as the check was
+    return durations_s[:int(np.argmin(durations_s >= MIN_ITERATION_S))]  # the first short one
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +173,13 @@ class OutOfRangeCounter:
 
 def counted_decode_steps_s(cost: CostModel, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
     """`decode_steps_s` of a model that says which steps are outside its range
-    (`CostModel.decode_steps_outside`): every step priced runs, so every one is counted."""
+    (`CostModel.decode_steps_outside`): every step priced runs, so every one is counted,
+    and one priced too short is refused as `iteration_time_s` refuses its batch."""
     times_s, outside = cost.decode_steps_outside(context_tokens, num_steps)
+    if len(times_s) < num_steps:  # step len(times_s) is too short (`runnable_steps`)
+        cost.iteration_time_s(Batch(np.ones_like(context_tokens), context_tokens + len(times_s)))
+        raise AssertionError(f"{type(cost).__name__} priced decode step {len(times_s)} under "
+                             f"{MIN_ITERATION_S:g} s but not the same batch alone")
     if outside is not None:
         cost.count_outside(outside, num_steps)
     return times_s
@@ -184,9 +204,10 @@ class DecodeLine(NamedTuple):
 class CostModel(ABC):
     """Maps a batch to the wall time of one iteration, in seconds."""
 
-    # A model read from a file (fitted, DistServe's) may price below MIN_ITERATION_S: it
-    # checks what it prices (`check_durations`) under this name. Under an engine overhead,
-    # `build_cost_model` moves the check to the overhead, which checks the floored GPU part.
+    # A model read from a file (fitted, DistServe's, a profile's tables) may price below
+    # MIN_ITERATION_S: it checks what it prices (`check_durations`, `runnable_steps`) under
+    # this name. Under an engine overhead, `build_cost_model` moves the check to the
+    # overhead, which checks the floored GPU part.
     checked_source: str | None = None
 
     @abstractmethod
@@ -225,7 +246,9 @@ class CostModel(ABC):
         """`decode_steps_s`'s durations, counting none of the steps outside the model's range
         but saying which they are (None: the model counts nothing). A fast stepper prices a
         run ahead and cuts it; it counts (`count_outside`) only the steps that ran, so that
-        `out_of_range_count` and the warnings are reference mode's."""
+        `out_of_range_count` and the warnings are reference mode's. A model that checks its
+        prices (`checked_source`) gives the steps before the first too short, maybe fewer
+        than `num_steps` (`runnable_steps`): the stepper runs no further."""
         return self.decode_steps_s(context_tokens, num_steps), None
 
     def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:

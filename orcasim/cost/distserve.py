@@ -43,6 +43,7 @@ from orcasim.cost.base import (
     OutsideSteps,
     check_durations,
     counted_decode_steps_s,
+    runnable_steps,
 )
 from orcasim.paths import read_json
 
@@ -149,8 +150,7 @@ class DistServeCost(CostModel):
         context_sums = context_tokens.sum() + size * np.arange(num_steps, dtype=np.int64)
         over = context_sums > self.kv_capacity_tokens
         a_d, b_d, c_d = self._decode_coef(size)
-        times_s = (a_d + (b_d * context_sums + c_d * size)) * MS
-        check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
+        times_s = runnable_steps((a_d + (b_d * context_sums + c_d * size)) * MS, self.checked_source)
         return times_s, OutsideSteps(over, {f"a decode step of {size} requests": over})
 
     def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:

@@ -44,6 +44,7 @@ from orcasim.cost.base import (
     OutsideSteps,
     check_durations,
     counted_decode_steps_s,
+    runnable_steps,
 )
 from orcasim.cost.catalog import is_model
 from orcasim.cost.distserve import DistServeCost
@@ -171,8 +172,8 @@ class FittedCost(CostModel):
                   "num_requests": np.full(num_steps, float(size)),
                   "sum_context_decode": context_sums.astype(np.float64),
                   "sum_prefill_sq": np.zeros(num_steps)}
-        times_s = self._predict(design_matrix(inputs, self.knots_tokens))
-        check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
+        times_s = runnable_steps(self._predict(design_matrix(inputs, self.knots_tokens)),
+                                 self.checked_source)
         return times_s, OutsideSteps(~fits, {f"a decode step of {size} requests": ~fits})
 
     def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:

@@ -62,6 +62,7 @@ from orcasim.cost.base import (
     StageEnds,
     check_durations,
     counted_decode_steps_s,
+    runnable_steps,
     split_stages,
 )
 
@@ -222,8 +223,7 @@ class OverheadCost(CostModel):
             gpu_s = np.maximum(gpu_s, self.floor_s)
         else:
             gpu_s = np.array([self.staged_gpu_s(float(g), ends) for g in gpu_s])
-        if self.checked_source is not None:
-            check_durations(gpu_s, self.checked_source, f"a decode step of {len(context_tokens)} requests")
+        gpu_s = runnable_steps(gpu_s, self.checked_source)
         return gpu_s + self.host_s(len(context_tokens), 0), outside
 
     def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:

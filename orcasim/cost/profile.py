@@ -33,6 +33,7 @@ from orcasim.cost.base import (
     StageEnds,
     check_durations,
     counted_decode_steps_s,
+    runnable_steps,
 )
 from orcasim.cost.catalog import Deployment, ModelSpec, known_names
 from orcasim.cost.flops import lm_head_op
@@ -267,8 +268,7 @@ class ProfileCost(CostModel):
                    for name, masks in self._deferred.items()}
         finally:
             self._deferred = None
-        times_s = fixed + attention
-        check_durations(times_s, self.checked_source, f"a decode step of {size} requests")
+        times_s = runnable_steps(fixed + attention, self.checked_source)
         return times_s, OutsideSteps(out_a | bool(out_f), why)
 
     def count_outside(self, outside: OutsideSteps, num_steps: int) -> None:
