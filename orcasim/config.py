@@ -505,3 +505,33 @@ def check_arrival_times(times_s: np.ndarray, key: str, value: float) -> None:
         raise ScenarioError(f"workload.arrival.{key} = {value:g}: the arrival times reach "
                             f"{float(times_s.max()):.3g} s, beyond {MAX_TIME_S:g} s, where float "
                             f"timestamps lose precision; expected {expected}")
+
+
+def kind_form(root: type[BaseModel], parts: Sequence[str | int], kind: object) -> type[Strict] | None:
+    """The form of kind `kind` of the tagged union at the dotted path `parts` (a
+    `parse_dotted` list, less its `kind`) below `root`; None where the path reaches no such
+    union (or no form of that kind)."""
+    annotations: list[Any] = [root]
+    for part in parts:
+        inner = [a for ann in annotations for a in _inner_types(ann)]
+        if isinstance(part, int):
+            annotations = [item for a in inner if (item := _list_item_type(a)) is not None]
+        else:
+            annotations = [c.model_fields[part].annotation for c in inner
+                           if isinstance(c, type) and issubclass(c, BaseModel) and part in c.model_fields]
+    for annotation in annotations:
+        for forms in _tagged_unions(annotation):
+            found = [f for f in forms if _kind_of(f) == kind]
+            if found:
+                return found[0]
+    return None
+
+
+def _inner_types(annotation: Any) -> list[Any]:
+    """A type with its Optional, Union and Annotated wrappers taken off, as a list of forms."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _inner_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(annotation) for t in _inner_types(a)]
+    return [annotation]

@@ -10,7 +10,7 @@ import copy
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -34,6 +34,7 @@ from orcasim.config import (
     errors_under,
     first_repeat,
     format_validation_error,
+    kind_form,
 )
 from orcasim.cost import CostConfig, Deployment
 from orcasim.cost.catalog import (
@@ -639,10 +640,24 @@ def _validated(data: dict[str, Any], base: dict[str, Any], path: Path,
         # The file is right without them: a mistyped --set key must not read as the file's.
         # Validating again raises the same error, under that name.
         keys = [overrides_key] * len(overrides) if isinstance(overrides_key, str) else overrides_key
+        _refuse_kind_change(data, base, path, list(zip(keys, overrides, strict=True)))
         culprits = _culprits(base, overrides)
         given = " ".join(f"{key} {item}" for key, item in zip(keys, overrides, strict=True)
                          if item in culprits)
         return scenario_from_dict(data, f"{path} with {given}")
+
+
+def _refuse_kind_change(data: dict[str, Any], base: dict[str, Any], path: Path,
+                        given: list[tuple[str, str]]) -> None:
+    """An override of a block's `kind` that leaves it keys of its old kind only: said as
+    such, with the way to change a kind (setting the whole block)."""
+    paths = {item.split("=", 1)[0].strip(): (key, item) for key, item in given}
+    problem = kind_change_problem(base, data, paths)
+    if problem:
+        key, item = paths[problem[0]]
+        owner, new = problem[0].removesuffix(".kind"), get_dotted(data, problem[0])
+        raise ScenarioError(f"{path} with {key} {item}: {problem[1]}; to change a block's "
+                            f"kind, set the whole block, e.g. {key} '{owner}={{kind: {new}, ...}}'")
 
 
 def _culprits(base: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> list[str]:
@@ -772,6 +787,7 @@ def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, 
     keys the user wrote, no defaults), as `--set ....kind=` on the file would: the dump's
     defaults are the old kind's (a request-level scheduler's `max_queue_delay_s` is no
     iteration-level key). Kinds first, so that a reset keeps no swept key."""
+    before = copy.deepcopy(data)
     for path, value in params.items():
         owner, _, key = path.rpartition(".")
         if key == "kind" and owner and get_dotted(data, path) != value:
@@ -781,6 +797,34 @@ def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, 
                 set_dotted(data, owner, copy.deepcopy(get_dotted(given, owner) or {}))
     for path, value in params.items():
         set_dotted(data, path, value)
+    problem = kind_change_problem(before, data, params)
+    if problem:
+        raise ScenarioError(f"{problem[1]}; a grid cannot drop a key: leave it out of the base "
+                            "scenario, or compare the kinds as two systems")
+
+
+def kind_change_problem(before: dict[str, Any], after: dict[str, Any],
+                        paths: Iterable[str]) -> tuple[str, str] | None:
+    """Where one of `paths` changes a block's `kind` (from `before` to `after`) and the block
+    keeps keys the new kind does not take (`max_num_seqs` of a paged scheduler set to
+    iteration_level, a linear cost's `base_s` set to roofline), what to say: pydantic's own
+    'unknown key ... did you mean max_batch_size?' read as if the user had written the key
+    for the new kind, and named no way to drop it. Returns the path and the problem."""
+    for path in paths:
+        parts = parse_dotted(path)
+        block, new = _node_at(after, parts[:-1]), get_dotted(after, path)
+        old = get_dotted(before, path)
+        if parts[-1] != "kind" or not isinstance(block, dict) or old in (None, new):
+            continue
+        form = kind_form(Scenario, parts[:-1], new)
+        stale = [f"{key} = {value!r}" for key, value in block.items()
+                 if form is not None and key not in form.model_fields]
+        if stale:
+            owner = path.removesuffix(".kind")
+            keys = "is no key" if len(stale) == 1 else "are no keys"
+            return path, (f"{owner}: {', '.join(stale)} (given for kind {old!r}) {keys} of "
+                          f"kind {new!r}, and changing the kind keeps them")
+    return None
 
 
 def get_dotted(data: Any, path: str) -> Any:

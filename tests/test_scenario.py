@@ -334,3 +334,25 @@ def test_a_memory_share_beside_a_given_kv_capacity_warns_that_it_is_not_used() -
         warnings.simplefilter("error")
         load_scenario(base, ["hardware.gpu_memory_utilization=0.9"])  # the default: a dump's
         load_scenario(base, ["kv_capacity_tokens=null", "hardware.gpu_memory_utilization=0.5"])
+
+
+def test_a_set_kind_that_keeps_a_key_of_the_old_kind_says_so(tmp_path: Path) -> None:
+    """`--set systems[0].scheduler.kind=iteration_level` on a paged scheduler with
+    `max_num_seqs` read 'unknown key max_num_seqs for kind iteration_level ...; did you mean
+    max_batch_size?': adding max_batch_size does not help, since --set cannot drop a key. It
+    names the old kind and the way that works, setting the whole block."""
+    path = tmp_path / "paged.yaml"
+    path.write_text("name: p\nworkload: {num_requests: 5, arrival: {kind: poisson, rate_per_s: 1}, "
+                    "prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant, "
+                    "value: 4}, max_tokens: 12}\ncost: {kind: linear, base_s: 0.01}\nkv_capacity_tokens: 1000\n"
+                    "systems: [{name: a, scheduler: {kind: paged, max_num_seqs: 8}}]\n")
+    item = "systems[0].scheduler.kind=iteration_level"
+    with pytest.raises(ScenarioError, match=(
+            rf"^{path} with --set systems\[0\].scheduler.kind=iteration_level: systems\[0\]"
+            r".scheduler: max_num_seqs = 8 \(given for kind 'paged'\) is no key of kind "
+            r"'iteration_level', and changing the kind keeps them; to change a block's kind, set "
+            r"the whole block, e.g. --set 'systems\[0\].scheduler=\{kind: iteration_level, ...\}'$")):
+        load_scenario(path, [item])
+    whole = "systems[0].scheduler={kind: iteration_level, max_batch_size: 8}"
+    assert load_scenario(path, [item, whole]).systems[0].scheduler.kind == "iteration_level"
+    assert load_scenario(path, ["systems[0].scheduler.kind=chunked"]).systems[0].scheduler.kind == "chunked"

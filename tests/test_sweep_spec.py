@@ -180,6 +180,25 @@ parameters:
         "request_level", 16)
 
 
+def test_a_kind_change_that_keeps_a_key_of_the_old_kind_says_so(tmp_path: Path) -> None:
+    """A grid over a kind whose base block gives a key of the old kind only (iteration_level's
+    `max_batch_size` under paged, linear's `base_s` under roofline) read 'unknown key
+    max_batch_size for kind paged; did you mean max_num_seqs?', as if the user had written
+    it for paged; it names the old kind and what to do, since a grid cannot drop a key."""
+    path = write_sweep(tmp_path, "parameters:\n  systems[1].scheduler.kind: [iteration_level, paged]")
+    with pytest.raises(ScenarioError, match=(
+            r"^point p0001-r00 \(systems\[1\].scheduler.kind=paged\): systems\[1\].scheduler: "
+            r"max_batch_size = 4 \(given for kind 'iteration_level'\) is no key of kind 'paged', "
+            r"and changing the kind keeps them; a grid cannot drop a key: leave it out of the "
+            r"base scenario, or compare the kinds as two systems$")):
+        load_sweep(path).tasks()[1].scenario()
+    costs = write_sweep(tmp_path, "parameters:\n  cost.kind: [linear, roofline]", name="costs")
+    with pytest.raises(ScenarioError, match=r"cost: base_s = 0.01, per_token_s = 2e-05, "
+                       r"per_context_token_s = 1e-07 \(given for kind 'linear'\) are no keys of "
+                       r"kind 'roofline'"):
+        load_sweep(costs).tasks()[1].scenario()
+
+
 def test_a_set_on_a_swept_key_is_refused_not_dropped(tmp_path: Path) -> None:
     """--set workload.arrival.rate_per_s=9 on a sweep over that rate ran the grid's rates
     without a word, and validate said ok (a tester's finding); so did the file's own set:."""
