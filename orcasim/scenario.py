@@ -710,6 +710,7 @@ def parse_dotted(path: str) -> list[str | int]:
 def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
     """Set a value at a dotted path, creating mappings on the way; errors name the path."""
     parts = parse_dotted(path)
+    _refuse_groups_to_a_count(data, parts, path, value)
     _seed_inherited(data, parts, value)
     node: Any = data
     for part in parts[:-1]:
@@ -723,6 +724,23 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
         node[last] = value
     else:
         raise _not_a_mapping(node, last, path)
+
+
+def _refuse_groups_to_a_count(data: dict[str, Any], parts: list[str | int], path: str,
+                              value: Any) -> None:
+    """A count set over a cluster's list of groups would run that many of the system's own
+    replica, dropping what each group gives (its scheduler, hardware, cost): a sweep over
+    `replicas: [4, 8]` of a mixed fleet ran plain fleets without a word."""
+    groups = _node_at(data, parts)
+    if parts[-2:] != ["cluster", "replicas"] or not isinstance(groups, list) or \
+            not isinstance(value, int) or isinstance(value, bool):
+        return
+    total = sum(g.get("count", 1) if isinstance(g, dict) else 1 for g in groups)
+    named = f"{len(groups)} groups" if len(groups) > 1 else "group"
+    raise ScenarioError(f"override '{path}': {value} would replace its {named} "
+                        f"({total} replicas) with {value} of the system's own replica, dropping "
+                        f"what each group gives; expected a group's count, e.g. "
+                        f"{path}[0].count={value}, or a whole list, e.g. {path}=[{{count: {value}}}]")
 
 
 # Where a cluster's group or pool (or a system) runs a block it does not give, whose it is:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from orcasim.config import ScenarioError
 from orcasim.scenario import load_scenario
 from orcasim.sweeps import make_sweep
 
@@ -64,3 +67,24 @@ def test_a_set_into_a_pools_inherited_scheduler_starts_from_the_systems(tmp_path
     decode = scenario.systems[1].cluster.decode.scheduler
     assert (decode.kind, decode.max_num_seqs, decode.max_num_batched_tokens) == ("paged", 4, 512)
     assert scenario.systems[0].cluster.groups()[0].scheduler.max_num_seqs == 8
+
+
+def test_a_count_over_a_list_of_groups_is_refused(tmp_path: Path) -> None:
+    """`cluster.replicas` set to a count where the file gives groups ran that many of the
+    system's own replica: a grid over `replicas: [4, 8]` of a mixed fleet ran plain paged
+    fleets, its chunked group gone, without a word. It names the key and the two ways that
+    keep or replace the groups on purpose, as --set, a sweep's set: and its grid alike."""
+    expected = (r"systems\[0\].cluster.replicas: 4 would replace its 2 groups \(2 replicas\) "
+                r"with 4 of the system's own replica, dropping what each group gives; expected a "
+                r"group's count, e.g. systems\[0\].cluster.replicas\[0\].count=4, or a whole list, "
+                r"e.g. systems\[0\].cluster.replicas=\[\{count: 4\}\]$")
+    with pytest.raises(ScenarioError, match=rf"^point p0000-r00 \(systems\[0\].cluster.replicas=4\): "
+                       rf"{expected}"):
+        make_sweep(_fleet(tmp_path), {"systems[0].cluster.replicas": [4]}).tasks()[0].scenario()
+    with pytest.raises(ScenarioError, match=r"^override "
+                       r"'systems\[0\].cluster.replicas': 4 would replace its 2 groups"):
+        load_scenario(_fleet(tmp_path), ["systems[0].cluster.replicas=4"])
+    kept = load_scenario(_fleet(tmp_path), ["systems[0].cluster.replicas[1].count=3"])
+    assert [g.count for g in kept.systems[0].cluster.groups()] == [1, 3]
+    whole = load_scenario(_fleet(tmp_path), ["systems[0].cluster.replicas=[{count: 4}]"])
+    assert [g.count for g in whole.systems[0].cluster.groups()] == [4]
