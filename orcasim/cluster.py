@@ -171,6 +171,23 @@ class LinkConfig(Strict):
         return LINKS[self.kind][0]
 
 
+    def unused_kind(self, gpus: Sequence[GpuSpec] = ()) -> str | None:
+        """What a `kind` other than the default no longer sets where `bandwidth_bytes_per_s`
+        is given (a sweep over nvlink and infiniband with a bandwidth ran identical points:
+        their presets differ only in bandwidth), or None. The default `nvlink` is not said:
+        a saved scenario's dump writes it whether given or not."""
+        if self.kind == "nvlink" or self.bandwidth_bytes_per_s is None:
+            return None
+        preset = LinkConfig(kind=self.kind)
+        given = f"bandwidth_bytes_per_s = {self.bandwidth_bytes_per_s:g} is given"
+        if self.latency_s is not None:
+            return (f"cluster.link.kind = {self.kind!r} is not used: {given}, and latency_s = "
+                    f"{self.latency_s:g}; expected the kind left out")
+        return (f"cluster.link.kind = {self.kind!r} sets only the latency ({LINKS[self.kind][1]:g} "
+                f"s): {given}, in place of the kind's {preset.one_way_bytes_per_s(gpus):g} B/s; "
+                "expected one of the two (or latency_s with the bandwidth, the kind left out)")
+
+
 class PoolConfig(ReplicaGroup):
     """One pool of a disaggregated cluster: `count` instances and the router into them."""
 

@@ -511,6 +511,9 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
         warnings.warn(f"system {system.name}: cluster.link's bandwidth is not used: without a "
                       "model a transfer moves no bytes and takes the link's latency alone; "
                       "give `model` to size the KV", UserWarning, stacklevel=2)
+    unused = cluster.link.unused_kind(gpus) if kv_bytes_per_token else None
+    if unused:
+        warnings.warn(f"system {system.name}: {unused}", UserWarning, stacklevel=2)
     prompt = requests.prompt_tokens
 
     def transfer_s(req_id: int) -> float:

@@ -4,6 +4,7 @@ fast against reference mode, and nothing lost."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -677,6 +678,35 @@ def test_an_infiniband_moves_kv_at_the_nodes_own_network_speed(
     reqs = run_scenario(_scenario(changes)).systems["pd"].requests
     expected_s = 5e-6 + 1000 * 524_288 / one_way_bytes_per_s
     assert reqs["kv_transfer_s"][0] == pytest.approx(expected_s, rel=1e-12)
+
+
+@pytest.mark.parametrize(("link", "said"), [
+    ({"kind": "infiniband", "bandwidth_bytes_per_s": 1e9},
+     r"cluster.link.kind = 'infiniband' sets only the latency \(5e-06 s\): bandwidth_bytes_per_s = "
+     r"1e\+09 is given, in place of the kind's 5e\+10 B/s; expected one of the two \(or latency_s "
+     r"with the bandwidth, the kind left out\)$"),
+    ({"kind": "ethernet", "bandwidth_bytes_per_s": 1e9, "latency_s": 5e-6},
+     r"cluster.link.kind = 'ethernet' is not used: bandwidth_bytes_per_s = 1e\+09 is given, and "
+     r"latency_s = 5e-06; expected the kind left out$"),
+])
+def test_a_link_kind_whose_bandwidth_is_given_is_warned_of(tmp_path, link: dict, said: str) -> None:  # noqa: ANN001
+    """A bandwidth given replaces the kind's preset: nvlink and infiniband differ only there
+    (both 5 us), so changing one to the other beside a bandwidth changed nothing, without a
+    word (disagg_vs_colocated.yaml, 200 requests, 1e10 B/s: kv_transfer_s_mean 0.06729 under
+    both, ethernet 0.067323). The transfer is the bandwidth's and the latency's all the same."""
+    pool = {"kv_capacity_tokens": 4000, "hardware": {"gpu": "h100-80gb"}}
+    changes = _disagg(_trace(tmp_path, [(0.0, 1000, 3)]), prefill=pool, decode=pool, link=link)
+    changes.update({"model": "llama2-7b", "workload.max_tokens": 2048})
+    with pytest.warns(UserWarning, match=rf"^system pd: {said}") as caught:
+        reqs = run_scenario(_scenario(changes)).systems["pd"].requests
+    assert len([w for w in caught if "cluster.link.kind" in str(w.message)]) == 1
+    assert reqs["kv_transfer_s"][0] == pytest.approx(5e-6 + 1000 * 524_288 / 1e9, rel=1e-12)
+    for quiet in ({"bandwidth_bytes_per_s": 1e9, "latency_s": 5e-6}, {"kind": "ethernet", "latency_s": 1e-3},
+                  {"kind": "nvlink", "bandwidth_bytes_per_s": 1e9}):
+        changes["systems"][0]["cluster"]["link"] = quiet
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*cluster.link.kind")
+            run_scenario(_scenario(changes))
 
 
 @pytest.mark.parametrize("mode", ["fast", "reference"])
