@@ -50,7 +50,7 @@ from orcasim.session_metrics import (
 from orcasim.sessions import SessionSource
 from orcasim.slo import held_by_share, slo_summary
 from orcasim.sources import ArrivalSource
-from orcasim.warmup import measured_iterations, measured_requests
+from orcasim.warmup import closed_loop_start_text, measured_iterations, measured_requests
 from orcasim.workload import generate_requests
 
 
@@ -217,7 +217,12 @@ def warn_turned_away_sessions(system_name: str, sessions: pd.DataFrame, warmup_s
 
 def check_warmup(scenario: Scenario, requests: Requests) -> None:
     """A warm-up past the last arrival measures nothing: refused before any work where the
-    arrivals are known in advance (not a closed loop's or sessions', which a run makes)."""
+    arrivals are known in advance (not a closed loop's or sessions', which a run makes). A
+    closed loop measured from its start, whose first sends lift the throughput, is warned of."""
+    if requests.clients is not None:
+        said = closed_loop_start_text(requests.clients.num_clients, len(requests), scenario.warmup_s)
+        if said:
+            warnings.warn(said, UserWarning, stacklevel=2)
     if requests.clients is not None or requests.sessions is not None or not len(requests):
         return
     last_s = float(np.max(requests.arrival_s))
