@@ -95,6 +95,24 @@ def _threads(text: str) -> int:
     return value
 
 
+def _repeats(text: str) -> int:
+    """Timings of each shape, whose median is kept: 1 to MAX_REPEATS (1e12 ran on without a
+    row, for ever; 1e23 read 'expected an integer >= 1')."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer from 1 to {MAX_REPEATS}")
+    return value
+
+
+# Far past what a median needs: the default 20 timed every shape of tiny in 240 s on a
+# shared 2-core machine (python -m calibrate kernels --model tiny --device cpu), so 10,000
+# would take about 33 hours there.
+MAX_REPEATS = 10_000
+
+
 def _above_zero(text: str) -> float:
     try:
         value = float(text)
@@ -171,7 +189,8 @@ def parser() -> argparse.ArgumentParser:
     kern.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     kern.add_argument("--layers", type=_at_least_one, default=8,
                       help="weight copies run in turn, so that none is read from L2")
-    kern.add_argument("--repeats", type=_at_least_one, default=20)
+    kern.add_argument("--repeats", type=_repeats, default=20,
+                      help=f"timings of each shape, whose median is kept (1 to {MAX_REPEATS})")
     kern.add_argument("--max-tokens", type=_at_least_one, default=8192,
                       help="largest token count (and prompt) timed")
     kern.add_argument("--eager", action="store_true",
@@ -288,7 +307,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
 
 
 def cmd_kernels(args: argparse.Namespace) -> None:
-    from calibrate.layer_ops import check_degree, measure
+    from calibrate.layer_ops import check_degree, check_layers, device_memory_bytes, measure
     from calibrate.model import model_args
     from orcasim.results import write_file_atomically
 
@@ -298,6 +317,8 @@ def cmd_kernels(args: argparse.Namespace) -> None:
     _writable(args.out, args.force, "kernel timings CSV")
     if args.device == "cuda":
         _setup_torch(args)
+    check_layers(args.model, args.tensor_parallel, args.layers, args.device,
+                 device_memory_bytes(args.device))
     rows = measure(args.model, args.tensor_parallel, args.device, args.layers, args.repeats,
                    args.max_tokens, args.eager)
     write_file_atomically(args.out, lambda tmp: tmp.write_text("\n".join(rows) + "\n"),

@@ -22,6 +22,7 @@ CUDA graphs runs them; wall time on CPU.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -132,11 +133,39 @@ def attention_fn(shape: ModelArgs, tp: int, n: int, queries: int, context: int, 
                                                   enable_gqa=kv_heads != heads)
 
 
+def dtype_on(device: str) -> torch.dtype:
+    """What the kernels are timed in: bf16 on CUDA, as engines serve; fp32 on the CPU."""
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def check_layers(model: str, tensor_parallel: list[int], layers: int, device: str,
+                 memory_bytes: int) -> None:
+    """`layers` copies of one rank's layer weights (the widest degree's) must fit in the
+    device's `memory_bytes`: 1e9 copies of tiny's allocated for 42 s, then a RuntimeError's
+    traceback under a 3 GB cap, and without one took the machine's memory. The activations
+    need room besides, so a count near the bound can still run out."""
+    itemsize = torch.empty((), dtype=dtype_on(device)).element_size()
+    tp = min(tensor_parallel)
+    copy_bytes = itemsize * sum(a * b for a, b in shard_shapes(SHAPES[model], tp).values())
+    most = memory_bytes // copy_bytes
+    if layers > most:
+        raise ScenarioError(f"--layers {layers}: copies of {model}'s layer at TP {tp} take "
+                            f"{copy_bytes / 2**20:.4g} MiB each; expected at most {most}, what "
+                            f"this {device} device's {memory_bytes / 2**30:.4g} GiB holds")
+
+
+def device_memory_bytes(device: str) -> int:
+    """The memory the weight copies live in: the GPU's, or the machine's on the CPU."""
+    if device == "cuda":
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def measure(model: str, tensor_parallel: list[int], device: str, layers: int, repeats: int,
             max_tokens: int, eager: bool) -> list[str]:
     """The CSV's lines (header first) for `model` at each TP degree."""
     shape = SHAPES[model]
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = dtype_on(device)
     rows = [HEADER]
     gen = torch.Generator(device=device).manual_seed(SEED)
     with torch.inference_mode():

@@ -61,6 +61,14 @@ def test_a_shard_holds_its_share_of_the_weights() -> None:
     (["--tensor-parallel", "0"], "argument --tensor-parallel: '0': expected an integer >= 1"),
     (["--model", "gpt5"], "--model = 'gpt5': expected one of"),
     (["--layers", "0"], "argument --layers: '0': expected an integer >= 1"),
+    # 1e9 copies of tiny's 3 MiB layer allocated for 42 s before a traceback (under a 3 GB
+    # cap; without one they take the machine's memory); 1e12 repeats ran for ever.
+    (["--layers", "1000000000"], "--layers 1000000000: copies of tiny's layer at TP 1 take 3 MiB "
+                                 "each; expected at most "),
+    (["--repeats", "1000000000000"], "argument --repeats: '1000000000000': expected an integer "
+                                     "from 1 to 10000"),
+    (["--repeats", "1e23"], "argument --repeats: '1e23': expected an integer from 1 to 10000"),
+    (["--repeats", "0"], "argument --repeats: '0': expected an integer from 1 to 10000"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                args: list[str], message: str) -> None:
