@@ -5,12 +5,14 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from orcasim.config import ScenarioError
+from orcasim.metrics import SERVED_FILL_QUANTILE, served_rps
 from orcasim.run import run_scenario
-from orcasim.scenario import Scenario
+from orcasim.scenario import Scenario, load_scenario
 from orcasim.sweeps import run_scenario_sweep, scenario_sweep, throughput_under_bound
 from orcasim.sweeps.table import SUSTAIN_FRACTION
 from tests.conftest import make_scenario
@@ -218,3 +220,42 @@ def test_every_request_sent_at_once_offers_no_rate_and_keeps_up() -> None:
                           "normalized_latency_s_per_token_p50": [0.1, 0.1],
                           "offered_rps": [3.0, float("nan")]})
     assert throughput_under_bound(frame, 0.2)["a"] == 5.0
+
+
+def test_the_keeps_up_test_reads_completions_while_requests_arrive() -> None:
+    """By hand, 100 requests at 1 req/s. A server that keeps up, each request 30 s: the
+    throughput's window runs to the last finish, 100 / 129 s, 0.78 of the load, and the row
+    failed; its completions from 30 s (the p90 latency) to the last arrival, 70 in 69 s,
+    read the load. A server of 0.8 req/s, busy from the first arrival on, reads its own rate."""
+    arrival_s = np.arange(100.0)
+    kept = arrival_s + 30.0
+    assert served_rps(arrival_s, kept) == pytest.approx(70 / 69)
+    behind = 1.0 + 1.25 * arrival_s  # request k done at 1 + k / 0.8
+    start_s = float(np.quantile(behind - arrival_s, SERVED_FILL_QUANTILE))
+    in_window = np.count_nonzero((behind >= start_s) & (behind <= 99.0))
+    assert served_rps(arrival_s, behind) == pytest.approx(in_window / (99.0 - start_s))
+    assert 0.78 < served_rps(arrival_s, behind) < 0.82
+    assert np.isnan(served_rps(arrival_s, arrival_s + 200.0))  # no longer than its latency
+    frame = pd.DataFrame({"system": ["kept", "behind", "short"], "offered_rps": 1.0,
+                          "throughput_rps": [100 / 129, 100 / 124.75, 100 / 299],
+                          "served_rps": [70 / 69, served_rps(arrival_s, behind), np.nan],
+                          "normalized_latency_s_per_token_p50": 0.1})
+    best = throughput_under_bound(frame, 1.0)
+    assert best["kept"] == 100 / 129 and best.drop("kept").isna().all()
+    assert throughput_under_bound(frame.drop(columns="served_rps"), 1.0).isna().all()  # as before
+
+
+def test_a_short_run_of_a_fleet_that_keeps_up_keeps_up(tmp_path: Path) -> None:
+    """8 paged replicas of routers.yaml (about 49 req/s in all) over 400 requests at 22
+    req/s, not saturated: throughput 0.62 of the load (a drain of 8 s after 18 s of
+    arrivals), so the keeps-up test dropped the row; its served rate reads the load."""
+    scenario = load_scenario(Path(__file__).parents[1] / "scenarios/cluster/routers.yaml", [
+        "workload.num_requests=400", "warmup_s=0", "workload.arrival.rate_per_s=22",
+        "systems=[{name: rr, scheduler: {kind: paged, max_num_seqs: 64, max_num_batched_tokens: "
+        "4096}, cluster: {replicas: 8, router: {kind: round_robin}}}]",
+        "sweep={parameter: workload.arrival.rate_per_s, values: [22]}"])
+    frame = run_scenario_sweep(scenario, Path.cwd())
+    row = frame.iloc[0]
+    assert row["saturated"] == 0 and row["throughput_rps"] < 0.7 * row["offered_rps"]
+    assert row["served_rps"] == pytest.approx(row["offered_rps"], rel=0.1)
+    assert throughput_under_bound(frame, float("inf"))["rr"] == row["throughput_rps"]

@@ -11,6 +11,7 @@ from orcasim.columns import param_columns
 from orcasim.sweeps.task import Outcome
 
 THROUGHPUT = "throughput_rps"
+SERVED = "served_rps"  # orcasim.metrics.served_rps: what the keeps-up test compares
 MEDIAN_LATENCY = "normalized_latency_s_per_token_p50"
 SUSTAIN_FRACTION = 0.9  # a system sustains a load when it completes at least 90% of its rate
 
@@ -34,16 +35,19 @@ def throughput_under_bound(
     """Per system, the highest throughput it sustains with median normalized latency within the bound.
 
     A row counts when its median meets the bound and the system keeps up with the load
-    (throughput >= sustain_fraction x the realised arrival rate, `offered_rps`): a finite
-    run of an overloaded system can keep a low median for a while, but it does not sustain
-    that load. A measured row, not an interpolation: the sweep's grid sets the resolution
-    (with replications, each one counts on its own). NaN when no row qualifies.
+    (its completions while requests arrive, `served_rps`, at least sustain_fraction x the
+    realised arrival rate, `offered_rps`): a finite run of an overloaded system can keep a
+    low median for a while, but it does not sustain that load. Where a run is too short to
+    say (`served_rps` NaN), or the table has no such column, its throughput stands in. A
+    measured row, not an interpolation: the sweep's grid sets the resolution (with
+    replications, each one counts on its own). NaN when no row qualifies.
     """
     _warn_mixed_configurations(table)
     # No rate offered (every request sent at once at the start: a closed loop with as many
     # clients as requests) is nothing to fall behind.
     offered = table["offered_rps"]
-    keeps_up = (table[THROUGHPUT] >= sustain_fraction * offered) | offered.isna()
+    served = table[SERVED].fillna(table[THROUGHPUT]) if SERVED in table else table[THROUGHPUT]
+    keeps_up = (served >= sustain_fraction * offered) | offered.isna()
     ok = table[(table[MEDIAN_LATENCY] <= bound_s) & keeps_up]
     best = ok.groupby("system", sort=False)[THROUGHPUT].max()
     return best.reindex(table["system"].unique()).astype(np.float64)

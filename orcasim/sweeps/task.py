@@ -71,7 +71,7 @@ class Outcome(JsonRecord):
 
 def run_task(task: Task) -> Outcome:
     """Run one task. Any exception becomes a failed Outcome: a bad point never kills a sweep."""
-    from orcasim.metrics import offered_rps
+    from orcasim.metrics import offered_rps, served_rps
     from orcasim.run import run_scenario
     from orcasim.workload.arrivals import initial_sends
 
@@ -90,6 +90,8 @@ def run_task(task: Task) -> Outcome:
     first = initial_sends(scenario.workload.arrival)
     systems: dict[str, dict[str, Any]] = {
         n: {"offered_rps": offered_rps(r.requests["arrival_s"].to_numpy(), first, scenario.warmup_s),
+            "served_rps": served_rps(r.requests["arrival_s"].to_numpy(),
+                                     r.requests["finish_s"].to_numpy(dtype=float), scenario.warmup_s),
             **r.summary}
         for n, r in result.systems.items()
     }
