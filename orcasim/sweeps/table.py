@@ -28,7 +28,6 @@ def tidy_table(outcomes: list[Outcome]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
 def throughput_under_bound(
     table: pd.DataFrame, bound_s: float, sustain_fraction: float = SUSTAIN_FRACTION
 ) -> pd.Series:
@@ -43,14 +42,21 @@ def throughput_under_bound(
     replications, each one counts on its own). NaN when no row qualifies.
     """
     _warn_mixed_configurations(table)
+    ok = table[(table[MEDIAN_LATENCY] <= bound_s) & keeps_up(table, sustain_fraction)]
+    best = ok.groupby("system", sort=False)[THROUGHPUT].max()
+    return best.reindex(table["system"].unique()).astype(np.float64)
+
+
+def keeps_up(table: pd.DataFrame, sustain_fraction: float = SUSTAIN_FRACTION) -> pd.Series:
+    """Per row, whether the system kept up with the load it was offered: its completions
+    while requests arrived (`served_rps`; its throughput where that is NaN or the table has
+    none) at least `sustain_fraction` of the realised arrival rate (`offered_rps`). The one
+    rule that `throughput_under_bound` and any report of a sweep's grid read."""
     # No rate offered (every request sent at once at the start: a closed loop with as many
     # clients as requests) is nothing to fall behind.
     offered = table["offered_rps"]
     served = table[SERVED].fillna(table[THROUGHPUT]) if SERVED in table else table[THROUGHPUT]
-    keeps_up = (served >= sustain_fraction * offered) | offered.isna()
-    ok = table[(table[MEDIAN_LATENCY] <= bound_s) & keeps_up]
-    best = ok.groupby("system", sort=False)[THROUGHPUT].max()
-    return best.reindex(table["system"].unique()).astype(np.float64)
+    return (served >= sustain_fraction * offered) | offered.isna()
 
 
 def _warn_mixed_configurations(table: pd.DataFrame) -> None:
