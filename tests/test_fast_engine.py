@@ -183,10 +183,21 @@ DEPLOYMENTS[4] = Deployment(
 DEPLOYMENTS[16] = Deployment(
     model=DEPLOYMENTS[8].model,
     hardware=HardwareConfig(gpu=gpu_spec("h200"), data_parallel_attention=16, expert_parallel=16))
+# Llama-2-7B over two pipeline stages at TP 2, priced by a one-batch engine (every scheduler
+# here but Orca's own pipelined engine, which the fleets draw): a batch passes the stages in
+# turn, each floored by launching its own layers (`OverheadCost.staged_gpu_s`).
+PIPELINED = "tp2-pp2"
+DEPLOYMENTS[PIPELINED] = Deployment(
+    model=model_spec("llama2-7b"),
+    hardware=HardwareConfig(gpu=gpu_spec("a100-80gb"), tensor_parallel=2, pipeline_parallel=2))
 VIDUR_PROFILE = dict(kind="profile",
                      mlp_csv="profiles/vidur/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
 DISTSERVE = dict(kind="fitted", path="profiles/distserve/profiler-a100-80g.vllm.json",
                  model="opt-13b", tensor_parallel=1)
+# orcasim's own fitted form (`python -m calibrate fit`): hinges at 64 and 256 tokens, a
+# range narrower than some drawn batches, and its own decode-run pricing (FittedCost).
+FITTED_YAML = dict(kind="fitted", path=str(Path(__file__).parent.parent / "scenarios" / "regression"
+                                           / "cost_models" / "cpu_tiny_frozen.yaml"))
 
 
 def cost_kinds() -> tuple[str, ...]:
@@ -218,15 +229,17 @@ def costs(draw: st.DrawFn) -> tuple[CostConfig, Deployment | None]:
                    per_token_s=draw(st.floats(0.0, 1e-3)),
                    per_context_token_s=draw(st.floats(0.0, 1e-4)))
         return LinearCostConfig(**cfg, overhead=draw(overheads(launches=False))), None
-    tp = draw(st.sampled_from([1, 2, 4, 8, 16] if kind == "roofline" else [1, 2]))  # profile: dense only
-    deployment = DEPLOYMENTS[tp] if kind in ("roofline", "profile") else None
+    # The deployment's key: its TP degree, or PIPELINED (the roofline only; profile: dense only).
+    key = draw(st.sampled_from([1, 2, 4, 8, 16, PIPELINED] if kind == "roofline" else [1, 2]))
+    deployment = DEPLOYMENTS[key] if kind in ("roofline", "profile") else None
     overhead = draw(overheads(launches=deployment is not None))
     strategies = {
         "roofline": lambda: RooflineCostConfig(  # a skewed router on the MoE deployments
             kind="roofline", overhead=overhead,
-            expert_routing_skew=draw(st.sampled_from([0.0, 1.1])) if tp >= 4 else 0.0),
+            expert_routing_skew=draw(st.sampled_from([0.0, 1.1])) if key in (4, 8, 16) else 0.0),
         "profile": lambda: ProfileCostConfig(**VIDUR_PROFILE, overhead=overhead),
-        "fitted": lambda: FittedCostConfig(**DISTSERVE, overhead=overhead),
+        "fitted": lambda: FittedCostConfig(**draw(st.sampled_from([DISTSERVE, FITTED_YAML])),
+                                           overhead=overhead),
     }
     return strategies[kind](), deployment  # a kind without a strategy fails here (KeyError)
 
@@ -584,6 +597,50 @@ def test_fast_mode_matches_reference_with_a_binding_launch_floor(data: st.DataOb
     case["cost"] = RooflineCostConfig(kind="roofline", overhead=OverheadConfig(
         launch_per_layer_s=data.draw(st.sampled_from([2e-4, 4e-4, 1e-3])),
         per_sequence_s=data.draw(st.floats(0.0, 1e-3))))
+    assert_same_run(case)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_mode_matches_reference_on_pipeline_stages(data: st.DataObject) -> None:
+    # Every kind on a one-batch engine over two stages: each stage floored by its own
+    # launches where the overhead has them, so runs of decodes are priced stage by stage.
+    # Launches of 0.200-0.210 ms a layer straddle a small decode's stages (16 layers in
+    # 3.20-3.36 ms, the last with the LM head): the first sits on its floor, the last above
+    # it, where the stages' sum exceeds max(GPU time, every layer's launches).
+    case = data.draw(scenarios())
+    case["deployment"] = DEPLOYMENTS[PIPELINED]
+    straddling = OverheadConfig(per_iteration_s=0.0, per_sequence_s=0.0,
+                                tensor_parallel_per_iteration_s=0.0,
+                                launch_per_layer_s=data.draw(st.floats(2.0e-4, 2.1e-4)))
+    overhead = data.draw(st.sampled_from([straddling, data.draw(overheads(launches=True))]))
+    case["cost"] = RooflineCostConfig(kind="roofline", overhead=overhead)
+    assert_same_run(case)
+
+
+# Llama-2-70B at TP 2 on Vidur's A100 tables beside the MLP's: measured attention (decode
+# and prefill, or aiconfigurator's), all-reduces, and over two stages the sends between them.
+MLP_70B = "profiles/vidur/compute/a100/meta-llama/Llama-2-70b-hf/mlp.csv"
+PROFILE_TABLES = {
+    "vidur": dict(attention_csv="profiles/vidur/compute/a100/attention_llama2_70b_tp2.csv",
+                  all_reduce_csv="profiles/vidur/network/a100_dgx/all_reduce.csv"),
+    "aiconfigurator": dict(aiconfigurator_dir="profiles/aiconfigurator/a100_sxm"),
+    "sends": dict(attention_csv="profiles/vidur/compute/a100/attention_llama2_70b_tp2.csv",
+                  send_recv_csv="profiles/vidur/network/a100_dgx/send_recv.csv"),
+}
+
+
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fast_mode_matches_reference_on_profile_tables(data: st.DataObject) -> None:
+    # The profile cost's tables in place of the roofline's terms: a decode run looks up its
+    # steps' attention, collectives and sends as arrays, an iteration one batch at a time.
+    case = data.draw(scenarios())
+    tables = data.draw(st.sampled_from(sorted(PROFILE_TABLES)))
+    case["deployment"] = Deployment(model=model_spec("llama2-70b"), hardware=HardwareConfig(
+        gpu=gpu_spec("a100-80gb"), tensor_parallel=2, pipeline_parallel=2 if tables == "sends" else 1))
+    case["cost"] = ProfileCostConfig(kind="profile", mlp_csv=MLP_70B, **PROFILE_TABLES[tables],
+                                     overhead=data.draw(overheads(launches=True)))
     assert_same_run(case)
 
 
