@@ -19,6 +19,7 @@ from typing import Any, get_args
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,11 +31,12 @@ from orcasim.cost.linear import LinearCostConfig
 from orcasim.cost.roofline import RooflineCostConfig
 from orcasim.fleet import Fleet, build_fleet
 from orcasim.metrics import requests_frame
-from orcasim.requests import ClientLoop, Requests
+from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.run import at_the_engine, replica_summaries
 from orcasim.scenario import Scenario
 from orcasim.schedulers import SchedulerConfig
 from orcasim.schedulers.iteration_level import IterationLevelConfig
+from orcasim.schedulers.paged import PagedConfig
 from tests.conftest import examples, make_scenario
 from tests.test_fast_engine import (
     KINDS,
@@ -223,3 +225,24 @@ def test_a_router_s_look_at_a_shared_boundary_sees_what_reference_mode_sees(case
     fast, ref = _run(case, "fast"), _run(case, "reference")
     assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
     _assert_same_fleet(fast, ref, case["warmup_s"])
+
+
+@pytest.mark.parametrize("kind", ROUTERS)
+def test_every_router_kind_runs_a_fleet_in_both_modes(kind: str) -> None:
+    # ROUTERS comes from the configuration union: a new kind that the draws above would
+    # build only with keys of its own (and so be refused alike, unseen) fails here.
+    rng = np.random.default_rng(0)
+    n = 30
+    prompt = rng.integers(1, 40, n)
+    content = PromptContent([(0, int(p)) for p in prompt], np.arange(10_000, 10_000 + n))
+    requests = Requests(np.sort(rng.uniform(0.0, 1.0, n)), prompt, rng.integers(1, 20, n),
+                        np.full(n, 64, dtype=np.int64), session_ids=rng.integers(0, 4, n),
+                        content=content)
+    case = dict(requests=requests, cost=LinearCostConfig(kind="linear", base_s=0.01),
+                scheduler=PagedConfig(kind="paged", max_num_seqs=4, enable_prefix_caching=True),
+                kv_capacity_tokens=256, warmup_s=0.0, request_latency_s=0.0, deployment=None,
+                router={"kind": kind}, groups=[{"count": 3}])
+    fast, ref = _run(case, "fast"), _run(case, "reference")
+    assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
+    _assert_same_fleet(fast, ref, 0.0)
+    assert len(set(fast[0].assigned.tolist())) > 1  # routed to more than one replica
