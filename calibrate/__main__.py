@@ -123,6 +123,16 @@ def _above_zero(text: str) -> float:
     return value
 
 
+def _at_least_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
+    return value
+
+
 def _writable(path: Path, force: bool, what: str, inputs: tuple[Path, ...] = ()) -> None:
     """Nothing is overwritten without --force, and a folder or the command's own input
     never; a path that cannot be made is refused too: checked before any work is done (a
@@ -216,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--force", action="store_true", help="overwrite --out")
     logs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a scenario field, as `orcasim run --set`")
+    logs.add_argument("--prior-weight", type=_at_least_zero, default=0.0, metavar="W",
+                      help="pull each fitted term toward the scenario's value: add W times its "
+                           "squared log-ratio to the loss (default 0: no prior)")
     logs.set_defaults(func=cmd_logs)
     return p
 
@@ -444,7 +457,12 @@ def cmd_logs(args: argparse.Namespace) -> None:
         warnings.warn(f"one log ({logs[0].name}): none is left out, so error_left_out stays empty; "
                       "give two or more runs to score the fit on one it never saw",
                       UserWarning, stacklevel=2)
-    result = fit(scenario, logs, system, parameters, base_dir)
+    result = fit(scenario, logs, system, parameters, base_dir, prior_weight=args.prior_weight)
+    if result.prior is not None and set(result.prior.centre) != set(parameters):
+        free = [p for p in parameters if p not in result.prior.centre]
+        warnings.warn(f"--prior-weight: {', '.join(free)} {'is' if len(free) == 1 else 'are'} 0 in "
+                      "the scenario, which has no log-ratio: fitted without a prior",
+                      UserWarning, stacklevel=2)
     for said in [*unidentified_terms(scenario, logs, system, result.parameters, base_dir),
                  *ineffective_terms(scenario, logs, system, result.parameters, base_dir)]:
         warnings.warn(said, UserWarning, stacklevel=2)
@@ -452,7 +470,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     if poor is not None:
         warnings.warn(poor, UserWarning, stacklevel=2)
     if args.loo and len(logs) > 1:
-        leave_one_out(scenario, logs, system, result, parameters, base_dir)
+        leave_one_out(scenario, logs, system, result, parameters, base_dir, args.prior_weight)
         for said in spread_terms(result):
             warnings.warn(said, UserWarning, stacklevel=2)
     write_calibrated(args.out, scenario, logs, system, result, args.set, args.force)

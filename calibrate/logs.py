@@ -125,6 +125,44 @@ class Fit:
     fitted_errors: dict[str, float] = field(default_factory=dict)
     left_out_errors: dict[str, float] = field(default_factory=dict)
     left_out_parameters: dict[str, dict[str, float]] = field(default_factory=dict)
+    prior: Prior | None = None  # the prior the fit ran under (its penalty is in `loss`)
+    prior_penalty: float = 0.0
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A sourced prior on the fitted terms: the fit minimises the loss plus
+
+        weight * sum over terms of log(value / centre)^2
+
+    (a MAP fit with a log-normal prior on each term, of log-sd sigma, where weight =
+    s^2 / (n sigma^2) for n compared statistics of residual log-variance s^2): a term a
+    factor e from its centre costs `weight`, as much as every compared statistic
+    sqrt(weight) off in log. The centres are the scenario's values (`overhead: {}`: Vidur's
+    measured defaults). A term whose centre is 0 (`per_prefill_token_s` and
+    `request_latency_s` by default) has no log-ratio and no prior: it is fitted freely."""
+
+    weight: float
+    centre: dict[str, float]
+
+    def penalty(self, values: dict[str, float], floors: dict[str, float]) -> float:
+        """The penalty at `values`; a term at 0 is taken at its floor (`zero_floors`), what
+        the search in log space holds it at."""
+        return self.weight * sum(math.log(max(values[p], floors.get(p, 0.0)) / c) ** 2
+                                 for p, c in self.centre.items())
+
+
+def sourced_prior(scenario: Scenario, system: str, parameters: tuple[str, ...],
+                  weight: float) -> Prior | None:
+    """The prior of `weight` centred on the scenario's values of `parameters` (those above
+    0); None at weight 0 (the fit as without one). A weight below 0 or not finite is a
+    one-line error."""
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ScenarioError(f"--prior-weight = {weight!r}: expected a finite number >= 0")
+    if weight == 0:
+        return None
+    values = current_values(scenario, parameters, system)
+    return Prior(weight, {p: v for p, v in values.items() if v > 0})
 
 
 def read_logs(paths: list[Path], fmt: str = "auto") -> list[ServingLog]:
@@ -304,9 +342,10 @@ class Objective:
     """The loss of a coefficient vector (in log space), over a set of logs."""
 
     def __init__(self, scenario: Scenario, logs: list[ServingLog], system: str,
-                 parameters: tuple[str, ...], base_dir: Path | None) -> None:
+                 parameters: tuple[str, ...], base_dir: Path | None,
+                 prior: Prior | None = None) -> None:
         self.scenario, self.logs, self.system = scenario, logs, system
-        self.parameters, self.base_dir = parameters, base_dir
+        self.parameters, self.base_dir, self.prior = parameters, base_dir, prior
         self.evaluations = 0  # simulations run: a point seen before is answered from `_known`
         self.floors = zero_floors(scenario, system, parameters)
         self._known: dict[tuple[tuple[str, float], ...], float] = {}
@@ -319,11 +358,19 @@ class Objective:
         return self.loss_of(self.values(x))
 
     def loss_of(self, values: dict[str, float]) -> float:
-        """The loss at `values` (a term at 0 included, which log space cannot hold)."""
+        """The loss at `values` (a term at 0 included, which log space cannot hold), with
+        the prior's penalty where there is one."""
+        return self.data_loss_of(values) + self.penalty_of(values)
+
+    def data_loss_of(self, values: dict[str, float]) -> float:
+        """The logs' loss at `values` alone, without the prior."""
         key = tuple(sorted(values.items()))
         if key not in self._known:  # below their floors, many points are one (`floored`)
             self._known[key] = self._loss_of(values)
         return self._known[key]
+
+    def penalty_of(self, values: dict[str, float]) -> float:
+        return 0.0 if self.prior is None else self.prior.penalty(values, self.floors)
 
     def _loss_of(self, values: dict[str, float]) -> float:
         self.evaluations += 1
@@ -633,7 +680,8 @@ def _robust_nnls(a: np.ndarray, b: np.ndarray, rounds: int = 50) -> np.ndarray:
 
 def fit(scenario: Scenario, logs: list[ServingLog], system: str,
         parameters: tuple[str, ...] = DEFAULT_PARAMETERS, base_dir: Path | None = None,
-        start: dict[str, float] | None = None, survey_points: int = SURVEY_POINTS) -> Fit:
+        start: dict[str, float] | None = None, survey_points: int = SURVEY_POINTS,
+        prior_weight: float = 0.0) -> Fit:
     """Start the overhead terms that times are linear in by least absolute errors (`solve_linear`),
     then refine every coefficient by Nelder-Mead on the loss.
 
@@ -646,11 +694,16 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     (`zero_floors`) to `SURVEY_FACTOR` times its scale: started at 1 ms instead, a
     per-iteration term the linear stage put at 0 stopped in the nearest dip, 1.1 ms at a loss
     of 0.0158 on a log where 0.28 ms gave 0.0118.
+
+    With `prior_weight` above 0 the search minimises the loss plus a sourced prior's penalty
+    (`Prior`, centred on the scenario's values), and starts from those centres too; the
+    linear stage does not see it (it gives a start).
     """
+    prior = sourced_prior(scenario, system, parameters, prior_weight)
     start = dict(start or current_values(scenario, parameters, system))
     linear = linear_terms(scenario, system, parameters)
     searched = [p for p in parameters if p not in LINEAR_TERMS]
-    objective = Objective(scenario, logs, system, parameters, base_dir)
+    objective = Objective(scenario, logs, system, parameters, base_dir, prior)
     if linear and searched and survey_points:
         start.update(_profiled_search(objective, linear, searched, start))
     elif linear:
@@ -660,6 +713,10 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     surveyed = [i for i, p in enumerate(parameters) if p in searched and start[p] >= floors.get(p, 0)]
     spans = _spans_from_zero(start, parameters, floors)
     points = _survey_points(x0, surveyed, spans, survey_points)
+    if prior is not None and prior.centre:
+        # The prior's centre is a start too: on logs that cannot tell two terms apart, the
+        # linear stage's answer and the survey lie along the valley, wherever the data put them.
+        points.append(_at_centre(x0, parameters, prior))
     if spans and not surveyed:
         # Nelder-Mead from the terms at START_VALUES too, as before there was a survey, and
         # from the survey's best: the best of the two. From the survey's alone, the shipped
@@ -671,7 +728,17 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
     values = objective.values(best_x)
     fitted = with_cost(scenario, values, system)
     errors = {log.name: scored_error(fitted, log, system, base_dir) for log in logs}
-    return Fit(values, best_loss, objective.evaluations, errors)
+    return Fit(values, best_loss, objective.evaluations, errors, prior=prior,
+               prior_penalty=objective.penalty_of(values))
+
+
+def _at_centre(x0: np.ndarray, names: Sequence[str], prior: Prior) -> np.ndarray:
+    """`x0` with each term the prior holds at its centre (log space)."""
+    x = x0.copy()
+    for i, p in enumerate(names):
+        if p in prior.centre:
+            x[i] = math.log(prior.centre[p])
+    return x
 
 
 def _log_start(start: dict[str, float], names: Sequence[str], floors: dict[str, float]
@@ -799,7 +866,8 @@ def scored_error(scenario: Scenario, log: ServingLog, system: str, base_dir: Pat
 
 
 def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
-                  parameters: tuple[str, ...], base_dir: Path | None = None) -> None:
+                  parameters: tuple[str, ...], base_dir: Path | None = None,
+                  prior_weight: float = 0.0) -> None:
     """Fit on all logs but one, score the one; fills `result.left_out_*` in place.
 
     Each fit starts where a fit of those logs alone would, from the scenario's values, not
@@ -807,7 +875,7 @@ def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, resul
     left-out fit on three test logs came back 13% off the fit that never saw the fourth."""
     for k, held in enumerate(logs):
         others = logs[:k] + logs[k + 1:]
-        partial = fit(scenario, others, system, parameters, base_dir)
+        partial = fit(scenario, others, system, parameters, base_dir, prior_weight=prior_weight)
         result.left_out_parameters[held.name] = partial.parameters
         result.left_out_errors[held.name] = scored_error(
             with_cost(scenario, partial.parameters, system), held, system, base_dir)
@@ -886,7 +954,10 @@ def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
         **({"set": list(overrides)} if overrides else {}),
         "metrics": [m for m in METRICS if any(m in fitted_metrics(log.real) for log in logs)],
         "fit_percentiles": list(FIT_PERCENTILES), "loss": result.loss,
-        "evaluations": result.evaluations, "parameters": result.parameters,
+        "evaluations": result.evaluations,
+        **({"prior": {"weight": result.prior.weight, "centre": result.prior.centre,
+                      "penalty": result.prior_penalty}} if result.prior is not None else {}),
+        "parameters": result.parameters,
         "error_fitted": result.fitted_errors,
         "error_left_out": result.left_out_errors,
         "parameters_left_out": result.left_out_parameters,

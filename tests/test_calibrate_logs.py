@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,10 +39,12 @@ SCENARIO = {
 
 
 def _write_log(path: Path, rate_per_s: float, seed: int, num_requests: int = 80,
-               true: dict[str, float] | None = None) -> Path:
-    """A 'real' log made by the simulator itself with the true coefficients."""
-    data = {**SCENARIO, "seed": seed,
-            "workload": {**SCENARIO["workload"], "num_requests": num_requests,
+               true: dict[str, float] | None = None, base: dict[str, Any] | None = None) -> Path:
+    """A 'real' log made by the simulator itself (`base`, by default SCENARIO) with the true
+    coefficients."""
+    base = base or SCENARIO
+    data = {**base, "seed": seed,
+            "workload": {**base["workload"], "num_requests": num_requests,
                          "arrival": {"kind": "poisson", "rate_per_s": rate_per_s}}}
     truth = with_cost(scenario_from_dict(data), true or TRUE)
     frame = run_scenario(truth).systems["vllm"].requests
@@ -441,7 +444,7 @@ def test_one_log_says_that_none_is_left_out(short_logs: list[Path], tmp_path: Pa
     import calibrate.logs
 
     # What the command says, not how well it fits: the fit is stubbed (5 s otherwise).
-    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a:
+    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a, **kw:
                         calibrate.logs.Fit(current_values(scenario, parameters, system), 0.0, 0))
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))
@@ -487,7 +490,7 @@ def test_the_command_warns_of_a_term_its_left_out_fits_disagree_on(
     10x the fit on all logs)."""
     import calibrate.logs
 
-    def spread(scenario, logs, system, result, parameters, base_dir=None) -> None:  # noqa: ANN001
+    def spread(scenario, logs, system, result, parameters, base_dir=None, prior_weight=0.0) -> None:  # noqa: ANN001
         for k, log in enumerate(logs):
             factor = (0.1, 10.0)[k % 2]
             result.left_out_parameters[log.name] = {p: v * factor for p, v in result.parameters.items()}
@@ -563,3 +566,97 @@ def test_a_term_the_linear_stage_puts_at_zero_is_surveyed_from_zero_up(tmp_path:
     objective = Objective(scenario, logs, system, (name,), path.parent)
     grid = [objective.loss_of({name: value}) for value in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)]
     assert result.loss <= min(grid), (result.parameters, grid)
+
+
+# One request at a time: every iteration's batch is 1, so a log fixes per_iteration_s +
+# per_sequence_s and nothing tells them apart (the vLLM runs' trouble, made exact).
+ONE_AT_A_TIME = {**SCENARIO, "systems": [{"name": "vllm", "scheduler": {
+    **SCENARIO["systems"][0]["scheduler"], "max_num_seqs": 1}}]}
+SPLIT = ("overhead.per_iteration_s", "overhead.per_sequence_s")
+
+
+def test_a_sourced_prior_picks_the_default_split_that_the_logs_cannot(tmp_path: Path) -> None:
+    """Logs made with the scenario's own split (1 ms an iteration, 0.1 ms a request), fitted
+    from a start 5x off in opposite directions: the linear stage's answer and the search
+    move along the valley of equal sums and stop where they land; the prior's centre is
+    the point of the valley it picks."""
+    scenario = scenario_from_dict(ONE_AT_A_TIME)
+    truth = current_values(scenario, SPLIT)
+    paths = [_write_log(tmp_path / f"run-{rate:g}.csv", rate, seed, num_requests=24, true=truth,
+                        base=ONE_AT_A_TIME) for rate, seed in ((1.0, 0), (3.0, 1))]
+    logs = read_logs(paths)
+    start = {"overhead.per_iteration_s": truth[SPLIT[0]] * 5, "overhead.per_sequence_s": truth[SPLIT[1]] / 5}
+    free = fit(scenario, logs, "vllm", SPLIT, start=start)
+    held = fit(scenario, logs, "vllm", SPLIT, start=start, prior_weight=1e-4)
+    total = truth[SPLIT[0]] + truth[SPLIT[1]]
+    for result in (free, held):  # both fit the logs: the sum is what they fix
+        assert sum(result.parameters.values()) == pytest.approx(total, rel=ROUND_TRIP_RTOL)
+    # Without the prior the split is wherever the search stopped (1.1 ms and 0 here).
+    assert free.parameters[SPLIT[1]] < truth[SPLIT[1]] / 2, free.parameters
+    for name in SPLIT:
+        assert held.parameters[name] == pytest.approx(truth[name], rel=ROUND_TRIP_RTOL), name
+    assert held.prior is not None and held.prior.centre == truth
+    assert held.prior_penalty == pytest.approx(0.0, abs=1e-8)
+
+
+def test_a_heavy_prior_keeps_the_terms_at_the_scenarios_values(short_logs: list[Path]) -> None:
+    """Logs of TRUE (4x, 6x and 20x the scenario's terms) fitted under a prior a million
+    times the loss per log-unit: the terms stay at the scenario's values; at weight 0 the
+    same fit recovers TRUE (the round-trip tests)."""
+    scenario = scenario_from_dict(SCENARIO)
+    result = fit(scenario, read_logs(short_logs), "vllm", tuple(TRUE), prior_weight=1e3)
+    for name, value in current_values(scenario, tuple(TRUE)).items():
+        assert result.parameters[name] == pytest.approx(value, rel=0.01), name
+
+
+def test_the_prior_is_a_penalty_on_log_ratios_with_no_hold_on_terms_at_zero() -> None:
+    from calibrate.logs import Prior, sourced_prior
+    from orcasim.config import ScenarioError
+
+    scenario = scenario_from_dict({**SCENARIO, "cost": {
+        **SCENARIO["cost"], "overhead": {**SCENARIO["cost"]["overhead"], "per_prefill_token_s": 0.0}}})
+    prior = sourced_prior(scenario, "vllm", tuple(TRUE), 0.5)
+    assert prior == Prior(0.5, {"overhead.per_iteration_s": 0.001, "overhead.per_sequence_s": 1e-4})
+    at = {"overhead.per_iteration_s": 0.001 * np.e, "overhead.per_sequence_s": 1e-4 / np.e ** 2,
+          "overhead.per_prefill_token_s": 123.0}
+    assert prior.penalty(at, {}) == pytest.approx(0.5 * (1 + 4))
+    # A term at 0 is priced at its floor, where the search holds it.
+    floors = {"overhead.per_iteration_s": 1e-7}
+    assert prior.penalty({**at, "overhead.per_iteration_s": 0.0}, floors) == pytest.approx(
+        0.5 * (np.log(1e-4) ** 2 + 4))
+    assert sourced_prior(scenario, "vllm", tuple(TRUE), 0.0) is None
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ScenarioError, match="--prior-weight"):
+            sourced_prior(scenario, "vllm", tuple(TRUE), bad)
+
+
+@pytest.mark.parametrize("bad", ["-0.1", "nan", "inf", "heavy"])
+def test_a_bad_prior_weight_is_one_line(short_logs: list[Path], tmp_path: Path, capsys,  # noqa: ANN001
+                                        bad: str) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    with pytest.raises(SystemExit) as stopped:
+        main(["logs", str(short_logs[0]), "--scenario", str(scenario), "--out",
+              str(tmp_path / "c.yaml"), "--prior-weight", bad])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--prior-weight: {bad!r}: expected a finite number >= 0" in err
+
+
+def test_the_record_holds_the_prior_and_says_which_terms_it_does_not_hold(
+        short_logs: list[Path], tmp_path: Path) -> None:
+    data = {**SCENARIO, "cost": {**SCENARIO["cost"], "overhead": {
+        **SCENARIO["cost"]["overhead"], "per_prefill_token_s": 0.0}}}
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    out = tmp_path / "cost.yaml"
+    with pytest.warns(UserWarning, match=r"^--prior-weight: overhead\.per_prefill_token_s is 0 "
+                                         "in the scenario"):
+        assert main(["logs", str(short_logs[0]), "--scenario", str(scenario), "--out", str(out),
+                     "--fit", "overhead.per_sequence_s,overhead.per_prefill_token_s",
+                     "--no-leave-one-out", "--prior-weight", "0.01"]) == 0
+    record = yaml.safe_load(out.read_text())["calibration"]
+    assert record["prior"]["weight"] == 0.01
+    assert record["prior"]["centre"] == {"overhead.per_sequence_s": 1e-4}
+    assert record["prior"]["penalty"] == pytest.approx(
+        0.01 * np.log(record["parameters"]["overhead.per_sequence_s"] / 1e-4) ** 2)

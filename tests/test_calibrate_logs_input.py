@@ -357,7 +357,7 @@ def test_a_term_the_logs_cannot_determine_is_named(tmp_path: Path, monkeypatch) 
                               "its column in the linear fit is collinear with the other terms' "
                               "(2 timed rows for 3 terms); give more requests"), said[1]
     # What the command says, not how well it fits: the fit is stubbed.
-    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a:
+    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a, **kw:
                         calibrate.logs.Fit(values, 0.0, 0))
     with pytest.warns(UserWarning) as record:
         assert main(["logs", str(one), "--scenario", str(_scenario(tmp_path)), "--out",
@@ -374,7 +374,7 @@ def test_a_poor_fit_says_to_check_the_scenario(tmp_path: Path, monkeypatch) -> N
     scenario = scenario_from_dict(SCENARIO)
     values = calibrate.logs.current_values(scenario, ("base_s",), "ft")
     # What the command says, not how well it fits: the fit is stubbed.
-    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a:
+    monkeypatch.setattr(calibrate.logs, "fit", lambda scenario, logs, system, parameters, *a, **kw:
                         calibrate.logs.Fit(values, 0.0, 0, {"run": 1.0}))
     with pytest.warns(UserWarning) as record:
         assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--out",

@@ -10,9 +10,13 @@ fit (`calibrate.logs.fit`), same parameters as the record, same score as `python
 calibrate logs`.
 
     python scenarios/validation/leave_one_out.py [--setup vllm|distserve] [--jobs 2] [--only RUN ...]
+        [--prior-weight W]
 
 Writes `results/validation/<setup>_leave_one_out.yaml` (each held-out run's parameters and
 errors, the start, the commit); with `--only`, the named runs only, merged into that file.
+With `--prior-weight W` above 0 each fit is penalised toward the defaults it starts from
+(`calibrate logs --prior-weight`, `calibrate.logs.Prior`), recorded in
+`<setup>_leave_one_out_prior_<W>.yaml`.
 vLLM: 10 minutes for the four runs on two cores, DistServe's 24 (2026-12-06, other work
 beside them; 5 each before the search from two starts, daaf846).
 """
@@ -20,6 +24,7 @@ beside them; 5 each before the search from two starts, daaf846).
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -65,14 +70,14 @@ def from_defaults(scenario: Scenario) -> Scenario:
     return with_cost(scenario, values)
 
 
-def one_fold(setup: str, held_name: str) -> dict[str, Any]:
+def one_fold(setup: str, held_name: str, prior_weight: float = 0.0) -> dict[str, Any]:
     path, runs, parameters = SETUPS[setup]
     scenario = from_defaults(load_scenario(path))
     system = scenario.systems[0].name
     logs = read_logs([resolve_data_path(p) for p in runs])
     held = next(log for log in logs if log.name == held_name)
     others = [log for log in logs if log is not held]
-    result = fit(scenario, others, system, parameters, HERE)
+    result = fit(scenario, others, system, parameters, HERE, prior_weight=prior_weight)
     fitted = with_cost(scenario, result.parameters, system)
     return {"parameters": result.parameters, "error_fitted": result.fitted_errors,
             "error_left_out": scored_error(fitted, held, system, HERE),
@@ -84,7 +89,11 @@ def main() -> None:
     parser.add_argument("--setup", choices=tuple(SETUPS), default="vllm")
     parser.add_argument("--only", nargs="+", metavar="RUN", help="runs by name (default: all four)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--prior-weight", type=float, default=0.0, metavar="W",
+                        help="a sourced prior's weight (calibrate logs --prior-weight; default 0)")
     args = parser.parse_args()
+    if not (math.isfinite(args.prior_weight) and args.prior_weight >= 0):
+        parser.error(f"--prior-weight {args.prior_weight}: expected a finite number >= 0")
     path, runs, parameters = SETUPS[args.setup]
     names = [Path(p).stem for p in runs]
     only = args.only or names
@@ -92,14 +101,17 @@ def main() -> None:
     if unknown:
         parser.error(f"--only {' '.join(unknown)}: expected runs of {args.setup}: {', '.join(names)}")
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        folds = dict(zip(only, pool.map(one_fold, [args.setup] * len(only), only), strict=True))
-    out = ROOT / "results" / "validation" / f"{args.setup}_leave_one_out.yaml"
+        folds = dict(zip(only, pool.map(one_fold, [args.setup] * len(only), only,
+                                        [args.prior_weight] * len(only)), strict=True))
+    suffix = f"_prior_{args.prior_weight:g}" if args.prior_weight else ""
+    out = ROOT / "results" / "validation" / f"{args.setup}_leave_one_out{suffix}.yaml"
     record: dict[str, Any] = yaml.safe_load(out.read_text()) if out.exists() else {}
     start = from_defaults(load_scenario(path))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     record.update({"scenario": path.name, "parameters_fitted": list(parameters),
-                   "start": dict(load_overhead(start)), "commit": commit or "unknown"})
+                   "start": dict(load_overhead(start)), "commit": commit or "unknown",
+                   **({"prior_weight": args.prior_weight} if args.prior_weight else {})})
     record.setdefault("left_out", {}).update(folds)
     record["left_out"] = dict(sorted(record["left_out"].items()))
     out.write_text(yaml.safe_dump(record, sort_keys=False))
