@@ -224,6 +224,25 @@ def test_the_reports_h200_section_reads_the_committed_gpu_run() -> None:
     assert "| total_iteration_s | 33.81 | 34.75 | 34.13 |" in text
 
 
+def test_the_reports_prior_section_is_the_committed_records_and_the_readme_holds_it() -> None:
+    """The left-out scores under a sourced prior (`leave_one_out.py --prior-weight`) come from
+    the committed records, one column a weight, and results/validation/README.md holds the
+    section as report.py writes it."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from scenarios.validation.report import prior_lines, prior_records
+
+    records = prior_records("vllm")
+    assert set(records) == {0.0026, 0.00014}
+    text = "\n".join(prior_lines("vllm"))
+    row = next(line for line in text.splitlines() if line.startswith("| vllm-300-3 | 40.0 |"))
+    expected = [f"{100 * r['left_out']['vllm-300-3']['error_left_out']:.1f}" for r in records.values()]
+    assert row.split(" | ")[2:] == [*expected[:-1], expected[-1] + " |"]
+    readme = (ROOT / "results" / "validation" / "README.md").read_text()
+    assert text in readme
+
+
 def test_the_reports_h200_kernels_beside_the_roofline() -> None:
     """The H200's timed kernels (results/validation/h200_layer_ops.csv) are priced by the
     roofline row by row, each model at its TP degree; the report's reading is what the
