@@ -19,6 +19,9 @@ engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
        10, 25, 50, 75 and 90 (a real value of 0, TPOT where a server returns whole
        responses, has no log-ratio and is left out)
 
+   plus, with `--prior-weight W` above 0, W times each term's squared log-ratio to the
+   scenario's value (`Prior`: a MAP fit, for terms the logs cannot tell apart)
+
    A simulation's loss is rugged at fine scale (a coefficient 1% off can admit a request
    an iteration later), so the simplex starts narrow, and restarts narrower still. A
    coefficient outside the linear terms (a launch floor, a roofline efficiency) is first
