@@ -830,9 +830,14 @@ def kind_change_problem(before: dict[str, Any], after: dict[str, Any],
     for the new kind, and named no way to drop it. Returns the path and the problem."""
     for path in paths:
         parts = parse_dotted(path)
+        if parts[-1] != "kind":
+            continue
         block, new = _node_at(after, parts[:-1]), get_dotted(after, path)
-        old = get_dotted(before, path)
-        if parts[-1] != "kind" or not isinstance(block, dict) or old in (None, new):
+        # A block the file leaves out runs its system's (or the scenario's): a key set into
+        # it before the kind copied that block's keys (`_seed_inherited`).
+        old = get_dotted(before, path) if _node_at(before, parts[:-1]) is not None else \
+            _inherited_kind(before, parts)
+        if not isinstance(block, dict) or old in (None, new):
             continue
         form = kind_form(Scenario, parts[:-1], new)
         stale = [f"{key} = {value!r}" for key, value in block.items()
@@ -843,6 +848,16 @@ def kind_change_problem(before: dict[str, Any], after: dict[str, Any],
             return path, (f"{owner}: {', '.join(stale)} (given for kind {old!r}) {keys} of "
                           f"kind {new!r}, and changing the kind keeps them")
     return None
+
+
+def _inherited_kind(data: dict[str, Any], parts: list[str | int]) -> Any:
+    """The kind of the block that the one owning `parts` (a path to its `kind`) runs where
+    it gives none (`_inherited_block`): a key set into it first (`_seed_inherited`) copies
+    that block's keys, which a kind set after it then keeps."""
+    length, inherited = _inherited_block(data, parts)
+    if length != len(parts) - 1 or not isinstance(inherited, dict):
+        return None
+    return inherited.get("kind")
 
 
 def get_dotted(data: Any, path: str) -> Any:

@@ -356,3 +356,26 @@ def test_a_set_kind_that_keeps_a_key_of_the_old_kind_says_so(tmp_path: Path) -> 
     whole = "systems[0].scheduler={kind: iteration_level, max_batch_size: 8}"
     assert load_scenario(path, [item, whole]).systems[0].scheduler.kind == "iteration_level"
     assert load_scenario(path, ["systems[0].scheduler.kind=chunked"]).systems[0].scheduler.kind == "chunked"
+
+
+def test_a_kind_set_after_a_key_of_an_inherited_block_says_so(tmp_path: Path) -> None:
+    """A key set first into a group's scheduler copies its system's (`_seed_inherited`):
+    `...replicas[0].scheduler.max_batch_size=4` then `...scheduler.kind=iteration_level` kept
+    the system's paged max_num_seqs and read pydantic's 'unknown key max_num_seqs ...; did
+    you mean max_batch_size?', the key just given, as the old kind's was only looked for in
+    the file. Now the kind-change line, whose whole-block advice works; the other order runs."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text("name: p\nworkload: {num_requests: 5, arrival: {kind: poisson, rate_per_s: 1}, "
+                    "prompt_tokens: {kind: constant, value: 8}, output_tokens: {kind: constant, "
+                    "value: 4}, max_tokens: 12}\ncost: {kind: linear, base_s: 0.01}\nkv_capacity_tokens: 1000\n"
+                    "systems: [{name: a, scheduler: {kind: paged, max_num_seqs: 8}, "
+                    "cluster: {replicas: [{count: 1}, {count: 1}]}}]\n")
+    group = "systems[0].cluster.replicas[0].scheduler"
+    key, kind = f"{group}.max_batch_size=4", f"{group}.kind=iteration_level"
+    with pytest.raises(ScenarioError, match=(
+            r"replicas\[0\]\.scheduler: max_num_seqs = 8 \(given for kind 'paged'\) is no key of "
+            r"kind 'iteration_level', and changing the kind keeps them; to change a block's kind, "
+            r"set the whole block")):
+        load_scenario(path, [key, kind])
+    for items in ([kind, key], [f"{group}={{kind: iteration_level, max_batch_size: 4}}"]):
+        assert load_scenario(path, items).systems[0].cluster.replicas[0].scheduler.kind == "iteration_level"
