@@ -738,7 +738,8 @@ def _refuse_groups_to_a_count(data: dict[str, Any], parts: list[str | int], path
     total = sum(g.get("count", 1) if isinstance(g, dict) else 1 for g in groups)
     named = f"{len(groups)} groups" if len(groups) > 1 else "group"
     raise ScenarioError(f"override '{path}': {value} would replace its {named} "
-                        f"({total} replicas) with {value} of the system's own replica, dropping "
+                        f"({total} replica{'s' if total != 1 else ''}) with {value} of the "
+                        "system's own replica, dropping "
                         f"what each group gives; expected a group's count, e.g. "
                         f"{path}[0].count={value}, or a whole list, e.g. {path}=[{{count: {value}}}]")
 
