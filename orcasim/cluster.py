@@ -170,7 +170,6 @@ class LinkConfig(Strict):
             return min(gpu.node_network_bytes_per_s for gpu in gpus)
         return LINKS[self.kind][0]
 
-
     def unused_kind(self, gpus: Sequence[GpuSpec] = ()) -> str | None:
         """What a `kind` other than the default no longer sets where `bandwidth_bytes_per_s`
         is given (a sweep over nvlink and infiniband with a bandwidth ran identical points:
