@@ -123,7 +123,9 @@ def _above_zero(text: str) -> float:
     return value
 
 
-def _at_least_zero(text: str) -> float:
+def finite_at_least_zero(text: str) -> float:
+    """An argparse type: a finite number >= 0 (`--prior-weight`, here and in
+    scenarios/validation/leave_one_out.py)."""
     try:
         value = float(text)
     except ValueError:
@@ -226,7 +228,7 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--force", action="store_true", help="overwrite --out")
     logs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a scenario field, as `orcasim run --set`")
-    logs.add_argument("--prior-weight", type=_at_least_zero, default=0.0, metavar="W",
+    logs.add_argument("--prior-weight", type=finite_at_least_zero, default=0.0, metavar="W",
                       help="pull each fitted term toward the scenario's value: add W times its "
                            "squared log-ratio to the loss (default 0: no prior)")
     logs.set_defaults(func=cmd_logs)

@@ -24,7 +24,6 @@ beside them; 5 each before the search from two starts, daaf846).
 from __future__ import annotations
 
 import argparse
-import math
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -36,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from calibrate.__main__ import finite_at_least_zero  # noqa: E402
 from calibrate.logs import (  # noqa: E402
     DEFAULT_PARAMETERS,
     fit,
@@ -89,11 +89,9 @@ def main() -> None:
     parser.add_argument("--setup", choices=tuple(SETUPS), default="vllm")
     parser.add_argument("--only", nargs="+", metavar="RUN", help="runs by name (default: all four)")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--prior-weight", type=float, default=0.0, metavar="W",
+    parser.add_argument("--prior-weight", type=finite_at_least_zero, default=0.0, metavar="W",
                         help="a sourced prior's weight (calibrate logs --prior-weight; default 0)")
     args = parser.parse_args()
-    if not (math.isfinite(args.prior_weight) and args.prior_weight >= 0):
-        parser.error(f"--prior-weight {args.prior_weight}: expected a finite number >= 0")
     path, runs, parameters = SETUPS[args.setup]
     names = [Path(p).stem for p in runs]
     only = args.only or names
