@@ -10,7 +10,13 @@ import pandas as pd
 import pytest
 from hypothesis import settings
 
-from orcasim.scenario import Scenario, scenario_from_dict
+# pytest-xdist's workers inherit COLUMNS=80 (`make test` runs the suite in several), and the
+# CLI's console takes its width from it once, at import: its tables would cut the metric names
+# that tests read. Tests see the CLI as a CI log shows it (`orcasim.cli.LOG_WIDTH`), in one
+# process or several.
+os.environ.pop("COLUMNS", None)
+
+from orcasim.scenario import Scenario, scenario_from_dict  # noqa: E402 - after the line above
 
 # Property tests try the same examples on every run (`ci`, the default), so a failure in CI is
 # one anybody can reproduce; `HYPOTHESIS_PROFILE=explore` draws fresh ones to hunt for bugs.

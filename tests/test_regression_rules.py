@@ -306,7 +306,7 @@ def test_the_check_shows_every_digit_and_the_folders_its_hint_needs(tmp_path: Pa
     (baselines / "one.json").write_text(json.dumps(data))
     (baselines / "two.json").unlink()
     res = CliRunner().invoke(app, ["check", "--scenarios", str(scenarios), "--baselines",
-                                   str(baselines)], env={"COLUMNS": "250"})
+                                   str(baselines)])
     assert res.exit_code == 1, res.output
     assert repr(value * (1 + 1e-6)) in res.output and repr(value) in res.output, res.output
     assert (f"write it with orcasim check --update --scenarios {scenarios} --baselines "
