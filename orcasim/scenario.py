@@ -593,11 +593,14 @@ def read_text_file(path: Path) -> str:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str = (),
                   overrides_key: str | list[str] = "--set") -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError on any problem; one
     that the file alone does not have names the overrides that bring it, as given
-    (`--set KEY=VALUE`; a sweep file's `set:` list; or one such key per override)."""
+    (`--set KEY=VALUE`; a sweep file's `set:` list; or one such key per override). One
+    override may be given alone, as `run_scenario` takes it."""
+    if isinstance(overrides, str):
+        overrides = (overrides,)  # one override, not its characters ("override 's'")
     path = Path(path)
     text = read_text_file(path)
     try:

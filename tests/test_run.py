@@ -121,6 +121,15 @@ def test_overrides_on_a_scenario_object_are_checked_as_a_files() -> None:
         run_scenario(scenario, "seed=-5")
 
 
+def test_load_scenario_takes_one_override_alone_as_run_scenario_does() -> None:
+    """A notebook's `load_scenario(path, "seed=2")` was read character by character and
+    refused as "override 's': expected KEY=VALUE" (found testing the Python API)."""
+    path = Path(__file__).parent.parent / "scenarios" / "quickstart.yaml"
+    assert load_scenario(path, "workload.num_requests=20").workload.num_requests == 20
+    with pytest.raises(ScenarioError, match=r"seed = -5: Input should be greater than or equal"):
+        load_scenario(path, "seed=-5")
+
+
 def test_a_loaded_scenario_keeps_its_folder_for_relative_paths(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from sweep_files import write_trace_scenario
