@@ -72,6 +72,10 @@ class SystemResult:
 
 @dataclass
 class RunResult:
+    """What `run_scenario` returns: the scenario it ran and each system's `SystemResult`, by
+    the system's name, in the scenario's order. The summaries are computed once, at the run:
+    editing a system's frames afterwards does not change them."""
+
     scenario: Scenario
     systems: dict[str, SystemResult] = field(default_factory=dict)
 

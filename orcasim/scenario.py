@@ -170,6 +170,13 @@ def _priced_alike(own: object, inherited: object) -> bool:
 
 
 class Scenario(Strict):
+    """A validated, frozen scenario: the workload, the cost model, the KV capacity and the
+    systems to run on the same requests. Built by `load_scenario` (a YAML file, with
+    overrides) or `scenario_from_dict` (a mapping of the same keys), which refuse a bad key
+    with a `ScenarioError` naming it; run by `orcasim.run_scenario`, which leaves it as it is.
+    To change a key, pass an override (`run_scenario(scenario, "seed=2")`) or build a new one
+    from `given_data()`: its fields cannot be assigned."""
+
     name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS)
     seed: NonNegativeInt = 0  # numpy's SeedSequence takes non-negative integers
     workload: WorkloadConfig

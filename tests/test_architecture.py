@@ -234,3 +234,26 @@ def test_no_module_uses_another_modules_private_names(package: str) -> None:
             if name.split(".")[0] == package
             for use in private_uses(name, ast.parse(path.read_text()), modules)]
     assert not uses, "private names used across modules (give them a public name):\n" + "\n".join(uses)
+
+
+def _undocumented(module: object) -> list[str]:
+    """The names in `module.__all__` without a docstring of their own: a dataclass's
+    generated one (its signature) counts as none, a type alias (a `Literal`) has none to give."""
+    missing = []
+    for name in getattr(module, "__all__", ()):
+        obj = getattr(module, name)
+        if getattr(obj, "__module__", None) == "typing":
+            continue
+        doc = (obj.__doc__ or "").strip()
+        if not doc or doc.startswith(f"{name}("):
+            missing.append(name)
+    return missing
+
+
+@pytest.mark.parametrize("name", ["orcasim", "orcasim.sweeps"])
+def test_every_exported_name_has_a_docstring(name: str) -> None:
+    """What a notebook imports answers `help()`: `orcasim.Scenario` had no docstring and
+    `RunResult`'s, `SweepResult`'s and `Sweep`'s were their generated signatures."""
+    module = importlib.import_module(name)
+    assert [n for n in module.__all__ if not hasattr(module, n)] == []
+    assert _undocumented(module) == []

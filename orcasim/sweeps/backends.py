@@ -37,6 +37,7 @@ Runner = Callable[[Any], Any]
 
 
 def default_workers() -> int:
+    """The local backend's workers when none are given: one per CPU."""
     return os.cpu_count() or 1
 
 

@@ -54,6 +54,10 @@ CODE_FILE = "code.json"  # the orcasim that ran the finished points (`paths.code
 
 @dataclass
 class SweepResult:
+    """A sweep's outcome: `table`, the tidy table (one row per point, replication and
+    system, as sweep.csv holds it); `failed`, the tasks that failed, each with its error;
+    `ran` and `skipped`, the tasks run now and those a resumed sweep found done."""
+
     table: pd.DataFrame
     failed: list[Outcome]
     ran: int

@@ -71,6 +71,9 @@ SWEEP_ONLY_KEYS = ("base", "set", "grid", "replications")
 
 
 class Grid(Strict):
+    """A sweep file's `grid`: each parameter's dotted path and its values, combined as their
+    product or zipped (lists of equal length)."""
+
     mode: Literal["product", "zip"] = "product"
     parameters: dict[str, list[ParamValue]] = Field(min_length=1)
 
@@ -135,6 +138,9 @@ class Grid(Strict):
 
 
 class SweepSpec(Strict):
+    """A sweep file's keys, validated: the base scenario, the overrides applied to it
+    (`set`), the grid, and the replications drawn from `seed`."""
+
     name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_CHARS)
     base: str
     set: list[str] = []
@@ -197,6 +203,10 @@ def point_name(task_id: str, params: dict[str, ParamValue]) -> str:
 
 @dataclass(frozen=True)
 class Sweep:
+    """A sweep ready to run: its spec, the base scenario's data and the folder its data paths
+    start from; `tasks()` lists one task per point and replication. Built by `make_sweep`,
+    `load_sweep` or `scenario_sweep`; run by `run_sweep` or `run_sweep_in_memory`."""
+
     spec: SweepSpec
     base: dict[str, Any]
     base_dir: Path
