@@ -38,6 +38,7 @@ from orcasim.scenario import (
     SystemConfig,
     apply_override,
     load_scenario,
+    one_or_more,
     scenario_from_dict,
 )
 from orcasim.schedulers import Scheduler, build_scheduler
@@ -557,7 +558,7 @@ def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
 
 
 def run_scenario(
-    scenario: Scenario | dict[str, Any] | str | Path, overrides: tuple[str, ...] | str = (),
+    scenario: Scenario | dict[str, Any] | str | Path, overrides: list[str] | tuple[str, ...] | str = (),
     base_dir: Path | None = None,
 ) -> RunResult:
     """Run a scenario (an object, a mapping of its keys, or a YAML path) and return
@@ -566,8 +567,7 @@ def run_scenario(
     pydantic `model_copy(update=...)` would skip the checks). Data paths resolve from
     `base_dir`, by default the scenario file's folder. A `sweep:` block is not run here: its
     points are `orcasim.sweeps.run_scenario_sweep`'s, as `orcasim run` runs them."""
-    if isinstance(overrides, str):
-        overrides = (overrides,)  # one override, not its characters
+    overrides = one_or_more(overrides)
     if isinstance(scenario, Scenario) and overrides:
         base_dir = base_dir or scenario.source_dir
         scenario = scenario.given_data()  # an override of the hardware derives its own KV capacity

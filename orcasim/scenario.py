@@ -600,14 +600,19 @@ def read_text_file(path: Path) -> str:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
 
 
+def one_or_more(overrides: list[str] | tuple[str, ...] | str) -> list[str] | tuple[str, ...]:
+    """Overrides as given from Python: one may come alone, a string, which is that one
+    override and not its characters (`load_scenario(path, "seed=2")` said "override 's'")."""
+    return (overrides,) if isinstance(overrides, str) else overrides
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str = (),
                   overrides_key: str | list[str] = "--set") -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError on any problem; one
     that the file alone does not have names the overrides that bring it, as given
     (`--set KEY=VALUE`; a sweep file's `set:` list; or one such key per override). One
     override may be given alone, as `run_scenario` takes it."""
-    if isinstance(overrides, str):
-        overrides = (overrides,)  # one override, not its characters ("override 's'")
+    overrides = one_or_more(overrides)
     path = Path(path)
     text = read_text_file(path)
     try:

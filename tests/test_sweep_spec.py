@@ -295,3 +295,17 @@ def test_a_null_in_a_grid_reads_as_one_expectation(tmp_path: Path) -> None:
         "grid.parameters.workload.arrival.rate_per_s[0] = null: Input should be a valid integer "
         "or a valid number or a valid string or a valid boolean; expected a number per second"
     ), str(err.value)
+
+
+def test_one_override_alone_is_one_override_in_python(tmp_path: Path) -> None:
+    """`load_sweep(path, "workload.num_requests=20")` said "--set 'w': expected KEY=VALUE"
+    (its characters read as overrides) and `make_sweep(..., overrides="...")` "set = ...:
+    Input should be a valid list", where `run_scenario` takes one alone (found testing the
+    Python API as a notebook would)."""
+    path = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]")
+    loaded = load_sweep(path, "workload.num_requests=20")
+    made = make_sweep(tmp_path / "tiny.yaml", {"workload.arrival.rate_per_s": [1.0]},
+                      overrides="workload.num_requests=20")
+    assert loaded.tasks()[0].scenario().workload.num_requests == 20
+    assert made.spec.set == ["workload.num_requests=20"]
+    assert made.tasks()[0].scenario().workload.num_requests == 20

@@ -55,6 +55,7 @@ from orcasim.scenario import (
     data_inputs,
     load_scenario,
     malformed_yaml,
+    one_or_more,
     parse_dotted,
     read_text_file,
     scenario_from_dict,
@@ -279,9 +280,10 @@ class Sweep:
         ]
 
 
-def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
+def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] | str = ()) -> Sweep:
     """Read and validate a sweep file; `base` is relative to the file. `overrides` (as with
-    `--set`) apply after the file's own `set:` list."""
+    `--set`; one may be given alone) apply after the file's own `set:` list."""
+    overrides = one_or_more(overrides)
     path = Path(path)
     spec = _parse_spec(path)
     keys = ["set:"] * len(spec.set) + ["--set"] * len(overrides)  # who gave each, for errors
@@ -294,10 +296,12 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
 
 def make_sweep(
     base: str | Path, parameters: dict[str, list[ParamValue]], mode: str = "product",
-    replications: int = 1, seed: int = 0, name: str = "sweep", overrides: list[str] | None = None,
+    replications: int = 1, seed: int = 0, name: str = "sweep",
+    overrides: list[str] | tuple[str, ...] | str | None = None,
 ) -> Sweep:
-    """The Python form of a sweep file, for notebooks and scripts."""
-    data = {"name": name, "base": str(base), "set": overrides or [], "replications": replications,
+    """The Python form of a sweep file, for notebooks and scripts; `overrides` (one may be
+    given alone) are its `set:` list."""
+    data = {"name": name, "base": str(base), "set": list(one_or_more(overrides or [])), "replications": replications,
             "seed": seed, "grid": {"mode": mode, "parameters": parameters}}
     _refuse_a_sweep_as_base(Path(base), f"base = {str(base)!r}")
     return build_sweep(_validate_spec(data, "sweep"), Path(base))
