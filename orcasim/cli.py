@@ -524,27 +524,21 @@ def fidelity(
 ) -> None:
     """Replay each real run's arrivals and lengths through SCENARIO; compare the percentiles."""
     from orcasim.fidelity import (
-        MEASURED_FORMATS,
+        check_format,
         check_replay_overrides,
+        check_systems,
         fidelity_table,
         headline_title,
     )
     from orcasim.results import check_out_dir, default_results_dir, write_fidelity
     from orcasim.scenario import data_inputs, load_scenario
 
-    if fmt not in MEASURED_FORMATS:  # the formats that hold measured latencies
-        fail(f"--format = {fmt!r}: expected {', '.join(MEASURED_FORMATS[:-1])} or "
-             f"{MEASURED_FORMATS[-1]}")
     try:
+        check_format(fmt, "--format")
         check_replay_overrides(set_ or [])
         sc = load_scenario(scenario, set_ or [])
         names = system or [s.name for s in sc.systems]
-        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-        if twice is not None:  # each row would be written twice
-            fail(f"--system = {twice!r}: given twice; expected each system once")
-        unknown = [n for n in names if n not in {s.name for s in sc.systems}]
-        if unknown:
-            fail(f"--system = {unknown[0]!r}: expected one of {', '.join(s.name for s in sc.systems)}")
+        check_systems(sc, names, "--system")
         out_dir = out or default_results_dir(sc.name, Path("results") / "fidelity")
         check_out_dir(out_dir, force, [scenario, *real, *data_inputs(sc)])
         table, frames = fidelity_table(sc, real, names, fmt, scenario.resolve().parent)

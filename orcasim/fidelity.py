@@ -19,7 +19,7 @@ import pandas as pd
 from orcasim.config import ScenarioError
 from orcasim.paths import data_stem, resolve_data_path
 from orcasim.run import run_scenario
-from orcasim.scenario import Scenario, scenario_from_dict
+from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.warmup import counted
 from orcasim.workload.traces import read_measurements
 
@@ -117,12 +117,44 @@ def headline_title(table: pd.DataFrame) -> str:
     return text
 
 
+def check_format(fmt: str, given_as: str = "fmt") -> None:
+    """A ScenarioError for a log format that holds no measured latencies (or none at all)."""
+    if fmt not in MEASURED_FORMATS:
+        raise ScenarioError(f"{given_as} = {fmt!r}: expected {', '.join(MEASURED_FORMATS[:-1])} "
+                            f"or {MEASURED_FORMATS[-1]}")
+
+
+def check_systems(scenario: Scenario, systems: list[str], given_as: str = "systems") -> None:
+    """A ScenarioError for a list of systems to compare that is empty, names one twice (each
+    row would be written twice) or names one the scenario does not run."""
+    if not systems:
+        raise ScenarioError(f"{given_as} = []: expected at least one of the scenario's systems "
+                            f"({', '.join(s.name for s in scenario.systems)})")
+    twice = next((n for i, n in enumerate(systems) if n in systems[:i]), None)
+    if twice is not None:
+        raise ScenarioError(f"{given_as} = {twice!r}: given twice; expected each system once")
+    unknown = [n for n in systems if n not in {s.name for s in scenario.systems}]
+    if unknown:
+        raise ScenarioError(f"{given_as} = {unknown[0]!r}: expected one of "
+                            f"{', '.join(s.name for s in scenario.systems)}")
+
+
 def fidelity_table(
-    scenario: Scenario, runs: list[Path], systems: list[str], fmt: str = "auto",
-    base_dir: Path | None = None,
+    scenario: Scenario | str | Path, runs: list[Path] | list[str] | Path | str,
+    systems: list[str] | str, fmt: str = "auto", base_dir: Path | None = None,
 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """Every run against every named system: the long table (with `run` and `system`
-    columns) and the frames for the figures, keyed `run/system`."""
+    columns) and the frames for the figures, keyed `run/system`. `scenario` may be a path,
+    and one run or one system may be given alone; a system the scenario does not run, or an
+    empty list, is a ScenarioError before any run is replayed."""
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    runs = [Path(runs)] if isinstance(runs, str | Path) else [Path(p) for p in runs]
+    systems = [systems] if isinstance(systems, str) else list(systems)
+    if not runs:
+        raise ScenarioError("runs = []: expected at least one real run's per-request log")
+    check_systems(scenario, systems)
+    check_format(fmt)
     tables, frames = [], {}
     for path, label in zip(runs, run_labels(runs), strict=True):
         with warnings.catch_warnings():  # the replay reads the same file and says them once

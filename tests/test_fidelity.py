@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from orcasim.config import ScenarioError
 from orcasim.fidelity import (
     COLUMNS,
     check_replay_overrides,
@@ -158,7 +159,6 @@ def test_the_runs_format_and_the_scenarios_folder_are_passed_on(tmp_path: Path, 
     working directory when that folder is given."""
     import shutil
 
-    from orcasim.config import ScenarioError
     from orcasim.paths import PACKAGE_DATA_DIR
 
     log = tmp_path / "run-9.json"
@@ -464,3 +464,25 @@ def test_the_help_example_of_set_is_one_a_replay_takes() -> None:
     example = help_text.split("--set ")[-1]
     assert "=" in example, help_text
     check_replay_overrides([example])
+
+
+def test_the_python_form_refuses_a_system_it_would_not_find_before_replaying(tmp_path: Path) -> None:
+    """From a notebook, a mistyped system replayed the whole run and then raised KeyError
+    'c' inside; a system given as a string compared its characters (KeyError 'a' of 'ab'),
+    a run given as a path read each letter as a run ("--real r: given twice"), and an empty
+    list said pandas' "No objects to concatenate" (found testing the Python API)."""
+    log = _run_log(tmp_path)
+    with pytest.raises(ScenarioError, match=r"^systems = 'c': expected one of a, b$"):
+        fidelity_table(_scenario(), [log], ["c"], "orcasim")
+    with pytest.raises(ScenarioError, match=r"^systems = 'ab': expected one of a, b$"):
+        fidelity_table(_scenario(), [log], "ab", "orcasim")
+    with pytest.raises(ScenarioError, match=r"^systems = \[\]: expected at least one"):
+        fidelity_table(_scenario(), [log], [], "orcasim")
+    with pytest.raises(ScenarioError, match=r"^runs = \[\]: expected at least one"):
+        fidelity_table(_scenario(), [], ["a"], "orcasim")
+    with pytest.raises(ScenarioError, match=r"^fmt = 'azure': expected auto, orcasim, vllm or aiperf$"):
+        fidelity_table(_scenario(), [log], ["a"], "azure")
+    one, _ = fidelity_table(_scenario(), str(log), "a", "orcasim")
+    listed, _ = fidelity_table(_scenario(), [log], ["a"], "orcasim")
+    pd.testing.assert_frame_equal(one, listed)
+    assert one["run"].unique().tolist() == ["run-7"]
