@@ -8,7 +8,7 @@ import dataclasses
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -568,6 +568,9 @@ def run_scenario(
     `base_dir`, by default the scenario file's folder. A `sweep:` block is not run here: its
     points are `orcasim.sweeps.run_scenario_sweep`'s, as `orcasim run` runs them."""
     overrides = one_or_more(overrides)
+    if not isinstance(scenario, Scenario | dict | str | PurePath):  # os.fspath's TypeError else
+        raise ScenarioError(f"scenario = {scenario!r:.80}: expected a Scenario, a mapping of its "
+                            "keys or a YAML file's path")
     if isinstance(scenario, Scenario) and overrides:
         base_dir = base_dir or scenario.source_dir
         scenario = scenario.given_data()  # an override of the hardware derives its own KV capacity

@@ -11,7 +11,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal, Self
 
 import yaml
@@ -600,10 +600,27 @@ def read_text_file(path: Path) -> str:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def one_or_more(overrides: list[str] | tuple[str, ...] | str) -> list[str] | tuple[str, ...]:
+def one_or_more(overrides: list[str] | tuple[str, ...] | str | None) -> list[str] | tuple[str, ...]:
     """Overrides as given from Python: one may come alone, a string, which is that one
-    override and not its characters (`load_scenario(path, "seed=2")` said "override 's'")."""
-    return (overrides,) if isinstance(overrides, str) else overrides
+    override and not its characters (`load_scenario(path, "seed=2")` said "override 's'");
+    None is none. Anything else is refused here: a dict or a number raised TypeError (or
+    "override 'seed'" for a dict's key) from inside."""
+    if overrides is None:
+        return ()
+    if isinstance(overrides, str):
+        return (overrides,)
+    if not isinstance(overrides, list | tuple) or not all(isinstance(o, str) for o in overrides):
+        raise ScenarioError(f"overrides = {overrides!r:.80}: expected KEY=VALUE strings, one alone "
+                            "or a list, e.g. ['workload.num_requests=100']")
+    return overrides
+
+
+def as_path(path: object, what: str = "path") -> Path:
+    """`path` (a str or a Path) as a Path; anything else is a ScenarioError naming it, not
+    os.fspath's TypeError."""
+    if not isinstance(path, str | PurePath):
+        raise ScenarioError(f"{what} = {path!r:.80}: expected a YAML file's path (str or Path)")
+    return Path(path)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str = (),
@@ -613,7 +630,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str
     (`--set KEY=VALUE`; a sweep file's `set:` list; or one such key per override). One
     override may be given alone, as `run_scenario` takes it."""
     overrides = one_or_more(overrides)
-    path = Path(path)
+    path = as_path(path)
     text = read_text_file(path)
     try:
         data = yaml_strict.load(text)

@@ -130,6 +130,27 @@ def test_load_scenario_takes_one_override_alone_as_run_scenario_does() -> None:
         load_scenario(path, "seed=-5")
 
 
+@pytest.mark.parametrize(("scenario", "overrides", "message"), [
+    (None, (), r"^scenario = None: expected a Scenario, a mapping of its keys or a YAML file's path$"),
+    (3, (), r"^scenario = 3: expected a Scenario"),
+    ("QUICKSTART", {"seed": 3}, r"^overrides = \{'seed': 3\}: expected KEY=VALUE strings, one alone or a list"),
+    ("QUICKSTART", 3, r"^overrides = 3: expected KEY=VALUE strings"),
+    ("QUICKSTART", [("seed", 3)], r"^overrides = \[\('seed', 3\)\]: expected KEY=VALUE strings"),
+])
+def test_a_wrong_type_from_python_is_named_as_the_argument_it_is(scenario: object, overrides: object,
+                                                                 message: str) -> None:
+    """run_scenario(None) raised os.fspath's TypeError ("expected str, bytes or
+    os.PathLike object, not NoneType"), overrides=3 "'int' object is not iterable", and a
+    dict of overrides "override 'seed': expected KEY=VALUE" of its key (found testing the
+    Python API as a notebook would)."""
+    if scenario == "QUICKSTART":
+        scenario = Path(__file__).parent.parent / "scenarios" / "quickstart.yaml"
+    with pytest.raises(ScenarioError, match=message):
+        run_scenario(scenario, overrides)  # type: ignore[arg-type]
+    with pytest.raises(ScenarioError, match=r"^path = None: expected a YAML file's path"):
+        load_scenario(None)  # type: ignore[arg-type]
+
+
 def test_a_loaded_scenario_keeps_its_folder_for_relative_paths(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from sweep_files import write_trace_scenario
