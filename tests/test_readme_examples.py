@@ -195,3 +195,21 @@ def test_the_overhead_defaults_the_readme_tabulates_are_the_codes() -> None:
             assert OverheadConfig.model_fields[key].default == pytest.approx(stated_s, rel=1e-12), key
     named = {k for keys, _, _ in rows for k in re.findall(r"`([a-z_]+)`", keys)}
     assert named == set(OverheadConfig.model_fields)
+
+
+def test_the_readme_python_blocks_run_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's Python blocks run in a fresh namespace from the repository root, with
+    warnings as errors, as pasted into a notebook would: none was run by any test. The
+    quickstart one leaves `result` with both systems and the frame it names."""
+    import warnings
+
+    blocks = re.findall(r"^```python\n(.*?)^```$", README.read_text(), re.S | re.M)
+    assert blocks
+    monkeypatch.chdir(ROOT)
+    for block in blocks:
+        namespace: dict[str, Any] = {"__name__": "readme"}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
+    assert list(namespace["result"].systems) == ["request-level", "orca"]
+    assert len(namespace["result"].systems["orca"].requests) == 2000
