@@ -13,7 +13,7 @@ from orcasim.config import ScenarioError
 from orcasim.metrics import SERVED_FILL_QUANTILE, served_rps
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, load_scenario
-from orcasim.sweeps import run_scenario_sweep, scenario_sweep, throughput_under_bound
+from orcasim.sweeps import keeps_up, run_scenario_sweep, scenario_sweep, throughput_under_bound
 from orcasim.sweeps.table import SUSTAIN_FRACTION
 from tests.conftest import make_scenario
 from tests.test_cli import orcasim
@@ -259,3 +259,22 @@ def test_a_short_run_of_a_fleet_that_keeps_up_keeps_up(tmp_path: Path) -> None:
     assert row["saturated"] == 0 and row["throughput_rps"] < 0.7 * row["offered_rps"]
     assert row["served_rps"] == pytest.approx(row["offered_rps"], rel=0.1)
     assert throughput_under_bound(frame, float("inf"))["rr"] == row["throughput_rps"]
+
+
+def test_throughput_under_bound_names_a_table_or_bound_it_cannot_read() -> None:
+    """From a notebook, a run's summary_frame() (no 'system' or 'offered_rps' column)
+    raised KeyError 'offered_rps' inside, a bound given as text "Invalid comparison between
+    dtype=float64 and str", and a negative bound returned NaN for every system (found
+    testing the Python API)."""
+    summary = pd.DataFrame({"throughput_rps": [1.0], "normalized_latency_s_per_token_p50": [0.1]},
+                           index=["a"])
+    with pytest.raises(ScenarioError, match=r"^table: no column 'system', 'offered_rps'; expected "
+                                            r"a sweep's tidy table"):
+        throughput_under_bound(summary, 0.2)
+    with pytest.raises(ScenarioError, match=r"^table: no column 'offered_rps'"):
+        keeps_up(summary)
+    frame = summary.assign(system="a", offered_rps=1.0)
+    for bound in ("0.2", -1.0, float("nan")):
+        with pytest.raises(ScenarioError, match=r"^bound_s = .*: expected a positive number"):
+            throughput_under_bound(frame, bound)  # type: ignore[arg-type]
+    assert throughput_under_bound(frame, 0.2)["a"] == 1.0

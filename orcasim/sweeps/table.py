@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from numbers import Real
 
 import numpy as np
 import pandas as pd
 
 from orcasim.columns import param_columns
+from orcasim.config import ScenarioError
 from orcasim.sweeps.task import Outcome
 
 THROUGHPUT = "throughput_rps"
@@ -41,6 +43,10 @@ def throughput_under_bound(
     measured row, not an interpolation: the sweep's grid sets the resolution (with
     replications, each one counts on its own). NaN when no row qualifies.
     """
+    _check_sweep_table(table, ("system", MEDIAN_LATENCY, THROUGHPUT, "offered_rps"))
+    if isinstance(bound_s, bool) or not isinstance(bound_s, Real) or not bound_s > 0:
+        raise ScenarioError(f"bound_s = {bound_s!r}: expected a positive number of seconds per "
+                            "token (the median normalized latency's bound)")
     _warn_mixed_configurations(table)
     ok = table[(table[MEDIAN_LATENCY] <= bound_s) & keeps_up(table, sustain_fraction)]
     best = ok.groupby("system", sort=False)[THROUGHPUT].max()
@@ -52,11 +58,22 @@ def keeps_up(table: pd.DataFrame, sustain_fraction: float = SUSTAIN_FRACTION) ->
     while requests arrived (`served_rps`; its throughput where that is NaN or the table has
     none) at least `sustain_fraction` of the realised arrival rate (`offered_rps`). The one
     rule that `throughput_under_bound` and any report of a sweep's grid read."""
+    _check_sweep_table(table, (THROUGHPUT, "offered_rps"))
     # No rate offered (every request sent at once at the start: a closed loop with as many
     # clients as requests) is nothing to fall behind.
     offered = table["offered_rps"]
     served = table[SERVED].fillna(table[THROUGHPUT]) if SERVED in table else table[THROUGHPUT]
     return (served >= sustain_fraction * offered) | offered.isna()
+
+
+def _check_sweep_table(table: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """A ScenarioError for a table without the sweep columns read: a run's `summary_frame()`
+    (its systems in the index, no `offered_rps`) raised KeyError 'offered_rps' inside."""
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ScenarioError(f"table: no column {', '.join(map(repr, missing))}; expected a sweep's "
+                            "tidy table (sweep.csv, or run_sweep_in_memory(...).table), not a "
+                            "run's summary_frame()")
 
 
 def _warn_mixed_configurations(table: pd.DataFrame) -> None:
