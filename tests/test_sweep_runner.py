@@ -13,6 +13,7 @@ from sweep_files import TINY_SCENARIO, write_grid_4x3, write_sweep
 from typer.testing import CliRunner
 
 from orcasim.cli import app
+from orcasim.config import ScenarioError
 from orcasim.sweeps import load_sweep, run_sweep, run_sweep_in_memory
 
 
@@ -181,6 +182,16 @@ def test_cli_workers_below_one_names_the_option(tmp_path: Path, command: str) ->
     assert res.exit_code == 2, res.output
     assert res.output.strip() == "error: --workers = 0: expected at least 1"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("workers", ["2", 1.5, True])
+def test_workers_that_are_no_whole_number_are_refused_from_python(tmp_path: Path, workers: object) -> None:
+    """run_sweep_in_memory(sweep, workers="2") raised "'<' not supported between instances of
+    'str' and 'int'" and workers=1.5 "'float' object cannot be interpreted as an integer" from
+    the pool (found testing the sweep API as a notebook would)."""
+    sweep = load_sweep(write_grid_4x3(tmp_path))
+    with pytest.raises(ScenarioError, match=r"^--workers = .*: expected a whole number, at least 1$"):
+        run_sweep_in_memory(sweep, workers=workers)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

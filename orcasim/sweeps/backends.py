@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from numbers import Integral
 from typing import Any, Literal
 
 from orcasim.config import ScenarioError
@@ -45,6 +46,9 @@ def check_backend(backend: str, workers: int | None, address: str | None = None)
     if backend not in ("local", "ray"):
         # Named as the command line writes them, as --address is: 'workers = 0' named no option.
         raise ScenarioError(f"--backend = {backend!r}: expected 'local' or 'ray'")
+    # From Python, a float or a string raised TypeError from the pool ('2' < 1, range(1.5)).
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, Integral)):
+        raise ScenarioError(f"--workers = {workers!r}: expected a whole number, at least 1")
     if workers is not None and workers < 1:
         raise ScenarioError(f"--workers = {workers}: expected at least 1")
     if backend == "ray" and address is not None:
