@@ -7,6 +7,7 @@ import re
 import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 import matplotlib
@@ -87,6 +88,8 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
     column is one system's), over the requests arriving at or after `warmup_s`, as the
     summary counts them. Systems in `saturated` are labelled so, and drawn dotted: their
     curves describe the run's length, not the server."""
+    if isinstance(warmup_s, bool) or not isinstance(warmup_s, Real) or math.isnan(warmup_s):
+        raise ValueError(f"warmup_s = {warmup_s!r}: expected a number of seconds")
     requests = _one_system(requests)
     _checked(requests, (*CDF_METRICS, "arrival_s" if warmup_s > 0 else None), "the requests table",
              empty_ok=True)
@@ -180,6 +183,14 @@ def binned_time_average(iterations: pd.DataFrame, column: str, edges_s: np.ndarr
     integral = np.column_stack([before, before + area]).ravel()
     at_edges = np.interp(edges_s, times, integral, left=0.0, right=integral[-1])
     return np.diff(at_edges) / np.diff(edges_s)
+
+
+def check_num_bins(num_bins: int) -> None:
+    """A ValueError naming a count of windows that is no whole number of at least one:
+    replica_load divided by zero at 0 and drew empty axes at -1; a float or a string raised
+    numpy's or Python's TypeError."""
+    if isinstance(num_bins, bool) or not isinstance(num_bins, Integral) or num_bins < 1:
+        raise ValueError(f"num_bins = {num_bins!r}: expected a whole number of windows, at least 1")
 
 
 def time_bins(iterations: pd.DataFrame, num_bins: int,
@@ -288,6 +299,7 @@ def replica_load(iterations: pd.DataFrame, title: str, num_bins: int = 120,
     on the first stage each, so the rows' batch size counted one micro-batch of the several
     in flight, and none while only later stages worked (`orcasim.pipeline`).
     """
+    check_num_bins(num_bins)
     _checked(iterations, ("start_s", "duration_s", "batch_size", "num_waiting", "replica"),
              "the iterations table", empty_ok=True)
     counted = _pipelined_requests(requests, pipelined)
@@ -329,7 +341,7 @@ def _counts_from_zero(ax: Any) -> None:
 
 
 def timelines(
-    iterations: pd.DataFrame, columns: tuple[str, ...] = tuple(TIMELINE_COLUMNS), num_bins: int = 120
+    iterations: pd.DataFrame, columns: tuple[str, ...] | str = tuple(TIMELINE_COLUMNS), num_bins: int = 120
 ) -> Figure:
     """Batch size, queue length and KV usage over simulated time, one panel each.
 
@@ -337,9 +349,10 @@ def timelines(
     time average over `num_bins` equal windows, per `system` (a frame without that column
     is one system's).
     """
-    if num_bins < 1 or not columns:
-        raise ValueError(f"num_bins = {num_bins}, columns = {columns!r}: expected at least one "
-                         "window and one column")
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)  # one alone, not its letters
+    if not columns:
+        raise ValueError("columns = (): expected at least one of the iterations table's columns")
+    check_num_bins(num_bins)
     iterations = _one_system(iterations)
     _checked(iterations, ("start_s", "duration_s", *columns), "the iterations table", empty_ok=True)
     end_s, edges_s, mids_s = time_bins(iterations, num_bins)

@@ -927,3 +927,26 @@ def test_a_pipelined_replica_s_load_counts_every_batch_in_flight(
                                                   ("arrival_s", "first_scheduled_s")), strict=True):
                 want = _hand_time_average(mine[start].to_numpy(), mine[end].to_numpy(), edges_s)
                 np.testing.assert_allclose(line.get_ydata(), want, rtol=1e-9, atol=1e-9)
+
+
+def test_a_count_of_windows_a_column_or_a_warm_up_of_the_wrong_kind_is_one_line() -> None:
+    """From a notebook: replica_load(num_bins=0) raised ZeroDivisionError and num_bins=-1
+    drew empty axes; num_bins=2.5 or "10" raised numpy's or Python's TypeError in either
+    figure; timelines(frame, "batch_size") read each letter as a column ("no column 'b',
+    'a', 't', ..."); latency_cdfs(warmup_s="5") "'>' not supported between 'str' and 'int'"
+    (found testing the plot API)."""
+    from orcasim.plots import replica_load
+
+    steps = iterations([(0.0, 1.0, 2), (1.0, 1.0, 4)]).assign(num_waiting=0, replica=0)
+    for bins in (0, -1, 2.5, "10"):
+        for draw in (lambda: replica_load(steps, "c", num_bins=bins),  # noqa: B023
+                     lambda: timelines(steps, ("batch_size",), num_bins=bins)):  # noqa: B023
+            with pytest.raises(ValueError, match=r"^num_bins = .*: expected a whole number of "
+                                                 r"windows, at least 1$"):
+                draw()
+    one = timelines(steps, "batch_size", num_bins=2)
+    assert len(one.axes) == 1 and one.axes[0].get_lines()[0].get_ydata().tolist() == [2.0, 4.0]
+    reqs = pd.DataFrame({"system": ["a"], "arrival_s": [0.0], "ttft_s": [0.1], "tpot_s": [0.01],
+                         "e2e_s": [1.0], "normalized_latency_s_per_token": [0.1]})
+    with pytest.raises(ValueError, match=r"^warmup_s = '5': expected a number of seconds$"):
+        latency_cdfs(reqs, warmup_s="5")  # type: ignore[arg-type]
