@@ -516,6 +516,11 @@ def latency_vs_throughput(
     """
     _checked(table, ("system", "throughput_rps", metric, along), "the sweep table",
              text_ok=("system", along))
+    if slo is not None and (isinstance(slo, bool) or not isinstance(slo, Real)
+                            or not 0 < slo < math.inf):
+        # '0.05' raised "Unknown format code 'g'"; -1, 0 and NaN drew no line, unsaid.
+        raise ValueError(f"slo = {slo!r}: expected a positive number, the bound on {metric} "
+                         "in its unit, or None")
     load = along or load_parameter(table)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()

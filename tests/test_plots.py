@@ -950,3 +950,18 @@ def test_a_count_of_windows_a_column_or_a_warm_up_of_the_wrong_kind_is_one_line(
                          "e2e_s": [1.0], "normalized_latency_s_per_token": [0.1]})
     with pytest.raises(ValueError, match=r"^warmup_s = '5': expected a number of seconds$"):
         latency_cdfs(reqs, warmup_s="5")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("slo", ["0.05", -1.0, 0.0, float("nan"), float("inf")])
+def test_an_slo_line_that_cannot_be_drawn_is_one_line(slo: object) -> None:
+    """latency_vs_throughput(table, slo="0.05") raised "Unknown format code 'g' for object
+    of type 'str'", and -1, 0 or NaN drew no line without a word, where `orcasim plot --slo`
+    refuses them (found testing the plot API from Python)."""
+    table = pd.DataFrame({"system": ["a", "a"], "throughput_rps": [1.0, 2.0],
+                          "normalized_latency_s_per_token_p50": [0.1, 0.2],
+                          "workload.arrival.rate_per_s": [1.0, 2.0], "point": [0, 1],
+                          "replication": 0, "seed": 0})
+    with pytest.raises(ValueError, match=r"^slo = .*: expected a positive number, the bound on "
+                                         r"normalized_latency_s_per_token_p50 in its unit, or None$"):
+        latency_vs_throughput(table, slo=slo)  # type: ignore[arg-type]
+    assert "SLO = 0.15 s/token" in latency_vs_throughput(table, slo=0.15).axes[0].get_legend_handles_labels()[1]
