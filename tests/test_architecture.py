@@ -257,3 +257,16 @@ def test_every_exported_name_has_a_docstring(name: str) -> None:
     module = importlib.import_module(name)
     assert [n for n in module.__all__ if not hasattr(module, n)] == []
     assert _undocumented(module) == []
+
+
+def test_dir_lists_each_public_name_once_loaded_or_not() -> None:
+    """dir(orcasim) listed 'RunResult', 'RunResult', ... once the names were loaded (in
+    globals and in the lazy table both; found testing the API as a notebook would)."""
+    import subprocess
+    import sys
+
+    code = ("import orcasim; before = dir(orcasim); orcasim.run_scenario; orcasim.Scenario; "
+            "after = dir(orcasim); print(len(after) - len(set(after)), "
+            "set(orcasim.__all__) <= set(before))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "True"]
