@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from numbers import Real
 from typing import Any, Self
 
 import numpy as np
@@ -166,6 +167,9 @@ def attains(reqs: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
 
 def within(values: np.ndarray | float, bound_s: float) -> np.ndarray | bool:
     """Whether latencies meet a bound: at or below it, up to the clock's rounding (`ROUNDING_S`)."""
+    if isinstance(bound_s, bool) or not isinstance(bound_s, Real) or math.isnan(bound_s):
+        # From a notebook, within(r["ttft_s"], "0.25") said "can only concatenate str".
+        raise ValueError(f"bound_s = {bound_s!r}: expected a number of seconds")
     return np.less_equal(values, bound_s + ROUNDING_S)
 
 

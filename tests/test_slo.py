@@ -8,7 +8,7 @@ import pytest
 
 from orcasim import run_scenario
 from orcasim.config import ScenarioError
-from orcasim.slo import SLOConfig, attains, parse_target, slo_from_strings, slo_summary
+from orcasim.slo import SLOConfig, attains, parse_target, slo_from_strings, slo_summary, within
 from tests.conftest import make_scenario
 
 
@@ -279,3 +279,14 @@ def test_one_token_outputs_count_in_a_tpot_percentile_over_every_request() -> No
     only_one = reqs.assign(tpot_s=np.nan)
     assert slo_summary(only_one.iloc[:99], SLOConfig(targets=["tpot_p99 <= 0.1"]))["slo_met"] == 1.0
     assert slo_summary(only_one, SLOConfig(targets=["tpot_p99.5 <= 0.1"]))["slo_met"] == 0.0
+
+
+def test_within_takes_a_bound_in_seconds_and_names_one_it_cannot_read() -> None:
+    """05_cluster.ipynb scores requests with `within(r["ttft_s"], TTFT_SLO_S)`; a bound given
+    as text raised "can only concatenate str (not "float") to str" (found testing the
+    notebook API). At the bound counts, up to the clock's rounding; NaN is never within."""
+    assert within(np.array([0.1, 0.25, 0.25 + 1e-12, 0.3, np.nan]), 0.25).tolist() == [
+        True, True, True, False, False]
+    for bound in ("0.25", None, float("nan")):
+        with pytest.raises(ValueError, match=r"^bound_s = .*: expected a number of seconds$"):
+            within(np.array([0.1]), bound)  # type: ignore[arg-type]
