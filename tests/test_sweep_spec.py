@@ -309,3 +309,16 @@ def test_one_override_alone_is_one_override_in_python(tmp_path: Path) -> None:
     assert loaded.tasks()[0].scenario().workload.num_requests == 20
     assert made.spec.set == ["workload.num_requests=20"]
     assert made.tasks()[0].scenario().workload.num_requests == 20
+
+
+def test_a_base_that_is_no_path_is_named(tmp_path: Path) -> None:
+    """make_sweep(scenario, ...) with a loaded Scenario (or its dict) raised os.fspath's
+    "expected str, bytes or os.PathLike object, not Scenario" (found testing the Python API
+    as a notebook would)."""
+    from orcasim.scenario import load_scenario
+
+    write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]")
+    scenario = load_scenario(tmp_path / "tiny.yaml")
+    for base in (scenario, scenario.given_data()):
+        with pytest.raises(ScenarioError, match=r"^base = .*: expected a YAML file's path \(str or Path\)$"):
+            make_sweep(base, {"workload.arrival.rate_per_s": [1.0]})  # type: ignore[arg-type]

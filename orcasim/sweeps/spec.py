@@ -51,6 +51,7 @@ from orcasim.scenario import (
     NAME_PATTERN,
     Scenario,
     apply_params,
+    as_path,
     column_problem,
     data_inputs,
     load_scenario,
@@ -300,7 +301,8 @@ def make_sweep(
     overrides: list[str] | tuple[str, ...] | str | None = None,
 ) -> Sweep:
     """The Python form of a sweep file, for notebooks and scripts; `overrides` (one may be
-    given alone) are its `set:` list."""
+    given alone) are its `set:` list. `base` is a scenario file's path, as a sweep file's is."""
+    base = as_path(base, "base")  # a Scenario or a dict raised os.fspath's TypeError
     data = {"name": name, "base": str(base), "set": list(one_or_more(overrides or [])), "replications": replications,
             "seed": seed, "grid": {"mode": mode, "parameters": parameters}}
     _refuse_a_sweep_as_base(Path(base), f"base = {str(base)!r}")
