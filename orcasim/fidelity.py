@@ -144,11 +144,15 @@ def fidelity_table(
     systems: list[str] | str, fmt: str = "auto", base_dir: Path | None = None,
 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """Every run against every named system: the long table (with `run` and `system`
-    columns) and the frames for the figures, keyed `run/system`. `scenario` may be a path,
-    and one run or one system may be given alone; a system the scenario does not run, or an
+    columns) and the frames for the figures, keyed `run/system`. `scenario` may be a path;
+    its data paths resolve from `base_dir`, by default the scenario file's folder, as
+    `run_scenario` resolves them. One run or one system may be given alone; a system the scenario does not run, or an
     empty list, is a ScenarioError before any run is replayed."""
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
+    # The replay is a new scenario, without the loaded one's folder: its data paths (a
+    # fitted cost's file) were looked for in the working folder.
+    base_dir = base_dir or scenario.source_dir
     runs = [Path(runs)] if isinstance(runs, str | Path) else [Path(p) for p in runs]
     systems = [systems] if isinstance(systems, str) else list(systems)
     if not runs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -87,6 +88,21 @@ def _scenario(**changes: object) -> object:
         **changes})
 
 
+def _priced_from(folder: Path) -> Any:
+    """One paged system priced by a DistServe profile copied into `folder`, which the
+    scenario names by a path relative to that folder."""
+    import shutil
+
+    from orcasim.paths import PACKAGE_DATA_DIR
+
+    folder.mkdir()
+    shutil.copy(PACKAGE_DATA_DIR / "profiles/distserve/profiler-a100-80g.vllm.json", folder / "profile.json")
+    return _scenario(**{
+        "sweep": None, "model": "opt-13b", "hardware": {"gpu": "a100-80gb"},
+        "cost": {"kind": "fitted", "path": "profile.json", "model": "opt-13b", "tensor_parallel": 1},
+        "systems": [{"name": "a", "scheduler": {"kind": "paged", "max_num_seqs": 4}}]})
+
+
 def _run_log(tmp_path: Path) -> Path:
     """Three requests at 0, 1 and 2 s, with what a real server measured."""
     tmp_path.mkdir(exist_ok=True)
@@ -157,19 +173,10 @@ def test_the_runs_format_and_the_scenarios_folder_are_passed_on(tmp_path: Path, 
     auto-detection takes for Mooncake) is read as the format given, in the measurements and
     in the replay; a cost file named relative to the scenario's folder is found from any
     working directory when that folder is given."""
-    import shutil
-
-    from orcasim.paths import PACKAGE_DATA_DIR
-
     log = tmp_path / "run-9.json"
     log.write_text(_run_log(tmp_path).read_text())
     folder = tmp_path / "scenario"
-    folder.mkdir()
-    shutil.copy(PACKAGE_DATA_DIR / "profiles/distserve/profiler-a100-80g.vllm.json", folder / "profile.json")
-    scenario = _scenario(**{
-        "sweep": None, "model": "opt-13b", "hardware": {"gpu": "a100-80gb"},
-        "cost": {"kind": "fitted", "path": "profile.json", "model": "opt-13b", "tensor_parallel": 1},
-        "systems": [{"name": "a", "scheduler": {"kind": "paged", "max_num_seqs": 4}}]})
+    scenario = _priced_from(folder)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -486,3 +493,25 @@ def test_the_python_form_refuses_a_system_it_would_not_find_before_replaying(tmp
     listed, _ = fidelity_table(_scenario(), [log], ["a"], "orcasim")
     pd.testing.assert_frame_equal(one, listed)
     assert one["run"].unique().tolist() == ["run-7"]
+
+
+def test_a_loaded_scenario_replays_from_its_own_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """fidelity_table(load_scenario("x/s.yaml"), ...) without base_dir looked for a cost file
+    named relative to x/ in the working folder: the replay, a new scenario, lost the loaded
+    one's folder, where run_scenario of the same object finds it (found testing the notebook
+    API from another folder). A path given as the scenario replays from its folder too."""
+    import yaml
+
+    from orcasim.scenario import load_scenario
+
+    log = _run_log(tmp_path)
+    folder = tmp_path / "scenario"
+    (folder / "s.yaml").write_text(yaml.safe_dump(_priced_from(folder).given_data()))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    given, _ = fidelity_table(load_scenario(folder / "s.yaml"), [log], ["a"], "orcasim", base_dir=folder)
+    loaded, _ = fidelity_table(load_scenario(folder / "s.yaml"), [log], ["a"], "orcasim")
+    by_path, _ = fidelity_table(folder / "s.yaml", [log], ["a"], "orcasim")
+    pd.testing.assert_frame_equal(loaded, given)
+    pd.testing.assert_frame_equal(by_path, given)
