@@ -9,6 +9,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import Result
@@ -197,6 +198,9 @@ def test_replications_that_found_no_rate_are_named() -> None:
 
 # --- a tester's cases: M/D/1, one request at a time, each exactly 0.1 s (10 req/s at most) ---
 
+# MD1's highest Poisson rate within e2e_p90 <= 1: the M/D/1 waiting time (Erlang's formula,
+# service 0.1 s) is within 0.9 s for 90% of requests at 8.817 req/s.
+MD1_E2E_P90_1_RPS = 8.817
 MD1 = {"name": "md1", "seed": 7,
        "workload": {"num_requests": 60, "arrival": {"kind": "poisson", "rate_per_s": 5.0},
                     "prompt_tokens": {"kind": "constant", "value": 1},
@@ -802,3 +806,41 @@ def test_an_interrupted_search_prints_a_resume_command_to_paste(
     assert result.stderr.strip().endswith(
         f"Resume with: orcasim capacity {spec} --slo 'ttft_p90<=0.5' --replications 2 "
         f"--requests 300 --rel-tol 0.02 --no-plots --out {out} --set seed=3 --resume"), result.stderr
+
+
+def test_a_rate_whose_short_run_completes_below_its_arrivals_fails() -> None:
+    """The saturation tests need a queue to grow long enough to see: over --requests 40,
+    MD1's server (10 req/s at most; within e2e_p90 <= 1 up to 8.82 by M/D/1's waiting-time
+    distribution) read queue z 1.6 at 20 req/s, and 10 replications answered 12.37 on average,
+    up to 15.42. A run that completes under 0.9 of its arrivals while they come does not keep
+    up (the sweep's rule, `keeps_up`), and its completions measure the server at full load:
+    they answer 8.9 now (9.95 on the first alone), and each answer's run kept up."""
+    jobs = cap.search_jobs(scenario_from_dict(MD1), Path("."), slo_from_strings(["e2e_p90=1"]),
+                           10, cap.SearchSettings(num_requests=40))
+    result = cap.run_capacity(jobs, workers=2)
+    assert not result.failed
+    assert result.table["max_rate_per_s"].iloc[0] == pytest.approx(MD1_E2E_P90_1_RPS, rel=0.1)
+    tried = result.evaluations
+    assert (tried.loc[tried["passes"] == 1, "kept_up"] == 1).all()
+
+
+def test_a_run_that_did_not_keep_up_measures_the_full_load_rate() -> None:
+    """Failed on keeping up alone, a run measured nothing: GPT-3 175B orca-bs16 over
+    --requests 300 failed 8.0 req/s so (6.75 served), never saturated a queue, and passed 7.42
+    where its saturated runs admit 6.7 to 7.1."""
+    assert cap._full_load_or_served(math.nan, 6.75, kept=False) == 6.75
+    assert math.isnan(cap._full_load_or_served(math.nan, 6.75, kept=True))
+    assert cap._full_load_or_served(7.0, 6.75, kept=False) == 7.0  # a grown queue's admissions
+
+
+def test_a_request_turned_away_is_no_load_to_keep_up_with() -> None:
+    """A request rejected as never fitting is never served: counted as offered, a server
+    answering every other one at once read 0.8 of its load where a fifth were turned away,
+    and failed every rate however light."""
+    arrival_s = np.arange(100, dtype=np.float64) / 10.0
+    rejected = np.arange(100) % 5 == 0
+    reqs = pd.DataFrame({"arrival_s": arrival_s, "rejected": rejected,
+                         "finish_s": np.where(rejected, np.nan, arrival_s + 0.05)})
+    offered, served = cap.offered_and_served_rps(reqs, 0.0)
+    assert offered == pytest.approx(99 / 9.9 * 0.8)
+    assert served == pytest.approx(offered, rel=0.02)
