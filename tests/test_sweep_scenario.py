@@ -12,7 +12,7 @@ import pytest
 from orcasim.config import ScenarioError
 from orcasim.metrics import SERVED_FILL_QUANTILE, served_rps
 from orcasim.run import run_scenario
-from orcasim.scenario import Scenario, load_scenario
+from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.sweeps import keeps_up, run_scenario_sweep, scenario_sweep, throughput_under_bound
 from orcasim.sweeps.table import SUSTAIN_FRACTION
 from tests.conftest import make_scenario
@@ -278,3 +278,28 @@ def test_throughput_under_bound_names_a_table_or_bound_it_cannot_read() -> None:
         with pytest.raises(ScenarioError, match=r"^bound_s = .*: expected a positive number"):
             throughput_under_bound(frame, bound)  # type: ignore[arg-type]
     assert throughput_under_bound(frame, 0.2)["a"] == 1.0
+
+def test_a_request_turned_away_as_never_fitting_is_no_load_to_keep_up_with() -> None:
+    """A paged server at 2 req/s (0.01 s iterations) with KV for 400 tokens rejects 130 of
+    400 quickstart-like requests as never fitting: it completed 1.35 of its 2.02 req/s while
+    they arrived, and the row failed the keeps-up test at any load; the rest, 1.36 req/s, it
+    served as they came."""
+    sc = scenario_from_dict({
+        "name": "rejects", "seed": 1,
+        "workload": {"num_requests": 400, "arrival": {"kind": "poisson", "rate_per_s": 2.0},
+                     "prompt_tokens": {"kind": "uniform", "low": 32, "high": 512},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 128},
+                     "max_tokens": 640},
+        "cost": {"kind": "linear", "base_s": 0.01, "per_token_s": 2e-5,
+                 "per_context_token_s": 1e-7},
+        "kv_capacity_tokens": 400,
+        "systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_seqs": 8,
+                                                "max_num_batched_tokens": 2048}}],
+        "sweep": {"parameter": "workload.arrival.rate_per_s", "values": [2.0]}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the rejections, said
+        frame = run_scenario_sweep(sc, Path.cwd())
+    row = frame.iloc[0]
+    assert row["requests_rejected"] == 130 and row["served_rps"] < 0.7 * row["offered_rps"]
+    assert keeps_up(frame).all()
+    assert throughput_under_bound(frame, float("inf"))["p"] == row["throughput_rps"]

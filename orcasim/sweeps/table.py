@@ -61,7 +61,7 @@ def keeps_up(table: pd.DataFrame, sustain_fraction: float = SUSTAIN_FRACTION) ->
     _check_sweep_table(table, (THROUGHPUT, "offered_rps"))
     # No rate offered (every request sent at once at the start: a closed loop with as many
     # clients as requests) is nothing to fall behind.
-    offered = table["offered_rps"]
+    offered = table["offered_rps"] * answered_share(table)
     served = table[SERVED].fillna(table[THROUGHPUT]) if SERVED in table else table[THROUGHPUT]
     return (served >= sustain_fraction * offered) | offered.isna()
 
@@ -74,6 +74,17 @@ def _check_sweep_table(table: pd.DataFrame, columns: tuple[str, ...]) -> None:
         raise ScenarioError(f"table: no column {', '.join(map(repr, missing))}; expected a sweep's "
                             "tidy table (sweep.csv, or run_sweep_in_memory(...).table), not a "
                             "run's summary_frame()")
+
+
+def answered_share(table: pd.DataFrame) -> pd.Series | float:
+    """Per row, the share of its measured requests not turned away as never fitting (1
+    without the counts): a rejected request is no load a server falls behind on, and counted
+    as offered, a paged server at 2 req/s that rejected 130 of 400 completed 0.67 of its
+    arrival rate and failed the keeps-up test at any load."""
+    if not {"requests_completed", "requests_rejected"} <= set(table.columns):
+        return 1.0
+    measured = table["requests_completed"] + table["requests_rejected"]
+    return (1.0 - table["requests_rejected"] / measured).where(measured > 0, 1.0)
 
 
 def _warn_mixed_configurations(table: pd.DataFrame) -> None:
