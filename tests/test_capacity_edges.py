@@ -844,3 +844,21 @@ def test_a_request_turned_away_is_no_load_to_keep_up_with() -> None:
     offered, served = cap.offered_and_served_rps(reqs, 0.0)
     assert offered == pytest.approx(99 / 9.9 * 0.8)
     assert served == pytest.approx(offered, rel=0.02)
+
+
+def test_a_search_from_where_no_run_admits_a_request_in_its_window_comes_back() -> None:
+    """From 1e7 req/s, MD1 over --requests 100: ten halvings end at 9,766 req/s, 10 ms of
+    arrivals in which the server (10 req/s) admits none, so no run measured its throughput,
+    and the search answered 0, saying no rate met the SLOs, where 8.8 req/s meets
+    e2e_p90 <= 1. Every run completed its requests at 10 req/s: halved down from that, it
+    finds the rate."""
+    data = {**MD1, "workload": {**MD1["workload"],  # type: ignore[dict-item]
+                                "arrival": {"kind": "poisson", "rate_per_s": 1e7}}}
+    jobs = cap.search_jobs(scenario_from_dict(data), Path("."), slo_from_strings(["e2e_p90=1"]),
+                           1, cap.SearchSettings(num_requests=100))
+    outcome = cap.search(jobs[0])
+    assert outcome.ok, outcome.error
+    assert 5.0 < outcome.max_rate_per_s < 10.0, outcome.max_rate_per_s
+    assert cap.completed_rps([{"rate_per_s": 1e4, "throughput_rps": 10.0},
+                              {"rate_per_s": 2e4, "throughput_rps": float("nan")}]) == 10.0
+    assert cap.completed_rps([{"rate_per_s": 1e4}]) == math.inf
