@@ -108,7 +108,7 @@ def test_update_writes_baselines_that_then_match(tmp_path: Path) -> None:
     moved["orca-b8"]["e2e_s_p50"] *= 1.5
     baseline.write_text(json.dumps(moved))
     res = CliRunner().invoke(app, ["check", "--update", "--scenarios", str(SCENARIOS),
-                                   "--baselines", str(tmp_path)], env={"COLUMNS": "200"})
+                                   "--baselines", str(tmp_path)])
     assert res.exit_code == 0 and "1 metric rewritten in" in res.output, res.output
     assert "e2e_s_p50" in res.output and repr(moved["orca-b8"]["e2e_s_p50"]) in res.output
     res = CliRunner().invoke(app, ["check", "--update", "--scenarios", str(SCENARIOS),
