@@ -241,6 +241,16 @@ def test_the_reports_prior_section_is_the_committed_records_and_the_readme_holds
     assert row.split(" | ")[2:] == [*expected[:-1], expected[-1] + " |"]
     readme = (ROOT / "results" / "validation" / "README.md").read_text()
     assert text in readme
+    # DistServe's fits leave the per-prompt-token term alone: its column reads '-', not a
+    # KeyError, and its weight's reason is its own (s^2 = 0.00186, not vLLM's 0.015).
+    distserve = prior_records("distserve")
+    assert set(distserve) == {0.00032}
+    text = "\n".join(prior_lines("distserve"))
+    fold = distserve[0.00032]["left_out"]["distserve-c21d11-300-9"]
+    assert (f"| distserve-c21d11-300-9 | 0.00032 | "
+            f"{1e3 * fold['parameters']['overhead.per_iteration_s']:.3f} |") in text
+    assert "| - |" in text and "s^2 = 0.00186" in text and "s^2 = 0.015" not in text
+    assert text in readme
 
 
 def test_the_reports_h200_kernels_beside_the_roofline() -> None:

@@ -372,7 +372,7 @@ def prior_records(setup: str) -> dict[float, dict[str, Any]]:
 
 # Why the weights are what they are: chosen from these figures before any left-out score
 # under a prior was seen (the left-out scores chose nothing).
-PRIOR_WEIGHTS_WHY = [
+PRIOR_WEIGHTS_WHY = {"vllm": [
     "The weights were chosen before any left-out score under a prior was seen, as W = s^2 / "
     "(n sigma^2): s^2 = 0.015, the loss of the fits on all four runs (0.0145 to 0.0150, below); "
     "sigma = ln 4 = 1.39, the spread of Vidur's own measurements of these terms at TP 1 (the "
@@ -381,7 +381,12 @@ PRIOR_WEIGHTS_WHY = [
     "CodeLlama-34B, least squares of the medians' sum (schedule, sampler e2e, prepare inputs "
     "e2e, process outputs) over batches 8 to 64 and 8 to 32: a factor of 1.5 an iteration and 3.9 a request, the wider taken for both); n = 3, one independent error "
     "a run (each run's error is mostly its engine's speed, below), gives 0.0026, and n = 54, "
-    "the 3 runs' 18 compared statistics each taken as independent, 0.00014.", ""]
+    "the 3 runs' 18 compared statistics each taken as independent, 0.00014.", ""],
+    "distserve": [
+    "The weight was fixed before the left-out scores under it were seen, by the vLLM runs' "
+    "rule (n = 3, one independent error a run; sigma = ln 4, the spread of Vidur's "
+    "measurements): W = s^2 / (3 sigma^2) with s^2 = 0.00186, the loss of the fit on all four "
+    "runs (`distserve_calibration.yaml`), gives 0.00032.", ""]}
 
 
 def prior_lines(setup: str) -> list[str]:
@@ -399,11 +404,9 @@ def prior_lines(setup: str) -> list[str]:
              "|---|---|---|---|---|---|"]
     for w, record in records.items():
         for name, fold in record["left_out"].items():
-            p = fold["parameters"]
-            terms.append(f"| {name} | {w:g} | {1e3 * p['overhead.per_iteration_s']:.3f} | "
-                         f"{1e3 * p['overhead.per_sequence_s']:.3f} | "
-                         f"{1e6 * p['overhead.per_prefill_token_s']:.2f} | "
-                         f"{1e3 * p['overhead.request_latency_s']:.2f} |")
+            terms.append(f"| {name} | {w:g} | " + " | ".join(
+                _fitted_term(fold["parameters"], term, scale, digits)
+                for term, scale, digits in PRIOR_TERMS) + " |")
     commits = ", ".join(sorted({str(r["commit"]) for r in records.values()}))
     return ["**With a sourced prior.** The same fits from the defaults, penalised toward them "
             "(`python -m calibrate logs --prior-weight W`: W x the sum of each term's squared "
@@ -411,12 +414,24 @@ def prior_lines(setup: str) -> list[str]:
             "way in default to 0 and have none), scored on the run left out (`python "
             f"scenarios/validation/leave_one_out.py --setup {setup} --prior-weight W`, commit "
             f"{commits}, records in `{setup}_leave_one_out_prior_<W>.yaml`; the shipped "
-            "scenario's terms are unchanged):", "", percent(scores), "", *PRIOR_WEIGHTS_WHY,
+            "scenario's terms are unchanged):", "", percent(scores), "",
+            *PRIOR_WEIGHTS_WHY.get(setup, []),
             "The terms each left-out fit under the prior came to:", "", *terms, "",
             *PRIOR_NOTES.get(setup, [])]
 
 
-# What the records under a prior say (measured 2026-12-06, commit 04ebf9b).
+# The terms of the table of fits under a prior: each with its unit's scale and digits.
+PRIOR_TERMS = (("overhead.per_iteration_s", 1e3, 3), ("overhead.per_sequence_s", 1e3, 3),
+               ("overhead.per_prefill_token_s", 1e6, 2), ("overhead.request_latency_s", 1e3, 2))
+
+
+def _fitted_term(parameters: dict[str, float], term: str, scale: float, digits: int) -> str:
+    """A left-out fit's value of `term` in the table's unit, '-' where the fit left it alone
+    (DistServe's fits hold the per-prompt-token term at the scenario's value)."""
+    return f"{scale * parameters[term]:.{digits}f}" if term in parameters else "-"
+
+
+# What the records under a prior say (measured 2026-12-06, commits 04ebf9b and 05d14f1).
 PRIOR_NOTES = {"vllm": [
     "At the larger weight (one independent error a run) the fit without vllm-300-3 keeps the "
     "iteration's time on the iteration, 0.93 ms an iteration (default 0.81) and 0.32 ms a "
@@ -428,7 +443,16 @@ PRIOR_NOTES = {"vllm": [
     "(every statistic independent) is too weak to leave the valley: without vllm-300-3 it "
     "stops at 0.47 ms an iteration and 0.60 ms a request and predicts it 43.0% off. Four runs "
     "are too few to choose a weight by their left-out scores, and neither weight was chosen "
-    "so; the shipped scenario's terms stay the record's.", ""]}
+    "so; the shipped scenario's terms stay the record's.", ""],
+    "distserve": [
+    "Here the runs already tell the terms apart (the fits from the defaults without the prior "
+    "are 1.9 to 5.9% off left out), and the prior moves little: the median left out goes from "
+    "4.5 to 3.7%, two runs better (300-9, at 9 req/s, 4.8 to 3.1%; 300-6 5.9 to 5.4%) "
+    "and two worse (300-12 1.9 to 2.7%, 300-3 4.1 to 4.3%). It pulls the per-iteration term of "
+    "the fits without 300-6 and 300-9 from 2.2 and 2.8 ms to 1.1 and 1.2 ms, toward the 0.81 ms "
+    "default; the per-request term hardly moves (0.13 to 0.19 ms without the prior, 0.16 to "
+    "0.19 with it), and the way in, which has no prior, goes from 3.8-6.0 ms to 5.3-6.3 ms. The "
+    "option stays off by default.", ""]}
 
 
 def calibration_lines() -> list[str]:
@@ -494,7 +518,7 @@ def disagg_section() -> list[str]:
                   "each run in turn, then scored on it (median |error| over TTFT, TPOT and E2E "
                   "at p50 and p90, %):", ""]
         honest = with_honest_left_out(rows, "distserve")
-        lines += [percent(rows), "", *honest]
+        lines += [percent(rows), "", *honest, *prior_lines("distserve")]
     return lines
 
 
