@@ -15,10 +15,23 @@ import re
 import types
 import typing
 from collections.abc import Iterator, Sequence
+from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+
+def is_number(value: object) -> bool:
+    """An argument given from Python as a real number: an int, a float or a numpy scalar, not
+    a bool (which Python counts as an int) nor a numeral in a string. The one test that the
+    API's refusals of a wrong type share (plots, SLO bounds, a sweep's bound and workers)."""
+    return not isinstance(value, bool) and isinstance(value, Real)
+
+
+def is_whole_number(value: object) -> bool:
+    """`is_number`, and a whole one (an int or a numpy integer)."""
+    return not isinstance(value, bool) and isinstance(value, Integral)
 
 
 class ScenarioError(ValueError):

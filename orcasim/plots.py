@@ -7,7 +7,6 @@ import re
 import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any
 
 import matplotlib
@@ -20,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from orcasim.columns import KEY_COLUMNS, param_columns, param_names, point_parameters
+from orcasim.config import is_number, is_whole_number
 from orcasim.recorder import SUMMED_COLUMNS
 from orcasim.run import RunResult
 from orcasim.warmup import measured_requests
@@ -88,7 +88,7 @@ def latency_cdfs(requests: pd.DataFrame, saturated: frozenset[str] = frozenset()
     column is one system's), over the requests arriving at or after `warmup_s`, as the
     summary counts them. Systems in `saturated` are labelled so, and drawn dotted: their
     curves describe the run's length, not the server."""
-    if isinstance(warmup_s, bool) or not isinstance(warmup_s, Real) or math.isnan(warmup_s):
+    if not is_number(warmup_s) or math.isnan(warmup_s):
         raise ValueError(f"warmup_s = {warmup_s!r}: expected a number of seconds")
     requests = _one_system(requests)
     _checked(requests, (*CDF_METRICS, "arrival_s" if warmup_s > 0 else None), "the requests table",
@@ -189,7 +189,7 @@ def check_num_bins(num_bins: int) -> None:
     """A ValueError naming a count of windows that is no whole number of at least one:
     replica_load divided by zero at 0 and drew empty axes at -1; a float or a string raised
     numpy's or Python's TypeError."""
-    if isinstance(num_bins, bool) or not isinstance(num_bins, Integral) or num_bins < 1:
+    if not is_whole_number(num_bins) or num_bins < 1:
         raise ValueError(f"num_bins = {num_bins!r}: expected a whole number of windows, at least 1")
 
 
@@ -516,8 +516,7 @@ def latency_vs_throughput(
     """
     _checked(table, ("system", "throughput_rps", metric, along), "the sweep table",
              text_ok=("system", along))
-    if slo is not None and (isinstance(slo, bool) or not isinstance(slo, Real)
-                            or not 0 < slo < math.inf):
+    if slo is not None and (not is_number(slo) or not 0 < slo < math.inf):
         # '0.05' raised "Unknown format code 'g'"; -1, 0 and NaN drew no line, unsaid.
         raise ValueError(f"slo = {slo!r}: expected a positive number, the bound on {metric} "
                          "in its unit, or None")

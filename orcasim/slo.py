@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 import re
-from numbers import Real
 from typing import Any, Self
 
 import numpy as np
 import pandas as pd
 from pydantic import Field, ValidationError, model_validator
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import ScenarioError, Strict, is_number
 from orcasim.warmup import measured_requests
 
 # The per-request column each SLO metric name reads (orcasim.metrics.requests_frame).
@@ -167,7 +166,7 @@ def attains(reqs: pd.DataFrame, slo: SLOConfig) -> np.ndarray:
 
 def within(values: np.ndarray | float, bound_s: float) -> np.ndarray | bool:
     """Whether latencies meet a bound: at or below it, up to the clock's rounding (`ROUNDING_S`)."""
-    if isinstance(bound_s, bool) or not isinstance(bound_s, Real) or math.isnan(bound_s):
+    if not is_number(bound_s) or math.isnan(bound_s):
         # From a notebook, within(r["ttft_s"], "0.25") said "can only concatenate str".
         raise ValueError(f"bound_s = {bound_s!r}: expected a number of seconds")
     return np.less_equal(values, bound_s + ROUNDING_S)

@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from numbers import Integral
 from typing import Any, Literal
 
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, is_whole_number
 from orcasim.sweeps.spec import Task
 from orcasim.sweeps.task import Outcome, run_task
 
@@ -47,7 +46,7 @@ def check_backend(backend: str, workers: int | None, address: str | None = None)
         # Named as the command line writes them, as --address is: 'workers = 0' named no option.
         raise ScenarioError(f"--backend = {backend!r}: expected 'local' or 'ray'")
     # From Python, a float or a string raised TypeError from the pool ('2' < 1, range(1.5)).
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, Integral)):
+    if workers is not None and not is_whole_number(workers):
         raise ScenarioError(f"--workers = {workers!r}: expected a whole number, at least 1")
     if workers is not None and workers < 1:
         raise ScenarioError(f"--workers = {workers}: expected at least 1")

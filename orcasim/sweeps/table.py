@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from numbers import Real
 
 import numpy as np
 import pandas as pd
 
 from orcasim.columns import param_columns
-from orcasim.config import ScenarioError
+from orcasim.config import ScenarioError, is_number
 from orcasim.sweeps.task import Outcome
 
 THROUGHPUT = "throughput_rps"
@@ -44,7 +43,7 @@ def throughput_under_bound(
     replications, each one counts on its own). NaN when no row qualifies.
     """
     _check_sweep_table(table, ("system", MEDIAN_LATENCY, THROUGHPUT, "offered_rps"))
-    if isinstance(bound_s, bool) or not isinstance(bound_s, Real) or not bound_s > 0:
+    if not is_number(bound_s) or not bound_s > 0:
         raise ScenarioError(f"bound_s = {bound_s!r}: expected a positive number of seconds per "
                             "token (the median normalized latency's bound)")
     _warn_mixed_configurations(table)
