@@ -57,7 +57,7 @@ from matplotlib.figure import Figure
 from orcasim.cluster import SessionRouterConfig
 from orcasim.columns import point_parameters
 from orcasim.config import ScenarioError, errors_under
-from orcasim.metrics import offered_rps, served_rps
+from orcasim.metrics import keeps_up_with, offered_rps, served_rps
 from orcasim.paths import input_digests
 from orcasim.saturation import behind_at_constant_rate, grew, in_system_window_is_short
 from orcasim.scenario import (
@@ -70,7 +70,6 @@ from orcasim.scenario import (
 )
 from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import MAX_REPLICATIONS, MAX_TASKS, point_name
-from orcasim.sweeps.table import SUSTAIN_FRACTION
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted, measured_requests
 
@@ -240,7 +239,7 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
     offered, served = offered_and_served_rps(system.requests, scenario.warmup_s)
     # A run no longer than its latency (served NaN) is left to the saturation tests: the
     # throughput a sweep reads in its place holds the drain, and fails any such run.
-    kept = not served < SUSTAIN_FRACTION * offered
+    kept = math.isnan(served) or keeps_up_with(offered, served)
     passes = bool(s["slo_met"]) and not behind_at_constant_rate(s) and kept
     row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
            "offered_rps": offered, "served_rps": served, "kept_up": float(kept),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
@@ -221,6 +223,24 @@ def offered_rps(arrival_s: np.ndarray, initial_sends: int = 1, warmup_s: float =
     n = len(arrival_s)
     span_s = float(arrival_s.max() - arrival_s.min()) if n > 1 else 0.0
     return (n - min(initial_sends, n)) / span_s if span_s > 0 else float("nan")
+
+
+# A system sustains a load when it completes at least this share of the rate offered to it.
+SUSTAIN_FRACTION = 0.9
+
+
+def keeps_up_with(offered_rps: Any, served_rps: Any,
+                  sustain_fraction: float = SUSTAIN_FRACTION) -> Any:
+    """Whether completions while requests arrive (`served_rps`) are at least `sustain_fraction`
+    of the rate offered (`offered_rps`): the keeps-up rule that a sweep's rows
+    (`orcasim.sweeps.keeps_up`) and a capacity search's runs (`orcasim.capacity.evaluate`)
+    both apply, on numbers or element-wise on arrays and Series. True where no rate was
+    offered (NaN: every request sent at once is nothing to fall behind); False where nothing
+    was served (NaN), so each caller says what stands in for a served rate a run could not
+    measure."""
+    offered = np.asarray(offered_rps, dtype=np.float64)
+    kept = np.greater_equal(served_rps, sustain_fraction * offered) | np.isnan(offered)
+    return kept if isinstance(kept, pd.Series) or np.ndim(kept) else bool(kept)
 
 
 # Where a run's served rate starts: after the first requests' latency at this quantile,

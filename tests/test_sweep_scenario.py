@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from orcasim.config import ScenarioError
-from orcasim.metrics import SERVED_FILL_QUANTILE, served_rps
+from orcasim.metrics import SERVED_FILL_QUANTILE, keeps_up_with, served_rps
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.sweeps import keeps_up, run_scenario_sweep, scenario_sweep, throughput_under_bound
@@ -243,6 +243,22 @@ def test_the_keeps_up_test_reads_completions_while_requests_arrive() -> None:
     best = throughput_under_bound(frame, 1.0)
     assert best["kept"] == 100 / 129 and best.drop("kept").isna().all()
     assert throughput_under_bound(frame.drop(columns="served_rps"), 1.0).isna().all()  # as before
+
+
+def test_one_keeps_up_rule_for_sweeps_and_capacity_searches() -> None:
+    """`keeps_up_with` is the rule both read (sweeps' rows, capacity's runs, which were two
+    copies until 2026-12-06): served at least 0.9 of offered, on numbers as on a Series; no
+    rate offered keeps up, nothing served does not (each caller says what stands in)."""
+    nan = float("nan")
+    assert keeps_up_with(10.0, 9.0) is True and keeps_up_with(10.0, 8.99) is False
+    assert keeps_up_with(nan, 0.0) is True and keeps_up_with(10.0, nan) is False
+    offered = pd.Series([10.0, 10.0, nan, 10.0])
+    served = pd.Series([9.0, 8.99, 1.0, nan])
+    assert keeps_up_with(offered, served).tolist() == [True, False, True, False]
+    frame = pd.DataFrame({"offered_rps": offered, "served_rps": served,
+                          "throughput_rps": [1.0, 1.0, 1.0, 9.5]})
+    # A sweep's row reads its throughput where it measured no served rate.
+    assert keeps_up(frame).tolist() == [True, False, True, True]
 
 
 def test_a_short_run_of_a_fleet_that_keeps_up_keeps_up(tmp_path: Path) -> None:

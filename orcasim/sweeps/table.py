@@ -9,12 +9,12 @@ import pandas as pd
 
 from orcasim.columns import param_columns
 from orcasim.config import ScenarioError, is_number
+from orcasim.metrics import SUSTAIN_FRACTION, keeps_up_with
 from orcasim.sweeps.task import Outcome
 
 THROUGHPUT = "throughput_rps"
 SERVED = "served_rps"  # orcasim.metrics.served_rps: what the keeps-up test compares
 MEDIAN_LATENCY = "normalized_latency_s_per_token_p50"
-SUSTAIN_FRACTION = 0.9  # a system sustains a load when it completes at least 90% of its rate
 
 
 def tidy_table(outcomes: list[Outcome]) -> pd.DataFrame:
@@ -62,7 +62,7 @@ def keeps_up(table: pd.DataFrame, sustain_fraction: float = SUSTAIN_FRACTION) ->
     # clients as requests) is nothing to fall behind.
     offered = table["offered_rps"] * answered_share(table)
     served = table[SERVED].fillna(table[THROUGHPUT]) if SERVED in table else table[THROUGHPUT]
-    return (served >= sustain_fraction * offered) | offered.isna()
+    return keeps_up_with(offered, served, sustain_fraction)
 
 
 def _check_sweep_table(table: pd.DataFrame, columns: tuple[str, ...]) -> None:
