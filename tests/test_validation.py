@@ -321,3 +321,56 @@ def test_leave_one_out_refits_the_records_terms_from_the_defaults(setup: str) ->
         assert getattr(start, name) == getattr(defaults, name), dotted
     honest = yaml.safe_load((ROOT / "results" / "validation" / f"{setup}_leave_one_out.yaml").read_text())
     assert sorted(honest["left_out"]) == sorted(Path(r).stem for r in runs)
+
+
+FAKE_SIMDISTSERVE = '''
+import argparse, json
+import pandas as pd
+p = argparse.ArgumentParser()
+for flag in ("--backend", "--model", "--arrival", "--workload", "--N", "--tp-prefill",
+             "--tp-decode", "--output-request-latency", "--output-request-info"):
+    p.add_argument(flag)
+a = p.parse_args()
+w = json.load(open(a.workload))
+# As simdistserve does: start times in s, its clock in ms. This one serves each request
+# with TTFT 10 ms + its arrival in s (so a unit slip shows) and 20 ms a further token.
+first = [10.0 + r["start_time"] for r in w]
+total = [f + 20.0 * (r["output_len"] - 1) for f, r in zip(first, w)]
+pd.DataFrame({"first_token_latency": first, "total_latency": total}).to_csv(
+    a.output_request_latency, index=False)
+pd.DataFrame({"prefill_lens": [r["prompt_len"] for r in w],
+              "output_lens": [r["output_len"] for r in w]}).to_csv(a.output_request_info,
+                                                                   index=False)
+'''
+
+
+def test_simdistserves_latencies_are_read_as_the_runs_are_scored(tmp_path: Path) -> None:
+    """scenarios/validation/simdistserve.py, with a stand-in for simdistserve: start times go
+    in as seconds from the run's first arrival, TPOT comes back over output - 1 tokens, and
+    the errors are `orcasim.fidelity.compare`'s; the report's disaggregated table is in the
+    README."""
+    import sys
+
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT))
+    from scenarios.validation import simdistserve
+    from scenarios.validation.report import disagg_anchor_lines
+
+    package = tmp_path / "simdistserve" / "benchmarks"
+    package.mkdir(parents=True)
+    for folder in (package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "simulate_dist.py").write_text(FAKE_SIMDISTSERVE)
+    real = pd.read_csv(GROUND_TRUTH / "distserve-c21d11-300-3.csv").head(20)
+    real["arrival_s"] += 1.7e9  # an epoch clock: the stand-in reads its start times
+    simulated = simdistserve.simulate(real, "distserve", tmp_path, sys.executable, tmp_path)
+    start_s = (real["arrival_s"] - real["arrival_s"].iloc[0]).to_numpy()
+    assert np.allclose(simulated["ttft_s"], (10.0 + start_s) / 1000.0)
+    several = real["output_tokens"].to_numpy() > 1
+    assert np.allclose(simulated["tpot_s"][several], 0.020)
+    assert simulated["tpot_s"][~several].isna().all()
+    errors = simdistserve.errors(real, simulated)
+    assert errors["tpot_p50"] == pytest.approx(0.020 / real["tpot_s"].median() - 1.0)
+    readme = (ROOT / "results" / "validation" / "README.md").read_text()
+    assert "\n".join(disagg_anchor_lines()) in readme
