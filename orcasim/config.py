@@ -34,6 +34,15 @@ def is_whole_number(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, Integral)
 
 
+def check_rng(rng: object, what: str = "rng") -> None:
+    """Refuse anything but a `numpy.random.Generator` where a sampler draws from one: an int
+    seed raised "'int' object has no attribute 'integers'" from inside, and a legacy
+    RandomState drew from another stream, or failed at the first draw it lacks."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"{what} = {rng!r:.80} ({type(rng).__name__}): expected a numpy "
+                        "Generator, e.g. np.random.default_rng(seed)")
+
+
 class ScenarioError(ValueError):
     """A user-facing configuration error: one line, naming the key, the value and the expectation."""
 

@@ -21,6 +21,7 @@ from orcasim.workload import (
     lengths,
     sessions,
 )
+from orcasim.workload.closed_loop import ClosedLoopArrival, ConstantThink, ExponentialThink
 from orcasim.workload.traces import read_trace
 
 SAMPLES = 200_000
@@ -69,6 +70,43 @@ def test_gamma_gaps_have_the_requested_cv() -> None:
 def test_uniform_is_inclusive_at_both_ends() -> None:
     x = lengths.UniformLength(kind="uniform", low=3, high=5).sample(np.random.default_rng(0), 1000)
     assert set(np.unique(x).tolist()) == {3, 4, 5}
+
+
+_TRACE_WORKLOAD = WorkloadConfig.model_validate({
+    "arrival": {"kind": "trace", "path": "traces/azure_conv_2023_first2000.csv", "max_requests": 5},
+    "max_tokens": 100_000})
+# Every sampler a user can call with a generator: each length, gap and think-time draw, a
+# closed loop's, the paired lengths, a system prompt's, the sessions' and the workload's.
+SAMPLERS = {
+    **{f"length {d.kind}": d.sample for d in LENGTHS},
+    "empirical rows": LENGTHS[-1].sample_rows,
+    **{f"gaps {a.kind}": a.gaps_s for a in ARRIVALS},
+    "constant times": arrivals.ConstantArrival(kind="constant", rate_per_s=2.0).times_s,
+    "think exponential": ExponentialThink(kind="exponential", mean_s=1.0).sample,
+    "think constant": ConstantThink(kind="constant", value_s=1.0).sample,
+    "closed loop": ClosedLoopArrival(kind="closed_loop", num_clients=2, think_time={
+        "kind": "constant", "value_s": 1.0}).think_times_s,
+    "paired lengths": lambda rng, n: lengths.sample_prompt_and_output(LENGTHS[0], LENGTHS[1], rng, n),
+    "system prompt": lambda rng, n: SystemPromptConfig(tokens=5).content(rng, np.ones(n, dtype=np.int64)),
+    "sessions": lambda rng, _n: sessions.draw_plan(_conversations(concurrent_sessions=2), 2000, rng),
+    "trace workload": lambda rng, _n: generate_requests(_TRACE_WORKLOAD, rng),
+}
+
+
+@pytest.mark.parametrize("rng", [7, np.random.RandomState(0), None], ids=["int", "RandomState", "None"])
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_a_sampler_given_no_generator_says_what_it_expects(name: str, rng: object) -> None:
+    """An int seed, a legacy RandomState or None is refused in one line that names the
+    argument, the value's type and what it takes: an int raised "'int' object has no
+    attribute 'integers'" from inside (and RandomState the same, or drew from its own
+    stream where its method names happen to match); a constant or a trace drew nothing,
+    so took it, and failed only where the distribution changed."""
+    with pytest.raises(TypeError) as caught:
+        SAMPLERS[name](rng, 3)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert re.fullmatch(rf"rng = .* \({type(rng).__name__}\): expected a numpy Generator, "
+                        r"e\.g\. np\.random\.default_rng\(seed\)", message), message
 
 
 @pytest.mark.parametrize("path,fmt,n", [

@@ -11,7 +11,14 @@ from typing import Annotated, Self
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
-from orcasim.config import MAX_REQUESTS, MAX_TIME_S, ScenarioError, Strict, check_arrival_times
+from orcasim.config import (
+    MAX_REQUESTS,
+    MAX_TIME_S,
+    ScenarioError,
+    Strict,
+    check_arrival_times,
+    check_rng,
+)
 from orcasim.requests import ClientLoop, PromptContent, Requests
 from orcasim.workload.arrivals import Arrival, ConstantArrival, GammaArrival, TraceArrival
 from orcasim.workload.closed_loop import ClosedLoopArrival
@@ -38,6 +45,7 @@ class SystemPromptConfig(Strict):
     def content(self, rng: np.random.Generator, own_tokens: np.ndarray) -> PromptContent:
         """Each request's segments: a system prompt (ids 0..variants-1) if it carries one,
         then its own text (ids after them); outputs get ids of their own after those."""
+        check_rng(rng)
         n = len(own_tokens)
         carries = rng.random(n) < self.fraction
         variant = rng.integers(0, self.variants, size=n)
@@ -151,6 +159,7 @@ def warn_if_clipped(key: str, dist: LengthDist | None) -> None:
 
 def generate_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Requests:
     """Draw (or read) the requests. Raises ValueError if a request exceeds `max_tokens`."""
+    check_rng(rng)  # a trace reads before any draw: an int seed failed only after it
     clients, content = None, None
     if isinstance(cfg.arrival, ConversationArrival | AgentArrival):
         _read_length_files(cfg.arrival, "workload.arrival", SESSION_LENGTH_KEYS)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from orcasim.config import Strict
+from orcasim.config import Strict, check_rng
 from orcasim.paths import DataPath
 from orcasim.workload.closed_loop import ClosedLoopArrival
 from orcasim.workload.sessions import AgentArrival, ConversationArrival
@@ -23,6 +23,7 @@ class PoissonArrival(Strict):
         return self.rate_per_s
 
     def gaps_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return rng.exponential(1.0 / self.rate_per_s, size=n)
 
 
@@ -42,6 +43,7 @@ class GammaArrival(Strict):
         return self.rate_per_s
 
     def gaps_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         shape = 1.0 / self.cv**2
         return rng.gamma(shape, 1.0 / (self.rate_per_s * shape), size=n)
 
@@ -62,12 +64,14 @@ class ConstantArrival(Strict):
         return self.rate_per_s
 
     def gaps_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return np.full(n, 1.0 / self.rate_per_s)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """The k-th arrival at k / rate, each rounded once: a running sum of the gaps drifts
         by ulps (at 10 req/s the 100th arrival read 9.99999999999998 s), so a warm-up of 10 s
         left out the request at 10 s that it keeps at 7 req/s."""
+        check_rng(rng)
         return np.arange(1, n + 1, dtype=np.float64) / self.rate_per_s
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from orcasim.config import MAX_TIME_S, Strict
+from orcasim.config import MAX_TIME_S, Strict, check_rng
 
 
 class ExponentialThink(Strict):
@@ -30,6 +30,7 @@ class ExponentialThink(Strict):
         return self.mean_s
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return rng.exponential(self.mean_s, size=n)
 
 
@@ -43,6 +44,7 @@ class ConstantThink(Strict):
         return self.value_s
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return np.full(n, float(self.value_s))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, PositiveFloat, model_validator
 
-from orcasim.config import ScenarioError, Strict
+from orcasim.config import ScenarioError, Strict, check_rng
 from orcasim.paths import (
     DataPath,
     csv_data_line,
@@ -35,6 +35,7 @@ class ConstantLength(Strict):
         return float(self.value)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return np.full(n, self.value, dtype=np.int64)
 
 
@@ -55,6 +56,7 @@ class UniformLength(Strict):
         return (self.low + self.high) / 2.0
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
 
 
@@ -95,6 +97,7 @@ class LognormalLength(Strict):
         return float(np.sum(k * (upper - lower))) + (1.0 - upper[-1]) * self.max
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         x = rng.lognormal(self._mu(), self.sigma, size=n)
         return np.clip(np.rint(x), 1, self.max).astype(np.int64)
 
@@ -132,10 +135,12 @@ class EmpiricalLength(Strict):
         return float(self.values().mean())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        check_rng(rng)
         return self.values()[self.sample_rows(rng, n)]
 
     def sample_rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """The rows `sample` draws (with replacement), for a column drawn beside it."""
+        check_rng(rng)
         return rng.integers(0, len(self.values()), size=n)
 
 

@@ -27,7 +27,7 @@ from typing import Annotated, Literal, Self
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times
+from orcasim.config import MAX_REQUESTS, ScenarioError, Strict, check_arrival_times, check_rng
 from orcasim.memory import peak_kv_tokens
 from orcasim.requests import PromptContent, Requests
 from orcasim.workload.closed_loop import ThinkTime
@@ -200,6 +200,7 @@ class SessionPlan:
 
 def draw_plan(shape: SessionShape, max_tokens: int, rng: np.random.Generator) -> SessionPlan:
     """Draw every session's steps. Raises ScenarioError if a step could not fit its limits."""
+    check_rng(rng)
     num, branches = shape.num_sessions, shape.fan_out.branches
     _check_calls(num * shape.mean_steps() * branches, "would make about")  # before drawing any of them
     steps = shape.steps.sample(rng, num)
