@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from orcasim.config import ScenarioError
-from orcasim.paths import data_stem, resolve_data_path
+from orcasim.paths import as_path, data_stem, resolve_data_path
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.warmup import counted
@@ -34,7 +34,8 @@ MEASURED_FORMATS = ("auto", "orcasim", "vllm", "aiperf")  # the log formats that
 def read_real_run(path: Path, fmt: str = "auto") -> pd.DataFrame:
     """The measured `ttft_s`, `tpot_s` and `e2e_s` of a run's requests, in arrival order
     (the order the simulation gives them ids); NaN where the log lacks a metric."""
-    return read_measurements(str(path), fmt)
+    # As str, None read as the file 'None' ("file 'None' not found"): refused by its name.
+    return read_measurements(str(as_path(path, "path", "a serving log's path")), fmt)
 
 
 def check_replay_overrides(overrides: list[str]) -> None:

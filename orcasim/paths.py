@@ -19,7 +19,7 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import IO, Annotated, Any, TypeVar
 
 import pandas as pd
@@ -31,6 +31,14 @@ PACKAGE_DATA_DIR = Path(__file__).parent / "data"
 SCENARIO_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "SCENARIO_DIR", default=None
 )
+
+
+def as_path(path: object, what: str = "path", expected: str = "a YAML file's path") -> Path:
+    """`path` (a str or a Path) as a Path; anything else, None included, is a ScenarioError
+    naming the argument `what`, not os.fspath's TypeError from inside pathlib."""
+    if not isinstance(path, str | PurePath):
+        raise ScenarioError(f"{what} = {path!r:.80}: expected {expected} (str or Path)")
+    return Path(path)
 
 
 # Marks a scenario field that names a data file or folder (see portable_data_path).

@@ -28,7 +28,7 @@ from orcasim.metrics import (
     requests_frame,
     summarize,
 )
-from orcasim.paths import SCENARIO_DIR
+from orcasim.paths import SCENARIO_DIR, as_path
 from orcasim.pipeline import pipeline_engine
 from orcasim.replica import Replica
 from orcasim.requests import Requests, WayIn
@@ -571,6 +571,8 @@ def run_scenario(
     if not isinstance(scenario, Scenario | dict | str | PurePath):  # os.fspath's TypeError else
         raise ScenarioError(f"scenario = {scenario!r:.80}: expected a Scenario, a mapping of its "
                             "keys or a YAML file's path")
+    if base_dir is not None:  # an int raised '/' of int and PosixPath at the first data file
+        base_dir = as_path(base_dir, "base_dir", "the folder its data paths resolve from")
     if isinstance(scenario, Scenario) and overrides:
         base_dir = base_dir or scenario.source_dir
         scenario = scenario.given_data()  # an override of the hardware derives its own KV capacity

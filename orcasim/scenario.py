@@ -11,7 +11,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterable, Iterator
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
@@ -46,7 +46,7 @@ from orcasim.cost.catalog import (
     check_deployment,
 )
 from orcasim.cost.roofline import RooflineCostConfig
-from orcasim.paths import DATA_PATH, SCENARIO_DIR, portable_data_path
+from orcasim.paths import DATA_PATH, SCENARIO_DIR, as_path, portable_data_path
 from orcasim.schedulers import SchedulerConfig, reserves_max_tokens
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.slo import SLOConfig
@@ -613,14 +613,6 @@ def one_or_more(overrides: list[str] | tuple[str, ...] | str | None) -> list[str
         raise ScenarioError(f"overrides = {overrides!r:.80}: expected KEY=VALUE strings, one alone "
                             "or a list, e.g. ['workload.num_requests=100']")
     return overrides
-
-
-def as_path(path: object, what: str = "path") -> Path:
-    """`path` (a str or a Path) as a Path; anything else is a ScenarioError naming it, not
-    os.fspath's TypeError."""
-    if not isinstance(path, str | PurePath):
-        raise ScenarioError(f"{what} = {path!r:.80}: expected a YAML file's path (str or Path)")
-    return Path(path)
 
 
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str = (),

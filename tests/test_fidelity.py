@@ -197,6 +197,15 @@ def test_a_logs_format_is_detected_by_default(tmp_path: Path) -> None:
     assert replay_of(_scenario(), log).workload.arrival.format == "auto"
 
 
+def test_a_log_path_that_is_no_path_is_named() -> None:
+    """read_real_run(None) read str(None) and said "file 'None' not found (looked at:
+    .../None, ...)", a file nobody named (found calling it from Python)."""
+    from orcasim.fidelity import read_real_run
+
+    with pytest.raises(ScenarioError, match=r"^path = None: expected a serving log's path \(str or Path\)$"):
+        read_real_run(None)  # type: ignore[arg-type]
+
+
 def test_logs_sharing_a_stem_stay_apart(tmp_path: Path) -> None:
     """a/run-7.csv and b/run-7.csv: two runs named by their folders, in the table, the
     summary and the figures; one log given twice is refused."""

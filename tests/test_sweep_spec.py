@@ -322,3 +322,23 @@ def test_a_base_that_is_no_path_is_named(tmp_path: Path) -> None:
     for base in (scenario, scenario.given_data()):
         with pytest.raises(ScenarioError, match=r"^base = .*: expected a YAML file's path \(str or Path\)$"):
             make_sweep(base, {"workload.arrival.rate_per_s": [1.0]})  # type: ignore[arg-type]
+
+
+def test_a_sweep_path_or_folder_that_is_no_path_is_named(tmp_path: Path) -> None:
+    """load_sweep(None), run_sweep(sweep, None) and scenario_sweep(scenario, None) raised
+    pathlib's "expected str, bytes or os.PathLike object, not NoneType" from inside (left
+    alone by earlier reviews; found calling each from Python with None): one line naming
+    the argument now, before anything is read or run."""
+    from orcasim.scenario import load_scenario
+    from orcasim.sweeps import run_sweep, scenario_sweep
+
+    for path in (None, 3):
+        with pytest.raises(ScenarioError, match=rf"^path = {path}: expected a sweep file's path \(str or Path\)$"):
+            load_sweep(path)  # type: ignore[arg-type]
+    sweep = load_sweep(write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0]"))
+    with pytest.raises(ScenarioError, match=r"^out_dir = None: expected the folder to write the sweep to"):
+        run_sweep(sweep, None, progress=False)  # type: ignore[arg-type]
+    assert not any(tmp_path.glob("*/sweep.csv"))
+    own = load_scenario(Path(__file__).parent.parent / "scenarios" / "orca_paper" / "gpt3_13b.yaml")
+    with pytest.raises(ScenarioError, match=r"^base_dir = None: expected the folder its data paths resolve from"):
+        scenario_sweep(own, None)  # type: ignore[arg-type]

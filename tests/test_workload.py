@@ -143,6 +143,17 @@ def test_azure_timestamps_are_seconds_at_every_resolution(tmp_path: Path, first:
     assert arrival_s.tolist() == [0.0, 10.0]
 
 
+def test_a_trace_path_that_is_no_path_is_named() -> None:
+    """read_trace(None) and read_measurements(None) raised pathlib's "expected str, bytes or
+    os.PathLike object, not NoneType" from inside (found calling them from Python)."""
+    from orcasim.workload.traces import read_measurements
+
+    with pytest.raises(ScenarioError, match=r"^path = None: expected a trace file's path \(str or Path\)$"):
+        read_trace(None)  # type: ignore[arg-type]
+    with pytest.raises(ScenarioError, match=r"^path = 3: expected a serving log's path \(str or Path\)$"):
+        read_measurements(3)  # type: ignore[arg-type]
+
+
 def test_orcasim_trace_and_max_requests(tmp_path: Path) -> None:
     f = tmp_path / "t.csv"
     f.write_text("arrival_s,prompt_tokens,output_tokens\n0.5,10,3\n0.1,20,4\n2.0,5,1\n")

@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from orcasim.config import ScenarioError
-from orcasim.paths import code_record, input_digests
+from orcasim.paths import as_path, code_record, input_digests
 from orcasim.results import (
     ResultsExistError,
     check_replaceable,
@@ -69,7 +69,7 @@ def run_sweep(
     address: str | None = None, resume: bool = False, force: bool = False, progress: bool = True,
 ) -> SweepResult:
     """Run every unfinished task of `sweep`, writing each outcome as it arrives."""
-    out_dir = Path(out_dir)
+    out_dir = as_path(out_dir, "out_dir", "the folder to write the sweep to")
     check_backend(backend, workers, address)
     tasks = sweep.tasks()
     with joined(backend, workers, address):

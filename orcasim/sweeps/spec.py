@@ -45,13 +45,13 @@ from pydantic import (
 
 from orcasim import yaml_strict
 from orcasim.config import ScenarioError, Strict, first_repeat, format_validation_error
+from orcasim.paths import as_path
 from orcasim.scenario import (
     MALFORMED_PATH,
     NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
     apply_params,
-    as_path,
     column_problem,
     data_inputs,
     load_scenario,
@@ -285,7 +285,7 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] | str = 
     """Read and validate a sweep file; `base` is relative to the file. `overrides` (as with
     `--set`; one may be given alone) apply after the file's own `set:` list."""
     overrides = one_or_more(overrides)
-    path = Path(path)
+    path = as_path(path, "path", "a sweep file's path")  # None raised pathlib's TypeError
     spec = _parse_spec(path)
     keys = ["set:"] * len(spec.set) + ["--set"] * len(overrides)  # who gave each, for errors
     if overrides:
@@ -332,7 +332,8 @@ def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
             "grid": {"parameters": {scenario.sweep.parameter: scenario.sweep.values}}}
     spec = _validate_spec(data, f"{scenario.name}: sweep")
     base, given = _base_data(scenario)
-    sweep = Sweep(spec, base, Path(base_dir).resolve(), own_seed=True, given=given)
+    base_dir = as_path(base_dir, "base_dir", "the folder its data paths resolve from")
+    sweep = Sweep(spec, base, base_dir.resolve(), own_seed=True, given=given)
     for task in sweep.tasks():
         task.scenario()
     return sweep

@@ -26,6 +26,7 @@ import pandas as pd
 from orcasim.config import ScenarioError
 from orcasim.metrics import tpot_s
 from orcasim.paths import (
+    as_path,
     csv_data_line,
     data_suffix,
     decompressing,
@@ -79,7 +80,7 @@ def read_trace_with_content(
     path: str, fmt: str = "auto", max_requests: int | None = None
 ) -> tuple[Trace, PromptContent | None]:
     """The trace and, where its format says (Mooncake's hash_ids), what its prompts share."""
-    resolved = resolve_data_path(path)
+    resolved = resolve_data_path(str(as_path(path, "path", "a trace file's path")))
     return read_once(resolved, ("trace", fmt, max_requests),
                      lambda: _read_trace_with_content(resolved, fmt, max_requests), _own_copy)
 
@@ -165,7 +166,7 @@ def read_measurements(path: str, fmt: str = "auto") -> pd.DataFrame:
     """A real run's measured `ttft_s`, `tpot_s`, `e2e_s` (seconds), in the order `read_trace`
     gives its requests; a metric the log lacks is NaN. TPOT is the mean gap between output
     tokens after the first; missing, it is derived from TTFT and E2E where both exist."""
-    resolved = resolve_data_path(path)
+    resolved = resolve_data_path(str(as_path(path, "path", "a serving log's path")))
     fmt = _detect_format(resolved) if fmt == "auto" else fmt
     rows, arrival_s, offset = _read_rows(resolved, fmt, None)
     if len(rows) == 0:  # as read_trace says it: an empty .jsonl, detected as Mooncake, was
