@@ -101,6 +101,7 @@ def compare(
 def headline_error(table: pd.DataFrame, percentiles: tuple[int, ...] = SCORED_PERCENTILES) -> float:
     """Median |relative error| over the table's metrics at `percentiles` (those with one:
     see `headline_title`)."""
+    _check_fidelity_table(table)
     scored = table[table["percentile"].isin(percentiles)]["rel_error"].abs()
     return float(scored.median()) if len(scored) else float("nan")
 
@@ -108,6 +109,7 @@ def headline_error(table: pd.DataFrame, percentiles: tuple[int, ...] = SCORED_PE
 def headline_title(table: pd.DataFrame) -> str:
     """The headline as a table's title says it, with how many numbers it leaves out (a real
     value of 0, a TPOT where the server returns whole answers, has no relative error)."""
+    _check_fidelity_table(table)
     scored = table[table["percentile"].isin(SCORED_PERCENTILES)]["rel_error"]
     if scored.notna().sum() == 0:
         return "median |error| at p50 and p90: none to take (a real value of 0 has no relative error)"
@@ -116,6 +118,18 @@ def headline_title(table: pd.DataFrame) -> str:
         text += (f" (over {int(scored.notna().sum())} of {len(scored)} numbers: a real value of 0 "
                  "has no relative error)")
     return text
+
+
+def _check_fidelity_table(table: object) -> None:
+    """A ScenarioError for a table without the columns the headline reads: a sweep table (or
+    anything else) raised KeyError 'percentile' from inside."""
+    columns = list(table.columns) if isinstance(table, pd.DataFrame) else []
+    missing = [c for c in ("percentile", "rel_error") if c not in columns]
+    if missing:
+        given = "" if isinstance(table, pd.DataFrame) else f" ({type(table).__name__}, not a DataFrame)"
+        raise ScenarioError(f"table{given}: no column {', '.join(map(repr, missing))}; expected a "
+                            "fidelity table (compare(...), fidelity_table(...)[0] or fidelity.csv), "
+                            f"with the columns {', '.join(COLUMNS)}")
 
 
 def check_format(fmt: str, given_as: str = "fmt") -> None:

@@ -21,6 +21,7 @@ from orcasim.fidelity import (
     compare,
     fidelity_table,
     headline_error,
+    headline_title,
     replay_of,
 )
 from orcasim.paths import PACKAGE_DATA_DIR
@@ -77,6 +78,22 @@ def test_the_headline_error_is_the_median_over_p50_and_p90() -> None:
     assert headline_error(table) == pytest.approx(0.25)
     assert headline_error(table, (99,)) == 5.0
     assert math.isnan(headline_error(table[table["percentile"] == 99]))
+
+
+@pytest.mark.parametrize("headline", [headline_error, headline_title])
+def test_the_headline_of_a_table_that_is_no_fidelity_table_names_its_missing_columns(
+        headline: Any) -> None:
+    """A sweep table (the committed example's sweep.csv) raised KeyError 'percentile' from
+    inside, and one with a percentile column KeyError 'rel_error' (left alone by earlier
+    reviews; found giving each table to the headline from Python)."""
+    sweep = pd.read_csv(Path(__file__).parent.parent / "results" / "example" / "orca_gpt3_13b" / "sweep.csv")
+    expected = r"; expected a fidelity table \(compare\(\.\.\.\), fidelity_table\(\.\.\.\)\[0\] or fidelity\.csv\)"
+    with pytest.raises(ScenarioError, match=r"^table: no column 'percentile', 'rel_error'" + expected):
+        headline(sweep)
+    with pytest.raises(ScenarioError, match=r"^table: no column 'rel_error'" + expected):
+        headline(sweep.assign(percentile=50))
+    with pytest.raises(ScenarioError, match=r"^table \(NoneType, not a DataFrame\): no column"):
+        headline(None)
 
 
 def _scenario(**changes: object) -> object:
