@@ -12,7 +12,7 @@ from orcasim.exits import EXIT_INTERRUPTED, INTERRUPTED_TEXT, sigterm_as_interru
 def main() -> None:
     try:
         with sigterm_as_interrupt():
-            from orcasim.cli import main as cli_main
+            from orcasim.cli import process_main as cli_main
     except KeyboardInterrupt:
         print(INTERRUPTED_TEXT, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

@@ -139,12 +139,24 @@ def _check_address(backend: str, address: str | None) -> None:
 
 
 _told_interrupted = False  # `interrupted` said how to resume; main adds nothing
+# Set by the `orcasim` process's entry point (`process_main`) alone: only a process that ends
+# with its command may ignore Ctrl-C until it does. Run in a caller's process (`main` from
+# Python, typer's CliRunner), a command that ignored it left it ignored for the rest of a test
+# session or notebook.
+_ends_the_process = False
+
+
+def _ignore_ctrl_c() -> None:
+    """From here to the process's end, a second Ctrl-C must not cut the exit short (see
+    `_written`); in the `orcasim` process only: a caller's own handler stays."""
+    if _ends_the_process:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def interrupted(resume_command: str) -> None:
     """Ctrl-C (or SIGTERM) during a resumable run: say how to continue, exit 130."""
     global _told_interrupted
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second press must not cut the exit short
+    _ignore_ctrl_c()
     typer.echo(f"interrupted; finished points are kept. Resume with: {resume_command}", err=True)
     _told_interrupted = True
     raise typer.Exit(EXIT_INTERRUPTED)
@@ -156,12 +168,12 @@ def _written() -> None:
     after 'results written'), it ended the command with exit 130 and 'nothing was left
     half-written', or killed it (exit -2), its results complete (3 of 3 presses right after
     'results written'; an outputs tester's finding). CLI only: a notebook keeps its Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_ctrl_c()
 
 
 def _tell_interrupted() -> None:
     """Ctrl-C (or SIGTERM) elsewhere: results are written whole or not at all."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_ctrl_c()
     typer.echo(INTERRUPTED_TEXT, err=True)
 
 
@@ -877,6 +889,26 @@ def _bad_value_text(e: UsageError) -> str | None:
 
 
 def main() -> None:
+    """The `orcasim` command on `sys.argv`, in this process (tests, notebooks): it ends in
+    SystemExit with the command's exit code, and leaves the caller's SIGINT and SIGTERM
+    handlers as it found them (see `_ignore_ctrl_c`), and `warnings.showwarning`, which it
+    sets to print one line a warning meanwhile."""
+    shown = warnings.showwarning
+    try:
+        _run_command()
+    finally:
+        warnings.showwarning = shown
+
+
+def process_main() -> None:
+    """The `orcasim` process's entry point: `main`, but the process ends with it, so Ctrl-C
+    stays ignored once the command is done or interrupted, through the interpreter's teardown."""
+    global _ends_the_process
+    _ends_the_process = True
+    _run_command()
+
+
+def _run_command() -> None:
     warnings.showwarning = _show_warning
     try:
         # Not standalone: click's errors come back as values to print on one line; --help and
@@ -913,4 +945,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    process_main()

@@ -184,6 +184,68 @@ def test_run_of_a_sweep_file_points_to_orcasim_sweep(tmp_path: Path) -> None:
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+def _callers_sigterm(signum: int, frame: object) -> None:
+    raise AssertionError("a test's own SIGTERM handler, never sent")
+
+
+def _interrupt(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
+
+
+# (arguments, what raises Ctrl-C if anything, exit code): a run done, an error exit, Ctrl-C
+# in a run and Ctrl-C in a sweep (its resumable path, `interrupted`).
+IN_PROCESS_EXITS = {
+    "done": (["run", "scenarios/quickstart.yaml", "--no-plots", "--set", "workload.num_requests=20"],
+             None, 0),
+    "bad input": (["validate", "nope.yaml"], None, 2),
+    "ctrl-c": (["run", "scenarios/quickstart.yaml", "--no-plots"], ("orcasim.run", "run_system"), 130),
+    "ctrl-c in a sweep": (["sweep", "scenarios/sweeps/rate_x_batch.yaml"], ("orcasim.sweeps", "run_sweep"),
+                          130),
+}
+
+
+@pytest.mark.parametrize("case", IN_PROCESS_EXITS)
+def test_main_in_process_hands_back_the_callers_handlers(case: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`orcasim.cli.main()` called from Python (a test, a notebook) left SIGINT ignored after
+    a run that wrote its results or was interrupted (the command's guard for its own exit),
+    so Ctrl-C did nothing for the rest of the session, and `warnings.showwarning` replaced
+    (left alone by earlier reviews; found with signal.getsignal before and after). Each
+    exit hands back what it found; typer's CliRunner, which runs a command without `main`,
+    too."""
+    import importlib
+    import signal
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app, main
+
+    args, raises, code = IN_PROCESS_EXITS[case]
+    if raises is not None:
+        monkeypatch.setattr(importlib.import_module(raises[0]), raises[1], _interrupt)
+    def out(folder: str) -> list[str]:
+        return [] if args[0] == "validate" else ["--out", str(tmp_path / folder)]
+
+    monkeypatch.setattr(sys, "argv", ["orcasim", *args, *out("o")])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM,
+                                                                                        _callers_sigterm)
+    shown = warnings.showwarning
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+        assert done.value.code == code
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is _callers_sigterm
+        assert warnings.showwarning is shown
+        assert CliRunner().invoke(app, [*args, *out("again")]).exit_code == code
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+        warnings.showwarning = shown
+
+
 def test_a_warning_is_shown_once_per_command(capsys: pytest.CaptureFixture[str]) -> None:
     """A command's checks may draw the same requests for several systems: `capacity` showed a
     short trace's warning once per system (a tester's finding)."""
