@@ -7,10 +7,12 @@ is set by the noise measured in the same test rather than by hope.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -189,6 +191,80 @@ def test_a_max_tokens_past_the_grid_builds_only_the_positions_timed(
         assert built.pop() == positions
 
 
+def run_gpu_check(env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """calibrate/gpu_check.sh --device cpu, in a session of its own, whose every process is
+    killed if it runs past `timeout_s` (then TimeoutExpired, as subprocess.run raises).
+    subprocess.run's timeout killed bash alone: the step it was running lives in a process
+    group of its own (`timeout` makes one), so it ran on, orphaned, until its own limit
+    (450 s of pytest at GPU_CHECK_LIMIT_SCALE=10), beside the suite's other workers."""
+    with subprocess.Popen(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_session(proc.pid)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (its leader's and every group made in it),
+    until none is left; without /proc, the leader's process group alone."""
+    if not Path("/proc/self/stat").exists():
+        os.killpg(sid, 9)
+        return
+    while members := _session_members(sid):
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def _session_members(sid: int) -> list[int]:
+    """The live processes of session `sid` (a zombie, already dead, is left to its parent)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, _pgid, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except OSError:  # ended meanwhile
+            continue
+        if int(session) == sid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_gpu_check_past_its_timeout_leaves_no_process(tmp_path: Path) -> None:
+    """The gpu_check tests' timeout killed bash and left the step it was running alive
+    (left alone by earlier reviews; found with ps after a 12 s timeout: `timeout ... 450.000
+    env ... python -m pytest` and its pytest, in a process group of their own, still ran).
+    Here a stand-in Python passes the preflight and hangs in the first step; past the
+    timeout no process that carries this test's mark is left."""
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\nif [[ "$1" == "-" ]]; then cat > /dev/null; exit 0; fi\n'
+                      "exec sleep 600\n")
+    python.chmod(0o755)
+    mark = f"ORCASIM_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(python),
+           mark.split("=")[0]: mark.split("=")[1]}
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_gpu_check(env, timeout_s=3)
+    left = [p.parent for p in Path("/proc").glob("[0-9]*/environ") if _carries(p, mark)]
+    shown = [(p / "cmdline").read_bytes().replace(b"\0", b" ") for p in left]
+    for process in left:  # not left running when this fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(process.name), 9)
+    assert not left, shown
+
+
+def _carries(environ: Path, mark: str) -> bool:
+    try:
+        return mark.encode() in environ.read_bytes().split(b"\0")
+    except OSError:  # ended meanwhile, or another user's
+        return False
+
+
 @pytest.mark.slow
 def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     """calibrate/gpu_check.sh is run on a lent GPU in one try: its CPU path proves the steps."""
@@ -200,8 +276,7 @@ def test_gpu_check_cpu_path(tmp_path: Path) -> None:
     # is stopped by its limit in test_gpu_check_stops_a_step_that_runs_past_its_limit.
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
            "GPU_CHECK_LIMIT_SCALE": "10"}
-    done = subprocess.run(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    done = run_gpu_check(env, timeout_s=540)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     dest = tmp_path / "cpu"
     for name in ("profile.csv", "cost_model.yaml", "cost_model_measured.yaml", "replay/fidelity.json",
@@ -247,8 +322,7 @@ def test_gpu_check_names_a_missing_module_before_any_step(tmp_path: Path) -> Non
     (blocked / "scipy.py").write_text("raise ImportError('no scipy on this machine')\n")
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
            "PYTHONPATH": f"{blocked}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = run_gpu_check(env, timeout_s=300)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "scipy" in done.stderr and "== correctness" not in done.stdout, done.stdout + done.stderr
     assert not (tmp_path / "out" / "cpu" / "profile.csv").exists()
@@ -328,8 +402,7 @@ def test_gpu_check_stops_a_step_that_runs_past_its_limit(tmp_path: Path) -> None
     stops the script naming the step, with exit 124 (timeout's), no later step run."""
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
            "GPU_CHECK_LIMIT_SCALE": "0.0001"}  # 45 s becomes 5 ms: the first step stops
-    done = subprocess.run(["bash", str(ROOT / "calibrate" / "gpu_check.sh"), "--device", "cpu"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = run_gpu_check(env, timeout_s=300)
     assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-2000:]
     assert "error: step 'correctness on cpu' ran past its limit of 0.005 s" in done.stderr, done.stderr
     assert "== profile" not in done.stdout and not (tmp_path / "cpu" / "profile.csv").exists()
