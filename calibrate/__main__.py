@@ -436,7 +436,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
         unidentified_terms,
         write_calibrated,
     )
-    from orcasim.fidelity import check_replay_overrides
+    from orcasim.fidelity import check_measured_after_warmup, check_replay_overrides
     from orcasim.scenario import data_inputs, load_scenario
 
     _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
@@ -455,6 +455,8 @@ def cmd_logs(args: argparse.Namespace) -> None:
     parameters = fit_names(",".join(args.fit) if args.fit else ",".join(DEFAULT_PARAMETERS))
     current_values(scenario, parameters, system)  # a name that cannot be fitted fails now, not after reading logs
     logs = read_logs(args.logs, args.fmt)
+    for log in logs:  # before any replay: the fit compares only these (`after_warmup`)
+        check_measured_after_warmup(log.path, log.real, log.fmt, scenario.warmup_s, "log")
     if args.loo and len(logs) == 1:  # said, where an empty error_left_out was all it showed
         warnings.warn(f"one log ({logs[0].name}): none is left out, so error_left_out stays empty; "
                       "give two or more runs to score the fit on one it never saw",

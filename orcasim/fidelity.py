@@ -21,7 +21,7 @@ from orcasim.paths import as_path, data_stem, resolve_data_path
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
 from orcasim.warmup import counted
-from orcasim.workload.traces import read_measurements
+from orcasim.workload.traces import read_measurements, read_trace
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = (50, 90, 99)
@@ -182,6 +182,7 @@ def fidelity_table(
         if len(real) and not any(real[m].notna().any() for m in METRICS):  # an empty table, exit 0
             raise ScenarioError(f"--real {path}: no request has a {', '.join(METRICS[:-1])} or "
                                 f"{METRICS[-1]}; expected measured latencies to compare")
+        check_measured_after_warmup(path, real, fmt, scenario.warmup_s)
         try:  # a run the scenario cannot replay (a request beyond max_tokens): say which
             result = run_scenario(replay_of(scenario, path, fmt), base_dir=base_dir)
         except ScenarioError as e:  # said of the replay, not blamed on the log (the file
@@ -197,6 +198,27 @@ def fidelity_table(
             frames[f"{label}/{system}"] = paired_frames(*measured)
     order = ["run", "system", *COLUMNS]
     return pd.concat(tables, ignore_index=True)[order], frames
+
+
+def check_measured_after_warmup(path: Path | str, real: pd.DataFrame, fmt: str, warmup_s: float,
+                                given_as: str = "--real") -> None:
+    """A ScenarioError for a log whose requests from `warmup_s` on (counted from its first
+    request, as a replay's arrivals are) measured no latency, where earlier ones did: every
+    comparison counts only those (`after_warmup`). `fidelity` printed nothing, wrote an empty
+    fidelity.csv and exited 0, and `calibrate logs` said the system "simulates none of the
+    latencies the logs measure". A warm-up past the last arrival is the run's to refuse."""
+    with warnings.catch_warnings():  # said where the log is read as a replay's workload
+        warnings.simplefilter("ignore")
+        arrival_s = read_trace(str(path), fmt)[0]
+    kept = counted(arrival_s, warmup_s)
+    measured = real[list(METRICS)].notna().any(axis=1).to_numpy()
+    if not kept.any() or (kept & measured).any() or not measured.any():
+        return
+    last_s = float(arrival_s[measured].max())
+    raise ScenarioError(
+        f"{given_as} {path}: no request arriving from warmup_s = {warmup_s:g} s on (counted from "
+        f"its first request) has a {', '.join(METRICS[:-1])} or {METRICS[-1]}; the last measured "
+        f"one arrives at {last_s:g} s: expected warmup_s at most {last_s:g}")
 
 
 def after_warmup(real: pd.DataFrame, simulated: pd.DataFrame,

@@ -115,6 +115,20 @@ def test_a_log_with_no_positive_latency_is_refused(tmp_path: Path, capsys) -> No
                    "latencies to fit to\n"), err
 
 
+def test_a_log_measured_only_before_the_warm_up_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """The loss compares the requests after the warm-up: with none measured there, the
+    fit said the system "simulates none of the latencies the logs measure"."""
+    log = tmp_path / "early.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s\n"
+                   "0,10,5,0.1,0.02,0.18\n1,10,5,,,\n2,10,5,,,\n")
+    assert main(["logs", str(log), "--scenario", str(_scenario(tmp_path)), "--set", "warmup_s=0.5",
+                 "--out", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: log {log}: no request arriving from warmup_s = 0.5 s on (counted from "
+                   "its first request) has a ttft_s, tpot_s or e2e_s; the last measured one "
+                   "arrives at 0 s: expected warmup_s at most 0\n"), err
+
+
 def test_logs_that_share_a_stem_keep_their_folders_in_the_report(tmp_path: Path) -> None:
     """The report's errors are keyed by the logs' names (`fit`'s `{log.name: ...}`): the
     report kept one of two logs named `run`."""

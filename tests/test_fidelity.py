@@ -485,6 +485,22 @@ def test_a_log_that_measured_no_latency_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_log_measured_only_before_the_warm_up_is_refused(tmp_path: Path) -> None:
+    """Its measured requests all before warmup_s, the table compared none: it printed
+    nothing, wrote an empty fidelity.csv and exited 0 (the whole-log check passed)."""
+    log = tmp_path / "early.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n"
+                   "3.0,10,3,0.1,0.3\n4.0,10,3,0.1,0.3\n5.0,10,3,,\n6.0,10,3,,\n")
+    with pytest.raises(ScenarioError) as caught:
+        fidelity_table(_scenario(warmup_s=1.5), [log], ["a"], "orcasim")
+    assert str(caught.value) == (
+        f"--real {log}: no request arriving from warmup_s = 1.5 s on (counted from its first "
+        "request) has a ttft_s, tpot_s or e2e_s; the last measured one arrives at 1 s: expected "
+        "warmup_s at most 1")
+    table, _ = fidelity_table(_scenario(warmup_s=1.0), [log], ["a"], "orcasim")
+    assert set(table["requests"]) == {1}  # the request at 4 s alone
+
+
 def test_the_help_example_of_set_is_one_a_replay_takes() -> None:
     # `orcasim fidelity --help` showed --set workload.arrival.rate_per_s=4, which the
     # command refuses (each log gives the workload).
