@@ -281,6 +281,20 @@ def test_one_token_outputs_count_in_a_tpot_percentile_over_every_request() -> No
     assert slo_summary(only_one, SLOConfig(targets=["tpot_p99.5 <= 0.1"]))["slo_met"] == 0.0
 
 
+def test_a_one_token_output_counts_at_a_tpot_of_0_in_a_percentile_over_every_request() -> None:
+    """98 TPOTs of 0.05 s, one of 0.5 s and one one-token output, none turned away: the p99
+    is 0.0545 as DistServe reads it (tpot = 0 for one token) and 0.059 as vLLM reports it
+    (over the TPOTs alone, `slo_tpot_p99`), both within 0.1. With the one-token output at
+    the bound, the interpolated p99 read 0.104 and the SLO was not met."""
+    tpot = np.array([np.nan, 0.5, *[0.05] * 98])
+    reqs = pd.DataFrame({"arrival_s": np.arange(100.0), "finish_s": np.arange(100.0) + 1.0,
+                         "ttft_s": 0.1, "tpot_s": tpot, "rejected": False})
+    out = slo_summary(reqs, SLOConfig(targets=["tpot_p99 <= 0.1"], attainment=0.9))
+    assert out["slo_attainment"] == 0.99
+    assert out["slo_tpot_p99"] == pytest.approx(0.05 + 0.02 * 0.45)
+    assert out["slo_met"] == 1.0
+
+
 def test_within_takes_a_bound_in_seconds_and_names_one_it_cannot_read() -> None:
     """05_cluster.ipynb scores requests with `within(r["ttft_s"], TTFT_SLO_S)`; a bound given
     as text raised "can only concatenate str (not "float") to str" (found testing the
