@@ -579,6 +579,27 @@ def test_a_latency_under_a_longer_unit_name_is_named_not_skipped(
         read_measurements(path)
 
 
+@pytest.mark.parametrize(("column", "expected"), [
+    ("e2el_ms", "expected e2e_s, in seconds (e2el is e2e_s by another name; its ms / 1,000)"),
+    ("request_latency", "expected e2e_s, in seconds (request_latency is e2e_s by another name; "
+                        "its unit not said)"),
+    ("Latency_s", "expected e2e_s, in seconds (latency is e2e_s by another name; its only the "
+                  "name differs)"),
+    ("TTFT_s", "expected ttft_s, in seconds (its only the name differs)")])
+def test_a_latency_under_another_benchmarks_name_is_named_not_skipped(
+        tmp_path: Path, column: str, expected: str) -> None:
+    """vLLM's `e2el` and AIPerf's `request_latency` beside `ttft_s` went unread: TTFT alone
+    was compared, and E2E and the TPOT derived from it went uncompared without a word."""
+    other = "e2e_s" if column.lower().startswith("ttft") else "ttft_s"
+    path = _write(tmp_path, "run.csv", f"{ORCASIM_HEADER},{other},{column}\n0,10,3,0.1,300\n")
+    with pytest.raises(ScenarioError) as caught:
+        read_measurements(path)
+    assert str(caught.value) == f"run.csv: column '{column}' is not read: {expected}"
+    # Beside orcasim's own column it is another column, as a `ttft_ms` beside `ttft_s` is.
+    both = _write(tmp_path, "both.csv", f"{ORCASIM_HEADER},ttft_s,e2e_s,{column}\n0,10,3,0.1,0.3,7\n")
+    assert read_measurements(both)["e2e_s"].tolist() == [0.3]
+
+
 def test_a_tpot_in_other_units_beside_ttft_and_e2e_is_derived_not_refused(tmp_path: Path) -> None:
     """`tpot_ms` beside `ttft_s` and `e2e_s` goes uncompared by nobody: TPOT is derived from
     those (as before the refusal of other units, which refused this log)."""

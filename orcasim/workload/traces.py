@@ -349,20 +349,46 @@ def _measured_columns(path: Path) -> pd.DataFrame:
                          for c in MEASURED_COLUMNS})
 
 
+# A measured latency under another benchmark's name: vLLM's `e2el`, AIPerf's
+# `request_latency`, `time_to_first_token` and `inter_token_latency` (orcasim's TPOT, as
+# AIPerf defines it). In a CSV of orcasim's columns they went unread: `e2el_ms` beside
+# `ttft_s` compared TTFT alone, and its E2E and TPOT went uncompared without a word.
+OTHER_NAMES = {"e2el": "e2e", "e2e_latency": "e2e", "request_latency": "e2e", "latency": "e2e",
+               "time_to_first_token": "ttft", "inter_token_latency": "tpot"}
+
+
+def _latency_name(column: str) -> tuple[str, str, str | None] | None:
+    """The measured metric a column names (`ttft`, `tpot`, `e2e`), its name and its unit
+    suffix (None where it has none), or None for a column of orcasim's or of no latency."""
+    lower = column.lower()
+    stem, _, unit = lower.rpartition("_")
+    if unit in OTHER_UNITS or unit == "s":
+        if f"{stem}_s" in MEASURED_COLUMNS:
+            return stem, stem, unit
+        if stem in OTHER_NAMES:
+            return OTHER_NAMES[stem], stem, unit
+    return (OTHER_NAMES[lower], lower, None) if lower in OTHER_NAMES else None
+
+
 def _refuse_other_units(header: list[str], path: Path) -> None:
-    """A column such as `ttft_ms` where the log has no `ttft_s`: the metric would go
-    uncompared without a word (a tester's finding), so it is named, with the division. A
-    TPOT in other units beside ttft_s and e2e_s is not: TPOT is derived from those, as it was."""
+    """A column such as `ttft_ms` (or `e2el_ms`, vLLM's name) where the log has no `ttft_s`
+    (`e2e_s`): the metric would go uncompared without a word (a tester's finding), so it is
+    named, with the division. A TPOT in other units or names beside ttft_s and e2e_s is not:
+    TPOT is derived from those, as it was."""
     derived = {"ttft_s", "e2e_s"} <= set(header)
     for column in header:
-        stem, _, unit = column.lower().rpartition("_")
-        if stem == "tpot" and derived:
+        named = _latency_name(column)
+        if named is None:
             continue
-        if unit in OTHER_UNITS and f"{stem}_s" in MEASURED_COLUMNS and f"{stem}_s" not in header:
-            factor = OTHER_UNITS[unit]
-            how = "only the name differs" if factor == 1.0 else f"{unit} / {factor:,.0f}"
-            raise ScenarioError(f"{path.name}: column '{column}' is not read: expected {stem}_s, "
-                                f"in seconds (its {how})")
+        metric, name, unit = named
+        if (metric == "tpot" and derived) or f"{metric}_s" in header:
+            continue
+        factor = OTHER_UNITS.get(unit or "", 1.0)
+        how = ("unit not said" if unit is None else "only the name differs" if factor == 1.0
+               else f"{unit} / {factor:,.0f}")
+        called = f"{name} is {metric}_s by another name; " if name != metric else ""
+        raise ScenarioError(f"{path.name}: column '{column}' is not read: expected {metric}_s, "
+                            f"in seconds ({called}its {how})")
 
 
 def _seconds(rows: pd.DataFrame, column: str, path: Path) -> np.ndarray:
