@@ -10,8 +10,8 @@ Each target names a per-request latency (`ttft`, `tpot`, `e2e`, `queue_delay`,
 target's bound (a one-token request has no TPOT and meets a TPOT bound by definition, as
 in DistServe's scoring). A run *meets* the SLO when at least `attainment` of its requests
 attain it (DistServe's goodput criterion) and every target whose percentile is above the
-attainment share, as `e2e_p99` is above 0.9, is within its bound over the finished requests
-(one at or below the share is held by the attainment already: its interpolated percentile
+attainment share, as `e2e_p99` is above 0.9, is within its bound over every request, a
+turned-away one as never answered and a one-token output at a TPOT of 0 (one at or below the share is held by the attainment already: its interpolated percentile
 may pass the bound by a request's width, which DistServe still counts as met).
 """
 
