@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,24 @@ def test_the_orcasim_csv_keeps_what_it_measured(tmp_path: Path) -> None:
 def test_latencies_no_server_gives_in_seconds_are_refused(tmp_path: Path, text: str,
                                                           message: str) -> None:
     _refused(tmp_path / "ms.csv", text, message)
+
+
+def test_a_median_tpot_no_gpu_decodes_at_is_said(tmp_path: Path) -> None:
+    """A small model's log in ms (TTFT 48 ms, 7.6 ms a token) is under the refusal's 10 s a
+    token as seconds: it read as a 48 s TTFT without a word (metricdefs tester). Above 1 s a
+    token it is said; a log in seconds is read as before, without a warning."""
+    path = tmp_path / "ms.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n"
+                    "0,10,5,48,78.4\n0.5,10,5,47,77.4\n")
+    with pytest.warns(UserWarning, match=r"^ms.csv: \(e2e_s - ttft_s\) / \(output_tokens - 1\)'s "
+                      r"median = 7.6 s a token, slower than a GPU decode step takes .*if the log "
+                      r"is in milliseconds"):
+        measured = read_measurements(str(path))
+    assert measured["ttft_s"].tolist() == [48.0, 47.0]  # read as given
+    path.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n0,10,5,0.048,0.0784\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_measurements(str(path))
 
 
 def _refused(path: Path, text: str, message: str) -> None:

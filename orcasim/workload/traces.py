@@ -215,6 +215,10 @@ MAX_LATENCY_S = 86_400.0
 # usual 10 to 100 ms a token read as 10 to 100 s (a preempted request's own gaps may be
 # long; the median request's are not).
 MAX_MEDIAN_TPOT_S = 10.0
+# Above that 0.64 s, but under the refusal: a log of a small model in ms (its 1 to 10 ms a
+# token read as 1 to 10 s; 7.6 ms on an H100 passed without a word, a TTFT of 48 ms read as
+# 48 s), or a server preempting most of its requests. Said, not refused.
+WARN_MEDIAN_TPOT_S = 1.0
 MS_HINT = "seconds expected; these look like milliseconds"
 
 
@@ -242,6 +246,11 @@ def _refuse_tpot_in_ms(tpot: np.ndarray, column: str, path: Path) -> None:
         raise ScenarioError(f"{path.name}: {column}'s median = {median_s:.4g} s a token, expected "
                             f"under {MAX_MEDIAN_TPOT_S:g} s (no GPU server decodes that slowly); "
                             f"{MS_HINT}")
+    if median_s > WARN_MEDIAN_TPOT_S:
+        warnings.warn(f"{path.name}: {column}'s median = {median_s:.4g} s a token, slower than a "
+                      "GPU decode step takes (a node's whole memory read once is 0.64 s): if "
+                      "the log is in milliseconds, its latencies read 1,000 times too long",
+                      UserWarning, stacklevel=2)
 
 
 def _refuse_ending_before_first_token(frame: pd.DataFrame, path: Path, offset: int) -> None:
