@@ -907,6 +907,21 @@ def test_arrivals_as_a_unix_time_in_ms_are_refused_and_in_seconds_are_read(tmp_p
         read_trace(ms)
 
 
+def test_arrivals_in_unix_seconds_are_made_relative_from_their_text(tmp_path: Path) -> None:
+    """A float holds 1.7e9 s only to 2.4e-7 s, so an epoch time rounded before the first
+    arrival was taken off moved each arrival by up to 1.2e-7 s: rows 1e-7 s apart tied (and
+    kept the file's order, here the later one first), and a replay of a log in Unix seconds
+    differed from the same log counted from 0. Made relative from the text, exactly, then
+    rounded once: the times and the order are those of the log counted from 0."""
+    epoch = _write(tmp_path, "epoch.csv", f"{ORCASIM_HEADER}\n1700000000.3000001,4,2\n"
+                   "1700000000.0000001,2,2\n1700000000,1,2\n1700000000.1,3,2\n")
+    arrival_s, prompt, _ = read_trace(epoch)
+    assert arrival_s.tolist() == [0.0, 1e-7, 0.1, 0.3000001] and prompt.tolist() == [1, 2, 3, 4]
+    counted_from_0 = _write(tmp_path, "zero.csv", f"{ORCASIM_HEADER}\n0.3000001,4,2\n"
+                            "0.0000001,2,2\n0,1,2\n0.1,3,2\n")
+    assert read_trace(counted_from_0)[0].tolist() == arrival_s.tolist()
+
+
 def test_a_zip_of_json_is_read_by_the_name_of_the_file_it_holds(tmp_path: Path) -> None:
     """A zip named without its file's suffix (run.zip of profile_export.jsonl) is told by the
     file inside: read as a CSV, an AIPerf export was refused as a column named twice and a
