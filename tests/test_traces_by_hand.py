@@ -183,6 +183,13 @@ def test_mooncake_timestamps_are_milliseconds(tmp_path: Path) -> None:
     assert arrival_s.tolist() == [0.0, 1.25] and prompt.tolist() == [6, 5]
 
 
+def test_mooncake_timestamps_in_unix_ms_keep_their_millisecond_gaps(tmp_path: Path) -> None:
+    """1.7e12 ms divided by 1000 before the first was taken off was rounded to 2.4e-7 s: a
+    1 ms gap read as 0.9999275 ms and a 3 ms one as 3.0000210 ms (a tester's finding)."""
+    path = _mooncake(tmp_path, [_record(1_700_000_000_000 + ms, 5, [0]) for ms in (3, 0, 1)])
+    assert read_trace(path)[0].tolist() == [0.0, 0.001, 0.003]
+
+
 @pytest.mark.parametrize("record,message", [
     (_record("soon", 5, [1]), r"timestamp = 'soon', expected a number >= 0"),
     (_record(1, "five", [1]), rf"input_length = 'five', expected {LENGTH_EXPECTED}"),

@@ -428,7 +428,11 @@ def _read_rows(path: Path, fmt: str, max_requests: int | None) -> tuple[pd.DataF
             return rows, _azure_seconds(rows, path), 2
         case "mooncake":
             rows = _read_mooncake(path, max_requests)
-            return rows, _numbers(rows, "timestamp", path, JSON_LINES) / 1000.0, JSON_LINES
+            timestamp_ms = _numbers(rows, "timestamp", path, JSON_LINES)
+            # The earliest taken off before the ms become seconds: 1.7e12 ms (a Unix time)
+            # divided first was rounded to 2.4e-7 s, and a 1 ms gap read as 0.99993 ms.
+            earliest_ms = timestamp_ms.min() if len(timestamp_ms) else 0.0
+            return rows, (timestamp_ms - earliest_ms) / 1000.0, JSON_LINES
         case "vllm":
             rows = _read_vllm_result(path).iloc[:max_requests]
             return rows, rows["arrival_s"].to_numpy(dtype=np.float64), JSON_LISTS
