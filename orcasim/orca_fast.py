@@ -146,7 +146,6 @@ class _Jump:
     num_steps: int = 0  # a continued run's natural length
     query_total: int = 0
     single: bool = False  # the plan alone, as reference mode runs it
-    plan_s: float = 0.0
     outside: OutsideSteps | None = None  # decode steps outside the cost model's range
 
 
@@ -256,7 +255,7 @@ class OrcaFusedStepper:
                                                   context_total)
         steps = min(self.finish_at) - g - 1  # pure-decode iterations before the first completion
         jump = _Jump(start_s, [start_s + plan_s], size, context_total, newcomers,
-                     query_total=query_total, single=steps <= 0, plan_s=plan_s)
+                     query_total=query_total, single=steps <= 0)
         if steps > 0:
             self._extend(jump, context_total + size, steps, 1)
         return jump
@@ -269,7 +268,7 @@ class OrcaFusedStepper:
         size, query_total, context_total = jump.size, jump.query_total, jump.context_total
         if jump.single:
             end_s = ends_s[0]
-            self.recorder.append_row(jump.start_s, jump.plan_s, 1, size, query_total,
+            self.recorder.append_row(jump.start_s, end_s - jump.start_s, 1, size, query_total,
                                      context_total, reserved, waiting, float(context_total), 0, 0)
             self._advance(1, jump.newcomers or [], jump.start_s, end_s, end_s)
             return False

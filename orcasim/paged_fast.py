@@ -84,7 +84,6 @@ class _Unit:
     kv_reserved_tokens: int  # the plan's (or the continued run's first step's) KV reserved
     joiners: list[int] | None = None  # None: a continued run
     query_total: int = 0
-    plan_s: float = 0.0
     recomputed_tokens: int = 0
     run_context_total: int = 0  # the run's context at its first step
     # The last `fresh` members of the implicit lists joined them in this plan: the
@@ -388,7 +387,7 @@ class PagedFusedStepper:
         plan_s = self.cost.iteration_time_lists_s(query, context, query_total, context_total)
         plan_s += plan.copy_time_s
         unit = _Unit(now_s, [now_s + plan_s], len(query), 1, context_total, None,
-                     s.allocator.allocated_tokens, joiners, query_total, plan_s,
+                     s.allocator.allocated_tokens, joiners, query_total,
                      plan.recomputed_tokens, kv_used_tokens=kv_used_tokens,
                      **marks)  # type: ignore[arg-type]  # the _Unit fields named
         self._unit = unit
@@ -459,7 +458,7 @@ class PagedFusedStepper:
             s.peak_computed[req] = max(s.peak_computed.item(req), s.computed.item(req))
         done = self._completions()
         self.recorder.append_row(
-            unit.start_s, unit.plan_s, 1, unit.size, unit.query_total, unit.context_total,
+            unit.start_s, end_s - unit.start_s, 1, unit.size, unit.query_total, unit.context_total,
             unit.kv_reserved_tokens, self.scheduler.num_queued, float(unit.kv_used_tokens), 0,
             unit.recomputed_tokens)
         self._record(done, end_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import get_args
@@ -711,3 +712,28 @@ def test_out_of_range_counts_only_steps_that_ran_with_a_profile_cost() -> None:
     seen = out_of_range_in_both_modes(data)
     assert all(count > 0 for count in seen["reference"][0].values())
     assert seen["fast"] == seen["reference"]  # 413 against 353 when steps past a cut counted
+
+
+def _late(case: dict, offset_s: float) -> dict:
+    """`case` with every arrival and its warm-up `offset_s` later on the clock."""
+    requests = case["requests"]
+    later = dataclasses.replace(requests, arrival_s=requests.arrival_s + offset_s)
+    return dict(case, requests=later, warmup_s=case["warmup_s"] + offset_s)
+
+
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([1e6, 1e8, 9e8]))
+def test_fast_mode_matches_reference_late_on_the_clock(case: dict, offset_s: float) -> None:
+    """Where a float keeps 1.5e-8 s (1e8 s) to 1.2e-7 s (9e8 s), below the 1e9 s a run
+    may reach: an iteration's priced duration and its clock span (end - start) differ by
+    up to half that. Rows of one iteration recorded the price, rows of a jump the span, so
+    busy_fraction and the KV's time-weighted means told the modes apart by up to 1.1e-8
+    (a tester's finding). Latencies, differences of the timestamps, agree too."""
+    late = _late(case, offset_s)
+    assert_same_run(late)
+    ref_reqs, _, _ = simulate(late, "reference")
+    fast_reqs, _, _ = simulate(late, "fast")
+    for later, earlier in (("first_token_s", "arrival_s"), ("finish_s", "first_token_s")):
+        np.testing.assert_allclose(fast_reqs[later] - fast_reqs[earlier],
+                                   ref_reqs[later] - ref_reqs[earlier], rtol=TIMESTAMP_RTOL,
+                                   err_msg=f"{later} - {earlier}")
