@@ -909,6 +909,10 @@ def process_main() -> None:
 
 
 def _run_command() -> None:
+    global _told_interrupted
+    # A command of its own: a sweep interrupted by an earlier call in this process (a test,
+    # a notebook) left it set, and a later run's Ctrl-C exited 130 without a word.
+    _told_interrupted = False
     warnings.showwarning = _show_warning
     try:
         # Not standalone: click's errors come back as values to print on one line; --help and

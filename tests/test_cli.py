@@ -246,6 +246,32 @@ def test_main_in_process_hands_back_the_callers_handlers(case: str, tmp_path: Pa
         warnings.showwarning = shown
 
 
+def test_ctrl_c_in_process_after_an_interrupted_sweep_still_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`main()` called twice in one process: a sweep interrupted first left the flag that it
+    had said how to resume, so a run interrupted next exited 130 without a word (found
+    calling main() for a run, a sweep and a run, each interrupted)."""
+    import importlib
+    import signal
+
+    from orcasim.cli import main
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for folder, args, (module, name) in (
+                ("s", ["sweep", "scenarios/sweeps/rate_x_batch.yaml"], ("orcasim.sweeps", "run_sweep")),
+                ("r", ["run", "scenarios/quickstart.yaml", "--no-plots"], ("orcasim.run", "run_system"))):
+            with monkeypatch.context() as m:
+                m.setattr(importlib.import_module(module), name, _interrupt)
+                m.setattr(sys, "argv", ["orcasim", *args, "--out", str(tmp_path / folder)])
+                with pytest.raises(SystemExit) as done:
+                    main()
+            assert done.value.code == 130
+            assert "interrupted" in capsys.readouterr().err, args[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_warning_is_shown_once_per_command(capsys: pytest.CaptureFixture[str]) -> None:
     """A command's checks may draw the same requests for several systems: `capacity` showed a
     short trace's warning once per system (a tester's finding)."""
