@@ -20,6 +20,7 @@ from orcasim.config import ScenarioError
 from orcasim.paths import as_path, data_stem, resolve_data_path
 from orcasim.run import run_scenario
 from orcasim.scenario import Scenario, load_scenario, scenario_from_dict
+from orcasim.slo import number_text
 from orcasim.warmup import counted
 from orcasim.workload.traces import read_measurements, read_trace
 
@@ -214,11 +215,12 @@ def check_measured_after_warmup(path: Path | str, real: pd.DataFrame, fmt: str, 
     measured = real[list(METRICS)].notna().any(axis=1).to_numpy()
     if not kept.any() or (kept & measured).any() or not measured.any():
         return
-    last_s = float(arrival_s[measured].max())
+    # In full: ':g' rounded 1.2345678 s up to 1.23457, a warm-up this check refuses again.
+    last = number_text(float(arrival_s[measured].max()))
     raise ScenarioError(
-        f"{given_as} {path}: no request arriving from warmup_s = {warmup_s:g} s on (counted from "
-        f"its first request) has a {', '.join(METRICS[:-1])} or {METRICS[-1]}; the last measured "
-        f"one arrives at {last_s:g} s: expected warmup_s at most {last_s:g}")
+        f"{given_as} {path}: no request arriving from warmup_s = {number_text(warmup_s)} s on "
+        f"(counted from its first request) has a {', '.join(METRICS[:-1])} or {METRICS[-1]}; "
+        f"the last measured one arrives at {last} s: expected warmup_s at most {last}")
 
 
 def after_warmup(real: pd.DataFrame, simulated: pd.DataFrame,

@@ -7,6 +7,7 @@ what a score is made of, on numbers worked out here.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -499,6 +500,22 @@ def test_a_log_measured_only_before_the_warm_up_is_refused(tmp_path: Path) -> No
         "warmup_s at most 1")
     table, _ = fidelity_table(_scenario(warmup_s=1.0), [log], ["a"], "orcasim")
     assert set(table["requests"]) == {1}  # the request at 4 s alone
+
+
+def test_the_warm_up_a_log_measured_early_is_told_to_take_is_one_it_takes(tmp_path: Path) -> None:
+    """The bound was written with ':g', so a last measured arrival at 1.2345678 s read
+    'expected warmup_s at most 1.23457', and that warm-up was refused again."""
+    log = tmp_path / "early.csv"
+    log.write_text("arrival_s,prompt_tokens,output_tokens,ttft_s,e2e_s\n"
+                   "3.0,10,3,0.1,0.3\n4.2345678,10,3,0.1,0.3\n5.0,10,3,,\n")
+    with pytest.raises(ScenarioError) as caught:
+        fidelity_table(_scenario(warmup_s=1.5), [log], ["a"], "orcasim")
+    bound = str(caught.value).rsplit("at most ", 1)[1]
+    assert bound == "1.2345678"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table, _ = fidelity_table(_scenario(warmup_s=float(bound)), [log], ["a"], "orcasim")
+    assert set(table["requests"]) == {1}
 
 
 def test_the_help_example_of_set_is_one_a_replay_takes() -> None:
