@@ -242,7 +242,9 @@ def evaluate(job: SearchJob, rate_per_s: float) -> dict[str, float]:
     kept = math.isnan(served) or keeps_up_with(offered, served)
     passes = bool(s["slo_met"]) and not behind_at_constant_rate(s) and kept
     row = {"rate_per_s": rate_per_s, "passes": float(passes), "slo_met": s["slo_met"],
-           "offered_rps": offered, "served_rps": served, "kept_up": float(kept),
+           "offered_rps": offered, "served_rps": served,
+           # NaN where the run measured no served rate: not judged on it, not kept up.
+           "kept_up": float("nan") if math.isnan(served) else float(kept),
            "saturated": s["saturated"], "saturation_z": s["saturation_z"],
            "in_system_z": s["in_system_z"], "in_system_short": float(short),
            "saturation_admission_rps": s["saturation_admission_rps"],
