@@ -374,3 +374,57 @@ def test_simdistserves_latencies_are_read_as_the_runs_are_scored(tmp_path: Path)
     assert errors["tpot_p50"] == pytest.approx(0.020 / real["tpot_s"].median() - 1.0)
     readme = (ROOT / "results" / "validation" / "README.md").read_text()
     assert "\n".join(disagg_anchor_lines()) in readme
+
+
+# A stand-in for Vidur's interpreter running vidur_predict.py: it checks the request (every
+# point, the TP-2 attention rows in Vidur's format) and prices a prefill at 0.1 ms a token
+# and a decode iteration at 50 ms, attention at the degrees given a file.
+FAKE_VIDUR_PYTHON = '''#!{python}
+import json, sys
+import pandas as pd
+driver, request_path, answer_path, cache_dir = sys.argv[1:5]
+assert driver.endswith("vidur_predict.py")
+request = json.load(open(request_path))
+attention = pd.read_csv(request["attention_csv"]["2"])
+assert (attention["block_size"] == 16).all() and (attention["num_tensor_parallel_workers"] == 2).all()
+json.dump([dict(p, prompt_sim_s=1e-4 * p["prompt_size"] * p["batch_size"], token_sim_s=0.05,
+                attention=str(p["tensor_parallel"]) in request["attention_csv"],
+                profiled_tokens=4096) for p in request["points"]], open(answer_path, "w"))
+'''
+
+
+def test_vidurs_iterations_are_scored_as_orcasims(tmp_path: Path) -> None:
+    """scenarios/validation/vidur.py, with a stand-in for Vidur: every splitwise point goes
+    in, TP 2 gets the shipped attention rows in Vidur's format, errors are simulated /
+    measured - 1 and the medians `median_errors`'s, 'in profile' keeps the prefills of at
+    most 4,096 tokens; the report's Vidur lines are in the README."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(VALIDATION))
+    from scenarios.validation import vidur
+    from scenarios.validation.report import vidur_lines
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_VIDUR_PYTHON.replace("{python}", sys.executable))
+    fake.chmod(0o755)
+    points = read_splitwise()
+    table = vidur.score(vidur.predict(points, tmp_path, str(fake), tmp_path))
+    assert len(table) == len(points) == 38
+    tokens = points["prompt_size"] * points["batch_size"]
+    assert np.allclose(table["prompt_error"], 1e-4 * tokens / points["prompt_s"] - 1.0)
+    assert np.allclose(table["token_error"], 0.05 / points["token_s"] - 1.0)
+    assert table["attention"].tolist() == (points["tensor_parallel"] == 2).tolist()
+    orcasim = iteration_table(load_scenario(VALIDATION / "splitwise_llama2_70b_a100.yaml"),
+                              points)
+    frame = vidur.medians(table, orcasim)
+    inside = (tokens <= 4096).to_numpy()
+    assert inside.sum() == 27
+    assert frame.loc["all", "decode"] == pytest.approx(
+        float(np.median(np.abs(0.05 / points["token_s"] - 1.0))))
+    assert frame.loc["all", "prefill in profile"] == pytest.approx(
+        float(np.median(np.abs(1e-4 * tokens[inside] / points["prompt_s"][inside] - 1.0))))
+    assert frame.loc["TP 8", "orcasim prefill in profile"] == pytest.approx(
+        median_errors(orcasim[inside & (points["tensor_parallel"] == 8).to_numpy()])["prefill"])
+    readme = (ROOT / "results" / "validation" / "README.md").read_text()
+    assert "\n".join(vidur_lines(orcasim)) in readme
