@@ -7,10 +7,10 @@ A100-80GB, roofline cost, Poisson arrivals at a fixed rate for each kind, 85% of
 replica's capacity as measured on 2026-12-04, 86 to 87% of it for the paged kinds since
 commit 88cec25) at two sizes under valgrind's cachegrind (no cache simulation) and reports the
 difference per request, so that start-up (imports, building the scenario) cancels. The
-children run with a fixed PYTHONHASHSEED: without it the count moves by about 2% from run
-to run of the same code (str hashes are salted per process, and set and dict orders
-follow them), with it by about 0.1%. Needs `valgrind` on the PATH; each case takes about
-a minute.
+children run with a fixed PYTHONHASHSEED (str hashes are salted per process, and set and
+dict orders follow them) and one BLAS thread (`ONE_THREAD`): with both, three runs of the
+same code counted within 0.0004% of each other; with the hash seed alone, 1.9% apart.
+Needs `valgrind` on the PATH; each case takes about a minute.
 
     python benchmarks/instructions.py [--kinds paged cluster ...] [--sizes 400 4000]
 
@@ -71,10 +71,18 @@ def child(kind: str, num_requests: int) -> None:
     run_scenario(scenario_from_dict(scenario_dict(kind, num_requests)))
 
 
+# numpy's BLAS starts a pool of worker threads that spin while they wait, and how long they
+# spin depends on how the threads are scheduled: with a fixed hash seed alone, three runs of
+# the same code counted 563,514 to 574,277 instructions a paged request (1.9%); with one
+# thread, 566,587 to 566,589.
+ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                     "MKL_NUM_THREADS")}
+
+
 def count(kind: str, num_requests: int) -> int:
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
            sys.executable, __file__, "--child", kind, str(num_requests)]
-    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED, **ONE_THREAD}
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     match = REFS.search(done.stderr)
     assert match is not None, done.stderr[-2000:]
