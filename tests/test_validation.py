@@ -428,3 +428,15 @@ def test_vidurs_iterations_are_scored_as_orcasims(tmp_path: Path) -> None:
         median_errors(orcasim[inside & (points["tensor_parallel"] == 8).to_numpy()])["prefill"])
     readme = (ROOT / "results" / "validation" / "README.md").read_text()
     assert "\n".join(vidur_lines(orcasim)) in readme
+
+
+def test_the_readmes_disaggregated_left_out_scores_are_the_committed_record() -> None:
+    """README's Validation section quotes each DistServe run's error left out of a fit from
+    the defaults (3, 6, 9 and 12 req/s) as `distserve_leave_one_out.yaml` holds them."""
+    import yaml
+
+    record = yaml.safe_load((ROOT / "results" / "validation" / "distserve_leave_one_out.yaml").read_text())
+    scores = [f"{100 * record['left_out'][f'distserve-c21d11-300-{rate}']['error_left_out']:.1f}"
+              for rate in (3, 6, 9, 12)]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"and {', '.join(scores[:3])} and {scores[3]}% with each run left out" in readme
