@@ -442,7 +442,16 @@ def prior_lines(setup: str) -> list[str]:
             "scenario's terms are unchanged):", "", percent(scores), "",
             *PRIOR_WEIGHTS_WHY.get(setup, []),
             "The terms each left-out fit under the prior came to:", "", *terms, "",
-            *PRIOR_NOTES.get(setup, [])]
+            *(note.format(**fitted_terms_ms(setup)) for note in PRIOR_NOTES.get(setup, []))]
+
+
+def fitted_terms_ms(setup: str) -> dict[str, float]:
+    """The fit on all four runs' per-iteration and per-request terms, in ms, from its record
+    (`<setup>_calibration.yaml`), for the notes that compare a left-out fit with it."""
+    record = yaml.safe_load((OUT / f"{setup}_calibration.yaml").read_text())["calibration"]
+    terms = record["parameters"]
+    return {f"all_four_{name}_ms": 1e3 * terms[f"overhead.{name}_s"]
+            for name in ("per_iteration", "per_sequence")}
 
 
 # The terms of the table of fits under a prior: each with its unit's scale and digits.
@@ -460,7 +469,8 @@ def _fitted_term(parameters: dict[str, float], term: str, scale: float, digits: 
 PRIOR_NOTES = {"vllm": [
     "At the larger weight (one independent error a run) the fit without vllm-300-3 keeps the "
     "iteration's time on the iteration, 0.93 ms an iteration (default 0.81) and 0.32 ms a "
-    "request (default 0.042), near the fit on all four runs (0.85 and 0.44), where without the "
+    "request (default 0.042), near the fit on all four runs ({all_four_per_iteration_ms:.2f} "
+    "and {all_four_per_sequence_ms:.2f}, `vllm_calibration.yaml`), where without the "
     "prior it put 0.02 and 0.60; it predicts vllm-300-3 at 11.4% where that read 40.0%, at the cost of its own three runs (their errors 11.0, 7.4 and "
     "9.3% against 13.8, 5.1 and 2.5% without the prior). Without vllm-100-1 it moves time to "
     "the prompt tokens (31 µs a token) and the way in (9.3 ms), the two terms whose default is "
