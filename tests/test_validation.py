@@ -460,3 +460,21 @@ def test_the_reports_prior_note_compares_with_the_recorded_fit_on_all_four_runs(
             f"{1e3 * terms['overhead.per_sequence_s']:.2f}, `vllm_calibration.yaml`)") in text
     assert load_scenario(VALIDATION / "vllm_opt13b_a100.yaml").cost.overhead.per_iteration_s == (
         terms["overhead.per_iteration_s"])
+
+
+def test_the_reports_findings_quote_the_replays_they_name() -> None:
+    """findings.md's figures from replays are measured by report.py: a smaller KV pool puts
+    the knee run further past its knee (the error grows as the pool shrinks), and the
+    launch flags' two token budgets are each scored; nothing is left unfilled."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from scenarios.validation.report import SMALL_POOLS_TOKENS, findings_figures, findings_lines
+
+    figures = findings_figures()
+    errors = [float(e.rstrip("%")) for e in figures["small_pools_ttft_p90"].split(" and ")]
+    assert SMALL_POOLS_TOKENS[0] < SMALL_POOLS_TOKENS[1] and errors[0] > errors[1] > 100
+    assert figures["batched_tokens_errors"].count("%") == 2
+    text = "\n".join(findings_lines())
+    assert "$" not in text and figures["small_pools_ttft_p90"] in text
+    assert " ".join(text.split()) in " ".join((ROOT / "results" / "validation" / "README.md").read_text().split())
