@@ -478,3 +478,19 @@ def test_the_reports_findings_quote_the_replays_they_name() -> None:
     text = "\n".join(findings_lines())
     assert "$" not in text and figures["small_pools_ttft_p90"] in text
     assert " ".join(text.split()) in " ".join((ROOT / "results" / "validation" / "README.md").read_text().split())
+
+
+def test_the_reports_findings_bound_every_lone_decode_step_at_tp_4_and_8() -> None:
+    """findings.md's range of splitwise's lone decode steps at TP 4 and 8 holds every one
+    of them (results/validation/splitwise_iterations.csv, the points the report prices)."""
+    import sys
+
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT))
+    from scenarios.validation.report import findings_figures
+
+    low_ms, high_ms = map(float, findings_figures()["lone_decode_ms"].split("-"))
+    points = pd.read_csv(ROOT / "results" / "validation" / "splitwise_iterations.csv")
+    lone_ms = 1e3 * points[(points["batch_size"] == 1) & (points["tensor_parallel"] >= 4)]["token_s"]
+    assert low_ms <= lone_ms.min() < low_ms + 1 and high_ms - 1 < lone_ms.max() <= high_ms

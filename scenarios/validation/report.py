@@ -930,7 +930,11 @@ def findings_figures() -> dict[str, str]:
             VLLM, [f"systems[0].scheduler.max_num_batched_tokens={n}"]), RUNS, [SYSTEM],
             base_dir=HERE)[0])) for n in (load_scenario(VLLM).systems[0].scheduler.max_num_batched_tokens,
                                           OTHER_BATCHED_TOKENS)}
-    return {"small_pools_tokens": " or ".join(f"{n:,}" for n in SMALL_POOLS_TOKENS),
+    # splitwise's lone decode steps at TP 4 and 8, measured, where the launch floor binds.
+    points = splitwise_fit.measured()
+    lone_s = points[(points["batch_size"] == 1) & (points["tensor_parallel"] >= 4)]["token_s"]
+    return {"lone_decode_ms": f"{np.floor(1e3 * lone_s.min()):.0f}-{np.ceil(1e3 * lone_s.max()):.0f}",
+            "small_pools_tokens": " or ".join(f"{n:,}" for n in SMALL_POOLS_TOKENS),
             "small_pools_ttft_p90": " and ".join(f"{100 * e:+.0f}%" for e in pools),
             "batched_tokens_errors": " and ".join(f"{e:.1%} ({n})" for n, e in budgets.items())}
 
