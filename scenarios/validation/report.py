@@ -933,10 +933,20 @@ def findings_figures() -> dict[str, str]:
     # splitwise's lone decode steps at TP 4 and 8, measured, where the launch floor binds.
     points = splitwise_fit.measured()
     lone_s = points[(points["batch_size"] == 1) & (points["tensor_parallel"] >= 4)]["token_s"]
-    return {"lone_decode_ms": f"{np.floor(1e3 * lone_s.min()):.0f}-{np.ceil(1e3 * lone_s.max()):.0f}",
+    return {"tpot_by_rate": tpot_by_rate(), "lone_decode_ms": f"{np.floor(1e3 * lone_s.min()):.0f}-{np.ceil(1e3 * lone_s.max()):.0f}",
             "small_pools_tokens": " or ".join(f"{n:,}" for n in SMALL_POOLS_TOKENS),
             "small_pools_ttft_p90": " and ".join(f"{100 * e:+.0f}%" for e in pools),
             "batched_tokens_errors": " and ".join(f"{e:.1%} ({n})" for n, e in budgets.items())}
+
+
+def tpot_by_rate() -> str:
+    """The shipped scenario's TPOT errors at p50 and p90 (`vllm_fidelity.csv`, which
+    vllm_section writes), their range at each arrival rate (a run is vllm-N-RATE)."""
+    table = pd.read_csv(OUT / "vllm_fidelity.csv")
+    tpot = table[(table["metric"] == "tpot_s") & table["percentile"].isin((50, 90))]
+    by_rate = tpot.groupby(tpot["run"].str.rsplit("-", n=1).str[1].astype(int))["rel_error"]
+    return ", ".join(f"{100 * low:+.1f} to {100 * high:+.1f}% at {rate} req/s"
+                     for rate, (low, high) in by_rate.agg(["min", "max"]).iterrows())
 
 
 def splitwise_figure(table: pd.DataFrame) -> Figure:
