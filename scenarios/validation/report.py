@@ -792,7 +792,7 @@ def h200_eager_lines() -> list[str]:
             f"kernels (GPT-3 13B and Llama-2-70B at TP 1), eager costs {tp1.min() - 1:.0%} to "
             f"{tp1.max() - 1:.0%} more over 1 to 8,192 tokens (the eager and graph rows come "
             "from different machine starts, so within the 11% noise above: the largest, "
-            "GPT-3 13B at 512 tokens, is 3-5% against the other two graph runs); a TP-8 shard "
+            "GPT-3 13B at 512 tokens, is 3-6% against the other two graph runs); a TP-8 shard "
             f"of a decode step, {small['graph'].min() * 1e6:.0f}-{small['graph'].max() * 1e6:.0f} "
             f"µs of GPU work, took {small['eager'].min() * 1e6:.0f}-{small['eager'].max() * 1e6:.0f} "
             "µs eager (not monotonic in the tokens, 126 µs again at 128): the host's launches "
