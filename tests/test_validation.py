@@ -511,3 +511,25 @@ def test_the_reports_findings_give_tpots_error_by_arrival_rate() -> None:
     assert f"{100 * float(row['rel_error'].iloc[0]):+.1f} to " in tpot_by_rate().split(", ")[1]
     assert [part.rsplit(" at ", 1)[1] for part in tpot_by_rate().split(", ")] == [
         "1 req/s", "2 req/s", "3 req/s"]
+
+
+def test_the_reports_simdistserve_paragraph_quotes_its_tables() -> None:
+    """The paragraph beside simdistserve's disaggregated table takes its figures from the
+    tables and records it names: orcasim's TPOT p90 at 9 and 12 req/s from
+    `distserve_fidelity.csv`, the left-out range from `distserve_leave_one_out.yaml`."""
+    import sys
+
+    import pandas as pd
+    import yaml
+
+    sys.path.insert(0, str(ROOT))
+    from scenarios.validation.report import disagg_anchor_lines
+
+    text = " ".join(disagg_anchor_lines())
+    table = pd.read_csv(ROOT / "results" / "validation" / "distserve_fidelity.csv")
+    tail = table[(table["metric"] == "tpot_s") & (table["percentile"] == 90)
+                 & table["run"].isin(["distserve-c21d11-300-9", "distserve-c21d11-300-12"])]
+    assert f"orcasim reads within {100 * tail['rel_error'].abs().max():.1f}%" in text
+    record = yaml.safe_load((ROOT / "results" / "validation" / "distserve_leave_one_out.yaml").read_text())
+    scores = [fold["error_left_out"] for fold in record["left_out"].values()]
+    assert f"scores {100 * min(scores):.1f} to {100 * max(scores):.1f}% (below)" in text
