@@ -571,6 +571,8 @@ def run_scenario(
     if not isinstance(scenario, Scenario | dict | str | PurePath):  # os.fspath's TypeError else
         raise ScenarioError(f"scenario = {scenario!r:.80}: expected a Scenario, a mapping of its "
                             "keys or a YAML file's path")
+    if base_dir == "":  # falsy, it meant the default, as None does (Path("") is truthy)
+        base_dir = None
     if base_dir is not None:  # an int raised '/' of int and PosixPath at the first data file
         base_dir = as_path(base_dir, "base_dir", "the folder its data paths resolve from")
     if isinstance(scenario, Scenario) and overrides:

@@ -173,3 +173,6 @@ def test_a_loaded_scenario_keeps_its_folder_for_relative_paths(tmp_path: Path,
     scenario = load_scenario(folder / "s.yaml")
     assert scenario.source_dir == folder.resolve()
     assert run_scenario(scenario).systems["a"].summary["requests_completed"] == 2
+    # An empty base_dir is the default, as before this session's path checks: Path("") is
+    # truthy and read the data from the working folder, where the trace is not.
+    assert run_scenario(scenario, base_dir="").systems["a"].summary["requests_completed"] == 2  # type: ignore[arg-type]
