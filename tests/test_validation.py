@@ -533,3 +533,38 @@ def test_the_reports_simdistserve_paragraph_quotes_its_tables() -> None:
     record = yaml.safe_load((ROOT / "results" / "validation" / "distserve_leave_one_out.yaml").read_text())
     scores = [fold["error_left_out"] for fold in record["left_out"].values()]
     assert f"scores {100 * min(scores):.1f} to {100 * max(scores):.1f}% (below)" in text
+
+
+@pytest.mark.parametrize("script", ["simdistserve.py", "vidur.py"])
+def test_the_outside_simulators_scripts_refuse_what_they_cannot_run_in_one_line(
+        script: str, tmp_path: Path) -> None:
+    """A checkout that is not one, or an interpreter that is not there or lacks the other
+    project's requirements, raised FileNotFoundError from inside subprocess (or failed
+    after the first run): each is one line naming the option, exit 2, before anything runs."""
+    import subprocess
+    import sys
+
+    path = str(VALIDATION / script)
+
+    def refused(*args: str) -> str:
+        done = subprocess.run([sys.executable, path, *args], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1, done.stderr
+        return lines[0]
+
+    assert refused("--repo", str(tmp_path)).startswith(f"error: --repo {tmp_path}: no ")
+    marker = ("simdistserve/benchmarks/simulate_dist.py" if script == "simdistserve.py" else
+              "vidur/execution_time_predictor/random_forrest_execution_time_predictor.py")
+    (tmp_path / marker).parent.mkdir(parents=True)
+    (tmp_path / marker).write_text("")
+    missing = tmp_path / "no-python"
+    assert refused("--repo", str(tmp_path), "--python", str(missing)) == (
+        f"error: --python {missing}: No such file or directory; expected an interpreter with "
+        + ("simpy, numpy, pandas" if script == "simdistserve.py" else
+           "numpy, pandas, sklearn, fasteners"))
+    lacking = tmp_path / "python"  # runs, but imports nothing of the project's
+    lacking.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'x'\" >&2\nexit 1\n")
+    lacking.chmod(0o755)
+    assert "ModuleNotFoundError: No module named 'x'; expected an interpreter with" in refused(
+        "--repo", str(tmp_path), "--python", str(lacking))

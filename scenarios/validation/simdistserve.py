@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from orcasim.fidelity import compare  # noqa: E402
+from scenarios.validation.outside import check_checkout, check_interpreter, failed  # noqa: E402
 
 RUNS = ROOT / "orcasim" / "data" / "ground_truth" / "distserve_opt13b_a100"
 MODES = {"vllm": ("--backend", "vllm"),
@@ -48,11 +49,14 @@ def simulate(real: pd.DataFrame, mode: str, repo: Path, python: str, folder: Pat
         {"start_time": float(t), "prompt_len": int(p), "output_len": int(o)}
         for t, p, o in zip(start_s, real["prompt_tokens"], real["output_tokens"], strict=True)]))
     latency, info = folder / "latency.csv", folder / "info.csv"
-    subprocess.run([python, "-m", "simdistserve.benchmarks.simulate_dist", *MODES[mode],
-                    "--model", "facebook/opt-13b", "--arrival", "custom",
-                    "--workload", str(workload), "--N", str(len(real)),
-                    "--output-request-latency", str(latency), "--output-request-info", str(info)],
-                   cwd=repo, check=True, capture_output=True)
+    done = subprocess.run([python, "-m", "simdistserve.benchmarks.simulate_dist", *MODES[mode],
+                           "--model", "facebook/opt-13b", "--arrival", "custom",
+                           "--workload", str(workload), "--N", str(len(real)),
+                           "--output-request-latency", str(latency),
+                           "--output-request-info", str(info)],
+                          cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise failed(f"simdistserve ({mode} mode)", done)
     lat, lengths = pd.read_csv(latency), pd.read_csv(info)
     if not (lengths["prefill_lens"].to_numpy() == real["prompt_tokens"].to_numpy()).all():
         raise RuntimeError("simdistserve's requests are not the run's, in its order")
@@ -77,12 +81,14 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, required=True, help="a checkout of LLMServe/DistServe")
     parser.add_argument("--python", default=sys.executable, help="an interpreter with simpy")
     args = parser.parse_args()
+    repo = check_checkout(args.repo, "simdistserve/benchmarks/simulate_dist.py", "LLMServe/DistServe")
+    check_interpreter(args.python, ("simpy", "numpy", "pandas"))
     for mode, pattern in (("vllm", "vllm-*.csv"), ("distserve", "distserve-*.csv")):
         rows = {}
         for path in sorted(RUNS.glob(pattern)):
             real = pd.read_csv(path)
             with tempfile.TemporaryDirectory() as folder:
-                rows[path.stem] = errors(real, simulate(real, mode, args.repo, args.python,
+                rows[path.stem] = errors(real, simulate(real, mode, repo, args.python,
                                                         Path(folder)))
         frame = pd.DataFrame(rows).T[COLUMNS]
         print(f"simdistserve, {mode} mode: relative error, %")

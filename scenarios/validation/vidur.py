@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from orcasim.paths import read_csv, resolve_data_path  # noqa: E402
 from orcasim.scenario import load_scenario  # noqa: E402
 from orcasim.validation import iteration_table, median_errors, read_splitwise  # noqa: E402
+from scenarios.validation.outside import check_checkout, check_interpreter, failed  # noqa: E402
 
 DRIVER = Path(__file__).with_name("vidur_predict.py")
 SCENARIO = Path(__file__).with_name("splitwise_llama2_70b_a100.yaml")
@@ -77,7 +78,7 @@ def predict(points: pd.DataFrame, repo: Path, python: str, cache_dir: Path,
         done = subprocess.run([python, str(DRIVER), str(asked), str(answered), str(cache_dir)],
                               cwd=repo, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"vidur_predict.py failed:\n{done.stderr[-3000:]}")
+            raise failed("vidur_predict.py", done)
         vidur = pd.DataFrame(json.loads(answered.read_text()))
     table = points.merge(vidur, on=POINT_KEYS, how="left", validate="one_to_one")
     if table["prompt_sim_s"].isna().any():
@@ -128,10 +129,13 @@ def main() -> None:
     parser.add_argument("--no-attention-slice", action="store_true",
                         help="price TP 2 without attention too, where the checkout lacks it")
     args = parser.parse_args()
+    repo = check_checkout(args.repo, "vidur/execution_time_predictor/"
+                          "random_forrest_execution_time_predictor.py", "microsoft/vidur")
+    check_interpreter(args.python, ("numpy", "pandas", "sklearn", "fasteners"))
     points = read_splitwise()
     with tempfile.TemporaryDirectory() as folder:
         cache_dir = args.cache_dir.resolve() if args.cache_dir else Path(folder)
-        table = score(predict(points, args.repo.resolve(), args.python, cache_dir, args.grid,
+        table = score(predict(points, repo, args.python, cache_dir, args.grid,
                               not args.no_attention_slice))
     orcasim = iteration_table(load_scenario(SCENARIO), points)
     covered = in_profile(table)
