@@ -19,7 +19,12 @@ from orcasim.cost.catalog import (
     model_figures,
     model_from_argument,
 )
-from orcasim.cost.flops import token_ops
+from orcasim.cost.flops import (
+    attention_constants,
+    attention_flops_bytes,
+    prefill_attention_constants,
+    token_ops,
+)
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
 
 # A Llama-family config small enough to read by hand (the config readers' tests vary it).
@@ -415,6 +420,37 @@ def test_attention_constants_by_hand(name: str, tp: int, kv_dtype: str | None, e
     base = model_from_argument(name) if name == "llama3-70b" else hf(name)
     model = base.model_copy(update={"kv_cache_dtype": kv_dtype})
     assert attention_constants(model, tp) == expected
+
+
+def test_latent_attention_prefills_in_the_compute_friendly_form_and_decodes_absorbed() -> None:
+    """vLLM decodes MLA in the absorbed form (attention over the 576-wide latent) but runs a
+    prefill, or a prefill chunk, in the compute-friendly one (vllm/v1/attention/backends/mla/
+    common.py, `_forward_prefill`; SGLang likewise): the latent up-projected to each head's
+    K and V, multi-head attention over 128 + 64 dims for QK^T and 128 for AV, and a chunk
+    re-projects its cached context. Every request was priced absorbed: 278,528 FLOPs a
+    query-key pair on DeepSeek-V3's 128 heads where vLLM's prefill does 81,920, a 4,096-token
+    prompt's attention 3.4 times what it costs. DeepSeek-V3 at TP 8, 16 heads a rank."""
+    model, heads = hf("deepseek-v3"), 16
+    absorbed, friendly = heads * (2 * 576 + 2 * 512), heads * (2 * 192 + 2 * 128)
+    up = 2 * 512 * heads * (128 + 128)  # kv_b_proj: W_UK and W_UV, a cached context token
+    assert prefill_attention_constants(model, 8) == (
+        friendly, 576 * 2 + 2 * heads * (192 + 128) * 2, heads * (192 + 128) * 2 + 576 * 2, up)
+    # A decode at 2,048; a 4,096-token prompt; a 512-token chunk after 7,680 cached tokens.
+    query, context = np.array([1, 4096, 512]), np.array([2048, 4096, 8192])
+    flops, _ = attention_flops_bytes(model, 8, query, context)
+    assert flops.tolist() == [absorbed * 2048, friendly * 4096 * 4097 / 2,
+                              friendly * (512 * 7680 + 512 * 513 / 2) + up * 7680]
+    # The roofline prices each so, in arrays, lists and the formula alike; the prompt is
+    # compute-bound at 70% of the H200's bf16 peak, a kernel launch on top.
+    cost = _h200(model, tensor_parallel=8)
+    formula = float(cost.attention_per_layer_s(query, context))
+    assert cost._attention.per_layer_s(query, context) == formula
+    assert cost._attention.per_layer_lists_s(query.tolist(), context.tolist()) == formula
+    prompt_s = float(cost.attention_per_layer_s(query[1:2], context[1:2]))
+    assert prompt_s == pytest.approx(friendly * 4096 * 4097 / 2 / (989.4e12 * 0.7) + 5e-6, rel=1e-12)
+    # A dense model's prefill is its decode's constants, nothing added.
+    llama = model_from_argument("llama3-70b")
+    assert prefill_attention_constants(llama, 8) == (*attention_constants(llama, 8), 0.0)
 
 
 def test_expert_layouts_in_each_familys_words(tmp_path: Path) -> None:

@@ -253,6 +253,35 @@ def attention_constants(model: ModelSpec, tp: int) -> tuple[float, float, float]
     return 4.0 * hd * q_heads, kv_per_token * kv_dt, 2.0 * q_heads * hd * dt + kv_per_token * kv_dt
 
 
+def prefill_attention_constants(model: ModelSpec, tp: int) -> tuple[float, float, float, float]:
+    """`attention_constants` of a request with more than one query token, and the FLOPs
+    per cached context token (its context less its query) that such a request adds.
+
+    The same as a decode's, and no extra FLOPs, but for MLA: vLLM runs a prefill (or a
+    prefill chunk) in the compute-friendly form and only decodes in the absorbed one
+    (vllm/v1/attention/backends/mla/common.py, `_forward_prefill`; SGLang likewise):
+    the latent is up-projected to each head's K (nope dims) and V, and attention is
+    multi-head over qk_nope + qk_rope dims for QK^T and v_head_dim for AV, where the
+    absorbed form works over the 576-wide latent (DeepSeek-V3: 81,920 FLOPs a pair on
+    128 heads against 278,528). The up-projection of the new tokens costs what the
+    absorbed form's per-token `mla_q_absorb` and `mla_v_up` cost (the same weights, the
+    same FLOPs: 2 * kv_lora_rank * heads * (qk_nope + v) a token); the cached context's,
+    re-projected for every chunk, is the extra term. Bytes: the latent read, the K and V
+    the up-projection writes and the kernel reads; Q read, O written, the new latent written.
+    """
+    if model.mla is None:
+        return (*attention_constants(model, tp), 0.0)
+    m = model.mla
+    q_heads = model.num_heads / tp
+    dt, kv_dt = model.dtype_bytes, model.kv_element_bytes
+    qk_dim, latent = m.qk_nope_head_dim + m.qk_rope_head_dim, m.kv_lora_rank + m.qk_rope_head_dim
+    flops_per_pair = q_heads * (2.0 * qk_dim + 2.0 * m.v_head_dim)
+    kv_bytes = latent * kv_dt + 2.0 * q_heads * (qk_dim + m.v_head_dim) * dt
+    query_bytes = q_heads * (qk_dim + m.v_head_dim) * dt + latent * kv_dt
+    up_flops = 2.0 * m.kv_lora_rank * q_heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return flops_per_pair, kv_bytes, query_bytes, up_flops
+
+
 def attention_flops_bytes(
     model: ModelSpec, tp: int, query_tokens: np.ndarray, context_tokens: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -263,12 +292,20 @@ def attention_flops_bytes(
     pairs: quadratic in a prefill (q = c), linear in a decode step (q = 1). Each pair costs
     2*head_dim FLOPs for QK^T and 2*head_dim for AV, per query head.
     Bytes: the K and V of all c tokens are read, Q read and O written, new K and V written.
+    MLA prices a request of one query token in the absorbed form and one of more in the
+    compute-friendly form (`prefill_attention_constants`), as vLLM splits them.
     """
     q = query_tokens.astype(np.float64)
     c = context_tokens.astype(np.float64)
     flops_per_pair, kv_bytes, query_bytes = attention_constants(model, tp)
     pairs = q * (c - q) + q * (q + 1.0) / 2.0
-    return flops_per_pair * pairs, c * kv_bytes + q * query_bytes
+    flops, bytes_ = flops_per_pair * pairs, c * kv_bytes + q * query_bytes
+    if model.mla is None:
+        return flops, bytes_
+    prefill_pair, prefill_kv, prefill_query, up_flops = prefill_attention_constants(model, tp)
+    prefill = q > 1.0
+    return (np.where(prefill, prefill_pair * pairs + up_flops * (c - q), flops),
+            np.where(prefill, c * prefill_kv + q * prefill_query, bytes_))
 
 
 def lm_head_op(model: ModelSpec, tp: int) -> Op:

@@ -39,6 +39,7 @@ from orcasim.cost.flops import (
     embedding_op,
     expert_op,
     lm_head_op,
+    prefill_attention_constants,
     token_ops,
 )
 from orcasim.cost.overhead import CostConfigBase
@@ -177,9 +178,15 @@ class Roofline(CostModel):
                          np.where(first >= window, q * window,
                                   (first + window) * (window - first + 1) // 2 + (c - window) * window))
         terms = self._attention  # the per-token constants, computed once
-        bytes_ = np.minimum(c, window + q - 1) * terms.kv_bytes + q * terms.query_bytes
-        per_request = np.maximum(pairs * terms.flops_per_pair / self.attention_flops_per_s,
-                                 bytes_ / self.attention_bytes_per_s)
+        read = np.minimum(c, window + q - 1)
+        flops = pairs * terms.flops_per_pair
+        bytes_ = read * terms.kv_bytes + q * terms.query_bytes
+        if terms.split:  # MLA: a prefill in the compute-friendly form, its window's past re-projected
+            prefill = q > 1
+            flops = np.where(prefill, pairs * terms.prefill_flops_per_pair
+                             + terms.prefill_up_flops * (read - q), flops)
+            bytes_ = np.where(prefill, read * terms.prefill_kv_bytes + q * terms.prefill_query_bytes, bytes_)
+        per_request = np.maximum(flops / self.attention_flops_per_s, bytes_ / self.attention_bytes_per_s)
         return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
 
     def _attention_s(self, full_per_layer_s: float, query_tokens: np.ndarray,
@@ -384,6 +391,11 @@ class _IntConstants:
     query_bytes: np.int64
     flops_per_s: np.float64
     bytes_per_s: np.float64
+    # A prefill's (`prefill_attention_constants`), read where `_AttentionTerms.split`.
+    prefill_half_flops_per_pair: np.int64
+    prefill_kv_bytes: np.int64
+    prefill_query_bytes: np.int64
+    prefill_up_flops: np.int64
 
 
 class _AttentionTerms:
@@ -395,21 +407,29 @@ class _AttentionTerms:
     When these constants are whole numbers (heads divide by TP), flops and bytes are whole
     numbers below 2**53, exact in any order: `per_layer_s` then does the reference's own
     divisions, maximum and sum, so `iteration_time_s` keeps its bits. Otherwise it falls
-    back to `attention_per_layer_s`.
+    back to `attention_per_layer_s`. MLA (`split`) prices a request of more than one query
+    token with a prefill's constants, plus up_flops * (c - q) (`prefill_attention_constants`).
     """
 
     def __init__(self, cost: Roofline) -> None:
         self.cost = cost
         self.flops_per_pair, self.kv_bytes, self.query_bytes = attention_constants(cost.model, cost.tp)
         self.half_flops_per_pair = self.flops_per_pair / 2.0
+        (self.prefill_flops_per_pair, self.prefill_kv_bytes, self.prefill_query_bytes,
+         self.prefill_up_flops) = prefill_attention_constants(cost.model, cost.tp)
+        self.split = cost.model.mla is not None  # a prefill priced apart from a decode
+        prefill = (self.prefill_flops_per_pair / 2.0, self.prefill_kv_bytes, self.prefill_query_bytes,
+                   self.prefill_up_flops)
         consts = (self.half_flops_per_pair, self.kv_bytes, self.query_bytes)
-        self.whole = all(float(x).is_integer() for x in consts)
+        self.whole = all(float(x).is_integer() for x in (*consts, *prefill))
         if self.whole:
             half, kv, query = (np.int64(x) for x in consts)
             self._ints = _IntConstants(np.int64(1), half, kv, query,
                                        np.float64(cost.attention_flops_per_s),
-                                       np.float64(cost.attention_bytes_per_s))
+                                       np.float64(cost.attention_bytes_per_s),
+                                       *(np.int64(x) for x in prefill))
             self._whole_terms = tuple(int(x) for x in consts)  # Python ints: exact, as int64
+            self._prefill_whole_terms = tuple(int(x) for x in prefill)
         self.flops_per_s, self.bytes_per_s = cost.attention_flops_per_s, cost.attention_bytes_per_s
         self.kernel_overhead_s = cost.cfg.kernel_overhead_s
         # A decode op (q = 1) is compute-bound above this context: the roofline's ridge.
@@ -436,6 +456,15 @@ class _AttentionTerms:
         q, c, ints = query_tokens, context_tokens, self._ints
         # All int64 (whole numbers, so exact) until the divisions; numpy scalars are cheap.
         twice_pairs = q * (c + c - q + ints.one)
+        if self.split:  # each request's constants: a decode's, or a prefill's
+            prefill = q > ints.one
+            half = np.where(prefill, ints.prefill_half_flops_per_pair, ints.half_flops_per_pair)
+            up = np.where(prefill, ints.prefill_up_flops, np.int64(0))
+            kv = np.where(prefill, ints.prefill_kv_bytes, ints.kv_bytes)
+            query = np.where(prefill, ints.prefill_query_bytes, ints.query_bytes)
+            compute_s = (twice_pairs * half + (c - q) * up) / ints.flops_per_s
+            memory_s = (c * kv + q * query) / ints.bytes_per_s
+            return math.fsum(np.maximum(compute_s, memory_s).tolist()) + self.kernel_overhead_s
         compute_s = (twice_pairs * ints.half_flops_per_pair) / ints.flops_per_s
         memory_s = (c * ints.kv_bytes + q * ints.query_bytes) / ints.bytes_per_s
         # Exactly rounded, as attention_per_layer_s sums: the same bits from any order.
@@ -464,6 +493,14 @@ class _AttentionTerms:
             pairs = zip(query_tokens[ones:], context_tokens[ones:], strict=True)
         else:
             terms, pairs = [], zip(query_tokens, context_tokens, strict=True)
+        if self.split:  # MLA: a prefill (q > 1) by its own constants (`per_layer_s`)
+            p_half, p_kv, p_qb, up = self._prefill_whole_terms
+            terms += [(c * kv + qb) / bps if q == 1 and c < below
+                      else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps) if q <= 1
+                      else max((q * (c + c - q + 1) * p_half + (c - q) * up) / fps,
+                               (c * p_kv + q * p_qb) / bps)
+                      for q, c in pairs]
+            return math.fsum(terms) + self.kernel_overhead_s
         terms += [(c * kv + qb) / bps if q == 1 and c < below
                   else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
                   for q, c in pairs]
