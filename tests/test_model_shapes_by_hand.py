@@ -702,7 +702,8 @@ def test_weights_per_gpu_by_hand() -> None:
     heavier stage is the last (its 16 layers, the LM head and the final norm; the first
     holds the embedding: untied, as large as the head).
     gpt-oss-20b over 2 data-parallel groups with EP 2: the bf16 non-expert weights whole
-    on each GPU, half of the mxfp4 experts (17 bytes a block of 32 values)."""
+    on each GPU, half of the mxfp4 experts (17 bytes a block of 32 values) and of their
+    bf16 biases."""
     from orcasim.cost.catalog import weight_bytes_per_gpu
 
     mixtral = model_from_argument("mixtral-8x7b")
@@ -713,9 +714,11 @@ def test_weights_per_gpu_by_hand() -> None:
     assert weight_bytes_per_gpu(mixtral, tp_pp) == pytest.approx(last * 2, rel=1e-15)
     oss = hf("gpt-oss-20b")
     experts = oss.routed_expert_params()
+    matrices, biases = 24 * 32 * 3 * 2880 * 2880, 24 * 32 * (2 * 2880 + 2880)
+    assert experts == matrices + biases
     dp_ep = HardwareConfig(gpu="h200", data_parallel_attention=2, expert_parallel=2)
     assert weight_bytes_per_gpu(oss, dp_ep) == pytest.approx(
-        (oss.param_count() - experts) * 2 + experts * (17 / 32) / 2, rel=1e-15)
+        (oss.param_count() - experts) * 2 + (matrices * (17 / 32) + biases * 2) / 2, rel=1e-15)
 
 
 def test_k_and_v_projections_past_tp_equal_kv_heads_are_replicated() -> None:
@@ -843,14 +846,16 @@ def test_config_errors_name_the_file_and_the_family(tmp_path: Path) -> None:
         model_from_argument(write_config(tmp_path, {"model_type": "qwen2", "hidden_size": 64}))
 
 
-def test_a_llama_config_with_attention_bias_biases_q_k_and_v(tmp_path: Path) -> None:
+def test_a_llama_config_with_attention_bias_biases_q_k_v_and_o(tmp_path: Path) -> None:
+    """transformers' LlamaAttention and vLLM's (bias_o_proj = attention_bias) bias the
+    output projection too: it was left out, 64 of the 256 biases here."""
     base = TINY_LLAMA
     assert model_from_argument(write_config(tmp_path, base)).qkv_bias is None
     biased = model_from_argument(write_config(tmp_path, {**base, "attention_bias": True}))
-    assert biased.qkv_bias is True and biased.bias is False
-    # The biases count: 3 x 64 on Q, K and V, none on the output projection.
+    assert biased.qkv_bias is True and biased.out_bias is True and biased.bias is False
+    # The biases count: 3 x 64 on Q, K and V, 64 on the output projection.
     plain = model_from_argument(write_config(tmp_path, base))
-    assert biased.attention_params() - plain.attention_params() == 3 * 64
+    assert biased.attention_params() - plain.attention_params() == 4 * 64
 
 
 def test_chunked_attention_is_refused_only_when_set(tmp_path: Path) -> None:

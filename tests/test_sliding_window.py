@@ -45,6 +45,35 @@ def test_gpt_oss_matches_its_model_card(name: str, total: float, active: float, 
     assert model.weight_bytes() / GIB == pytest.approx(checkpoint_gib, rel=0.01)
 
 
+@pytest.mark.parametrize(("name", "layers", "experts", "total_b", "active_b", "checkpoint_gib"), [
+    ("gpt-oss-20b", 24, 32, 20.91, 3.61, 12.8), ("gpt-oss-120b", 36, 128, 116.83, 5.13, 60.8)])
+def test_gpt_oss_counts_its_biases_and_matches_the_card_to_its_digits(
+    name: str, layers: int, experts: int, total_b: float, active_b: float, checkpoint_gib: float,
+) -> None:
+    """gpt-oss's attention projections all have biases (q, k, v and o: `attention_bias`),
+    and so do its router and every expert's gate-and-up and down projections
+    (transformers' GptOssAttention, GptOssTopKRouter, GptOssExperts), all kept in bf16 by
+    the mxfp4 checkpoint. Without the output, router and expert ones, 116.79B parameters
+    and 60.69 GiB where the card (Table 1) says 116.83B and 60.8 GiB. The attention sinks
+    (one a head a layer, 2,304 in gpt-oss-120b) are not counted."""
+    d, heads, kv, hd, inter, vocab, top_k = 2880, 64, 8, 64, 2880, 201088, 4
+    attention = d * heads * hd + heads * hd + 2 * (d * kv * hd + kv * hd) + heads * hd * d + d
+    expert_matrices, expert_biases = 3 * d * inter, 2 * inter + d
+    router = d * experts + experts
+    layer = attention + 2 * d + router + experts * (expert_matrices + expert_biases)
+    model = hf(name)
+    assert model.param_count() == layers * layer + 2 * vocab * d + d
+    assert round(model.param_count() / 1e9, 2) == total_b
+    # Active: the unembedding counts, the input embedding table does not (the card's rule).
+    active = layers * (attention + 2 * d + router + top_k * (expert_matrices + expert_biases)) + vocab * d + d
+    assert model.active_param_count() - vocab * d == active
+    assert round(active / 1e9, 2) == active_b
+    # mxfp4 expert matrices (17/32 bytes a weight); their biases and the rest in bf16.
+    matrices = layers * experts * expert_matrices
+    assert model.weight_bytes() == matrices * 17 / 32 + (model.param_count() - matrices) * 2
+    assert round(model.weight_bytes() / GIB, 1) == checkpoint_gib
+
+
 def test_windows_are_read_in_each_familys_words(tmp_path: Path) -> None:
     oss = hf("gpt-oss-20b")
     assert oss.sliding_window == 128 and oss.sliding_window_layers == list(range(0, 24, 2))

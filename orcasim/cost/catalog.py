@@ -57,6 +57,10 @@ class MoESpec(Strict):
     expert_intermediate_size: Width
     shared_intermediate_size: Annotated[NonNegativeInt, Field(le=MAX_WIDTH)] = 0
     dense_layers: list[NonNegativeInt] = Field(default_factory=list)
+    # Biases on the router (one an expert) and on every routed expert's gate-and-up and
+    # down projections (2 x expert_intermediate_size + hidden_size): gpt-oss's. Kept in the
+    # model's own dtype by its mxfp4 checkpoint, which quantizes the matrices alone.
+    expert_bias: bool = False
     # The routed experts' storage precision, if not the model's weights' (gpt-oss ships its
     # experts in mxfp4 and the rest in bf16): weight-only, the GEMMs still run at the
     # model's compute precision.
@@ -119,6 +123,9 @@ class ModelSpec(Strict):
     kv_cache_dtype: Precision | None = None
     head_size: Width | None = None  # None: hidden_size / num_heads (Qwen3 sets its own)
     qkv_bias: bool | None = None  # None: as `bias` (Qwen2 has biases on Q, K, V only)
+    # None: as `bias`; a config's `attention_bias` biases the output projection too
+    # (transformers' and vLLM's Llama and gpt-oss attention: bias_o_proj = attention_bias).
+    out_bias: bool | None = None
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     # Sliding-window attention (Mistral-7B-v0.1, gpt-oss, Gemma): a query attends to the
@@ -206,7 +213,7 @@ class ModelSpec(Strict):
             return self._mla_down_params(m) + q_up + kv_up + heads * m.v_head_dim * d
         q_out = heads * self.head_dim
         q = d * q_out + (q_out if self._has_qkv_bias else 0)
-        return q + self.kv_projection_params() + q_out * d + (d if self.bias else 0)
+        return q + self.kv_projection_params() + q_out * d + (d if self.has_out_bias else 0)
 
     def _mla_down_params(self, m: MLASpec) -> int:
         """MLA's down-projections to the query latent (if any) and to the KV latent with the
@@ -223,6 +230,11 @@ class ModelSpec(Strict):
     @property
     def _has_qkv_bias(self) -> bool:
         return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_out_bias(self) -> bool:
+        """Whether attention's output projection has a bias (MLA's has none)."""
+        return self.mla is None and (self.bias if self.out_bias is None else self.out_bias)
 
     def kv_projection_params(self) -> int:
         """Weights of one layer's K and V projections, biases too (0 under MLA, whose K and
@@ -254,7 +266,18 @@ class ModelSpec(Strict):
         return moe.num_experts * self._params_per_expert(moe)
 
     def _params_per_expert(self, moe: MoESpec) -> int:
-        return 3 * self.hidden_size * moe.expert_intermediate_size  # SwiGLU experts
+        """One routed expert's weights: its matrices and biases (`expert_bias_params`)."""
+        return self.expert_matrix_params() + self.expert_bias_params()
+
+    def expert_matrix_params(self) -> int:
+        """One routed expert's weight matrices, the fused gate-and-up and the down
+        projection of a SwiGLU MLP (what `expert_weight_dtype` stores): 0 in a dense model."""
+        return 3 * self.hidden_size * self.moe.expert_intermediate_size if self.moe else 0
+
+    def expert_bias_params(self) -> int:
+        """One routed expert's biases (`MoESpec.expert_bias`), kept in the model's dtype."""
+        moe = self.moe
+        return 2 * moe.expert_intermediate_size + self.hidden_size if moe and moe.expert_bias else 0
 
     def _gated_mlp_params(self, width: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * width
@@ -272,7 +295,7 @@ class ModelSpec(Strict):
                 + 3 * self.hidden_size * moe.shared_intermediate_size)
 
     def _router_params(self, moe: MoESpec) -> int:
-        return self.hidden_size * moe.num_experts
+        return (self.hidden_size + (1 if moe.expert_bias else 0)) * moe.num_experts
 
     def _layer_norm_params(self) -> int:
         """Gains (and biases) of a layer's two norms (MLA's latents' norms are its attention's)."""
@@ -292,7 +315,7 @@ class ModelSpec(Strict):
         whole = self._layer_norm_params()
         if self.mla is not None:
             whole += self._mla_down_params(self.mla)
-        elif self.bias:
+        elif self.has_out_bias:
             whole += d  # the output projection's bias
         if moe is not None and layer not in moe.dense_layers:
             return whole + self._router_params(moe)
@@ -316,7 +339,7 @@ class ModelSpec(Strict):
             if self._has_qkv_bias:
                 split += self.num_heads * self.head_dim
                 kv_bias = 2 * self.head_dim * self.kv_heads_per_rank(tp)
-            if self.bias:
+            if self.has_out_bias:
                 whole += d  # the output projection's
         if moe is not None and layer not in moe.dense_layers:
             whole += self._router_params(moe)
@@ -377,9 +400,23 @@ class ModelSpec(Strict):
         return ((rest - unquantized) * self.weight_element_bytes
                 + unquantized * self.embedding_element_bytes)
 
+    def routed_expert_bytes_per_expert(self) -> float:
+        """Bytes of one routed expert: its matrices at `expert_element_bytes`, its biases
+        (if any) at the model's own dtype, as vLLM keeps biases (`embedding_element_bytes`)."""
+        return (self.expert_matrix_params() * self.expert_element_bytes
+                + self.expert_bias_params() * self.embedding_element_bytes)
+
+    def layer_routed_expert_bytes(self, layer: int) -> float:
+        """Bytes of decoder layer `layer`'s routed experts (0 in a dense layer)."""
+        moe = self.moe
+        if moe is None or layer in moe.dense_layers:
+            return 0.0
+        return moe.num_experts * self.routed_expert_bytes_per_expert()
+
     def weight_bytes(self) -> float:
         # Whole numbers times a power of two, or 17/32 (mxfp4): the sum is exact.
-        return self.non_expert_weight_bytes() + self.routed_expert_params() * self.expert_element_bytes
+        return self.non_expert_weight_bytes() + sum(
+            self.layer_routed_expert_bytes(i) for i in range(self.num_layers))
 
     def kv_values_per_token_per_layer(self) -> int:
         """Values a layer caches per token: K and V of every KV head (GQA shrinks it), or
@@ -691,10 +728,10 @@ def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
         start += count
         own = sum(layer_params_per_rank(model, i, tp) for i in layers)
         unquantized = sum(model.unquantized_params_per_rank(i, tp) for i in layers)
-        expert = sum(model.layer_routed_expert_params(i) for i in layers)
+        expert = sum(model.layer_routed_expert_bytes(i) for i in layers)
         # What stays unquantized adds its difference (0 where nothing is quantized: the same bits).
         weights = (own * model.weight_element_bytes + unquantized * (emb_bytes - model.weight_element_bytes)
-                   + expert * model.expert_element_bytes / expert_ranks)
+                   + expert / expert_ranks)
         out.append(weights + (first if k == 0 else 0.0) + (last if k == hw.pipeline_parallel - 1 else 0.0))
     return out
 

@@ -68,7 +68,7 @@ def token_ops(model: ModelSpec, tp: int, moe_layer: bool = False) -> list[Op]:
            _elementwise("post_attention_layernorm", d, d, dt)]
     if moe_layer and model.moe is not None:
         # The router is not quantized (`ModelSpec.unquantized_params_per_rank`).
-        ops.append(_matmul("moe_router", d, model.moe.num_experts, dt, False,
+        ops.append(_matmul("moe_router", d, model.moe.num_experts, dt, model.moe.expert_bias,
                            model.embedding_element_bytes))
         if model.moe.shared_intermediate_size:
             ops += _mlp_ops(model, model.moe.shared_intermediate_size / tp, "shared_expert_")
@@ -100,7 +100,7 @@ def _attention_token_ops(model: ModelSpec, tp: int) -> list[Op]:
     qkv_width = (q_heads + 2 * kv_heads) * hd
     qkv_bias = bias if model.qkv_bias is None else model.qkv_bias
     ops = [_matmul("attn_pre_proj", d, qkv_width, dt, qkv_bias, wdt),
-           _matmul("attn_post_proj", q_heads * hd, d, dt, bias, wdt)]
+           _matmul("attn_post_proj", q_heads * hd, d, dt, model.has_out_bias, wdt)]
     if model.positional == "rope":
         rotated = (q_heads + kv_heads) * hd
         ops.insert(1, _elementwise("attn_rope", rotated, rotated, dt))
@@ -227,7 +227,10 @@ def expert_op(model: ModelSpec, tp: int, ep: int = 1, skew: float = 0.0) -> Expe
         q: tuple[float, ...] = (k / e,) * (e // ep)
     else:
         q = tuple(expert_routing_probabilities(e, k, skew)[::ep].tolist())
-    return ExpertOp(e // ep, k, e, 2.0 * per_expert_params, per_expert_params * model.expert_element_bytes,
+    # Biases (gpt-oss's): the gate-and-up one split as its matrix, the down one whole.
+    bias_bytes = (2.0 * width + d) * model.embedding_element_bytes if moe.expert_bias else 0.0
+    return ExpertOp(e // ep, k, e, 2.0 * per_expert_params,
+                    per_expert_params * model.expert_element_bytes + bias_bytes,
                     bytes_per_pair, q, uniform=skew == 0.0)
 
 

@@ -162,6 +162,8 @@ def _llama_like(config: Config) -> dict[str, Any]:
         fields["head_size"] = config["head_dim"]
     if config["model_type"] in ("qwen2", "qwen2_moe") or config.get("attention_bias"):
         fields["qkv_bias"] = True  # Qwen2's Q, K and V projections have biases
+    if config.get("attention_bias"):  # and the output projection's, as vLLM's bias_o_proj
+        fields["out_bias"] = True
     moe = _moe(config)
     if moe is not None:
         fields["moe"] = moe
@@ -260,7 +262,10 @@ def _deepseek(config: Config) -> dict[str, Any]:
 
 def _gpt_oss(config: Config) -> dict[str, Any]:
     fields = _llama_like(config)
-    fields["qkv_bias"] = True  # gpt-oss's attention projections have biases
+    # gpt-oss's attention projections have biases (GptOssConfig's attention_bias defaults to
+    # true), and so do its router and experts (transformers' GptOssTopKRouter, GptOssExperts).
+    fields["qkv_bias"] = fields["out_bias"] = True
+    fields["moe"] = {**fields["moe"], "expert_bias": True}
     return fields
 
 
