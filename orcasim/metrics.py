@@ -255,7 +255,7 @@ def served_rps(arrival_s: np.ndarray, finish_s: np.ndarray, warmup_s: float = 0.
     sweep's keeps-up test compares with `offered_rps`: `throughput_rps` runs to the last
     finish, so it holds the drain after the last arrival, a latency from the tail, and a
     short run of a server that kept up read well below its load: 8 paged replicas
-    (scenarios/cluster/routers.yaml's, capacity about 49 req/s) over 400 requests at 11, 22
+    (scenarios/cluster/routers.yaml's, capacity about 50 req/s) over 400 requests at 11, 22
     and 44 req/s, not saturated, read 0.82, 0.62 and 0.41 of it, here 0.97, 0.92 and (a run
     no longer than its p90 latency) NaN; over 4,000 at 60 req/s, saturated, 0.71 and 0.84.
     NaN where the window is empty or nothing finished."""

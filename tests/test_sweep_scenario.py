@@ -262,7 +262,7 @@ def test_one_keeps_up_rule_for_sweeps_and_capacity_searches() -> None:
 
 
 def test_a_short_run_of_a_fleet_that_keeps_up_keeps_up(tmp_path: Path) -> None:
-    """8 paged replicas of routers.yaml (about 49 req/s in all) over 400 requests at 22
+    """8 paged replicas of routers.yaml (about 50 req/s in all) over 400 requests at 22
     req/s, not saturated: throughput 0.62 of the load (a drain of 8 s after 18 s of
     arrivals), so the keeps-up test dropped the row; its served rate reads the load."""
     scenario = load_scenario(Path(__file__).parents[1] / "scenarios/cluster/routers.yaml", [
