@@ -686,11 +686,18 @@ def _refuse_kind_change(data: dict[str, Any], base: dict[str, Any], path: Path,
 
 def _culprits(base: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> list[str]:
     """The overrides that each alone make a valid scenario invalid; all of them where only
-    their combination does."""
+    their combination does. One that cannot apply alone, into what an earlier one makes (a
+    key of `systems[0].cluster.replicas[1]` after `systems=[...]` gives that list), counts
+    as one: its path's problem on the bare file ('index [1] of something not a list') is
+    not the scenario's, and raised in place of its real one (a tester's finding)."""
     alone = []
     for item in overrides:
         data = copy.deepcopy(base)
-        apply_override(data, item)
+        try:
+            apply_override(data, item)
+        except ScenarioError:
+            alone.append(item)
+            continue
         if not _valid(data):
             alone.append(item)
     return alone or list(overrides)

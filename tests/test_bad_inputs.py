@@ -365,6 +365,12 @@ def test_bad_override_paths(tmp_path: Path, override: str, phrase: str) -> None:
     (["workload.num_requests=1e21"], "with --set workload.num_requests=1e21: workload."
      "num_requests = 1e+21: Input should be an integer, and a number written with an exponent "
      "or a decimal point converts to one only within ±9.22e+18; expected a whole number within"),
+    # A key into what an earlier override made: judged alone on the bare file, its path read
+    # 'index [1] of something not a list', and that was the error shown.
+    (["systems=[{name: m, scheduler: {kind: iteration_level, max_batch_size: 4}, cluster: {replicas: [{count: 1}, "
+      "{count: 2}]}}]", "systems[0].cluster.replicas[1].foo=1"],
+     "with --set systems[0].cluster.replicas[1].foo=1: systems[0].cluster.replicas[1]: unknown "
+     "key 'foo'; valid keys are: cost, count, hardware"),
 ])
 def test_a_bad_override_is_blamed_not_the_file(tmp_path: Path, overrides: list[str],
                                                blamed: str) -> None:
