@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from orcasim.closed_loop import arrival_source
-from orcasim.cost import CostConfig, CostModel, Deployment, OverheadConfig, build_cost_model
+from orcasim.cost import Batch, CostConfig, CostModel, Deployment, OverheadConfig, build_cost_model
 from orcasim.cost.catalog import HardwareConfig, ModelSpec, gpu_spec, model_spec
 from orcasim.cost.fitted import FittedCostConfig
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.profile import ProfileCostConfig
-from orcasim.cost.roofline import RooflineCostConfig
+from orcasim.cost.roofline import Roofline, RooflineCostConfig
 from orcasim.engine import Engine
 from orcasim.metrics import requests_frame, summarize
 from orcasim.requests import ClientLoop, PromptContent, Requests
@@ -563,6 +563,34 @@ def test_roofline_cost_matches_reference(arrival: dict) -> None:
         "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 8}},
                     {"name": "ft", "scheduler": {"kind": "request_level", "max_batch_size": 8}}],
     }
+    assert_same_scenario({
+        mode: run_scenario(scenario_from_dict({**data, "engine": {"mode": mode}}))
+        for mode in ("fast", "reference")
+    })
+
+
+def test_data_parallel_attention_matches_reference() -> None:
+    """Qwen3-30B-A3B over four data-parallel groups, under Orca and vLLM's paged scheduler:
+    prompts long enough that the largest request's own group sets many iterations' time
+    (`Roofline.data_parallel_floor_s`), which the fused loops must price as reference mode
+    does (no decode line: the floor follows the longest context)."""
+    data = {
+        "name": "dp-attention", "seed": 5, "model": "qwen3-30b-a3b",
+        "hardware": {"gpu": "h100-80gb", "data_parallel_attention": 4, "expert_parallel": 4},
+        "cost": {"kind": "roofline"},
+        "workload": {"num_requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 8.0},
+                     "prompt_tokens": {"kind": "uniform", "low": 1, "high": 3000},
+                     "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
+                     "max_tokens": 3200},
+        "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 32}},
+                    {"name": "vllm", "scheduler": {"kind": "paged", "max_num_seqs": 64,
+                                                   "max_num_batched_tokens": 4096}}],
+    }
+    scenario = scenario_from_dict(data)
+    cost = Roofline(RooflineCostConfig(kind="roofline"), scenario.deployment())
+    prompt = Batch(np.array([1500]), np.array([1500]))
+    assert cost.iteration_time_s(prompt) == cost.data_parallel_floor_s([1500], [1500], 1500)
+    assert cost.decode_line(8, 8 * 1000) is None
     assert_same_scenario({
         mode: run_scenario(scenario_from_dict({**data, "engine": {"mode": mode}}))
         for mode in ("fast", "reference")

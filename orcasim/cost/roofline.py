@@ -9,7 +9,11 @@ One iteration on a deployment (model, GPU, TP x PP) costs, summed over all stage
     + embedding(N) + LM head(B)
 
 where every operator takes max(FLOPs / (peak * compute_eff), bytes / (bandwidth * memory_eff))
-plus a kernel overhead (Williams et al. 2009's roofline with a launch floor).
+plus a kernel overhead (Williams et al. 2009's roofline with a launch floor). A MoE layer adds
+its routed experts on the busiest rank. Under data-parallel attention (DP groups) a group runs
+1/DP of the attention and token ops, but a request runs on one group and the groups meet at
+every MoE layer, so an iteration costs at least its experts and all-to-alls plus the largest
+request's own group work (`Roofline.data_parallel_floor_s`).
 
 Default efficiencies (a rule, not a fit): large bf16 GEMMs reach about 70% of the
 datasheet peak and streaming kernels about 80% of the datasheet HBM bandwidth on A100 and
@@ -84,9 +88,9 @@ class Roofline(CostModel):
             self.gemm_flops_per_s = hw.gpu.peak_flops_fp8 * cfg.compute_efficiency
         self.bytes_per_s = hw.gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency
         # Data-parallel attention: each group attends to its own requests and runs its own
-        # tokens' dense operators. Balanced (the engine's dispatcher evens them out; the
-        # imbalance it leaves is not modelled), a group does 1/dp of the iteration's
-        # attention: as if at dp times the rate.
+        # tokens' dense operators. Balanced, a group does 1/dp of the iteration's attention:
+        # as if at dp times the rate. But a request runs on one group, so no group finishes
+        # before the largest request's own work does (`data_parallel_floor_s`).
         self.dp = hw.data_parallel_attention
         self.attention_flops_per_s = self.flops_per_s * self.dp
         self.attention_bytes_per_s = self.bytes_per_s * self.dp
@@ -136,14 +140,23 @@ class Roofline(CostModel):
     def moe_layer_extra_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """A MoE layer's own token ops (on a data-parallel group's share of the iteration's
         `num_tokens`) and its routed experts on the busiest rank (attention is any layer's)."""
-        assert self.experts is not None
         n = np.asarray(num_tokens, dtype=np.float64)
-        ops = sum(op.count * self.op_time_s(op, n / self.dp) for op in self.moe_ops)
-        experts = self.experts
+        experts_s, launches_s = self._routed_experts_s(n)
+        return self._moe_ops_s(n / self.dp) + experts_s + launches_s
+
+    def _moe_ops_s(self, group_tokens: np.ndarray) -> np.ndarray:
+        """A MoE layer's token ops but its routed experts, on a group's `group_tokens`."""
+        return sum(op.count * self.op_time_s(op, group_tokens) for op in self.moe_ops)  # type: ignore[return-value]
+
+    def _routed_experts_s(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A MoE layer's routed experts on the busiest rank, for all `num_tokens` of the
+        iteration: their roofline time, and their kernels' launches."""
+        assert self.experts is not None
+        experts, n = self.experts, num_tokens
         compute = experts.flops_per_token * n / self.gemm_flops_per_s
         memory = (experts.experts_hit(n) * experts.weight_bytes_per_expert
                   + experts.bytes_per_token * n) / self.bytes_per_s
-        return ops + np.maximum(compute, memory) + experts.kernels * self.cfg.kernel_overhead_s
+        return np.maximum(compute, memory), np.asarray(experts.kernels * self.cfg.kernel_overhead_s)
 
     def _layers_s(self, num_tokens: np.ndarray | float) -> np.ndarray:
         """Every layer's token-batched work (dense layers, MoE layers) on one rank."""
@@ -170,6 +183,13 @@ class Roofline(CostModel):
         request covers sum over p = c-q+1..c of min(p, W) query-key pairs, and the kernel
         reads the union of the windows: min(c, W + q - 1) tokens' KV.
         """
+        flops, bytes_ = self._window_flops_bytes(query_tokens, context_tokens)
+        per_request = np.maximum(flops / self.attention_flops_per_s, bytes_ / self.attention_bytes_per_s)
+        return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
+
+    def _window_flops_bytes(self, query_tokens: np.ndarray,
+                            context_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A sliding-window layer's attention FLOPs and bytes, per request (elementwise)."""
         window = self.model.sliding_window
         assert window is not None
         q, c = query_tokens.astype(np.int64), context_tokens.astype(np.int64)
@@ -186,8 +206,7 @@ class Roofline(CostModel):
             flops = np.where(prefill, pairs * terms.prefill_flops_per_pair
                              + terms.prefill_up_flops * (read - q), flops)
             bytes_ = np.where(prefill, read * terms.prefill_kv_bytes + q * terms.prefill_query_bytes, bytes_)
-        per_request = np.maximum(flops / self.attention_flops_per_s, bytes_ / self.attention_bytes_per_s)
-        return _fsum_last_axis(per_request) + self.cfg.kernel_overhead_s  # type: ignore[return-value]
+        return flops, bytes_
 
     def _attention_s(self, full_per_layer_s: float, query_tokens: np.ndarray,
                      context_tokens: np.ndarray) -> float:
@@ -203,7 +222,11 @@ class Roofline(CostModel):
         if self.dp == 1:
             size = np.asarray(num_tokens, dtype=np.float64) * self.activation_bytes_per_token
             return 2 * self.model.num_layers * ring_all_reduce_s(size, self.tp, self.tp_link)
-        size = np.asarray(num_tokens, dtype=np.float64) / self.dp * self.activation_bytes_per_token
+        return self._group_all_reduces_s(np.asarray(num_tokens, dtype=np.float64) / self.dp)
+
+    def _group_all_reduces_s(self, group_tokens: np.ndarray) -> np.ndarray:
+        """`tp_all_reduce_s` under data-parallel attention, of a group's `group_tokens`."""
+        size = group_tokens * self.activation_bytes_per_token
         all_reduces = self.model.num_layers + self.num_dense_layers
         return all_reduces * ring_all_reduce_s(size, self.tp, self.tp_link)
 
@@ -258,9 +281,16 @@ class Roofline(CostModel):
         the last runs the LM head, each but the last sends (see `StageEnds`)."""
         if self.pipeline_stages == 1 or batch.size == 0:
             return None
-        group_tokens = batch.total_query_tokens / self.dp
+        group_tokens, group_requests = batch.total_query_tokens / self.dp, batch.size / self.dp
+        if self.dp > 1:  # the slowest group's: the largest request's where it sets the time
+            queries, contexts = batch.query_tokens.tolist(), batch.context_tokens.tolist()
+            own_s, largest_tokens = self._largest_request(queries, contexts)
+            balanced_s = self._balanced_time_s(batch.query_tokens, batch.context_tokens,
+                                               batch.total_query_tokens)
+            if self._experts_shared_s(batch.total_query_tokens) + own_s > balanced_s:
+                group_tokens, group_requests = float(largest_tokens), 1.0
         return StageEnds(float(self.op_time_s(self.embedding, group_tokens)),
-                         float(self.op_time_s(self.lm_head, batch.size / self.dp)),
+                         float(self.op_time_s(self.lm_head, group_requests)),
                          self.stage_sends_s(group_tokens))
 
     def stage_sends_s(self, num_tokens: float) -> tuple[float, ...]:
@@ -319,9 +349,20 @@ class Roofline(CostModel):
     def iteration_time_s(self, batch: Batch) -> float:
         if batch.size == 0:
             return 0.0
-        attention = self._attention.per_layer_s(batch.query_tokens, batch.context_tokens)
-        fixed = self._fixed_one_s(batch.total_query_tokens, batch.size)
-        return float(fixed + self._attention_s(attention, batch.query_tokens, batch.context_tokens))
+        balanced_s = self._balanced_time_s(batch.query_tokens, batch.context_tokens,
+                                           batch.total_query_tokens)
+        if self.dp == 1:
+            return balanced_s
+        return max(balanced_s, self.data_parallel_floor_s(
+            batch.query_tokens.tolist(), batch.context_tokens.tolist(), batch.total_query_tokens))
+
+    def _balanced_time_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray,
+                         query_total: int) -> float:
+        """The iteration with its attention and dense operators spread evenly over the
+        data-parallel groups (all of it, with one group)."""
+        attention = self._attention.per_layer_s(query_tokens, context_tokens)
+        fixed = self._fixed_one_s(query_total, len(query_tokens))
+        return float(fixed + self._attention_s(attention, query_tokens, context_tokens))
 
     def iteration_time_lists_s(
         self, query_tokens: list[int], context_tokens: list[int], query_total: int,
@@ -332,15 +373,85 @@ class Roofline(CostModel):
         attention = self._attention.per_layer_lists_s(query_tokens, context_tokens)
         fixed = self._fixed_one_s(query_total, len(query_tokens))
         if not self.window_layers:
-            return float(fixed + self.model.num_layers * attention)
-        q, c = np.array(query_tokens, dtype=np.int64), np.array(context_tokens, dtype=np.int64)
-        return float(fixed + self._attention_s(attention, q, c))
+            balanced_s = float(fixed + self.model.num_layers * attention)
+        else:
+            q, c = np.array(query_tokens, dtype=np.int64), np.array(context_tokens, dtype=np.int64)
+            balanced_s = float(fixed + self._attention_s(attention, q, c))
+        if self.dp == 1:
+            return balanced_s
+        # The floor from the same lists and the same function: iteration_time_s's bits.
+        return max(balanced_s, self.data_parallel_floor_s(query_tokens, context_tokens, query_total))
+
+    def data_parallel_floor_s(self, query_tokens: list[int], context_tokens: list[int],
+                              query_total: int) -> float:
+        """The least an iteration takes under data-parallel attention, where each request
+        runs on the one group that holds its KV and the groups meet at every MoE layer:
+        the busiest rank's experts and the all-to-alls (`_experts_shared_s`, every group
+        waits for them) plus the largest request's own attention and dense work on its
+        group (`_own_group_s`), which no placement spreads."""
+        own_s, _ = self._largest_request(query_tokens, context_tokens)
+        return self._experts_shared_s(query_total) + own_s
+
+    def _largest_request(self, query_tokens: list[int], context_tokens: list[int]) -> tuple[float, int]:
+        """The largest `_own_group_s` of a batch's requests, and that request's query tokens.
+
+        `_own_group_s` never falls as the context grows at a fixed query (each term is a
+        rounded sum and product of non-decreasing ones), so only each query length's longest
+        context is priced; the maximum does not depend on their order."""
+        longest: dict[int, int] = {}
+        for q, c in zip(query_tokens, context_tokens, strict=True):
+            if c > longest.get(q, -1):
+                longest[q] = c
+        queries = np.fromiter(longest.keys(), dtype=np.int64, count=len(longest))
+        contexts = np.fromiter(longest.values(), dtype=np.int64, count=len(longest))
+        own_s = self._own_group_s(queries, contexts)
+        largest = int(np.argmax(own_s))
+        return float(own_s[largest]), int(queries[largest])
+
+    def _own_group_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
+        """What a data-parallel group does for one request alone (elementwise over requests):
+        its attention in every layer at one group's rate, its tokens' non-expert operators,
+        embedding and LM head, and the group's own all-reduces and stage sends. The terms of
+        `_fixed_s` and `_attention_s` that a group runs, for one request's tokens."""
+        tokens = query_tokens.astype(np.float64)
+        overhead_s = self.cfg.kernel_overhead_s
+        flops, bytes_ = attention_flops_bytes(self.model, self.tp, query_tokens, context_tokens)
+        attention = self.full_layers * (np.maximum(flops / self.flops_per_s,
+                                                   bytes_ / self.bytes_per_s) + overhead_s)
+        if self.window_layers:
+            flops, bytes_ = self._window_flops_bytes(query_tokens, context_tokens)
+            attention = attention + self.window_layers * (
+                np.maximum(flops / self.flops_per_s, bytes_ / self.bytes_per_s) + overhead_s)
+        layers = (self.num_dense_layers * self.token_ops_per_layer_s(tokens)
+                  + self.num_moe_layers * self._moe_ops_s(tokens))
+        ends = self.op_time_s(self.embedding, tokens) + self.op_time_s(self.lm_head, 1.0)
+        comm = self._group_all_reduces_s(tokens) + self.pipeline_sends_s(tokens)
+        return attention + layers + ends + comm
+
+    def _experts_shared_s(self, num_tokens: float) -> float:
+        """Every MoE layer's routed experts on the busiest rank, and its dispatch and
+        combine, for all `num_tokens` of the iteration: what every group waits for."""
+        n = np.asarray(num_tokens, dtype=np.float64)
+        experts_s, launches_s = self._routed_experts_s(n)
+        return float(self.num_moe_layers * (experts_s + launches_s) + self.expert_all_to_all_s(n))
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """All steps at once, from two integer sums per step (see `_AttentionTerms`)."""
         size = len(context_tokens)
         if size == 0:
             return np.zeros(num_steps)
+        balanced_s = self._balanced_decode_steps_s(context_tokens, num_steps)
+        if self.dp == 1:
+            return balanced_s
+        # Step k's largest request is the one holding the longest context: iteration_time_s's
+        # floor, elementwise (the same operations on the same numbers, so the same bits).
+        longest = max(context_tokens.tolist()) + np.arange(num_steps)
+        own_s = self._own_group_s(np.ones(num_steps, dtype=np.int64), longest)
+        return np.maximum(balanced_s, self._experts_shared_s(size) + own_s)
+
+    def _balanced_decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """`decode_steps_s` with the attention and dense operators spread evenly over the groups."""
+        size = len(context_tokens)
         line = self._decode_line_s(size, sum(context_tokens.tolist()))
         if line is not None:  # the step's affine cost as one multiply-add
             first_s, slope_s = line
@@ -354,7 +465,9 @@ class Roofline(CostModel):
         return fixed_s + self.full_layers * full + self.window_layers * window
 
     def decode_line(self, size: int, context_total: int) -> DecodeLine | None:
-        line = self._decode_line_s(size, context_total) if size else None
+        # Under data-parallel attention the longest context sets a floor (`decode_steps_s`)
+        # that the totals do not know: no line, and the steppers price the contexts.
+        line = self._decode_line_s(size, context_total) if size and self.dp == 1 else None
         if line is None:
             return None
         first_s, slope_s = line  # decode_steps_s: first_s + slope_s * k

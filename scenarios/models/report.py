@@ -153,7 +153,8 @@ def ep_findings(shape: pd.DataFrame, table: pd.DataFrame) -> list[str]:
         + ". A small batch is bound by reading weights: the experts' are spread over 8 or 16 GPUs "
         "(EP 16 reads half of what EP 8 does a GPU), while a data-parallel group reads its "
         "attention and dense layers whole where TP 8 reads an eighth; EP 16's two all-to-alls per "
-        "MoE layer cross InfiniBand but carry few tokens.",
+        "MoE layer cross InfiniBand but carry few tokens. A prompt runs on one group's GPU, where "
+        "TP 8 splits it over eight, and every group's decodes wait for it at each MoE layer.",
         f"- Orca reserves max_tokens ({9216:,}) a request: at EP 1 the node's KV holds "
         f"{int(shape.loc[labels[0], 'kv_capacity_tokens']) // 9216} of them (its batch mean at saturation "
         f"{table[(table['layout'] == labels[0]) & (table['system'] == 'orca')]['batch_size_mean'].max():.0f}), "
@@ -166,8 +167,10 @@ def ep_findings(shape: pd.DataFrame, table: pd.DataFrame) -> list[str]:
         f"- A skewed router (Zipf {EP_SKEW:g}, most popular experts spread round-robin over ranks) "
         "loads one rank more than the rest, and every rank waits for it: the same fleet saturates "
         "earlier.",
-        "- Assumed, not measured: the data-parallel groups are balanced (one scheduler over their "
-        "pooled KV, each group a 1/DP share of every iteration); uniform routing unless stated; "
+        "- Assumed, not measured: one scheduler over the data-parallel groups' pooled KV, each "
+        "group a 1/DP share of every iteration's attention and dense work or, where more, its "
+        "largest request's own (the imbalance an engine's placement leaves beyond that is not "
+        "modelled); uniform routing unless stated; "
         "no expert-parallel load balancer's redundant experts; dispatch in fp8 (the experts' W8A8 "
         "GEMMs), combine in bf16, one message per (token, expert) pair.",
     ]
