@@ -334,10 +334,10 @@ class OrcaFusedStepper:
             self.base_total -= self.base.pop(i)
             del self.finish_at[i]
             freed += reservation.item(req)
-            self.recorder.finish_s[req] = finish_s
             done.append(req)
         self.scheduler.reserved_tokens -= freed
         done.reverse()  # batch order, as the generic stepper tells them: a router downstream
         # (a disaggregated cluster's decode pool) sees simultaneous completions in that order
+        self.recorder.record_finished(done, finish_s)  # none finished twice, as every variant
         self.finished_ids += done
         self.replica.source.on_finished(done, finish_s)  # a closed loop's clients send again

@@ -162,3 +162,20 @@ def test_fused_loop_is_used_only_for_plain_orca() -> None:
     assert not Engine(requests, IterationLevelScheduler(orca, requests, 8), cost, "reference").fused
     assert not Engine(requests, Subclass(orca, requests, 8), cost, "fast").fused
     assert not Engine(requests, build_scheduler(static, requests, 8), cost, "fast").fused
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_fused_loop_keeps_the_recorders_finished_once_check(fused: bool) -> None:
+    """A request whose finish is already recorded (a replica sharing the fleet's recorder
+    that finished it too) must trip the recorder's 'a request finished twice' check in
+    the fused loop as in the generic one: the fused Orca loop wrote finish_s itself and
+    overwrote it silently, where every other engine variant goes through
+    `Recorder.record_finished`."""
+    requests = Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 2]), np.array([8, 8]))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=2)
+    engine = Engine(requests, IterationLevelScheduler(cfg, requests, 64),
+                    LinearCost(LinearCostConfig(kind="linear", base_s=1.0)), "fast", fused=fused)
+    assert engine.fused is fused
+    engine.recorder.finish_s[1] = 0.5  # as if another replica had finished it
+    with pytest.raises(AssertionError, match="a request finished twice"):
+        engine.run()
