@@ -59,7 +59,7 @@ from orcasim.cluster import build_router
 from orcasim.config import ScenarioError
 from orcasim.cost import CostModel
 from orcasim.cost.catalog import attention_groups, kv_bytes_per_token_per_gpu
-from orcasim.engine import EngineRun
+from orcasim.engine import EngineRun, finished_run
 from orcasim.fleet import (
     BuiltCosts,
     ReplicaSpec,
@@ -421,15 +421,8 @@ class DisaggregatedFleet:
         end_s = drive(self.replicas, self.source, self._route_prefill, bridges=bridges)
         for replica in self.replicas:
             replica.stepper.close()
-        rejected = sorted({r for replica in self.replicas for r in replica.scheduler.rejected_ids})
-        recorder = self.merged_recorder()
-        finish_s = recorder.finish_s
-        rejected_ids = np.array(rejected, dtype=np.int64)
-        assert np.all(np.isnan(finish_s[rejected_ids])), "a rejected request finished"
-        unfinished = int(np.isnan(finish_s).sum()) - len(rejected_ids)
-        assert unfinished == 0, f"{unfinished} admitted requests never finished"
         assert not any(r.scheduler.held_ids() for r in self.prefill), "KV never moved"
-        return EngineRun(recorder, end_s, rejected_ids)
+        return finished_run(self.merged_recorder(), end_s, [r.scheduler for r in self.replicas])
 
     def merged_recorder(self) -> Recorder:
         """Per-request times as a user sees them: scheduled on the prefill side, the first

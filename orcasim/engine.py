@@ -67,9 +67,13 @@ class EngineRun:
     rejected_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-def finished_run(recorder: Recorder, end_s: float, scheduler: Scheduler) -> EngineRun:
-    """Close a run: every request finished exactly once, except those the scheduler rejected."""
-    rejected = np.asarray(scheduler.rejected_ids, dtype=np.int64)
+def finished_run(recorder: Recorder, end_s: float, schedulers: Sequence[Scheduler]) -> EngineRun:
+    """Close a run of one or more replicas (a scheduler each) over `recorder`'s per-request
+    times: every request finished exactly once (the recorder refuses a second finish),
+    except those a scheduler rejected, which never finished. The one place this is checked,
+    for a lone engine, a fleet and a disaggregated cluster alike."""
+    rejected = np.unique(np.concatenate(
+        [np.asarray(s.rejected_ids, dtype=np.int64) for s in schedulers]))
     assert np.all(np.isnan(recorder.finish_s[rejected])), "a rejected request finished"
     unfinished = int(np.isnan(recorder.finish_s).sum()) - len(rejected)
     assert unfinished == 0, f"{unfinished} admitted requests never finished"
@@ -123,4 +127,4 @@ class Engine:
         replica = Replica(stepper, self.arrivals, self.recorder, self.row_breaks_s)
         end_s = drive([replica], self.arrivals, single(replica))
         stepper.close()
-        return finished_run(self.recorder, end_s, self.scheduler)
+        return finished_run(self.recorder, end_s, [self.scheduler])

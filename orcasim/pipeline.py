@@ -185,7 +185,7 @@ class PipelineEngine:
                                   self.layers)
         replica = Replica(stepper, self.arrivals, self.recorder)
         end_s = drive([replica], self.arrivals, single(replica))
-        return finished_run(self.recorder, end_s, self.scheduler)
+        return finished_run(self.recorder, end_s, [self.scheduler])
 
 
 def warn_unpipelined(scheduler: object, stages: int, hardware_first: bool = False) -> None:
