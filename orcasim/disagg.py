@@ -71,7 +71,7 @@ from orcasim.fleet import (
 )
 from orcasim.generic_stepper import GenericStepper
 from orcasim.recorder import Recorder
-from orcasim.replica import Replica, Router, drive, shared_recorder
+from orcasim.replica import Replica, Router, drive, share_a_router, shared_recorder
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers.paged import PagedScheduler
@@ -483,8 +483,7 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
                 index += 1
     prefill, decode = pools
     for instances in pools:
-        for replica in instances:
-            replica.sole, replica.routed = len(instances) == 1, len(instances) > 1
+        share_a_router(instances)
     # Each GPU of an instance holds its shard of a request's KV (TP its heads, PP its layers)
     # and moves it over its own link, all at once, as vLLM's disaggregated prefill moves each
     # TP rank's KV to its peer: a transfer takes as long as the largest shard a GPU of either

@@ -44,7 +44,7 @@ from orcasim.engine import EngineMode, EngineRun, finished_run, stepper_for
 from orcasim.paths import DATA_PATH
 from orcasim.pipeline import PipelinedIterationLevelScheduler, PipelineStepper, warn_unpipelined
 from orcasim.recorder import Recorder
-from orcasim.replica import Replica, Stepper, drive, shared_recorder, single
+from orcasim.replica import Replica, Stepper, drive, share_a_router, shared_recorder, single
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerConfig, build_scheduler
@@ -340,8 +340,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
                                             len(replicas)))
         all_specs += specs
         groups += [g] * len(specs)
-    for replica in replicas:
-        replica.sole, replica.routed = len(replicas) == 1, len(replicas) > 1
+    share_a_router(replicas)
     router_seed = np.random.SeedSequence(scenario.seed).spawn(3)[2]
     router = build_router(system.cluster.colocated_router, replicas, np.random.default_rng(router_seed),
                           requests.session_ids, f"system {system.name}: cluster.router")

@@ -437,6 +437,14 @@ class Replica:
 Router = Callable[[int, float], Replica]
 
 
+def share_a_router(replicas: Sequence[Replica]) -> None:
+    """`replicas` sit behind one router: each gets every arrival (`sole`) only when alone,
+    and counts as routed (`routed`: it cuts where it turns one away) when it has company.
+    A colocated fleet's replicas, or one pool of a disaggregated cluster."""
+    for replica in replicas:
+        replica.sole, replica.routed = len(replicas) == 1, len(replicas) > 1
+
+
 @dataclass(slots=True)
 class EventOrder:
     """What a fleet's loop has taken at its present time: the greatest (priority, replica
