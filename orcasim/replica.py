@@ -71,7 +71,7 @@ class Load:
 
     running: int
     waiting: int
-    waiting_prompt_tokens: int
+    waiting_prompt_tokens: int  # of the waiting requests, those still to compute
     outstanding_tokens: int
     kv_used_tokens: int
     kv_capacity_tokens: int
@@ -119,13 +119,15 @@ def tokens_left(scheduler: Scheduler, ids: np.ndarray | list[int]) -> tuple[int,
 
 
 def scheduler_load(scheduler: Scheduler) -> Load:
-    """`Load` of a scheduler whose per-request progress is up to date."""
-    requests = scheduler.requests
+    """`Load` of a scheduler whose per-request progress is up to date. The waiting prompt
+    tokens are those still to compute, as `Replica.load` counts its inbox's: a decode
+    instance's queued request, its prompt computed on the prefill side, has none."""
     active = np.array(scheduler.active_ids(), dtype=np.int64)
     queued = np.array(scheduler.queued_ids(), dtype=np.int64)
-    prompt_left, output_left = tokens_left(scheduler, np.concatenate([active, queued]))
-    return Load(len(active), len(queued),
-                int(requests.prompt_tokens[queued].sum()), prompt_left + output_left,
+    waiting_prompt, waiting_output = tokens_left(scheduler, queued)
+    active_prompt, active_output = tokens_left(scheduler, active)
+    return Load(len(active), len(queued), waiting_prompt,
+                waiting_prompt + waiting_output + active_prompt + active_output,
                 scheduler.kv_in_use_tokens(), scheduler.kv_capacity_tokens)
 
 

@@ -347,3 +347,32 @@ def test_a_router_inside_a_jumps_first_iteration_sees_only_that_iterations_block
     reference, reference_finish = _seen_by_the_router(requests, caching, "reference", 1, 1)
     assert fast == reference and finish == reference_finish == [3.0, 4.0]
     assert (fast.running, fast.outstanding_tokens, fast.kv_used_tokens) == (1, 7, 4)
+
+
+@pytest.mark.parametrize("mode", ["fast", "reference"])
+def test_a_prefilled_request_waiting_on_a_decode_instance_has_no_prompt_waiting(mode: str) -> None:
+    """A, B, C (prompt 10, output 6) prefill one at a time (1 s each) and push their KV to
+    one decode instance of 20 tokens over a 0.5 s link. When C's prefill ends (3 s) the
+    decode router looks: A runs (12 tokens of KV), B, delivered at 2.5 s, waits in the
+    scheduler's queue for KV. B's prompt was computed on the prefill side, so no prompt
+    token waits (0, as the outstanding tokens count it, 4 + 5): the load read 10, B's whole
+    prompt, where the same request promised or in the inbox read 0."""
+    from orcasim.disagg import build_disaggregated
+
+    requests = Requests(np.array([0.0, 0.1, 0.2]), np.array([10, 10, 10]), np.array([6, 6, 6]),
+                        np.array([16, 16, 16]))
+    paged = {"kind": "paged", "max_num_seqs": 1, "block_size_tokens": 4}
+    scenario = make_scenario(**{
+        "workload.num_requests": 3, "kv_capacity_tokens": 100, "engine.mode": mode,
+        "cost": {"kind": "linear", "base_s": 1.0},
+        "systems": [{"name": "s", "scheduler": {**paged, "max_num_seqs": 4}, "cluster": {
+            "prefill": {"count": 1, "scheduler": paged},
+            "decode": {"count": 1, "kv_capacity_tokens": 20}, "link": {"latency_s": 0.5}}}]})
+    fleet = build_disaggregated(scenario, scenario.systems[0], requests)
+    watching = _Watching(fleet.decode_router)
+    fleet.decode_router = watching
+    fleet.run()
+    req_id, loads = watching.seen[2]
+    assert req_id == 2
+    assert loads[0] == Load(running=1, waiting=1, waiting_prompt_tokens=0, outstanding_tokens=9,
+                            kv_used_tokens=12, kv_capacity_tokens=20)
