@@ -323,11 +323,16 @@ def test_the_reports_h200_kernels_beside_the_roofline() -> None:
     committed measurements give: token operators within 16% at every degree, decode
     attention from 8 requests within 20% for GPT-3 13B, prefill attention priced fast."""
     import sys
+    import warnings
 
     sys.path.insert(0, str(ROOT))
     from scenarios.validation.report import h200_layer_ops_lines, h200_layer_ops_table
 
-    table = h200_layer_ops_table()
+    with warnings.catch_warnings():
+        # Its KV capacity never enters a layer's price: 100,000 tokens warned as beyond
+        # what one H200 holds beside Llama-2-70B's weights, in every run of the report.
+        warnings.simplefilter("error")
+        table = h200_layer_ops_table()
     assert sorted(set(zip(table["model"], table["tensor_parallel"], strict=True))) == [
         ("gpt3-13b", 1), ("llama2-70b", 1), ("llama2-70b", 2), ("llama2-70b", 4), ("llama2-70b", 8)]
     ops = table[table["kind"] == "token_ops"]
