@@ -69,7 +69,7 @@ from orcasim.scenario import (
     set_dotted,
 )
 from orcasim.slo import SLOConfig, number_text
-from orcasim.sweeps.spec import MAX_REPLICATIONS, MAX_TASKS, point_name
+from orcasim.sweeps.spec import MAX_REPLICATIONS, MAX_TASKS, point_name, replication_seeds
 from orcasim.sweeps.task import JsonRecord, first_line
 from orcasim.warmup import counted, measured_requests
 
@@ -551,8 +551,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
                       f"requests, so the {replications} replications differ only where a system "
                       "draws at random (a random or power_of_two router); an interval of zero "
                       "width is one sample of the trace, not a certain answer", stacklevel=2)
-    children = np.random.SeedSequence(scenario.seed if seed is None else seed).spawn(replications)
-    seeds = [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
+    seeds = replication_seeds(scenario.seed if seed is None else seed, replications)
     jobs = [SearchJob(p, name, r, s, params, base, str(base_dir),
                       _point_knob(knob, base, params, base_dir, settings.num_requests, given),
                       settings, given)

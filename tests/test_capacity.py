@@ -16,7 +16,10 @@ from orcasim import capacity as cap
 from orcasim.cli import app
 from orcasim.run import make_requests
 from orcasim.saturation import SATURATION_Z
+from orcasim.scenario import load_scenario
 from orcasim.slo import slo_from_strings
+from orcasim.sweeps import make_sweep
+from orcasim.sweeps.spec import replication_seeds
 from tests.conftest import BASE, BIG_RUNNING_SET, SLOW_REPLICA_FLEET, make_scenario
 
 BASE_S, PER_TOKEN_S = 0.5, 0.01
@@ -170,6 +173,20 @@ def test_rates_share_random_numbers_and_warmup_scales() -> None:
     assert (slow.warmup_s, fast.warmup_s) == (100.0, 50.0)
     other = make_requests(cap.point_scenario(jobs[0], 0.3))
     assert not np.array_equal(other.prompt_tokens, a.prompt_tokens)  # replications differ
+
+
+def test_a_search_and_a_sweep_seed_their_replications_by_one_rule(tmp_path: Path) -> None:
+    """Capacity and sweeps each wrote out the SeedSequence rule; both now call
+    `replication_seeds`, so replication r runs on the same seed in either for one base seed."""
+    path = scenario_file(tmp_path)
+    sc = load_scenario(path)
+    expected = replication_seeds(11, 3)
+    assert len(set(expected)) == 3 and all(0 <= s < 2**63 for s in expected)  # int64 column
+    jobs = cap.search_jobs(sc, path.parent, slo_from_strings(["e2e_p90 <= 1"]), 3,
+                           cap.SearchSettings(), systems=[sc.systems[0].name], seed=11)
+    assert [j.seed for j in jobs] == expected
+    sweep = make_sweep(path, {"workload.arrival.rate_per_s": [1.0, 2.0]}, replications=3, seed=11)
+    assert [t.seed for t in sweep.tasks()] == expected * 2  # both points: common random numbers
 
 
 def test_a_trace_is_scaled_by_speedup(tmp_path: Path) -> None:

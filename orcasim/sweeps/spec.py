@@ -68,6 +68,17 @@ MAX_REPLICATIONS = 10_000
 # before any runs, about 0.4 KB and 0.6 ms each, so 1e6 is 0.4 GB and ten minutes of checks
 # already; three lists of 1,000 values (1e9 points) built tasks until memory ran out.
 MAX_TASKS = 1_000_000
+
+
+def replication_seeds(seed: int, replications: int) -> list[int]:
+    """One independent seed per replication, spawned from `seed` with numpy's SeedSequence:
+    the rule a sweep's replications and a capacity search's both use, so replication r of
+    either runs on the same seed for the same base seed."""
+    children = np.random.SeedSequence(seed).spawn(replications)
+    # 63 bits keep the seed a non-negative int64 in the results table.
+    return [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
+
+
 # A sweep file's keys that no scenario has (`name` and `seed` are a scenario's too).
 SWEEP_ONLY_KEYS = ("base", "set", "grid", "replications")
 
@@ -243,9 +254,7 @@ class Sweep:
         """Independent seeds, one per replication, spawned from one SeedSequence."""
         if self.own_seed:
             return [int(self.base["seed"])] * self.spec.replications
-        children = np.random.SeedSequence(self.spec.seed).spawn(self.spec.replications)
-        # 63 bits keep the seed a non-negative int64 in the results table.
-        return [int(c.generate_state(1, np.uint64)[0] >> np.uint64(1)) for c in children]
+        return replication_seeds(self.spec.seed, self.spec.replications)
 
     def data_inputs(self) -> list[Path]:
         """The data files every point reads (a point may name its own): `scenario.data_inputs`."""
