@@ -70,17 +70,18 @@ def every_import(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
 
 
 def imported_modules(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> set[str]:
-    """The library modules an import statement loads. `from pkg import sub` loads the
-    submodule `pkg.sub` (not `pkg`'s own body, which has run or is running as its parent);
-    `from pkg import name` loads `pkg`."""
+    """The library modules an import statement needs. `from pkg import name` needs `pkg`;
+    `from pkg import sub` loads the submodule `pkg.sub` and needs `pkg` too: it binds what
+    `pkg` holds under `sub`, and inside `pkg` whose body imports this module that is a loop
+    through `__init__`, which only Python's fallback to the submodule keeps working
+    (`import pkg.sub as sub` names the submodule alone)."""
     if isinstance(node, ast.Import):
         return {a.name for a in node.names if a.name in modules}
     assert node.level == 0, "the library uses absolute imports"  # relative ones: resolve here
     base = node.module or ""
-    found = set()
+    found = {base}
     for alias in node.names:
-        sub = f"{base}.{alias.name}"
-        found.add(sub if sub in modules else base)
+        found.add(f"{base}.{alias.name}")
     return found & modules.keys()
 
 
@@ -164,6 +165,24 @@ def test_a_deferred_import_that_closes_a_loop_is_a_cycle() -> None:
              for name, text in sources.items()}
     assert find_cycle(graph) == ["orcasim.a", "orcasim.b", "orcasim.a"]
     assert graph["orcasim.c"] == set()
+
+
+def test_a_module_importing_its_sibling_from_the_package_that_imports_it_is_a_cycle() -> None:
+    """`orcasim.schedulers.paged` wrote `from orcasim.schedulers import paged_runs` while the
+    package's body imports `paged`: a loop through `__init__` the graph did not see."""
+    sources = {"orcasim.pkg": "from orcasim.pkg.x import X\n",
+               "orcasim.pkg.x": "from orcasim.pkg import y\n",
+               "orcasim.pkg.y": ""}
+    modules = {"orcasim": Path(), **{name: Path() for name in sources}}
+
+    def graph_of(texts: dict[str, str]) -> dict[str, set[str]]:
+        return {name: with_packages(name, {t for node in import_time_imports(ast.parse(text).body)
+                                           for t in imported_modules(node, modules)}, modules) - {name}
+                for name, text in texts.items()}
+
+    assert find_cycle(graph_of(sources)) == ["orcasim.pkg", "orcasim.pkg.x", "orcasim.pkg"]
+    direct = {**sources, "orcasim.pkg.x": "import orcasim.pkg.y as y\n"}
+    assert find_cycle(graph_of(direct)) is None
 
 
 def test_every_orcasim_module_imports() -> None:

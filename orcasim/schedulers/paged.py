@@ -51,12 +51,12 @@ from typing import Literal, NamedTuple, Self
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+import orcasim.schedulers.paged_runs as paged_runs
 from orcasim.config import ScenarioError, Strict
 from orcasim.cost.base import Batch
 from orcasim.memory import PagedAllocator, blocks_for, peak_kv_tokens
 from orcasim.prefix import BlockHasher, block_hashes, sequence_segments
 from orcasim.requests import Requests
-from orcasim.schedulers import paged_runs
 from orcasim.schedulers.base import (
     ContinuedRun,
     DecodeRun,
