@@ -426,8 +426,9 @@ class RecordingCost(CostModel):
 
     def __init__(self, cost: OverheadCost) -> None:
         self.cost = cost
-        # (max(gpu, floor), requests, prefill tokens, host time)
-        self.rows: list[tuple[float, int, int, float]] = []
+        # (max(gpu, floor), host time, and the sequences and prompt tokens a unit of
+        # per_sequence_s and per_prefill_token_s costs: `OverheadCost.host_units`)
+        self.rows: list[tuple[float, float, float, float]] = []
 
     def iteration_time_s(self, batch: Batch) -> float:
         # OverheadCost.iteration_time_s, term by term (the same operations, the same bits),
@@ -435,9 +436,10 @@ class RecordingCost(CostModel):
         if batch.size == 0:
             return 0.0
         gpu_s = self.cost.gpu_part_s(batch)
-        prefill = sum(batch.query_tokens[batch.query_tokens > 1].tolist())
-        host_s = self.cost.host_s(batch.size, prefill)
-        self.rows.append((gpu_s, batch.size, prefill, host_s))
+        prompts = batch.query_tokens[batch.query_tokens > 1].tolist()
+        host_s = self.cost.batch_host_s(batch)
+        sequences, prompt_tokens = self.cost.host_units(batch.size, sum(prompts), max(prompts, default=0))
+        self.rows.append((gpu_s, host_s, sequences, prompt_tokens))
         return gpu_s + host_s
 
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
@@ -482,16 +484,15 @@ def replay_schedule(scenario: Scenario, log: ServingLog, system: str,
     if len(iters) != len(recording.rows):
         raise ScenarioError(f"{log.name}: {system}'s engine priced {len(recording.rows)} plans in "
                          f"{len(iters)} iterations; a pipelined engine cannot be calibrated so")
-    gpu, batch, prefill, host = (np.array(c, dtype=np.float64)
+    gpu, host, batch, prefill = (np.array(c, dtype=np.float64)
                                  for c in zip(*recording.rows, strict=True))
-    # OverheadCost divides the per-request and per-prompt-token terms among the data-parallel
-    # attention groups: a unit of either coefficient costs 1/dp of its feature.
-    dp = cost.data_parallel
+    # Under data-parallel attention a unit of the per-request and per-prompt-token terms
+    # costs the slowest group's share (1/dp of the batch's, or its largest request's own):
+    # the features are the replay's, at the values it ran with.
     reqs = result.requests  # arrivals are the client's; the engine saw them latency_s later
     return Schedule(
         iters["start_s"].to_numpy(), (iters["start_s"] + iters["duration_s"]).to_numpy(),
-        {"gpu": gpu, "host": host, "one": np.ones_like(gpu), "batch": batch / dp,
-         "prefill": prefill / dp},
+        {"gpu": gpu, "host": host, "one": np.ones_like(gpu), "batch": batch, "prefill": prefill},
         reqs["arrival_s"].to_numpy() + latency_s, reqs["first_token_s"].to_numpy(),
         reqs["finish_s"].to_numpy(), counted(reqs["arrival_s"].to_numpy(), replay.warmup_s),
         latency_s)

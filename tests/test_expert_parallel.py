@@ -320,6 +320,26 @@ def test_data_parallel_groups_share_the_hosts_work() -> None:
     assert with_host.iteration_time_s(batch) - without.iteration_time_s(batch) == pytest.approx(1e-3 + 64 / 4 * 1e-4)
 
 
+def test_a_lone_prompts_group_does_its_own_host_work() -> None:
+    """Four groups, one 3,000-token prompt: its group's host schedules that one sequence and
+    all 3,000 of its tokens, where a quarter share was 1/4 sequence and 750 tokens; every
+    group pays the per-iteration terms. A batch of 64 even decodes keeps its quarter."""
+    model = hf("qwen3-30b-a3b")
+    overhead = OverheadConfig(per_iteration_s=1e-3, per_sequence_s=1e-4, per_prefill_token_s=1e-6,
+                              tensor_parallel_per_iteration_s=7e-3)
+    hw = HardwareConfig(gpu="h100-80gb", data_parallel_attention=4, expert_parallel=4)
+    deployment = Deployment(model=model, hardware=hw)
+    with_host = build_cost_model(RooflineCostConfig(kind="roofline", overhead=overhead), deployment)
+    without = build_cost_model(RooflineCostConfig(kind="roofline"), deployment)
+    prompt = Batch(np.array([3000]), np.array([3000]))
+    host_s = with_host.iteration_time_s(prompt) - without.iteration_time_s(prompt)
+    assert host_s == pytest.approx(1e-3 + 7e-3 + 1e-4 + 3000 * 1e-6, rel=1e-9)  # a quarter share was 8.775 ms
+    assert with_host.iteration_time_lists_s([3000], [3000], 3000, 3000) == with_host.iteration_time_s(prompt)
+    batch = decode(64)
+    assert with_host.iteration_time_s(batch) == without.iteration_time_s(batch) + (
+        1e-3 + 7e-3 + 1e-4 / 4 * 64)
+
+
 def test_the_all_to_all_agrees_with_deepeps_measurements_across_nodes() -> None:
     """scenarios/models/validate_operators.py: DeepEP's low-latency kernels on H800s with one
     400 Gb/s NIC each (EP 16-256, nothing fitted) within 15%, median |error| under 10%."""

@@ -569,15 +569,29 @@ def test_roofline_cost_matches_reference(arrival: dict) -> None:
     })
 
 
-def test_data_parallel_attention_matches_reference() -> None:
+# The engine's host work under data-parallel attention: the largest prompt's group sets it
+# (`OverheadCost.host_s`), large beside the GPU's so that the floor decides many iterations.
+DP_OVERHEAD = {"per_iteration_s": 1e-3, "per_sequence_s": 2e-4, "per_prefill_token_s": 2e-6}
+
+
+@pytest.mark.parametrize("cost", [
+    {"kind": "roofline"},
+    {"kind": "roofline", "overhead": DP_OVERHEAD},
+    # A cost kind that ignores the groups keeps its decode line: the host's floor is a
+    # step's constant, one sequence where the batch has fewer than the groups.
+    {"kind": "linear", "base_s": 0.004, "per_token_s": 2e-6, "per_context_token_s": 1e-8,
+     "overhead": DP_OVERHEAD},
+], ids=["roofline", "roofline-overhead", "linear-overhead"])
+def test_data_parallel_attention_matches_reference(cost: dict) -> None:
     """Qwen3-30B-A3B over four data-parallel groups, under Orca and vLLM's paged scheduler:
     prompts long enough that the largest request's own group sets many iterations' time
-    (`Roofline.data_parallel_floor_s`), which the fused loops must price as reference mode
-    does (no decode line: the floor follows the longest context)."""
+    (`Roofline.data_parallel_floor_s`, and the host's `OverheadCost.host_s`), which the
+    fused loops must price as reference mode does (no roofline decode line: the floor
+    follows the longest context)."""
     data = {
         "name": "dp-attention", "seed": 5, "model": "qwen3-30b-a3b",
         "hardware": {"gpu": "h100-80gb", "data_parallel_attention": 4, "expert_parallel": 4},
-        "cost": {"kind": "roofline"},
+        "cost": cost,
         "workload": {"num_requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 8.0},
                      "prompt_tokens": {"kind": "uniform", "low": 1, "high": 3000},
                      "output_tokens": {"kind": "uniform", "low": 1, "high": 200},
@@ -587,10 +601,11 @@ def test_data_parallel_attention_matches_reference() -> None:
                                                    "max_num_batched_tokens": 4096}}],
     }
     scenario = scenario_from_dict(data)
-    cost = Roofline(RooflineCostConfig(kind="roofline"), scenario.deployment())
-    prompt = Batch(np.array([1500]), np.array([1500]))
-    assert cost.iteration_time_s(prompt) == cost.data_parallel_floor_s([1500], [1500], 1500)
-    assert cost.decode_line(8, 8 * 1000) is None
+    if cost["kind"] == "roofline" and "overhead" not in cost:
+        roofline = Roofline(RooflineCostConfig(kind="roofline"), scenario.deployment())
+        prompt = Batch(np.array([1500]), np.array([1500]))
+        assert roofline.iteration_time_s(prompt) == roofline.data_parallel_floor_s([1500], [1500], 1500)
+        assert roofline.decode_line(8, 8 * 1000) is None
     assert_same_scenario({
         mode: run_scenario(scenario_from_dict({**data, "engine": {"mode": mode}}))
         for mode in ("fast", "reference")

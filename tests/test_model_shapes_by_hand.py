@@ -268,7 +268,8 @@ def test_a_moe_layers_experts_by_hand(tokens: float) -> None:
 
 def test_data_parallel_hosts_by_hand() -> None:
     """Four groups, one GPU each: the multi-process term applies, and a group's host handles
-    its quarter of the sequences and of the prompt tokens (a 2-token prompt counts)."""
+    its quarter of the sequences and of the prompt tokens, or, where more, the group running
+    the largest prompt does that request's own (a 2-token prompt counts)."""
     from orcasim.cost.linear import LinearCost, LinearCostConfig
     from orcasim.cost.overhead import OverheadConfig, OverheadCost
 
@@ -277,17 +278,24 @@ def test_data_parallel_hosts_by_hand() -> None:
     gpu = LinearCost(LinearCostConfig(kind="linear", base_s=0.01))
     cost = OverheadCost(gpu, cfg, None, tensor_parallel=1, data_parallel=4)
     query, context = [2, 1, 1, 1], [2, 50, 60, 70]
-    host_s = 1e-3 + 7e-3 + 4 / 4 * 1e-4 + 2 / 4 * 1e-5
+    # A quarter is 1e-4 + 0.5e-5; the prompt's group has its sequence and both tokens.
+    host_s = 1e-3 + 7e-3 + 1e-4 + 2 * 1e-5
     batch = Batch(np.array(query, dtype=np.int64), np.array(context, dtype=np.int64))
     assert cost.iteration_time_s(batch) == pytest.approx(0.01 + host_s, rel=1e-12)
     assert cost.iteration_time_lists_s(query, context, 5, 182) == pytest.approx(0.01 + host_s, rel=1e-12)
+    assert cost.host_units(4, 2, 2) == (1.0, 2.0)
+    # Eight decodes: two sequences a group, above any one request's.
+    assert cost.iteration_time_lists_s([1] * 8, [9] * 8, 8, 72) == pytest.approx(
+        0.01 + 1e-3 + 7e-3 + 8 / 4 * 1e-4, rel=1e-12)
+    assert cost.host_units(8, 0, 0) == (2.0, 0.0)
     empty = np.zeros(0, dtype=np.int64)
     assert cost.iteration_time_s(Batch(empty, empty)) == 0.0
     assert cost.iteration_time_lists_s([], [], 0, 0) == 0.0
     # No requests, no host work: the GPU model's own steps pass through.
     np.testing.assert_array_equal(cost.decode_steps_s(empty, 3), gpu.decode_steps_s(empty, 3))
+    # Two decodes: half a sequence a group balanced, but each group that has one runs it whole.
     steps = cost.decode_steps_s(np.array([10, 20]), 2)
-    assert steps[0] == pytest.approx(0.01 + 1e-3 + 7e-3 + 2 / 4 * 1e-4, rel=1e-12)
+    assert steps[0] == pytest.approx(0.01 + 1e-3 + 7e-3 + 1e-4, rel=1e-12)
     # One host on top of another is not a plain line: no closed form.
     assert OverheadCost(cost, cfg, None, tensor_parallel=1).decode_line(2, 30) is None
 

@@ -10,8 +10,11 @@ prompt (or chunk) tokens, on a deployment of L layers:
          + per_sequence_s * B + per_prefill_token_s * P          host work, not overlapped
 
 With data-parallel attention (a MoE deployment's `data_parallel_attention` groups) each
-group's engine process schedules and samples its own requests, side by side: B and P are
-a group's share, and the multi-process term applies as it does to tensor parallelism.
+group's engine process schedules and samples its own requests, side by side, and the
+multi-process term applies as it does to tensor parallelism. A request runs on the one group
+that holds its KV and the step ends when the slowest group's host does, so B and P are a
+group's 1/DP share or, where more, the largest request's own: 1 sequence and its prompt
+tokens (`host_s`; the roofline's `data_parallel_floor_s` bounds the GPU part the same way).
 Pipeline stages alone do not count (TP 1 x PP 2 pays none): the term is what Vidur measured
 at TP 2 and 4 beyond TP 1, and Vidur keys those overheads by the TP degree alone, so its
 pipelines read their TP degree's row; an engine whose stages pay a round trip of their own
@@ -131,15 +134,43 @@ class OverheadCost(CostModel):
         tp_s = cfg.tensor_parallel_per_iteration_s if processes > 1 else 0.0
         self.fixed_s = cfg.per_iteration_s + tp_s
         # Each data-parallel attention group does its share of the per-request and
-        # per-prompt-token work (a fit of those terms divides its features by it too).
+        # per-prompt-token work, but no less than its largest request's (`host_s`; a fit of
+        # those terms reads the slowest group's features, `host_units`).
         self.data_parallel = data_parallel
         self.per_sequence_s = cfg.per_sequence_s / data_parallel
         self.per_prefill_token_s = cfg.per_prefill_token_s / data_parallel
+        self.own_sequence_s = cfg.per_sequence_s  # one request's own group: all of its work
+        self.own_prefill_token_s = cfg.per_prefill_token_s
 
-    def host_s(self, batch_size: int, prefill_tokens: int) -> float:
-        """The host's work that the GPU waits for (one order of operations: the same bits)."""
+    def host_s(self, batch_size: int, prefill_tokens: int, largest_prefill_tokens: int = 0) -> float:
+        """The host's work that the GPU waits for (one order of operations: the same bits).
+        Under data-parallel attention, the slowest group's: at least the balanced share and
+        at least the work of the group running the request with the most prompt tokens
+        (`largest_prefill_tokens`, 0 where none is a prefill), that request's alone; every
+        group pays the per-iteration terms."""
+        balanced_s = self._balanced_host_s(batch_size, prefill_tokens)
+        if self.data_parallel == 1:
+            return balanced_s
+        return max(balanced_s, self._own_host_s(largest_prefill_tokens))
+
+    def _balanced_host_s(self, batch_size: int, prefill_tokens: int) -> float:
+        """A group's host work with the sequences and prompt tokens spread evenly."""
         return (self.fixed_s + self.per_sequence_s * batch_size
                 + self.per_prefill_token_s * prefill_tokens)
+
+    def _own_host_s(self, largest_prefill_tokens: int) -> float:
+        """The host work of the group that runs the largest request, counting that request alone."""
+        return self.fixed_s + self.own_sequence_s + self.own_prefill_token_s * largest_prefill_tokens
+
+    def host_units(self, batch_size: int, prefill_tokens: int,
+                   largest_prefill_tokens: int = 0) -> tuple[float, float]:
+        """The sequences and prompt tokens of the group whose host work `host_s` prices: what
+        a unit of `per_sequence_s` and of `per_prefill_token_s` costs (a fit's features)."""
+        dp = self.data_parallel
+        if dp > 1 and (self._own_host_s(largest_prefill_tokens)
+                       > self._balanced_host_s(batch_size, prefill_tokens)):
+            return 1.0, float(largest_prefill_tokens)
+        return batch_size / dp, prefill_tokens / dp
 
     def staged_gpu_s(self, gpu_s: float, ends: StageEnds) -> float:
         """`gpu_s` over the stages (`split_stages`), each floored by its own launches, added
@@ -165,8 +196,17 @@ class OverheadCost(CostModel):
     def iteration_time_s(self, batch: Batch) -> float:
         if batch.size == 0:
             return 0.0
-        prefill = batch.query_tokens[batch.query_tokens > 1]
-        return self.gpu_part_s(batch) + self.host_s(batch.size, sum(prefill.tolist()))
+        return self.gpu_part_s(batch) + self.batch_host_s(batch)
+
+    def batch_host_s(self, batch: Batch) -> float:
+        """`host_s` of a batch: its prompts (or chunks) are its queries of more than one token."""
+        return self._prompts_host_s(batch.size, batch.query_tokens[batch.query_tokens > 1].tolist())
+
+    def _prompts_host_s(self, batch_size: int, prompt_tokens: list[int]) -> float:
+        """`host_s` of `batch_size` requests, with `prompt_tokens` the prompts' (or chunks')
+        query tokens: the largest of them counts only under data-parallel attention."""
+        largest = max(prompt_tokens, default=0) if self.data_parallel > 1 else 0
+        return self.host_s(batch_size, sum(prompt_tokens), largest)
 
     def iteration_time_lists_s(
         self, query_tokens: list[int], context_tokens: list[int], query_total: int,
@@ -181,7 +221,7 @@ class OverheadCost(CostModel):
                                                       context_total), self.floor_s)
         if self.checked_source is not None:
             check_durations(gpu_s, self.checked_source, f"a batch of {len(query_tokens)} requests")
-        return gpu_s + self.host_s(len(query_tokens), sum(q for q in query_tokens if q > 1))
+        return gpu_s + self._prompts_host_s(len(query_tokens), [q for q in query_tokens if q > 1])
 
     def stage_ends(self, batch: Batch) -> StageEnds | None:
         """The model's own (the host's work splits by layers)."""
@@ -196,8 +236,7 @@ class OverheadCost(CostModel):
             return super().stage_times_s(batch, layers)
         if batch.size == 0:
             return [0.0] * len(layers)
-        prefill = batch.query_tokens[batch.query_tokens > 1]
-        host_s = self.host_s(batch.size, sum(prefill.tolist()))
+        host_s = self.batch_host_s(batch)
         total = sum(layers)
         gpus_s = [max(g, k * self.launch_per_layer_s)
                   for g, k in zip(self.inner.stage_times_s(batch, layers), layers, strict=True)]
