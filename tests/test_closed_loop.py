@@ -287,6 +287,27 @@ def test_a_way_in_shows_the_engine_each_send_its_latency_later() -> None:
     assert (source.arrival_s[2], table.arrival_s[2]) == (3.25, 3.0)
 
 
+def test_the_last_request_goes_to_one_of_two_clients_free_at_once() -> None:
+    """Two clients, three requests: both first ones finish at 1 s, so both clients send
+    again at 2 s (1 s of thought), but only one request is left. The source looks ahead at
+    exactly 2 s (a send at the boundary is due) and offers one time only, then hands out
+    id 2 and stops there: no fourth request exists to write (found by mutation testing:
+    a `<` for `<=` in the look-ahead and a `<=` for `<` in the hand-out both survived)."""
+    n = 3
+    table = Requests(np.full(n, np.nan), np.full(n, 5), np.full(n, 2), np.full(n, 7),
+                     ClientLoop(2, np.full(n, 1.0))).for_run()
+    source = ClosedLoopSource(table)
+    assert source.take_until(0.0) == range(0, 2)
+    source.on_finished([0, 1], 1.0)
+    assert source.pending() and source.next_time_s() == 2.0
+    assert source.times_until(1.999).tolist() == []
+    assert source.times_until(2.0).tolist() == [2.0]  # one request left, not two times
+    assert source.take_until(2.0) == range(2, 3)
+    assert table.arrival_s.tolist() == [0.0, 0.0, 2.0]
+    assert not source.pending()
+    assert source.times_until(5.0).tolist() == []  # a client waits with nothing to send
+
+
 @pytest.mark.validation
 def test_the_summarys_throughput_of_a_busy_server_is_one_over_its_service_time() -> None:
     # 64 clients, no think time, one request at a time of exactly D = 10 iterations x 10 ms:
