@@ -71,9 +71,9 @@ def _step_rows(reqs: pd.DataFrame, source: SessionSource) -> pd.DataFrame:
     sent_s, done_s = source.step_sent_s, source.step_done_s
     first_s = np.full(len(sent_s), np.nan)
     scheduled = reqs["first_scheduled_s"].to_numpy()
-    step = source.call_step
-    order = np.argsort(step, kind="stable")  # the earliest schedule among a step's calls
-    np.fmin.at(first_s, step[order], scheduled[order])
+    # The earliest schedule among a step's calls (fmin skips NaN, never-scheduled calls;
+    # it is a min, so the calls' order does not matter).
+    np.fmin.at(first_s, source.call_step, scheduled)
     latency_s = done_s - sent_s
     queued_s = np.where(np.isnan(first_s), latency_s, np.minimum(first_s, done_s) - sent_s)
     gap_s = np.zeros(len(sent_s))  # from the previous step's end to this send; none first

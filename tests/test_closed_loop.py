@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orcasim.closed_loop import ClosedLoopSource
+from orcasim.closed_loop import ClosedLoopSource, arrival_source
 from orcasim.config import ScenarioError
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
@@ -19,6 +19,7 @@ from orcasim.scenario import load_scenario
 from orcasim.schedulers import build_scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.schedulers.paged import PagedConfig
+from orcasim.sources import ArrivalSource
 from orcasim.warmup import closed_loop_start_text
 from orcasim.workload.closed_loop import ClosedLoopArrival, ConstantThink, ExponentialThink
 from tests.conftest import make_scenario, requests_in_both_modes
@@ -285,6 +286,22 @@ def test_a_way_in_shows_the_engine_each_send_its_latency_later() -> None:
     assert source.times_until(4.0).tolist() == [3.25]
     assert source.take_until(3.25) == range(2, 3)
     assert (source.arrival_s[2], table.arrival_s[2]) == (3.25, 3.0)
+
+
+def test_an_open_loop_table_gets_a_source_that_replays_its_times() -> None:
+    """`arrival_source` picks the source by the table: fixed times are replayed as given,
+    clients make a closed loop (this file's other tests only ever built the latter, so a
+    replay of nothing survived mutation testing)."""
+    times = np.array([0.0, 0.5, 0.5, 2.0])
+    n = len(times)
+    source = arrival_source(Requests(times, np.full(n, 5), np.full(n, 2), np.full(n, 7)))
+    assert type(source) is ArrivalSource and not source.closed_loop
+    assert source.next_time_s() == 0.0
+    assert source.take_until(0.5) == range(0, 3)
+    assert source.take_until(2.0) == range(3, 4) and not source.pending()
+    clients = Requests(np.full(n, np.nan), np.full(n, 5), np.full(n, 2), np.full(n, 7),
+                       ClientLoop(2, np.full(n, 1.0))).for_run()
+    assert type(arrival_source(clients)) is ClosedLoopSource
 
 
 def test_the_last_request_goes_to_one_of_two_clients_free_at_once() -> None:

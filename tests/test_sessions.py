@@ -109,6 +109,87 @@ def test_steps_follow_each_other_by_the_tool_time() -> None:
     assert sessions["queued_s"].tolist() == [0.0, 0.0]
 
 
+def test_the_sessions_summary_by_hand() -> None:
+    """The run above (two sessions of three 3 s steps, 0.5 s tools, one at a time: 0-10 s
+    and 10-20 s): every field of the summary, from the start and after a warm-up of 5 s.
+    Mutation testing found a summary whose mean task time was always NaN, and a default
+    warm-up of 1 s, with no test failing."""
+    reqs, source = run(table(agents()))
+    sessions = sessions_frame(reqs, source)
+    whole = sessions_summary(sessions, source)  # no warm-up: both sessions count
+    assert whole == {
+        "sessions_completed": 2.0, "sessions_failed": 0.0,
+        "tasks_per_hour": 2 * SECONDS_PER_HOUR / 20.0,
+        "task_time_mean_s": 10.0,
+        "task_queued_share": 0.0, "task_server_share": 18.0 / 20.0, "task_tool_share": 2.0 / 20.0,
+        "steps_per_task_mean": 3.0,
+        "task_time_p50_s": 10.0, "step_latency_p50_s": 3.0,
+        "task_time_p90_s": 10.0, "step_latency_p90_s": 3.0,
+        "task_time_p99_s": 10.0, "step_latency_p99_s": 3.0,
+    }
+    # From 5 s: session 1 alone is measured, and the steps sent at 7, 10, 13.5 and 17 s;
+    # tasks an hour count both ends in 5-20 s (session 0's too: in progress at 5 s).
+    late = sessions_summary(sessions, source, warmup_s=5.0)
+    assert late["sessions_completed"] == 1.0 and late["task_time_mean_s"] == 10.0
+    assert late["tasks_per_hour"] == 2 * SECONDS_PER_HOUR / 15.0
+    assert late["task_server_share"] == 0.9 and late["steps_per_task_mean"] == 3.0
+    # Per session: 3 calls of prompts 15, 23 and 31 tokens, 3 answer tokens each; whole
+    # numbers in the table.
+    assert sessions["calls"].tolist() == [3, 3]
+    assert sessions["prompt_tokens"].tolist() == [69, 69]
+    assert sessions["output_tokens"].tolist() == [9, 9]
+    counts = ["session_id", "steps", "calls", "prompt_tokens", "output_tokens", "rejected_calls"]
+    assert (sessions[counts].dtypes == np.int64).all()
+    # Past every start: nothing measured, every field NaN but the counts.
+    empty = sessions_summary(sessions, source, warmup_s=30.0)
+    assert (empty["sessions_completed"], empty["sessions_failed"]) == (0.0, 0.0)
+    assert all(np.isnan(v) for k, v in empty.items() if not k.startswith("sessions_"))
+
+
+def test_a_session_queued_behind_another_by_hand() -> None:
+    """Two one-step agents sent at 0 to a batch of one, 1/16 s an iteration: session 0's
+    call runs 0-3/16 s, session 1's waits for it and runs 3/16-6/16 s, so session 1 is
+    queued 3/16 s of its 6/16; a second of tasks in all, under 1 s (mutation testing found
+    that queued time read 0 throughout, and shares NaN below 1 s of task time, unnoticed)."""
+    iteration_s = 0.0625
+    batch_of_one = IterationLevelConfig(kind="iteration_level", max_batch_size=1)
+    reqs, source = run(table(agents(num_sessions=2, concurrent_sessions=2, steps=const(1))),
+                       scheduler=batch_of_one,
+                       cost=LinearCostConfig(kind="linear", base_s=iteration_s))
+    sessions = sessions_frame(reqs, source)
+    assert sessions["queued_s"].tolist() == [0.0, 3 * iteration_s]
+    assert sessions["server_s"].tolist() == [3 * iteration_s, 6 * iteration_s]
+    assert sessions["tool_s"].tolist() == [0.0, 0.0]
+    summary = sessions_summary(sessions, source)
+    assert summary["task_queued_share"] == 1 / 3
+    assert (summary["task_server_share"], summary["task_tool_share"]) == (1.0, 0.0)
+    assert summary["tasks_per_hour"] == 2 * SECONDS_PER_HOUR / (6 * iteration_s)
+    assert summary["task_time_mean_s"] == 4.5 * iteration_s
+
+
+@pytest.mark.parametrize("latency_s", [0.0, 0.25])
+def test_a_session_whose_only_call_is_turned_away_by_hand(latency_s: float) -> None:
+    """One agent of one step whose call never fits (100 KV tokens for 2,000): turned away
+    on arrival, `latency_s` after it is sent. The step counts as queued until then; the
+    session failed, and no task completes: 0 tasks an hour over 0.25 s, and NaN over a
+    window of no length, not a division by zero (both found by mutation testing)."""
+    reqs, source = run(table(agents(num_sessions=1, steps=const(1))), kv_capacity_tokens=100,
+                       request_latency_s=latency_s)
+    assert reqs["rejected"].tolist() == [True]
+    sessions = sessions_frame(reqs, source)
+    assert sessions["end_s"].tolist() == [latency_s]
+    assert sessions["queued_s"].tolist() == [latency_s]
+    assert sessions["rejected_calls"].tolist() == [1]
+    assert np.isnan(sessions["step_latency_mean_s"]).all()  # no step answered
+    summary = sessions_summary(sessions, source)
+    assert (summary["sessions_completed"], summary["sessions_failed"]) == (0.0, 1.0)
+    if latency_s:
+        assert summary["tasks_per_hour"] == 0.0
+    else:
+        assert np.isnan(summary["tasks_per_hour"])
+    assert np.isnan(summary["step_latency_p50_s"])
+
+
 def test_each_call_reaches_the_engine_its_latency_after_it_is_sent() -> None:
     # As above, each call 0.25 s on its way in (cost.overhead.request_latency_s): sent at
     # 0, seen and scheduled at 0.25, done at 3.25; the next sent 0.5 s later, at 3.75.
@@ -137,6 +218,24 @@ def test_a_session_source_shows_the_engine_each_call_its_latency_later() -> None
     assert (source.arrival_s[1], sent.arrival_s[1]) == (4.0, 3.75)
 
 
+def test_a_session_source_looks_ahead_at_every_send_due_by_then() -> None:
+    """Two agents at a time, of three: sessions 0 and 1 both send at 0 s. Looking ahead at
+    exactly 0 s sees both sends (a send at the boundary is due), in session order, and
+    writes both rows before they are taken; the third session is not sent yet (found by
+    mutation testing: comparing the session number instead of the send time, and `<` for
+    `<=`, both survived)."""
+    source = SessionSource(table(agents(num_sessions=3, concurrent_sessions=2)).for_run())
+    assert source.times_until(-0.5).tolist() == []
+    assert source.times_until(0.0).tolist() == [0.0, 0.0]
+    assert source.session_ids[:2].tolist() == [0, 1]
+    assert source.call_step[:2].tolist() == [0, 3]  # each session's first global step
+    assert source.take_until(0.0) == range(0, 2)
+    assert source.times_until(100.0).tolist() == []  # the next sends wait for answers
+    source.on_finished([1], 3.0)  # session 1's step 0 answered: its step 1 at 3.5 s
+    assert source.times_until(3.5).tolist() == [3.5]
+    assert source.session_ids[2] == 1 and source.call_step[2] == 4
+
+
 def test_truncation_drops_the_oldest_turns_and_keeps_the_system_prompt() -> None:
     # Limit 30: system 10, turns of 8 (observation 5, answer 3), a new observation of 5.
     # Ids: 0 system, 2-5 observations, 6-9 answers. Step 2 would be 10 + 8 + 8 + 5 = 31:
@@ -150,6 +249,24 @@ def test_truncation_drops_the_oldest_turns_and_keeps_the_system_prompt() -> None
         (0, 10, 4, 5, 8, 3, 5, 5),
     ]
     assert reqs["prompt_tokens"].max() <= 30
+
+
+def test_truncation_drops_as_many_old_turns_as_the_limit_needs_at_once() -> None:
+    # Limit 40: system 10, observations 5; answers of 1, 1, 20 tokens make turns of 6, 6
+    # and 25. Step 3 would be 10 + 6 + 6 + 25 + 5 = 52: turns 0 and 1 both go, at once, to
+    # 40 (the by-hand truncation test above drops one turn a step: a single drop counted
+    # twice passes it).
+    requests = table(agents(steps=const(4), num_sessions=1, max_context_tokens=40))
+    requests.sessions.output_tokens[:, 0] = [1, 1, 20, 3]  # type: ignore[union-attr]
+    reqs, source = run(requests)
+    ids = reqs.sort_values("session_step")["id"].tolist()
+    assert [source.content.prompts[i] for i in ids] == [
+        (0, 10, 2, 5),
+        (0, 10, 2, 5, 6, 1, 3, 5),
+        (0, 10, 2, 5, 6, 1, 3, 5, 7, 1, 4, 5),
+        (0, 10, 4, 5, 8, 20, 5, 5),
+    ]
+    assert reqs.sort_values("session_step")["prompt_tokens"].tolist() == [15, 21, 27, 40]
 
 
 def test_a_fan_out_goes_on_with_the_first_answers_and_leaves_the_rest() -> None:
