@@ -377,3 +377,31 @@ def test_make_sweeps_defaults_and_what_it_records(tmp_path: Path) -> None:
 
 def test_a_point_is_named_by_every_parameter() -> None:
     assert point_name("p0003-r01", {"a.b": 2, "c": "x"}) == "point p0003-r01 (a.b=2, c=x)"
+
+
+@pytest.mark.parametrize("replications", [1, 2])
+def test_two_replications_of_a_trace_are_said_to_be_alike(tmp_path: Path,
+                                                          replications: int) -> None:
+    """Two replications of a trace already repeat one run: said once, naming the first
+    point, in full; one replication says nothing (mutation testing: `< 3` for `< 2`, and the
+    warning's text, passed every test of the scope)."""
+    import warnings
+
+    from sweep_files import write_trace_scenario
+
+    write_trace_scenario(tmp_path)
+    path = tmp_path / "trace_sweep.yaml"
+    path.write_text(f"name: t\nbase: s.yaml\nreplications: {replications}\ngrid:\n  parameters:\n"
+                    "    workload.arrival.speedup: [1.0, 2.0]\n")
+    sweep = load_sweep(path)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        sweep.warn_alike_replications()
+    if replications == 1:
+        assert said == []
+        return
+    assert [(w.category, str(w.message)) for w in said] == [(UserWarning, (
+        "point p0000-r00 (workload.arrival.speedup=1.0): workload.arrival.kind = 'trace': "
+        "every replication replays the same requests, so the 2 replications differ only where "
+        "a system draws at random (a random or power_of_two router); a band of zero width "
+        "across them is one sample, not a certain answer"))]
