@@ -27,6 +27,18 @@ def small_sweep(**changes: object) -> Scenario:
                             "sweep": {"parameter": RATE, "values": RATES}, **changes})
 
 
+def test_a_scenarios_own_sweep_keeps_its_folder_and_its_keys_as_given(tmp_path: Path) -> None:
+    """The folder its data paths start from, resolved, and the keys the scenario gave (no
+    defaults, no `sweep` block), where a point that changes a kind starts again (mutation
+    testing: `None` for either passed every test)."""
+    sc = small_sweep()
+    sweep = scenario_sweep(sc, tmp_path)
+    assert sweep.base_dir == tmp_path.resolve()
+    assert {t.base_dir for t in sweep.tasks()} == {str(tmp_path.resolve())}
+    assert sweep.given == sc.given_data(frozenset({"sweep"}), exclude_unset=True)
+    assert "sweep" not in sweep.given and sweep.given["seed"] == 11
+
+
 def point_scenarios(sc: Scenario) -> list[Scenario]:
     return [task.scenario() for task in scenario_sweep(sc, Path.cwd()).tasks()]
 
