@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -607,15 +608,24 @@ class _AttentionTerms:
         else:
             terms, pairs = [], zip(query_tokens, context_tokens, strict=True)
         if self.split:  # MLA: a prefill (q > 1) by its own constants (`per_layer_s`)
-            p_half, p_kv, p_qb, up = self._prefill_whole_terms
-            terms += [(c * kv + qb) / bps if q == 1 and c < below
-                      else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps) if q <= 1
-                      else max((q * (c + c - q + 1) * p_half + (c - q) * up) / fps,
-                               (c * p_kv + q * p_qb) / bps)
-                      for q, c in pairs]
-            return math.fsum(terms) + self.kernel_overhead_s
+            return self._split_lists_s(terms, pairs)
         terms += [(c * kv + qb) / bps if q == 1 and c < below
                   else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps)
+                  for q, c in pairs]
+        return math.fsum(terms) + self.kernel_overhead_s
+
+    def _split_lists_s(self, terms: list[float], pairs: Iterator[tuple[int, int]]) -> float:
+        """`per_layer_lists_s`'s terms under MLA (`split`): a request of more than one query
+        token by a prefill's constants. A function of its own: Python 3.11 makes a cell for
+        each variable a comprehension reads on every call of the function that holds it, so
+        in `per_layer_lists_s` its four constants cost every dense batch their cells."""
+        half, kv, qb = self._whole_terms
+        p_half, p_kv, p_qb, up = self._prefill_whole_terms
+        fps, bps, below = self.flops_per_s, self.bytes_per_s, self.decode_memory_below_tokens
+        terms += [(c * kv + qb) / bps if q == 1 and c < below
+                  else max((q * (c + c - q + 1) * half) / fps, (c * kv + q * qb) / bps) if q <= 1
+                  else max((q * (c + c - q + 1) * p_half + (c - q) * up) / fps,
+                           (c * p_kv + q * p_qb) / bps)
                   for q, c in pairs]
         return math.fsum(terms) + self.kernel_overhead_s
 
