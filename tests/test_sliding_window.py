@@ -12,7 +12,13 @@ import pytest
 
 from orcasim.config import ScenarioError
 from orcasim.cost.base import Batch
-from orcasim.cost.catalog import Deployment, HardwareConfig, ModelSpec, model_from_argument
+from orcasim.cost.catalog import (
+    Deployment,
+    HardwareConfig,
+    ModelSpec,
+    model_from_argument,
+    stage_weight_bytes,
+)
 from orcasim.cost.flops import attention_constants
 from orcasim.cost.roofline import Roofline, RooflineCostConfig
 from orcasim.scenario import load_scenario
@@ -72,6 +78,31 @@ def test_gpt_oss_counts_its_biases_and_matches_the_card_to_its_digits(
     matrices = layers * experts * expert_matrices
     assert model.weight_bytes() == matrices * 17 / 32 + (model.param_count() - matrices) * 2
     assert round(model.weight_bytes() / GIB, 1) == checkpoint_gib
+
+
+def test_gpt_oss_keeps_each_experts_down_bias_whole_on_every_tensor_parallel_rank() -> None:
+    """vLLM's vllm/model_executor/models/gpt_oss.py, GptOssModel.load_weights (its mxfp4
+    and bf16 loaders alike): without expert parallelism a rank takes its 1/tp slice of the
+    expert matrices and of gate_up_proj_bias (w13_bias), but down_proj_bias (w2_bias,
+    num_experts x hidden_size) whole, zeroed on every rank but 0 ("only load on rank 0 to
+    avoid duplication") so the all-reduce adds it once; with expert parallelism each rank
+    takes its own experts' rows of both. So at TP 8 every GPU holds all 128 x 2,880 down
+    biases of each of gpt-oss-120b's 36 layers, 23,224,320 bytes more than an eighth of
+    them; `expert_op` already reads the down bias whole at TP (2 x width / tp + hidden)."""
+    d, heads, hd, inter, vocab, experts, layers, tp = 2880, 64, 64, 2880, 201088, 128, 36, 8
+    model = hf("gpt-oss-120b")
+    # One of the 8 KV heads a rank; o's bias, the norms and the router whole.
+    attention = (d * heads * hd + heads * hd) / tp + 2 * (d * hd + hd) + heads * hd * d / tp + d
+    down_bias = experts * d
+    bf16 = attention + 2 * d + (d + 1) * experts + experts * 2 * inter / tp + down_bias
+    mxfp4 = experts * 3 * d * inter / tp
+    layer = bf16 * 2 + mxfp4 * 17 / 32
+    by_hand = layers * layer + 2 * (vocab * d / tp) * 2 + d * 2  # embedding, LM head, final norm
+    tensor = HardwareConfig(gpu="h100-80gb", tensor_parallel=tp)
+    assert stage_weight_bytes(model, tensor) == [by_hand]
+    expert = HardwareConfig(gpu="h100-80gb", tensor_parallel=tp, expert_parallel=tp)
+    assert stage_weight_bytes(model, expert) == [by_hand - layers * down_bias * 2 * (tp - 1) / tp]
+    assert layers * down_bias * 2 * (tp - 1) / tp == 23_224_320
 
 
 def test_windows_are_read_in_each_familys_words(tmp_path: Path) -> None:

@@ -413,6 +413,14 @@ class ModelSpec(Strict):
             return 0.0
         return moe.num_experts * self.routed_expert_bytes_per_expert()
 
+    def layer_expert_down_bias_bytes(self, layer: int) -> float:
+        """Bytes of decoder layer `layer`'s routed experts' down-projection biases (vLLM's
+        w2_bias, hidden_size an expert; 0 without `MoESpec.expert_bias` or in a dense layer)."""
+        moe = self.moe
+        if moe is None or not moe.expert_bias or layer in moe.dense_layers:
+            return 0.0
+        return moe.num_experts * self.hidden_size * self.embedding_element_bytes
+
     def weight_bytes(self) -> float:
         # Whole numbers times a power of two, or 17/32 (mxfp4): the sum is exact.
         return self.non_expert_weight_bytes() + sum(
@@ -729,9 +737,14 @@ def stage_weight_bytes(model: ModelSpec, hw: HardwareConfig) -> list[float]:
         own = sum(layer_params_per_rank(model, i, tp) for i in layers)
         unquantized = sum(model.unquantized_params_per_rank(i, tp) for i in layers)
         expert = sum(model.layer_routed_expert_bytes(i) for i in layers)
+        # Expert parallelism holds whole experts, num_experts / ep of them; tensor parallelism
+        # a 1/tp slice of every expert's matrices and gate-and-up bias, but each expert's
+        # down-projection bias whole: vLLM's gpt_oss.py (GptOssModel.load_weights) loads
+        # w2_bias whole on every TP rank, zeroed but on rank 0, so the all-reduce adds it once.
+        whole = 0.0 if hw.expert_parallel > 1 else sum(model.layer_expert_down_bias_bytes(i) for i in layers)
         # What stays unquantized adds its difference (0 where nothing is quantized: the same bits).
         weights = (own * model.weight_element_bytes + unquantized * (emb_bytes - model.weight_element_bytes)
-                   + expert / expert_ranks)
+                   + (expert - whole) / expert_ranks + whole)
         out.append(weights + (first if k == 0 else 0.0) + (last if k == hw.pipeline_parallel - 1 else 0.0))
     return out
 

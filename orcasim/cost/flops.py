@@ -227,7 +227,8 @@ def expert_op(model: ModelSpec, tp: int, ep: int = 1, skew: float = 0.0) -> Expe
         q: tuple[float, ...] = (k / e,) * (e // ep)
     else:
         q = tuple(expert_routing_probabilities(e, k, skew)[::ep].tolist())
-    # Biases (gpt-oss's): the gate-and-up one split as its matrix, the down one whole.
+    # Biases (gpt-oss's): the gate-and-up one split as its matrix, the down one whole, as
+    # vLLM's gpt_oss.py loads them and `stage_weight_bytes` holds them.
     bias_bytes = (2.0 * width + d) * model.embedding_element_bytes if moe.expert_bias else 0.0
     return ExpertOp(e // ep, k, e, 2.0 * per_expert_params,
                     per_expert_params * model.expert_element_bytes + bias_bytes,
