@@ -10,14 +10,25 @@ replication and seed columns renamed, all with no test failing.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from orcasim.config import ScenarioError
-from orcasim.sweeps import keeps_up, throughput_under_bound, tidy_table
+from orcasim.sweeps import (
+    keeps_up,
+    make_sweep,
+    run_sweep_in_memory,
+    throughput_under_bound,
+    tidy_table,
+)
 from orcasim.sweeps.table import MEDIAN_LATENCY, THROUGHPUT
 from orcasim.sweeps.task import Outcome
+from tests.test_capacity_edges import MD1
 
 
 def test_the_tidy_table_is_one_row_per_point_replication_and_system_in_order() -> None:
@@ -60,6 +71,45 @@ def test_keeps_up_counts_only_the_answered_share_of_the_offered_load() -> None:
     # Without the counts, every request offered counts: only row 0 and row 3 keep up.
     bare = table.drop(columns=["requests_completed", "requests_rejected"])
     assert keeps_up(bare).tolist() == [True, False, False, True, False, False]
+
+
+def test_a_row_flagged_saturated_does_not_keep_up() -> None:
+    # Each served 9.5 of 10 offered, within the 0.9; the second's queue grew past chance.
+    table = pd.DataFrame({THROUGHPUT: [9.5] * 2, "offered_rps": [10.0] * 2, "served_rps": [9.5] * 2,
+                          "saturated": [0.0, 1.0]})
+    assert keeps_up(table).tolist() == [True, False]
+    # A table written before the flag reads by the fraction alone.
+    assert keeps_up(table.drop(columns="saturated")).tolist() == [True, True]
+
+
+def md1_sweep(tmp_path: Path, rates_per_s: list[float], num_requests: int) -> pd.DataFrame:
+    """An M/D/1 server of 10 req/s (tests.test_capacity_edges.MD1) swept over the rates."""
+    base = tmp_path / "md1.yaml"
+    base.write_text(yaml.safe_dump(MD1))
+    sweep = make_sweep(base, {"workload.arrival.rate_per_s": rates_per_s},
+                       overrides=[f"workload.num_requests={num_requests}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # saturated at 11 req/s: that is the point
+        return run_sweep_in_memory(sweep, workers=1).table
+
+
+def test_a_row_over_capacity_fails_where_the_run_is_long_enough_to_tell(tmp_path: Path) -> None:
+    """At 1.1 times the server's rate its completions while requests arrive are the server's
+    10 req/s, 0.92 of the load, within the 0.9: the sweep answered the overloaded row. Over
+    3,000 requests its waiting queue's growth is past chance (z 3.6), and the row fails."""
+    table = md1_sweep(tmp_path, [8.5, 11.0], 3000)
+    over = table.iloc[1]
+    assert over["served_rps"] >= 0.9 * over["offered_rps"] and over["saturated"] == 1.0
+    assert keeps_up(table).tolist() == [True, False]
+    best = throughput_under_bound(table, 1e3)
+    assert best["rl"] == table.iloc[0][THROUGHPUT] < 8.6
+
+
+def test_a_row_at_085_of_capacity_keeps_up_in_a_short_run(tmp_path: Path) -> None:
+    """300 requests at 8.5 req/s: served within a few percent of the load (0.969 at the
+    lowest of 20 seeds), not saturated."""
+    table = md1_sweep(tmp_path, [8.5], 300)
+    assert table["saturated"].tolist() == [0.0] and keeps_up(table).tolist() == [True]
 
 
 def bound_table() -> pd.DataFrame:
