@@ -332,7 +332,7 @@ class RoundRobinRouter(Router):
 
 class LeastOutstandingRouter(Router):
     def pick(self, req_id: int, time_s: float) -> int:
-        return self._least([r.num_requests() for r in self.replicas])
+        return self._least([r.num_requests(time_s) for r in self.replicas])
 
 
 class LeastTokensRouter(Router):
@@ -356,7 +356,7 @@ class PowerOfTwoRouter(Router):
         if n == 1:
             return 0
         a, b = (int(i) for i in self.rng.choice(n, size=2, replace=False))
-        return b if self.replicas[b].num_requests() < self.replicas[a].num_requests() else a
+        return b if self.replicas[b].num_requests(time_s) < self.replicas[a].num_requests(time_s) else a
 
 
 class PrefixAffinityRouter(Router):

@@ -251,11 +251,33 @@ class Replica:
             self.step()
         self.split(until_s)
 
-    def num_requests(self) -> int:
+    def num_requests(self, time_s: float) -> int:
         """Running and waiting requests, the inbox and the promised included: what
-        `load(t).requests` says, read without applying a pending jump (the count is fixed
-        within a run)."""
-        return self.scheduler.num_requests + len(self.inbox) + len(self.promised)
+        `load(time_s).requests` says, read without applying a pending jump (the scheduler's
+        count is fixed within a run), less the inbox's requests turned away by then."""
+        count = self.scheduler.num_requests + len(self.inbox) + len(self.promised)
+        if self.routed or not self.inbox or self.unit_end_s is None:
+            return count  # a routed replica cut its unit where it turned one away
+        return count - self._turned_away_by(time_s)
+
+    def _turned_away_by(self, time_s: float) -> int:
+        """How many of the inbox's requests the reference loop has turned away by `time_s`,
+        inside the pending unit: one that never fits goes at the first of its boundaries at
+        or after its arrival. A lone replica (not `routed`) arriving behind a blocked FCFS
+        head does not cut there (`_maybe_cut`), and a count of its inbox alone read one
+        request too many behind a `least_outstanding` router until the unit ended (a
+        reviewer's finding). The inbox holds only what was delivered during the unit."""
+        ends_s, arrival_s = self.stepper.ends_s(), self.source.arrival_s
+        turned_away = 0
+        for req_id in self.inbox:  # in arrival order, so their boundaries ascend
+            k = bisect.bisect_left(ends_s, arrival_s[req_id])
+            if k >= len(ends_s) - 1:  # the unit's own end: its PLAN is still to come
+                break
+            boundary_s = ends_s[k]
+            if boundary_s > time_s or (boundary_s == time_s and not self._went_before(PLAN, time_s)):
+                break
+            turned_away += self.scheduler.never_fits(req_id)
+        return turned_away
 
     def split(self, time_s: float) -> None:
         """Apply the iterations of a pending jump that ended before `time_s`, and replan.

@@ -71,7 +71,8 @@ class _Replica:
         return Load(self.running, self.waiting, 0, self.outstanding_tokens,
                     self.kv_used_tokens, self.kv_capacity_tokens)
 
-    def num_requests(self) -> int:
+    def num_requests(self, time_s: float) -> int:
+        self.asked_at_s.append(time_s)
         return self.running + self.waiting
 
 
@@ -129,7 +130,8 @@ def test_least_outstanding_counts_running_and_waiting() -> None:
     router.last = 3  # so that a tie would go to 0 first: 0 has 2, 3 has 2; 0 is first after 3
     assert router(0, 1.0).index == 0
     fleet[0].waiting = 1  # now 3 alone has the fewest
-    assert router(1, 1.0).index == 3
+    assert router(1, 1.5).index == 3
+    assert all(r.asked_at_s == [1.0, 1.5] for r in fleet)  # each asked at the arrival time
 
 
 def test_least_tokens_reads_outstanding_tokens_not_requests() -> None:
