@@ -67,11 +67,13 @@ def measured_window_s(reqs: pd.DataFrame, warmup_s: float = 0.0) -> tuple[float,
 
 def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0,
               admitted_s: np.ndarray | None = None,
-              window_s: tuple[float, float] | None = None) -> dict[str, float]:
+              window_s: tuple[float, float] | None = None,
+              little_window_s: tuple[float, float] | None = None) -> dict[str, float]:
     """Summary metrics of one system; requests arriving before `warmup_s` are dropped.
     `admitted_s`: when each request left the queue the saturation test watches (see
     `orcasim.saturation.saturation`), if not its first schedule. `window_s`: the span its
-    throughput is over, if not its own `measured_window_s` (a replica's: its system's)."""
+    throughput is over, if not its own `measured_window_s`; `little_window_s`: the span of
+    its Little's-law check, if not its own `arrivals_window_s` (a replica's: its system's)."""
     window = measured_requests(reqs, warmup_s)
     done = window[window["finish_s"].notna()]
     it = measured_iterations(iters, warmup_s)
@@ -99,7 +101,7 @@ def summarize(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float = 0.0,
     out.update(_iteration_stats(it))
     out.update(kv_memory_stats(it))
     out.update(prefix_cache_stats(done))
-    out.update(littles_law(done))
+    out.update(littles_law(done, little_window_s))
     out.update(saturation(reqs, warmup_s, admitted_s))
     return out
 
@@ -179,24 +181,42 @@ def prefix_cache_stats(done: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def littles_law(done: pd.DataFrame) -> dict[str, float]:
-    """Little's law, L = lambda * W, over the window from the first to the last arrival.
+def arrivals_window_s(reqs: pd.DataFrame, warmup_s: float = 0.0) -> tuple[float, float]:
+    """The span Little's law is checked over: from the first to the last arrival of the
+    measured requests that finished ((0, 0) where none did: nothing to check). A cluster's
+    replicas are checked over their system's, so that their L and lambda W add up to its
+    own."""
+    window = measured_requests(reqs, warmup_s)
+    arrival_s = window["arrival_s"][window["finish_s"].notna()]
+    return (float(arrival_s.min()), float(arrival_s.max())) if len(arrival_s) else (0.0, 0.0)
+
+
+def littles_law(done: pd.DataFrame,
+                window_s: tuple[float, float] | None = None) -> dict[str, float]:
+    """Little's law, L = lambda * W, over a window of arrivals: from the first to the last
+    arrival of `done` (finished requests), or `window_s` (a replica's: its system's).
 
     L is the time-average number of requests in the system, integrated from each
     request's [arrival, finish] interval clipped to the window; lambda is the arrival
     rate in the window and W the mean sojourn time of those arrivals. Edge effects make
-    the two differ by O(W / window), so long runs agree closely.
+    the two differ by O(W / window), so long runs agree closely. Both sides are sums over
+    requests divided by the span, so over one window a fleet's are its replicas' summed
+    (each over its own first and last arrival, they were not: see README, Reading the
+    summary).
     """
     nan = float("nan")
     a = done["arrival_s"].to_numpy()
     f = done["finish_s"].to_numpy()
-    span = float(a.max() - a.min()) if len(a) >= 2 else 0.0
+    if window_s is None:
+        window_s = (float(a.min()), float(a.max())) if len(a) else (0.0, 0.0)
+    t0, t1 = window_s
+    span = t1 - t0
     if span <= 0:
         return {"little_L": nan, "little_lambda_W": nan, "little_rel_error": nan}
-    t0, t1 = float(a.min()), float(a.max())
     in_system_s = np.clip(np.minimum(f, t1) - np.maximum(a, t0), 0.0, None).sum()
     L = in_system_s / span
-    lam_W = (len(a) / span) * float((f - a).mean())
+    # A replica that finished nothing in its system's window held nothing there: 0 and 0.
+    lam_W = (len(a) / span) * float((f - a).mean()) if len(a) else 0.0
     # Zero sojourn times (a zero-cost model) make both sides 0: nothing to compare.
     rel_error = abs(L - lam_W) / lam_W if lam_W > 0 else nan
     return {"little_L": L, "little_lambda_W": lam_W, "little_rel_error": rel_error}

@@ -21,6 +21,7 @@ from orcasim.cost.catalog import attention_groups
 from orcasim.engine import Engine, EngineRun
 from orcasim.fleet import ReplicaSpec, build_fleet, describe
 from orcasim.metrics import (
+    arrivals_window_s,
     batch_size_mean,
     kv_memory_stats,
     kv_reserved_stats,
@@ -546,11 +547,13 @@ def replica_summaries(reqs: pd.DataFrame, iters: pd.DataFrame, warmup_s: float,
     """One summary row per replica (index `replica`), with its busy share of the window."""
     rows = {}
     window_s, busy_s_window = measured_window_s(reqs, warmup_s), busy_window_s(reqs, warmup_s)
+    little_s = arrivals_window_s(reqs, warmup_s)
     for i in range(num_replicas):
         mine, rows_i = reqs[reqs["replica"] == i], iters[iters["replica"] == i]
-        # Over the system's window: each replica's own read 1.99 req/s for one that served
-        # two requests in its first half second of 10.5 (a tester's finding).
-        summary = summarize(mine, rows_i, warmup_s, window_s=window_s)
+        # Over the system's windows: each replica's own read 1.99 req/s for one that served
+        # two requests in its first half second of 10.5 (a tester's finding), and its
+        # Little's L did not add up to the system's.
+        summary = summarize(mine, rows_i, warmup_s, window_s=window_s, little_window_s=little_s)
         summary["busy_fraction"] = busy_fraction(mine, rows_i, warmup_s, busy_s_window)
         summary["requests_routed"] = float(len(mine))
         rows[i] = summary

@@ -17,7 +17,7 @@ from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.cost.overhead import OverheadConfig, OverheadCost
 from orcasim.engine import Engine
 from orcasim.memory import PagedAllocator
-from orcasim.metrics import littles_law, requests_frame
+from orcasim.metrics import arrivals_window_s, littles_law, requests_frame
 from orcasim.recorder import Recorder
 from orcasim.requests import Requests
 from orcasim.schedulers import build_scheduler
@@ -49,6 +49,24 @@ def test_littles_l_is_clipped_to_the_window() -> None:
     assert law["little_L"] == 0.5
     assert law["little_lambda_W"] == 2.5
     assert law["little_rel_error"] == pytest.approx(0.8)
+
+
+def test_a_replicas_little_window_is_its_systems() -> None:
+    """The system of `test_littles_l_is_clipped_to_the_window` (window [0, 10]) with A on
+    replica 0 and B on replica 1. Over the system's window, replica 0 holds A for 5 of 10 s
+    and replica 1 holds B for none of it: L 0.5 and 0, lambda W 0.5 and 2.0, adding up to
+    the system's 0.5 and 2.5. Each over its own window of one arrival measured nothing
+    (NaN). A replica that finished nothing there held nothing: 0 and 0."""
+    frame = pd.DataFrame({"arrival_s": [0.0, 10.0], "finish_s": [5.0, 30.0],
+                          "replica": [0, 1]})
+    window_s = arrivals_window_s(frame)
+    assert window_s == (0.0, 10.0)
+    laws = [littles_law(frame[frame["replica"] == i], window_s) for i in range(3)]
+    assert [law["little_L"] for law in laws] == [0.5, 0.0, 0.0]
+    assert [law["little_lambda_W"] for law in laws] == [0.5, 2.0, 0.0]
+    assert laws[0]["little_rel_error"] == 0.0 and laws[1]["little_rel_error"] == 1.0
+    assert np.isnan(laws[2]["little_rel_error"])
+    assert np.isnan(littles_law(frame[frame["replica"] == 0])["little_L"])
 
 
 def test_the_regression_checks_default_tolerance() -> None:
