@@ -487,3 +487,35 @@ def test_a_prefilled_request_waiting_on_a_decode_instance_has_no_prompt_waiting(
     assert req_id == 2
     assert loads[0] == Load(running=1, waiting=1, waiting_prompt_tokens=0, outstanding_tokens=9,
                             kv_used_tokens=12, kv_capacity_tokens=20)
+
+
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_a_lone_decode_instance_s_count_drops_what_it_turned_away(handoff: str) -> None:
+    """One prefill and one decode instance, both behind `least_outstanding`; the decode
+    instance's 128-token pool turns away prompts of up to 120 tokens with outputs of up to
+    64. At every pick each instance's count of requests is its load's (`_Watching`
+    asserts it), and fast mode's loads are reference mode's: the decode instance's count
+    read one or two too many at 3 of 200 picks (seed 0, push) while a request it had
+    turned away inside a jump stayed in its inbox (a reviewer's finding)."""
+    from orcasim.disagg import build_disaggregated
+
+    seen = {}
+    for mode in ("fast", "reference"):
+        scenario = make_scenario(**{
+            "seed": 0, "workload.num_requests": 200, "engine.mode": mode,
+            "workload.arrival": {"kind": "poisson", "rate_per_s": 40.0},
+            "workload.prompt_tokens": {"kind": "uniform", "low": 8, "high": 120},
+            "workload.output_tokens": {"kind": "uniform", "low": 2, "high": 64},
+            "workload.max_tokens": 184, "kv_capacity_tokens": 2000,
+            "systems": [{"name": "s", "scheduler": {"kind": "paged", "max_num_seqs": 4}, "cluster": {
+                "prefill": {"count": 1, "router": {"kind": "least_outstanding"}},
+                "decode": {"count": 1, "kv_capacity_tokens": 128,
+                           "router": {"kind": "least_outstanding"}},
+                "handoff": handoff}}]})
+        fleet = build_disaggregated(scenario, scenario.systems[0], make_requests_for(scenario))
+        prefill, decode = _Watching(fleet.prefill_router), _Watching(fleet.decode_router)
+        fleet.prefill_router, fleet.decode_router = prefill, decode
+        run = fleet.run()
+        assert len(run.rejected_ids) > 0, mode  # the decode instance turned some away
+        seen[mode] = (prefill.counts, decode.counts, prefill.seen, decode.seen)
+    assert seen["fast"] == seen["reference"]
