@@ -88,6 +88,27 @@ def test_roofline_cost_builds_from_a_scenario() -> None:
     assert cost.iteration_time_s(Batch(np.array([8]), np.array([8]))) > 0
 
 
+def test_a_hand_built_dense_roofline_refuses_data_parallel_attention_as_a_scenario_does() -> None:
+    """A dense model's roofline built by hand with data-parallel attention reached an
+    AssertionError in `_routed_experts_s` when priced; it is refused when built, in the
+    words a scenario of that layout is refused with."""
+    hw = HardwareConfig(gpu="h100-80gb", data_parallel_attention=2, expert_parallel=2)
+    message = ("hardware.expert_parallel = 2 needs a mixture-of-experts model; llama3-8b is "
+               "dense (expected 1; replicas: a cluster)")
+    with pytest.raises(ValueError) as built:
+        Roofline(RooflineCostConfig(kind="roofline"), Deployment(model=model_spec("llama3-8b"), hardware=hw))
+    assert str(built.value) == message
+    with pytest.raises(ValueError) as loaded:
+        scenario_from_dict({
+            "name": "r", "workload": {"num_requests": 10, "arrival": {"kind": "poisson", "rate_per_s": 1.0},
+                                      "prompt_tokens": {"kind": "constant", "value": 8},
+                                      "output_tokens": {"kind": "constant", "value": 4}, "max_tokens": 12},
+            "model": "llama3-8b", "hardware": hw.model_dump(mode="json"), "cost": {"kind": "roofline"},
+            "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}}],
+        })
+    assert str(loaded.value).endswith(message)
+
+
 def fidelity_errors(gpu_dir: str, model_dir: str, model: str, gpu: str, tp: int) -> np.ndarray:
     """Relative errors of the roofline's summed per-layer operator time against Vidur's medians."""
     df = pd.read_csv(VIDUR_DIR / gpu_dir / "meta-llama" / model_dir / "mlp.csv")

@@ -632,23 +632,32 @@ def check_deployment(model: ModelSpec, hardware: HardwareConfig | None, max_toke
         raise ScenarioError(f"workload.max_tokens = {max_tokens} exceeds {where}model "
                          f"{model.name}'s context (max_seq_len {model.max_seq_len}); expected "
                          f"at most {model.max_seq_len}")
-    if hardware is None:
-        return
+    if hardware is not None:
+        check_parallel_layout(model, hardware, hw_where)
+
+
+def check_parallel_layout(model: ModelSpec, hardware: HardwareConfig, where: str = "") -> None:
+    """Raise ValueError unless `hardware` can split `model`: its tensor parallelism its
+    attention and KV heads, its pipeline its layers, and its expert parallelism (with the
+    data-parallel attention it spans) routed experts the model has. `where` prefixes the
+    keys named. The one rule a scenario's checks and a hand-built cost model
+    (`Roofline`) apply: a dense model with data-parallel attention, built by hand, reached
+    an AssertionError from inside the roofline's expert pricing."""
     if model.num_heads % hardware.tensor_parallel:
-        raise ScenarioError(f"{hw_where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
+        raise ScenarioError(f"{where}hardware.tensor_parallel = {hardware.tensor_parallel} does not "
                          f"divide {model.name}'s {model.num_heads} attention heads; expected one of "
                          f"{', '.join(map(str, _divisors(model.num_heads)))}")
     kv, tp = model.kv_heads, hardware.tensor_parallel
     if model.mla is None and (kv % tp if kv >= tp else tp % kv):
         # vLLM splits the KV heads over the ranks, or gives each rank a replica of one
         # (fewer heads than ranks); it refuses the rest (QKVParallelLinear, LlamaAttention).
-        raise ScenarioError(f"{hw_where}hardware.tensor_parallel = {tp} does not split {model.name}'s "
+        raise ScenarioError(f"{where}hardware.tensor_parallel = {tp} does not split {model.name}'s "
                             f"{kv} KV heads: expected a divisor or a multiple of {kv}")
     if hardware.pipeline_parallel > model.num_layers:
-        raise ScenarioError(f"{hw_where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
+        raise ScenarioError(f"{where}hardware.pipeline_parallel = {hardware.pipeline_parallel} "
                          f"exceeds {model.name}'s {model.num_layers} layers; expected at most "
                          f"{model.num_layers}")
-    _check_expert_parallel(model, hardware, hw_where)
+    _check_expert_parallel(model, hardware, where)
 
 
 def _divisors(n: int) -> list[int]:

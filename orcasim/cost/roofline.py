@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat
 
 from orcasim.cost.base import Batch, CostModel, DecodeLine, StageEnds
-from orcasim.cost.catalog import Deployment
+from orcasim.cost.catalog import Deployment, check_parallel_layout
 from orcasim.cost.flops import (
     ExpertOp,
     Op,
@@ -80,6 +80,10 @@ class Roofline(CostModel):
         self.cfg = cfg
         self.model = deployment.model
         hw = deployment.hardware
+        # A scenario checks its layout on load; a deployment built by hand is checked here,
+        # where a dense model with data-parallel attention reached an AssertionError in
+        # `_routed_experts_s` when priced.
+        check_parallel_layout(self.model, hw)
         self.tp, self.pipeline_stages = hw.tensor_parallel, hw.pipeline_parallel
         # Attention runs at the bf16 peak; GEMMs over fp8 weights at the fp8 peak where the
         # GPU has fp8 tensor cores (W8A8, as vLLM runs fp8 checkpoints on Hopper and later).
