@@ -10,7 +10,7 @@ import pandas as pd
 
 from orcasim.columns import KEY_COLUMNS, param_columns, param_names
 from orcasim.config import ScenarioError
-from orcasim.paths import read_json, read_parquet, read_results_csv
+from orcasim.paths import as_path, read_json, read_parquet, read_results_csv
 
 # Summary of a folder: {label: {metric: value}}; a label is a system, or point/system in a sweep.
 Metrics = dict[str, dict[str, float]]
@@ -19,7 +19,7 @@ Metrics = dict[str, dict[str, float]]
 def load_metrics(path: Path) -> Metrics:
     """The metrics of a run folder or baseline file, a sweep folder, or a folder of
     baselines (labels <baseline>/<system>); see `metrics_kind`."""
-    path = Path(path)
+    path = as_path(path, "path", "a results folder or baseline file's path")
     match metrics_kind(path):
         case "run":
             return read_metrics(path if path.is_file() else path / "summary.json")
@@ -34,7 +34,8 @@ def load_pair(path_a: Path, path_b: Path) -> tuple[Metrics, Metrics]:
     """Both sides' metrics, of one kind. Two sweeps must sweep the same parameters: a label
     names a parameter by the last part of its path, so `systems[0]...max_batch_size` and
     `systems[1]...max_batch_size` would pair point by point as if one."""
-    path_a, path_b = Path(path_a), Path(path_b)
+    path_a = as_path(path_a, "path_a", "a results folder or baseline file's path")
+    path_b = as_path(path_b, "path_b", "a results folder or baseline file's path")
     kinds = metrics_kind(path_a), metrics_kind(path_b)
     if kinds[0] != kinds[1]:
         raise ScenarioError(f"{path_a} is a {kinds[0]} and {path_b} a {kinds[1]}: different kinds; "

@@ -169,7 +169,13 @@ def fidelity_table(
     # The replay is a new scenario, without the loaded one's folder: its data paths (a
     # fitted cost's file) were looked for in the working folder.
     base_dir = base_dir or scenario.source_dir
-    runs = [Path(runs)] if isinstance(runs, str | Path) else [Path(p) for p in runs]
+    # None raised "'NoneType' object is not iterable" from the list comprehension.
+    if not isinstance(runs, str | Path | list | tuple):
+        raise ScenarioError(f"runs = {runs!r:.80}: expected a real run's log path, or a list of them")
+    if not isinstance(systems, str | list | tuple):
+        raise ScenarioError(f"systems = {systems!r:.80}: expected a system's name, or a list of them")
+    runs = [Path(runs)] if isinstance(runs, str | Path) else [
+        as_path(p, f"runs[{i}]", "a real run's log path") for i, p in enumerate(runs)]
     systems = [systems] if isinstance(systems, str) else list(systems)
     if not runs:
         raise ScenarioError("runs = []: expected at least one real run's per-request log")

@@ -48,6 +48,9 @@ def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str,
     """A figure's input has rows and the columns it reads, numbers in each but `text_ok`
     (a system's name, a swept parameter's value), or a FigureInputError naming what is
     missing (and what there is), before pandas or matplotlib fails deep inside."""
+    if not isinstance(table, pd.DataFrame):  # None raised "'NoneType' has no attribute 'empty'"
+        raise TypeError(f"{what} = {table!r:.80} ({type(table).__name__}): expected a pandas "
+                        "DataFrame")
     if table.empty and not empty_ok:
         raise FigureInputError(f"{what} has no rows (a sweep whose every point failed?): "
                                "nothing to plot")
@@ -63,8 +66,11 @@ def _checked(table: pd.DataFrame, columns: tuple[str | None, ...], what: str,
 
 
 def _one_system(frame: pd.DataFrame) -> pd.DataFrame:
-    """A frame of one system's rows (`SystemResult.requests`) drawn as a run of one system."""
-    return frame if "system" in frame.columns else frame.assign(system="this run")
+    """A frame of one system's rows (`SystemResult.requests`) drawn as a run of one system;
+    anything but a frame as given, for `_checked` to refuse."""
+    if isinstance(frame, pd.DataFrame) and "system" not in frame.columns:
+        return frame.assign(system="this run")
+    return frame
 
 
 def ecdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -695,6 +701,9 @@ def pipelined_keys(replicas: pd.DataFrame) -> list[tuple[Any, ...]]:
 
 def run_figures(result: RunResult) -> dict[str, Figure]:
     """The standard figures of one run, by file stem."""
+    if not isinstance(result, RunResult):  # None raised "'NoneType' has no attribute 'systems'"
+        raise TypeError(f"result = {result!r:.80} ({type(result).__name__}): expected a "
+                        "RunResult, as orcasim.run_scenario returns")
     reqs = pd.concat([r.requests.assign(system=n) for n, r in result.systems.items()])
     iters = pd.concat([r.iterations.assign(system=n) for n, r in result.systems.items()])
     unstable = frozenset(n for n, r in result.systems.items() if r.summary.get("saturated"))

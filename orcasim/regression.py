@@ -23,6 +23,7 @@ from orcasim.compare import (
     tolerance,
 )
 from orcasim.config import ScenarioError
+from orcasim.paths import as_path
 from orcasim.results import MARKER, json_safe, write_text_atomically
 from orcasim.yaml_strict import is_sweep_file
 
@@ -107,7 +108,8 @@ def check(
     With `update`, write the current metrics as the new baselines, remove those without a
     scenario, and return what the update rewrote (the same rows, against the old baselines). Every scenario runs before anything is written: one
     that fails leaves every baseline as it was."""
-    baseline_dir = Path(baseline_dir)
+    baseline_dir = as_path(baseline_dir, "baseline_dir", "a folder of baselines")
+    scenario_dir = as_path(scenario_dir, "scenario_dir", "a folder of regression scenarios")
     _check_baseline_folder(baseline_dir, update)
     paths = regression_scenarios(scenario_dir)
     _check_baseline_files(baseline_dir, [p.stem for p in paths])

@@ -12,7 +12,7 @@ import yaml
 from orcasim import yaml_strict
 from orcasim.compare import read_metrics
 from orcasim.config import MAX_TIME_S, ScenarioError
-from orcasim.paths import read_csv, read_parquet, read_results_csv
+from orcasim.paths import as_path, read_csv, read_parquet, read_results_csv
 from orcasim.results import MARKER, mark_results, save_figure
 from orcasim.slo import SLOConfig
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 def load_run_frames(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A run folder's request and iteration frames, each with a `system` column."""
+    run_dir = as_path(run_dir, "run_dir", "a run's results folder")
     systems = list(read_metrics(run_dir / "summary.json"))
     reqs = [read_parquet(run_dir / s / "requests.parquet").assign(system=s) for s in systems]
     iters = [read_parquet(run_dir / s / "iterations.parquet").assign(system=s) for s in systems]
@@ -33,7 +34,7 @@ def write_plots(results_dir: Path, svg: bool = False, slo: float | None = None) 
     SVG); return the paths."""
     from orcasim.plots import FigureInputError
 
-    results_dir = Path(results_dir)
+    results_dir = as_path(results_dir, "results_dir", "a results folder")
     try:
         figures = _figures(results_dir, slo)
     except FigureInputError as e:  # a damaged or foreign folder: bad input, not a bug

@@ -176,3 +176,49 @@ def test_a_loaded_scenario_keeps_its_folder_for_relative_paths(tmp_path: Path,
     # An empty base_dir is the default, as before this session's path checks: Path("") is
     # truthy and read the data from the working folder, where the trace is not.
     assert run_scenario(scenario, base_dir="").systems["a"].summary["requests_completed"] == 2  # type: ignore[arg-type]
+
+
+SCENARIOS = Path(__file__).parent.parent / "scenarios"
+
+
+def _none_calls() -> list[tuple[str, object, type[Exception], str]]:
+    from orcasim import compare, fidelity, plots, regression, render
+    from orcasim.sweeps import load_sweep, runner, spec
+
+    quickstart = SCENARIOS / "quickstart.yaml"
+    return [
+        ("run_scenario_sweep(None, dir)", lambda: runner.run_scenario_sweep(None, SCENARIOS),
+         ScenarioError, r"^scenario = None: expected a Scenario"),
+        ("build_sweep(spec, None)", lambda: spec.build_sweep(
+            load_sweep(SCENARIOS / "sweeps" / "orca_gpt3_13b.yaml").spec, None),
+         ScenarioError, r"^base_path = None: expected the base scenario file's path"),
+        ("run_sweep_in_memory(None)", lambda: runner.run_sweep_in_memory(None),
+         ScenarioError, r"^sweep = None: expected a Sweep"),
+        ("fidelity_table(runs=None)", lambda: fidelity.fidelity_table(quickstart, None, "orca"),
+         ScenarioError, r"^runs = None: expected a real run's log path"),
+        ("fidelity_table(systems=None)", lambda: fidelity.fidelity_table(quickstart, "x.csv", None),
+         ScenarioError, r"^systems = None: expected a system's name"),
+        ("run_figures(None)", lambda: plots.run_figures(None),
+         TypeError, r"^result = None \(NoneType\): expected a RunResult"),
+        ("latency_vs_throughput(None)", lambda: plots.latency_vs_throughput(None),
+         TypeError, r"^the sweep table = None \(NoneType\): expected a pandas DataFrame$"),
+        ("latency_cdfs(None)", lambda: plots.latency_cdfs(None),
+         TypeError, r"^the requests table = None \(NoneType\): expected a pandas DataFrame$"),
+        ("compare.load_pair(None, None)", lambda: compare.load_pair(None, None),
+         ScenarioError, r"^path_a = None: expected a results folder"),
+        ("render.write_plots(None)", lambda: render.write_plots(None),
+         ScenarioError, r"^results_dir = None: expected a results folder"),
+        ("regression.check(None)", lambda: regression.check(None),
+         ScenarioError, r"^scenario_dir = None: expected a folder of regression scenarios"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_none_calls())), ids=[c[0] for c in _none_calls()])
+def test_none_where_the_python_api_expects_a_path_frame_or_object_is_named(case: int) -> None:
+    """Each raised a TypeError or AttributeError from deep inside ("'NoneType' object has no
+    attribute 'resolve'", "... 'empty'", "expected str, bytes or os.PathLike object") (found
+    passing None to the functions the README and the notebooks call)."""
+    _, call, error, message = _none_calls()[case]
+    with pytest.raises(error, match=message) as caught:
+        call()  # type: ignore[operator]
+    assert "\n" not in str(caught.value)

@@ -93,6 +93,9 @@ def run_sweep_in_memory(
     address: str | None = None,
 ) -> SweepResult:
     """Run every task and return the tidy table without writing anything (for notebooks)."""
+    if not isinstance(sweep, Sweep):  # None raised "... no attribute 'warn_alike_replications'"
+        raise ScenarioError(f"sweep = {sweep!r:.80}: expected a Sweep, e.g. "
+                            "orcasim.sweeps.make_sweep(...) or load_sweep(path)")
     check_backend(backend, workers, address)
     sweep.warn_alike_replications()
     outcomes = list(execute(sweep.tasks(), backend, workers, address))

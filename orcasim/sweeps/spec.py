@@ -330,6 +330,9 @@ def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
     """A scenario's own `sweep: {parameter, values}` block as a sweep: one point per value,
     one replication on the scenario's seed. `base_dir` resolves the scenario's data files.
     Every point is validated here, so a bad value fails before any point runs."""
+    if not isinstance(scenario, Scenario):  # None raised "'NoneType' has no attribute 'sweep'"
+        raise ScenarioError(f"scenario = {scenario!r:.80}: expected a Scenario, e.g. "
+                            "orcasim.load_scenario(path)")
     if scenario.sweep is None:
         raise ScenarioError(f"scenario '{scenario.name}' has no 'sweep' block")
     if parse_dotted(scenario.sweep.parameter)[0] == "seed":  # in the block's own keys: it has
@@ -360,7 +363,8 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     replication's: they differ by the seed alone), so a mistyped parameter path or a bad
     value fails here, before any work starts. `set_keys` says who gave each of `spec.set`
     (the file's `set:` or the command line's `--set`), for an error to name."""
-    base_path = base_path.resolve()
+    # None raised "'NoneType' object has no attribute 'resolve'"
+    base_path = as_path(base_path, "base_path", "the base scenario file's path").resolve()
     keys = set_keys or ["set:"] * len(spec.set)
     for given, key in zip(spec.set, keys, strict=True):  # a set seed would be lost: each
         if "=" not in given:
