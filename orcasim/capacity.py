@@ -67,6 +67,7 @@ from orcasim.scenario import (
     data_inputs,
     scenario_from_dict,
     set_dotted,
+    sweep_base_data,
 )
 from orcasim.slo import SLOConfig, number_text
 from orcasim.sweeps.spec import MAX_REPLICATIONS, MAX_TASKS, point_name, replication_seeds
@@ -526,8 +527,7 @@ def search_jobs(scenario: Scenario, base_dir: Path, slo: SLOConfig, replications
     `points` None: the scenario's own `sweep:`, one point per value (it was dropped without
     a word: one search of the base values; a tester's finding), unless it sweeps the rate the
     search sets, which the search replaces."""
-    base = scenario.given_data(frozenset({"sweep"}))  # each point derives its own KV capacity
-    given = scenario.given_data(frozenset({"sweep"}), exclude_unset=True)
+    base, given = sweep_base_data(scenario)  # each point derives its own KV capacity
     base["slo"] = slo.model_dump(mode="json")
     names = [s.name for s in scenario.systems]
     chosen = list(dict.fromkeys(systems or names))  # a system named twice is one search

@@ -124,6 +124,11 @@ class SweepConfig(Strict):
         if self.parameter == "sweep" or self.parameter.startswith(("sweep.", "sweep[")):
             raise ScenarioError(f"parameter = {self.parameter!r}: a sweep cannot sweep its own "
                                 "block; expected a key of the scenario")
+        if parse_dotted(self.parameter)[0] == "seed":  # in the block's own keys: it has no
+            # grid or replications, which the sweep built from it would name
+            raise ScenarioError(f"parameter = {self.parameter!r}: a scenario's sweep runs every "
+                                "point on its seed; expected another key (independent seeds "
+                                "are a sweep file's `replications`)")
         return self
 
 
@@ -319,7 +324,23 @@ class Scenario(Strict):
         self._check_pool_schedulers()
         self._check_routing_skew()
         self._warn_deployment_unpriced()
+        self._check_sweep_points()
         return self
+
+    def _check_sweep_points(self) -> None:
+        """Every point of the scenario's own `sweep:` block validates, as `orcasim run` and
+        `orcasim validate` build them before any runs: the loader accepted a block with a
+        value the points refuse (a rate of -2), which `run_scenario` then ran at its base
+        values, and `run_scenario_sweep` refused only later. A point's warnings are said as
+        it runs, not here (the base's own are said once, above)."""
+        if self.sweep is None:
+            return
+        base, given = sweep_base_data(self)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i, value in enumerate(self.sweep.values):
+                sweep_point(base, given, {self.sweep.parameter: value}, self.seed,
+                            f"sweep.values[{i}] = {value!r}")
 
     def _priced_models(self) -> list[tuple[str, CostConfig, list[ModelSpec | None]]]:
         """Each cost block with its key and the models whose iterations it prices: a
@@ -851,6 +872,31 @@ def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, 
     if problem:
         raise ScenarioError(f"{problem[1]}; a grid cannot drop a key: leave it out of the base "
                             "scenario, or compare the kinds as two systems")
+
+
+def sweep_base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scenario as plain data that every point of a sweep starts from, and its keys as given."""
+    # The validated dump holds every default, so each swept path already exists in it. A
+    # derived KV capacity is left out so that each point derives its own (it may change the
+    # hardware), and a scenario's own one-parameter `sweep:` block is replaced by the grid.
+    exclude = frozenset({"sweep"})
+    return scenario.given_data(exclude), scenario.given_data(exclude, exclude_unset=True)
+
+
+def sweep_point(base: dict[str, Any], given: dict[str, Any], params: dict[str, Any], seed: int,
+                name: str) -> Scenario:
+    """One point of a sweep: `base` (`sweep_base_data`) with `params` set (`apply_params`)
+    on `seed`, validated; a refusal starts with `name`."""
+    data = copy.deepcopy(base)
+    data["seed"] = seed
+    try:
+        apply_params(data, params, given)
+    except ScenarioError as e:  # a grid's key, not an override (a tester's finding)
+        text = str(e)
+        if text.startswith("override '"):  # "override 'PATH': why" -> "PATH: why"
+            text = text.removeprefix("override '").replace("': ", ": ", 1)
+        raise ScenarioError(f"{name}: {text}") from None
+    return scenario_from_dict(data, name)
 
 
 def kind_change_problem(before: dict[str, Any], after: dict[str, Any],

@@ -53,8 +53,8 @@ def test_each_point_sets_the_parameter_on_the_scenarios_own_seed() -> None:
 
 
 def test_a_bad_value_names_the_point_before_any_runs() -> None:
-    with pytest.raises(ScenarioError, match="rate_per_s=-1"):
-        scenario_sweep(small_sweep(**{"sweep.values": [1.0, -1]}), Path.cwd())
+    with pytest.raises(ScenarioError, match=r"^scenario: sweep.values\[1\] = -1: workload.arrival.rate_per_s = -1"):
+        small_sweep(**{"sweep.values": [1.0, -1]})
 
 
 def test_a_value_must_fit_one_table_column() -> None:
@@ -85,7 +85,36 @@ def test_a_seed_sweep_is_refused_in_the_block_s_own_keys() -> None:
     not have (a tester's low finding)."""
     with pytest.raises(ScenarioError, match=r"sweep.parameter = 'seed': a scenario's sweep runs "
                                             "every point on its seed"):
-        scenario_sweep(small_sweep(**{"sweep": {"parameter": "seed", "values": [1, 2]}}), Path.cwd())
+        small_sweep(**{"sweep": {"parameter": "seed", "values": [1, 2]}})
+
+
+SWEEP_OVERRIDES_CLI_REFUSES = [
+    ("sweep={parameter: workload.arrival.rate_per_s, values: [1, -2]}",
+     "sweep.values[1] = -2: workload.arrival.rate_per_s = -2: Input should be greater than 0"),
+    ("sweep={parameter: kv_capacity_tokens, values: [100000, 20]}",
+     "sweep.values[1] = 20: workload.max_tokens = 640 exceeds kv_capacity_tokens = 20"),
+    ("sweep={parameter: 'systems[1].scheduler.max_batch_size', values: [8, 0]}",
+     "sweep.values[1] = 0: systems[1].scheduler.max_batch_size = 0: Input should be greater than 0"),
+    ("sweep={parameter: seed, values: [1, 2]}",
+     "sweep.parameter = 'seed': a scenario's sweep runs every point on its seed"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), SWEEP_OVERRIDES_CLI_REFUSES)
+def test_the_loader_refuses_a_sweep_block_the_cli_refuses(override: str, message: str) -> None:
+    """`orcasim validate` and `orcasim run` build every point of a scenario's own sweep
+    before any runs and refuse a bad one; `load_scenario` and `scenario_from_dict` accepted
+    it, and `run_scenario` then ran the base values of a file the CLI refuses (found
+    comparing what `validate` checks after loading with what the loader checks)."""
+    quickstart = Path(__file__).parent.parent / "scenarios" / "quickstart.yaml"
+    cli = orcasim("validate", str(quickstart), "--set", "workload.num_requests=50", "--set", override)
+    assert cli.returncode == 2 and message in cli.stderr + cli.stdout
+    with pytest.raises(ScenarioError) as loaded:
+        load_scenario(quickstart, ["workload.num_requests=50", override])
+    assert message in str(loaded.value)
+    with pytest.raises(ScenarioError) as ran:
+        run_scenario(quickstart, ["workload.num_requests=50", override])
+    assert message in str(ran.value)
 
 
 def test_a_derived_kv_capacity_is_derived_again_at_each_point() -> None:

@@ -21,7 +21,6 @@ and one replication on the scenario's own seed (`scenario_sweep`).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import re
@@ -51,7 +50,6 @@ from orcasim.scenario import (
     NAME_MAX_CHARS,
     NAME_PATTERN,
     Scenario,
-    apply_params,
     column_problem,
     data_inputs,
     load_scenario,
@@ -59,7 +57,8 @@ from orcasim.scenario import (
     one_or_more,
     parse_dotted,
     read_text_file,
-    scenario_from_dict,
+    sweep_base_data,
+    sweep_point,
 )
 
 ParamValue = int | float | str | bool
@@ -196,16 +195,8 @@ class Task:
         return f"p{self.point:04d}-r{self.replication:02d}"
 
     def scenario(self) -> Scenario:
-        data = copy.deepcopy(self.base)
-        data["seed"] = self.seed
-        try:
-            apply_params(data, self.params, self.given)
-        except ScenarioError as e:  # a grid's key, not an override (a tester's finding)
-            text = str(e)
-            if text.startswith("override '"):  # "override 'PATH': why" -> "PATH: why"
-                text = text.removeprefix("override '").replace("': ", ": ", 1)
-            raise ScenarioError(f"{point_name(self.id, self.params)}: {text}") from None
-        return scenario_from_dict(data, point_name(self.id, self.params))
+        return sweep_point(self.base, self.given, self.params, self.seed,
+                           point_name(self.id, self.params))
 
 
 def point_name(task_id: str, params: dict[str, ParamValue]) -> str:
@@ -335,15 +326,10 @@ def scenario_sweep(scenario: Scenario, base_dir: Path) -> Sweep:
                             "orcasim.load_scenario(path)")
     if scenario.sweep is None:
         raise ScenarioError(f"scenario '{scenario.name}' has no 'sweep' block")
-    if parse_dotted(scenario.sweep.parameter)[0] == "seed":  # in the block's own keys: it has
-        # no grid or replications, which the sweep built from it would name
-        raise ScenarioError(f"{scenario.name}: sweep.parameter = {scenario.sweep.parameter!r}: a "
-                            "scenario's sweep runs every point on its seed; expected another "
-                            "key (independent seeds are a sweep file's `replications`)")
     data = {"name": scenario.name, "base": scenario.name, "seed": scenario.seed,
             "grid": {"parameters": {scenario.sweep.parameter: scenario.sweep.values}}}
     spec = _validate_spec(data, f"{scenario.name}: sweep")
-    base, given = _base_data(scenario)
+    base, given = sweep_base_data(scenario)
     base_dir = as_path(base_dir, "base_dir", "the folder its data paths resolve from")
     sweep = Sweep(spec, base, base_dir.resolve(), own_seed=True, given=given)
     for task in sweep.tasks():
@@ -389,7 +375,7 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
         warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
                       "file's grid replaces it (add the parameter to the grid to sweep it too)",
                       UserWarning, stacklevel=2)
-    base, as_given = _base_data(scenario)
+    base, as_given = sweep_base_data(scenario)
     sweep = Sweep(spec, base, base_path.parent, given=as_given)
     for task in sweep.tasks()[:: spec.replications]:
         with sweep.naming(task):
@@ -407,15 +393,6 @@ def refuse_swept_override(given: str, key: str, swept: Iterable[str], by: str = 
         raise ScenarioError(f"{key} {given!r}: {by} sets {path} at every point, so this value "
                             f"would never be used; expected it in {by}'s values, or a key {by} "
                             f"does not sweep{alone}")
-
-
-def _base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The scenario as plain data that every point starts from, and its keys as given."""
-    # The validated dump holds every default, so each swept path already exists in it. A
-    # derived KV capacity is left out so that each point derives its own (it may change the
-    # hardware), and a scenario's own one-parameter `sweep:` block is replaced by the grid.
-    exclude = frozenset({"sweep"})
-    return scenario.given_data(exclude), scenario.given_data(exclude, exclude_unset=True)
 
 
 def _parse_spec(path: Path) -> SweepSpec:
