@@ -286,3 +286,34 @@ def test_a_stage_lifted_by_the_lm_head_is_timed_alike_by_every_engine(mode: str)
         if name != "rl":
             assert req["ttft_s"] == pytest.approx(sum(stages), rel=1e-9), name
         assert req["e2e_s"] == pytest.approx(sum(stages) + step_s, rel=1e-9), name
+
+
+def test_data_parallel_pipeline_stages_by_hand() -> None:
+    """Qwen3-30B-A3B over 2 stages of TP 2 x 2 data-parallel attention groups; a 3,000-token
+    prompt beside three decodes. Its group sets the GPU time (its own work and every group's
+    experts, `data_parallel_floor_s`) and the host's (1 sequence and 3,000 prompt tokens
+    beside the 2 sequences and 1,500 tokens of a balanced share); the first stage embeds its
+    3,000 tokens and sends them, the last runs the LM head of its 1 request; 0.578 ms to
+    launch a layer floors the first stage (0.5770 ms a layer) and not the last (0.5796)."""
+    hw = HardwareConfig(gpu=gpu_spec("h100-80gb"), tensor_parallel=2, pipeline_parallel=2,
+                        data_parallel_attention=2, expert_parallel=4)
+    dep = Deployment(model=model_spec("qwen3-30b-a3b"), hardware=hw)
+    overhead = OverheadConfig(per_iteration_s=1e-3, per_sequence_s=2e-4, per_prefill_token_s=2e-6,
+                              tensor_parallel_per_iteration_s=7e-3, launch_per_layer_s=5.78e-4)
+    plain = build_cost_model(RooflineCostConfig(kind="roofline"), dep)
+    cost = build_cost_model(RooflineCostConfig(kind="roofline", overhead=overhead), dep)
+    queries, contexts = [3000, 1, 1, 1], [3000, 500, 500, 500]
+    batch = _batch(queries, contexts)
+    gpu_s = plain.data_parallel_floor_s(queries, contexts, 3003)
+    assert plain.iteration_time_s(batch) == gpu_s
+    first_s = float(plain.op_time_s(plain.embedding, 3000.0))
+    last_s = float(plain.op_time_s(plain.lm_head, 1.0))
+    (send_s,) = plain.stage_sends_s(3000.0)
+    body_s = (gpu_s - first_s - last_s - send_s) / 2
+    stages_gpu_s = [body_s + send_s + first_s, body_s + last_s]
+    assert stages_gpu_s[0] < 24 * 5.78e-4 < stages_gpu_s[1]
+    host_s = 1e-3 + 7e-3 + 2e-4 * 1 + 2e-6 * 3000  # the prompt's group: more than 2e-4 * 2 + 2e-6 * 1500
+    want = [24 * 5.78e-4 + host_s / 2, stages_gpu_s[1] + host_s / 2]
+    assert cost.stage_times_s(batch, [24, 24]) == pytest.approx(want, rel=1e-12)
+    # A one-batch engine passes both stages in turn, and its host works once.
+    assert cost.iteration_time_s(batch) == pytest.approx(24 * 5.78e-4 + stages_gpu_s[1] + host_s, rel=1e-12)
