@@ -297,6 +297,26 @@ def test_a_pipelined_stage_runs_the_slowest_groups_ends() -> None:
         assert sum(dp.stage_times_s(batch, [24, 24])) == pytest.approx(dp.iteration_time_s(batch), rel=1e-12)
 
 
+
+@pytest.mark.parametrize(("longest", "floor"), [(2113, False), (2114, True)])
+def test_a_stage_runs_the_ends_of_the_group_that_sets_the_time(longest: int, floor: bool) -> None:
+    """Three decodes over two groups at TP 2 x PP 2, one context growing past the others':
+    at 2,113 tokens against 1,000 and 1,000 the balanced share (1.5 requests a group) sets
+    the iteration's time, at 2,114 the longest's own group; the stages' ends follow the
+    same comparison (one request's embedding and LM head, or the share's)."""
+    dp = roofline(hf("qwen3-30b-a3b"), gpu="h100-80gb", tensor_parallel=2, data_parallel_attention=2,
+                  expert_parallel=4, pipeline_parallel=2)
+    queries, contexts = [1, 1, 1], [longest, 1000, 1000]
+    batch = Batch(np.array(queries), np.array(contexts))
+    floor_s = dp.data_parallel_floor_s(queries, contexts, 3)
+    assert (dp.iteration_time_s(batch) == floor_s) == floor
+    assert dp.iteration_time_lists_s(queries, contexts, 3, sum(contexts)) == dp.iteration_time_s(batch)
+    ends = dp.stage_ends(batch)
+    assert ends is not None
+    requests = 1.0 if floor else 1.5
+    assert ends.first_s == float(dp.op_time_s(dp.embedding, requests))
+    assert ends.last_s == float(dp.op_time_s(dp.lm_head, requests))
+
 def test_a_skewed_router_slows_a_big_expert_parallel_batch() -> None:
     """The busiest rank holds the most popular experts (round-robin by popularity), so a
     large batch waits for it; a small one reads fewer experts' weights."""

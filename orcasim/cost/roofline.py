@@ -288,11 +288,12 @@ class Roofline(CostModel):
             return None
         group_tokens, group_requests = batch.total_query_tokens / self.dp, batch.size / self.dp
         if self.dp > 1:  # the slowest group's: the largest request's where it sets the time
-            queries, contexts = batch.query_tokens.tolist(), batch.context_tokens.tolist()
-            own_s, largest_tokens = self._largest_request(queries, contexts)
             balanced_s = self._balanced_time_s(batch.query_tokens, batch.context_tokens,
                                                batch.total_query_tokens)
-            if self._experts_shared_s(batch.total_query_tokens) + own_s > balanced_s:
+            _, largest_tokens = self._data_parallel_time_s(
+                batch.query_tokens.tolist(), batch.context_tokens.tolist(), batch.total_query_tokens,
+                balanced_s)
+            if largest_tokens is not None:
                 group_tokens, group_requests = float(largest_tokens), 1.0
         return StageEnds(float(self.op_time_s(self.embedding, group_tokens)),
                          float(self.op_time_s(self.lm_head, group_requests)),
@@ -358,8 +359,8 @@ class Roofline(CostModel):
                                            batch.total_query_tokens)
         if self.dp == 1:
             return balanced_s
-        return max(balanced_s, self.data_parallel_floor_s(
-            batch.query_tokens.tolist(), batch.context_tokens.tolist(), batch.total_query_tokens))
+        return self._data_parallel_time_s(batch.query_tokens.tolist(), batch.context_tokens.tolist(),
+                                          batch.total_query_tokens, balanced_s)[0]
 
     def _balanced_time_s(self, query_tokens: np.ndarray, context_tokens: np.ndarray,
                          query_total: int) -> float:
@@ -385,7 +386,7 @@ class Roofline(CostModel):
         if self.dp == 1:
             return balanced_s
         # The floor from the same lists and the same function: iteration_time_s's bits.
-        return max(balanced_s, self.data_parallel_floor_s(query_tokens, context_tokens, query_total))
+        return self._data_parallel_time_s(query_tokens, context_tokens, query_total, balanced_s)[0]
 
     def data_parallel_floor_s(self, query_tokens: list[int], context_tokens: list[int],
                               query_total: int) -> float:
@@ -394,8 +395,22 @@ class Roofline(CostModel):
         the busiest rank's experts and the all-to-alls (`_experts_shared_s`, every group
         waits for them) plus the largest request's own attention and dense work on its
         group (`_own_group_s`), which no placement spreads."""
-        own_s, _ = self._largest_request(query_tokens, context_tokens)
-        return self._experts_shared_s(query_total) + own_s
+        return self._floor_and_largest(query_tokens, context_tokens, query_total)[0]
+
+    def _floor_and_largest(self, query_tokens: list[int], context_tokens: list[int],
+                           query_total: int) -> tuple[float, int]:
+        """`data_parallel_floor_s`, and its largest request's query tokens."""
+        own_s, largest_tokens = self._largest_request(query_tokens, context_tokens)
+        return self._experts_shared_s(query_total) + own_s, largest_tokens
+
+    def _data_parallel_time_s(self, query_tokens: list[int], context_tokens: list[int],
+                              query_total: int, balanced_s: float) -> tuple[float, int | None]:
+        """Under data-parallel attention, an iteration's time, max(`balanced_s`, its floor
+        `data_parallel_floor_s`), and its largest request's query tokens where the floor sets
+        it (None where the balanced share does). The time (`iteration_time_s`) and the group
+        whose ends each stage runs (`stage_ends`) come from this one comparison."""
+        floor_s, largest_tokens = self._floor_and_largest(query_tokens, context_tokens, query_total)
+        return (floor_s, largest_tokens) if floor_s > balanced_s else (balanced_s, None)
 
     def _largest_request(self, query_tokens: list[int], context_tokens: list[int]) -> tuple[float, int]:
         """The largest `_own_group_s` of a batch's requests, and that request's query tokens.
