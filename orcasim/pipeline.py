@@ -18,9 +18,11 @@ stage, the LM head on the last and each boundary's send on the stage that sends,
 cost model knows them, `CostModel.stage_ends`; an engine overhead's launch floor is each
 stage's own), and batches flow through the stages in order (a flow shop): stage k starts a
 batch when the batch has left stage k-1 and stage k has finished the previous batch. An
-iteration row is the batch's time on the first stage, which takes one batch at a time, so
-rows never overlap (the busiest stage's time, from the first stage's start, overlapped the
-next row while the pipeline filled: a tester's find).
+engine overhead's host work (`CostModel.pipeline_host_s`) comes first, on one host that
+prepares one batch after another while the stages run others, as vLLM's engine loop does
+(`OverheadCost.pipeline_host_s`). An iteration row is the batch's time on the first stage,
+which takes one batch at a time, so rows never overlap (the busiest stage's time, from the
+first stage's start, overlapped the next row while the pipeline filled: a tester's find).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class PipelineStepper:
         self.replica: Replica  # set by the replica that runs it
         self.wake_s: float | None = None
         self.stage_free_s = np.zeros(num_stages)  # when each stage finishes its last batch
+        self.host_free_s = 0.0  # when the engine's host has prepared the last batch
         self.in_flight: deque[_Flight] = deque()
 
     def start(self, now_s: float) -> float | None:
@@ -155,7 +158,11 @@ class PipelineStepper:
 
     def _launch(self, plan: SchedulerOutput, now_s: float) -> _Flight:
         times_s = self.cost.stage_times_s(plan.batch, self.layers)
-        t = now_s
+        # The engine's host schedules and prepares the batch first, after the batch it
+        # planned before (`CostModel.pipeline_host_s`: one host for every batch in flight).
+        # Without host work the host is never behind: t = now_s, the same bits as before.
+        t = max(now_s, self.host_free_s) + self.cost.pipeline_host_s(plan.batch)
+        self.host_free_s = t
         start_s = t
         for k, stage_s in enumerate(times_s):
             begin = max(t, float(self.stage_free_s[k]))

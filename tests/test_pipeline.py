@@ -157,9 +157,10 @@ def test_an_uneven_layer_split_paces_the_pipeline_by_its_busiest_stage() -> None
 @pytest.mark.parametrize("mode", ["fast", "reference"])
 def test_each_stage_launches_its_own_layers(mode: str) -> None:
     """GPT-3 13B on 2 stages of 20 layers, a GPU step of 1 ms, 10 ms to launch a layer and
-    50 ms of host work a batch. A stage takes max(its 0.5 ms of GPU, 20 x 10 ms) + half the
-    host's 50 ms = 0.225 s. Split by layers, the whole iteration's floor (20 x 10 ms: the
-    busiest stage's) was halved too: 0.125 s, a stage faster than it can launch its kernels."""
+    50 ms of host work a batch. A stage takes max(its 0.5 ms of GPU, 20 x 10 ms) = 0.2 s,
+    after the host's 50 ms: 0.45 s a token. Split by layers, the whole iteration's floor
+    (20 x 10 ms: the busiest stage's) was halved too: 0.125 s, a stage faster than it can
+    launch its kernels."""
     sc = make_scenario(**{
         "workload.num_requests": 1, "workload.arrival": {"kind": "constant", "rate_per_s": 1.0},
         "workload.prompt_tokens": {"kind": "constant", "value": 2},
@@ -172,7 +173,7 @@ def test_each_stage_launches_its_own_layers(mode: str) -> None:
         "systems": [{"name": "orca", "scheduler": {"kind": "iteration_level", "max_batch_size": 1}}],
     })
     result = run_scenario(sc).systems["orca"]
-    assert result.iterations["duration_s"].tolist() == pytest.approx([0.225] * 3, abs=1e-12)
+    assert result.iterations["duration_s"].tolist() == pytest.approx([0.2] * 3, abs=1e-12)
     start_s = float(result.requests["arrival_s"][0])
     assert result.requests["finish_s"][0] == pytest.approx(start_s + 3 * 0.45, abs=1e-12)
 
@@ -391,11 +392,12 @@ def test_the_round_trip_is_a_tensor_parallel_group_s_not_a_pipeline_s(
         tp: int, round_trip_s: float) -> None:
     """Two 10-token prompts at 0, 2 tokens out, one a batch, on 2 stages: a linear step of
     10 ms + 0.1 ms a token, and a 2 ms TP round trip, paid at TP 2 x PP 2, not at TP 1 x PP 2
-    (Vidur keys its CPU overheads by the TP degree alone). Each stage takes half of it with
-    the GPU time: a prompt (11 + 2) / 2 = 6.5 ms a stage, a decode (10.1 + 2) / 2 = 6.05.
-    A's decode waits on stage 2 for B's prompt (a bubble on stage 1: it left at 19.05 ms,
-    stage 2 was busy until 19.5), so A ends at 19.5 + 6.05 = 25.55 ms, B at 31.6 ms; with
-    no round trip 5.5 and 5.05 ms a stage, A at 21.55 ms, B at 26.6 ms."""
+    (Vidur keys its CPU overheads by the TP degree alone). The host pays it once a batch,
+    before the first stage; each stage takes half the GPU time: a prompt 5.5 ms a stage, a
+    decode 5.05. At TP 2: A's prompt leaves the host at 2 ms and the stages at 13, B's at 4
+    and 18.5 (stage 1 busy until 7.5); A's decode, planned at 13, leaves the host at 15 and
+    stage 2 at 25.1; B's, planned at 18.5, the host at 20.5, stage 2 at 30.6. At TP 1 the
+    same without the host: 11, 16.5, 21.55 and 26.6 ms."""
     reqs = Requests(np.zeros(2), np.full(2, 10), np.full(2, 2), np.full(2, 64, np.int64))
     overhead = OverheadConfig(per_iteration_s=0.0, per_sequence_s=0.0,
                               tensor_parallel_per_iteration_s=0.002)
@@ -405,11 +407,31 @@ def test_the_round_trip_is_a_tensor_parallel_group_s_not_a_pipeline_s(
                                                  pipeline_parallel=2))
     cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=1)
     rec = PipelineEngine(reqs, PipelinedIterationLevelScheduler(cfg, reqs, 1000), cost, 2).run().recorder
-    prompt_s, decode_s = (0.011 + round_trip_s) / 2, (0.0101 + round_trip_s) / 2
-    first_s = [2 * prompt_s, 3 * prompt_s]
-    a_end_s = max(first_s[0] + decode_s, first_s[1]) + decode_s
+    prompt_s, decode_s, host_s = 0.011 / 2, 0.0101 / 2, round_trip_s
+    first_s = [host_s + 2 * prompt_s, host_s + 3 * prompt_s]
+    a_end_s = max(first_s[0] + host_s + decode_s, first_s[1]) + decode_s
+    b_end_s = max(first_s[1] + host_s, first_s[0] + host_s + decode_s) + 2 * decode_s
     np.testing.assert_allclose(rec.first_token_s, first_s, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(rec.finish_s, [a_end_s, a_end_s + decode_s], rtol=0, atol=1e-12)
-    assert rec.finish_s.tolist() == pytest.approx([0.02555, 0.0316] if tp == 2 else [0.02155, 0.0266])
+    np.testing.assert_allclose(rec.finish_s, [a_end_s, b_end_s], rtol=0, atol=1e-12)
+    assert rec.finish_s.tolist() == pytest.approx([0.0251, 0.0306] if tp == 2 else [0.02155, 0.0266])
     rows = rec.iterations_frame()
     np.testing.assert_allclose(rows["duration_s"], [prompt_s, prompt_s, decode_s, decode_s], atol=1e-12)
+
+
+def test_the_engine_host_prepares_one_batch_at_a_time() -> None:
+    """Four one-token requests at 0, a batch each, over 4 stages: 4 ms of GPU a batch (1 ms
+    a stage) and 10 ms of host work. One host schedules and prepares every batch in turn
+    while the stages run (vLLM's engine loop, `OverheadCost.pipeline_host_s`): batch j
+    leaves the host at 10 (j + 1) ms and the last stage 4 ms later, at 14, 24, 34 and 44 ms.
+    Split by layers over the stages (3.5 ms a stage), four batches' host work ran at once:
+    14, 17.5, 21 and 24.5 ms, the pipeline paced at a quarter of the host's time."""
+    reqs = Requests(np.zeros(4), np.full(4, 4), np.ones(4, dtype=np.int64), np.full(4, 64, np.int64))
+    overhead = OverheadConfig(per_iteration_s=0.01, per_sequence_s=0.0, tensor_parallel_per_iteration_s=0.0)
+    cost = build_cost_model(LinearCostConfig(kind="linear", base_s=0.004, overhead=overhead), None,
+                            HardwareConfig(gpu="a100-80gb", pipeline_parallel=4))
+    cfg = IterationLevelConfig(kind="iteration_level", max_batch_size=1)
+    rec = PipelineEngine(reqs, PipelinedIterationLevelScheduler(cfg, reqs, 1000), cost, 4).run().recorder
+    np.testing.assert_allclose(rec.finish_s, [0.014, 0.024, 0.034, 0.044], rtol=0, atol=1e-12)
+    rows = rec.iterations_frame()  # the first stage's GPU time, after the host's
+    np.testing.assert_allclose(rows[["start_s", "duration_s"]].to_numpy(),
+                               [(0.010 * (j + 1), 0.001) for j in range(4)], rtol=0, atol=1e-12)

@@ -273,6 +273,13 @@ class CostModel(ABC):
         (`stage_ends`, see `split_stages`)."""
         return split_stages(self.iteration_time_s(batch), layers, self.stage_ends(batch))
 
+    def pipeline_host_s(self, batch: Batch) -> float:
+        """The engine host's work for one batch of a pipeline that keeps several in flight,
+        apart from its stages (`stage_times_s`): done once a batch, one batch after another,
+        while the stages run others (`orcasim.pipeline`). 0 (the default): a model of the
+        GPU alone; an engine's overhead has its own (`OverheadCost`)."""
+        return 0.0
+
     def stage_ends(self, batch: Batch) -> StageEnds | None:
         """The parts of `iteration_time_s(batch)` that the first stage, the last stage and
         each sending stage run alone; None (the default) where the model does not know its

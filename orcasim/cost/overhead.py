@@ -30,9 +30,12 @@ once the batch reaches it (vLLM's workers receive a stage's input before they ru
 stage's GPU part is floored by its own layers' launches, and one batch's is the floored stages'
 sum (`staged_gpu_s`, `stage_times_s`): max(gpu_s, L * launch_per_layer_s) where the stages split
 by layers alone, more where the model's ends (the LM head on the last stage) lift one stage
-above its floor while the others sit on theirs. P counts the queries of more than one
-token: a one-token prompt or chunk is priced as a decode (a `Batch` does not say which it
-is).
+above its floor while the others sit on theirs. The host's work is no stage's: an engine
+schedules and prepares each batch once, one batch after another, so a pipeline that keeps
+several batches in flight (Orca's) runs it before the batch's first stage, overlapping the
+stages' work on other batches (`pipeline_host_s`), and one batch at a time adds it once. P
+counts the queries of more than one token: a one-token prompt or chunk is priced as a decode
+(a `Batch` does not say which it is).
 
 Defaults (`overhead: {}`) come from Vidur's measurements of a vLLM-style engine on A100
 (microsoft/vidur, `data/profiling/a100/cpu_overheads.csv` as of commit 6d98aa8, removed in
@@ -224,27 +227,35 @@ class OverheadCost(CostModel):
         return gpu_s + self._prompts_host_s(len(query_tokens), [q for q in query_tokens if q > 1])
 
     def stage_ends(self, batch: Batch) -> StageEnds | None:
-        """The model's own (the host's work splits by layers)."""
+        """The model's own (the host's work is no stage's: `pipeline_host_s`)."""
         return self.inner.stage_ends(batch)
 
     def stage_times_s(self, batch: Batch, layers: Sequence[int]) -> list[float]:
-        """Each stage's share of the GPU time and of the host's work, by its layers, but
-        each floored by launching its own layers: every stage's host launches all of its
-        kernels (split by layers, the floor shrank with the stages: 0.125 s a stage where
-        launching 20 layers at 10 ms takes 0.2)."""
-        if not self.launch_per_layer_s:  # no floor: the plain split (and its bits)
-            return super().stage_times_s(batch, layers)
+        """Each stage's share of the GPU time (the model's split: its ends where they run),
+        floored by launching its own layers: every stage's host launches all of its kernels
+        (split by layers, the floor shrank with the stages: 0.125 s a stage where launching
+        20 layers at 10 ms takes 0.2). The engine's host work is no stage's: it schedules
+        and prepares each batch once, before its first stage (`pipeline_host_s`)."""
         if batch.size == 0:
             return [0.0] * len(layers)
-        host_s = self.batch_host_s(batch)
-        total = sum(layers)
-        gpus_s = [max(g, k * self.launch_per_layer_s)
-                  for g, k in zip(self.inner.stage_times_s(batch, layers), layers, strict=True)]
+        gpus_s = self.inner.stage_times_s(batch, layers)
+        if self.launch_per_layer_s:
+            gpus_s = [max(g, k * self.launch_per_layer_s) for g, k in zip(gpus_s, layers, strict=True)]
         if self.checked_source is not None:
             check_durations(np.array(gpus_s), self.checked_source, f"a batch of {batch.size} requests")
-        # The host's work by layers: orcasim's choice (Vidur charges every stage all of it;
-        # README, Engine overhead).
-        return [g + host_s * k / total for g, k in zip(gpus_s, layers, strict=True)]
+        return gpus_s
+
+    def pipeline_host_s(self, batch: Batch) -> float:
+        """`host_s` of a batch, once: a pipelined engine's host schedules, prepares and
+        samples each batch once, one after another, while the stages run others. vLLM v0
+        (vllm/engine/async_llm_engine.py, `run_engine_loop`: an `engine_step` task a
+        virtual engine, each scheduling its batch with `scheduler[virtual_engine].schedule()`
+        and processing its outputs on the one event loop) and v1 (vllm/v1/engine/core.py,
+        `EngineCore.step_with_batch_queue`: the one engine-core thread schedules a batch,
+        submits it with `non_block=True` and schedules the next while the queue has room,
+        then `update_from_output` for the oldest). Split by layers over the stages, as
+        orcasim charged it, a 4-stage pipeline ran its host's work 4 batches at a time."""
+        return self.batch_host_s(batch) if batch.size else 0.0
 
     def decode_steps_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         return counted_decode_steps_s(self, context_tokens, num_steps)
