@@ -763,13 +763,7 @@ def capacity(
         # --resume (with the same options)' was no command to paste, as a sweep's is.
         interrupted(_resume_command(["orcasim", "capacity", str(spec), *given], out_dir,
                                     set_ or [], backend, address))
-    shown = [c for c in ("point", *(k for p in searched for k in p), "system", "max_rate_per_s",
-                         "ci_low", "ci_high", "goodput_per_gpu", "cost_per_million_tokens",
-                         "copies_for_target", "cost_per_hour_for_target_usd")
-             if c in result.table]
-    console.print(frame_table(result.table[list(dict.fromkeys(shown))],
-                              f"{name}: highest rate within {', '.join(t.name for t in slo_cfg.targets)}"
-                              f" at {slo_cfg.attainment:g} attainment"))
+    console.print(frame_table(*capacity_view(result.table, searched, name, slo_cfg)))
     for line in cap.capacity_warnings(result, slo_cfg, target_rate):
         typer.echo(f"warning: {line}", err=True)
     best = cap.cheapest(result.table)
@@ -785,6 +779,27 @@ def capacity(
         for o in result.failed:
             typer.echo(f"  failed {o.id}: {o.error}", err=True)
         raise typer.Exit(EXIT_VERDICT)
+
+
+# The printed capacity table's headers, with their units: `goodput_per_gpu 13.55` did not
+# say req/s or tokens/s, nor `ci_low` its confidence, nor `cost_per_million_tokens` its
+# currency or which tokens (a capacity planner's finding). capacity.csv keeps the bare names.
+CAPACITY_HEADERS = {"max_rate_per_s": "max_rate_per_s", "ci_low": "ci_low (95%, req/s)",
+                    "ci_high": "ci_high (95%, req/s)", "goodput_per_gpu": "goodput_per_gpu (req/s)",
+                    "cost_per_million_tokens": "cost_per_million_tokens ($/M output)",
+                    "copies_for_target": "copies_for_target",
+                    "cost_per_hour_for_target_usd": "cost_per_hour_for_target_usd"}
+
+
+def capacity_view(table: pd.DataFrame, searched: list[dict[str, Any]], name: str,
+                  slo_cfg: SLOConfig) -> tuple[pd.DataFrame, str]:
+    """What `orcasim capacity` prints: the table's main columns under headers with units, and
+    a title naming each SLO target with its bound (`ttft_p90 <= 0.5 s`), not its name alone."""
+    shown = [c for c in ("point", *(k for p in searched for k in p), "system", *CAPACITY_HEADERS)
+             if c in table]
+    frame = table[list(dict.fromkeys(shown))].rename(columns=CAPACITY_HEADERS)
+    targets = ", ".join(t.text for t in slo_cfg.targets)
+    return frame, f"{name}: highest rate within {targets} at {slo_cfg.attainment:g} attainment"
 
 
 # The keys that count a run's requests, which a capacity search with --requests sets at every run.

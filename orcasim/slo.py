@@ -69,6 +69,12 @@ class SLOTarget(Strict):
     def column(self) -> str:
         return SLO_COLUMNS[self.metric]
 
+    @property
+    def text(self) -> str:
+        """The target as a user writes it, with its bound's unit: `tpot_p90 <= 0.05 s`."""
+        unit = "s/token" if self.metric == "normalized_latency" else "s"
+        return f"{self.name} <= {self.bound_s:g} {unit}"
+
     @model_validator(mode="after")
     def _known_metric(self) -> Self:
         if self.metric not in SLO_COLUMNS:
@@ -176,7 +182,7 @@ def held_by_share(slo: SLOConfig) -> list[str]:
     """A line per target whose percentile lies below the attainment share: the share holds
     it (`slo_summary`), so a p50 target at attainment 0.9 asks 90% of requests, not half,
     to meet its bound. Said aloud, since the name reads otherwise."""
-    return [f"slo: {t.name} <= {t.bound_s:g} s is held at the attainment share "
+    return [f"slo: {t.text} is held at the attainment share "
             f"{slo.attainment:g} ({slo.attainment * 100:g}% of requests within it), not at "
             f"p{t.percentile:g}; for a p{t.percentile:g} target give attainment "
             f"{t.percentile / 100:g}"

@@ -567,3 +567,22 @@ def test_served_tokens_per_request_counts_the_measured_requests_only() -> None:
     assert served_tokens_per_request(reqs) == 55.0
     assert served_tokens_per_request(reqs, warmup_s=5.0) == 10.0
     assert served_tokens_per_request(reqs.assign(rejected=[False, False, True, False]), 5.0) == 5.0
+
+
+def test_the_printed_table_names_each_targets_bound_and_each_columns_unit() -> None:
+    """A capacity planner read `highest rate within ttft_p90, tpot_p90` above
+    `goodput_per_gpu 13.55` and `cost_per_million_tokens 0.1338`: no bound, no unit, no
+    currency. The title now gives each target as written and the headers their units."""
+    from orcasim.cli import capacity_view
+
+    table = pd.DataFrame({"point": [0], "system": ["paged"], "max_rate_per_s": [13.55],
+                          "ci_low": [3.3], "ci_high": [14.4], "gpus": [1],
+                          "goodput_per_gpu": [13.55], "cost_per_million_tokens": [0.1338]})
+    slo = slo_from_strings(["ttft_p90=0.5", "tpot_p90=0.05", "normalized_latency_p50=0.2"], 0.9)
+    frame, title = capacity_view(table, [{}], "dense", slo)
+    assert title == ("dense: highest rate within ttft_p90 <= 0.5 s, tpot_p90 <= 0.05 s, "
+                     "normalized_latency_p50 <= 0.2 s/token at 0.9 attainment")
+    assert frame.columns.tolist() == ["point", "system", "max_rate_per_s", "ci_low (95%, req/s)",
+                                      "ci_high (95%, req/s)", "goodput_per_gpu (req/s)",
+                                      "cost_per_million_tokens ($/M output)"]
+    assert frame["goodput_per_gpu (req/s)"].tolist() == [13.55]
