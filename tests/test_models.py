@@ -56,6 +56,17 @@ def test_gpt2_small_has_exactly_its_124439808_parameters() -> None:
     assert hf("gpt2").param_count() == 124_439_808
 
 
+def test_qwen3_counts_its_query_and_key_norms() -> None:
+    """Qwen3-30B-A3B's checkpoint holds 61,064,245,248 bytes of bf16 weights (its
+    safetensors index's `total_size`): 30,532,122,624 parameters. orcasim counted 12,288
+    fewer, the q_norm and k_norm gains (128 each) of its 48 layers, found checking `orcasim
+    model` by hand. Active: the same norms on top of 3,353,020,416."""
+    model = hf("qwen3-30b-a3b")
+    assert model.param_count() == 30_532_122_624
+    assert model.weight_bytes() == 61_064_245_248
+    assert model.active_param_count() == 3_353_032_704
+
+
 def test_a_config_and_its_catalog_entry_agree() -> None:
     """The catalog's llama3-70b and Llama-3.1-70B's config differ only in context length."""
     catalog, config = model_spec("llama3-70b"), hf("llama-3.1-70b")

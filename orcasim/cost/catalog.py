@@ -126,6 +126,9 @@ class ModelSpec(Strict):
     # None: as `bias`; a config's `attention_bias` biases the output projection too
     # (transformers' and vLLM's Llama and gpt-oss attention: bias_o_proj = attention_bias).
     out_bias: bool | None = None
+    # Qwen3's per-head RMSNorm on queries and keys before RoPE (`q_norm`, `k_norm`: a gain of
+    # head_size each, a layer), held whole on every tensor-parallel rank as vLLM builds them.
+    qk_norm: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     # Sliding-window attention (Mistral-7B-v0.1, gpt-oss, Gemma): a query attends to the
@@ -298,8 +301,10 @@ class ModelSpec(Strict):
         return (self.hidden_size + (1 if moe.expert_bias else 0)) * moe.num_experts
 
     def _layer_norm_params(self) -> int:
-        """Gains (and biases) of a layer's two norms (MLA's latents' norms are its attention's)."""
-        return 2 * self.hidden_size * (2 if self.bias and self.mla is None else 1)
+        """Gains (and biases) of a layer's two norms and Qwen3's query and key norms (MLA's
+        latents' norms are its attention's)."""
+        qk = 2 * self.head_dim if self.qk_norm else 0
+        return 2 * self.hidden_size * (2 if self.bias and self.mla is None else 1) + qk
 
     def layer_params(self, layer: int = 0, active: bool = False) -> int:
         """Weights of decoder layer `layer` (attention, MLP, norms, biases if any)."""

@@ -164,6 +164,8 @@ def _llama_like(config: Config) -> dict[str, Any]:
         fields["qkv_bias"] = True  # Qwen2's Q, K and V projections have biases
     if config.get("attention_bias"):  # and the output projection's, as vLLM's bias_o_proj
         fields["out_bias"] = True
+    if config["model_type"] in ("qwen3", "qwen3_moe"):
+        fields["qk_norm"] = True  # Qwen3Attention's q_norm and k_norm
     moe = _moe(config)
     if moe is not None:
         fields["moe"] = moe
