@@ -15,6 +15,7 @@ import pandas as pd
 
 # Figures are built as plain `Figure` objects, never through pyplot, so nothing here picks
 # or switches a backend: files render with Agg and notebooks show them inline.
+from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -553,17 +554,12 @@ def latency_vs_throughput(
                       "linear axis", UserWarning, stacklevel=2)
     elif log_y:
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.04 reads better than 4x10^-2
-        ax.yaxis.set_major_formatter(plain)
         low, high = ax.get_ylim()
         # Down to a labelled value (1, 2 or 5 x 10^k): Orca's lines at 0.024 s/token sat
         # under the lowest label, 0.05, where only the 2x and 5x ticks are labelled.
         low = _labelled_floor(low)
         ax.set_ylim(low, high)
-        # Minor labels help within a decade; over a few, label only 2x and 5x; beyond, none.
-        span = high / low
-        minor = plain if span < 10 else FuncFormatter(_two_and_five) if span < 1000 else NullFormatter()
-        ax.yaxis.set_minor_formatter(minor)
+        _plain_log_labels(ax.yaxis, high / low)
     ax.set_xlabel(SWEEP_METRICS["throughput_rps"])
     ax.set_ylabel(metric_label(metric))
     ax.grid(alpha=0.3, which="both")
@@ -587,6 +583,15 @@ def _labelled_floor(value: float) -> float:
     """The largest 1, 2 or 5 x 10^k at or below `value` (> 0): a tick every log axis labels."""
     decade = 10.0 ** math.floor(math.log10(value))
     return max(step * decade for step in (1.0, 2.0, 5.0) if step * decade <= value * (1 + 1e-12))
+
+
+def _plain_log_labels(axis: Axis, span: float) -> None:
+    """A log axis's labels as numbers are written (0.04, 20), not 4x10^-2 or 2x10^1; minor
+    labels help within a decade; over a few, only 2x and 5x; beyond, none."""
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(plain if span < 10 else FuncFormatter(_two_and_five) if span < 1000
+                             else NullFormatter())
 
 
 def _two_and_five(value: float, _pos: int) -> str:
@@ -752,6 +757,10 @@ def attainment_vs_rate(evaluations: pd.DataFrame, capacity: pd.DataFrame, attain
         ax.axhline(attainment, color="black", linestyle=":", linewidth=1,
                    label=f"attainment target {attainment:g}")
         ax.set_xscale("log")
+        # A capacity planner read the rates tried, 8 to 32 req/s, off ticks at 10^1, 2x10^1
+        # and 3x10^1.
+        low, high = ax.get_xlim()
+        _plain_log_labels(ax.xaxis, high / low)
         ax.set_xlabel("offered rate (req/s)")
         ax.set_ylabel("share of requests within every SLO")
         ax.set_ylim(-0.02, 1.02)

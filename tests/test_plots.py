@@ -965,3 +965,18 @@ def test_an_slo_line_that_cannot_be_drawn_is_one_line(slo: object) -> None:
                                          r"normalized_latency_s_per_token_p50 in its unit, or None$"):
         latency_vs_throughput(table, slo=slo)  # type: ignore[arg-type]
     assert "SLO = 0.15 s/token" in latency_vs_throughput(table, slo=0.15).axes[0].get_legend_handles_labels()[1]
+
+
+def test_the_attainment_figure_labels_rates_as_numbers() -> None:
+    """Rates tried from 8 to 32 req/s were labelled 10^1, 2x10^1 and 3x10^1 on the log axis
+    (a capacity planner's session); they now read 10, 20 and 30, and 8 and 9 between."""
+    from orcasim.plots import attainment_vs_rate
+
+    evaluations = pd.DataFrame({
+        "point": 0, "system": "tp1", "rate_per_s": [8.0, 16.0, 32.0, 13.5],
+        "slo_attainment": [1.0, 0.1, 0.0, 0.91], "saturated": [0.0, 0.0, 1.0, 0.0],
+        "passes": [1.0, 0.0, 0.0, 1.0]})
+    capacity = pd.DataFrame({"point": [0], "system": ["tp1"], "max_rate_per_s": [13.5]})
+    ax = attainment_vs_rate(evaluations, capacity, 0.9).axes[0]
+    assert ax.xaxis.get_major_formatter()(10.0, 0) == "10"
+    assert [ax.xaxis.get_minor_formatter()(v, 0) for v in (8.0, 20.0, 30.0)] == ["8", "20", "30"]
