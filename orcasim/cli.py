@@ -672,6 +672,13 @@ def model(
     for key, value in figures.items():
         table.add_row(key, f"{value:,.0f}" if value >= 100 else f"{value:g}")
     console.print(table)
+    if hw is not None:
+        # kv_capacity_tokens alone did not say what it assumed, so a planner could not redo
+        # it by hand, nor for a vLLM run at another utilisation (a capacity planner's session).
+        typer.echo(f"kv_capacity_tokens: {hw.gpu.memory_bytes / 2**30:.2f} GiB a GPU x "
+                   f"gpu_memory_utilization {hw.gpu_memory_utilization:g}, less "
+                   f"activation_reserve_gib {hw.activation_reserve_gib:g} and the weights, "
+                   "over KV bytes a token (set both in a scenario's hardware)")
 
 
 @app.command()

@@ -501,3 +501,20 @@ def test_a_moe_config_s_zero_or_wrong_kind_is_refused_not_replaced(
     path.write_text(json.dumps({**config, key: value}))
     with pytest.raises(ScenarioError, match=re.escape(expected)):
         model_from_argument(str(path))
+
+
+def test_orcasim_model_says_what_its_kv_capacity_assumed() -> None:
+    """`orcasim model qwen2-7b --gpu a100-80gb` printed kv_capacity_tokens 1,049,560 with no
+    word of the utilisation and reserve it took, so it could not be redone by hand: (79.15 GiB
+    x 0.9 - 1 GiB - 15,231,233,024 weight bytes) / 57,344 bytes a token is 1,049,560."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    result = CliRunner().invoke(app, ["model", "hf_configs/qwen2-7b/config.json", "--gpu", "a100-80gb"])
+    assert result.exit_code == 0, result.output
+    assert "1,049,560" in result.output
+    assert ("kv_capacity_tokens: 79.15 GiB a GPU x gpu_memory_utilization 0.9, less "
+            "activation_reserve_gib 1 and the weights") in result.output
+    without_gpu = CliRunner().invoke(app, ["model", "hf_configs/qwen2-7b/config.json"])
+    assert "gpu_memory_utilization" not in without_gpu.output
