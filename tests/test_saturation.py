@@ -493,3 +493,16 @@ def test_a_warm_up_does_not_make_a_stable_servers_requests_in_the_system_grow() 
         warnings.simplefilter("error")  # no saturation warning
         summary = run_scenario(sc).systems["big"].summary
     assert summary["in_system_z"] < 1.0 and not behind_at_constant_rate(summary), summary
+
+
+def test_the_printed_table_names_its_throughput_row() -> None:
+    """The first row read `req/s 12.89` under a run offered 13.55 req/s: a number without its
+    name, which a capacity planner took for the rate offered. It is the throughput."""
+    from rich.console import Console
+
+    from orcasim.cli import summary_table
+
+    console = Console(width=200, record=True)
+    console.print(summary_table({"paged": {"throughput_rps": 12.89}}, "t"))
+    row = next(line for line in console.export_text().splitlines() if "12.89" in line)
+    assert row.split("│")[1].strip() == "throughput (req/s)"
