@@ -36,14 +36,23 @@ def load_scopes(path: Path = SCOPES_PATH) -> dict[str, dict]:
     return tomllib.loads(path.read_text())["scopes"]
 
 
+def source_roots(scope: dict) -> list[str]:
+    """The packages mutmut copies and may mutate: orcasim, and the package of every scope
+    module outside it (calibrate/logs.py: `calibrate`)."""
+    return sorted({"orcasim", *(module.split("/")[0] for module in scope["modules"])})
+
+
 def mutmut_section(scope: dict, package_modules: list[str], timeout_s: int) -> str:
-    """The `[tool.mutmut]` section for `scope`: everything but its modules left alone."""
+    """The `[tool.mutmut]` section for `scope`: everything but its modules left alone.
+    `package_modules` lists every module of the scope's `source_roots`."""
     keep = sorted(set(package_modules) - set(scope["modules"]))
     tests = [f"tests/{name}.py" for name in scope["tests"]]
-    also_copy = [*COPIED, *scope.get("also_copy", [])]
+    roots = source_roots(scope)
+    # A root is copied as a source path; copied again as data it would hide the mutants.
+    also_copy = [c for c in [*COPIED, *scope.get("also_copy", [])] if c not in roots]
     return "\n".join([
         "[tool.mutmut]",
-        'source_paths = ["orcasim"]',
+        f"source_paths = {_toml_list(roots)}",
         f"also_copy = {_toml_list(also_copy)}",
         f"do_not_mutate = {_toml_list(keep)}",
         f"pytest_add_cli_args = {_toml_list([f'--timeout={timeout_s}'])}",
@@ -78,10 +87,12 @@ def prepare(scope_name: str, scope: dict, timeout_s: int) -> Path:
                             ignore=shutil.ignore_patterns(*SKIPPED))
         else:
             shutil.copy2(entry, target)
-    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "orcasim").rglob("*.py"))
+    modules = sorted(str(p.relative_to(ROOT)) for root in source_roots(scope)
+                     for p in (ROOT / root).rglob("*.py"))
     missing = [m for m in scope["modules"] if m not in modules]
     if missing:
-        raise ValueError(f"scope {scope_name!r}: modules: no module {missing[0]!r} in orcasim/")
+        raise ValueError(f"scope {scope_name!r}: modules: no module {missing[0]!r} "
+                         f"(expected a file under {', '.join(source_roots(scope))}/)")
     pyproject = work / "pyproject.toml"
     pyproject.write_text(with_section(pyproject.read_text(), mutmut_section(scope, modules, timeout_s)))
     return work

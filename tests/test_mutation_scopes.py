@@ -77,6 +77,20 @@ def test_a_scopes_section_mutates_its_modules_only() -> None:
     assert appended["tool"]["mutmut"]["source_paths"] == ["orcasim"]
 
 
+def test_a_scope_outside_orcasim_mutates_its_package_too() -> None:
+    """calibrate/logs.py's scope copies and mutates `calibrate` beside orcasim (its section
+    said `source_paths = ["orcasim"]`, so no module outside orcasim could be mutated), and
+    does not copy it again as data over its mutants."""
+    scope = {"modules": ["calibrate/logs.py"], "tests": ["test_x"], "also_copy": ["calibrate"]}
+    assert mutate.source_roots(scope) == ["calibrate", "orcasim"]
+    section = mutate.mutmut_section(scope, ["calibrate/fit.py", "calibrate/logs.py",
+                                            "orcasim/a.py"], 60)
+    mutmut = tomllib.loads(section)["tool"]["mutmut"]
+    assert mutmut["source_paths"] == ["calibrate", "orcasim"]
+    assert mutmut["do_not_mutate"] == ["calibrate/fit.py", "orcasim/a.py"]
+    assert mutmut["also_copy"] == ["scenarios", "results", "tests"]
+
+
 def test_fates_are_read_from_mutmuts_results() -> None:
     text = ("    orcasim.x.x_f__mutmut_1: killed\n    orcasim.x.x_f__mutmut_2: survived\n"
             "    orcasim.x.x_g__mutmut_1: killed\n    orcasim.x.x_g__mutmut_2: no tests\n"
