@@ -308,3 +308,127 @@ def test_two_replications_have_an_interval() -> None:
     # Two failing rates: their interval's upper end.
     rates = np.array([3.0, 4.0, 5.0])
     assert cap.rate_interval(rates, fails=np.array([9.0, 11.0]))[1] == pytest.approx(10 + 12.7062047)
+
+
+# --- the saturation judgement and what the table reads at capacity ---------------------------
+
+def test_a_fleet_is_judged_on_its_highest_replicas_in_system_z(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window judged short is the judged requests': a replica's own where its z is above
+    the pooled one (the fake says short for exactly two requests)."""
+    seen: list[list[int]] = []
+
+    def short(reqs: pd.DataFrame, warmup_s: float) -> bool:
+        seen.append(reqs["arrival_s"].tolist())
+        assert warmup_s == 1.5
+        return len(reqs) == 2
+
+    monkeypatch.setattr(cap, "in_system_window_is_short", short)
+    requests = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "replica": [0, 1, 1]})
+    replicas = pd.DataFrame({"in_system_z": [1.0, 5.0]}, index=[0, 1])
+    assert cap.judged_in_system({"in_system_z": 2.0}, replicas, requests, 1.5) == (5.0, True)
+    assert seen == [[1.0, 2.0]]
+    # The pooled z is higher, NaN replicas, no replica column, no replicas: the pooled count.
+    assert cap.judged_in_system({"in_system_z": 6.0}, replicas, requests, 1.5) == (6.0, False)
+    nan_zs = replicas.assign(in_system_z=math.nan)
+    assert cap.judged_in_system({"in_system_z": 2.0}, nan_zs, requests, 1.5) == (2.0, False)
+    assert cap.judged_in_system({"in_system_z": 2.0}, replicas, requests.drop(columns="replica"),
+                                1.5) == (2.0, False)
+    assert cap.judged_in_system({"in_system_z": 2.0}, None, requests, 1.5) == (2.0, False)
+    assert cap.judged_in_system({"in_system_z": 2.0}, replicas.iloc[:0], requests, 1.5) \
+        == (2.0, False)
+    assert cap.judged_in_system({"in_system_z": 2.0}, replicas.drop(columns="in_system_z"),
+                                requests, 1.5) == (2.0, False)
+    # A pooled z of NaN (too short to judge) yields to a replica's, even a lower one.
+    z, was_short = cap.judged_in_system({"in_system_z": math.nan},
+                                        replicas.assign(in_system_z=[math.nan, 0.5]), requests, 1.5)
+    assert (z, was_short) == (0.5, True)
+    # The replica is found by its index label, not its position.
+    labelled = pd.DataFrame({"in_system_z": [9.0, 1.0]}, index=[1, 0])
+    seen.clear()
+    assert cap.judged_in_system({"in_system_z": 2.0}, labelled, requests, 1.5) == (9.0, True)
+    assert seen == [[1.0, 2.0]]
+
+
+def test_tokens_served_a_request_count_the_measured_and_not_the_rejected() -> None:
+    reqs = pd.DataFrame({"arrival_s": [0.0, 1.0, 10.0, 11.0, 12.0],
+                         "output_tokens": [100, 100, 10, 20, 30]})
+    assert cap.served_tokens_per_request(reqs) == 52.0
+    assert cap.served_tokens_per_request(reqs, 5.0) == 20.0
+    rejected = reqs.assign(rejected=[False, False, False, True, False])
+    assert cap.served_tokens_per_request(rejected, 5.0) == pytest.approx(40 / 3)
+
+
+def test_the_pareto_front_keeps_rows_no_other_beats_on_both() -> None:
+    table = pd.DataFrame({"cost": [3.0, 1.0, 2.0, 4.0, math.inf, 2.0, 0.5],
+                          "latency": [4.0, 5.0, 3.0, 1.0, 0.0, 3.0, math.nan]})
+    front = cap.pareto_front(table, "cost", "latency")
+    # By cost: (1, 5), (2, 3), (2, 3) beaten by its twin, (3, 4) beaten, (4, 1).
+    assert front.index.tolist() == [1, 2, 3]
+
+
+def test_the_cheapest_configuration_with_and_without_a_target_rate() -> None:
+    table = pd.DataFrame({"max_rate_per_s": [0.0, 2.0, 3.0, 4.0, 5.0],
+                          "cost_per_million_tokens": [0.1, 5.0, 4.0, math.inf, 6.0],
+                          "cost_per_hour_for_target_usd": [1.0, 9.0, 9.0, 8.0, math.inf]})
+    by_target = cap.cheapest(table)
+    assert by_target is not None and by_target.name == 3  # 8 $/h, whatever its token cost
+    # Ties on the target's cost go to the lower cost per million tokens.
+    tie = cap.cheapest(table.drop(index=3))
+    assert tie is not None and tie.name == 2
+    by_tokens = cap.cheapest(table.drop(columns="cost_per_hour_for_target_usd"))
+    assert by_tokens is not None and by_tokens.name == 2  # rate 0 and inf left out
+    assert cap.cheapest(table.iloc[:1]) is None
+    assert cap.cheapest(table.iloc[:0]) is None
+
+
+def test_latency_and_tokens_at_capacity_average_each_replications_answer() -> None:
+    def outcome(answer: float, *runs: tuple[float, float, float, float]) -> SimpleNamespace:
+        return SimpleNamespace(max_rate_per_s=answer, evaluations=[
+            {"rate_per_s": r, "passes": p, "slo_met": p, "slo_e2e_p90_s": e,
+             "output_tokens_mean": t} for r, p, e, t in runs])
+    group: list[Any] = [
+        outcome(2.0, (1.0, 1.0, 0.5, 10.0), (2.0, 1.0, 0.8, 20.0), (4.0, 0.0, 3.0, 40.0)),
+        outcome(3.0, (3.0, 1.0, 1.2, 30.0), (3.0, 0.0, 9.0, 99.0)),
+        outcome(0.0, (1.0, 0.0, 5.0, 50.0)),  # none passed: no run at capacity
+    ]
+    assert cap._at_capacity(group) == {"slo_e2e_p90_s_at_capacity": pytest.approx(1.0)}
+    assert cap._mean_output_tokens(group) == pytest.approx(25.0)
+    assert cap._at_capacity(group[2:]) == {}
+    assert math.isnan(cap._mean_output_tokens(group[2:]))
+
+
+def test_a_tie_on_the_in_system_z_is_judged_on_the_pooled_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cap, "in_system_window_is_short", lambda reqs, warmup_s: len(reqs) == 2)
+    requests = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "replica": [0, 1, 1]})
+    replicas = pd.DataFrame({"in_system_z": [1.0, 5.0]}, index=[0, 1])
+    assert cap.judged_in_system({"in_system_z": 5.0}, replicas, requests, 0.0) == (5.0, False)
+
+
+def test_a_replication_without_an_answer_first_does_not_hide_the_others() -> None:
+    """The replications' runs at capacity are looked up one by one: one where nothing
+    passed (no such run) listed first must not end the lookup."""
+    import warnings
+
+    none = SimpleNamespace(max_rate_per_s=0.0, evaluations=[
+        {"rate_per_s": 1.0, "passes": 0.0, "slo_e2e_p90_s": 5.0, "output_tokens_mean": 50.0}])
+    one = SimpleNamespace(max_rate_per_s=2.0, evaluations=[
+        {"rate_per_s": 2.0, "passes": 1.0, "slo_e2e_p90_s": 0.8, "output_tokens_mean": 20.0}])
+    group: list[Any] = [none, one]
+    assert cap._at_capacity(group) == {"slo_e2e_p90_s_at_capacity": pytest.approx(0.8)}
+    assert cap._mean_output_tokens(group) == pytest.approx(20.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "Mean of empty slice" where none passed
+        assert math.isnan(cap._mean_output_tokens(group[:1]))
+
+
+def test_the_cheapest_takes_capacities_below_one_request_a_second_and_the_first_tie() -> None:
+    table = pd.DataFrame({"max_rate_per_s": [0.5, 2.0], "cost_per_million_tokens": [1.0, 2.0]})
+    got = cap.cheapest(table)
+    assert got is not None and got.name == 0
+    # A thousand configurations at three costs: the first of the cheapest, in table order.
+    costs = np.random.default_rng(0).integers(0, 3, 1000).astype(float)
+    many = pd.DataFrame({"max_rate_per_s": 1.0, "cost_per_million_tokens": costs})
+    got = cap.cheapest(many)
+    assert got is not None and got.name == int(np.flatnonzero(costs == 0)[0])
