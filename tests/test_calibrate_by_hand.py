@@ -505,3 +505,155 @@ def test_a_lone_term_spread_is_said_to_sit_on_a_flat_or_rugged_loss() -> None:
         f"{ITER} is not pinned down by these logs: 0.001 fitted on all of them, 0.003 to 0.003 "
         "with one left out (more than 2x apart); the loss over it is flat or rugged near these "
         "logs, so trust what the fit predicts near them, not its value (add logs of other loads)"]
+
+
+# --- where a fit writes its coefficients, and the record ---------------------------------
+
+def test_cost_blocks_are_the_systems_own_and_its_groups_and_pools() -> None:
+    from calibrate.logs import _cost_blocks
+
+    top, own, pool, group, decode = {"t": 1}, {"o": 1}, {"p": 1}, {"g": 1}, {"d": 1}
+    data = {"cost": top, "systems": [
+        {"name": "a"},
+        {"name": "b", "cost": own, "cluster": {"prefill": {"cost": pool}, "decode": {},
+                                               "replicas": [{"cost": group}, {}]}},
+        {"name": "c", "cluster": {"replicas": 3}},
+        {"name": "d", "cluster": {"prefill": {}, "decode": {"cost": decode}}}]}
+    assert _cost_blocks(data) == [top, own, pool, group, decode]
+    assert _cost_blocks(data, "a") == [top]
+    assert _cost_blocks(data, "b") == [own, pool, group]
+    assert _cost_blocks(data, "c") == [top]
+    assert _cost_blocks(data, "d") == [top, decode]
+    assert all(a is b for a, b in zip(_cost_blocks(data, "b"), [own, pool, group], strict=True))
+
+
+def test_with_cost_sets_the_values_in_the_systems_cost_alone() -> None:
+    from calibrate.logs import current_values, with_cost
+
+    scenario = scenario_from_dict(TWO_SYSTEMS)
+    fitted = with_cost(scenario, {ITER: 0.007, "base_s": 0.001}, "own")
+    assert current_values(fitted, (ITER, "base_s"), "own") == {ITER: 0.007, "base_s": 0.001}
+    assert current_values(fitted, (ITER, "base_s"), "first") == {ITER: 0.002, "base_s": 0.008}
+    # The overhead block's other terms stay as they were (no block of zeros over them).
+    assert current_values(with_cost(scenario, {ITER: 0.007}, "first"), (ITER, TOK), "first") \
+        == {ITER: 0.007, TOK: 3e-6}
+    everywhere = with_cost(scenario, {ITER: 0.007})
+    assert current_values(everywhere, (ITER,), "first") == {ITER: 0.007}
+    assert current_values(everywhere, (ITER,), "own") == {ITER: 0.007}
+
+
+def test_fitting_an_overhead_term_of_a_cost_without_overhead_zeroes_the_others() -> None:
+    from calibrate.logs import current_values, no_overhead, with_cost
+    from orcasim.cost.overhead import OverheadConfig
+
+    assert no_overhead() == dict.fromkeys(OverheadConfig.model_fields, 0.0)
+    bare = scenario_from_dict({**SCENARIO, "cost": {"kind": "linear", "base_s": 0.008,
+                                                    "per_token_s": 5e-5}})
+    fitted = with_cost(bare, {ITER: 0.003}, "vllm")
+    assert current_values(fitted, (ITER, SEQ, TOK), "vllm") == {ITER: 0.003, SEQ: 0.0, TOK: 0.0}
+    # Fitting a term of the cost's own leaves it without an overhead block.
+    assert with_cost(bare, {"base_s": 0.002}, "vllm").cost.overhead is None
+
+
+def test_a_disaggregated_systems_pools_with_their_own_cost_are_named() -> None:
+    from pathlib import Path
+
+    from calibrate.logs import linear_terms, own_cost_blocks
+    from orcasim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[1]
+    scenario = load_scenario(root / "scenarios" / "validation" / "distserve_disagg_opt13b_a100.yaml")
+    name = scenario.systems[0].name
+    assert own_cost_blocks(scenario, name) == ["systems[0].cluster.prefill.cost"]
+    # A cluster records several schedules: every term is searched, none solved linearly.
+    assert linear_terms(scenario, name, (ITER, SEQ)) == []
+    plain = scenario_from_dict(SCENARIO)
+    assert own_cost_blocks(plain, "vllm") == []
+    assert linear_terms(plain, "vllm", (ITER, "base_s", LAT, SEQ)) == [ITER, LAT, SEQ]
+
+
+def test_a_fit_outside_a_coefficients_range_names_the_calibrating_scenario() -> None:
+    from calibrate.logs import with_cost
+
+    with pytest.raises(ScenarioError, match=r"^by_hand \(calibrating\): "):
+        with_cost(scenario_from_dict(SCENARIO), {"base_s": -1.0}, "vllm")
+
+
+def test_the_objective_answers_a_point_seen_before_without_a_simulation() -> None:
+    from calibrate.logs import Objective
+
+    objective = Objective(scenario_from_dict(TWO_SYSTEMS), [], "own", (ITER, "base_s"), None)
+    assert objective.floors == pytest.approx({ITER: 1e-7, "base_s": 4e-7})
+    simulated: list[dict[str, float]] = []
+
+    def loss(values: dict[str, float]) -> float:
+        simulated.append(values)
+        return float(len(simulated))
+
+    objective._loss_of = loss  # type: ignore[method-assign]
+    assert objective(np.log([1e-3, 1e-2])) == 1.0
+    assert objective(np.log([1e-3, 1e-2])) == 1.0
+    # Below their floors, two points are one: both terms at 0.
+    assert objective(np.log([1e-9, 1e-2])) == 2.0
+    assert objective(np.log([1e-8, 1e-2])) == 2.0
+    assert simulated == [{ITER: pytest.approx(1e-3), "base_s": pytest.approx(1e-2)},
+                         {ITER: 0.0, "base_s": pytest.approx(1e-2)}]
+
+
+def test_the_loss_with_a_prior_is_the_logs_loss_plus_its_penalty() -> None:
+    from calibrate.logs import Objective
+
+    objective = Objective(scenario_from_dict(SCENARIO), [], "vllm", (ITER,), None,
+                          Prior(2.0, {ITER: 1e-3}))
+    objective._loss_of = lambda values: 0.5  # type: ignore[method-assign]
+    assert objective(np.log([2e-3])) == pytest.approx(0.5 + 2.0 * math.log(2) ** 2)
+    assert objective.data_loss_of({ITER: 2e-3}) == 0.5
+
+
+def test_a_priors_centres_are_starts_in_log_space() -> None:
+    from calibrate.logs import _at_centre
+
+    x0 = np.array([0.0, 1.0, 2.0])
+    got = _at_centre(x0, [ITER, SEQ, TOK], Prior(1.0, {SEQ: 1e-4, "other": 5.0}))
+    np.testing.assert_allclose(got, [0.0, math.log(1e-4), 2.0])
+    assert x0.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_the_objectives_values_are_the_exponentials_floored() -> None:
+    from calibrate.logs import Objective
+
+    objective = Objective(scenario_from_dict(SCENARIO), [], "vllm", (ITER, SEQ), None,
+                          Prior(2.0, {ITER: 1e-3}))
+    assert objective.floors == pytest.approx({ITER: 1e-7, SEQ: 1e-8})
+    values = objective.values(np.log([2e-3, 1e-9]))
+    assert values == pytest.approx({ITER: 2e-3, SEQ: 0.0})
+    assert objective.penalty_of(values) == pytest.approx(2.0 * math.log(2) ** 2)
+    assert Objective(scenario_from_dict(SCENARIO), [], "vllm", (ITER,), None).penalty_of(
+        {ITER: 5.0}) == 0.0
+    assert objective.evaluations == 0
+
+
+def test_the_record_says_what_was_fitted_how_and_with_what_error() -> None:
+    from pathlib import Path
+
+    from calibrate.logs import recorded_path, report
+    from orcasim.paths import PACKAGE_DATA_DIR
+
+    real = _frame(ttft_s=[0.1, 0.2], tpot_s=[0.0, 0.0], e2e_s=[0.5, 0.6])
+    given = [ServingLog(Path("/x/a.csv"), real), ServingLog(Path("/x/b.csv"), real)]
+    result = Fit({ITER: 1e-3}, 0.25, 17, fitted_errors={"a": 0.1, "b": 0.2},
+                 left_out_errors={"a": 0.3}, left_out_parameters={"a": {ITER: 2e-3}},
+                 prior=Prior(0.5, {ITER: 1e-3}), prior_penalty=0.01)
+    doc = report(scenario_from_dict(SCENARIO), given, "vllm", result, ["seed=4"])
+    assert doc == {
+        "scenario": "by_hand", "system": "vllm", "logs": ["/x/a.csv", "/x/b.csv"],
+        "set": ["seed=4"], "metrics": ["ttft_s", "e2e_s"], "fit_percentiles": [10, 25, 50, 75, 90],
+        "loss": 0.25, "evaluations": 17,
+        "prior": {"weight": 0.5, "centre": {ITER: 1e-3}, "penalty": 0.01},
+        "parameters": {ITER: 1e-3}, "error_fitted": {"a": 0.1, "b": 0.2},
+        "error_left_out": {"a": 0.3}, "parameters_left_out": {"a": {ITER: 2e-3}}}
+    bare = report(scenario_from_dict(SCENARIO), given, "vllm", Fit({ITER: 1e-3}, 0.25, 17))
+    assert "set" not in bare and "prior" not in bare
+    shipped = PACKAGE_DATA_DIR / "traces" / "x.csv"
+    assert recorded_path(shipped) == "traces/x.csv"
+    assert recorded_path(Path("/elsewhere/x.csv")) == "/elsewhere/x.csv"
