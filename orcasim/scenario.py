@@ -11,6 +11,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -333,7 +334,7 @@ class Scenario(Strict):
         value the points refuse (a rate of -2), which `run_scenario` then ran at its base
         values, and `run_scenario_sweep` refused only later. A point's warnings are said as
         it runs, not here (the base's own are said once, above)."""
-        if self.sweep is None:
+        if self.sweep is None or not _CHECK_OWN_SWEEP.get():
             return
         base, given = sweep_base_data(self)
         with warnings.catch_warnings():
@@ -636,12 +637,19 @@ def one_or_more(overrides: list[str] | tuple[str, ...] | str | None) -> list[str
     return overrides
 
 
+# Whether a scenario's validation builds every point of its own `sweep:` block
+# (`Scenario._check_sweep_points`): not for a sweep file's base, whose grid replaces it.
+_CHECK_OWN_SWEEP: ContextVar[bool] = ContextVar("check_own_sweep", default=True)
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str = (),
-                  overrides_key: str | list[str] = "--set") -> Scenario:
+                  overrides_key: str | list[str] = "--set", own_sweep: bool = True) -> Scenario:
     """Read, override and validate a scenario file. Raises ScenarioError on any problem; one
     that the file alone does not have names the overrides that bring it, as given
     (`--set KEY=VALUE`; a sweep file's `set:` list; or one such key per override). One
-    override may be given alone, as `run_scenario` takes it."""
+    override may be given alone, as `run_scenario` takes it. `own_sweep` False: the points
+    of the file's own `sweep:` block are not built (a sweep file's grid replaces them, so
+    its `set:` may leave them invalid: a scheduler's kind changed under a swept key)."""
     overrides = one_or_more(overrides)
     path = as_path(path)
     text = read_text_file(path)
@@ -658,9 +666,11 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] | str
     # Validation reads the files a model names (`model.hf_config`): against this file's
     # folder, as a run reads its traces, not the working directory's.
     token = SCENARIO_DIR.set(path.resolve().parent)
+    own_token = _CHECK_OWN_SWEEP.set(own_sweep)
     try:
         scenario = _validated(data, base, path, overrides, overrides_key)
     finally:
+        _CHECK_OWN_SWEEP.reset(own_token)
         SCENARIO_DIR.reset(token)
     scenario._source_dir = path.resolve().parent
     return scenario

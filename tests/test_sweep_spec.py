@@ -125,6 +125,31 @@ def test_a_base_scenarios_own_sweep_left_out_of_the_grid_is_named(tmp_path: Path
         load_sweep(spec)
 
 
+def test_a_base_s_own_sweep_that_the_set_leaves_invalid_is_not_built(tmp_path: Path) -> None:
+    """The grid replaces the base's own sweep, which never runs, so its points are not
+    built: a `set:` that changes the kind of a scheduler whose key it sweeps loads (a
+    reviewer's finding: the loader's check of every own point, ab14eb0, refused this sweep
+    with "sweep.values[0] = 4: systems[1].scheduler: unknown key 'max_batch_size' for kind
+    'paged'", where it ran before). Loaded alone, the same base and set are refused."""
+    import yaml
+
+    from orcasim.scenario import load_scenario
+
+    spec = write_sweep(tmp_path, "parameters:\n  workload.arrival.rate_per_s: [1.0, 2.0]")
+    paged = "systems[1].scheduler={kind: paged, max_num_seqs: 4, max_num_batched_tokens: 2048}"
+    spec.write_text(spec.read_text().replace("seed: 5\n", f"seed: 5\nset: ['{paged}']\n"))
+    base = tmp_path / "tiny.yaml"
+    data = yaml.safe_load(base.read_text())
+    base.write_text(yaml.safe_dump({**data, "sweep": {
+        "parameter": "systems[1].scheduler.max_batch_size", "values": [4, 8]}}))
+    with pytest.warns(UserWarning, match="own sweep over systems"):
+        sweep = load_sweep(spec)
+    assert [t.scenario().systems[1].scheduler.kind for t in sweep.tasks()] == ["paged", "paged"]
+    with pytest.raises(ScenarioError, match=r"sweep.values\[0\] = 4: systems\[1\].scheduler: "
+                                            "unknown key 'max_batch_size' for kind 'paged'"):
+        load_scenario(base, [paged])
+
+
 def test_replications_are_bounded(tmp_path: Path) -> None:
     """1e12 replications never finished validating (SeedSequence.spawn)."""
     with pytest.raises(ScenarioError, match="replications = 1000000000000: Input should be "

@@ -369,7 +369,10 @@ def build_sweep(spec: SweepSpec, base_path: Path, set_keys: list[str] | None = N
     # lognormal whose mean every point sets) are said by the points that have them.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:")
+        # Its own sweep is never run (the grid replaces it), so its points are not built:
+        # a `set:` that leaves them invalid (a kind changed under a swept key) is fine.
+        scenario = load_scenario(base_path, spec.set, overrides_key=set_keys or "set:",
+                                 own_sweep=False)
     own = scenario.sweep
     if own is not None and own.parameter not in spec.grid.parameters:  # else the grid redoes it
         warnings.warn(f"{base_path.name}'s own sweep over {own.parameter} is not run: a sweep "
