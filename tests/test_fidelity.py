@@ -98,9 +98,11 @@ def test_the_headline_of_a_table_that_is_no_fidelity_table_names_its_missing_col
 
 
 def _scenario(**changes: object) -> object:
-    """The tests' base scenario, seed 1, with two systems and a sweep a replay must drop."""
+    """The tests' base scenario, seed 1, with two systems and a sweep a replay must drop (of
+    the rate: a sweep of the seed is refused since ab14eb0, which failed 14 tests here)."""
     return make_scenario(**{
-        "seed": 1, "workload.max_tokens": 256, "sweep": {"parameter": "seed", "values": [1, 2]},
+        "seed": 1, "workload.max_tokens": 256,
+        "sweep": {"parameter": "workload.arrival.rate_per_s", "values": [1, 2]},
         "systems": [{"name": "a", "scheduler": {"kind": "iteration_level", "max_batch_size": 4}},
                     {"name": "b", "scheduler": {"kind": "request_level", "max_batch_size": 4}}],
         **changes})
