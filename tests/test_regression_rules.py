@@ -203,7 +203,8 @@ def test_what_check_cannot_gate_is_refused_on_one_line(tmp_path: Path) -> None:
 
     scenarios, baselines = _two_scenarios(tmp_path)
     swept = scenarios / "two.yml"
-    swept.write_text(swept.read_text() + "sweep: {parameter: seed, values: [1, 2]}\n")
+    # Of the warm-up: a sweep of the seed is refused in its own block since ab14eb0.
+    swept.write_text(swept.read_text() + "sweep: {parameter: warmup_s, values: [0, 1]}\n")
     with pytest.raises(ScenarioError, match=rf"^{swept}: sweep: check gates one run per scenario"):
         check(scenarios, baselines)
     shutil.copy(SCENARIOS / "iteration_level.yaml", scenarios / "two.yaml")
