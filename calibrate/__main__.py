@@ -442,7 +442,15 @@ def cmd_logs(args: argparse.Namespace) -> None:
     _writable(args.out, args.force, "cost YAML", (args.scenario, *args.logs))
     check_replay_overrides(args.set)
     base_dir = args.scenario.resolve().parent
-    loaded = load_scenario(args.scenario, args.set)
+    # The logs are replayed at the base values: the own sweep's points are not built, nor
+    # rebuilt at each of the fit's evaluations (`with_cost`, 30 ms a time for 14 points,
+    # where a refused point read as an infinite loss).
+    loaded = load_scenario(args.scenario, args.set, own_sweep=False)
+    if loaded.sweep is not None:
+        warnings.warn(f"{loaded.name}'s own sweep over {loaded.sweep.parameter} is not replayed: "
+                      "the logs are fitted at the scenario's base values (--set the parameter "
+                      "to fit at another)", UserWarning, stacklevel=2)
+        loaded = loaded.model_copy(update={"sweep": None})
     # The files the scenario reads too: --force wrote over the profile fit its cost loads,
     # and the new file then loaded itself (a tester's finding).
     _writable(args.out, args.force, "cost YAML", tuple(data_inputs(loaded, base_dir)))

@@ -550,7 +550,8 @@ def fidelity(
     try:
         check_format(fmt, "--format")
         check_replay_overrides(set_ or [])
-        sc = load_scenario(scenario, set_ or [])
+        # A replay runs the base values: the own sweep's points are not built (replay_of).
+        sc = load_scenario(scenario, set_ or [], own_sweep=False)
         names = system or [s.name for s in sc.systems]
         check_systems(sc, names, "--system")
         out_dir = out or default_results_dir(sc.name, Path("results") / "fidelity")

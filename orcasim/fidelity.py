@@ -164,8 +164,8 @@ def fidelity_table(
     its data paths resolve from `base_dir`, by default the scenario file's folder, as
     `run_scenario` resolves them. One run or one system may be given alone; a system the scenario does not run, or an
     empty list, is a ScenarioError before any run is replayed."""
-    if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario)
+    if not isinstance(scenario, Scenario):  # its own sweep is not replayed (`replay_of`)
+        scenario = load_scenario(scenario, own_sweep=False)
     # The replay is a new scenario, without the loaded one's folder: its data paths (a
     # fitted cost's file) were looked for in the working folder.
     base_dir = base_dir or scenario.source_dir

@@ -427,3 +427,22 @@ def test_a_cost_file_named_json_is_refused_before_the_work(tmp_path: Path, capsy
     assert capsys.readouterr().err == (f"error: --out {out}: a cost file named .json is read as a "
                                        "DistServe profile; expected a .yaml path\n")
     assert not out.exists()
+
+
+def test_a_scenario_s_own_sweep_is_not_built_for_a_fit_at_its_base_values(
+        tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """The logs are replayed at the base values, so a --set that leaves the own sweep's points
+    invalid (a scheduler's kind changed under its swept key) fits, and says the sweep is not
+    replayed. The loader's check of every own point (ab14eb0) refused it, where it fitted
+    before; loaded with that check off alone, every evaluation rebuilt the points (`with_cost`)
+    and refused them again (a reviewer's finding)."""
+    log = _write_log(tmp_path / "vllm.csv")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "sweep": {
+        "parameter": "systems[1].scheduler.max_batch_size", "values": [4, 8]}}))
+    paged = "systems[1].scheduler={kind: paged, max_num_seqs: 8, max_num_batched_tokens: 1024}"
+    with pytest.warns(UserWarning, match=r"logs_input's own sweep over systems\[1\].scheduler."
+                                         "max_batch_size is not replayed"):
+        assert main(["logs", str(log), "--scenario", str(scenario), "--set", paged, "--fit",
+                     "overhead.per_iteration_s", "--out", str(tmp_path / "cost.yaml")]) == 0
+    assert "sweep.values" not in capsys.readouterr().err

@@ -595,3 +595,30 @@ def test_a_log_in_unix_seconds_scores_as_the_same_log_counted_from_0(tmp_path: P
     from_0, _ = fidelity_table(scenario, [source], ["vllm-v0.2.3"], "orcasim")
     from_epoch, _ = fidelity_table(scenario, [epoch], ["vllm-v0.2.3"], "orcasim")
     pd.testing.assert_frame_equal(from_epoch, from_0, check_exact=True)
+
+
+def test_a_scenario_s_own_sweep_is_not_built_for_a_replay_of_its_base_values(
+        tmp_path: Path) -> None:
+    """A replay runs the base values (`replay_of`), so a --set that leaves the own sweep's
+    points invalid (a scheduler's kind changed under its swept key) replays, as it did
+    before the loader built every own point (ab14eb0), which refused it with
+    "sweep.values[0] = 8: systems[1].scheduler: unknown key 'max_batch_size' for kind
+    'paged'" (a reviewer's finding)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    quickstart = Path(__file__).parent.parent / "scenarios" / "quickstart.yaml"
+    data = yaml.safe_load(quickstart.read_text())
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**data, "sweep": {
+        "parameter": "systems[1].scheduler.max_batch_size", "values": [8, 16]}}))
+    paged = "systems[1].scheduler={kind: paged, max_num_seqs: 8, max_num_batched_tokens: 2048}"
+    with pytest.warns(UserWarning, match=r"own sweep over systems\[1\].scheduler.max_batch_size "
+                                         "is not replayed"):
+        result = CliRunner().invoke(app, ["fidelity", str(scenario), "--real",
+                                          str(_run_log(tmp_path)), "--set", paged, "--out",
+                                          str(tmp_path / "out"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "fidelity.csv").exists()
