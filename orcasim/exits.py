@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
 from collections.abc import Iterator
+from types import FrameType
 
 EXIT_ENVIRONMENT = 1  # the machine, not the input: a full disk, a read-only folder
 # A verdict, with the same code: a sweep's or capacity search's failed points, or a metric
@@ -45,8 +48,54 @@ def sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _raise_interrupt(signum: int, _frame: object) -> None:
+# Interrupts that came while held (`interrupts_held`), to raise as the outermost hold ends.
+_holds = 0
+_pending = False
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    global _pending
+    if _holds:  # the signal reached another thread, or came just before the mask: later
+        _pending = True
+        return
+    if _importing(frame):
+        # Raised inside an import, it may become an ImportError that the importer takes for
+        # a missing optional module and goes on without (matplotlib's Axes3D, pandas'
+        # pyarrow): a SIGTERM'd `orcasim run` finished and exited 0 (CI, 2026-12-06), or
+        # aborted at exit (-6, in matplotlib's ft2font). Taken again once the import is done.
+        threading.Timer(IMPORT_RETRY_S, _signal_again, (signum,)).start()
+        return
     raise Interrupted
+
+
+IMPORT_RETRY_S = 0.05  # how soon an interrupt that came during an import is taken again
+
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # orcasim's own modules
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether `frame` runs inside an import that another package's code asked for (the one
+    to run outside importlib's frames): it may catch ImportError. orcasim's own imports do
+    not, and an interrupt while they load is taken at once (exit 130, quietly)."""
+    in_import = False
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith("<frozen importlib"):
+            in_import = True
+        elif in_import:  # the code that ran this import statement
+            if not os.path.abspath(name).startswith(_OWN_DIR):
+                return True
+            in_import = False
+        frame = frame.f_back
+    return False
+
+
+def _signal_again(signum: int) -> None:
+    """Send `signum` to this process again, if orcasim still takes it (else it would kill a
+    process that has finished its command)."""
+    if signal.getsignal(signum) is _raise_interrupt:
+        os.kill(os.getpid(), signum)
 
 
 @contextlib.contextmanager
@@ -54,8 +103,18 @@ def interrupts_held() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back in this thread meanwhile; one that arrived is raised as
     the block ends. For the few steps that must not be cut in two: a temporary folder made
     and its name kept, or a partial output removed while a second Ctrl-C arrives."""
+    # The mask alone does not hold them: a process's SIGTERM (or a terminal's Ctrl-C) may reach
+    # another thread (BLAS's), or have reached this one just before, and Python then runs its
+    # handler in this thread at its next instruction, inside the block (a SIGTERM'd run's
+    # import of matplotlib, CI 2026-12-06). So orcasim's handler defers it too.
+    global _holds, _pending
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    _holds += 1
     try:
         yield
     finally:
+        _holds -= 1
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if not _holds and _pending:
+            _pending = False
+            raise Interrupted
