@@ -29,6 +29,10 @@ LOAD = 0.55  # of the capacity the fitted model predicts: busy, but not saturate
 # Below this share of CPU time in its iterations, the serving thread was mostly waiting for
 # another process: the real runs then measure the neighbours, and there is nothing to judge.
 MIN_CPU_SHARE = 0.75
+# A profile of the ci grid taken again after the replay must agree with the one the
+# simulation used to within this (median over shapes), or the machine changed speed.
+PROFILE_DRIFT_LIMIT = 0.10
+ATTEMPTS = 2
 SCENARIO = """\
 name: replay_ci
 seed: 5
@@ -45,28 +49,60 @@ systems:
 """
 
 
-@pytest.mark.validation
-@pytest.mark.slow
-def test_profile_fit_replay_within_noise(tmp_path: Path) -> None:
-    profile, cost, out = tmp_path / "cpu-ci.csv", tmp_path / "cpu-ci.yaml", tmp_path / "out"
+def _profile(path: Path) -> None:
     assert main(["profile", "--model", "tiny", "--device", "cpu", "--grid", "ci",
-                 "--max-tokens", "288", "--out", str(profile)]) == 0
-    assert main(["fit", str(profile), "--out", str(cost)]) == 0
-    scenario = tmp_path / "replay_ci.yaml"
+                 "--max-tokens", "288", "--out", str(path)]) == 0
+
+
+def _profile_drift(before: Path, after: Path) -> float:
+    """How far the machine's speed moved between two profiles of the same grid: the median
+    over shapes of the step time's ratio, less one. Two back-to-back profiles on a quiet
+    machine differ by ~0.4% (median); a neighbour that shares the core (a hyperthread
+    sibling, the memory bus) slows every step without taking CPU time from the serving
+    thread, so the CPU share alone does not see it."""
+    time_s = [pd.read_csv(p, comment="#").set_index(["query_tokens", "context_tokens"]).time_s
+              for p in (before, after)]
+    return float((time_s[1] / time_s[0]).median() - 1.0)
+
+
+def _profile_fit_replay(folder: Path) -> tuple[dict, float]:
+    """The report of one profile → fit → replay, and the profile's drift over it."""
+    folder.mkdir()
+    profile, out = folder / "cpu-ci.csv", folder / "out"
+    _profile(profile)
+    assert main(["fit", str(profile), "--out", str(folder / "cpu-ci.yaml")]) == 0
+    scenario = folder / "replay_ci.yaml"
     scenario.write_text(SCENARIO)
     assert main(["replay", str(scenario), "--model", "tiny", "--device", "cpu",
                  "--load", str(LOAD), "--out", str(out)]) == 0
-    report = json.loads((out / "fidelity.json").read_text())
+    _profile(folder / "after.csv")
     assert (out / "fidelity.png").stat().st_size > 0
-    if min(report["real_cpu_share"]) < MIN_CPU_SHARE:
-        pytest.skip(f"machine contended: serving thread got {report['real_cpu_share']} of its "
-                    f"iterations' wall time on a CPU (< {MIN_CPU_SHARE})")
+    return json.loads((out / "fidelity.json").read_text()), _profile_drift(profile, folder / "after.csv")
+
+
+@pytest.mark.validation
+@pytest.mark.slow
+def test_profile_fit_replay_within_noise(tmp_path: Path) -> None:
+    # The test judges the simulation against the machine the profile measured. Where the
+    # machine's speed moved under it (CI's run of 2026-12-06: every simulated step 38% over
+    # the real loop's, after a profile taken beside a busy neighbour), the comparison says
+    # nothing about orcasim: try once more, then skip, naming what moved.
+    unsteady = []
+    for attempt in range(ATTEMPTS):
+        report, drift = _profile_fit_replay(tmp_path / f"attempt{attempt}")
+        share = min(report["real_cpu_share"])
+        if share >= MIN_CPU_SHARE and abs(drift) <= PROFILE_DRIFT_LIMIT:
+            break
+        unsteady.append(f"serving thread's CPU share {share:.2f} (at least {MIN_CPU_SHARE}), "
+                        f"profile drift {drift:+.1%} (at most ±{PROFILE_DRIFT_LIMIT:.0%})")
+    else:
+        pytest.skip(f"machine unsteady in {ATTEMPTS} attempts: {'; '.join(unsteady)}")
     for metric in ("e2e_s_mean", "total_iteration_s"):
         m = report["metrics"][metric]
         bound = max(BASE_TOLERANCE, NOISE_MULTIPLE * m["real_vs_real"])
         # The profiled step alone misses the loop's own time; with the overhead fitted to
         # run 1's per-request log, the simulation must match run 2, which it never saw.
-        assert m["sim_calibrated_vs_real_2"] <= bound, (metric, m, report["overhead_from_run_1"])
+        assert m["sim_calibrated_vs_real_2"] <= bound, (metric, m, report["overhead_from_run_1"], drift)
     assert set(report["overhead_from_run_1"]) == {"overhead.per_iteration_s",
                                                   "overhead.per_sequence_s"}
 
