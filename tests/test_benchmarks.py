@@ -108,3 +108,18 @@ def test_a_report_says_when_it_ran_and_over_how_many_runs_each_median_is() -> No
             "repeats": 2, "reference_repeats": 0}
     out = cluster.child(spec)
     assert "fast_cpu_s" in out and "reference_cpu_s" not in out
+
+
+def test_the_unit_count_sees_every_unit_of_the_fused_loop() -> None:
+    """benchmarks/units.py counts the fused paged loop's units by wrapping its stepper: if the
+    engine stopped building it there, the count would read nothing. Its ends partition the
+    runs, and every continued run follows a run that was not cut."""
+    units = _script("units")
+    counts = units.count_units("paged", 300)
+    runs = counts["unit: plan_run"] + counts["unit: continued"]
+    assert runs > 300
+    ended = sum(v for k, v in counts.items() if " ended at: " in k)
+    assert ended == runs
+    after_completion = sum(v for k, v in counts.items()
+                           if k.startswith("after ") and k.endswith(": continued"))
+    assert after_completion == counts["unit: continued"] > 0
