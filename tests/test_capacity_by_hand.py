@@ -151,9 +151,10 @@ def test_the_full_load_of_an_equal_share_fleet_is_its_slowest_group_times_its_si
 
 
 def test_a_run_that_fell_behind_without_a_grown_queue_reads_its_completions() -> None:
-    assert cap._full_load_or_served(math.nan, 6.75, kept=False) == 6.75
-    assert math.isnan(cap._full_load_or_served(math.nan, 6.75, kept=True))
-    assert cap._full_load_or_served(7.0, 6.75, kept=False) == 7.0
+    assert cap._full_load_or_served(math.nan, 6.75, kept=False, admitted=False) == 6.75
+    assert math.isnan(cap._full_load_or_served(math.nan, 6.75, kept=True, admitted=False))
+    assert cap._full_load_or_served(7.0, 6.75, kept=False, admitted=True) == 7.0
+    assert math.isnan(cap._full_load_or_served(math.nan, 6.75, kept=False, admitted=True))
 
 
 # --- the interval ----------------------------------------------------------------------------

@@ -843,9 +843,23 @@ def test_a_run_that_did_not_keep_up_measures_the_full_load_rate() -> None:
     """Failed on keeping up alone, a run measured nothing: GPT-3 175B orca-bs16 over
     --requests 300 failed 8.0 req/s so (6.75 served), never saturated a queue, and passed 7.42
     where its saturated runs admit 6.7 to 7.1."""
-    assert cap._full_load_or_served(math.nan, 6.75, kept=False) == 6.75
-    assert math.isnan(cap._full_load_or_served(math.nan, 6.75, kept=True))
-    assert cap._full_load_or_served(7.0, 6.75, kept=False) == 7.0  # a grown queue's admissions
+    assert cap._full_load_or_served(math.nan, 6.75, kept=False, admitted=False) == 6.75
+    assert math.isnan(cap._full_load_or_served(math.nan, 6.75, kept=True, admitted=False))
+    # a grown queue's admissions
+    assert cap._full_load_or_served(7.0, 6.75, kept=False, admitted=False) == 7.0
+    # Every arrival admitted at once: behind by its latency while its running set fills.
+    assert math.isnan(cap._full_load_or_served(math.nan, 35.7, kept=False, admitted=True))
+
+
+def test_admissions_keep_up_by_the_keeps_up_rule() -> None:
+    def summary(arrived: float, admitted: float) -> dict[str, float]:
+        return {"saturation_arrival_rps": arrived, "saturation_admission_rps": admitted}
+
+    assert cap.admissions_kept_up(summary(139.1, 134.7))  # 0.97: the running set took them
+    assert cap.admissions_kept_up(summary(10.0, 9.0))  # the rule's own 0.9, inclusive
+    assert not cap.admissions_kept_up(summary(15.0, 10.0))  # a server busy throughout
+    assert not cap.admissions_kept_up(summary(math.nan, 9.0))  # unmeasured: as before the test
+    assert not cap.admissions_kept_up(summary(10.0, math.nan))
 
 
 def test_a_request_turned_away_is_no_load_to_keep_up_with() -> None:
