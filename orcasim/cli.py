@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import sys
 import warnings
 from pathlib import Path
@@ -33,7 +32,9 @@ from orcasim.exits import (
     EXIT_INTERRUPTED,
     EXIT_VERDICT,
     INTERRUPTED_TEXT,
+    ignore_interrupts,
     sigterm_as_interrupt,
+    take_owed_interrupt,
 )
 from orcasim.yaml_strict import is_scenario_file, is_sweep_file
 
@@ -149,10 +150,10 @@ _ends_the_process = False
 
 
 def _ignore_ctrl_c() -> None:
-    """From here to the process's end, a second Ctrl-C must not cut the exit short (see
-    `_written`); in the `orcasim` process only: a caller's own handler stays."""
+    """From here to the process's end, a second Ctrl-C or a SIGTERM must not cut the exit
+    short (see `_written`); in the `orcasim` process only: a caller's own handlers stay."""
     if _ends_the_process:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        ignore_interrupts()
 
 
 def interrupted(resume_command: str) -> None:
@@ -927,10 +928,21 @@ def main() -> None:
 
 def process_main() -> None:
     """The `orcasim` process's entry point: `main`, but the process ends with it, so Ctrl-C
-    stays ignored once the command is done or interrupted, through the interpreter's teardown."""
+    and SIGTERM stay ignored once the command is done or interrupted, through the
+    interpreter's teardown (a SIGTERM there killed a finished `orcasim validate`, exit -15)."""
     global _ends_the_process
     _ends_the_process = True
-    _run_command()
+    with sigterm_as_interrupt():  # no gap between the command's end and the ignoring
+        try:
+            try:
+                _run_command()
+            finally:  # one that came during an import and has not been taken: taken now
+                take_owed_interrupt()
+        except KeyboardInterrupt:  # or one landing after the command's `except`, before its exit
+            _tell_interrupted()
+            sys.exit(EXIT_INTERRUPTED)
+        finally:
+            ignore_interrupts()
 
 
 def _run_command() -> None:

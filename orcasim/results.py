@@ -32,7 +32,7 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
-from orcasim.exits import interrupts_held
+from orcasim.exits import interrupts_held, take_owed_interrupt
 from orcasim.paths import check_in_a_folder
 from orcasim.run import RunResult
 from orcasim.scenario import Scenario, scenario_to_yaml
@@ -73,6 +73,7 @@ def write_atomically(out_dir: Path, fill: Callable[[Path], None], force: bool = 
                 old = Path(tempfile.mkdtemp(prefix=_partial_prefix(out_dir, "old"),
                                             dir=out_dir.parent))
             os.replace(out_dir, old / "previous")
+        take_owed_interrupt()  # one that came during an import: before the output is kept
         _claim(tmp, out_dir)
     except BaseException:
         # Held: a second Ctrl-C must not cut the clean-up short (a partial folder was left
@@ -264,6 +265,7 @@ def write_file_atomically(path: Path, write: Callable[[Path], object], replace: 
             os.close(fd)
         write(Path(name))
         os.chmod(name, _by_umask(0o666))  # mkstemp's 0600 is for the temporary file only
+        take_owed_interrupt()  # see write_atomically
         if replace:
             os.replace(name, path)
         else:
