@@ -213,10 +213,20 @@ def summary_table(summary: dict[str, dict[str, float]], title: str) -> Table:
         table.add_row("SLO attainment", *(share_text(m.get("slo_attainment", float("nan")))
                                           + (" (met)" if m.get("slo_met") else "")
                                           for m in summary.values()))
+    if all("kv_capacity_total_tokens" in m for m in summary.values()):
+        table.add_row("KV capacity (tokens)", *(kv_capacity_text(m) for m in summary.values()))
     table.add_row("saturated", *(Text("yes", style="red") if m.get("saturated")
                                  else "no" if judged(m) else "not judged (too short)"
                                  for m in summary.values()))
     return table
+
+
+def kv_capacity_text(summary: dict[str, float]) -> str:
+    """A system's KV tokens and where the figure came from: '100,000 given', '149,040 derived'
+    (from its model and hardware, as `orcasim model --gpu` derives it)."""
+    derived = summary["kv_capacity_derived_share"]
+    source = "derived" if derived == 1 else "given" if derived == 0 else f"{derived:.0%} derived"
+    return f"{summary['kv_capacity_total_tokens']:,.0f} {source}"
 
 
 @app.command()

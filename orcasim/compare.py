@@ -207,7 +207,8 @@ TOLERANCES: dict[str, float] = dict.fromkeys(
     ("requests_completed", "iterations", "cost_out_of_range", "preemptions", "requests_rejected",
      "recomputed_tokens", "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
      "prefill_kv_reserved_tokens_max", "decode_kv_reserved_tokens_max",
-     "replicas", "prefill_replicas", "decode_replicas", "sessions_completed", "sessions_failed"),
+     "replicas", "prefill_replicas", "decode_replicas", "sessions_completed", "sessions_failed",
+     "kv_capacity_total_tokens"),
     0.0)
 # Absolute floor, so that metrics whose baseline is 0 may carry rounding noise.
 ABS_TOL = 1e-12

@@ -62,6 +62,7 @@ class ReplicaSpec:
     model: ModelRef | None
     hardware: HardwareConfig | None
     own_hardware: bool = False  # a replica group's own, not the scenario's (warnings name it)
+    kv_capacity_derived: bool = False  # from its model and hardware, not given in the file
 
     @property
     def kv_groups(self) -> int:
@@ -81,8 +82,9 @@ def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
     degrees (blank and 1s where a plain cost model names no model or hardware: a mixture-of-
     experts replica on 2 x 2 GPUs with data-parallel attention read as TP 2 alone, like one on
     2), the scheduler (its kind, and its policy and prefix caching where they apply), the cost
-    (`cost_label`) and the KV capacity in tokens (of all its attention groups). The model is
-    named as `model_label` names it."""
+    (`cost_label`) and the KV capacity in tokens (of all its attention groups), and whether
+    that was derived from its model and hardware. The model is named as `model_label` names
+    it."""
     def scheduler(cfg: SchedulerConfig) -> str:
         notes = [getattr(cfg, "policy", None),
                  "prefix caching" if getattr(cfg, "enable_prefix_caching", False) else None]
@@ -102,6 +104,7 @@ def describe(specs: Sequence[ReplicaSpec]) -> pd.DataFrame:
         "scheduler": [scheduler(s.scheduler) for s in specs],
         "cost": [cost_label(s.cost) for s in specs],
         "kv_capacity_tokens": [s.kv_capacity_tokens for s in specs],
+        "kv_capacity_derived": [s.kv_capacity_derived for s in specs],
     })
 
 
@@ -237,10 +240,11 @@ def pool_specs(scenario: Scenario, system: SystemConfig, group: ReplicaGroup) ->
     scenario's. A group with its own model or hardware derives its own KV capacity."""
     if group.cost is not None:
         check_way_in(group.cost, scenario.system_cost(system))
+    kv_tokens, kv_derived = scenario.group_kv_capacity(group)
     spec = ReplicaSpec(group.scheduler or system.scheduler,
-                       group.cost or scenario.system_cost(system),
-                       scenario.group_kv_capacity_tokens(group), group.model or scenario.model,
-                       group.hardware or scenario.hardware, group.hardware is not None)
+                       group.cost or scenario.system_cost(system), kv_tokens,
+                       group.model or scenario.model, group.hardware or scenario.hardware,
+                       group.hardware is not None, kv_derived)
     return [spec] * group.count
 
 

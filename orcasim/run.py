@@ -150,6 +150,32 @@ def run_system(
 ) -> SystemResult:
     """One system over `requests`; `cost` replaces the model its config builds (the log
     calibration passes one that records what it prices)."""
+    result = _served(scenario, system, requests, cost)
+    result.summary.update(kv_capacity_summary(scenario, result.replicas))
+    return result
+
+
+def kv_capacity_summary(scenario: Scenario, replicas: pd.DataFrame | None) -> dict[str, float]:
+    """The KV tokens a system had, the figure its preemptions and saturation turn on:
+    `kv_capacity_total_tokens`, the scenario's kv_capacity_tokens for one server, the sum of
+    its replicas' (`replicas`, replicas.csv's rows: both pools' instances of a disaggregated
+    one) for a cluster; and `kv_capacity_derived_share`, the share of those tokens derived from
+    a model and hardware, as `orcasim model --gpu` derives them (1), not given as
+    kv_capacity_tokens (0). Not named kv_capacity_tokens: a sweep of that key has a column of
+    its own, which a metric of the same name would overwrite."""
+    if replicas is None:
+        assert scenario.kv_capacity_tokens is not None
+        return {"kv_capacity_total_tokens": float(scenario.kv_capacity_tokens),
+                "kv_capacity_derived_share": float(scenario.kv_capacity_derived)}
+    tokens = replicas["kv_capacity_tokens"].to_numpy(dtype=np.float64)
+    derived = replicas["kv_capacity_derived"].to_numpy(dtype=bool)
+    return {"kv_capacity_total_tokens": float(tokens.sum()),
+            "kv_capacity_derived_share": float(tokens[derived].sum() / tokens.sum())}
+
+
+def _served(scenario: Scenario, system: SystemConfig, requests: Requests,
+            cost: CostModel | None) -> SystemResult:
+    """`run_system`'s run, before the KV capacity is added to its summary."""
     cost_cfg = scenario.system_cost(system)
     requests = requests.for_run()  # a closed loop's arrival times are this system's own
     latency_s = request_latency_s(cost_cfg)

@@ -473,13 +473,18 @@ class Scenario(Strict):
     def group_kv_capacity_tokens(self, group: ReplicaGroup) -> int:
         """A fleet's group's or a pool's KV capacity: its own key, else derived from its own
         model or hardware (the scenario's other half beside it), else the scenario's."""
+        return self.group_kv_capacity(group)[0]
+
+    def group_kv_capacity(self, group: ReplicaGroup) -> tuple[int, bool]:
+        """`group_kv_capacity_tokens`, and whether it was derived from a model and hardware
+        (True) or given as kv_capacity_tokens (False)."""
         assert self.kv_capacity_tokens is not None
         if group.kv_capacity_tokens is not None:
-            return group.kv_capacity_tokens
+            return group.kv_capacity_tokens, False
         model, hardware = group.model or self.model, group.hardware or self.hardware
         own_deployment = group.model is not None or group.hardware is not None
         if own_deployment and model is not None and hardware is not None:
-            return Deployment(model=model, hardware=hardware).kv_capacity_tokens
+            return Deployment(model=model, hardware=hardware).kv_capacity_tokens, True
         if group.model is not None and self.model is not None and group.model != self.model:
             # The scenario's tokens were stated for its own model: another's would run on
             # them silently (Llama-2-13B on Llama-2-7B's count; a tester's note).
@@ -488,7 +493,7 @@ class Scenario(Strict):
                 f"derived, and kv_capacity_tokens = {self.kv_capacity_tokens} is the scenario's "
                 f"model's ('{self.model.name}'); expected the group's own kv_capacity_tokens, "
                 "or hardware")
-        return self.kv_capacity_tokens
+        return self.kv_capacity_tokens, self.kv_capacity_derived
 
     def _check_reservations(self) -> None:
         """A scheduler that reserves max_tokens per request (request_level, or Orca's

@@ -60,7 +60,7 @@ def test_counts_use_no_tolerance_and_every_other_metric_the_default() -> None:
                                "cache_evictions", "prefill_tokens_saved", "kv_reserved_tokens_max",
                                "prefill_kv_reserved_tokens_max", "decode_kv_reserved_tokens_max",
                                "replicas", "prefill_replicas", "decode_replicas",
-                               "sessions_completed", "sessions_failed"}
+                               "sessions_completed", "sessions_failed", "kv_capacity_total_tokens"}
     for metric in TOLERANCES:
         assert tolerance(metric) == 0.0
     assert tolerance("e2e_s_p50") == DEFAULT_REL_TOL
