@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from orcasim.scenario import Scenario
-    from orcasim.schedulers import Scheduler
     from orcasim.slo import SLOConfig
     from orcasim.sweeps import Sweep
 
@@ -347,50 +346,11 @@ def _passes(path: Path, overrides: list[str]) -> bool:
 
 
 def _check_scenario(sc: Scenario, base_dir: Path) -> int:
-    """`validate`'s checks of a loaded scenario: its own sweep's every point, as `run` would
-    build it, and the scenario itself (`_check_runs`). The number of requests."""
-    if sc.sweep is not None:
-        from orcasim.sweeps import scenario_sweep
-        from orcasim.sweeps.spec import point_name
+    """`validate`'s checks of a loaded scenario (`orcasim.run.check_runs`): its own sweep's
+    every point, as `run` would build it, and the scenario itself. The number of requests."""
+    from orcasim.run import check_runs
 
-        for task in scenario_sweep(sc, base_dir).tasks():
-            _check_runs(task.scenario(), base_dir, f"sweep {point_name(task.id, task.params)}: ")
-    return _check_runs(sc, base_dir)
-
-
-def _check_runs(sc: Scenario, base_dir: Path, where: str = "") -> int:
-    """What a run checks once it has its requests (the warm-up against the last arrival,
-    requests against KV memory and each system's settings), without running it; a refusal
-    starts with `where`. The number of requests."""
-    from orcasim.run import (
-        check_system,
-        check_warmup,
-        data_dir,
-        make_requests,
-        naming_system,
-        scheduler_for,
-    )
-
-    try:
-        with data_dir(base_dir):
-            requests = make_requests(sc)
-            check_warmup(sc, requests)
-            for system in sc.systems:  # constructors check settings against the requests
-                with naming_system(sc, system):
-                    _check_some_fit(system.name, scheduler_for(sc, system, requests), len(requests))
-                    check_system(sc, system, requests)  # and the cost files, a fleet's pools
-    except ScenarioError as e:
-        if not where:
-            raise
-        raise ScenarioError(f"{where}{e}") from None
-    return len(requests)
-
-
-def _check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:
-    """`run` refuses a system that can run none of the requests: so does `validate`."""
-    if num_requests and all(scheduler.never_fits(i) for i in range(num_requests)):
-        raise ScenarioError(f"{system_name}: every request is too large for its KV memory, so "
-                            "none would run; expected a larger kv_capacity_tokens or shorter requests")
+    return check_runs(sc, base_dir)
 
 
 def _resume_command(head: list[str], out_dir: Path | None, sets: list[str], backend: str,
@@ -409,11 +369,12 @@ def _resume_command(head: list[str], out_dir: Path | None, sets: list[str], back
 def _check_sweep_runs(sw: Sweep) -> None:
     """What a run of each task checks (its data files too), before any work starts: every
     replication, as its seed draws the requests a check reads (the last arrival)."""
+    from orcasim.run import check_run
     from orcasim.sweeps.spec import point_name
 
     for task in sw.tasks():
         with sw.naming(task):
-            _check_runs(task.scenario(), Path(task.base_dir), f"{point_name(task.id, task.params)}: ")
+            check_run(task.scenario(), Path(task.base_dir), f"{point_name(task.id, task.params)}: ")
 
 
 def _validate_sweep(path: Path, overrides: list[str]) -> None:

@@ -40,6 +40,7 @@ from orcasim.scenario import (
     apply_override,
     load_scenario,
     one_or_more,
+    own_sweep_points,
     scenario_from_dict,
 )
 from orcasim.schedulers import Scheduler, build_scheduler
@@ -245,6 +246,45 @@ def warn_turned_away_sessions(system_name: str, sessions: pd.DataFrame, warmup_s
             "their answers; they are sessions_failed, not completed tasks: sessions_completed, "
             "tasks_per_hour and task_time_* leave them out (sessions.parquet's rejected_calls "
             "names them); expected KV memory that holds every call", stacklevel=3)
+
+
+def check_runs(scenario: Scenario, base_dir: Path | None = None) -> int:
+    """What running `scenario` checks before any work, without running it: every point of its
+    own `sweep:` block, as `orcasim run` builds and names them ('sweep point p0001-r00
+    (warmup_s=100000): ...'), then the scenario itself (`check_run`). `orcasim validate` and
+    `run_scenario` share it. The number of requests."""
+    with data_dir(base_dir or scenario.source_dir):
+        points = own_sweep_points(scenario)
+    for name, point in points:
+        check_run(point, base_dir, f"sweep {name}: ")
+    return check_run(scenario, base_dir)
+
+
+def check_run(scenario: Scenario, base_dir: Path | None = None, where: str = "") -> int:
+    """What a run checks once it has its requests (the warm-up against the last arrival, that
+    some request fits each system's KV memory, each system's settings and data files), without
+    running it; a refusal starts with `where`. The number of requests."""
+    try:
+        with data_dir(base_dir or scenario.source_dir):
+            requests = make_requests(scenario)
+            check_warmup(scenario, requests)
+            for system in scenario.systems:  # constructors check settings against the requests
+                with naming_system(scenario, system):
+                    check_some_fit(system.name, scheduler_for(scenario, system, requests),
+                                   len(requests))
+                    check_system(scenario, system, requests)  # and the cost files, a fleet's pools
+    except ScenarioError as e:
+        if not where:
+            raise
+        raise ScenarioError(f"{where}{e}") from None
+    return len(requests)
+
+
+def check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:
+    """A system that can run none of the requests is refused before the run."""
+    if num_requests and all(scheduler.never_fits(i) for i in range(num_requests)):
+        raise ScenarioError(f"{system_name}: every request is too large for its KV memory, so "
+                            "none would run; expected a larger kv_capacity_tokens or shorter requests")
 
 
 def check_warmup(scenario: Scenario, requests: Requests) -> None:
@@ -617,6 +657,8 @@ def run_scenario(
         scenario = load_scenario(scenario, overrides)
     for line in held_by_share(scenario.slo) if scenario.slo is not None else []:
         warnings.warn(line, UserWarning, stacklevel=2)
+    if scenario.sweep is not None:  # refused here as `orcasim run` refuses it, though not run
+        check_runs(scenario, base_dir)
     with data_dir(base_dir or scenario.source_dir):
         requests = make_requests(scenario)
         check_warmup(scenario, requests)

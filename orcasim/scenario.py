@@ -889,6 +889,31 @@ def apply_params(data: dict[str, Any], params: dict[str, Any], given: dict[str, 
                             "scenario, or compare the kinds as two systems")
 
 
+def task_id(point: int, replication: int) -> str:
+    """A sweep's task as its files and messages name it: `p0001-r00`."""
+    return f"p{point:04d}-r{replication:02d}"
+
+
+def point_name(task_id: str, params: dict[str, Any]) -> str:
+    """How a message names a sweep's task: `point p0001-r00 (workload.arrival.rate_per_s=4.0)`."""
+    where = ", ".join(f"{path}={value}" for path, value in params.items())
+    return f"point {task_id} ({where})"
+
+
+def own_sweep_points(scenario: Scenario) -> list[tuple[str, Scenario]]:
+    """Each point of `scenario`'s own `sweep:` block as `orcasim run` builds it (one
+    replication, on the scenario's seed), with its name (`point_name`); none without one."""
+    if scenario.sweep is None:
+        return []
+    base, given = sweep_base_data(scenario)
+    points = []
+    for i, value in enumerate(scenario.sweep.values):
+        params = {scenario.sweep.parameter: value}
+        name = point_name(task_id(i, 0), params)
+        points.append((name, sweep_point(base, given, params, scenario.seed, name)))
+    return points
+
+
 def sweep_base_data(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
     """The scenario as plain data that every point of a sweep starts from, and its keys as given."""
     # The validated dump holds every default, so each swept path already exists in it. A

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from orcasim.config import ScenarioError
 from orcasim.metrics import SERVED_FILL_QUANTILE, keeps_up_with, served_rps
@@ -360,3 +362,33 @@ def test_a_request_turned_away_as_never_fitting_is_no_load_to_keep_up_with() -> 
     assert row["requests_rejected"] == 130 and row["served_rps"] < 0.7 * row["offered_rps"]
     assert keeps_up(frame).all()
     assert throughput_under_bound(frame, float("inf"))["p"] == row["throughput_rps"]
+
+
+@pytest.mark.parametrize(("changes", "refusal"), [
+    ({"sweep": {"parameter": "warmup_s", "values": [0, 100000]}},
+     "sweep point p0001-r00 (warmup_s=100000): warmup_s = 100000 is past the last arrival"),
+    ({"systems": [{"name": "p", "scheduler": {"kind": "paged", "max_num_seqs": 4}}],
+      "workload.prompt_tokens": {"kind": "uniform", "low": 600, "high": 700},
+      "workload.max_tokens": 800, "kv_capacity_tokens": 1024,
+      "sweep": {"parameter": "kv_capacity_tokens", "values": [1024, 512]}},
+     "sweep point p0001-r00 (kv_capacity_tokens=512): p: every request is too large for its "
+     "KV memory"),
+], ids=["warm-up", "KV fit"])
+def test_run_scenario_refuses_a_sweep_point_as_validate_does(tmp_path: Path, changes: dict[str, Any],
+                                                              refusal: str) -> None:
+    """`run_scenario(path)` on a scenario whose own sweep has a point that cannot run (its
+    warm-up past its last arrival, no request fitting its KV) ran the base values as if
+    nothing were wrong; `orcasim validate` refused it. Both now check with
+    `orcasim.run.check_runs`, in the same words."""
+    from typer.testing import CliRunner
+
+    from orcasim.cli import app
+
+    path = tmp_path / "s.yaml"
+    data = small_sweep(**changes).given_data()
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ScenarioError) as refused:
+        run_scenario(path)
+    assert str(refused.value).startswith(refusal)
+    validated = CliRunner().invoke(app, ["validate", str(path)])
+    assert (validated.exit_code, validated.output) == (2, f"error: {refused.value}\n")

@@ -56,9 +56,11 @@ from orcasim.scenario import (
     malformed_yaml,
     one_or_more,
     parse_dotted,
+    point_name,
     read_text_file,
     sweep_base_data,
     sweep_point,
+    task_id,
 )
 
 ParamValue = int | float | str | bool
@@ -192,17 +194,11 @@ class Task:
 
     @property
     def id(self) -> str:
-        return f"p{self.point:04d}-r{self.replication:02d}"
+        return task_id(self.point, self.replication)
 
     def scenario(self) -> Scenario:
         return sweep_point(self.base, self.given, self.params, self.seed,
                            point_name(self.id, self.params))
-
-
-def point_name(task_id: str, params: dict[str, ParamValue]) -> str:
-    """How a message names a sweep's task: `point p0001-r00 (workload.arrival.rate_per_s=4.0)`."""
-    where = ", ".join(f"{path}={value}" for path, value in params.items())
-    return f"point {task_id} ({where})"
 
 
 @dataclass(frozen=True)
