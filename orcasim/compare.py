@@ -70,6 +70,7 @@ def _warn_other_seeds(path_a: Path, table_a: pd.DataFrame, path_b: Path,
 def read_sweep_table(path: Path) -> pd.DataFrame:
     """A sweep folder's (or file's) table: sweep.parquet, or a scenario sweep's sweep.csv
     (`orcasim run` writes only that); one that is not a sweep table is a one-line error."""
+    path = as_path(path, "path", "a sweep folder or table's path")
     table_path = path if path.is_file() else path / "sweep.parquet"
     if not table_path.exists():
         table_path = path / "sweep.csv"
@@ -116,6 +117,7 @@ def metrics_kind(path: Path) -> str:
     {system: {metric: value}}), "sweep" (a folder or file of sweep.parquet, or of a scenario
     sweep's sweep.csv) or "baselines folder" (a folder of baseline
     files, as results/baselines/). Only two of one kind compare label by label."""
+    path = as_path(path, "path", "a results folder or baseline file's path")
     _refuse_fidelity(path.parent if path.is_file() and path.name == "summary.json" else path)
     if path.is_file():
         return "sweep" if path.name in SWEEP_TABLES else "run"
@@ -174,7 +176,7 @@ def _value_text(value: object) -> str:
 def read_metrics(path: Path) -> Metrics:
     """A summary or baseline file, {system: {metric: number or null}}; anything else is a
     one-line error naming the file."""
-    data = read_json(path)
+    data = read_json(as_path(path, "path", "a summary or baseline file's path"))
     ok = isinstance(data, dict) and all(
         isinstance(m, dict) and all(map(_is_metric, m.values())) for m in data.values())
     if not ok:
@@ -242,8 +244,18 @@ def same_value(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+def checked_metrics(metrics: object, what: str) -> Metrics:
+    """`metrics` as the comparisons take them, {label: {metric: value}}; anything else (None
+    raised "'NoneType' object is not iterable" from inside) is a ScenarioError naming `what`."""
+    if not isinstance(metrics, dict) or not all(isinstance(m, dict) for m in metrics.values()):
+        raise ScenarioError(f"{what} = {metrics!r:.80}: expected metrics by label, "
+                            "{label: {metric: value}}, as load_metrics returns them")
+    return metrics
+
+
 def deltas(a: Metrics, b: Metrics) -> pd.DataFrame:
     """One row per (label, metric) present in either side: a, b, delta and relative change."""
+    a, b = checked_metrics(a, "a"), checked_metrics(b, "b")
     rows = []
     for label in list(a) + [x for x in b if x not in a]:
         ma, mb = a.get(label, {}), b.get(label, {})
@@ -263,6 +275,8 @@ DELTA_COLUMNS = ["label", "metric", "a", "b", "delta", "rel_change", "note"]
 def changed_rows(frame: pd.DataFrame) -> pd.Series:
     """Which rows of `deltas` moved by more than their metric's `tolerance` (float noise;
     a count by anything), or are on one side only."""
+    if not isinstance(frame, pd.DataFrame):  # None: "'NoneType' object is not subscriptable"
+        raise ScenarioError(f"frame = {frame!r:.80}: expected the table `deltas` returns")
     return pd.Series([bool(n) or moved(a, b, tolerance(m)) for a, b, m, n in
                       zip(frame["a"], frame["b"], frame["metric"], frame["note"], strict=True)],
                      index=frame.index, dtype=bool)
@@ -272,6 +286,7 @@ def is_baseline(path: Path) -> bool:
     """Whether `path` holds a baseline ({system: {metric: number}}, neither empty): only such a
     file counts as one without a scenario, or is removed by an update (a folder may hold
     other JSON, a package.json, that is none of the check's business)."""
+    path = as_path(path, "path", "a baseline file's path")  # None is no file: said, not False
     try:
         metrics = read_metrics(path)
     except (ScenarioError, OSError):  # not JSON, or no file at all (a folder, a dead link)

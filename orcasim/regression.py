@@ -16,6 +16,7 @@ import pandas as pd
 
 from orcasim.compare import (
     Metrics,
+    checked_metrics,
     is_baseline,
     moved,
     read_metrics,
@@ -36,6 +37,9 @@ MOVED_COLUMNS = ["scenario", "system", "metric", "baseline", "now", "rel_change"
 
 def compare_to_baseline(scenario: str, baseline: Metrics, now: Metrics) -> pd.DataFrame:
     """Rows for every metric that moved, appeared or disappeared, with its relative change."""
+    if not isinstance(scenario, str):
+        raise ScenarioError(f"scenario = {scenario!r:.80}: expected the scenario's name (str)")
+    baseline, now = checked_metrics(baseline, "baseline"), checked_metrics(now, "now")
     rows = []
     for system in list(baseline) + [s for s in now if s not in baseline]:
         b, n = baseline.get(system, {}), now.get(system, {})
@@ -55,6 +59,7 @@ def run_regression(path: Path) -> Metrics:
     from orcasim.run import run_scenario
     from orcasim.scenario import load_scenario
 
+    path = as_path(path, "path", "a regression scenario's path")
     if is_sweep_file(path):  # it read "(top level): unknown key 'base'"
         raise ScenarioError(f"{path}: a sweep file (it names a base scenario); expected a "
                             "scenario: check gates one run per scenario")
@@ -81,6 +86,7 @@ def read_baseline(path: Path) -> Metrics:
 def regression_scenarios(scenario_dir: Path) -> list[Path]:
     """The folder's scenario files (.yaml and .yml), by name; two of one name are refused,
     as both would gate against one baseline."""
+    scenario_dir = as_path(scenario_dir, "scenario_dir", "a folder of regression scenarios")
     if Path(scenario_dir).is_file():
         raise ScenarioError(f"--scenarios {scenario_dir} is a file; expected a folder of "
                             "regression scenarios (*.yaml)")

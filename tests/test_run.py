@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,25 @@ def _none_calls() -> list[tuple[str, object, type[Exception], str]]:
          ScenarioError, r"^results_dir = None: expected a results folder"),
         ("regression.check(None)", lambda: regression.check(None),
          ScenarioError, r"^scenario_dir = None: expected a folder of regression scenarios"),
+        # The lower-level helpers those two are made of, each its own public name.
+        *[(f"compare.{name}(None)", partial(getattr(compare, name), None), ScenarioError,
+           r"^path = None: expected a ") for name in ("load_metrics", "read_sweep_table",
+                                                    "metrics_kind", "read_metrics", "is_baseline")],
+        ("compare.deltas(None, {})", lambda: compare.deltas(None, {}),  # type: ignore[arg-type]
+         ScenarioError, r"^a = None: expected metrics by label"),
+        ("compare.deltas({}, None)", lambda: compare.deltas({}, None),  # type: ignore[arg-type]
+         ScenarioError, r"^b = None: expected metrics by label"),
+        ("compare.changed_rows(None)", lambda: compare.changed_rows(None),  # type: ignore[arg-type]
+         ScenarioError, r"^frame = None: expected the table `deltas` returns"),
+        ("compare_to_baseline(s, None, {})", lambda: regression.compare_to_baseline("s", None, {}),  # type: ignore[arg-type]
+         ScenarioError, r"^baseline = None: expected metrics by label"),
+        ("compare_to_baseline(s, {}, None)", lambda: regression.compare_to_baseline("s", {}, None),  # type: ignore[arg-type]
+         ScenarioError, r"^now = None: expected metrics by label"),
+        ("compare_to_baseline(None, ...)", lambda: regression.compare_to_baseline(None, {}, {}),  # type: ignore[arg-type]
+         ScenarioError, r"^scenario = None: expected the scenario's name"),
+        *[(f"regression.{name}(None)", partial(getattr(regression, name), None), ScenarioError,
+           r"^(path|scenario_dir) = None: expected a ")
+          for name in ("run_regression", "read_baseline", "regression_scenarios")],
     ]
 
 
