@@ -859,7 +859,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
         typer.echo(text, err=True)
 
 
-_SHOWN: set[str] = set()  # the warnings this process has shown
+_SHOWN: set[str] = set()  # the warnings the running command has shown
 
 
 def usage_error_text(e: UsageError) -> str:
@@ -921,6 +921,7 @@ def _run_command() -> None:
     # A command of its own: a sweep interrupted by an earlier call in this process (a test,
     # a notebook) left it set, and a later run's Ctrl-C exited 130 without a word.
     _told_interrupted = False
+    _SHOWN.clear()  # once a command: a notebook's second command hid the first's warnings
     warnings.showwarning = _show_warning
     try:
         # Not standalone: click's errors come back as values to print on one line; --help and

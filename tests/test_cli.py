@@ -282,3 +282,24 @@ def test_a_warning_is_shown_once_per_command(capsys: pytest.CaptureFixture[str])
     _show_warning(UserWarning("another"), UserWarning, "f.py", 1)
     err = capsys.readouterr().err
     assert err.count("warning: a trace of 3 requests, once only\n") == 1 and "warning: another" in err
+
+
+def test_each_command_in_one_process_shows_its_own_warnings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`main()` called twice in a notebook: the record of warnings shown lasted the process,
+    so the second command hid a warning the first had shown (flake2's finding)."""
+    from orcasim.cli import main
+
+    scenario = tmp_path / "w.yaml"
+    scenario.write_text(
+        "name: w\nworkload: {num_requests: 20, arrival: {kind: poisson, rate_per_s: 2},"
+        " prompt_tokens: {kind: constant, value: 16}, output_tokens: {kind: constant, value: 4},"
+        " max_tokens: 32}\ncost: {kind: linear, base_s: 0.01}\nkv_capacity_tokens: 4096\n"
+        "systems: [{name: p, scheduler: {kind: paged, swap_space_bytes: 9}}]\n")
+    for _ in range(2):
+        monkeypatch.setattr(sys, "argv", ["orcasim", "run", str(scenario), "--no-plots", "--force",
+                                          "--out", str(tmp_path / "out")])
+        with pytest.raises(SystemExit) as done:
+            main()
+        assert done.value.code == 0
+        assert "swap_space_bytes = 9 is not used" in capsys.readouterr().err
