@@ -131,19 +131,23 @@ def naming_system(scenario: Scenario, system: SystemConfig) -> contextlib.Abstra
     return naming_under(f"systems[{scenario.systems.index(system)}].", opening=("scheduler.", "cluster."))
 
 
-def check_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> None:
+def check_system(scenario: Scenario, system: SystemConfig, requests: Requests) -> list[list[Scheduler]]:
     """Build what `run_system` would run, without running it: its cost models read their
-    files, its fleet checks its pools (`orcasim validate`)."""
+    files, its fleet checks its pools (`orcasim validate`). Its schedulers, by pool (one
+    server's alone; a fleet's replicas; a disaggregated one's prefill, then decode instances),
+    each with its own KV capacity, as `check_some_fit` reads them."""
     cost_cfg = scenario.system_cost(system)
     engine_requests = at_the_engine(requests.for_run(), request_latency_s(cost_cfg))
     if system.cluster is not None and system.cluster.disaggregated:
         from orcasim.disagg import build_disaggregated
 
-        build_disaggregated(scenario, system, engine_requests)
-    elif system.cluster is not None:
-        build_fleet(scenario, system, engine_requests)
-    else:
-        build_cost_model(cost_cfg, scenario.deployment(), scenario.hardware)
+        fleet = build_disaggregated(scenario, system, engine_requests)
+        return [[r.scheduler for r in fleet.prefill], [r.scheduler for r in fleet.decode]]
+    if system.cluster is not None:
+        return [[r.scheduler for r in build_fleet(scenario, system, engine_requests).replicas]]
+    scheduler = scheduler_for(scenario, system, requests)  # its settings refused first
+    build_cost_model(cost_cfg, scenario.deployment(), scenario.hardware)
+    return [[scheduler]]
 
 
 def run_system(
@@ -270,9 +274,9 @@ def check_run(scenario: Scenario, base_dir: Path | None = None, where: str = "")
             check_warmup(scenario, requests)
             for system in scenario.systems:  # constructors check settings against the requests
                 with naming_system(scenario, system):
-                    check_some_fit(system.name, scheduler_for(scenario, system, requests),
-                                   len(requests))
-                    check_system(scenario, system, requests)  # and the cost files, a fleet's pools
+                    # and the cost files, a fleet's pools
+                    pools = check_system(scenario, system, requests)
+                    check_some_fit(system.name, pools, len(requests))
     except ScenarioError as e:
         if not where:
             raise
@@ -280,9 +284,12 @@ def check_run(scenario: Scenario, base_dir: Path | None = None, where: str = "")
     return len(requests)
 
 
-def check_some_fit(system_name: str, scheduler: Scheduler, num_requests: int) -> None:
-    """A system that can run none of the requests is refused before the run."""
-    if num_requests and all(scheduler.never_fits(i) for i in range(num_requests)):
+def check_some_fit(system_name: str, pools: list[list[Scheduler]], num_requests: int) -> None:
+    """A system that can run none of the requests is refused before the run. A request can
+    run where each pool (`check_system`'s) has an instance whose own KV memory holds it: a
+    fleet's group may have a capacity of its own, larger than the scenario's."""
+    if num_requests and not any(all(any(not s.never_fits(i) for s in pool) for pool in pools)
+                                for i in range(num_requests)):
         raise ScenarioError(f"{system_name}: every request is too large for its KV memory, so "
                             "none would run; expected a larger kv_capacity_tokens or shorter requests")
 

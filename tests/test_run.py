@@ -242,3 +242,38 @@ def test_none_where_the_python_api_expects_a_path_frame_or_object_is_named(case:
     with pytest.raises(error, match=message) as caught:
         call()  # type: ignore[operator]
     assert "\n" not in str(caught.value)
+
+
+# Requests of 600-700 tokens against a scenario's 512 KV tokens, on fleets whose groups or
+# pools give a capacity of their own (`fits`: 1,024 holds them, 512 does not).
+_LONG = {"workload.prompt_tokens": {"kind": "uniform", "low": 600, "high": 700},
+         "workload.output_tokens": {"kind": "constant", "value": 4},
+         "workload.max_tokens": 800, "workload.num_requests": 12}
+_PAGED = {"kind": "paged", "max_num_seqs": 4, "max_num_batched_tokens": 1024}
+
+
+@pytest.mark.parametrize(("scenario_kv", "cluster", "fits"), [
+    (512, {"replicas": [{"count": 2, "kv_capacity_tokens": 1024}]}, True),
+    (512, {"replicas": [{"count": 1}, {"count": 1, "kv_capacity_tokens": 1024}],
+           "router": {"kind": "least_outstanding"}}, True),
+    (1024, {"replicas": [{"count": 2, "kv_capacity_tokens": 512}]}, False),
+    (512, {"prefill": {"count": 1, "kv_capacity_tokens": 1024},
+           "decode": {"count": 1, "kv_capacity_tokens": 1024}, "link": {"kind": "nvlink"}}, True),
+    (1024, {"prefill": {"count": 1}, "decode": {"count": 1, "kv_capacity_tokens": 512},
+            "link": {"kind": "nvlink"}}, False),
+])
+def test_check_run_reads_each_groups_own_kv_capacity(scenario_kv: int, cluster: dict,
+                                                     fits: bool) -> None:
+    """`orcasim validate`'s "some request fits" asks each replica's own KV memory, as the run
+    does: it refused a fleet of 1,024-token replicas under a scenario's 512 that runs every
+    request (and passed 512-token replicas under a scenario's 1,024 that the run refuses)."""
+    from orcasim.run import check_run
+
+    sc = make_scenario(**_LONG, kv_capacity_tokens=scenario_kv,
+                       systems=[{"name": "fleet", "scheduler": _PAGED, "cluster": cluster}])
+    if fits:
+        assert check_run(sc) == 12
+        assert run_scenario(sc).systems["fleet"].summary["requests_completed"] > 0
+    else:
+        with pytest.raises(ScenarioError, match="fleet: every request is too large"):
+            check_run(sc)
