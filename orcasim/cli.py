@@ -746,7 +746,9 @@ def capacity(
         interrupted(_resume_command(["orcasim", "capacity", str(spec), *given], out_dir,
                                     set_ or [], backend, address))
     console.print(frame_table(*capacity_view(result.table, searched, name, slo_cfg)))
-    for line in cap.capacity_warnings(result, slo_cfg, target_rate):
+    run_requests = requests or getattr(scenario.workload, "num_requests", None)
+    for line in [*cap.capacity_warnings(result, slo_cfg, target_rate),
+                 *cap.tail_warnings(slo_cfg, run_requests)]:
         typer.echo(f"warning: {line}", err=True)
     best = cap.cheapest(result.table)
     if best is not None and (len(searched) > 1 or len(result.table) > 1):

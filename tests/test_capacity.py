@@ -392,6 +392,15 @@ def test_cli_writes_capacity_and_resumes(tmp_path: Path) -> None:
     assert "was run by orcasim 0.0.9" in older.output, older.output
 
 
+def test_capacity_says_when_a_tail_target_is_judged_on_a_handful(tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capacity", str(scenario_file(tmp_path)), "--out", str(out),
+                                 "--slo", "e2e_p99=60", "--requests", "100", "--replications", "1",
+                                 "--system", "orca", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "warning: e2e_p99 is judged on 100 requests a run, about 1 of them above" in result.output
+
+
 def grid_file(tmp_path: Path) -> Path:
     """A configuration search over the test scenario: Orca at batch sizes 1 and 8."""
     path = scenario_file(tmp_path)

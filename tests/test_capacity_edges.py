@@ -906,3 +906,20 @@ def test_a_run_that_admitted_nothing_in_its_window_measures_nothing() -> None:
                            3, cap.SearchSettings(num_requests=100))
     result = cap.run_capacity(jobs, workers=2)
     assert result.table["max_rate_per_s"].iloc[0] > 8.5, result.table
+
+
+def test_a_tail_judged_on_a_handful_of_requests_is_said() -> None:
+    """capadv's finding: over --requests 300 a p99 target has 3 requests above it a run, and
+    an M/D/1 server with e2e_p99 <= 2 (8.856 req/s) answered 9.5; at p90 over 300 and p99
+    over 2,000 the intervals held the truth."""
+    slo = slo_from_strings(["e2e_p99=2", "ttft_p90=1", "tpot_p100=1"])
+    lines = cap.tail_warnings(slo, 300)
+    assert len(lines) == 1 and lines[0].startswith("e2e_p99 is judged on 300 requests a run, "
+                                                   "about 3 of them above its percentile")
+    assert "--requests 1,000 or more put 10 above it" in lines[0]
+    assert cap.tail_warnings(slo, 2000) == []  # 20 above the p99
+    assert cap.tail_warnings(slo, None) == []  # a count the command does not know
+    assert len(cap.tail_warnings(slo_from_strings(["e2e_p95=2"]), 100)) == 1  # 5 above
+    assert cap.tail_warnings(slo_from_strings(["e2e_p95=2"]), 200) == []  # 10 above: enough
+    assert cap.tail_warnings(slo_from_strings(["e2e_p90=2"]), 100) == []  # exactly 10 above
+    assert "--requests 10,000 or more" in cap.tail_warnings(slo_from_strings(["e2e_p99.9=2"]), 2000)[0]
