@@ -41,6 +41,7 @@ from orcasim.yaml_strict import is_scenario_file, is_sweep_file
 if TYPE_CHECKING:
     import pandas as pd
 
+    from orcasim.capacity import CapacityResult
     from orcasim.scenario import Scenario
     from orcasim.slo import SLOConfig
     from orcasim.sweeps import Sweep
@@ -698,24 +699,9 @@ def capacity(
         slo_cfg = _capacity_slo(scenario, slo, attainment)
         for line in held_by_share(slo_cfg):
             typer.echo(f"warning: {line}", err=True)
-        # Each option alone: one check named all three, whichever was wrong.
-        if replications < 1:
-            fail(f"--replications = {replications}: expected at least 1")
-        if not cap.MIN_REL_TOL <= rel_tol < 1:
-            # Below a float's resolution the bisection never ends (1 + 1e-300 is 1).
-            fail(f"--rel-tol = {rel_tol:g}: expected {cap.MIN_REL_TOL:g} <= rel-tol < 1")
-        if requests > MAX_REQUESTS:  # else refused by the first search as its workload's key
-            fail(f"--requests {requests}: expected at most {MAX_REQUESTS:,}, as "
-                 "workload.num_requests")
-        if requests < 0 or 0 < requests < cap.MIN_SEARCH_REQUESTS:
-            fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
-                 f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "
-                 "a run (fewer pass at any rate)")
+        _check_capacity_numbers(replications, rel_tol, requests, price_per_gpu_hour, target_rate)
         if requests:
             _refuse_counts_the_search_sets(spec, set_ or [], requests)
-        for flag, value in (("--price-per-gpu-hour", price_per_gpu_hour), ("--target-rate", target_rate)):
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                fail(f"{flag} = {value:g}: expected a positive finite number")
         settings = cap.SearchSettings(rel_tol, requests or None)
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)
@@ -745,8 +731,44 @@ def capacity(
         # --resume (with the same options)' was no command to paste, as a sweep's is.
         interrupted(_resume_command(["orcasim", "capacity", str(spec), *given], out_dir,
                                     set_ or [], backend, address))
-    console.print(frame_table(*capacity_view(result.table, searched, name, slo_cfg)))
     run_requests = requests or getattr(scenario.workload, "num_requests", None)
+    _print_capacity(result, searched, name, slo_cfg, run_requests, target_rate)
+    typer.echo(f"{result.ran} searches run, {result.skipped} already done; written to {out_dir}/")
+    if result.failed:
+        for o in result.failed:
+            typer.echo(f"  failed {o.id}: {o.error}", err=True)
+        raise typer.Exit(EXIT_VERDICT)
+
+
+def _check_capacity_numbers(replications: int, rel_tol: float, requests: int,
+                            price_per_gpu_hour: float | None, target_rate: float | None) -> None:
+    """`orcasim capacity`'s numeric options, each checked alone: one check named all three,
+    whichever was wrong."""
+    from orcasim import capacity as cap
+
+    if replications < 1:
+        fail(f"--replications = {replications}: expected at least 1")
+    if not cap.MIN_REL_TOL <= rel_tol < 1:
+        # Below a float's resolution the bisection never ends (1 + 1e-300 is 1).
+        fail(f"--rel-tol = {rel_tol:g}: expected {cap.MIN_REL_TOL:g} <= rel-tol < 1")
+    if requests > MAX_REQUESTS:  # else refused by the first search as its workload's key
+        fail(f"--requests {requests}: expected at most {MAX_REQUESTS:,}, as "
+             "workload.num_requests")
+    if requests < 0 or 0 < requests < cap.MIN_SEARCH_REQUESTS:
+        fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
+             f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "
+             "a run (fewer pass at any rate)")
+    for flag, value in (("--price-per-gpu-hour", price_per_gpu_hour), ("--target-rate", target_rate)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            fail(f"{flag} = {value:g}: expected a positive finite number")
+
+
+def _print_capacity(result: CapacityResult, searched: list[dict[str, Any]], name: str, slo_cfg: SLOConfig,
+                    run_requests: int | None, target_rate: float | None) -> None:
+    """The capacity table, its warnings and the cheapest configuration within the SLOs."""
+    from orcasim import capacity as cap
+
+    console.print(frame_table(*capacity_view(result.table, searched, name, slo_cfg)))
     for line in [*cap.capacity_warnings(result, slo_cfg, target_rate),
                  *cap.tail_warnings(slo_cfg, run_requests)]:
         typer.echo(f"warning: {line}", err=True)
@@ -758,11 +780,6 @@ def capacity(
                 else f"${best['cost_per_million_tokens']:.4g} per million output tokens")
         typer.echo(f"cheapest within the SLOs: {best['system']} at {where}: {cost}, "
                    f"{best['max_rate_per_s']:.4g} req/s each")
-    typer.echo(f"{result.ran} searches run, {result.skipped} already done; written to {out_dir}/")
-    if result.failed:
-        for o in result.failed:
-            typer.echo(f"  failed {o.id}: {o.error}", err=True)
-        raise typer.Exit(EXIT_VERDICT)
 
 
 # The printed capacity table's headers, with their units: `goodput_per_gpu 13.55` did not
