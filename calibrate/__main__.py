@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import numpy as np
 import yaml
 
-from calibrate.logs import DEFAULT_PARAMETERS
+from calibrate.logs import AUTO, DEFAULT_PARAMETERS
 from orcasim.config import ScenarioError
 from orcasim.exits import (
     EXIT_BAD_INPUT,
@@ -123,9 +123,19 @@ def _above_zero(text: str) -> float:
     return value
 
 
-def finite_at_least_zero(text: str) -> float:
-    """An argparse type: a finite number >= 0 (`--prior-weight`, here and in
+def prior_weight(text: str) -> float | str:
+    """An argparse type: `auto` or a finite number >= 0 (`--prior-weight`, here and in
     scenarios/validation/leave_one_out.py)."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return finite_at_least_zero(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {AUTO} or a finite number >= 0") from None
+
+
+def finite_at_least_zero(text: str) -> float:
+    """An argparse type: a finite number >= 0 (`--prior-weight`'s weight)."""
     try:
         value = float(text)
     except ValueError:
@@ -228,9 +238,10 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--force", action="store_true", help="overwrite --out")
     logs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a scenario field, as `orcasim run --set`")
-    logs.add_argument("--prior-weight", type=finite_at_least_zero, default=0.0, metavar="W",
+    logs.add_argument("--prior-weight", type=prior_weight, default=0.0, metavar="W",
                       help="pull each fitted term toward the scenario's value: add W times its "
-                           "squared log-ratio to the loss (default 0: no prior)")
+                           "squared log-ratio to the loss (default 0: no prior; auto: W = the "
+                           "loss of a fit without one / (logs x ln(4)^2))")
     logs.set_defaults(func=cmd_logs)
     return p
 
@@ -426,7 +437,7 @@ def fit_names(text: str) -> tuple[str, ...]:
 def cmd_logs(args: argparse.Namespace) -> None:
     from calibrate.logs import (
         current_values,
-        fit,
+        fit_under,
         ineffective_terms,
         inline_calibrated,
         leave_one_out,
@@ -469,7 +480,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
         warnings.warn(f"one log ({logs[0].name}): none is left out, so error_left_out stays empty; "
                       "give two or more runs to score the fit on one it never saw",
                       UserWarning, stacklevel=2)
-    result = fit(scenario, logs, system, parameters, base_dir, prior_weight=args.prior_weight)
+    result = fit_under(scenario, logs, system, parameters, base_dir, args.prior_weight)
     if result.prior is not None and set(result.prior.centre) != set(parameters):
         free = [p for p in parameters if p not in result.prior.centre]
         warnings.warn(f"--prior-weight: {', '.join(free)} {'is' if len(free) == 1 else 'are'} 0 in "

@@ -20,7 +20,8 @@ engine's overhead (`overhead.per_iteration_s`, `overhead.per_sequence_s`,
        responses, has no log-ratio and is left out)
 
    plus, with `--prior-weight W` above 0, W times each term's squared log-ratio to the
-   scenario's value (`Prior`: a MAP fit, for terms the logs cannot tell apart)
+   scenario's value (`Prior`: a MAP fit, for terms the logs cannot tell apart); with
+   `--prior-weight auto`, W from the loss of a fit without one (`auto_prior_weight`)
 
    A simulation's loss is rugged at fine scale (a coefficient 1% off can admit a request
    an iteration later), so the simplex starts narrow, and restarts narrower still. A
@@ -153,6 +154,24 @@ class Prior:
         the search in log space holds it at."""
         return self.weight * sum(math.log(max(values[p], floors.get(p, 0.0)) / c) ** 2
                                  for p, c in self.centre.items())
+
+
+# The prior's log-sd on each engine term: the spread of Vidur's own measurements of them at
+# TP 1 (cpu_overheads.csv: OPT-13B's 0.81 ms an iteration and 0.042 ms a request at 6d98aa8;
+# Llama-2-7B's 1.20 and 0.100 and CodeLlama-34B's 1.12 and 0.162 at 0633efa: a factor of 1.5
+# an iteration and 3.9 a request, the wider taken for both; results/validation/README.md).
+PRIOR_LOG_SD = math.log(4.0)
+# `--prior-weight auto`: the weight from the fit without a prior (`auto_prior_weight`).
+AUTO = "auto"
+PriorWeight = float | str  # a weight >= 0, or AUTO
+
+
+def auto_prior_weight(data_loss: float, num_logs: int) -> float:
+    """W = s^2 / (n sigma^2): s^2 the logs' loss at the fit without a prior (their residual
+    log-variance), n the logs (one independent error a log: a run's error is mostly its
+    engine's own speed, results/validation/README.md), sigma `PRIOR_LOG_SD`. Logs fitted
+    exactly give 0, no prior: a fit that needs no help gets none."""
+    return data_loss / (num_logs * PRIOR_LOG_SD ** 2)
 
 
 def sourced_prior(scenario: Scenario, system: str, parameters: tuple[str, ...],
@@ -736,6 +755,20 @@ def fit(scenario: Scenario, logs: list[ServingLog], system: str,
                prior_penalty=objective.penalty_of(values))
 
 
+def fit_under(scenario: Scenario, logs: list[ServingLog], system: str,
+              parameters: tuple[str, ...] = DEFAULT_PARAMETERS, base_dir: Path | None = None,
+              prior_weight: PriorWeight = 0.0) -> Fit:
+    """`fit` with `prior_weight` a weight or `AUTO`: fitted without a prior first, then, at
+    the weight that fit's loss gives (`auto_prior_weight`), with one, from the same start."""
+    if prior_weight != AUTO:
+        return fit(scenario, logs, system, parameters, base_dir, prior_weight=float(prior_weight))
+    free = fit(scenario, logs, system, parameters, base_dir)
+    weight = auto_prior_weight(free.loss, len(logs))
+    if weight == 0:
+        return free
+    return fit(scenario, logs, system, parameters, base_dir, prior_weight=weight)
+
+
 def _at_centre(x0: np.ndarray, names: Sequence[str], prior: Prior) -> np.ndarray:
     """`x0` with each term the prior holds at its centre (log space)."""
     x = x0.copy()
@@ -871,15 +904,16 @@ def scored_error(scenario: Scenario, log: ServingLog, system: str, base_dir: Pat
 
 def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
                   parameters: tuple[str, ...], base_dir: Path | None = None,
-                  prior_weight: float = 0.0) -> None:
-    """Fit on all logs but one, score the one; fills `result.left_out_*` in place.
+                  prior_weight: PriorWeight = 0.0) -> None:
+    """Fit on all logs but one, score the one; fills `result.left_out_*` in place. Under
+    `AUTO` each fit takes its own weight, from its own logs.
 
     Each fit starts where a fit of those logs alone would, from the scenario's values, not
     from `result` (the fit on all logs, the held-out one among them): started there, a
     left-out fit on three test logs came back 13% off the fit that never saw the fourth."""
     for k, held in enumerate(logs):
         others = logs[:k] + logs[k + 1:]
-        partial = fit(scenario, others, system, parameters, base_dir, prior_weight=prior_weight)
+        partial = fit_under(scenario, others, system, parameters, base_dir, prior_weight)
         result.left_out_parameters[held.name] = partial.parameters
         result.left_out_errors[held.name] = scored_error(
             with_cost(scenario, partial.parameters, system), held, system, base_dir)

@@ -642,7 +642,73 @@ def test_a_bad_prior_weight_is_one_line(short_logs: list[Path], tmp_path: Path, 
               str(tmp_path / "c.yaml"), "--prior-weight", bad])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"--prior-weight: {bad!r}: expected a finite number >= 0" in err
+    assert len(err.splitlines()) == 1 and f"--prior-weight: {bad!r}: expected auto or a finite number >= 0" in err
+
+
+def test_the_automatic_prior_weight_is_the_loss_over_logs_and_the_sourced_spread() -> None:
+    """W = s^2 / (n sigma^2): the vLLM fits' loss of 0.015 over three runs gives the 0.0026
+    that results/validation/README.md chose by hand (sigma = ln 4)."""
+    from calibrate.logs import PRIOR_LOG_SD, auto_prior_weight
+
+    assert PRIOR_LOG_SD == pytest.approx(np.log(4.0))
+    assert auto_prior_weight(0.015, 3) == pytest.approx(0.0026, rel=0.005)
+    assert auto_prior_weight(0.015, 1) == pytest.approx(3 * auto_prior_weight(0.015, 3))
+    assert auto_prior_weight(0.0, 4) == 0.0
+
+
+def test_an_automatic_prior_refits_at_the_weight_the_free_fits_loss_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fit_under(..., AUTO)`: a fit without a prior, then one at auto_prior_weight(its loss,
+    the logs); a free fit of loss 0 is the answer (no prior: nothing to help). Each fit of
+    the leave-one-out takes its own weight, from its own logs (fits stubbed: their loss is
+    0.01 a log)."""
+    import calibrate.logs as logs_module
+    from calibrate.logs import AUTO, Fit, auto_prior_weight, fit_under, leave_one_out
+
+    calls: list[tuple[int, float]] = []
+
+    def stub(scenario, logs, system, parameters=(), base_dir=None, start=None,  # noqa: ANN001
+             survey_points=0, prior_weight=0.0) -> Fit:  # noqa: ANN001
+        calls.append((len(logs), prior_weight))
+        return Fit({"p": 1.0 + prior_weight}, 0.01 * len(logs) * (prior_weight == 0), 1)
+
+    monkeypatch.setattr(logs_module, "fit", stub)
+    monkeypatch.setattr(logs_module, "scored_error", lambda *a, **k: 0.0)
+    monkeypatch.setattr(logs_module, "with_cost", lambda scenario, *a, **k: scenario)
+    logs = ["a", "b", "c"]
+    result = fit_under(None, logs, "s", ("p",), None, AUTO)  # type: ignore[arg-type]
+    assert calls == [(3, 0.0), (3, auto_prior_weight(0.03, 3))]
+    assert result.parameters == {"p": 1.0 + auto_prior_weight(0.03, 3)}
+    calls.clear()
+    assert fit_under(None, logs, "s", ("p",), None, 0.5).parameters == {"p": 1.5}  # type: ignore[arg-type]
+    assert calls == [(3, 0.5)]
+    calls.clear()
+    leave_one_out(None, [_Named(n) for n in logs], "s", Fit({}, 0.0, 0), ("p",), None, AUTO)  # type: ignore[arg-type]
+    assert calls == [(2, 0.0), (2, auto_prior_weight(0.02, 2))] * 3
+    monkeypatch.setattr(logs_module, "fit", lambda *a, **k: Fit({"p": 2.0}, 0.0, 1))
+    assert fit_under(None, logs, "s", ("p",), None, AUTO).parameters == {"p": 2.0}  # type: ignore[arg-type]
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_an_automatic_prior_leaves_a_fit_of_noise_free_logs_where_it_was(
+        short_logs: list[Path], tmp_path: Path) -> None:
+    """`calibrate logs --prior-weight auto` on logs of TRUE (4x, 6x and 20x the scenario's
+    terms): the fit without a prior fits them all but exactly, so the weight is next to 0 and
+    the terms still come back within the round trip's 2%, where a weight of 1e3 holds them
+    at the scenario's (test_a_heavy_prior_keeps_the_terms_at_the_scenarios_values)."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    out = tmp_path / "cost.yaml"
+    assert main(["logs", *map(str, short_logs), "--scenario", str(scenario), "--out", str(out),
+                 "--no-leave-one-out", "--prior-weight", "auto"]) == 0
+    record = yaml.safe_load(out.read_text())["calibration"]
+    assert "prior" not in record or record["prior"]["weight"] < 1e-6, record.get("prior")
+    for name, value in TRUE.items():
+        assert record["parameters"][name] == pytest.approx(value, rel=ROUND_TRIP_RTOL), name
 
 
 def test_the_record_holds_the_prior_and_says_which_terms_it_does_not_hold(

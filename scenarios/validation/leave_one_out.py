@@ -16,7 +16,9 @@ Writes `results/validation/<setup>_leave_one_out.yaml` (each held-out run's para
 errors, the start, the commit); with `--only`, the named runs only, merged into that file.
 With `--prior-weight W` above 0 each fit is penalised toward the defaults it starts from
 (`calibrate logs --prior-weight`, `calibrate.logs.Prior`), recorded in
-`<setup>_leave_one_out_prior_<W>.yaml`.
+`<setup>_leave_one_out_prior_<W>.yaml`; with `--prior-weight auto` each fit of three runs
+takes the weight its own fit without a prior gives (`calibrate.logs.auto_prior_weight`),
+recorded per run, in `<setup>_leave_one_out_prior_auto.yaml`.
 vLLM: 10 minutes for the four runs on two cores, DistServe's 24 (2026-12-06, other work
 beside them; 5 each before the search from two starts, daaf846).
 """
@@ -35,10 +37,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from calibrate.__main__ import finite_at_least_zero  # noqa: E402
+from calibrate.__main__ import prior_weight  # noqa: E402
 from calibrate.logs import (  # noqa: E402
     DEFAULT_PARAMETERS,
-    fit,
+    PriorWeight,
+    fit_under,
     read_logs,
     scored_error,
     with_cost,
@@ -70,18 +73,19 @@ def from_defaults(scenario: Scenario) -> Scenario:
     return with_cost(scenario, values)
 
 
-def one_fold(setup: str, held_name: str, prior_weight: float = 0.0) -> dict[str, Any]:
+def one_fold(setup: str, held_name: str, weight: PriorWeight = 0.0) -> dict[str, Any]:
     path, runs, parameters = SETUPS[setup]
     scenario = from_defaults(load_scenario(path))
     system = scenario.systems[0].name
     logs = read_logs([resolve_data_path(p) for p in runs])
     held = next(log for log in logs if log.name == held_name)
     others = [log for log in logs if log is not held]
-    result = fit(scenario, others, system, parameters, HERE, prior_weight=prior_weight)
+    result = fit_under(scenario, others, system, parameters, HERE, weight)
     fitted = with_cost(scenario, result.parameters, system)
     return {"parameters": result.parameters, "error_fitted": result.fitted_errors,
             "error_left_out": scored_error(fitted, held, system, HERE),
-            "evaluations": result.evaluations}
+            "evaluations": result.evaluations,
+            **({"prior_weight": result.prior.weight} if result.prior is not None else {})}
 
 
 def main() -> None:
@@ -89,8 +93,9 @@ def main() -> None:
     parser.add_argument("--setup", choices=tuple(SETUPS), default="vllm")
     parser.add_argument("--only", nargs="+", metavar="RUN", help="runs by name (default: all four)")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--prior-weight", type=finite_at_least_zero, default=0.0, metavar="W",
-                        help="a sourced prior's weight (calibrate logs --prior-weight; default 0)")
+    parser.add_argument("--prior-weight", type=prior_weight, default=0.0, metavar="W",
+                        help="a sourced prior's weight, or auto (calibrate logs --prior-weight; "
+                             "default 0)")
     args = parser.parse_args()
     path, runs, parameters = SETUPS[args.setup]
     names = [Path(p).stem for p in runs]
@@ -101,7 +106,8 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         folds = dict(zip(only, pool.map(one_fold, [args.setup] * len(only), only,
                                         [args.prior_weight] * len(only)), strict=True))
-    suffix = f"_prior_{args.prior_weight:g}" if args.prior_weight else ""
+    suffix = (f"_prior_{args.prior_weight}" if isinstance(args.prior_weight, str)
+              else f"_prior_{args.prior_weight:g}" if args.prior_weight else "")
     out = ROOT / "results" / "validation" / f"{args.setup}_leave_one_out{suffix}.yaml"
     record: dict[str, Any] = yaml.safe_load(out.read_text()) if out.exists() else {}
     start = from_defaults(load_scenario(path))
