@@ -42,6 +42,7 @@ p90), the error to expect on a new run of the same setup.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
@@ -148,6 +149,8 @@ class Prior:
 
     weight: float
     centre: dict[str, float]
+    # How the weight was chosen: given, or AUTO (`auto_prior_weight`, from a fit without one).
+    chosen: str = "given"
 
     def penalty(self, values: dict[str, float], floors: dict[str, float]) -> float:
         """The penalty at `values`; a term at 0 is taken at its floor (`zero_floors`), what
@@ -766,7 +769,10 @@ def fit_under(scenario: Scenario, logs: list[ServingLog], system: str,
     weight = auto_prior_weight(free.loss, len(logs))
     if weight == 0:
         return free
-    return fit(scenario, logs, system, parameters, base_dir, prior_weight=weight)
+    held = fit(scenario, logs, system, parameters, base_dir, prior_weight=weight)
+    if held.prior is not None:
+        held.prior = dataclasses.replace(held.prior, chosen=AUTO)
+    return held
 
 
 def _at_centre(x0: np.ndarray, names: Sequence[str], prior: Prior) -> np.ndarray:
@@ -993,8 +999,9 @@ def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
         "metrics": [m for m in METRICS if any(m in fitted_metrics(log.real) for log in logs)],
         "fit_percentiles": list(FIT_PERCENTILES), "loss": result.loss,
         "evaluations": result.evaluations,
-        **({"prior": {"weight": result.prior.weight, "centre": result.prior.centre,
-                      "penalty": result.prior_penalty}} if result.prior is not None else {}),
+        **({"prior": {"weight": result.prior.weight, "chosen": result.prior.chosen,
+                      "centre": result.prior.centre, "penalty": result.prior_penalty}}
+           if result.prior is not None else {}),
         "parameters": result.parameters,
         "error_fitted": result.fitted_errors,
         "error_left_out": result.left_out_errors,

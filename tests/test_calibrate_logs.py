@@ -706,7 +706,8 @@ def test_an_automatic_prior_leaves_a_fit_of_noise_free_logs_where_it_was(
     assert main(["logs", *map(str, short_logs), "--scenario", str(scenario), "--out", str(out),
                  "--no-leave-one-out", "--prior-weight", "auto"]) == 0
     record = yaml.safe_load(out.read_text())["calibration"]
-    assert "prior" not in record or record["prior"]["weight"] < 1e-6, record.get("prior")
+    assert "prior" not in record or (record["prior"]["weight"] < 1e-6
+                                     and record["prior"]["chosen"] == "auto"), record.get("prior")
     for name, value in TRUE.items():
         assert record["parameters"][name] == pytest.approx(value, rel=ROUND_TRIP_RTOL), name
 
@@ -724,7 +725,7 @@ def test_the_record_holds_the_prior_and_says_which_terms_it_does_not_hold(
                      "--fit", "overhead.per_sequence_s,overhead.per_prefill_token_s",
                      "--no-leave-one-out", "--prior-weight", "0.01"]) == 0
     record = yaml.safe_load(out.read_text())["calibration"]
-    assert record["prior"]["weight"] == 0.01
+    assert record["prior"]["weight"] == 0.01 and record["prior"]["chosen"] == "given"
     assert record["prior"]["centre"] == {"overhead.per_sequence_s": 1e-4}
     assert record["prior"]["penalty"] == pytest.approx(
         0.01 * np.log(record["parameters"]["overhead.per_sequence_s"] / 1e-4) ** 2)

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import splitwise_fit  # noqa: E402
 
+from calibrate.logs import AUTO  # noqa: E402
 from orcasim.cost import build_cost_model  # noqa: E402
 from orcasim.cost.base import Batch, CostModel  # noqa: E402
 from orcasim.cost.roofline import Roofline  # noqa: E402
@@ -409,15 +410,26 @@ LEFT_OUT_NOTES = {"vllm": [
     "a prediction of it. The other three runs' scores are unchanged (25.9, 6.7, 3.8%).", ""]}
 
 
-def prior_records(setup: str) -> dict[float, dict[str, Any]]:
+def prior_records(setup: str) -> dict[str, dict[str, Any]]:
     """The left-out records of fits under a sourced prior (`leave_one_out.py --prior-weight`),
-    by weight, where a record holds all four runs."""
+    by weight as given (a number, or `auto`: each fit's own, in its fold), heaviest first and
+    `auto` last, where a record holds all four runs."""
     records = {}
     for path in OUT.glob(f"{setup}_leave_one_out_prior_*.yaml"):
         record = yaml.safe_load(path.read_text())
         if len(record["left_out"]) == 4:
-            records[float(record["prior_weight"])] = record
-    return dict(sorted(records.items(), reverse=True))
+            weight = record["prior_weight"]
+            records[weight if isinstance(weight, str) else f"{float(weight):g}"] = record
+    return dict(sorted(records.items(), key=lambda item: (item[0] == AUTO, -_weight(item[0]))))
+
+
+def _weight(label: str) -> float:
+    return 0.0 if label == AUTO else float(label)
+
+
+def _fold_weight(label: str, fold: dict[str, Any]) -> str:
+    """A fold's weight: the record's, or under `auto` the one its own fit took."""
+    return f"{fold.get('prior_weight', 0.0):.2g} ({AUTO})" if label == AUTO else label
 
 
 # Why the weights are what they are: chosen from these figures before any left-out score
@@ -446,7 +458,7 @@ def prior_lines(setup: str) -> list[str]:
     if not records or honest is None:
         return []
     scores = pd.DataFrame({"from the defaults": honest, **{
-        f"with the prior, W = {w:g}": pd.Series({name: fold["error_left_out"]
+        f"with the prior, W = {w}": pd.Series({name: fold["error_left_out"]
                                                   for name, fold in r["left_out"].items()})
         for w, r in records.items()}})
     scores.loc["median"] = scores.median()
@@ -454,7 +466,7 @@ def prior_lines(setup: str) -> list[str]:
              "|---|---|---|---|---|---|"]
     for w, record in records.items():
         for name, fold in record["left_out"].items():
-            terms.append(f"| {name} | {w:g} | " + " | ".join(
+            terms.append(f"| {name} | {_fold_weight(w, fold)} | " + " | ".join(
                 _fitted_term(fold["parameters"], term, scale, digits)
                 for term, scale, digits in PRIOR_TERMS) + " |")
     commits = ", ".join(sorted({str(r["commit"]) for r in records.values()}))
