@@ -63,6 +63,7 @@ from orcasim.engine import EngineRun, finished_run
 from orcasim.fleet import (
     BuiltCosts,
     ReplicaSpec,
+    SchedulersByKind,
     built_models,
     cost_models,
     naming_group,
@@ -470,13 +471,14 @@ def build_disaggregated(scenario: Scenario, system: SystemConfig,
     for k, (pool, view) in enumerate(((cluster.prefill, prefill_requests),
                                       (cluster.decode, requests))):
         base = Recorder(len(requests))
+        kinds: SchedulersByKind = {}  # each pool its own: a request runs on one of each
         with naming_group(f"cluster.{('prefill', 'decode')[k]}", pool):
             specs = pool_specs(scenario, system, pool)
             all_specs += specs
             for spec, cost in zip(specs, cost_models(specs, built), strict=True):
                 replica = replica_for(spec, view, cost, source, shared_recorder(view, base),
                                       scenario.engine.mode, (scenario.warmup_s,), index,
-                                      fused=k == 0)
+                                      fused=k == 0, pool=kinds)
                 if k == 0:
                     _hold_finished(replica)
                 pools[k].append(replica)

@@ -48,6 +48,7 @@ from orcasim.replica import Replica, Stepper, drive, share_a_router, shared_reco
 from orcasim.requests import Requests
 from orcasim.scenario import Scenario, SystemConfig
 from orcasim.schedulers import SchedulerConfig, build_scheduler
+from orcasim.schedulers.base import Scheduler
 from orcasim.schedulers.iteration_level import IterationLevelConfig
 from orcasim.sources import ArrivalSource, RoutedSource
 
@@ -165,11 +166,13 @@ def _settings(values: dict[str, Any], files: set[str], prefix: str = "") -> list
 def replica_for(
     spec: ReplicaSpec, requests: Requests, cost: CostModel, source: ArrivalSource,
     recorder: Recorder, mode: EngineMode, row_breaks_s: tuple[float, ...] = (), index: int = 0,
-    fused: bool = True,
+    fused: bool = True, pool: SchedulersByKind | None = None,
 ) -> Replica:
     """One replica of `spec` over `requests`, reporting to `source`. `fused=False` keeps
     the generic stepper for plain Orca (a decode instance's requests arrive prefilled,
-    which the fused loop does not model)."""
+    which the fused loop does not model). Replicas built with one `pool` (a pool's, over the
+    same `requests`) share their schedulers' per-request state by kind
+    (`Scheduler.share_per_request_state`)."""
     deployment = spec.deployment()
     stages = spec.hardware.pipeline_parallel if spec.hardware else 1
     warn_unpipelined(spec.scheduler, stages, hardware_first=spec.own_hardware)
@@ -177,14 +180,28 @@ def replica_for(
     if stages > 1 and isinstance(spec.scheduler, IterationLevelConfig):
         pipelined = PipelinedIterationLevelScheduler(spec.scheduler, requests, spec.kv_capacity_tokens,
                                                      spec.kv_groups)
+        _join_pool(pipelined, pool)
         layers = None if deployment is None else stage_layers(deployment.model, stages)
         stepper = PipelineStepper(pipelined, cost, recorder, stages, layers)
         return Replica(stepper, source, recorder, (), index)  # rows are per iteration already
     kv_bytes = None if deployment is None else deployment.kv_bytes_per_token_per_gpu
     scheduler = build_scheduler(spec.scheduler, requests, spec.kv_capacity_tokens, kv_bytes,
                                 spec.kv_groups)
+    _join_pool(scheduler, pool)
     stepper = stepper_for(scheduler, cost, recorder, mode, fused)
     return Replica(stepper, source, recorder, row_breaks_s, index)
+
+
+# A pool's first scheduler of each kind, whose per-request state the others share.
+SchedulersByKind = dict[type, Scheduler]
+
+
+def _join_pool(scheduler: Scheduler, pool: SchedulersByKind | None) -> None:
+    if pool is None:
+        return
+    first = pool.setdefault(type(scheduler), scheduler)
+    if first is not scheduler:
+        scheduler.share_per_request_state(first)
 
 
 # Cost models built, by the id of their spec, each kept with its spec: a spec freed once
@@ -321,8 +338,11 @@ class Fleet:
         return pd.concat(frames, ignore_index=True)
 
 
-def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) -> Fleet:
-    """`system`'s cluster over `requests` (a run's own table, as they reach the engines)."""
+def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests,
+                share_state: bool = True) -> Fleet:
+    """`system`'s cluster over `requests` (a run's own table, as they reach the engines).
+    `share_state=False` gives each replica's scheduler its own per-request arrays (the same
+    results, in 16 times the memory for 16 replicas: tests read each replica's alone)."""
     assert system.cluster is not None
     if system.cluster.link != LinkConfig():  # read only between a prefill and a decode pool
         warnings.warn(f"system {system.name}: cluster.link is not used: a colocated cluster "
@@ -334,6 +354,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
     built: BuiltCosts = {}
     all_specs: list[ReplicaSpec] = []
     groups: list[int] = []
+    pool: SchedulersByKind | None = {} if share_state else None
     for g, group in enumerate(system.cluster.groups()):
         with naming_group(f"cluster.replicas[{g}]", group):
             specs = pool_specs(scenario, system, group)
@@ -341,7 +362,7 @@ def build_fleet(scenario: Scenario, system: SystemConfig, requests: Requests) ->
                 replicas.append(replica_for(spec, requests, cost, source,
                                             shared_recorder(requests, recorder),
                                             scenario.engine.mode, (scenario.warmup_s,),
-                                            len(replicas)))
+                                            len(replicas), pool=pool))
         all_specs += specs
         groups += [g] * len(specs)
     share_a_router(replicas)

@@ -414,9 +414,13 @@ def fleet_requests(system_name: str, requests: Requests, run: EngineRun,
 def add_scheduler_columns(reqs: pd.DataFrame, schedulers: list[Scheduler]) -> None:
     """Per-request counts the schedulers keep (wherever the request ran): evictions, and
     the prefix cache's hit at first admission and prefill tokens saved over all admissions."""
-    reqs["preemptions"] = sum(s.preemptions_per_request for s in schedulers)
-    reqs["cached_tokens"] = sum(s.cached_tokens for s in schedulers)
-    reqs["prefill_saved_tokens"] = sum(s.prefill_saved_tokens for s in schedulers)
+    for column, name in (("preemptions", "preemptions_per_request"),
+                         ("cached_tokens", "cached_tokens"),
+                         ("prefill_saved_tokens", "prefill_saved_tokens")):
+        # Once each: a pool's replicas of one kind hold one array
+        # (`Scheduler.share_per_request_state`).
+        arrays = {id(a): a for a in (getattr(s, name) for s in schedulers)}
+        reqs[column] = sum(arrays.values())
 
 
 def run_cluster(

@@ -204,13 +204,41 @@ def test_each_replica_keeps_only_its_own_requests_progress_in_both_modes() -> No
     for mode in ("fast", "reference"):
         scenario = _scenario(SCHEDULERS["paged"], mode, {**MIXED_FLEET, "router": {"kind": "random"}},
                              **{"workload.arrival": {"kind": "poisson", "rate_per_s": 30.0}})
-        fleet = build_fleet(scenario, scenario.systems[0], make_requests_for(scenario))
+        fleet = build_fleet(scenario, scenario.systems[0], make_requests_for(scenario),
+                            share_state=False)
         fleet.run()
         progress[mode] = [(r.scheduler.generated, r.scheduler.computed) for r in fleet.replicas]
         for r, (generated, _) in zip(fleet.replicas, progress[mode], strict=True):
             assert not generated[fleet.assigned != r.index].any(), (mode, r.index)
     for (gen_f, comp_f), (gen_r, comp_r) in zip(progress["fast"], progress["reference"], strict=True):
         assert np.array_equal(gen_f, gen_r) and np.array_equal(comp_f, comp_r)
+
+
+def test_a_pools_replicas_of_one_kind_share_their_per_request_state_and_results() -> None:
+    """Built as runs build them, a fleet's replicas of one scheduler kind hold one set of
+    per-request arrays (`Scheduler.share_per_request_state`): in both modes, each shared array
+    is the sum of the replicas' own arrays built apart (each nonzero only on its own requests,
+    the test above), and the requests' timestamps are the same bits."""
+    for mode in ("fast", "reference"):
+        scenario = _scenario(SCHEDULERS["paged"], mode, {**MIXED_FLEET, "router": {"kind": "random"}},
+                             **{"workload.arrival": {"kind": "poisson", "rate_per_s": 30.0}})
+        fleets = [build_fleet(scenario, scenario.systems[0], make_requests_for(scenario),
+                              share_state=share) for share in (True, False)]
+        for fleet in fleets:
+            fleet.run()
+        shared, apart = fleets
+        kinds = {type(r.scheduler) for r in shared.replicas}
+        sizes = [sum(type(r.scheduler) is kind for r in shared.replicas) for kind in kinds]
+        assert len(kinds) > 1 and max(sizes) > 1, sizes  # one set per kind, some shared
+        for kind in kinds:
+            mine = [r.scheduler for r in shared.replicas if type(r.scheduler) is kind]
+            own = [r.scheduler for r in apart.replicas if type(r.scheduler) is kind]
+            for name in kind.PER_REQUEST_ARRAYS:
+                assert all(getattr(s, name) is getattr(mine[0], name) for s in mine), name
+                assert np.array_equal(getattr(mine[0], name), sum(getattr(s, name) for s in own)), name
+        for column in ("first_scheduled_s", "first_token_s", "finish_s"):
+            assert np.array_equal(getattr(shared.recorder, column), getattr(apart.recorder, column),
+                                  equal_nan=True), (mode, column)
 
 
 def test_load_on_a_hand_traced_case() -> None:

@@ -221,6 +221,7 @@ class PagedScheduler(Scheduler):
     """vLLM-style continuous batching over paged KV; `chunked_prefill` is Sarathi's variant."""
 
     chunked_prefill = False
+    PER_REQUEST_ARRAYS = (*Scheduler.PER_REQUEST_ARRAYS, "cpu_blocks", "peak_computed")
     fast_forward = FastForward(
         assumes=("schedule", "update_from_output", "_schedule_running", "_decode_all", "_make_room",
                  "_preempt", "admit", "_admissible_head", "_admission", "_next_candidate",
