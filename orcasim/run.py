@@ -346,6 +346,7 @@ def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
             f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "
             "expected warmup_s below the last arrival and requests that fit")
     check_times(system_name, reqs)
+    check_resolution(system_name, reqs)
     if scenario.slo is not None:
         summary.update(slo_summary(reqs, scenario.slo, warmup_s))
     warn_saturated(system_name, summary)
@@ -357,6 +358,39 @@ def check_times(system_name: str, reqs: pd.DataFrame) -> None:
     last_s = float(np.nanmax(reqs[["arrival_s", "finish_s"]].to_numpy(dtype=np.float64)))
     if not np.isfinite(last_s) or last_s > MAX_TIME_S:
         raise ScenarioError(f"{system_name}: {past_the_clock(last_s)}")
+
+
+# A latency the clock measures must span this many of its steps (np.spacing of the time it
+# ends at): each step priced adds a rounding of up to half a spacing, so a latency is then
+# right to about 0.05% of itself. Late in a long run a float keeps 1.5e-8 s (1e8 s), and a
+# step that short (1e-9 s, a linear cost's floor) left the clock where it was: a request of
+# 50 one-nanosecond steps at 1e8 s read a TTFT, TPOT and E2E of 0.
+CLOCK_SPACINGS_MIN = 1000
+
+
+def check_resolution(system_name: str, reqs: pd.DataFrame) -> None:
+    """A ScenarioError if a served request's TTFT, E2E or TPOT (where it has one above 0)
+    spans fewer than CLOCK_SPACINGS_MIN of the clock's steps at its finish: too short for
+    the clock to time there. Read from the requests alone, the same in fast and reference
+    mode."""
+    served = reqs[reqs["finish_s"].notna() & ~reqs["rejected"].to_numpy(dtype=bool)]
+    spacing_s = np.spacing(served["finish_s"].to_numpy(dtype=np.float64))
+    for metric in ("ttft_s", "e2e_s", "tpot_s"):
+        values = served[metric].to_numpy(dtype=np.float64)
+        # A TPOT of 0 is request-level batching's (every token at the batch's end); a step
+        # the clock could not resolve reads its TTFT and E2E as 0 as well.
+        coarse = values < CLOCK_SPACINGS_MIN * spacing_s
+        if metric == "tpot_s":
+            coarse &= values > 0
+        if coarse.any():
+            i = int(np.argmax(coarse))
+            raise ScenarioError(
+                f"{system_name}: request {int(served['id'].iloc[i])}'s {metric} = "
+                f"{values[i]:.3g} s ends at t = {served['finish_s'].iloc[i]:.3g} s, where float "
+                f"timestamps keep only {spacing_s[i]:.2g} s of precision: too short to time "
+                f"there; expected latencies of at least {CLOCK_SPACINGS_MIN} times that "
+                "(iterations that take longer, or a run that ends earlier: are costs in "
+                "seconds?)")
 
 
 def warn_saturated(system_name: str, summary: dict[str, float]) -> None:

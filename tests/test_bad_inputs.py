@@ -40,6 +40,15 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
      "would take no time"),
     ("a cost under a nanosecond", {"cost": {"kind": "linear", "base_s": 1e-300}}, None,
      "under a nanosecond"),
+    # A float keeps 1.5e-8 s at 1e8 s: steps of 1 ns left the clock where it was, and the
+    # second request's 50 tokens read a TTFT, TPOT and E2E of 0. At 1e6 s (1.2e-10 s kept)
+    # the clock moved, but each step by 1.05e-9 s: latencies 4.8% long. Both ran, exit 0.
+    ("a step too short for the clock late in a run",
+     {"cost": {"kind": "linear", "base_s": 1e-9}}, TRACE + "0,10,50\n100000000,10,50\n",
+     "too short to time there"),
+    ("a step the clock rounds late in a run",
+     {"cost": {"kind": "linear", "base_s": 1e-9}}, TRACE + "0,10,50\n1000000,10,50\n",
+     "too short to time there"),
     ("a system named like a result file",
      {"systems": [{"name": "summary.json", "scheduler": {"kind": "paged"}}]}, None,
      "is a file of the results folder"),
