@@ -346,7 +346,7 @@ def measured_summary(scenario: Scenario, system_name: str, reqs: pd.DataFrame,
             f"arrives at {last_s:g} s; {rejected} rejected as too large for KV memory): "
             "expected warmup_s below the last arrival and requests that fit")
     check_times(system_name, reqs)
-    check_resolution(system_name, reqs)
+    check_resolution(system_name, reqs, streams=not answers_whole(scenario, system_name))
     if scenario.slo is not None:
         summary.update(slo_summary(reqs, scenario.slo, warmup_s))
     warn_saturated(system_name, summary)
@@ -360,27 +360,40 @@ def check_times(system_name: str, reqs: pd.DataFrame) -> None:
         raise ScenarioError(f"{system_name}: {past_the_clock(last_s)}")
 
 
-# A latency the clock measures must span this many of its steps (np.spacing of the time it
-# ends at): each step priced adds a rounding of up to half a spacing, so a latency is then
-# right to about 0.05% of itself. Late in a long run a float keeps 1.5e-8 s (1e8 s), and a
+# A latency the clock measures, and its time per token, must span this many of the clock's
+# steps (np.spacing of the time it ends at): each iteration adds a rounding of up to half a
+# spacing, so one is then right to about 0.05% of itself. Late in a long run a float keeps 1.5e-8 s (1e8 s), and a
 # step that short (1e-9 s, a linear cost's floor) left the clock where it was: a request of
 # 50 one-nanosecond steps at 1e8 s read a TTFT, TPOT and E2E of 0.
 CLOCK_SPACINGS_MIN = 1000
 
 
-def check_resolution(system_name: str, reqs: pd.DataFrame) -> None:
-    """A ScenarioError if a served request's TTFT, E2E or TPOT (where it has one above 0)
-    spans fewer than CLOCK_SPACINGS_MIN of the clock's steps at its finish: too short for
-    the clock to time there. Read from the requests alone, the same in fast and reference
-    mode."""
+def answers_whole(scenario: Scenario, system_name: str) -> bool:
+    """Whether any replica of the system batches whole requests (`request_level`), which
+    sends every token at the batch's end: a TPOT of 0 by design."""
+    system = next(s for s in scenario.systems if s.name == system_name)
+    cluster = system.cluster
+    own = [] if cluster is None else [cluster.prefill, cluster.decode] + (
+        cluster.replicas if isinstance(cluster.replicas, list) else [])
+    kinds = [system.scheduler.kind] + [g.scheduler.kind for g in own
+                                       if g is not None and g.scheduler is not None]
+    return "request_level" in kinds
+
+
+def check_resolution(system_name: str, reqs: pd.DataFrame, streams: bool = True) -> None:
+    """A ScenarioError if a served request's TTFT, E2E, TPOT or E2E per output token spans
+    fewer than CLOCK_SPACINGS_MIN of the clock's steps at its finish: too short for the
+    clock to time there. A TPOT of 0 passes where the system does not `stream` (request-level batching
+    sends every token at once). Read from the requests alone, the same in fast and
+    reference mode."""
     served = reqs[reqs["finish_s"].notna() & ~reqs["rejected"].to_numpy(dtype=bool)]
     spacing_s = np.spacing(served["finish_s"].to_numpy(dtype=np.float64))
-    for metric in ("ttft_s", "e2e_s", "tpot_s"):
+    # E2E over the output tokens too: each token takes a step at least, and a request's
+    # latency drifts by a rounding a step, where its whole E2E may still span enough.
+    for metric in ("ttft_s", "e2e_s", "tpot_s", "normalized_latency_s_per_token"):
         values = served[metric].to_numpy(dtype=np.float64)
-        # A TPOT of 0 is request-level batching's (every token at the batch's end); a step
-        # the clock could not resolve reads its TTFT and E2E as 0 as well.
-        coarse = values < CLOCK_SPACINGS_MIN * spacing_s
-        if metric == "tpot_s":
+        coarse = values < CLOCK_SPACINGS_MIN * spacing_s  # NaN (one token) compares False
+        if metric == "tpot_s" and not streams:
             coarse &= values > 0
         if coarse.any():
             i = int(np.argmax(coarse))

@@ -49,6 +49,14 @@ CASES: list[tuple[str, dict[str, Any], str | None, str]] = [
     ("a step the clock rounds late in a run",
      {"cost": {"kind": "linear", "base_s": 1e-9}}, TRACE + "0,10,50\n1000000,10,50\n",
      "too short to time there"),
+    # A prefill the clock times (2e-5 s, 1342 of its steps at 1e8 s) before decode steps of
+    # 6e-9 s it does not: Orca read a TPOT of 0, request-level an E2E 1.5% short.
+    *[(f"decode steps too short for the clock late in a run under {kind}",
+       {"cost": {"kind": "linear", "base_s": 1e-9, "per_token_s": 5e-9},
+        "workload.max_tokens": 4100, "kv_capacity_tokens": 100_000,
+        "systems": [{"name": "s", "scheduler": {"kind": kind, "max_batch_size": 4}}]},
+       TRACE + "0,4000,50\n100000000,4000,50\n", "too short to time there")
+      for kind in ("iteration_level", "request_level")],
     ("a system named like a result file",
      {"systems": [{"name": "summary.json", "scheduler": {"kind": "paged"}}]}, None,
      "is a file of the results folder"),
