@@ -362,9 +362,9 @@ def check_times(system_name: str, reqs: pd.DataFrame) -> None:
 
 # A latency the clock measures, and its time per token, must span this many of the clock's
 # steps (np.spacing of the time it ends at): each iteration adds a rounding of up to half a
-# spacing, so one is then right to about 0.05% of itself. Late in a long run a float keeps 1.5e-8 s (1e8 s), and a
-# step that short (1e-9 s, a linear cost's floor) left the clock where it was: a request of
-# 50 one-nanosecond steps at 1e8 s read a TTFT, TPOT and E2E of 0.
+# spacing, so one is then right to about 0.05% of itself. Late in a long run a float keeps
+# 1.5e-8 s (1e8 s), and a step that short (1e-9 s, a linear cost's floor) left the clock
+# where it was: a request of 50 one-nanosecond steps at 1e8 s read a TTFT, TPOT and E2E of 0.
 CLOCK_SPACINGS_MIN = 1000
 
 
@@ -383,13 +383,13 @@ def answers_whole(scenario: Scenario, system_name: str) -> bool:
 def check_resolution(system_name: str, reqs: pd.DataFrame, streams: bool = True) -> None:
     """A ScenarioError if a served request's TTFT, E2E, TPOT or E2E per output token spans
     fewer than CLOCK_SPACINGS_MIN of the clock's steps at its finish: too short for the
-    clock to time there. A TPOT of 0 passes where the system does not `stream` (request-level batching
-    sends every token at once). Read from the requests alone, the same in fast and
-    reference mode."""
+    clock to time there. A TPOT of 0 passes where the system does not `stream`
+    (request-level batching sends every token at once). Read from the requests alone, the
+    same in fast and reference mode."""
     served = reqs[reqs["finish_s"].notna() & ~reqs["rejected"].to_numpy(dtype=bool)]
     spacing_s = np.spacing(served["finish_s"].to_numpy(dtype=np.float64))
-    # E2E over the output tokens too: each token takes a step at least, and a request's
-    # latency drifts by a rounding a step, where its whole E2E may still span enough.
+    # E2E per output token too: each token takes a step at least, and every step adds its
+    # rounding, so an E2E of many steps too short for the clock may still span enough.
     for metric in ("ttft_s", "e2e_s", "tpot_s", "normalized_latency_s_per_token"):
         values = served[metric].to_numpy(dtype=np.float64)
         coarse = values < CLOCK_SPACINGS_MIN * spacing_s  # NaN (one token) compares False
@@ -399,7 +399,7 @@ def check_resolution(system_name: str, reqs: pd.DataFrame, streams: bool = True)
             i = int(np.argmax(coarse))
             raise ScenarioError(
                 f"{system_name}: request {int(served['id'].iloc[i])}'s {metric} = "
-                f"{values[i]:.3g} s ends at t = {served['finish_s'].iloc[i]:.3g} s, where float "
+                f"{values[i]:.3g} s{' a token' if metric.endswith('_per_token') else ''} ends at t = {served['finish_s'].iloc[i]:.3g} s, where float "
                 f"timestamps keep only {spacing_s[i]:.2g} s of precision: too short to time "
                 f"there; expected latencies of at least {CLOCK_SPACINGS_MIN} times that "
                 "(iterations that take longer, or a run that ends earlier: are costs in "
