@@ -298,19 +298,24 @@ def test_the_reports_prior_section_is_the_committed_records_and_the_readme_holds
     from scenarios.validation.report import prior_lines, prior_records
 
     records = prior_records("vllm")
-    assert set(records) == {0.0026, 0.00014}
+    assert list(records) == ["0.0026", "0.00014", "auto"]  # heaviest first, auto last
     text = "\n".join(prior_lines("vllm"))
     row = next(line for line in text.splitlines() if line.startswith("| vllm-300-3 | 40.0 |"))
     expected = [f"{100 * r['left_out']['vllm-300-3']['error_left_out']:.1f}" for r in records.values()]
     assert row.split(" | ")[2:] == [*expected[:-1], expected[-1] + " |"]
+    # Under auto each fold's own weight, from its own fit without a prior, is in its row.
+    fold = records["auto"]["left_out"]["vllm-300-3"]
+    assert 0 < fold["prior_weight"] < 0.01
+    assert f"| vllm-300-3 | {fold['prior_weight']:.2g} (auto) |" in text
+    assert "With `--prior-weight auto`" in text
     readme = (ROOT / "results" / "validation" / "README.md").read_text()
     assert text in readme
     # DistServe's fits leave the per-prompt-token term alone: its column reads '-', not a
     # KeyError, and its weight's reason is its own (s^2 = 0.00186, not vLLM's 0.015).
     distserve = prior_records("distserve")
-    assert set(distserve) == {0.00032}
+    assert set(distserve) == {"0.00032"}
     text = "\n".join(prior_lines("distserve"))
-    fold = distserve[0.00032]["left_out"]["distserve-c21d11-300-9"]
+    fold = distserve["0.00032"]["left_out"]["distserve-c21d11-300-9"]
     assert (f"| distserve-c21d11-300-9 | 0.00032 | "
             f"{1e3 * fold['parameters']['overhead.per_iteration_s']:.3f} |") in text
     assert "| - |" in text and "s^2 = 0.00186" in text and "s^2 = 0.015" not in text

@@ -479,7 +479,49 @@ def prior_lines(setup: str) -> list[str]:
             "scenario's terms are unchanged):", "", percent(scores), "",
             *PRIOR_WEIGHTS_WHY.get(setup, []),
             "The terms each left-out fit under the prior came to:", "", *terms, "",
-            *(note.format(**fitted_terms_ms(setup)) for note in PRIOR_NOTES.get(setup, []))]
+            *(note.format(**fitted_terms_ms(setup)) for note in PRIOR_NOTES.get(setup, [])),
+            *auto_prior_lines(records, honest)]
+
+
+def auto_prior_lines(records: dict[str, dict[str, Any]], honest: pd.Series) -> list[str]:
+    """What `--prior-weight auto` (each fit's weight from its own loss without a prior) did on
+    the runs left out, beside the weights chosen by hand, where its record is there."""
+    if AUTO not in records:
+        return []
+    folds = records[AUTO]["left_out"]
+    weights = [fold["prior_weight"] for fold in folds.values()]
+    scores = {w: float(np.median([f["error_left_out"] for f in r["left_out"].values()]))
+              for w, r in records.items()}
+    hand = [w for w in records if w != AUTO]
+    knee = folds.get(KNEE_RUN)
+    knee_text = "" if knee is None else (
+        f" Without {KNEE_RUN} its three runs fit better than the four do, and the weight they "
+        f"give, {knee['prior_weight']:.2g}, lets that fit put "
+        f"{1e3 * knee['parameters']['overhead.per_sequence_s']:.2f} ms on each request a step "
+        f"({1e3 * knee['parameters']['overhead.per_iteration_s']:.2f} ms a step): "
+        f"{KNEE_RUN} reads {100 * knee['error_left_out']:.1f}% left out.")
+    return [f"With `--prior-weight auto` each fit of three runs takes W = s^2 / (3 sigma^2) from "
+            "its own loss without a prior (`calibrate.logs.auto_prior_weight`; the rule above, "
+            f"applied by each fit to its own runs): W = {min(weights):.2g} to {max(weights):.2g}, "
+            f"and the median left out is {100 * scores[AUTO]:.1f}%, against "
+            + " and ".join(f"{100 * scores[w]:.1f}% at W = {w}" for w in hand)
+            + f" and {100 * honest.median():.1f}% without a prior." + knee_text
+            + _close_weights_text(records, folds) + " On these four runs the prior's gain rests "
+            "on where a few fits stop, not on a weight the runs can choose.", ""]
+
+
+def _close_weights_text(records: dict[str, dict[str, Any]], folds: dict[str, Any]) -> str:
+    """Each run's automatic weight and score beside those of the weight chosen by hand
+    nearest the automatic ones: how far apart near weights leave a fit."""
+    hand = [w for w in records if w != AUTO]
+    if not hand:
+        return ""
+    middle = float(np.median([fold["prior_weight"] for fold in folds.values()]))
+    w = min(hand, key=lambda label: abs(np.log(float(label) / middle)))
+    each = "; ".join(f"{name} {fold['prior_weight']:.2g}, {100 * fold['error_left_out']:.1f}% "
+                     f"({100 * records[w]['left_out'][name]['error_left_out']:.1f}%)"
+                     for name, fold in folds.items())
+    return f" Run by run, the automatic weight and the score left out (at W = {w}): {each}."
 
 
 def fitted_terms_ms(setup: str) -> dict[str, float]:
