@@ -487,3 +487,36 @@ def test_a_routing_skew_is_refused_only_where_no_priced_model_has_experts() -> N
     data["systems"][0]["cluster"]["replicas"][0]["model"] = "llama2-13b"
     with pytest.raises(ScenarioError, match="llama2-13b is dense"):
         scenario_from_dict(data)
+
+
+# --- the same bits on every CPU ---------------------------------------------------------------
+
+# Every MoE shape a skewed router prices: each catalog MoE model at several skews and EP degrees.
+_HITS_SCRIPT = """
+import hashlib, numpy as np
+from orcasim.cost.catalog import model_spec
+from orcasim.cost.flops import expert_op
+digest = hashlib.sha256()
+n = np.arange(1.0, 3001.0)
+for name in ("gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"):
+    for ep in (1, 2, 8):
+        for skew in (0.0, 0.5, 1.0, 1.5):
+            op = expert_op(model_spec(name), 1, ep, skew)
+            digest.update(np.asarray(op.pick_probabilities).tobytes())
+            digest.update(op.experts_hit(n).tobytes())
+            digest.update(np.asarray([op.experts_hit(float(k)) for k in range(1, 300)]).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_expert_hits_are_the_same_bits_on_a_cpu_without_numpy_simd() -> None:
+    """numpy computes np.power and np.exp with its own SIMD code on a CPU with AVX-512 and
+    with the C library's elsewhere, and the two differ in the last bit for some inputs (1.9%
+    of np.power's, 4.6% of np.exp's over a million random ones): a skewed MoE run's iteration
+    times, requests.parquet and summary.json differed between two machines running the same
+    scenario, seed and code. NPY_DISABLE_CPU_FEATURES stands in for the machine without it
+    (on one without any, the two runs are the same run)."""
+    from simd_off import stdout_with_and_without_simd
+
+    here, without = stdout_with_and_without_simd(_HITS_SCRIPT)
+    assert here == without

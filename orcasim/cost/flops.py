@@ -16,11 +16,12 @@ across `tp` ranks and replicates layer norms and residual adds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from orcasim.cost.catalog import ModelSpec
+from orcasim.portable import libm_exp, libm_log, libm_power
 
 ELEMENTWISE_FLOPS = 8.0  # per element: a layer norm or GELU does a handful of operations
 
@@ -153,6 +154,10 @@ class ExpertOp:
     pick_probabilities: tuple[float, ...]
     uniform: bool = True  # every q_i the same: the closed form
     kernels: int = 3  # the fused gate-and-up GEMM, the activation, the down GEMM
+    # A skewed router's experts hit, by token count: a count costs a pow call per expert
+    # (`experts_hit`), and a run prices the same counts over and over.
+    _skewed_hits: dict[float, float] = field(default_factory=dict, init=False, repr=False,
+                                             compare=False)
 
     @property
     def pairs_per_token(self) -> float:
@@ -171,11 +176,22 @@ class ExpertOp:
 
     def experts_hit(self, num_tokens: np.ndarray | float) -> np.ndarray:
         n = np.asarray(num_tokens, dtype=np.float64)
+        # The C library's pow, not numpy's: the same bits on every CPU (orcasim.portable).
         if self.uniform:
             miss = 1.0 - self.pick_probabilities[0]
-            return self.num_experts * (1.0 - np.power(miss, n))
-        q = np.asarray(self.pick_probabilities)
-        return (1.0 - np.power(1.0 - q, n[..., None])).sum(axis=-1)
+            return self.num_experts * (1.0 - libm_power(miss, n))
+        if n.ndim == 0:  # an iteration's tokens: most calls
+            return np.asarray(self._skewed_hits_of(float(n)))
+        counts, inverse = np.unique(n, return_inverse=True)
+        hits = np.array([self._skewed_hits_of(count) for count in counts.tolist()])
+        return hits[inverse].reshape(n.shape)
+
+    def _skewed_hits_of(self, num_tokens: float) -> float:
+        hits = self._skewed_hits.get(num_tokens)
+        if hits is None:
+            misses = libm_power(1.0 - np.asarray(self.pick_probabilities), num_tokens)
+            hits = self._skewed_hits[num_tokens] = float((1.0 - misses).sum())
+        return hits
 
 
 def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew: float) -> np.ndarray:
@@ -186,7 +202,8 @@ def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew:
     distinct experts, so no expert exceeds 1 and they sum to k: the mass above 1 goes to
     the others in proportion (water-filling).
     """
-    log_rank = np.log(np.arange(1, num_experts + 1, dtype=np.float64))
+    # The C library's log and exp, not numpy's: the same bits on every CPU (orcasim.portable).
+    log_rank = libm_log(np.arange(1, num_experts + 1, dtype=np.float64))
     q = np.zeros(num_experts)
     free = np.ones(num_experts, dtype=bool)
     left = float(experts_per_token)
@@ -195,7 +212,7 @@ def expert_routing_probabilities(num_experts: int, experts_per_token: int, skew:
         # others' weights underflow to 0, and the sum of those left read 0 (0/0: NaN times
         # at a skew of 700 for Mixtral; a tester's finding).
         ranks = log_rank[free]
-        weights = np.exp(-skew * (ranks - ranks[0]))
+        weights = libm_exp(-skew * (ranks - ranks[0]))
         share = left * weights / weights.sum()
         full = share >= 1.0
         if not full.any():
