@@ -68,6 +68,7 @@ from orcasim.fidelity import (
     run_labels,
 )
 from orcasim.paths import PACKAGE_DATA_DIR
+from orcasim.portable import libm_exp, libm_log
 from orcasim.run import data_dir, make_requests, run_scenario, run_system
 from orcasim.scenario import (
     EngineConfig,
@@ -350,8 +351,8 @@ def log_errors(simulated: pd.DataFrame, real: pd.DataFrame) -> np.ndarray:
     real value of 0 has no log-ratio and is left out (`fitted_metrics`)."""
     table = compare(real, simulated, FIT_PERCENTILES)
     table = table[table["real"] > 0]
-    quantiles = np.log(np.clip((table["simulated"] / table["real"]).to_numpy(), MIN_RATIO, None))
-    means = [np.log(max(_mean_ratio(simulated, real, m), MIN_RATIO))
+    quantiles = libm_log(np.clip((table["simulated"] / table["real"]).to_numpy(), MIN_RATIO, None))
+    means = [math.log(max(_mean_ratio(simulated, real, m), MIN_RATIO))
              for m in fitted_metrics(real) if simulated[m].notna().any()]
     return np.concatenate([quantiles, means])
 
@@ -377,7 +378,7 @@ class Objective:
 
     def values(self, x: np.ndarray) -> dict[str, float]:
         """The coefficients at `x` (log space), 0 where below their floors."""
-        return floored(dict(zip(self.parameters, np.exp(x).tolist(), strict=True)), self.floors)
+        return floored(dict(zip(self.parameters, libm_exp(x).tolist(), strict=True)), self.floors)
 
     def __call__(self, x: np.ndarray) -> float:
         return self.loss_of(self.values(x))
@@ -794,7 +795,7 @@ def _log_start(start: dict[str, float], names: Sequence[str], floors: dict[str, 
             return floors[p] / SURVEY_FACTOR
         return start[p] if start[p] > 0 else START_VALUES.get(p, DEFAULT_START)
 
-    return np.log([one(p) for p in names])
+    return libm_log(np.array([one(p) for p in names], dtype=np.float64))
 
 
 def _spans_from_zero(start: dict[str, float], names: Sequence[str], floors: dict[str, float]
@@ -816,7 +817,7 @@ def _survey_points(x0: np.ndarray, around: list[int], spans: dict[int, tuple[flo
     if not dim or not num_points:
         return [x0]
     unit = qmc.Sobol(dim, seed=SURVEY_SEED).random(num_points)
-    offsets = np.log(SURVEY_FACTOR) * (2.0 * unit[:, :len(around)] - 1.0)
+    offsets = math.log(SURVEY_FACTOR) * (2.0 * unit[:, :len(around)] - 1.0)
     points = [x0]
     for offset, row in zip(offsets, unit[:, len(around):], strict=True):
         x = x0.copy()
@@ -845,7 +846,7 @@ def _profiled_search(objective: Objective, linear: list[str], searched: list[str
     def loss(y: np.ndarray) -> float:
         key = tuple(np.round(y, 12).tolist())
         if key not in solved:
-            at = floored(dict(zip(searched, np.exp(y).tolist(), strict=True)), floors)
+            at = floored(dict(zip(searched, libm_exp(y).tolist(), strict=True)), floors)
             values = {**start, **at}
             try:
                 values = solve_linear(objective.scenario, objective.logs, objective.system,
@@ -860,7 +861,7 @@ def _profiled_search(objective: Objective, linear: list[str], searched: list[str
     around = [i for i, p in enumerate(searched) if start[p] >= floors[p]]
     points = _survey_points(y0, around, _spans_from_zero(start, searched, floors), PROFILED_POINTS)
     best = points[int(np.argmin([loss(y) for y in points]))]
-    simplex = np.vstack([best, best + np.log(SIMPLEX_WIDTHS[0]) * np.eye(len(searched))])
+    simplex = np.vstack([best, best + math.log(SIMPLEX_WIDTHS[0]) * np.eye(len(searched))])
     minimize(loss, best, method="Nelder-Mead",
              options={"initial_simplex": simplex, "xatol": XATOL, "fatol": FATOL,
                       "maxfev": PROFILED_EVALUATIONS})
@@ -891,7 +892,7 @@ def _search(objective: Objective, points: list[np.ndarray], refined: int,
         # Simplexes a factor of 1.5, then 1.1, then 1.02 wide: Nelder-Mead collapses early
         # on a rugged loss, and a fresh, narrower simplex from its answer goes on.
         for width in SIMPLEX_WIDTHS:
-            simplex = np.vstack([x, x + np.log(width) * np.eye(len(x))])
+            simplex = np.vstack([x, x + math.log(width) * np.eye(len(x))])
             result = minimize(objective, x, method="Nelder-Mead",
                               options={"initial_simplex": simplex, "xatol": XATOL,
                                        "fatol": FATOL, "maxfev": MAX_EVALUATIONS})

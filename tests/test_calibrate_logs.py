@@ -729,3 +729,29 @@ def test_the_record_holds_the_prior_and_says_which_terms_it_does_not_hold(
     assert record["prior"]["centre"] == {"overhead.per_sequence_s": 1e-4}
     assert record["prior"]["penalty"] == pytest.approx(
         0.01 * np.log(record["parameters"]["overhead.per_sequence_s"] / 1e-4) ** 2)
+
+
+# log_errors over many logs' worth of random latencies: its log-ratios, the loss a fit minimises.
+_LOG_ERRORS_SCRIPT = """
+import hashlib, numpy as np, pandas as pd
+from calibrate.logs import log_errors
+from orcasim.fidelity import METRICS
+rng = np.random.default_rng(0)
+digest = hashlib.sha256()
+for _ in range(500):
+    real, simulated = ({m: rng.lognormal(-2.0, 1.0, 20) for m in METRICS} for _ in range(2))
+    digest.update(log_errors(pd.DataFrame(simulated), pd.DataFrame(real)).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_the_fit_s_log_errors_are_the_same_bits_on_a_cpu_without_numpy_simd() -> None:
+    """np.log and np.exp run numpy's SIMD code on a CPU with AVX-512 and the C library's
+    elsewhere, which differ in the last bit for some inputs: `python -m calibrate logs
+    vllm-100-1.csv --scenario scenarios/validation/vllm_opt13b_a100.yaml --no-leave-one-out`
+    wrote per_sequence_s 0.00016120902368406908 here and ...6910 with numpy's dispatch off
+    (NPY_DISABLE_CPU_FEATURES, standing in for a CPU without it)."""
+    from simd_off import stdout_with_and_without_simd
+
+    here, without = stdout_with_and_without_simd(_LOG_ERRORS_SCRIPT)
+    assert here == without
