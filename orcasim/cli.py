@@ -699,9 +699,10 @@ def capacity(
         slo_cfg = _capacity_slo(scenario, slo, attainment)
         for line in held_by_share(slo_cfg):
             typer.echo(f"warning: {line}", err=True)
-        _check_capacity_numbers(replications, rel_tol, requests, price_per_gpu_hour, target_rate)
+        _check_capacity_numbers(replications, rel_tol, requests)
         if requests:
             _refuse_counts_the_search_sets(spec, set_ or [], requests)
+        _check_positive_numbers(price_per_gpu_hour, target_rate)  # after --set's, as ever
         settings = cap.SearchSettings(rel_tol, requests or None)
         jobs = cap.search_jobs(scenario, base_dir, slo_cfg, replications, settings, system,
                                points, seed)
@@ -740,9 +741,8 @@ def capacity(
         raise typer.Exit(EXIT_VERDICT)
 
 
-def _check_capacity_numbers(replications: int, rel_tol: float, requests: int,
-                            price_per_gpu_hour: float | None, target_rate: float | None) -> None:
-    """`orcasim capacity`'s numeric options, each checked alone: one check named all three,
+def _check_capacity_numbers(replications: int, rel_tol: float, requests: int) -> None:
+    """`orcasim capacity`'s search options, each checked alone: one check named all three,
     whichever was wrong."""
     from orcasim import capacity as cap
 
@@ -758,6 +758,10 @@ def _check_capacity_numbers(replications: int, rel_tol: float, requests: int,
         fail(f"--requests {requests}: expected 0 (the scenario's) or at least "
              f"{cap.MIN_SEARCH_REQUESTS}, enough arrivals for the saturation test to judge "
              "a run (fewer pass at any rate)")
+
+
+def _check_positive_numbers(price_per_gpu_hour: float | None, target_rate: float | None) -> None:
+    """`orcasim capacity`'s --price-per-gpu-hour and --target-rate, where given."""
     for flag, value in (("--price-per-gpu-hour", price_per_gpu_hour), ("--target-rate", target_rate)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             fail(f"{flag} = {value:g}: expected a positive finite number")

@@ -755,6 +755,19 @@ def test_a_sweep_over_a_kind_starts_the_object_again_as_a_sweep_does(tmp_path: P
     assert iteration_level == pytest.approx(request_level, rel=0.05)
 
 
+def test_a_count_given_with_set_is_refused_before_a_bad_price_or_target_rate(
+        tmp_path: Path) -> None:
+    """The command's refusals in the order it has always made them: a --set count that
+    --requests replaces before --price-per-gpu-hour or --target-rate (bbeecc1's refactor
+    checked those first, and named the price)."""
+    args = ["capacity", str(scenario_file(tmp_path)), "--slo", "e2e_p90=1", "--out",
+            str(tmp_path / "o"), "--set", "workload.num_requests=500"]
+    for flag in ("--price-per-gpu-hour", "--target-rate"):
+        result = runner.invoke(app, [*args, flag, "-1"])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: --set workload.num_requests=500: "), result.output
+
+
 def test_a_count_of_requests_given_with_set_is_refused_where_requests_replaces_it(
         tmp_path: Path) -> None:
     """`--set workload.num_requests=500` ran --requests' 2,000 at every rate without a word
