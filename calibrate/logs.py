@@ -131,6 +131,7 @@ class Fit:
     fitted_errors: dict[str, float] = field(default_factory=dict)
     left_out_errors: dict[str, float] = field(default_factory=dict)
     left_out_parameters: dict[str, dict[str, float]] = field(default_factory=dict)
+    left_out_prior_weights: dict[str, float] = field(default_factory=dict)  # where a prior held
     prior: Prior | None = None  # the prior the fit ran under (its penalty is in `loss`)
     prior_penalty: float = 0.0
 
@@ -142,7 +143,8 @@ class Prior:
         weight * sum over terms of log(value / centre)^2
 
     (a MAP fit with a log-normal prior on each term, of log-sd sigma, where weight =
-    s^2 / (n sigma^2) for n compared statistics of residual log-variance s^2): a term a
+    s^2 / (n sigma^2) for n independent errors of residual log-variance s^2; `AUTO` takes
+    one a log, `auto_prior_weight`, as a run's error is mostly its engine's speed): a term a
     factor e from its centre costs `weight`, as much as every compared statistic
     sqrt(weight) off in log. The centres are the scenario's values (`overhead: {}`: Vidur's
     measured defaults). A term whose centre is 0 (`per_prefill_token_s` and
@@ -768,7 +770,9 @@ def fit_under(scenario: Scenario, logs: list[ServingLog], system: str,
         return fit(scenario, logs, system, parameters, base_dir, prior_weight=float(prior_weight))
     free = fit(scenario, logs, system, parameters, base_dir)
     weight = auto_prior_weight(free.loss, len(logs))
-    if weight == 0:
+    if weight == 0:  # fitted exactly: no prior, and the record says auto chose none
+        centre = {p: v for p, v in current_values(scenario, parameters, system).items() if v > 0}
+        free.prior = Prior(0.0, centre, chosen=AUTO)
         return free
     held = fit(scenario, logs, system, parameters, base_dir, prior_weight=weight)
     if held.prior is not None:
@@ -922,6 +926,8 @@ def leave_one_out(scenario: Scenario, logs: list[ServingLog], system: str, resul
         others = logs[:k] + logs[k + 1:]
         partial = fit_under(scenario, others, system, parameters, base_dir, prior_weight)
         result.left_out_parameters[held.name] = partial.parameters
+        if partial.prior is not None:  # under AUTO each fold's own weight
+            result.left_out_prior_weights[held.name] = partial.prior.weight
         result.left_out_errors[held.name] = scored_error(
             with_cost(scenario, partial.parameters, system), held, system, base_dir)
 
@@ -1007,6 +1013,8 @@ def report(scenario: Scenario, logs: list[ServingLog], system: str, result: Fit,
         "error_fitted": result.fitted_errors,
         "error_left_out": result.left_out_errors,
         "parameters_left_out": result.left_out_parameters,
+        **({"prior_weight_left_out": result.left_out_prior_weights}
+           if result.left_out_prior_weights else {}),
     }
 
 

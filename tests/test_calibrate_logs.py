@@ -663,14 +663,15 @@ def test_an_automatic_prior_refits_at_the_weight_the_free_fits_loss_gives(
     the leave-one-out takes its own weight, from its own logs (fits stubbed: their loss is
     0.01 a log)."""
     import calibrate.logs as logs_module
-    from calibrate.logs import AUTO, Fit, auto_prior_weight, fit_under, leave_one_out
+    from calibrate.logs import AUTO, Fit, Prior, auto_prior_weight, fit_under, leave_one_out
 
     calls: list[tuple[int, float]] = []
 
     def stub(scenario, logs, system, parameters=(), base_dir=None, start=None,  # noqa: ANN001
              survey_points=0, prior_weight=0.0) -> Fit:  # noqa: ANN001
         calls.append((len(logs), prior_weight))
-        return Fit({"p": 1.0 + prior_weight}, 0.01 * len(logs) * (prior_weight == 0), 1)
+        return Fit({"p": 1.0 + prior_weight}, 0.01 * len(logs) * (prior_weight == 0), 1,
+                   prior=Prior(prior_weight, {"p": 1.0}) if prior_weight else None)
 
     monkeypatch.setattr(logs_module, "fit", stub)
     monkeypatch.setattr(logs_module, "scored_error", lambda *a, **k: 0.0)
@@ -683,10 +684,17 @@ def test_an_automatic_prior_refits_at_the_weight_the_free_fits_loss_gives(
     assert fit_under(None, logs, "s", ("p",), None, 0.5).parameters == {"p": 1.5}  # type: ignore[arg-type]
     assert calls == [(3, 0.5)]
     calls.clear()
-    leave_one_out(None, [_Named(n) for n in logs], "s", Fit({}, 0.0, 0), ("p",), None, AUTO)  # type: ignore[arg-type]
+    held_out = Fit({}, 0.0, 0)
+    leave_one_out(None, [_Named(n) for n in logs], "s", held_out, ("p",), None, AUTO)  # type: ignore[arg-type]
     assert calls == [(2, 0.0), (2, auto_prior_weight(0.02, 2))] * 3
+    assert held_out.left_out_prior_weights == {n: auto_prior_weight(0.02, 2) for n in logs}
+    # Fitted exactly: no prior, and the fit says auto chose none (weight 0).
     monkeypatch.setattr(logs_module, "fit", lambda *a, **k: Fit({"p": 2.0}, 0.0, 1))
-    assert fit_under(None, logs, "s", ("p",), None, AUTO).parameters == {"p": 2.0}  # type: ignore[arg-type]
+    monkeypatch.setattr(logs_module, "current_values", lambda *a, **k: {"p": 1.0})
+    exact = fit_under(None, logs, "s", ("p",), None, AUTO)  # type: ignore[arg-type]
+    assert exact.parameters == {"p": 2.0}
+    assert exact.prior is not None and (exact.prior.weight, exact.prior.chosen) == (0.0, AUTO)
+    assert exact.prior.penalty({"p": 5.0}, {}) == 0.0
 
 
 class _Named:

@@ -489,14 +489,14 @@ def auto_prior_lines(records: dict[str, dict[str, Any]], honest: pd.Series) -> l
     if AUTO not in records:
         return []
     folds = records[AUTO]["left_out"]
-    weights = [fold["prior_weight"] for fold in folds.values()]
+    weights = [fold.get("prior_weight", 0.0) for fold in folds.values()]
     scores = {w: float(np.median([f["error_left_out"] for f in r["left_out"].values()]))
               for w, r in records.items()}
     hand = [w for w in records if w != AUTO]
     knee = folds.get(KNEE_RUN)
     knee_text = "" if knee is None else (
         f" Without {KNEE_RUN} its three runs fit better than the four do, and the weight they "
-        f"give, {knee['prior_weight']:.2g}, lets that fit put "
+        f"give, {knee.get('prior_weight', 0.0):.2g}, lets that fit put "
         f"{1e3 * knee['parameters']['overhead.per_sequence_s']:.2f} ms on each request a step "
         f"({1e3 * knee['parameters']['overhead.per_iteration_s']:.2f} ms a step): "
         f"{KNEE_RUN} reads {100 * knee['error_left_out']:.1f}% left out.")
@@ -516,9 +516,11 @@ def _close_weights_text(records: dict[str, dict[str, Any]], folds: dict[str, Any
     hand = [w for w in records if w != AUTO]
     if not hand:
         return ""
-    middle = float(np.median([fold["prior_weight"] for fold in folds.values()]))
-    w = min(hand, key=lambda label: abs(np.log(float(label) / middle)))
-    each = "; ".join(f"{name} {fold['prior_weight']:.2g}, {100 * fold['error_left_out']:.1f}% "
+    middle = float(np.median([fold.get("prior_weight", 0.0) for fold in folds.values()]))
+    # A record whose folds were all fitted exactly (weight 0) compares with the lightest.
+    w = (min(hand, key=lambda label: abs(np.log(float(label) / middle))) if middle > 0
+         else min(hand, key=float))
+    each = "; ".join(f"{name} {fold.get('prior_weight', 0.0):.2g}, {100 * fold['error_left_out']:.1f}% "
                      f"({100 * records[w]['left_out'][name]['error_left_out']:.1f}%)"
                      for name, fold in folds.items())
     return f" Run by run, the automatic weight and the score left out (at W = {w}): {each}."
