@@ -643,15 +643,17 @@ def test_the_record_says_what_was_fitted_how_and_with_what_error() -> None:
     given = [ServingLog(Path("/x/a.csv"), real), ServingLog(Path("/x/b.csv"), real)]
     result = Fit({ITER: 1e-3}, 0.25, 17, fitted_errors={"a": 0.1, "b": 0.2},
                  left_out_errors={"a": 0.3}, left_out_parameters={"a": {ITER: 2e-3}},
+                 left_out_prior_weights={"a": 0.4},
                  prior=Prior(0.5, {ITER: 1e-3}), prior_penalty=0.01)
     doc = report(scenario_from_dict(SCENARIO), given, "vllm", result, ["seed=4"])
     assert doc == {
         "scenario": "by_hand", "system": "vllm", "logs": ["/x/a.csv", "/x/b.csv"],
         "set": ["seed=4"], "metrics": ["ttft_s", "e2e_s"], "fit_percentiles": [10, 25, 50, 75, 90],
         "loss": 0.25, "evaluations": 17,
-        "prior": {"weight": 0.5, "centre": {ITER: 1e-3}, "penalty": 0.01},
+        "prior": {"weight": 0.5, "chosen": "given", "centre": {ITER: 1e-3}, "penalty": 0.01},
         "parameters": {ITER: 1e-3}, "error_fitted": {"a": 0.1, "b": 0.2},
-        "error_left_out": {"a": 0.3}, "parameters_left_out": {"a": {ITER: 2e-3}}}
+        "error_left_out": {"a": 0.3}, "parameters_left_out": {"a": {ITER: 2e-3}},
+        "prior_weight_left_out": {"a": 0.4}}
     bare = report(scenario_from_dict(SCENARIO), given, "vllm", Fit({ITER: 1e-3}, 0.25, 17))
     assert "set" not in bare and "prior" not in bare
     shipped = PACKAGE_DATA_DIR / "traces" / "x.csv"
