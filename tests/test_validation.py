@@ -313,7 +313,7 @@ def test_the_reports_prior_section_is_the_committed_records_and_the_readme_holds
     # DistServe's fits leave the per-prompt-token term alone: its column reads '-', not a
     # KeyError, and its weight's reason is its own (s^2 = 0.00186, not vLLM's 0.015).
     distserve = prior_records("distserve")
-    assert set(distserve) == {"0.00032"}
+    assert list(distserve) == ["0.00032", "auto"]
     text = "\n".join(prior_lines("distserve"))
     fold = distserve["0.00032"]["left_out"]["distserve-c21d11-300-9"]
     assert (f"| distserve-c21d11-300-9 | 0.00032 | "
