@@ -189,8 +189,13 @@ def sourced_prior(scenario: Scenario, system: str, parameters: tuple[str, ...],
         raise ScenarioError(f"--prior-weight = {weight!r}: expected a finite number >= 0")
     if weight == 0:
         return None
+    return Prior(weight, prior_centre(scenario, system, parameters))
+
+
+def prior_centre(scenario: Scenario, system: str, parameters: tuple[str, ...]) -> dict[str, float]:
+    """The scenario's values of `parameters` above 0: a term at 0 has no log-ratio, no prior."""
     values = current_values(scenario, parameters, system)
-    return Prior(weight, {p: v for p, v in values.items() if v > 0})
+    return {p: v for p, v in values.items() if v > 0}
 
 
 def read_logs(paths: list[Path], fmt: str = "auto") -> list[ServingLog]:
@@ -771,8 +776,7 @@ def fit_under(scenario: Scenario, logs: list[ServingLog], system: str,
     free = fit(scenario, logs, system, parameters, base_dir)
     weight = auto_prior_weight(free.loss, len(logs))
     if weight == 0:  # fitted exactly: no prior, and the record says auto chose none
-        centre = {p: v for p, v in current_values(scenario, parameters, system).items() if v > 0}
-        free.prior = Prior(0.0, centre, chosen=AUTO)
+        free.prior = Prior(0.0, prior_centre(scenario, system, parameters), chosen=AUTO)
         return free
     held = fit(scenario, logs, system, parameters, base_dir, prior_weight=weight)
     if held.prior is not None:

@@ -690,10 +690,11 @@ def test_an_automatic_prior_refits_at_the_weight_the_free_fits_loss_gives(
     assert held_out.left_out_prior_weights == {n: auto_prior_weight(0.02, 2) for n in logs}
     # Fitted exactly: no prior, and the fit says auto chose none (weight 0).
     monkeypatch.setattr(logs_module, "fit", lambda *a, **k: Fit({"p": 2.0}, 0.0, 1))
-    monkeypatch.setattr(logs_module, "current_values", lambda *a, **k: {"p": 1.0})
+    monkeypatch.setattr(logs_module, "current_values", lambda *a, **k: {"p": 1.0, "q": 0.0})
     exact = fit_under(None, logs, "s", ("p",), None, AUTO)  # type: ignore[arg-type]
     assert exact.parameters == {"p": 2.0}
     assert exact.prior is not None and (exact.prior.weight, exact.prior.chosen) == (0.0, AUTO)
+    assert exact.prior.centre == {"p": 1.0}  # as a weighted prior's: no term at 0
     assert exact.prior.penalty({"p": 5.0}, {}) == 0.0
 
 
