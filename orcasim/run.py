@@ -372,11 +372,8 @@ def answers_whole(scenario: Scenario, system_name: str) -> bool:
     """Whether any replica of the system batches whole requests (`request_level`), which
     sends every token at the batch's end: a TPOT of 0 by design."""
     system = next(s for s in scenario.systems if s.name == system_name)
-    cluster = system.cluster
-    own = [] if cluster is None else [cluster.prefill, cluster.decode] + (
-        cluster.replicas if isinstance(cluster.replicas, list) else [])
-    kinds = [system.scheduler.kind] + [g.scheduler.kind for g in own
-                                       if g is not None and g.scheduler is not None]
+    groups = [] if system.cluster is None else [g for _, g in system.cluster.given_groups()]
+    kinds = [system.scheduler.kind] + [g.scheduler.kind for g in groups if g.scheduler is not None]
     return "request_level" in kinds
 
 

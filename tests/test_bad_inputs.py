@@ -912,3 +912,25 @@ def test_a_replica_groups_block_of_no_known_kind_is_its_one_problem(
     result = CliRunner().invoke(app, ["validate", str(scenario)])
     assert result.exit_code == 2, result.output
     assert result.output == f"error: {scenario}: systems[1].cluster.replicas[0].{problem}\n"
+
+
+def test_a_tpot_of_0_is_the_design_only_where_some_replica_batches_whole_requests() -> None:
+    """`run.answers_whole`, which lets the clock's resolution check pass a TPOT of 0: a
+    request-level system, or a cluster with a request-level group; not a paged one, a fleet
+    of a count of paged replicas, or disaggregated pools."""
+    from orcasim.run import answers_whole
+
+    def system(**changes: Any) -> Any:
+        data = copy.deepcopy(BASE)
+        data["systems"] = [{"name": "s", **changes}]
+        return scenario_from_dict(data)
+
+    whole, paged = {"kind": "request_level", "max_batch_size": 4}, {"kind": "paged"}
+    assert answers_whole(system(scheduler=whole), "s")
+    assert not answers_whole(system(scheduler=paged), "s")
+    assert not answers_whole(system(scheduler=paged, cluster={"replicas": 3}), "s")
+    mixed = {"replicas": [{"count": 1}, {"count": 1, "scheduler": whole}]}
+    assert answers_whole(system(scheduler=paged, cluster=mixed), "s")
+    # Disaggregated pools run iteration_level, paged or chunked: never whole requests.
+    split = {"prefill": {"count": 1}, "decode": {"count": 1}}
+    assert not answers_whole(system(scheduler=paged, cluster=split), "s")
