@@ -285,10 +285,15 @@ def speed_tables() -> dict[float, pd.DataFrame]:
     return tables
 
 
+def speed_errors() -> dict[float, float]:
+    """The median |error| over all four runs at each of SPEED_FACTORS (`overall`)."""
+    return {factor: overall(table) for factor, table in speed_tables().items()}
+
+
 def one_speed() -> dict[str, str]:
     """The lowest median |error| over all four runs that one engine speed for every run
     reaches, and that speed."""
-    everyone = {factor: overall(table) for factor, table in speed_tables().items()}
+    everyone = speed_errors()
     best = min(everyone, key=lambda factor: everyone[factor])
     return {"one_speed_error": f"{100 * everyone[best]:.1f}%", "one_speed_factor": f"{best:.2f}"}
 
@@ -299,7 +304,7 @@ def speed_lines(scenario) -> list[str]:
     tables = speed_tables()
     frame = pd.DataFrame({factor: table["median_abs"] for factor, table in tables.items()})
     knee = {factor: table.loc[KNEE_RUN, "ttft_p90"] for factor, table in tables.items()}
-    everyone = {factor: overall(table) for factor, table in tables.items()}
+    everyone = speed_errors()
     floor = one_speed()
     runs = [pd.read_csv(path) for path in RUNS]
     lone = idle_in_every_run(runs)
