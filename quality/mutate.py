@@ -27,7 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCOPES_PATH = ROOT / "quality" / "scopes.toml"
-COPIED = ("scenarios", "results", "tests")  # what every scope's tests read
+COPIED = ("scenarios", "results", "tests", "README.md")  # what every scope's tests read
+# (test_prefix_cache checks a figure the README quotes: without it no scope holding that
+# file could collect its stats)
 SKIPPED = {".venv", ".git", "mutants", "mutants-work", ".hypothesis", ".pytest_cache",
            ".ruff_cache", ".mypy_cache", "__pycache__"}
 

@@ -70,7 +70,7 @@ def test_a_scopes_section_mutates_its_modules_only() -> None:
     assert mutmut["do_not_mutate"] == ["orcasim/a.py", "orcasim/c.py"]
     assert mutmut["pytest_add_cli_args_test_selection"] == ["tests/test_b.py"]
     assert mutmut["pytest_add_cli_args"] == ["--timeout=60"]
-    assert mutmut["also_copy"] == ["scenarios", "results", "tests", "calibrate"]
+    assert mutmut["also_copy"] == ["scenarios", "results", "tests", "README.md", "calibrate"]
     assert config["tool"]["ruff"] == {"line-length": 100}
     assert config["tool"]["mypy"] == {"files": ["orcasim"]}
     appended = tomllib.loads(mutate.with_section('[tool.ruff]\nline-length = 100\n', section))
@@ -88,7 +88,7 @@ def test_a_scope_outside_orcasim_mutates_its_package_too() -> None:
     mutmut = tomllib.loads(section)["tool"]["mutmut"]
     assert mutmut["source_paths"] == ["calibrate", "orcasim"]
     assert mutmut["do_not_mutate"] == ["calibrate/fit.py", "orcasim/a.py"]
-    assert mutmut["also_copy"] == ["scenarios", "results", "tests"]
+    assert mutmut["also_copy"] == ["scenarios", "results", "tests", "README.md"]
 
 
 def test_fates_are_read_from_mutmuts_results() -> None:
