@@ -10,15 +10,19 @@ reads each replica's load.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
-from test_fast_engine import cost_model, scenarios
+from test_fast_engine import NARROW_FIT, cost_model, scenarios
 from test_orca_fast import assert_same_runs
 
 from orcasim import engine, fleet
 from orcasim.closed_loop import arrival_source
+from orcasim.cost.fitted import FittedCostConfig
 from orcasim.cost.linear import LinearCost, LinearCostConfig
 from orcasim.engine import Engine
 from orcasim.generic_stepper import GenericStepper
@@ -55,6 +59,9 @@ def assert_identical(runs: list[tuple[Engine, object]]) -> None:
     for total in ("preemptions_total", "recomputed_tokens_total", "swapped_blocks"):
         assert getattr(fused.scheduler, total) == getattr(generic.scheduler, total), total
     assert fused.scheduler.allocator.free_pool() == generic.scheduler.allocator.free_pool()
+    # Decode steps priced outside a cost's range count only where they ran: a run cut by an
+    # arrival counts its first steps alone, in both loops.
+    assert fused.cost.out_of_range_count() == generic.cost.out_of_range_count()
 
 
 @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -234,6 +241,28 @@ def test_a_preempting_step_is_the_generic_steppers_and_the_fused_loop_resumes(
     (fused, fused_run), _ = runs
     assert fused.scheduler.preemptions_per_request.tolist() == [0, 1]
     assert fused_run.recorder.iterations_frame()["preemptions"].sum() == 1
+
+
+@pytest.mark.parametrize("kind", ["mixed", "prefill_first", "chunked"])
+def test_steps_outside_a_fitted_range_count_where_they_ran_in_both_loops(
+    kind: str, tmp_path: Path
+) -> None:
+    """A fitted cost whose range 8 decodes leave within a run, and arrivals every 25 ms:
+    runs (continued ones too) are priced ahead and cut by arrivals, and only the steps that
+    ran count as outside the range, in the fused loop as in the generic one."""
+    path = tmp_path / "narrow.yaml"
+    path.write_text(yaml.safe_dump(NARROW_FIT))
+    rng = np.random.default_rng(1)
+    n = 60
+    requests = Requests(np.cumsum(rng.exponential(1 / 40.0, n)), rng.integers(1, 61, n),
+                        rng.integers(20, 121, n), np.full(n, 200, dtype=np.int64))
+    scheduler = (ChunkedConfig(kind="chunked", max_num_seqs=8) if kind == "chunked" else
+                 PagedConfig(kind="paged", policy=kind, max_num_seqs=8))
+    case = {"requests": requests, "scheduler": scheduler, "kv_capacity_tokens": 4000,
+            "warmup_s": 0.0, "cost": FittedCostConfig(kind="fitted", path=str(path))}
+    runs = run_both(case)
+    assert_identical(runs)  # the counts too
+    assert runs[0][0].cost.out_of_range_count() > 0
 
 
 @pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
