@@ -19,6 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from test_fast_engine import NARROW_FIT, cost_model, scenarios
 from test_orca_fast import assert_same_runs
+from test_steps_priced_too_short import NEGATIVE_CONTEXT, outcomes
 
 from orcasim import engine, fleet
 from orcasim.closed_loop import arrival_source
@@ -430,3 +431,19 @@ def test_a_router_reads_a_prompt_iteration_of_an_idle_replica_as_not_yet_compute
     generic_fleets(monkeypatch)
     unfused = run_scenario(scenario_from_dict(data)).systems["v0"].requests
     pd.testing.assert_frame_equal(fused, unfused, check_exact=True)
+
+
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_a_continued_runs_first_step_priced_too_short_is_refused_as_in_reference_mode(
+    policy: str
+) -> None:
+    """Request 1 (2 tokens of prompt) finishes after 5 decodes beside request 0 (1,150), and
+    request 0 decodes on alone in a continued run, whose first step the fit prices under
+    zero (1 ms + 10 ms a request - 10 us a KV token read by decodes). The continued run
+    prices no step, so the fused loop plans as reference mode does and refuses that
+    iteration in its words; a continued unit with no ends failed on its last end."""
+    requests = Requests(np.zeros(2), np.array([1150, 2]), np.array([50, 5]), np.array([1200, 7]))
+    cfg = PagedConfig(kind="paged", policy=policy, max_num_seqs=8)
+    got = outcomes(requests, cfg, 100_000, NEGATIVE_CONTEXT)
+    assert isinstance(got[0], str) and "priced a batch of 1 requests" in got[0], got[0]
+    assert got == [got[0]] * 3
