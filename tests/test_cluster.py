@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from pathlib import Path
@@ -448,6 +449,7 @@ def test_a_group_s_own_deployment_under_a_linear_cost_is_warned_of(where: str, c
     """A linear cost reads no hardware or model: a group on 4 H100s inheriting the scenario's
     (written for one A100) ran at its prices, TPOT 10.45 ms against the A100's 10.34, and
     only its KV capacity was the H100s' (a tester's finding). The group's own cost is silent."""
+    cluster = copy.deepcopy(cluster)  # the group's cost is added below: not to the parameter's
     changes = {"workload.num_requests": 10, "model": "llama2-7b", "hardware": {"gpu": "a100-80gb"},
                "kv_capacity_tokens": None}
     system = {"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 4}, "cluster": cluster}
