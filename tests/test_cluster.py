@@ -23,9 +23,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orcasim.cluster import ClusterConfig
 from orcasim.config import ScenarioError
+from orcasim.cost.catalog import ModelSpec, model_spec
 from orcasim.cost.linear import LinearCost, LinearCostConfig
-from orcasim.fleet import BuiltCosts, ReplicaSpec, build_fleet, built_models, cost_models
+from orcasim.fleet import (
+    BuiltCosts,
+    ReplicaSpec,
+    build_fleet,
+    built_models,
+    cost_models,
+    model_label,
+)
 from orcasim.requests import Requests
 from orcasim.results import write_run
 from orcasim.run import SystemResult, run_scenario
@@ -204,6 +213,29 @@ def test_replicas_csv_tells_a_data_parallel_attention_replica_from_a_tensor_para
     about = run_scenario(scenario).systems["c"].replicas[
         ["tensor_parallel", "pipeline_parallel", "data_parallel_attention", "expert_parallel"]]
     assert about.values.tolist() == [[2, 1, 1, 1], [2, 1, 2, 4], [2, 2, 1, 1]]
+
+
+def test_given_groups_names_each_group_and_pool_by_its_key() -> None:
+    """What refusals and warnings name a group by (`cluster.prefill`, `cluster.replicas[1]`):
+    the keys, in the file's order; a count of replicas gives no group (found by mutation:
+    'XXdecodeXX' passed every test of the selection)."""
+    pools = ClusterConfig.model_validate({"prefill": {"count": 1}, "decode": {"count": 2}})
+    assert [(where, g.count) for where, g in pools.given_groups()] == [("prefill", 1), ("decode", 2)]
+    groups = ClusterConfig.model_validate({"replicas": [{"count": 1}, {"count": 3}]})
+    assert [(where, g.count) for where, g in groups.given_groups()] == [("replicas[0]", 1),
+                                                                        ("replicas[1]", 3)]
+    assert ClusterConfig.model_validate({"replicas": 3}).given_groups() == []
+
+
+def test_a_catalog_models_label_names_only_the_changed_keys_of_a_nested_block() -> None:
+    """A block the catalog's entry also has (a mixture of experts' `moe`) is compared key by
+    key: Mixtral with one expert a token reads as that key alone, not as every key of its
+    `moe` block (found by mutation: no label had a changed nested block). A block dropped
+    is the block's key alone."""
+    mixtral = model_spec("mixtral-8x7b").model_dump()
+    one_expert = ModelSpec.model_validate({**mixtral, "moe": {**mixtral["moe"], "experts_per_token": 1}})
+    assert model_label(one_expert) == "mixtral-8x7b (moe.experts_per_token=1)"
+    assert model_label(ModelSpec.model_validate({**mixtral, "moe": None})) == "mixtral-8x7b (moe=None)"
 
 
 def test_replicas_csv_tells_groups_apart_by_their_cost_and_inline_model(tmp_path: Path) -> None:
@@ -746,7 +778,9 @@ def test_a_link_on_a_colocated_cluster_says_it_is_not_used() -> None:
     and without a word. The default link says nothing (saved scenarios write it out)."""
     systems = [{"name": "c", "scheduler": {"kind": "paged", "max_num_seqs": 8},
                 "cluster": {"replicas": 2, "link": {"kind": "ethernet"}}}]
-    with pytest.warns(UserWarning, match="system c: cluster.link is not used: a colocated"):
+    message = ("system c: cluster.link is not used: a colocated cluster moves no KV between "
+               "instances (a disaggregated one, with prefill and decode pools, does)")
+    with pytest.warns(UserWarning, match=f"^{re.escape(message)}$"):
         _fleet_run(systems=systems)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

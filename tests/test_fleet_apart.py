@@ -147,3 +147,23 @@ def test_a_closed_loop_keeps_the_one_clock(monkeypatch: pytest.MonkeyPatch) -> N
                      "cluster": {"replicas": 2, "router": {"kind": "round_robin"}}}]})
     result = run_scenario(scenario).systems["c"]
     assert result.requests["finish_s"].notna().all()
+
+
+def test_a_run_takes_its_replicas_apart_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Fleet.run()` runs apart by default, as `orcasim run` does: the same results either
+    way, so only the path taken tells (found by mutation: `apart=False` as the default
+    passed every test, at the one clock loop's cost)."""
+    taken: list[int] = []
+    run_apart = Fleet._run_apart
+
+    def noting(self: Fleet) -> float:
+        taken.append(len(self.replicas))
+        return run_apart(self)
+
+    monkeypatch.setattr(Fleet, "_run_apart", noting)
+    scenario = make_scenario(**{"workload.num_requests": 20, "systems": [
+        {"name": "c", "scheduler": {"kind": "paged"},
+         "cluster": {"replicas": 3, "router": {"kind": "round_robin"}}}]})
+    assert run_scenario(scenario).systems["c"].requests["finish_s"].notna().all()
+    build_fleet(scenario, scenario.systems[0], _requests(0, 20, 4.0)).run(apart=False)
+    assert taken == [3]

@@ -241,6 +241,27 @@ def test_a_pools_replicas_of_one_kind_share_their_per_request_state_and_results(
                                   equal_nan=True), (mode, column)
 
 
+def test_a_fleet_shares_its_per_request_state_unless_told_not_to() -> None:
+    """`build_fleet` shares by default, as runs build it: the same results either way, so
+    only the arrays tell (found by mutation: `share_state=False` as the default passed every
+    test, at 16 copies of every request's state for 16 replicas)."""
+    scenario = _scenario(SCHEDULERS["paged"], "fast", {"replicas": 3})
+    requests = make_requests_for(scenario)
+    shared = build_fleet(scenario, scenario.systems[0], requests).replicas
+    apart = build_fleet(scenario, scenario.systems[0], requests, share_state=False).replicas
+    for name in shared[0].scheduler.PER_REQUEST_ARRAYS:
+        assert all(getattr(r.scheduler, name) is getattr(shared[0].scheduler, name) for r in shared), name
+        assert getattr(apart[1].scheduler, name) is not getattr(apart[0].scheduler, name), name
+    assert {"cpu_blocks", "peak_computed"} <= set(shared[0].scheduler.PER_REQUEST_ARRAYS)
+    # Orca's pipelined replicas (pipeline_parallel > 1) share theirs too.
+    pipelined = _scenario(SCHEDULERS["iteration_level"], "fast", {"replicas": 2},
+                          hardware={"gpu": "a100-80gb", "pipeline_parallel": 2})
+    first, second = (r.scheduler for r in build_fleet(pipelined, pipelined.systems[0],
+                                                      make_requests_for(pipelined)).replicas)
+    assert type(first).__name__ == "PipelinedIterationLevelScheduler"
+    assert all(getattr(first, name) is getattr(second, name) for name in first.PER_REQUEST_ARRAYS)
+
+
 def test_load_on_a_hand_traced_case() -> None:
     """Request 0 (prompt 10, output 5) alone in 1 s iterations, batch size 1. At 2.2 s two
     tokens are out and the third iteration is in flight: 3 tokens outstanding, its KV

@@ -150,6 +150,10 @@ def test_least_kv_reads_kv_in_use_as_a_share_of_each_pool() -> None:
     router = LeastKvRouter(fleet, np.random.default_rng(0))
     assert router(0, 3.0).index == 0
     assert all(r.asked_at_s == [3.0] for r in fleet)
+    # The share, not the tokens in use weighed by the pool: 300 of 1,000 (30%) is less used
+    # than 100 of 200 (50%), though 300 x 1,000 is more than 100 x 200 (a mutant's reading).
+    fleet = _fleet(2, kv_used_tokens=[100, 300], kv_capacity_tokens=[200, 1000])
+    assert LeastKvRouter(fleet, np.random.default_rng(0))(0, 3.0).index == 1
 
 
 def test_power_of_two_takes_the_less_loaded_of_two_distinct_draws() -> None:
