@@ -17,6 +17,9 @@ the whole scope.
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -110,11 +113,63 @@ def parse_fates(results_text: str) -> dict[str, str]:
     return out
 
 
-def merged(previous: dict[str, str], latest: dict[str, str]) -> dict[str, str]:
+def function_key(mutant: str) -> str:
+    """The function a mutant belongs to: its name without `__mutmut_N`."""
+    return mutant.rsplit("__mutmut_", 1)[0]
+
+
+def function_hashes(modules: list[str], root: Path | None = None) -> dict[str, str]:
+    """A hash of each function's code (its syntax tree: comments and layout do not count), by
+    the key mutmut's names give it: `pkg.mod.x_f` for a function, `pkg.mod.xǁCǁm` for a
+    method of class C."""
+    root = ROOT if root is None else root
+    hashes = {}
+    for module in modules:
+        prefix = module.removesuffix(".py").replace("/", ".")
+        tree = ast.parse((root / module).read_text())
+        for node in tree.body:
+            members = [(f"x_{node.name}", node)] if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                else [(f"xǁ{node.name}ǁ{m.name}", m) for m in node.body
+                      if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)] \
+                if isinstance(node, ast.ClassDef) else []
+            for key, function in members:
+                digest = hashlib.sha256(ast.dump(function).encode()).hexdigest()[:16]
+                hashes[f"{prefix}.{key}"] = digest
+    return hashes
+
+
+def merged(previous: dict[str, str], latest: dict[str, str],
+           recorded: dict[str, str] | None = None,
+           current: dict[str, str] | None = None) -> dict[str, str]:
     """The latest fates, and the previous ones of mutants this run did not check (a run of
-    named mutants reports every other one as "not checked")."""
-    return {name: previous.get(name, fate) if fate == "not checked" else fate
-            for name, fate in latest.items()}
+    named mutants reports every other one as "not checked"). Given the functions' hashes
+    when the previous fates were recorded and now, a previous fate is kept only where its
+    function is unchanged: mutmut numbers a changed function's mutants anew, so its old
+    mutant 3 is another mutation than its new one (a tester's finding)."""
+    def carried(name: str, fate: str) -> str:
+        if fate != "not checked" or name not in previous:
+            return fate
+        if recorded is not None and current is not None:
+            key = function_key(name)
+            if key not in recorded or recorded[key] != current.get(key):
+                return fate
+        return previous[name]
+    return {name: carried(name, fate) for name, fate in latest.items()}
+
+
+def hashes_of_fates(fates: dict[str, str], recorded: dict[str, str],
+                    current: dict[str, str], checked: set[str]) -> dict[str, str]:
+    """What each function's fates were recorded against: now for those this run checked,
+    as before for those whose fates were carried."""
+    out = {}
+    for name, fate in fates.items():
+        key = function_key(name)
+        if fate == "not checked" or key in out:
+            continue
+        source = current if name in checked else recorded
+        if key in source:
+            out[key] = source[key]
+    return out
 
 
 def format_fates(fates_by_name: dict[str, str]) -> str:
@@ -147,9 +202,20 @@ def run(scope_name: str, max_children: int, timeout_s: int, names: list[str],
     latest = parse_fates(subprocess.run([mutmut, "results", "--all", "true"], cwd=work,
                                         capture_output=True, text=True, check=True).stdout)
     results_path = ROOT / "quality" / f"mutmut-results-{scope_name}.txt"
+    hashes_path = ROOT / "quality" / f"mutmut-functions-{scope_name}.json"
     previous = parse_fates(results_path.read_text()) if results_path.exists() else {}
-    final = merged(previous, latest) if names else latest
+    current = function_hashes(scope["modules"])
+    recorded = json.loads(hashes_path.read_text()) if hashes_path.exists() else None
+    if names and recorded is None and previous:
+        print(f"note: no {hashes_path.name}: the earlier fates are carried without checking "
+              "that their functions are unchanged", file=sys.stderr)
+    final = merged(previous, latest, recorded, current) if names else latest
+    checked = {name for name, fate in latest.items() if fate != "not checked"}
     results_path.write_text(format_fates(final))
+    hashes_path.write_text(json.dumps(
+        # Without a record the carried fates were taken as they were: recorded as of now.
+        hashes_of_fates(final, current if recorded is None else recorded, current, checked),
+        indent=1, sort_keys=True) + "\n")
     survivors = [name for name, fate in final.items() if fate == "survived"]
     diffs = [subprocess.run([mutmut, "show", name], cwd=work, capture_output=True,
                             text=True).stdout for name in survivors]

@@ -7,6 +7,7 @@ lists is never mutated: these checks keep the mutation score's coverage honest.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import tomllib
 from pathlib import Path
@@ -122,6 +123,35 @@ def test_a_rerun_of_named_mutants_keeps_the_others_fates() -> None:
     assert mutate.parse_fates(text) == mutate.merged(previous, latest)
 
 
+def test_a_changed_functions_earlier_fates_are_not_carried() -> None:
+    """mutmut numbers a changed function's mutants anew, so a named rerun carried old fates
+    onto other mutations (a tester's finding): a fate is carried only where its function's
+    recorded hash is today's; the record then follows what each fate was checked against."""
+    previous = {"m.x_f__mutmut_1": "killed", "m.x_g__mutmut_1": "killed",
+                "m.xǁCǁh__mutmut_1": "survived"}
+    latest = {"m.x_f__mutmut_1": "not checked", "m.x_g__mutmut_1": "not checked",
+              "m.xǁCǁh__mutmut_1": "killed", "m.x_new__mutmut_1": "not checked"}
+    recorded = {"m.x_f": "aaa", "m.x_g": "bbb", "m.xǁCǁh": "ccc"}
+    current = {"m.x_f": "aaa", "m.x_g": "changed", "m.xǁCǁh": "ddd", "m.x_new": "eee"}
+    final = mutate.merged(previous, latest, recorded, current)
+    assert final == {"m.x_f__mutmut_1": "killed", "m.x_g__mutmut_1": "not checked",
+                     "m.xǁCǁh__mutmut_1": "killed", "m.x_new__mutmut_1": "not checked"}
+    assert mutate.hashes_of_fates(final, recorded, current, {"m.xǁCǁh__mutmut_1"}) == {
+        "m.x_f": "aaa", "m.xǁCǁh": "ddd"}
+
+
+def test_functions_are_hashed_by_code_under_mutmuts_keys(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    module = tmp_path / "pkg" / "mod.py"
+    module.write_text("def f(x):\n    return x + 1\n\n\nclass C:\n    def m(self):\n        return 2\n")
+    before = mutate.function_hashes(["pkg/mod.py"], tmp_path)
+    assert set(before) == {"pkg.mod.x_f", "pkg.mod.xǁCǁm"}
+    module.write_text("def f(x):\n    # a comment\n    return x + 1\n\n\nclass C:\n    def m(self):\n        return 3\n")
+    after = mutate.function_hashes(["pkg/mod.py"], tmp_path)
+    assert after["pkg.mod.x_f"] == before["pkg.mod.x_f"]  # a comment is no change
+    assert after["pkg.mod.xǁCǁm"] != before["pkg.mod.xǁCǁm"]
+
+
 def test_the_summary_counts_caught_mutants_and_points_at_the_survivors() -> None:
     from collections import Counter
 
@@ -149,3 +179,31 @@ def test_a_mutmut_run_that_fails_leaves_the_results_alone(tmp_path: Path, monkey
     assert mutate.run("core", 1, 60, []) == 1
     assert table.read_text() == "    m.x_f__mutmut_1: killed\n"
     assert "mutmut run exited 1" in capsys.readouterr().err
+
+
+def test_a_named_run_writes_the_functions_its_fates_were_checked_against(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of named mutants: the unchanged function's earlier fate is kept, the changed
+    one's is not, and the record names what each fate was checked against."""
+    fake = tmp_path / "mutmut"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = run ] && exit 0\n[ \"$1\" = show ] && exit 0\n"
+                    "echo '    pkg.mod.x_f__mutmut_1: not checked'\n"
+                    "echo '    pkg.mod.x_g__mutmut_1: survived'\n")
+    fake.chmod(0o755)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2\n")
+    (tmp_path / "quality").mkdir()
+    hashes = mutate.function_hashes(["pkg/mod.py"], tmp_path)
+    (tmp_path / "quality" / "mutmut-results-core.txt").write_text(
+        "    pkg.mod.x_f__mutmut_1: killed\n    pkg.mod.x_g__mutmut_1: killed\n")
+    (tmp_path / "quality" / "mutmut-functions-core.json").write_text(
+        json.dumps({"pkg.mod.x_f": hashes["pkg.mod.x_f"], "pkg.mod.x_g": "old"}))
+    monkeypatch.setattr(mutate, "ROOT", tmp_path)
+    monkeypatch.setattr(mutate, "prepare", lambda *_: tmp_path)
+    monkeypatch.setattr(mutate.shutil, "which", lambda _: str(fake))
+    monkeypatch.setattr(mutate, "load_scopes", lambda: {"core": {"modules": ["pkg/mod.py"], "tests": []}})
+    assert mutate.run("core", 1, 60, ["pkg.mod.x_g*"]) == 0
+    results = mutate.parse_fates((tmp_path / "quality" / "mutmut-results-core.txt").read_text())
+    assert results == {"pkg.mod.x_f__mutmut_1": "killed", "pkg.mod.x_g__mutmut_1": "survived"}
+    record = json.loads((tmp_path / "quality" / "mutmut-functions-core.json").read_text())
+    assert record == hashes
