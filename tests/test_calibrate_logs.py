@@ -665,33 +665,44 @@ def test_an_automatic_prior_refits_at_the_weight_the_free_fits_loss_gives(
     import calibrate.logs as logs_module
     from calibrate.logs import AUTO, Fit, Prior, auto_prior_weight, fit_under, leave_one_out
 
-    calls: list[tuple[int, float]] = []
+    calls: list[tuple[object, ...]] = []
+    sc, base = object(), Path("base")  # what each fit must be handed, as given
 
     def stub(scenario, logs, system, parameters=(), base_dir=None, start=None,  # noqa: ANN001
              survey_points=0, prior_weight=0.0) -> Fit:  # noqa: ANN001
-        calls.append((len(logs), prior_weight))
+        calls.append((scenario, len(logs), system, parameters, base_dir, prior_weight))
         return Fit({"p": 1.0 + prior_weight}, 0.01 * len(logs) * (prior_weight == 0), 1,
                    prior=Prior(prior_weight, {"p": 1.0}) if prior_weight else None)
+
+    def asked(num_logs: int, weight: float) -> tuple[object, ...]:
+        return (sc, num_logs, "s", ("p",), base, weight)
 
     monkeypatch.setattr(logs_module, "fit", stub)
     monkeypatch.setattr(logs_module, "scored_error", lambda *a, **k: 0.0)
     monkeypatch.setattr(logs_module, "with_cost", lambda scenario, *a, **k: scenario)
     logs = ["a", "b", "c"]
-    result = fit_under(None, logs, "s", ("p",), None, AUTO)  # type: ignore[arg-type]
-    assert calls == [(3, 0.0), (3, auto_prior_weight(0.03, 3))]
+    result = fit_under(sc, logs, "s", ("p",), base, AUTO)  # type: ignore[arg-type]
+    assert calls == [asked(3, 0.0), asked(3, auto_prior_weight(0.03, 3))]
     assert result.parameters == {"p": 1.0 + auto_prior_weight(0.03, 3)}
+    assert result.prior is not None and result.prior.chosen == AUTO
     calls.clear()
-    assert fit_under(None, logs, "s", ("p",), None, 0.5).parameters == {"p": 1.5}  # type: ignore[arg-type]
-    assert calls == [(3, 0.5)]
+    assert fit_under(sc, logs, "s", ("p",), base, 0.5).parameters == {"p": 1.5}  # type: ignore[arg-type]
+    assert calls == [asked(3, 0.5)]
+    calls.clear()
+    fit_under(sc, logs, "s", ("p",), base)  # type: ignore[arg-type]  # no weight given: none
+    assert calls == [asked(3, 0.0)]
     calls.clear()
     held_out = Fit({}, 0.0, 0)
-    leave_one_out(None, [_Named(n) for n in logs], "s", held_out, ("p",), None, AUTO)  # type: ignore[arg-type]
-    assert calls == [(2, 0.0), (2, auto_prior_weight(0.02, 2))] * 3
+    leave_one_out(sc, [_Named(n) for n in logs], "s", held_out, ("p",), base, AUTO)  # type: ignore[arg-type]
+    assert calls == [asked(2, 0.0), asked(2, auto_prior_weight(0.02, 2))] * 3
     assert held_out.left_out_prior_weights == {n: auto_prior_weight(0.02, 2) for n in logs}
     # Fitted exactly: no prior, and the fit says auto chose none (weight 0).
     monkeypatch.setattr(logs_module, "fit", lambda *a, **k: Fit({"p": 2.0}, 0.0, 1))
-    monkeypatch.setattr(logs_module, "current_values", lambda *a, **k: {"p": 1.0, "q": 0.0})
-    exact = fit_under(None, logs, "s", ("p",), None, AUTO)  # type: ignore[arg-type]
+    values = {"p": 1.0, "q": 0.0}
+    monkeypatch.setattr(logs_module, "current_values",
+                        lambda scenario, parameters, system=None: values
+                        if (scenario, parameters, system) == (sc, ("p",), "s") else {})
+    exact = fit_under(sc, logs, "s", ("p",), base, AUTO)  # type: ignore[arg-type]
     assert exact.parameters == {"p": 2.0}
     assert exact.prior is not None and (exact.prior.weight, exact.prior.chosen) == (0.0, AUTO)
     assert exact.prior.centre == {"p": 1.0}  # as a weighted prior's: no term at 0
