@@ -126,16 +126,23 @@ def function_hashes(modules: list[str], root: Path | None = None) -> dict[str, s
     hashes = {}
     for module in modules:
         prefix = module.removesuffix(".py").replace("/", ".")
-        tree = ast.parse((root / module).read_text())
-        for node in tree.body:
-            members = [(f"x_{node.name}", node)] if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
-                else [(f"xǁ{node.name}ǁ{m.name}", m) for m in node.body
-                      if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)] \
-                if isinstance(node, ast.ClassDef) else []
-            for key, function in members:
-                digest = hashlib.sha256(ast.dump(function).encode()).hexdigest()[:16]
-                hashes[f"{prefix}.{key}"] = digest
+        for key, function in _functions(ast.parse((root / module).read_text())):
+            hashes[f"{prefix}.{key}"] = hashlib.sha256(ast.dump(function).encode()).hexdigest()[:16]
     return hashes
+
+
+def _functions(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """A module's functions and its classes' methods, each under mutmut's key."""
+    def is_function(node: ast.AST) -> bool:
+        return isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+
+    out: list[tuple[str, ast.AST]] = []
+    for node in tree.body:
+        if is_function(node):
+            out.append((f"x_{node.name}", node))  # type: ignore[attr-defined]
+        elif isinstance(node, ast.ClassDef):
+            out += [(f"xǁ{node.name}ǁ{m.name}", m) for m in node.body if is_function(m)]  # type: ignore[attr-defined]
+    return out
 
 
 def merged(previous: dict[str, str], latest: dict[str, str],
