@@ -131,17 +131,17 @@ def function_hashes(modules: list[str], root: Path | None = None) -> dict[str, s
     return hashes
 
 
+FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
 def _functions(tree: ast.Module) -> list[tuple[str, ast.AST]]:
     """A module's functions and its classes' methods, each under mutmut's key."""
-    def is_function(node: ast.AST) -> bool:
-        return isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-
     out: list[tuple[str, ast.AST]] = []
     for node in tree.body:
-        if is_function(node):
-            out.append((f"x_{node.name}", node))  # type: ignore[attr-defined]
+        if isinstance(node, FUNCTION_NODES):
+            out.append((f"x_{node.name}", node))
         elif isinstance(node, ast.ClassDef):
-            out += [(f"xǁ{node.name}ǁ{m.name}", m) for m in node.body if is_function(m)]  # type: ignore[attr-defined]
+            out += [(f"xǁ{node.name}ǁ{m.name}", m) for m in node.body if isinstance(m, FUNCTION_NODES)]
     return out
 
 
